@@ -1,0 +1,307 @@
+//! Zero-copy views over the few wire formats the switch reads: Ethernet II, ARP for IPv4
+//! over Ethernet, and the IPv4 header.
+//!
+//! No-panic contract: every view is built with `new_checked`, which validates the length
+//! (and the fixed fields the switch relies on) once; after that no accessor can index out of
+//! bounds, whatever bytes the frame holds.
+
+use std::net::Ipv4Addr;
+
+/// An Ethernet MAC address.
+pub type Mac = [u8; 6];
+
+/// The broadcast MAC address.
+pub const BROADCAST_MAC: Mac = [0xff; 6];
+
+/// Ethernet II header: destination, source, EtherType.
+pub const ETH_HEADER_LEN: usize = 14;
+/// ARP for IPv4 over Ethernet (RFC 826): 8 bytes of header, two (MAC, IPv4) pairs.
+pub const ARP_LEN: usize = 28;
+/// IPv4 header without options (RFC 791).
+pub const IPV4_MIN_HEADER_LEN: usize = 20;
+
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// EtherType of ARP.
+pub const ETHERTYPE_ARP: u16 = 0x0806;
+
+/// ARP operation: request.
+pub const ARP_REQUEST: u16 = 1;
+/// ARP operation: reply.
+pub const ARP_REPLY: u16 = 2;
+
+/// Why bytes could not be viewed as a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Error {
+    /// Shorter than the header, or than the length the header declares.
+    Truncated,
+    /// A fixed field holds a value this view does not handle.
+    Unsupported,
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+fn ipv4_at(b: &[u8], at: usize) -> Ipv4Addr {
+    Ipv4Addr::new(b[at], b[at + 1], b[at + 2], b[at + 3])
+}
+
+fn mac_at(b: &[u8], at: usize) -> Mac {
+    [b[at], b[at + 1], b[at + 2], b[at + 3], b[at + 4], b[at + 5]]
+}
+
+/// A view of an Ethernet II frame.
+#[derive(Clone, Copy)]
+pub struct EthernetFrame<T: AsRef<[u8]>>(T);
+
+impl<T: AsRef<[u8]>> EthernetFrame<T> {
+    /// Checks that the buffer holds at least an Ethernet header.
+    pub fn new_checked(buf: T) -> Result<Self, Error> {
+        if buf.as_ref().len() < ETH_HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        Ok(Self(buf))
+    }
+
+    /// Destination MAC.
+    pub fn dst(&self) -> Mac {
+        mac_at(self.0.as_ref(), 0)
+    }
+
+    /// Source MAC.
+    pub fn src(&self) -> Mac {
+        mac_at(self.0.as_ref(), 6)
+    }
+
+    /// EtherType.
+    pub fn ethertype(&self) -> u16 {
+        be16(self.0.as_ref(), 12)
+    }
+
+    /// Everything after the header.
+    pub fn payload(&self) -> &[u8] {
+        &self.0.as_ref()[ETH_HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]>> std::fmt::Debug for EthernetFrame<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EthernetFrame")
+            .field("ethertype", &format_args!("{:#06x}", self.ethertype()))
+            .field("len", &self.0.as_ref().len())
+            .finish()
+    }
+}
+
+/// Writes an Ethernet II header into the first [`ETH_HEADER_LEN`] bytes of `buf`.
+///
+/// `buf` must be at least [`ETH_HEADER_LEN`] long; callers reserve that headroom.
+pub fn emit_ethernet_header(buf: &mut [u8], dst: Mac, src: Mac, ethertype: u16) {
+    buf[0..6].copy_from_slice(&dst);
+    buf[6..12].copy_from_slice(&src);
+    buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
+}
+
+/// A view of an ARP packet for IPv4 over Ethernet.
+#[derive(Clone, Copy)]
+pub struct ArpPacket<T: AsRef<[u8]>>(T);
+
+impl<T: AsRef<[u8]>> ArpPacket<T> {
+    /// Checks length and that the packet maps IPv4 addresses to Ethernet MACs.
+    pub fn new_checked(buf: T) -> Result<Self, Error> {
+        let b = buf.as_ref();
+        if b.len() < ARP_LEN {
+            return Err(Error::Truncated);
+        }
+        // htype 1 (Ethernet), ptype IPv4, hlen 6, plen 4.
+        if be16(b, 0) != 1 || be16(b, 2) != ETHERTYPE_IPV4 || b[4] != 6 || b[5] != 4 {
+            return Err(Error::Unsupported);
+        }
+        Ok(Self(buf))
+    }
+
+    /// Operation: [`ARP_REQUEST`] or [`ARP_REPLY`] (others exist).
+    pub fn operation(&self) -> u16 {
+        be16(self.0.as_ref(), 6)
+    }
+
+    /// Sender hardware address.
+    pub fn sender_mac(&self) -> Mac {
+        mac_at(self.0.as_ref(), 8)
+    }
+
+    /// Sender protocol address.
+    pub fn sender_ip(&self) -> Ipv4Addr {
+        ipv4_at(self.0.as_ref(), 14)
+    }
+
+    /// Target protocol address.
+    pub fn target_ip(&self) -> Ipv4Addr {
+        ipv4_at(self.0.as_ref(), 24)
+    }
+}
+
+/// Writes a complete Ethernet frame carrying an ARP reply into `buf` and returns its length.
+///
+/// `buf` must be at least `ETH_HEADER_LEN + ARP_LEN` (42) bytes long.
+pub fn emit_arp_reply(
+    buf: &mut [u8],
+    sender_mac: Mac,
+    sender_ip: Ipv4Addr,
+    target_mac: Mac,
+    target_ip: Ipv4Addr,
+) -> usize {
+    emit_ethernet_header(buf, target_mac, sender_mac, ETHERTYPE_ARP);
+    let arp = &mut buf[ETH_HEADER_LEN..ETH_HEADER_LEN + ARP_LEN];
+    arp[0..2].copy_from_slice(&1u16.to_be_bytes());
+    arp[2..4].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    arp[4] = 6;
+    arp[5] = 4;
+    arp[6..8].copy_from_slice(&ARP_REPLY.to_be_bytes());
+    arp[8..14].copy_from_slice(&sender_mac);
+    arp[14..18].copy_from_slice(&sender_ip.octets());
+    arp[18..24].copy_from_slice(&target_mac);
+    arp[24..28].copy_from_slice(&target_ip.octets());
+    ETH_HEADER_LEN + ARP_LEN
+}
+
+/// A view of an IPv4 packet whose header and declared total length fit the buffer.
+#[derive(Clone, Copy)]
+pub struct Ipv4Packet<T: AsRef<[u8]>>(T);
+
+impl<T: AsRef<[u8]>> Ipv4Packet<T> {
+    /// Checks version, header length and that the total length fits the buffer.
+    pub fn new_checked(buf: T) -> Result<Self, Error> {
+        let b = buf.as_ref();
+        if b.len() < IPV4_MIN_HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if b[0] >> 4 != 4 {
+            return Err(Error::Unsupported);
+        }
+        let header_len = usize::from(b[0] & 0x0f) * 4;
+        let total_len = usize::from(be16(b, 2));
+        if header_len < IPV4_MIN_HEADER_LEN || total_len < header_len {
+            return Err(Error::Unsupported);
+        }
+        if total_len > b.len() {
+            return Err(Error::Truncated);
+        }
+        Ok(Self(buf))
+    }
+
+    /// Total length from the header: the packet without any link-layer padding after it.
+    pub fn total_len(&self) -> usize {
+        usize::from(be16(self.0.as_ref(), 2))
+    }
+
+    /// IP protocol number.
+    pub fn protocol(&self) -> u8 {
+        self.0.as_ref()[9]
+    }
+
+    /// Source address.
+    pub fn src(&self) -> Ipv4Addr {
+        ipv4_at(self.0.as_ref(), 12)
+    }
+
+    /// Destination address.
+    pub fn dst(&self) -> Ipv4Addr {
+        ipv4_at(self.0.as_ref(), 16)
+    }
+
+    /// The bytes after the header, up to the total length.
+    pub fn payload(&self) -> &[u8] {
+        let b = self.0.as_ref();
+        &b[usize::from(b[0] & 0x0f) * 4..self.total_len()]
+    }
+}
+
+impl<T: AsRef<[u8]>> std::fmt::Debug for Ipv4Packet<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ipv4Packet")
+            .field("src", &self.src())
+            .field("dst", &self.dst())
+            .field("len", &self.total_len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A real ARP request captured on a Linux TAP: who-has 10.201.0.2 tell 10.201.0.1.
+    pub(crate) const ARP_REQUEST_FRAME: [u8; 42] = [
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 0x08, 0x06, //
+        0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x01, //
+        0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 10, 201, 0, 1, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 10, 201, 0, 2,
+    ];
+
+    #[test]
+    fn parse_arp_request() {
+        let eth = EthernetFrame::new_checked(&ARP_REQUEST_FRAME[..]).unwrap();
+        assert_eq!(eth.ethertype(), ETHERTYPE_ARP);
+        assert_eq!(eth.dst(), BROADCAST_MAC);
+        let arp = ArpPacket::new_checked(eth.payload()).unwrap();
+        assert_eq!(arp.operation(), ARP_REQUEST);
+        assert_eq!(arp.sender_ip(), Ipv4Addr::new(10, 201, 0, 1));
+        assert_eq!(arp.target_ip(), Ipv4Addr::new(10, 201, 0, 2));
+        assert_eq!(arp.sender_mac(), [0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
+    }
+
+    #[test]
+    fn emit_arp_reply_round_trips() {
+        let mut buf = [0u8; 64];
+        let me = [0xfe, 0xfd, 1, 2, 3, 4];
+        let them = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+        let len = emit_arp_reply(
+            &mut buf,
+            me,
+            Ipv4Addr::new(10, 201, 0, 2),
+            them,
+            Ipv4Addr::new(10, 201, 0, 1),
+        );
+        assert_eq!(len, 42);
+        let eth = EthernetFrame::new_checked(&buf[..len]).unwrap();
+        assert_eq!((eth.dst(), eth.src()), (them, me));
+        let arp = ArpPacket::new_checked(eth.payload()).unwrap();
+        assert_eq!(arp.operation(), ARP_REPLY);
+        assert_eq!(arp.sender_mac(), me);
+        assert_eq!(arp.sender_ip(), Ipv4Addr::new(10, 201, 0, 2));
+        assert_eq!(arp.target_ip(), Ipv4Addr::new(10, 201, 0, 1));
+    }
+
+    #[test]
+    fn ipv4_checks() {
+        // ICMP echo header 10.201.0.1 -> 10.201.0.2, total length 28.
+        let pkt: [u8; 28] = [
+            0x45, 0, 0, 28, 0, 1, 0x40, 0, 64, 1, 0, 0, 10, 201, 0, 1, 10, 201, 0, 2, //
+            8, 0, 0, 0, 0, 1, 0, 1,
+        ];
+        let ip = Ipv4Packet::new_checked(&pkt[..]).unwrap();
+        assert_eq!(ip.src(), Ipv4Addr::new(10, 201, 0, 1));
+        assert_eq!(ip.dst(), Ipv4Addr::new(10, 201, 0, 2));
+        assert_eq!(ip.protocol(), 1);
+        assert_eq!(ip.payload().len(), 8);
+        assert_eq!(Ipv4Packet::new_checked(&pkt[..27]).unwrap_err(), Error::Truncated);
+        let mut bad = pkt;
+        bad[0] = 0x44; // IHL 4 < 5
+        assert_eq!(Ipv4Packet::new_checked(&bad[..]).unwrap_err(), Error::Unsupported);
+        bad[0] = 0x65; // version 6
+        assert_eq!(Ipv4Packet::new_checked(&bad[..]).unwrap_err(), Error::Unsupported);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_not_a_panic() {
+        for n in 0..ARP_REQUEST_FRAME.len() {
+            let bytes = &ARP_REQUEST_FRAME[..n];
+            if let Ok(eth) = EthernetFrame::new_checked(bytes) {
+                assert!(ArpPacket::new_checked(eth.payload()).is_err());
+                let _ = Ipv4Packet::new_checked(eth.payload());
+            }
+        }
+    }
+}
