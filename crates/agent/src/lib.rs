@@ -1,0 +1,8 @@
+//! The `hyphae` agent: configuration, device setup, the event loop wiring the vswitch to the
+//! overlay, the control socket, and the namespace testbed used by the demo and the tests.
+
+pub mod config;
+pub mod control;
+pub mod demo;
+pub mod run;
+pub mod testbed;

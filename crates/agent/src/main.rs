@@ -1,1 +1,87 @@
-fn main() {}
+//! The `hyphae` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use base64::Engine as _;
+use clap::{Parser, Subcommand};
+use hyphae_agent::{config, control, demo, run};
+
+/// hyphae: a userspace overlay VPN. One flat private subnet for every member of a namespace.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the agent in the foreground (needs root).
+    Up {
+        /// Config file.
+        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        config: PathBuf,
+    },
+    /// Show the running agent's namespaces, members and counters.
+    Status {
+        /// Config file (for the control socket path).
+        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        config: PathBuf,
+        /// Print the stable JSON form (docs/CONTROL.md).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a new random namespace secret (base64 of 32 bytes).
+    Secret,
+    /// Build 3 hosts in network namespaces, run agents, ping across, clean up (needs root).
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HYPHAE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match execute(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hyphae: error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn execute(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Up { config } => run::up(config::Config::load(&config)?),
+        Cmd::Status { config, json } => {
+            let socket = config::control_socket(&config)?;
+            let reply = control::request(&socket, &control::Request::Status)?;
+            if json {
+                print!("{reply}");
+            } else {
+                let status: control::Status = serde_json::from_str(&reply)?;
+                print!("{}", control::render(&status));
+            }
+            Ok(())
+        }
+        Cmd::Secret => {
+            let mut secret = [0u8; 32];
+            getrandom::getrandom(&mut secret)
+                .map_err(|e| anyhow::anyhow!("random number generator: {e}"))?;
+            println!(
+                "{}",
+                base64::engine::general_purpose::STANDARD.encode(secret)
+            );
+            Ok(())
+        }
+        Cmd::Demo => demo::demo(),
+    }
+}

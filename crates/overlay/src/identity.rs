@@ -32,7 +32,9 @@ impl PeerId {
     /// The X25519 public key the member's tunnels use.
     pub(crate) fn x25519(&self) -> Result<x25519_dalek::PublicKey, Error> {
         let key = VerifyingKey::from_bytes(&self.0).map_err(|_| Error::BadIdentity)?;
-        Ok(x25519_dalek::PublicKey::from(key.to_montgomery().to_bytes()))
+        Ok(x25519_dalek::PublicKey::from(
+            key.to_montgomery().to_bytes(),
+        ))
     }
 }
 

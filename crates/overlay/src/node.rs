@@ -249,6 +249,12 @@ struct Peer {
     endpoint: SocketAddr,
     addresses: Vec<Ipv4Addr>,
     have_their_announce: bool,
+    /// We initiate handshakes with this member (see [`Node::is_initiator`]).
+    initiator: bool,
+    /// Send our announcement once the handshake in flight completes.
+    announce_pending: bool,
+    /// Last time a hello request made us restart the handshake.
+    last_forced: Option<Instant>,
     next_announce: Instant,
     last_heard: Instant,
     stats: PeerStats,
@@ -400,7 +406,16 @@ impl Node {
             TunnResult::Err(e) => return self.tunnel_error(handle, e),
             TunnResult::WriteToNetwork(reply) => {
                 let reply = reply.to_vec();
+                let completed = datagram[0] == KIND_WG_RESPONSE;
                 self.queue_transmit(from, reply);
+                // Our handshake completed: send what was waiting for it.
+                let pending = completed
+                    && self
+                        .peer_mut(handle)
+                        .is_some_and(|p| std::mem::take(&mut p.announce_pending));
+                if pending {
+                    self.announce(now, handle);
+                }
                 Received::Consumed
             }
             TunnResult::WriteToTunnelV4(packet, src) => {
@@ -434,8 +449,11 @@ impl Node {
     }
 
     fn tunnel_error(&mut self, handle: PeerHandle, e: WireGuardError) -> Received {
+        tracing::debug!(?handle, error = ?e, "tunnel error");
         match e {
-            WireGuardError::InvalidAeadTag => Received::PeerDropped(handle, PeerDropReason::Decrypt),
+            WireGuardError::InvalidAeadTag => {
+                Received::PeerDropped(handle, PeerDropReason::Decrypt)
+            }
             WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => {
                 Received::PeerDropped(handle, PeerDropReason::Replay)
             }
@@ -457,8 +475,7 @@ impl Node {
         let Ok(Packet::HandshakeInit(init)) = Tunn::parse_incoming_packet(inner) else {
             return Received::Dropped(DropReason::Malformed);
         };
-        let Ok(half) = parse_handshake_anon(&self.x25519_secret, &self.x25519_public, &init)
-        else {
+        let Ok(half) = parse_handshake_anon(&self.x25519_secret, &self.x25519_public, &init) else {
             return Received::Dropped(DropReason::Handshake);
         };
         let Some(&handle) = self.by_x25519.get(&(ns, half.peer_static_public)) else {
@@ -509,22 +526,55 @@ impl Node {
             Some(handle) => {
                 if let Some(peer) = self.peer_mut(handle) {
                     peer.endpoint = from;
-                    peer.last_heard = now;
                     if !hello.reply {
-                        // The member (re)started: it no longer has our addresses.
+                        // A hello request means the member has no working tunnel with us
+                        // (it restarted, or lost us): it no longer has our addresses, and if
+                        // we are the initiator, a fresh handshake is ours to start.
                         peer.have_their_announce = false;
+                        self.restart_handshake(now, handle);
                     }
                 }
                 Received::Consumed
             }
             None => match self.open_tunnel(now, ns, id, from) {
                 Ok(handle) => {
-                    self.announce(now, handle);
+                    if self.peer_mut(handle).is_some_and(|p| p.initiator) {
+                        self.announce(now, handle);
+                    }
                     Received::Consumed
                 }
                 Err(reason) => Received::Dropped(reason),
             },
         }
+    }
+
+    /// Starts a fresh handshake with a member that lost its tunnel, if we are the initiator
+    /// (at most once per [`HELLO_INTERVAL`]); our announcement follows once it completes.
+    ///
+    /// Only one side ever initiates a fresh tunnel: boringtun forgets its own initiation
+    /// when it answers a crossing one, so two members initiating at once can leave both
+    /// waiting as responders.
+    fn restart_handshake(&mut self, now: Instant, handle: PeerHandle) {
+        let mut buf = std::mem::take(&mut self.scratch);
+        if let Some(peer) = self.peer_mut(handle) {
+            let recent = peer
+                .last_forced
+                .is_some_and(|t| now.saturating_duration_since(t) < HELLO_INTERVAL);
+            if peer.initiator && !recent {
+                peer.last_forced = Some(now);
+                peer.announce_pending = true;
+                let (ns, to) = (peer.ns, peer.endpoint);
+                if let TunnResult::WriteToNetwork(d) = peer
+                    .tunn
+                    .format_handshake_initiation(&mut buf[SEND_HEADROOM..], true)
+                {
+                    let len = d.len();
+                    let t = self.frame_outgoing(ns, to, &mut buf, len);
+                    self.queue_transmit(t.to, buf[t.range].to_vec());
+                }
+            }
+        }
+        self.scratch = buf;
     }
 
     fn open_tunnel(
@@ -560,6 +610,9 @@ impl Node {
             endpoint,
             addresses: Vec::new(),
             have_their_announce: false,
+            initiator: self.x25519_public.as_bytes() < x25519.as_bytes(),
+            announce_pending: false,
+            last_forced: None,
             next_announce: now + ANNOUNCE_INTERVAL,
             last_heard: now,
             stats: PeerStats::default(),
@@ -672,7 +725,11 @@ impl Node {
     fn flush_tunnel(&mut self, handle: PeerHandle) {
         let mut buf = std::mem::take(&mut self.scratch);
         loop {
-            let Some(peer) = self.peers.get_mut(handle.0 as usize).and_then(Option::as_mut) else {
+            let Some(peer) = self
+                .peers
+                .get_mut(handle.0 as usize)
+                .and_then(Option::as_mut)
+            else {
                 break;
             };
             let (ns, to) = (peer.ns, peer.endpoint);
@@ -695,7 +752,8 @@ impl Node {
                 continue;
             };
             let (ns, to) = (peer.ns, peer.endpoint);
-            if let TunnResult::WriteToNetwork(d) = peer.tunn.update_timers(&mut buf[SEND_HEADROOM..])
+            if let TunnResult::WriteToNetwork(d) =
+                peer.tunn.update_timers(&mut buf[SEND_HEADROOM..])
             {
                 let len = d.len();
                 let t = self.frame_outgoing(ns, to, &mut buf, len);
@@ -729,11 +787,13 @@ impl Node {
         }
     }
 
-    /// A configured endpoint needs no hello while a member there was heard recently.
+    /// A configured endpoint needs no hello while a member there has a completed
+    /// handshake and was heard recently.
     fn static_peer_is_live(&self, sp: &StaticPeer, now: Instant) -> bool {
         self.peers.iter().flatten().any(|p| {
             p.ns == sp.ns
                 && p.endpoint == sp.endpoint
+                && p.tunn.stats().0.is_some()
                 && now.saturating_duration_since(p.last_heard) < PEER_SILENT_AFTER
         })
     }
@@ -766,4 +826,3 @@ impl std::fmt::Debug for Node {
             .finish()
     }
 }
-

@@ -63,9 +63,15 @@ const FLAG_HAVE_YOURS: u8 = 1;
 /// Most addresses one announcement may carry.
 pub const MAX_ANNOUNCED: usize = 64;
 
-/// Receiver index of a WireGuard response, cookie or data message.
+/// Receiver index of a WireGuard response, cookie or data message: the response carries
+/// the sender's index first (bytes 4..8) and ours at 8..12; cookie and data carry ours at 4..8.
 pub fn receiver_index(datagram: &[u8]) -> Option<u32> {
-    let b = datagram.get(4..8)?;
+    let at = if *datagram.first()? == KIND_WG_RESPONSE {
+        8
+    } else {
+        4
+    };
+    let b = datagram.get(at..at + 4)?;
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
@@ -131,7 +137,9 @@ impl Hello {
         out[2] = if reply { FLAG_REPLY } else { 0 };
         out[4..12].copy_from_slice(&keys.tag);
         out[12..44].copy_from_slice(me.as_bytes());
-        let mac = hello_mac(keys, &out[..HELLO_MAC_AT]).finalize().into_bytes();
+        let mac = hello_mac(keys, &out[..HELLO_MAC_AT])
+            .finalize()
+            .into_bytes();
         out[HELLO_MAC_AT..].copy_from_slice(&mac);
         out
     }

@@ -4,9 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
-use hyphae_overlay::{
-    DropReason, Event, Identity, NamespaceKeys, Node, PeerDropReason, Received,
-};
+use hyphae_overlay::{DropReason, Event, Identity, NamespaceKeys, Node, PeerDropReason, Received};
 
 const SECRET: &[u8] = b"correct horse battery staple";
 
@@ -68,7 +66,8 @@ fn icmp(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
 }
 
 fn connect(a: &mut Host, b: &mut Host, now: Instant) {
-    a.node.add_static_peer(hyphae_overlay::NamespaceId(0), b.addr, now);
+    a.node
+        .add_static_peer(hyphae_overlay::NamespaceId(0), b.addr, now);
     a.node.handle_timeout(now);
     pump(&mut [a, b], now);
 }
@@ -84,8 +83,14 @@ fn hello_handshake_announce_and_data() {
     connect(&mut a, &mut b, now);
 
     // Both learned each other's addresses over the authenticated tunnel.
-    assert!(a.events.iter().any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VB])));
-    assert!(b.events.iter().any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])));
+    assert!(a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VB])));
+    assert!(b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])));
 
     let pa = a.node.peers().next().unwrap().handle;
     let packet = icmp(VA, VB);
@@ -94,20 +99,32 @@ fn hello_handshake_announce_and_data() {
     let wire = out[t.range.clone()].to_vec();
     assert_eq!(t.to, b.addr);
     assert_eq!(wire.len(), packet.len() + 32, "data carries no prefix");
-    assert!(!wire.windows(8).any(|w| w == &packet[12..20]), "addresses are encrypted");
-    assert!(matches!(deliver(&mut b, now, a.addr, &wire), Received::Deliver { .. }));
+    assert!(
+        !wire.windows(8).any(|w| w == &packet[12..20]),
+        "addresses are encrypted"
+    );
+    assert!(matches!(
+        deliver(&mut b, now, a.addr, &wire),
+        Received::Deliver { .. }
+    ));
     assert_eq!(b.delivered, vec![packet]);
 
     // The same datagram again is a replay.
     let r = deliver(&mut b, now, a.addr, &wire);
-    assert!(matches!(r, Received::PeerDropped(_, PeerDropReason::Replay)), "{r:?}");
+    assert!(
+        matches!(r, Received::PeerDropped(_, PeerDropReason::Replay)),
+        "{r:?}"
+    );
     // A flipped bit in a fresh datagram fails authentication.
     let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
     let mut forged = out[t.range].to_vec();
     let last = forged.len() - 1;
     forged[last] ^= 1;
     let r = deliver(&mut b, now, a.addr, &forged);
-    assert!(matches!(r, Received::PeerDropped(_, PeerDropReason::Decrypt)), "{r:?}");
+    assert!(
+        matches!(r, Received::PeerDropped(_, PeerDropReason::Decrypt)),
+        "{r:?}"
+    );
     let stats = b.node.peers().next().unwrap().stats.clone();
     assert_eq!(stats.rx_packets, 1);
     assert_eq!(stats.drops(PeerDropReason::Replay), 1);
@@ -127,7 +144,10 @@ fn spoofed_source_is_dropped_at_the_receiver() {
         .send(pa, &icmp(Ipv4Addr::new(10, 201, 0, 99), VB), &mut out)
         .unwrap();
     let r = deliver(&mut b, now, a.addr, &out[t.range]);
-    assert!(matches!(r, Received::PeerDropped(_, PeerDropReason::SpoofedSource)), "{r:?}");
+    assert!(
+        matches!(r, Received::PeerDropped(_, PeerDropReason::SpoofedSource)),
+        "{r:?}"
+    );
     assert!(b.delivered.is_empty());
 }
 
@@ -135,7 +155,12 @@ fn spoofed_source_is_dropped_at_the_receiver() {
 fn wrong_secret_reaches_no_one() {
     let now = Instant::now();
     let mut a = host(1, 1001, SECRET, VA);
-    let mut d = host(4, 1004, b"not the namespace secret", Ipv4Addr::new(10, 201, 0, 4));
+    let mut d = host(
+        4,
+        1004,
+        b"not the namespace secret",
+        Ipv4Addr::new(10, 201, 0, 4),
+    );
     connect(&mut d, &mut a, now);
     assert_eq!(a.node.peers().count(), 0);
     assert_eq!(d.node.peers().count(), 0);
@@ -168,14 +193,25 @@ fn garbage_is_counted_not_fatal() {
     let peer_drops: u64 = b
         .node
         .peers()
-        .map(|p| PeerDropReason::ALL.iter().map(|r| p.stats.drops(*r)).sum::<u64>())
+        .map(|p| {
+            PeerDropReason::ALL
+                .iter()
+                .map(|r| p.stats.drops(*r))
+                .sum::<u64>()
+        })
         .sum();
-    assert!(dropped + peer_drops >= total - 50, "{dropped} + {peer_drops} of {total}");
+    assert!(
+        dropped + peer_drops >= total - 50,
+        "{dropped} + {peer_drops} of {total}"
+    );
     // The tunnel still works.
     let pa = a.node.peers().next().unwrap().handle;
     let mut out = vec![0u8; 2048];
     let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
-    assert!(matches!(deliver(&mut b, now, a.addr, &out[t.range]), Received::Deliver { .. }));
+    assert!(matches!(
+        deliver(&mut b, now, a.addr, &out[t.range]),
+        Received::Deliver { .. }
+    ));
 }
 
 #[test]
@@ -187,9 +223,99 @@ fn restarted_member_reconnects() {
     // b restarts with the same identity and no state; it knows a's endpoint.
     let mut b2 = host(2, 1002, SECRET, VB);
     connect(&mut b2, &mut a, now);
-    assert!(b2.events.iter().any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])));
+    assert!(b2
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])));
     let pa = a.node.peers().next().unwrap().handle;
     let mut out = vec![0u8; 2048];
     let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
-    assert!(matches!(deliver(&mut b2, now, a.addr, &out[t.range]), Received::Deliver { .. }));
+    assert!(matches!(
+        deliver(&mut b2, now, a.addr, &out[t.range]),
+        Received::Deliver { .. }
+    ));
+}
+
+#[test]
+fn both_sides_configured_connect() {
+    let now = Instant::now();
+    let mut a = host(1, 1001, SECRET, VA);
+    let mut b = host(2, 1002, SECRET, VB);
+    a.node
+        .add_static_peer(hyphae_overlay::NamespaceId(0), b.addr, now);
+    b.node
+        .add_static_peer(hyphae_overlay::NamespaceId(0), a.addr, now);
+    a.node.handle_timeout(now);
+    b.node.handle_timeout(now);
+    pump(&mut [&mut a, &mut b], now);
+    assert!(
+        a.events
+            .iter()
+            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VB])),
+        "a learned b"
+    );
+    assert!(
+        b.events
+            .iter()
+            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])),
+        "b learned a"
+    );
+}
+
+#[test]
+fn late_starter_connects() {
+    let now = Instant::now();
+    let mut a = host(1, 1001, SECRET, VA);
+    let mut b = host(2, 1002, SECRET, VB);
+    a.node
+        .add_static_peer(hyphae_overlay::NamespaceId(0), b.addr, now);
+    a.node.handle_timeout(now);
+    while a.node.poll_transmit().is_some() {} // b is not up yet: lost
+    b.node
+        .add_static_peer(hyphae_overlay::NamespaceId(0), a.addr, now);
+    b.node.handle_timeout(now);
+    pump(&mut [&mut a, &mut b], now);
+    assert!(
+        a.events
+            .iter()
+            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VB])),
+        "a learned b"
+    );
+    assert!(
+        b.events
+            .iter()
+            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])),
+        "b learned a"
+    );
+}
+
+/// Three members, each with two tunnels, so that tunnel slots and receiver indices differ
+/// between the two ends of every tunnel.
+#[test]
+fn three_members_full_mesh() {
+    let now = Instant::now();
+    let vc = Ipv4Addr::new(10, 201, 0, 3);
+    let mut a = host(1, 1001, SECRET, VA);
+    let mut b = host(2, 1002, SECRET, VB);
+    let mut c = host(3, 1003, SECRET, vc);
+    let ns = hyphae_overlay::NamespaceId(0);
+    a.node.add_static_peer(ns, b.addr, now);
+    a.node.add_static_peer(ns, c.addr, now);
+    b.node.add_static_peer(ns, c.addr, now);
+    c.node.add_static_peer(ns, a.addr, now);
+    for h in [&mut a, &mut b, &mut c] {
+        h.node.handle_timeout(now);
+    }
+    pump(&mut [&mut a, &mut b, &mut c], now);
+    for (h, want) in [(&a, [VB, vc]), (&b, [VA, vc]), (&c, [VA, VB])] {
+        for w in want {
+            assert!(
+                h.events.iter().any(
+                    |e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[w])
+                ),
+                "{} did not learn {w}",
+                h.addr
+            );
+        }
+    }
 }

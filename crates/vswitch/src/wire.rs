@@ -286,12 +286,21 @@ mod tests {
         assert_eq!(ip.dst(), Ipv4Addr::new(10, 201, 0, 2));
         assert_eq!(ip.protocol(), 1);
         assert_eq!(ip.payload().len(), 8);
-        assert_eq!(Ipv4Packet::new_checked(&pkt[..27]).unwrap_err(), Error::Truncated);
+        assert_eq!(
+            Ipv4Packet::new_checked(&pkt[..27]).unwrap_err(),
+            Error::Truncated
+        );
         let mut bad = pkt;
         bad[0] = 0x44; // IHL 4 < 5
-        assert_eq!(Ipv4Packet::new_checked(&bad[..]).unwrap_err(), Error::Unsupported);
+        assert_eq!(
+            Ipv4Packet::new_checked(&bad[..]).unwrap_err(),
+            Error::Unsupported
+        );
         bad[0] = 0x65; // version 6
-        assert_eq!(Ipv4Packet::new_checked(&bad[..]).unwrap_err(), Error::Unsupported);
+        assert_eq!(
+            Ipv4Packet::new_checked(&bad[..]).unwrap_err(),
+            Error::Unsupported
+        );
     }
 
     #[test]

@@ -1,0 +1,403 @@
+//! The agent's configuration file (TOML): parsing, defaults and validation.
+//!
+//! Every key is documented in the README. Validation turns the file into a [`Config`] whose
+//! values are all usable; anything wrong is one line naming the key and what to do.
+
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use ipnet::Ipv4Net;
+use serde::Deserialize;
+
+/// Default underlay UDP port.
+pub const DEFAULT_PORT: u16 = 7400;
+
+/// Default TAP MTU: a 1500-byte underlay minus IPv6 (40) + UDP (8) + WireGuard data (32)
+/// overhead, so tunnel datagrams never fragment on IPv4 or IPv6 underlays.
+pub const DEFAULT_MTU: u16 = 1420;
+
+/// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
+const MAX_DEVICE_NAME: usize = 15;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    agent: AgentSection,
+    #[serde(default, rename = "namespace")]
+    namespaces: Vec<NamespaceSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct AgentSection {
+    state_dir: PathBuf,
+    control_socket: PathBuf,
+    listen: String,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from("/var/lib/hyphae"),
+            control_socket: PathBuf::from("/run/hyphae/hyphae.sock"),
+            listen: format!("0.0.0.0:{DEFAULT_PORT}"),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamespaceSection {
+    name: String,
+    secret_file: PathBuf,
+    subnet: String,
+    #[serde(default = "default_mode")]
+    mode: String,
+    #[serde(default = "default_device")]
+    device: String,
+    address: String,
+    #[serde(default)]
+    mtu: Option<u16>,
+    #[serde(default, rename = "peer")]
+    peers: Vec<PeerSection>,
+}
+
+fn default_mode() -> String {
+    "interface".into()
+}
+
+fn default_device() -> String {
+    "hyphae0".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerSection {
+    endpoint: String,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Agent-wide settings.
+    pub agent: Agent,
+    /// The namespaces this agent is a member of.
+    pub namespaces: Vec<Namespace>,
+}
+
+/// Agent-wide settings.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// Where the identity key is kept.
+    pub state_dir: PathBuf,
+    /// The control socket `hyphae status` talks to.
+    pub control_socket: PathBuf,
+    /// Underlay UDP address.
+    pub listen: SocketAddr,
+}
+
+/// How a namespace attaches to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// IPOP interface mode: a TAP device carrying this host's virtual address.
+    Interface,
+}
+
+/// One namespace membership.
+#[derive(Clone)]
+pub struct Namespace {
+    /// Namespace name.
+    pub name: String,
+    /// The namespace secret (never printed).
+    pub secret: Vec<u8>,
+    /// The namespace subnet.
+    pub subnet: Ipv4Net,
+    /// Deployment mode.
+    pub mode: Mode,
+    /// TAP device name.
+    pub device: String,
+    /// This member's virtual address.
+    pub address: Ipv4Addr,
+    /// TAP MTU.
+    pub mtu: u16,
+    /// Members to contact at start.
+    pub peers: Vec<SocketAddr>,
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("name", &self.name)
+            .field("subnet", &self.subnet)
+            .field("device", &self.device)
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads just the control socket path, for the commands that talk to a running agent.
+pub fn control_socket(path: &Path) -> Result<PathBuf> {
+    Ok(parse_file(path)?.agent.control_socket)
+}
+
+fn parse_file(path: &Path) -> Result<File> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config {}", path.display()))?;
+    toml::from_str::<File>(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].lines().count().max(1))
+            .unwrap_or(0);
+        let msg = e.message().replace('\n', " ");
+        anyhow::anyhow!("config {} line {line}: {msg}", path.display())
+    })
+}
+
+impl Config {
+    /// Reads and validates a configuration file, including the secret files it names.
+    pub fn load(path: &Path) -> Result<Self> {
+        let file = parse_file(path)?;
+        let listen = resolve(&file.agent.listen)
+            .with_context(|| format!("config {}: [agent] listen", path.display()))?;
+        let mut namespaces: Vec<Namespace> = Vec::new();
+        for section in file.namespaces {
+            let name = section.name.clone();
+            let ns = validate_namespace(section)
+                .with_context(|| format!("config {}: namespace '{name}'", path.display()))?;
+            if namespaces.iter().any(|n| n.name == ns.name) {
+                bail!(
+                    "config {}: namespace '{}' appears twice",
+                    path.display(),
+                    ns.name
+                );
+            }
+            if let Some(other) = namespaces.iter().find(|n| n.device == ns.device) {
+                bail!(
+                    "config {}: namespaces '{}' and '{}' both use device '{}'; give each its own `device`",
+                    path.display(),
+                    other.name,
+                    ns.name,
+                    ns.device
+                );
+            }
+            namespaces.push(ns);
+        }
+        Ok(Self {
+            agent: Agent {
+                state_dir: file.agent.state_dir,
+                control_socket: file.agent.control_socket,
+                listen,
+            },
+            namespaces,
+        })
+    }
+}
+
+fn validate_namespace(s: NamespaceSection) -> Result<Namespace> {
+    let valid_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    if s.name.is_empty() || s.name.len() > 63 || !s.name.chars().all(valid_name) {
+        bail!("name must be 1-63 letters, digits, '-', '_' or '.'");
+    }
+    let mode = match s.mode.as_str() {
+        "interface" => Mode::Interface,
+        "router" | "hybrid" => bail!(
+            "mode '{}' is not available in this version; use mode = \"interface\"",
+            s.mode
+        ),
+        other => bail!("mode '{other}' is not one of interface, router, hybrid"),
+    };
+    let subnet: Ipv4Net = s.subnet.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "subnet '{}' is not an IPv4 CIDR like 10.201.0.0/16",
+            s.subnet
+        )
+    })?;
+    if subnet != subnet.trunc() {
+        bail!(
+            "subnet '{}' has host bits set; did you mean {}?",
+            s.subnet,
+            subnet.trunc()
+        );
+    }
+    if subnet.prefix_len() > 30 {
+        bail!(
+            "subnet '{}' is too small: use a prefix of /30 or shorter",
+            s.subnet
+        );
+    }
+    let address: Ipv4Addr = s
+        .address
+        .parse()
+        .map_err(|_| anyhow::anyhow!("address '{}' is not an IPv4 address", s.address))?;
+    if !subnet.contains(&address) {
+        bail!("address {address} is outside the subnet {subnet}");
+    }
+    if address == subnet.network() || address == subnet.broadcast() {
+        bail!("address {address} is the network or broadcast address of {subnet}");
+    }
+    let valid_dev = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    if s.device.is_empty() || s.device.len() > MAX_DEVICE_NAME || !s.device.chars().all(valid_dev) {
+        bail!(
+            "device '{}' is not a valid interface name (1-{MAX_DEVICE_NAME} letters, digits, '-', '_', '.')",
+            s.device
+        );
+    }
+    let mtu = s.mtu.unwrap_or(DEFAULT_MTU);
+    if !(576..=65000).contains(&mtu) {
+        bail!("mtu {mtu} is outside 576..=65000");
+    }
+    let secret = read_secret(&s.secret_file)?;
+    let peers = s
+        .peers
+        .iter()
+        .map(|p| resolve(&p.endpoint).with_context(|| "peer endpoint".to_string()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Namespace {
+        name: s.name,
+        secret,
+        subnet,
+        mode,
+        device: s.device,
+        address,
+        mtu,
+        peers,
+    })
+}
+
+fn read_secret(path: &Path) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path).with_context(|| {
+        format!(
+            "cannot read secret_file {} (create one with `hyphae secret > {}`)",
+            path.display(),
+            path.display()
+        )
+    })?;
+    let end = bytes
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    let secret = bytes[..end].to_vec();
+    if secret.is_empty() {
+        bail!(
+            "secret_file {} is empty (create one with `hyphae secret > {}`)",
+            path.display(),
+            path.display()
+        );
+    }
+    if secret.len() < hyphae_overlay::MIN_SECRET_LEN {
+        bail!(
+            "secret_file {} holds {} bytes; a namespace secret needs at least {} (use `hyphae secret`)",
+            path.display(),
+            secret.len(),
+            hyphae_overlay::MIN_SECRET_LEN
+        );
+    }
+    Ok(secret)
+}
+
+/// `host:port`, `host` (default port) or `[v6]:port`, resolved once.
+fn resolve(endpoint: &str) -> Result<SocketAddr> {
+    if let Ok(addr) = endpoint.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(ip) = endpoint.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+    }
+    let with_port = if endpoint.rsplit_once(':').is_some() {
+        endpoint.to_string()
+    } else {
+        format!("{endpoint}:{DEFAULT_PORT}")
+    };
+    with_port
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| anyhow::anyhow!("'{endpoint}' is not an address like 10.200.0.2:7400"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str, secret: Option<&str>) -> Result<Config> {
+        let dir = std::env::temp_dir().join(format!(
+            "hyphae-cfg-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let secret_path = dir.join("s");
+        let _ = std::fs::remove_file(&secret_path);
+        if let Some(s) = secret {
+            std::fs::write(&secret_path, s)?;
+        }
+        let cfg = dir.join("c.toml");
+        std::fs::write(
+            &cfg,
+            toml.replace("SECRET", &secret_path.display().to_string()),
+        )?;
+        Config::load(&cfg)
+    }
+
+    const GOOD: &str = r#"
+[agent]
+state_dir = "/tmp/x"
+listen = "127.0.0.1:7400"
+[[namespace]]
+name = "lab"
+secret_file = "SECRET"
+subnet = "10.201.0.0/16"
+address = "10.201.0.1"
+[[namespace.peer]]
+endpoint = "10.200.0.2:7400"
+[[namespace.peer]]
+endpoint = "10.200.0.3"
+"#;
+
+    fn err(toml: &str, secret: Option<&str>) -> String {
+        format!("{:#}", load(toml, secret).unwrap_err())
+    }
+
+    #[test]
+    fn good_config_with_defaults() {
+        let c = load(GOOD, Some("0123456789abcdef\n")).unwrap();
+        let ns = &c.namespaces[0];
+        assert_eq!(ns.device, "hyphae0");
+        assert_eq!(ns.mode, Mode::Interface);
+        assert_eq!(ns.mtu, DEFAULT_MTU);
+        assert_eq!(ns.secret, b"0123456789abcdef");
+        assert_eq!(ns.peers[1], "10.200.0.3:7400".parse().unwrap());
+        assert_eq!(
+            c.agent.control_socket,
+            PathBuf::from("/run/hyphae/hyphae.sock")
+        );
+    }
+
+    #[test]
+    fn bad_configs_say_what_is_wrong() {
+        let s = Some("0123456789abcdef");
+        assert!(err(GOOD, None).contains("cannot read secret_file"));
+        assert!(err(GOOD, Some("\n")).contains("is empty"));
+        assert!(err(GOOD, Some("short")).contains("at least 16"));
+        assert!(
+            err(&GOOD.replace("10.201.0.0/16", "10.201.0.0/33"), s).contains("not an IPv4 CIDR")
+        );
+        assert!(
+            err(&GOOD.replace("\"10.201.0.1\"", "\"10.9.0.1\""), s).contains("outside the subnet")
+        );
+        assert!(err(&GOOD.replace("name = ", "nmae = "), s).contains("unknown field `nmae`"));
+        assert!(err(
+            &GOOD.replace("name = \"lab\"", "name = \"lab\"\nmode = \"router\""),
+            s
+        )
+        .contains("not available"));
+        assert!(
+            err(&GOOD.replace("\"10.200.0.3\"", "\"not an address\""), s).contains("peer endpoint")
+        );
+        for e in [err(GOOD, None), err(&GOOD.replace("name = ", "nmae = "), s)] {
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The control socket: a Unix stream socket on which the running agent answers one JSON
+//! request per connection with one JSON reply (see docs/CONTROL.md for the schema).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Version of the status schema; bumped only on incompatible changes.
+pub const STATUS_VERSION: u32 = 1;
+
+/// Longest request line the agent reads.
+pub const MAX_REQUEST: usize = 4096;
+
+/// A request to the agent.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Request {
+    /// The agent's state.
+    Status,
+}
+
+/// The agent's reply to [`Request::Status`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// Schema version ([`STATUS_VERSION`]).
+    pub version: u32,
+    /// This agent's identity (base64 Ed25519 public key).
+    pub identity: String,
+    /// Underlay UDP address.
+    pub listen: String,
+    /// Datagrams dropped before reaching any tunnel, by reason.
+    pub drops: BTreeMap<String, u64>,
+    /// One entry per namespace.
+    pub namespaces: Vec<NamespaceStatus>,
+}
+
+/// One namespace in [`Status`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NamespaceStatus {
+    /// Namespace name.
+    pub name: String,
+    /// Deployment mode.
+    pub mode: String,
+    /// TAP device.
+    pub device: String,
+    /// This member's virtual address.
+    pub address: String,
+    /// Namespace subnet.
+    pub subnet: String,
+    /// Frames from the TAP sent to members.
+    pub to_peers: u64,
+    /// Packets from members written to the TAP.
+    pub to_device: u64,
+    /// Proxy ARP replies.
+    pub arp_replies: u64,
+    /// Frames the switch dropped, by reason.
+    pub drops: BTreeMap<String, u64>,
+    /// The members this agent has a tunnel with.
+    pub peers: Vec<PeerStatus>,
+}
+
+/// One member in [`NamespaceStatus`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PeerStatus {
+    /// Member identity.
+    pub identity: String,
+    /// Current underlay endpoint.
+    pub endpoint: String,
+    /// Virtual addresses it announced.
+    pub addresses: Vec<String>,
+    /// Seconds since the last completed handshake; null before the first.
+    pub handshake_age_secs: Option<f64>,
+    /// Packets received and delivered.
+    pub rx_packets: u64,
+    /// Bytes received and delivered.
+    pub rx_bytes: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Packets of this tunnel dropped, by reason.
+    pub drops: BTreeMap<String, u64>,
+}
+
+/// Sends one request to the agent at `socket` and returns the raw JSON reply.
+pub fn request(socket: &Path, req: &Request) -> Result<String> {
+    let mut stream = UnixStream::connect(socket).with_context(|| {
+        format!(
+            "no agent answers on {} (is `hyphae up` running with this config?)",
+            socket.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = serde_json::to_string(req)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream)
+        .read_line(&mut reply)
+        .context("reading the agent's reply")?;
+    if reply.is_empty() {
+        anyhow::bail!("the agent closed the control connection without replying");
+    }
+    Ok(reply)
+}
+
+/// Renders a status for people.
+pub fn render(status: &Status) -> String {
+    let mut out = String::new();
+    out += &format!(
+        "agent {}  listening on {}\n",
+        status.identity, status.listen
+    );
+    let agent_drops = nonzero(&status.drops);
+    if !agent_drops.is_empty() {
+        out += &format!("  dropped before any tunnel: {agent_drops}\n");
+    }
+    for ns in &status.namespaces {
+        out += &format!(
+            "namespace {}  {} mode  device {}  address {}  subnet {}\n",
+            ns.name, ns.mode, ns.device, ns.address, ns.subnet
+        );
+        out += &format!(
+            "  switch: {} to members, {} to device, {} ARP replies\n",
+            ns.to_peers, ns.to_device, ns.arp_replies
+        );
+        let d = nonzero(&ns.drops);
+        if !d.is_empty() {
+            out += &format!("  switch drops: {d}\n");
+        }
+        if ns.peers.is_empty() {
+            out += "  no members connected\n";
+        }
+        for p in &ns.peers {
+            let hs = p
+                .handshake_age_secs
+                .map_or("no handshake yet".to_string(), |s| {
+                    format!("handshake {s:.0}s ago")
+                });
+            out += &format!(
+                "  member {}  {}  endpoint {}  {}\n",
+                if p.addresses.is_empty() {
+                    "(no address yet)".to_string()
+                } else {
+                    p.addresses.join(",")
+                },
+                &p.identity[..p.identity.len().min(12)],
+                p.endpoint,
+                hs
+            );
+            out += &format!(
+                "    in {} pkts / {} B   out {} pkts / {} B\n",
+                p.rx_packets, p.rx_bytes, p.tx_packets, p.tx_bytes
+            );
+            let d = nonzero(&p.drops);
+            if !d.is_empty() {
+                out += &format!("    drops: {d}\n");
+            }
+        }
+    }
+    out
+}
+
+fn nonzero(m: &BTreeMap<String, u64>) -> String {
+    m.iter()
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

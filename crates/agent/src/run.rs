@@ -1,0 +1,505 @@
+//! `hyphae up`: the agent's setup and its single event loop.
+//!
+//! One thread owns everything on the data path (the TAP devices, the underlay socket, the
+//! switches and the tunnel node), so nothing is locked per packet. Readiness on a device or
+//! the socket drains up to [`BATCH`] packets at once through preallocated buffers.
+
+use std::future::poll_fn;
+use std::io::{self, ErrorKind};
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::task::Poll;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use hyphae_overlay::node::TICK;
+use hyphae_overlay::{
+    DropReason as NodeDrop, Event, Identity, NamespaceKeys, Node, PeerDropReason, PeerHandle,
+    Received,
+};
+use hyphae_vswitch::{Action, DropReason as SwitchDrop, Switch, HEADROOM};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
+use tokio::net::{UdpSocket, UnixListener};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, oneshot};
+use tun_rs::SyncDevice;
+
+use crate::config::{Config, Mode, Namespace};
+use crate::control::{self, NamespaceStatus, PeerStatus, Request, Status, STATUS_VERSION};
+
+/// Packets handled per readiness event before the loop looks at its other sources.
+const BATCH: usize = 64;
+
+/// Largest datagram or frame: the UDP maximum, with room for headers in front.
+const BUF_LEN: usize = 65536 + 64;
+
+/// Underlay socket buffers: room for a few milliseconds of traffic at 10 Gb/s.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// The name of the identity key file in the state directory.
+pub const IDENTITY_FILE: &str = "identity.key";
+
+/// Runs the agent in the foreground until SIGTERM or SIGINT.
+pub fn up(config: Config) -> Result<()> {
+    require_net_admin()?;
+    let identity = load_or_create_identity(&config.agent.state_dir)?;
+    let socket = bind_underlay(config.agent.listen)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async move {
+        let listener = bind_control(&config.agent.control_socket)?;
+        let result = Agent::start(config.clone(), identity, socket)?
+            .run(listener)
+            .await;
+        let _ = std::fs::remove_file(&config.agent.control_socket);
+        result
+    })
+}
+
+/// `CAP_NET_ADMIN` is what creating TAP devices and setting their addresses needs.
+fn require_net_admin() -> Result<()> {
+    const CAP_NET_ADMIN: u32 = 12;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if eff & (1 << CAP_NET_ADMIN) == 0 {
+        bail!("hyphae up needs root (CAP_NET_ADMIN) to create TAP devices; run it with sudo");
+    }
+    Ok(())
+}
+
+/// Loads the identity key from the state directory, creating both on first start.
+pub fn load_or_create_identity(state_dir: &Path) -> Result<Identity> {
+    let path = state_dir.join(IDENTITY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Identity::from_text(&text).with_context(|| {
+            format!(
+                "{} is not a hyphae identity key (move it away to create a new identity)",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(state_dir)
+                .with_context(|| format!("cannot create state_dir {}", state_dir.display()))?;
+            let identity = Identity::generate()?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            io::Write::write_all(&mut file, identity.to_text().as_bytes())?;
+            tracing::info!(path = %path.display(), id = %identity.peer_id(), "created identity");
+            Ok(identity)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+fn bind_underlay(listen: SocketAddr) -> Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(listen),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
+    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    socket.bind(&listen.into()).map_err(|e| match e.kind() {
+        ErrorKind::AddrInUse => anyhow::anyhow!(
+            "listen address {listen} is already in use (another hyphae agent, or set [agent] listen)"
+        ),
+        ErrorKind::AddrNotAvailable => {
+            anyhow::anyhow!("listen address {listen} is not an address of this host")
+        }
+        _ => anyhow::anyhow!("cannot listen on {listen}: {e}"),
+    })?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+fn bind_control(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!(
+                "another hyphae agent is running: its control socket {} answers",
+                path.display()
+            );
+        }
+        // A stale socket from an agent that was killed.
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("cannot create control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+fn create_tap(ns: &Namespace, mac: [u8; 6]) -> Result<SyncDevice> {
+    let device = tun_rs::DeviceBuilder::new()
+        .name(&ns.device)
+        .layer(tun_rs::Layer::L2)
+        .mac_addr(mac)
+        .mtu(ns.mtu)
+        .ipv4(ns.address, ns.subnet.prefix_len(), None)
+        .enable(true)
+        .build_sync()
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) | Some(libc::EEXIST) => anyhow::anyhow!(
+                "namespace '{}': device {} already exists and is in use; pick another `device`",
+                ns.name,
+                ns.device
+            ),
+            _ => anyhow::anyhow!(
+                "namespace '{}': cannot create TAP {}: {e}",
+                ns.name,
+                ns.device
+            ),
+        })?;
+    // The overlay carries IPv4; keep the kernel's IPv6 chatter (router solicitations, DAD)
+    // off the device. Best effort: IPv6 may be disabled host-wide already.
+    let _ = std::fs::write(
+        format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ns.device),
+        "1",
+    );
+    device
+        .set_nonblocking(true)
+        .context("setting the TAP non-blocking")?;
+    Ok(device)
+}
+
+fn random_mac(first: [u8; 2]) -> Result<[u8; 6]> {
+    let mut mac = [first[0], first[1], 0, 0, 0, 0];
+    getrandom::getrandom(&mut mac[2..]).map_err(|e| anyhow::anyhow!("random MAC: {e}"))?;
+    Ok(mac)
+}
+
+struct Port {
+    name: String,
+    device: String,
+    mode: Mode,
+    switch: Switch<PeerHandle>,
+    tap_errors: u64,
+}
+
+struct Agent {
+    listen: SocketAddr,
+    node: Node,
+    ports: Vec<Port>,
+    taps: Vec<AsyncFd<SyncDevice>>,
+    udp: UdpSocket,
+    rx: Vec<u8>,
+    tx: Vec<u8>,
+    reply: Vec<u8>,
+    tx_errors: u64,
+}
+
+type StatusReply = oneshot::Sender<Status>;
+
+impl Agent {
+    fn start(config: Config, identity: Identity, socket: std::net::UdpSocket) -> Result<Self> {
+        let mut node = Node::new(identity);
+        let now = Instant::now();
+        // IPOP 4.1: one random FE:FD MAC per agent stands for every remote member.
+        let remote_mac = random_mac([0xfe, 0xfd])?;
+        let mut ports = Vec::new();
+        let mut taps = Vec::new();
+        for ns in &config.namespaces {
+            // Locally administered, unicast: 0x02 in the first byte.
+            let device_mac = random_mac([0x02, 0x48])?;
+            let tap = create_tap(ns, device_mac)?;
+            // SAFETY: the SyncDevice owns its fd and moves into the AsyncFd, which keeps it
+            // open for as long as it is registered.
+            let tap = unsafe { AsyncFd::register(tap) }
+                .map_err(|e| anyhow::anyhow!("registering the TAP: {e}"))?;
+            taps.push(tap);
+            let id = node.add_namespace(
+                NamespaceKeys::derive(&ns.name, &ns.secret),
+                vec![ns.address],
+            );
+            for &peer in &ns.peers {
+                node.add_static_peer(id, peer, now);
+            }
+            ports.push(Port {
+                name: ns.name.clone(),
+                device: ns.device.clone(),
+                mode: ns.mode,
+                switch: Switch::new(hyphae_vswitch::Config {
+                    address: ns.address,
+                    subnet: ns.subnet,
+                    device_mac,
+                    remote_mac,
+                }),
+                tap_errors: 0,
+            });
+            tracing::info!(namespace = %ns.name, device = %ns.device, address = %ns.address,
+                subnet = %ns.subnet, peers = ns.peers.len(), "namespace up");
+        }
+        if config.namespaces.is_empty() {
+            tracing::warn!("no [[namespace]] in the config: the agent has nothing to carry");
+        }
+        let udp = UdpSocket::from_std(socket).context("registering the socket")?;
+        tracing::info!(id = %node.peer_id(), listen = %config.agent.listen, "agent started");
+        Ok(Self {
+            listen: config.agent.listen,
+            node,
+            ports,
+            taps,
+            udp,
+            rx: vec![0; BUF_LEN],
+            tx: vec![0; BUF_LEN],
+            reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
+            tx_errors: 0,
+        })
+    }
+
+    async fn run(mut self, listener: UnixListener) -> Result<()> {
+        let (ctl_tx, mut ctl_rx) = mpsc::channel::<StatusReply>(16);
+        tokio::spawn(serve_control(listener, ctl_tx));
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = sigterm.recv() => break,
+                _ = sigint.recv() => break,
+                ready = self.udp.readable() => {
+                    ready?;
+                    self.drain_underlay().await;
+                }
+                i = any_readable(&self.taps) => self.drain_tap(i).await,
+                _ = tick.tick() => self.node.handle_timeout(Instant::now()),
+                Some(reply) = ctl_rx.recv() => {
+                    let _ = reply.send(self.status());
+                }
+            }
+            self.flush_node().await;
+        }
+        tracing::info!("stopping: removing devices");
+        Ok(())
+    }
+
+    /// Datagrams from the underlay: decrypt, check, switch, write to the TAP.
+    async fn drain_underlay(&mut self) {
+        for _ in 0..BATCH {
+            let (n, from) = match self.udp.try_recv_from(&mut self.rx) {
+                Ok(r) => r,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "underlay receive error");
+                    return;
+                }
+            };
+            let now = Instant::now();
+            let received =
+                self.node
+                    .handle_datagram(now, from, &self.rx[..n], &mut self.tx[HEADROOM..]);
+            match received {
+                Received::Deliver { ns, len, .. } => {
+                    let Some(port) = self.ports.get_mut(ns.0) else {
+                        continue;
+                    };
+                    if let Action::ToTap { len } = port.switch.handle_peer_packet(&mut self.tx, len)
+                    {
+                        if self.taps[ns.0].get_ref().send(&self.tx[..len]).is_err() {
+                            port.tap_errors += 1;
+                        }
+                    }
+                }
+                Received::Dropped(reason) => {
+                    tracing::trace!(%from, reason = reason.as_str(), "datagram dropped");
+                }
+                Received::PeerDropped(_, reason) => {
+                    tracing::trace!(%from, reason = reason.as_str(), "tunnel packet dropped");
+                }
+                Received::Consumed => {}
+            }
+        }
+    }
+
+    /// Frames from a TAP: switch, encrypt, send to the member (or answer ARP).
+    async fn drain_tap(&mut self, i: usize) {
+        for _ in 0..BATCH {
+            // try_io clears the readiness only when the device reports WouldBlock.
+            let rx = &mut self.rx;
+            let n = match self.taps[i].try_io(Interest::READABLE, |tap| tap.recv(rx)) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "TAP read error");
+                    return;
+                }
+            };
+            let port = &mut self.ports[i];
+            match port.switch.handle_tap_frame(&self.rx[..n], &mut self.reply) {
+                Action::ToPeer { peer, packet } => {
+                    let Some(t) = self.node.send(peer, &self.rx[packet], &mut self.tx) else {
+                        continue;
+                    };
+                    if let Err(e) = self.udp.send_to(&self.tx[t.range], t.to).await {
+                        self.tx_errors += 1;
+                        tracing::debug!(to = %t.to, error = %e, "underlay send failed");
+                    }
+                }
+                Action::ToTap { len } => {
+                    if self.taps[i].get_ref().send(&self.reply[..len]).is_err() {
+                        port.tap_errors += 1;
+                    }
+                }
+                Action::Drop(_) => {}
+            }
+        }
+    }
+
+    /// Sends what the node queued (handshakes, hellos, announcements) and applies its events.
+    async fn flush_node(&mut self) {
+        while let Some((to, datagram)) = self.node.poll_transmit() {
+            if let Err(e) = self.udp.send_to(&datagram, to).await {
+                self.tx_errors += 1;
+                tracing::debug!(%to, error = %e, "underlay send failed");
+            }
+        }
+        while let Some(event) = self.node.poll_event() {
+            match event {
+                Event::PeerAddresses {
+                    ns,
+                    peer,
+                    addresses,
+                } => {
+                    if let Some(port) = self.ports.get_mut(ns.0) {
+                        port.switch.set_peer_addresses(peer, &addresses);
+                    }
+                }
+            }
+        }
+    }
+
+    fn status(&self) -> Status {
+        let mut namespaces: Vec<NamespaceStatus> = self
+            .ports
+            .iter()
+            .map(|p| {
+                let c = p.switch.counters();
+                let cfg = p.switch.config();
+                NamespaceStatus {
+                    name: p.name.clone(),
+                    mode: match p.mode {
+                        Mode::Interface => "interface".into(),
+                    },
+                    device: p.device.clone(),
+                    address: cfg.address.to_string(),
+                    subnet: cfg.subnet.to_string(),
+                    to_peers: c.to_peer,
+                    to_device: c.to_tap,
+                    arp_replies: c.arp_replies,
+                    drops: SwitchDrop::ALL
+                        .iter()
+                        .map(|r| (r.as_str().to_string(), c.drops(*r)))
+                        .chain([("device_write".to_string(), p.tap_errors)])
+                        .collect(),
+                    peers: Vec::new(),
+                }
+            })
+            .collect();
+        for p in self.node.peers() {
+            let Some(ns) = namespaces.get_mut(p.ns.0) else {
+                continue;
+            };
+            ns.peers.push(PeerStatus {
+                identity: p.id.to_string(),
+                endpoint: p.endpoint.to_string(),
+                addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
+                handshake_age_secs: p.handshake_age.map(|d| d.as_secs_f64()),
+                rx_packets: p.stats.rx_packets,
+                rx_bytes: p.stats.rx_bytes,
+                tx_packets: p.stats.tx_packets,
+                tx_bytes: p.stats.tx_bytes,
+                drops: PeerDropReason::ALL
+                    .iter()
+                    .map(|r| (r.as_str().to_string(), p.stats.drops(*r)))
+                    .collect(),
+            });
+        }
+        Status {
+            version: STATUS_VERSION,
+            identity: self.node.peer_id().to_string(),
+            listen: self.listen.to_string(),
+            drops: NodeDrop::ALL
+                .iter()
+                .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
+                .chain([("send_error".to_string(), self.tx_errors)])
+                .collect(),
+            namespaces,
+        }
+    }
+}
+
+/// Resolves with the index of the first TAP that is readable.
+async fn any_readable(taps: &[AsyncFd<SyncDevice>]) -> usize {
+    poll_fn(|cx| {
+        for (i, tap) in taps.iter().enumerate() {
+            // The guard is dropped with its readiness retained: the drain loop reads until
+            // WouldBlock, which clears it.
+            if let Poll::Ready(Ok(_guard)) = tap.poll_read_ready(cx) {
+                return Poll::Ready(i);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+async fn serve_control(listener: UnixListener, agent: mpsc::Sender<StatusReply>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = BufReader::new(read).take(control::MAX_REQUEST as u64);
+            if reader.read_line(&mut line).await.is_err() {
+                return;
+            }
+            let reply = match serde_json::from_str::<Request>(&line) {
+                Ok(Request::Status) => {
+                    let (tx, rx) = oneshot::channel();
+                    if agent.send(tx).await.is_err() {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(status) => serde_json::to_string(&status).unwrap_or_default(),
+                        Err(_) => return,
+                    }
+                }
+                Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }).to_string(),
+            };
+            let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
+        });
+    }
+}
+
+/// The default config path.
+pub fn default_config_path() -> PathBuf {
+    PathBuf::from("/etc/hyphae/hyphae.toml")
+}

@@ -1,0 +1,319 @@
+//! Throwaway hosts in Linux network namespaces, for the demo, the end-to-end tests and the
+//! throughput benchmark.
+//!
+//! A [`Testbed`] is one underlay: a bridge inside its own "switch" namespace, and hosts, each
+//! a namespace with an `eth0` veth plugged into that bridge. Names carry the process id and
+//! a counter, so testbeds of parallel tests never collide; interfaces are created inside the
+//! testbed's namespaces, so nothing is added to the caller's namespace. Dropping the testbed
+//! kills every process it started (by PID) and deletes its namespaces.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Runs a command to completion; an error carries its stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<Output> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {program} (is it installed?)"))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
+}
+
+/// One underlay with hosts on it.
+pub struct Testbed {
+    prefix: String,
+    switch_ns: String,
+    namespaces: Vec<String>,
+    dir: PathBuf,
+    bin: PathBuf,
+    processes: Vec<Child>,
+}
+
+/// A host: a network namespace with `eth0` on the underlay.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// The namespace name.
+    pub ns: String,
+    /// Short name given by the caller.
+    pub name: String,
+    /// The address of `eth0` (a /24 of the underlay).
+    pub underlay: Ipv4Addr,
+    /// A private directory for this host's files.
+    pub dir: PathBuf,
+}
+
+/// A running `hyphae up`.
+#[derive(Debug, Clone)]
+pub struct AgentHandle {
+    /// Its PID.
+    pub pid: u32,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Its log (stderr).
+    pub log: PathBuf,
+}
+
+impl Testbed {
+    /// A new underlay. `label` (a few letters) makes the names readable; `bin` is the
+    /// `hyphae` binary to run agents with.
+    pub fn new(label: &str, bin: &Path) -> Result<Self> {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("hy{label}{}x{n}", std::process::id());
+        let switch_ns = format!("{prefix}-sw");
+        let dir = std::env::temp_dir().join(&prefix);
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir)?;
+        let mut bed = Self {
+            prefix,
+            switch_ns: switch_ns.clone(),
+            namespaces: Vec::new(),
+            dir,
+            bin: bin.to_path_buf(),
+            processes: Vec::new(),
+        };
+        run("ip", &["netns", "add", &switch_ns])?;
+        bed.namespaces.push(switch_ns.clone());
+        bed.ns(&switch_ns, "ip", &["link", "add", "br0", "type", "bridge"])?;
+        bed.ns(&switch_ns, "ip", &["link", "set", "br0", "up"])?;
+        bed.ns(&switch_ns, "ip", &["link", "set", "lo", "up"])?;
+        Ok(bed)
+    }
+
+    /// The namespace holding the underlay bridge `br0`.
+    pub fn switch_ns(&self) -> &str {
+        &self.switch_ns
+    }
+
+    /// This testbed's scratch directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Adds a host with `eth0` = `underlay`/24 on the bridge.
+    pub fn add_host(&mut self, name: &str, underlay: Ipv4Addr) -> Result<Host> {
+        let ns = format!("{}-{name}", self.prefix);
+        run("ip", &["netns", "add", &ns])?;
+        self.namespaces.push(ns.clone());
+        let port = format!("p{}", self.namespaces.len());
+        // Created inside the switch namespace, its peer moved straight into the host: the
+        // names never exist in the caller's namespace.
+        self.ns(
+            &self.switch_ns,
+            "ip",
+            &[
+                "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ],
+        )?;
+        self.ns(
+            &self.switch_ns,
+            "ip",
+            &["link", "set", &port, "master", "br0"],
+        )?;
+        self.ns(&self.switch_ns, "ip", &["link", "set", &port, "up"])?;
+        self.ns(
+            &ns,
+            "ip",
+            &["addr", "add", &format!("{underlay}/24"), "dev", "eth0"],
+        )?;
+        self.ns(&ns, "ip", &["link", "set", "eth0", "up"])?;
+        self.ns(&ns, "ip", &["link", "set", "lo", "up"])?;
+        let dir = self.dir.join(name);
+        fs::create_dir_all(&dir)?;
+        Ok(Host {
+            ns,
+            name: name.to_string(),
+            underlay,
+            dir,
+        })
+    }
+
+    /// Runs a command inside namespace `ns` to completion.
+    pub fn ns(&self, ns: &str, program: &str, args: &[&str]) -> Result<Output> {
+        let mut full = vec!["netns", "exec", ns, program];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Runs a command inside `ns` and returns its output whatever the exit status.
+    pub fn ns_output(&self, ns: &str, program: &str, args: &[&str]) -> Result<Output> {
+        Ok(Command::new("ip")
+            .args(["netns", "exec", ns, program])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()?)
+    }
+
+    /// Starts a long-running command inside `ns`; it is killed when the testbed drops.
+    /// Returns its PID (`ip netns exec` execs the program, so the PID is the program's).
+    pub fn spawn(&mut self, ns: &str, program: &str, args: &[&str], log: &Path) -> Result<u32> {
+        let log_file = fs::File::create(log)?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, program])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("cannot start {program}"))?;
+        let pid = child.id();
+        self.processes.push(child);
+        Ok(pid)
+    }
+
+    /// Writes `config` for `host` and starts `hyphae up` with it; returns once the agent's
+    /// control socket answers.
+    pub fn start_agent(&mut self, host: &Host, config: &str) -> Result<AgentHandle> {
+        let path = host.dir.join("hyphae.toml");
+        fs::write(&path, config)?;
+        let log = host.dir.join(format!("agent-{}.log", self.processes.len()));
+        let bin = self.bin.display().to_string();
+        let pid = self.spawn(
+            &host.ns,
+            &bin,
+            &["up", "-c", &path.display().to_string()],
+            &log,
+        )?;
+        let agent = AgentHandle {
+            pid,
+            config: path,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.status(host, &agent).is_ok() {
+                return Ok(agent);
+            }
+            if !self.is_running(pid) || Instant::now() > deadline {
+                bail!(
+                    "agent on {} did not start: {}",
+                    host.name,
+                    fs::read_to_string(&agent.log).unwrap_or_default().trim()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `hyphae status --json` of an agent, parsed.
+    pub fn status(&self, host: &Host, agent: &AgentHandle) -> Result<crate::control::Status> {
+        let out = self.ns(
+            &host.ns,
+            &self.bin.display().to_string(),
+            &[
+                "status",
+                "--json",
+                "-c",
+                &agent.config.display().to_string(),
+            ],
+        )?;
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// Whether a process this testbed started is still running.
+    pub fn is_running(&mut self, pid: u32) -> bool {
+        self.processes
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Sends `signal` to a process this testbed started and, for SIGTERM/SIGINT/SIGKILL,
+    /// waits (up to 10 s) for it to exit. Returns its exit status code, if it exited.
+    pub fn signal(&mut self, pid: u32, signal: i32) -> Result<Option<i32>> {
+        let Some(pos) = self.processes.iter().position(|c| c.id() == pid) else {
+            bail!("process {pid} was not started by this testbed");
+        };
+        // SAFETY: kill(2) on a PID we spawned and have not reaped yet.
+        unsafe { libc::kill(pid as i32, signal) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let child = &mut self.processes[pos];
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait()? {
+                self.processes.remove(pos);
+                return Ok(status.code());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(None)
+    }
+
+    /// Pings `to` from `from` until one reply arrives or `within` passes.
+    pub fn wait_for_ping(&self, from: &Host, to: Ipv4Addr, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        let target = to.to_string();
+        loop {
+            let out = self.ns_output(&from.ns, "ping", &["-c", "1", "-W", "1", &target])?;
+            if out.status.success() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{} cannot ping {to} after {within:?}", from.name);
+            }
+        }
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for child in &mut self.processes {
+            // SAFETY: kill(2) on a child we spawned and have not reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for child in &mut self.processes {
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for ns in self.namespaces.iter().rev() {
+            let _ = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status();
+        }
+        if std::env::var_os("HYPHAE_KEEP_TESTBED").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A `hyphae.toml` for a host of a testbed: interface mode in namespace `name`.
+pub fn agent_config(
+    host: &Host,
+    namespace: &str,
+    secret_file: &Path,
+    subnet: &str,
+    address: Ipv4Addr,
+    peers: &[Ipv4Addr],
+) -> String {
+    let mut c = format!(
+        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
+         [[namespace]]\nname = \"{namespace}\"\nsecret_file = \"{secret}\"\nsubnet = \"{subnet}\"\n\
+         mode = \"interface\"\ndevice = \"hyphae0\"\naddress = \"{address}\"\n",
+        dir = host.dir.display(),
+        ip = host.underlay,
+        secret = secret_file.display(),
+    );
+    for p in peers {
+        c += &format!("\n[[namespace.peer]]\nendpoint = \"{p}:7400\"\n");
+    }
+    c
+}
