@@ -44,8 +44,9 @@ pub const IDENTITY_FILE: &str = "identity.key";
 /// Runs the agent in the foreground until SIGTERM or SIGINT.
 pub fn up(config: Config) -> Result<()> {
     require_net_admin()?;
-    let identity = load_or_create_identity(&config.agent.state_dir)?;
+    // Bind first: a failed start should leave nothing behind, not even a new identity.
     let socket = bind_underlay(config.agent.listen)?;
+    let identity = load_or_create_identity(&config.agent.state_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -245,7 +245,8 @@ impl Testbed {
         let child = &mut self.processes[pos];
         while Instant::now() < deadline {
             if let Some(status) = child.try_wait()? {
-                self.processes.remove(pos);
+                // Already reaped by try_wait; wait() returns the cached status.
+                let _ = self.processes.remove(pos).wait();
                 return Ok(status.code());
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -724,14 +724,11 @@ impl Node {
     /// with an empty datagram until it is done).
     fn flush_tunnel(&mut self, handle: PeerHandle) {
         let mut buf = std::mem::take(&mut self.scratch);
-        loop {
-            let Some(peer) = self
-                .peers
-                .get_mut(handle.0 as usize)
-                .and_then(Option::as_mut)
-            else {
-                break;
-            };
+        while let Some(peer) = self
+            .peers
+            .get_mut(handle.0 as usize)
+            .and_then(Option::as_mut)
+        {
             let (ns, to) = (peer.ns, peer.endpoint);
             let len = match peer.tunn.decapsulate(None, &[], &mut buf[SEND_HEADROOM..]) {
                 TunnResult::WriteToNetwork(d) => d.len(),
