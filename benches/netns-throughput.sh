@@ -78,17 +78,19 @@ device = "hyphae0"
 endpoint = "10.210.0.$peer:7400"
 EOF
 done
-HYPHAE_LOG=warn inA "$HYPHAE_BIN" up -c "$dir/A.toml" 2>"$dir/A.log" &
+# Started with `ip netns exec` directly (not through a shell function, which would fork a
+# subshell) so that $! is the process itself and cleanup can kill it by PID.
+HYPHAE_LOG=warn ip netns exec "$A" "$HYPHAE_BIN" up -c "$dir/A.toml" >"$dir/A.log" 2>&1 &
 pids+=($!)
-HYPHAE_LOG=warn inB "$HYPHAE_BIN" up -c "$dir/B.toml" 2>"$dir/B.log" &
+HYPHAE_LOG=warn ip netns exec "$B" "$HYPHAE_BIN" up -c "$dir/B.toml" >"$dir/B.log" 2>&1 &
 pids+=($!)
 
 # (d) boringtun-cli: userspace WireGuard on a TUN device, configured with wg(8)
 ka=$(wg genkey); kb=$(wg genkey)
 pa=$(echo "$ka" | wg pubkey); pb=$(echo "$kb" | wg pubkey)
-WG_SUDO=1 inA "$BORINGTUN_BIN" wgA$id --foreground --disable-drop-privileges >"$dir/btA.log" 2>&1 &
+WG_SUDO=1 ip netns exec "$A" "$BORINGTUN_BIN" wgA$id --foreground --disable-drop-privileges >"$dir/btA.log" 2>&1 &
 pids+=($!)
-WG_SUDO=1 inB "$BORINGTUN_BIN" wgB$id --foreground --disable-drop-privileges >"$dir/btB.log" 2>&1 &
+WG_SUDO=1 ip netns exec "$B" "$BORINGTUN_BIN" wgB$id --foreground --disable-drop-privileges >"$dir/btB.log" 2>&1 &
 pids+=($!)
 for i in $(seq 50); do
     inA ip link show wgA$id >/dev/null 2>&1 && inB ip link show wgB$id >/dev/null 2>&1 && break
@@ -112,7 +114,7 @@ wait_ping() {
 # iperf3 against a one-shot server in B; prints Gbit/s received.
 iperf() {
     local dst=$1 streams=$2
-    inB iperf3 -s -1 -B "$dst" >/dev/null 2>&1 &
+    ip netns exec "$B" iperf3 -s -1 -B "$dst" >/dev/null 2>&1 &
     local srv=$!
     sleep 0.3
     local gbps
