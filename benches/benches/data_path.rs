@@ -48,9 +48,10 @@ fn tunnel() -> (Node, Node, hyphae_overlay::PeerHandle) {
         }
     }
     let peer = std::iter::from_fn(|| a.poll_event())
-        .find_map(|e| match e {
-            Event::PeerAddresses { peer, .. } => Some(peer),
+        .map(|e| match e {
+            Event::PeerAddresses { peer, .. } => peer,
         })
+        .next()
         .expect("tunnel up");
     (a, b, peer)
 }

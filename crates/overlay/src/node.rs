@@ -42,6 +42,10 @@ pub const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(20);
 /// memory of us.
 pub const PEER_SILENT_AFTER: Duration = Duration::from_secs(60);
 
+/// A hello request restarts the handshake only with a member silent for this long: a
+/// restarted member stops sending authenticated packets at once, a live one does not.
+pub const RESTART_AFTER_SILENCE: Duration = Duration::from_secs(2);
+
 /// WireGuard persistent keepalive, seconds: keeps NAT mappings open and proves liveness.
 pub const KEEPALIVE_SECS: u16 = 25;
 
@@ -264,6 +268,8 @@ struct StaticPeer {
     ns: NamespaceId,
     endpoint: SocketAddr,
     next_hello: Instant,
+    /// The tunnel a hello reply from this endpoint led to.
+    peer: Option<PeerHandle>,
 }
 
 /// The tunnel endpoint of one agent.
@@ -320,6 +326,7 @@ impl Node {
             ns,
             endpoint,
             next_hello: now,
+            peer: None,
         });
     }
 
@@ -522,10 +529,16 @@ impl Node {
             let reply = Hello::emit(keys, &self.peer_id(), true);
             self.queue_transmit(from, reply.to_vec());
         }
-        match self.by_id.get(&(ns, id)).copied() {
+        let handle = match self.by_id.get(&(ns, id)).copied() {
             Some(handle) => {
                 if let Some(peer) = self.peer_mut(handle) {
-                    peer.endpoint = from;
+                    // A hello is not authenticated against replay: it may move the endpoint
+                    // only of a member that is not talking to us over its tunnel.
+                    let silent = peer.tunn.stats().0.is_none()
+                        || now.saturating_duration_since(peer.last_heard) >= RESTART_AFTER_SILENCE;
+                    if silent {
+                        peer.endpoint = from;
+                    }
                     if !hello.reply {
                         // A hello request means the member has no working tunnel with us
                         // (it restarted, or lost us): it no longer has our addresses, and if
@@ -534,18 +547,26 @@ impl Node {
                         self.restart_handshake(now, handle);
                     }
                 }
-                Received::Consumed
+                handle
             }
             None => match self.open_tunnel(now, ns, id, from) {
                 Ok(handle) => {
                     if self.peer_mut(handle).is_some_and(|p| p.initiator) {
                         self.announce(now, handle);
                     }
-                    Received::Consumed
+                    handle
                 }
-                Err(reason) => Received::Dropped(reason),
+                Err(reason) => return Received::Dropped(reason),
             },
+        };
+        if hello.reply {
+            for sp in &mut self.static_peers {
+                if sp.ns == ns && sp.endpoint == from {
+                    sp.peer = Some(handle);
+                }
+            }
         }
+        Received::Consumed
     }
 
     /// Starts a fresh handshake with a member that lost its tunnel, if we are the initiator
@@ -560,7 +581,11 @@ impl Node {
             let recent = peer
                 .last_forced
                 .is_some_and(|t| now.saturating_duration_since(t) < HELLO_INTERVAL);
-            if peer.initiator && !recent {
+            // A member that still sends us authenticated packets has its tunnel: a hello
+            // from it (a retry that crossed our handshake, or a replay) changes nothing.
+            let alive = peer.tunn.stats().0.is_some()
+                && now.saturating_duration_since(peer.last_heard) < RESTART_AFTER_SILENCE;
+            if peer.initiator && !recent && !alive {
                 peer.last_forced = Some(now);
                 peer.announce_pending = true;
                 let (ns, to) = (peer.ns, peer.endpoint);
@@ -769,7 +794,19 @@ impl Node {
             })
             .collect();
         for handle in due {
-            self.announce(now, handle);
+            let Some(peer) = self.peer_mut(handle) else {
+                continue;
+            };
+            if peer.initiator || peer.tunn.stats().0.is_some() {
+                self.announce(now, handle);
+            } else {
+                // A responder never starts a fresh tunnel (see `restart_handshake`): it asks
+                // the initiator with a hello.
+                peer.next_announce = now + ANNOUNCE_INTERVAL;
+                let (ns, to) = (peer.ns, peer.endpoint);
+                let hello = Hello::emit(&self.namespaces[ns.0].keys, &self.peer_id(), false);
+                self.queue_transmit(to, hello.to_vec());
+            }
         }
 
         for i in 0..self.static_peers.len() {
@@ -784,15 +821,20 @@ impl Node {
         }
     }
 
-    /// A configured endpoint needs no hello while a member there has a completed
-    /// handshake and was heard recently.
+    /// A configured endpoint needs no hello while the member its hello reply came from (or
+    /// a member at that endpoint) has a completed handshake and was heard recently.
     fn static_peer_is_live(&self, sp: &StaticPeer, now: Instant) -> bool {
-        self.peers.iter().flatten().any(|p| {
-            p.ns == sp.ns
-                && p.endpoint == sp.endpoint
-                && p.tunn.stats().0.is_some()
+        let live = |p: &Peer| {
+            p.tunn.stats().0.is_some()
                 && now.saturating_duration_since(p.last_heard) < PEER_SILENT_AFTER
-        })
+        };
+        if let Some(p) = sp.peer.and_then(|h| self.peers.get(h.0 as usize)?.as_ref()) {
+            return live(p);
+        }
+        self.peers
+            .iter()
+            .flatten()
+            .any(|p| p.ns == sp.ns && p.endpoint == sp.endpoint && live(p))
     }
 
     fn namespace_by_tag(&self, tag: &[u8; TAG_LEN]) -> Option<NamespaceId> {

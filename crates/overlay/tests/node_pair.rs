@@ -221,9 +221,11 @@ fn restarted_member_reconnects() {
     let mut a = host(1, 1001, SECRET, VA);
     let mut b = host(2, 1002, SECRET, VB);
     connect(&mut a, &mut b, now);
-    // b restarts with the same identity and no state; it knows a's endpoint.
+    // b restarts with the same identity and no state; it knows a's endpoint. By the time it
+    // is back, a has not heard from it for a while.
+    let later = now + std::time::Duration::from_secs(3);
     let mut b2 = host(2, 1002, SECRET, VB);
-    connect(&mut b2, &mut a, now);
+    connect(&mut b2, &mut a, later);
     assert!(b2
         .events
         .iter()
@@ -232,7 +234,35 @@ fn restarted_member_reconnects() {
     let mut out = vec![0u8; 2048];
     let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
     assert!(matches!(
-        deliver(&mut b2, now, a.addr, &out[t.range]),
+        deliver(&mut b2, later, a.addr, &out[t.range]),
+        Received::Deliver { .. }
+    ));
+}
+
+#[test]
+fn a_replayed_hello_does_not_disturb_a_live_tunnel() {
+    let now = Instant::now();
+    let mut a = host(1, 1001, SECRET, VA);
+    let mut b = host(2, 1002, SECRET, VB);
+    // Capture b's hello request as an attacker would.
+    b.node
+        .add_static_peer(hyphae_overlay::NamespaceId(0), a.addr, now);
+    b.node.handle_timeout(now);
+    let (_, hello) = b.node.poll_transmit().unwrap();
+    deliver(&mut a, now, b.addr, &hello);
+    pump(&mut [&mut a, &mut b], now);
+    let pa = a.node.peers().next().unwrap().handle;
+    let before = a.node.peers().next().unwrap().endpoint;
+    // Replayed from elsewhere while the tunnel is live: the endpoint stays.
+    let attacker = SocketAddr::from(([127, 0, 0, 66], 6666));
+    deliver(&mut a, now, attacker, &hello);
+    while a.node.poll_transmit().is_some() {}
+    assert_eq!(a.node.peers().next().unwrap().endpoint, before);
+    let mut out = vec![0u8; 2048];
+    let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
+    assert_eq!(t.to, b.addr);
+    assert!(matches!(
+        deliver(&mut b, now, a.addr, &out[t.range]),
         Received::Deliver { .. }
     ));
 }
