@@ -232,13 +232,7 @@ impl<T: AsRef<[u8]>> std::fmt::Debug for Ipv4Packet<T> {
 mod tests {
     use super::*;
 
-    // A real ARP request captured on a Linux TAP: who-has 10.201.0.2 tell 10.201.0.1.
-    pub(crate) const ARP_REQUEST_FRAME: [u8; 42] = [
-        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 0x08, 0x06, //
-        0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x01, //
-        0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 10, 201, 0, 1, //
-        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 10, 201, 0, 2,
-    ];
+    use crate::captured::ARP_REQUEST as ARP_REQUEST_FRAME;
 
     #[test]
     fn parse_arp_request() {
@@ -249,7 +243,7 @@ mod tests {
         assert_eq!(arp.operation(), ARP_REQUEST);
         assert_eq!(arp.sender_ip(), Ipv4Addr::new(10, 201, 0, 1));
         assert_eq!(arp.target_ip(), Ipv4Addr::new(10, 201, 0, 2));
-        assert_eq!(arp.sender_mac(), [0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
+        assert_eq!(arp.sender_mac(), [0x02, 0x48, 0xae, 0x81, 0xab, 0x18]);
     }
 
     #[test]
