@@ -7,6 +7,8 @@
 # ratios to (a) and (b). Needs root. Usage:
 #   benches/netns-throughput.sh [seconds-per-iperf-run]      (default 5)
 # Environment: HYPHAE_BIN (default target/release/hyphae, built if missing),
+#              HYPHAE_BASELINE_BIN (optional: another hyphae build, measured as an extra row,
+#                                   e.g. the previous commit, for before/after in one run),
 #              BORINGTUN_BIN (default: boringtun-cli on PATH, installed with cargo if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,10 +82,20 @@ EOF
 done
 # Started with `ip netns exec` directly (not through a shell function, which would fork a
 # subshell) so that $! is the process itself and cleanup can kill it by PID.
-HYPHAE_LOG=warn ip netns exec "$A" "$HYPHAE_BIN" up -c "$dir/A.toml" >"$dir/A.log" 2>&1 &
-pids+=($!)
-HYPHAE_LOG=warn ip netns exec "$B" "$HYPHAE_BIN" up -c "$dir/B.toml" >"$dir/B.log" 2>&1 &
-pids+=($!)
+hyphae_pids=()
+start_hyphae() {
+    HYPHAE_LOG=warn ip netns exec "$A" "$1" up -c "$dir/A.toml" >>"$dir/A.log" 2>&1 &
+    pids+=($!); hyphae_pids=($!)
+    HYPHAE_LOG=warn ip netns exec "$B" "$1" up -c "$dir/B.toml" >>"$dir/B.log" 2>&1 &
+    pids+=($!); hyphae_pids+=($!)
+}
+stop_hyphae() {
+    kill "${hyphae_pids[@]}" 2>/dev/null || true
+    for p in "${hyphae_pids[@]}"; do
+        for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    done
+}
+start_hyphae "$HYPHAE_BIN"
 
 # (d) boringtun-cli: userspace WireGuard on a TUN device, configured with wg(8)
 ka=$(wg genkey); kb=$(wg genkey)
@@ -128,9 +140,19 @@ rtt() {
 }
 
 declare -A one four ping
-for path in raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.2 boringtun:10.213.0.2; do
+rows="raw vxlan hyphae boringtun"
+paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.2 boringtun:10.213.0.2"
+if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
+    rows="raw vxlan hyphae hyphae-baseline boringtun"
+    paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.2 hyphae-baseline:10.212.0.2 boringtun:10.213.0.2"
+fi
+for path in $paths; do
     name=${path%%:*}
     dst=${path#*:}
+    if [ "$name" = hyphae-baseline ]; then
+        stop_hyphae
+        start_hyphae "$HYPHAE_BASELINE_BIN"
+    fi
     wait_ping "$dst"
     one[$name]=$(iperf "$dst" 1)
     four[$name]=$(iperf "$dst" 4)
@@ -142,7 +164,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 echo
 echo "| path | TCP 1 stream (Gb/s) | TCP 4 streams (Gb/s) | ping RTT avg (ms) | 1 stream / raw | 1 stream / VXLAN | 4 streams / raw | 4 streams / VXLAN |"
 echo "|---|---|---|---|---|---|---|---|"
-for name in raw vxlan hyphae boringtun; do
+for name in $rows; do
     echo "| $name | ${one[$name]} | ${four[$name]} | ${ping[$name]} | $(ratio "${one[$name]}" "${one[raw]}") | $(ratio "${one[$name]}" "${one[vxlan]}") | $(ratio "${four[$name]}" "${four[raw]}") | $(ratio "${four[$name]}" "${four[vxlan]}") |"
 done
 echo

@@ -6,3 +6,4 @@ pub mod control;
 pub mod demo;
 pub mod run;
 pub mod testbed;
+mod underlay;

@@ -21,13 +21,14 @@ use hyphae_overlay::{
 use hyphae_vswitch::{Action, DropReason as SwitchDrop, Switch, HEADROOM};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
-use tokio::net::{UdpSocket, UnixListener};
+use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 use tun_rs::SyncDevice;
 
 use crate::config::{Config, Mode, Namespace};
 use crate::control::{self, NamespaceStatus, PeerStatus, Request, Status, STATUS_VERSION};
+use crate::underlay::Underlay;
 
 /// Packets handled per readiness event before the loop looks at its other sources.
 const BATCH: usize = 64;
@@ -206,11 +207,10 @@ struct Agent {
     node: Node,
     ports: Vec<Port>,
     taps: Vec<AsyncFd<SyncDevice>>,
-    udp: UdpSocket,
+    underlay: Underlay,
     rx: Vec<u8>,
     tx: Vec<u8>,
     reply: Vec<u8>,
-    tx_errors: u64,
 }
 
 type StatusReply = oneshot::Sender<Status>;
@@ -257,18 +257,17 @@ impl Agent {
         if config.namespaces.is_empty() {
             tracing::warn!("no [[namespace]] in the config: the agent has nothing to carry");
         }
-        let udp = UdpSocket::from_std(socket).context("registering the socket")?;
+        let underlay = Underlay::new(socket)?;
         tracing::info!(id = %node.peer_id(), listen = %config.agent.listen, "agent started");
         Ok(Self {
             listen: config.agent.listen,
             node,
             ports,
             taps,
-            udp,
+            underlay,
             rx: vec![0; BUF_LEN],
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
-            tx_errors: 0,
         })
     }
 
@@ -283,7 +282,7 @@ impl Agent {
             tokio::select! {
                 _ = sigterm.recv() => break,
                 _ = sigint.recv() => break,
-                ready = self.udp.readable() => {
+                ready = self.underlay.readable() => {
                     ready?;
                     self.drain_underlay().await;
                 }
@@ -302,63 +301,63 @@ impl Agent {
     /// Datagrams from the underlay: decrypt, check, switch, write to the TAP.
     async fn drain_underlay(&mut self) {
         for _ in 0..BATCH {
-            let (n, from) = match self.udp.try_recv_from(&mut self.rx) {
-                Ok(r) => r,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            match self.underlay.try_recv() {
+                Ok(true) => {}
+                Ok(false) => return,
                 Err(e) => {
                     tracing::debug!(error = %e, "underlay receive error");
                     return;
                 }
-            };
+            }
             let now = Instant::now();
-            let received =
-                self.node
-                    .handle_datagram(now, from, &self.rx[..n], &mut self.tx[HEADROOM..]);
-            match received {
-                Received::Deliver { ns, len, .. } => {
-                    let Some(port) = self.ports.get_mut(ns.0) else {
-                        continue;
-                    };
-                    if let Action::ToTap { len } = port.switch.handle_peer_packet(&mut self.tx, len)
-                    {
-                        if self.taps[ns.0].get_ref().send(&self.tx[..len]).is_err() {
-                            port.tap_errors += 1;
+            for d in self.underlay.datagrams() {
+                let received =
+                    self.node
+                        .handle_datagram(now, d.from, d.bytes, &mut self.tx[HEADROOM..]);
+                match received {
+                    Received::Deliver { ns, len, .. } => {
+                        let Some(port) = self.ports.get_mut(ns.0) else {
+                            continue;
+                        };
+                        if let Action::ToTap { len } =
+                            port.switch.handle_peer_packet(&mut self.tx, len)
+                        {
+                            if self.taps[ns.0].get_ref().send(&self.tx[..len]).is_err() {
+                                port.tap_errors += 1;
+                            }
                         }
                     }
+                    Received::Dropped(reason) => {
+                        tracing::trace!(from = %d.from, reason = reason.as_str(), "datagram dropped");
+                    }
+                    Received::PeerDropped(_, reason) => {
+                        tracing::trace!(from = %d.from, reason = reason.as_str(), "tunnel packet dropped");
+                    }
+                    Received::Consumed => {}
                 }
-                Received::Dropped(reason) => {
-                    tracing::trace!(%from, reason = reason.as_str(), "datagram dropped");
-                }
-                Received::PeerDropped(_, reason) => {
-                    tracing::trace!(%from, reason = reason.as_str(), "tunnel packet dropped");
-                }
-                Received::Consumed => {}
             }
         }
     }
 
-    /// Frames from a TAP: switch, encrypt, send to the member (or answer ARP).
+    /// Frames from a TAP: switch, encrypt, send to the member (or answer ARP). Datagrams
+    /// to one member leave in GSO batches.
     async fn drain_tap(&mut self, i: usize) {
         for _ in 0..BATCH {
             // try_io clears the readiness only when the device reports WouldBlock.
             let rx = &mut self.rx;
             let n = match self.taps[i].try_io(Interest::READABLE, |tap| tap.recv(rx)) {
                 Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => {
                     tracing::debug!(error = %e, "TAP read error");
-                    return;
+                    break;
                 }
             };
             let port = &mut self.ports[i];
             match port.switch.handle_tap_frame(&self.rx[..n], &mut self.reply) {
                 Action::ToPeer { peer, packet } => {
-                    let Some(t) = self.node.send(peer, &self.rx[packet], &mut self.tx) else {
-                        continue;
-                    };
-                    if let Err(e) = self.udp.send_to(&self.tx[t.range], t.to).await {
-                        self.tx_errors += 1;
-                        tracing::debug!(to = %t.to, error = %e, "underlay send failed");
+                    if let Some(t) = self.node.send(peer, &self.rx[packet], &mut self.tx) {
+                        self.underlay.push(t.to, &self.tx[t.range]).await;
                     }
                 }
                 Action::ToTap { len } => {
@@ -369,16 +368,15 @@ impl Agent {
                 Action::Drop(_) => {}
             }
         }
+        self.underlay.flush().await;
     }
 
     /// Sends what the node queued (handshakes, hellos, announcements) and applies its events.
     async fn flush_node(&mut self) {
         while let Some((to, datagram)) = self.node.poll_transmit() {
-            if let Err(e) = self.udp.send_to(&datagram, to).await {
-                self.tx_errors += 1;
-                tracing::debug!(%to, error = %e, "underlay send failed");
-            }
+            self.underlay.push(to, &datagram).await;
         }
+        self.underlay.flush().await;
         while let Some(event) = self.node.poll_event() {
             match event {
                 Event::PeerAddresses {
@@ -447,7 +445,7 @@ impl Agent {
             drops: NodeDrop::ALL
                 .iter()
                 .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
-                .chain([("send_error".to_string(), self.tx_errors)])
+                .chain([("send_error".to_string(), self.underlay.send_errors)])
                 .collect(),
             namespaces,
         }
