@@ -27,6 +27,15 @@ fn host(seed: u8, port: u16, secret: &[u8], vip: Ipv4Addr) -> Host {
     }
 }
 
+impl Host {
+    /// Whether this host learned that some member owns exactly `[addr]`.
+    fn learned(&self, addr: Ipv4Addr) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[addr]))
+    }
+}
+
 /// Moves queued datagrams between hosts until all are quiet.
 fn pump(hosts: &mut [&mut Host], now: Instant) {
     for _ in 0..50 {
@@ -84,14 +93,8 @@ fn hello_handshake_announce_and_data() {
     connect(&mut a, &mut b, now);
 
     // Both learned each other's addresses over the authenticated tunnel.
-    assert!(a
-        .events
-        .iter()
-        .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VB])));
-    assert!(b
-        .events
-        .iter()
-        .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])));
+    assert!(a.learned(VB));
+    assert!(b.learned(VA));
 
     let pa = a.node.peers().next().unwrap().handle;
     let packet = icmp(VA, VB);
@@ -226,10 +229,7 @@ fn restarted_member_reconnects() {
     let later = now + std::time::Duration::from_secs(3);
     let mut b2 = host(2, 1002, SECRET, VB);
     connect(&mut b2, &mut a, later);
-    assert!(b2
-        .events
-        .iter()
-        .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])));
+    assert!(b2.learned(VA));
     let pa = a.node.peers().next().unwrap().handle;
     let mut out = vec![0u8; 2048];
     let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
@@ -279,18 +279,8 @@ fn both_sides_configured_connect() {
     a.node.handle_timeout(now);
     b.node.handle_timeout(now);
     pump(&mut [&mut a, &mut b], now);
-    assert!(
-        a.events
-            .iter()
-            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VB])),
-        "a learned b"
-    );
-    assert!(
-        b.events
-            .iter()
-            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])),
-        "b learned a"
-    );
+    assert!(a.learned(VB), "a learned b");
+    assert!(b.learned(VA), "b learned a");
 }
 
 #[test]
@@ -306,18 +296,8 @@ fn late_starter_connects() {
         .add_static_peer(hyphae_overlay::NamespaceId(0), a.addr, now);
     b.node.handle_timeout(now);
     pump(&mut [&mut a, &mut b], now);
-    assert!(
-        a.events
-            .iter()
-            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VB])),
-        "a learned b"
-    );
-    assert!(
-        b.events
-            .iter()
-            .any(|e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[VA])),
-        "b learned a"
-    );
+    assert!(a.learned(VB), "a learned b");
+    assert!(b.learned(VA), "b learned a");
 }
 
 /// Three members, each with two tunnels, so that tunnel slots and receiver indices differ
@@ -340,13 +320,7 @@ fn three_members_full_mesh() {
     pump(&mut [&mut a, &mut b, &mut c], now);
     for (h, want) in [(&a, [VB, vc]), (&b, [VA, vc]), (&c, [VA, VB])] {
         for w in want {
-            assert!(
-                h.events.iter().any(
-                    |e| matches!(e, Event::PeerAddresses { addresses, .. } if addresses == &[w])
-                ),
-                "{} did not learn {w}",
-                h.addr
-            );
+            assert!(h.learned(w), "{} did not learn {w}", h.addr);
         }
     }
 }
