@@ -19,6 +19,11 @@ const RX_BUF: usize = 65536;
 /// Most payload in one GSO send: UDP's 65507-byte limit, rounded down.
 const GSO_MAX_BYTES: usize = 65000;
 
+/// Largest datagram batched with GSO: what fits a 1500-byte IPv4 underlay (1500 - 20 - 8).
+/// quinn-udp sends with "don't fragment"; a segment over the path MTU fails the whole batch
+/// and makes it give up GSO for good, so larger datagrams (a raised TAP `mtu`) go alone.
+const GSO_MAX_SEGMENT: usize = 1472;
+
 /// One received datagram.
 pub(crate) struct Datagram<'a> {
     /// Who sent it.
@@ -114,6 +119,15 @@ impl Underlay {
     /// Queues a datagram. Consecutive datagrams to one destination of one size (the last
     /// may be shorter) leave in one GSO send; anything else sends the batch first.
     pub(crate) async fn push(&mut self, to: SocketAddr, datagram: &[u8]) {
+        if datagram.len() > GSO_MAX_SEGMENT {
+            self.flush().await;
+            self.batch_to = Some(to);
+            self.batch_segment = datagram.len();
+            self.batch.extend_from_slice(datagram);
+            self.batch_count = 1;
+            self.flush().await;
+            return;
+        }
         if self.batch_count > 0 {
             let joins = self.batch_to == Some(to)
                 && !self.batch_closed

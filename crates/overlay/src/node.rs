@@ -407,13 +407,18 @@ impl Node {
         if out.len() < datagram.len() {
             return Received::PeerDropped(handle, PeerDropReason::TooLarge);
         }
+        let kind = datagram[0];
         let result = peer.tunn.decapsulate(Some(from.ip()), datagram, out);
-        let received = match result {
-            TunnResult::Done => Received::Consumed,
+        // Only what the member's keys produced may refresh its endpoint and liveness: a
+        // decrypted packet or keepalive, or a handshake response that completed. A cookie
+        // reply, and boringtun's cookie answer to handshakes under load, prove nothing.
+        let (received, authenticated) = match result {
+            TunnResult::Done => (Received::Consumed, kind == KIND_WG_DATA),
             TunnResult::Err(e) => return self.tunnel_error(handle, e),
             TunnResult::WriteToNetwork(reply) => {
+                // boringtun answers a response that completes our handshake with a keepalive.
+                let completed = kind == KIND_WG_RESPONSE && reply.first() == Some(&KIND_WG_DATA);
                 let reply = reply.to_vec();
-                let completed = datagram[0] == KIND_WG_RESPONSE;
                 self.queue_transmit(from, reply);
                 // Our handshake completed: send what was waiting for it.
                 let pending = completed
@@ -423,11 +428,11 @@ impl Node {
                 if pending {
                     self.announce(now, handle);
                 }
-                Received::Consumed
+                (Received::Consumed, completed)
             }
             TunnResult::WriteToTunnelV4(packet, src) => {
                 let len = packet.len();
-                if Announce::is_control(packet) {
+                let received = if Announce::is_control(packet) {
                     let announce = Announce::parse(packet);
                     self.handle_announce(now, handle, announce)
                 } else if peer.addresses.contains(&src) {
@@ -440,16 +445,20 @@ impl Node {
                     }
                 } else {
                     Received::PeerDropped(handle, PeerDropReason::SpoofedSource)
-                }
+                };
+                (received, true)
             }
-            TunnResult::WriteToTunnelV6(..) => {
-                Received::PeerDropped(handle, PeerDropReason::BadPayload)
-            }
+            TunnResult::WriteToTunnelV6(..) => (
+                Received::PeerDropped(handle, PeerDropReason::BadPayload),
+                true,
+            ),
         };
-        // Authenticated: the member is alive and may have moved (WireGuard roaming).
-        if let Some(peer) = self.peer_mut(handle) {
-            peer.endpoint = from;
-            peer.last_heard = now;
+        // WireGuard roaming: the member may have moved.
+        if authenticated {
+            if let Some(peer) = self.peer_mut(handle) {
+                peer.endpoint = from;
+                peer.last_heard = now;
+            }
         }
         self.flush_tunnel(handle);
         received
@@ -494,9 +503,13 @@ impl Node {
         let mut buf = [0u8; 256];
         match peer.tunn.decapsulate(Some(from.ip()), inner, &mut buf) {
             TunnResult::WriteToNetwork(reply) => {
+                // A response means the initiation verified: it was made with the member's
+                // static key and a fresh timestamp. A cookie (under load) proves nothing.
+                if reply.first() == Some(&KIND_WG_RESPONSE) {
+                    peer.endpoint = from;
+                    peer.last_heard = now;
+                }
                 let reply = reply.to_vec();
-                peer.endpoint = from;
-                peer.last_heard = now;
                 self.queue_transmit(from, reply);
                 Received::Consumed
             }
@@ -531,20 +544,16 @@ impl Node {
         }
         let handle = match self.by_id.get(&(ns, id)).copied() {
             Some(handle) => {
+                // A hello can be replayed, so it never moves the endpoint: the handshake it
+                // may start goes to where the hello came from, and only the member's
+                // authenticated answer moves the endpoint there.
                 if let Some(peer) = self.peer_mut(handle) {
-                    // A hello is not authenticated against replay: it may move the endpoint
-                    // only of a member that is not talking to us over its tunnel.
-                    let silent = peer.tunn.stats().0.is_none()
-                        || now.saturating_duration_since(peer.last_heard) >= RESTART_AFTER_SILENCE;
-                    if silent {
-                        peer.endpoint = from;
-                    }
                     if !hello.reply {
                         // A hello request means the member has no working tunnel with us
                         // (it restarted, or lost us): it no longer has our addresses, and if
                         // we are the initiator, a fresh handshake is ours to start.
                         peer.have_their_announce = false;
-                        self.restart_handshake(now, handle);
+                        self.restart_handshake(now, handle, from);
                     }
                 }
                 handle
@@ -575,7 +584,7 @@ impl Node {
     /// Only one side ever initiates a fresh tunnel: boringtun forgets its own initiation
     /// when it answers a crossing one, so two members initiating at once can leave both
     /// waiting as responders.
-    fn restart_handshake(&mut self, now: Instant, handle: PeerHandle) {
+    fn restart_handshake(&mut self, now: Instant, handle: PeerHandle, to: SocketAddr) {
         let mut buf = std::mem::take(&mut self.scratch);
         if let Some(peer) = self.peer_mut(handle) {
             let recent = peer
@@ -588,7 +597,7 @@ impl Node {
             if peer.initiator && !recent && !alive {
                 peer.last_forced = Some(now);
                 peer.announce_pending = true;
-                let (ns, to) = (peer.ns, peer.endpoint);
+                let ns = peer.ns;
                 if let TunnResult::WriteToNetwork(d) = peer
                     .tunn
                     .format_handshake_initiation(&mut buf[SEND_HEADROOM..], true)
@@ -610,6 +619,11 @@ impl Node {
         endpoint: SocketAddr,
     ) -> Result<PeerHandle, DropReason> {
         let x25519 = id.x25519().map_err(|_| DropReason::BadIdentity)?;
+        // Two Ed25519 keys (P and -P) share one X25519 key: a second identity must not take
+        // over a member's (or our own) tunnel key.
+        if x25519 == self.x25519_public || self.by_x25519.contains_key(&(ns, x25519.to_bytes())) {
+            return Err(DropReason::BadIdentity);
+        }
         let slot = match self.peers.iter().position(Option::is_none) {
             Some(slot) => slot,
             None if self.peers.len() < MAX_PEERS => {
@@ -619,6 +633,7 @@ impl Node {
             None => return Err(DropReason::PeerLimit),
         };
         let handle = PeerHandle(slot as u32);
+        let initiator = self.x25519_public.as_bytes() < x25519.as_bytes();
         let tunn = Tunn::new(
             self.x25519_secret.clone(),
             x25519,
@@ -635,10 +650,17 @@ impl Node {
             endpoint,
             addresses: Vec::new(),
             have_their_announce: false,
-            initiator: self.x25519_public.as_bytes() < x25519.as_bytes(),
+            initiator,
             announce_pending: false,
             last_forced: None,
-            next_announce: now + ANNOUNCE_INTERVAL,
+            // A responder whose initiator has not completed a handshake a second from now
+            // asks it again (the timer path sends a hello rather than initiating).
+            next_announce: now
+                + if initiator {
+                    ANNOUNCE_INTERVAL
+                } else {
+                    HELLO_INTERVAL
+                },
             last_heard: now,
             stats: PeerStats::default(),
         });

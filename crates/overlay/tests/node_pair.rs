@@ -324,3 +324,58 @@ fn three_members_full_mesh() {
         }
     }
 }
+
+/// P and -P are two Ed25519 identities with one X25519 key: a hello claiming the twin of a
+/// member (or of ourselves) must not open a second tunnel that shadows the first.
+#[test]
+fn twin_identity_cannot_shadow_a_member() {
+    let now = Instant::now();
+    let mut a = host(1, 1001, SECRET, VA);
+    let mut b = host(2, 1002, SECRET, VB);
+    connect(&mut a, &mut b, now);
+    let keys = NamespaceKeys::derive("lab", SECRET);
+    for victim in [a.node.peer_id(), b.node.peer_id()] {
+        let mut twin = *victim.as_bytes();
+        twin[31] ^= 0x80; // negate the point: flip the sign of x
+        let twin = hyphae_overlay::PeerId::from_bytes(twin).unwrap();
+        let hello = hyphae_overlay::wire::Hello::emit(&keys, &twin, false);
+        let r = deliver(&mut b, now, SocketAddr::from(([127, 0, 0, 9], 9)), &hello);
+        assert_eq!(r, Received::Dropped(DropReason::BadIdentity));
+    }
+    assert_eq!(b.node.peers().count(), 1);
+}
+
+/// Only `a` lists `b`. `b` restarts with no state and no peers of its own: `a` notices the
+/// silence, hellos again, and both ends get their tunnel and addresses back, whichever of
+/// them is the initiator.
+#[test]
+fn member_listed_by_one_side_recovers_after_restart() {
+    for (sa, sb) in [(1u8, 2u8), (2, 1)] {
+        let now = Instant::now();
+        let mut a = host(sa, 1001, SECRET, VA);
+        let mut b = host(sb, 1002, SECRET, VB);
+        connect(&mut a, &mut b, now);
+        let mut b2 = host(sb, 1002, SECRET, VB);
+        // a's static hello resumes once b has been silent long enough.
+        let later =
+            now + hyphae_overlay::node::PEER_SILENT_AFTER + std::time::Duration::from_secs(1);
+        for step in 0..4 {
+            let t = later + std::time::Duration::from_secs(step);
+            a.node.handle_timeout(t);
+            b2.node.handle_timeout(t);
+            pump(&mut [&mut a, &mut b2], t);
+        }
+        assert!(
+            b2.learned(VA),
+            "seeds {sa},{sb}: restarted b never learned a"
+        );
+        let pa = a.node.peers().next().unwrap().handle;
+        let mut out = vec![0u8; 2048];
+        let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
+        let r = deliver(&mut b2, later, a.addr, &out[t.range]);
+        assert!(
+            matches!(r, Received::Deliver { .. }),
+            "seeds {sa},{sb}: {r:?}"
+        );
+    }
+}
