@@ -5,6 +5,7 @@
 
 mod identity;
 mod keys;
+pub mod lease;
 pub mod node;
 pub mod wire;
 

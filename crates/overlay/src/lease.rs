@@ -1,0 +1,391 @@
+//! Leases won by a majority: the address claim protocol (DESIGN.md, "Namespaces, addresses
+//! and the DHT"), as pure state machines. The libp2p glue (issue 3) carries [`Request`] and
+//! [`Response`] between members and picks the replicas: the peers closest to the key.
+//!
+//! Kademlia's put is last-writer-wins, so it cannot decide who owns an address. Here each
+//! replica does compare-and-set on its own copy ([`Replica`]): it grants a key to the first
+//! claimer and refuses everyone else until that lease expires or is released. A claim
+//! ([`Claim`]) asks every replica of the key and wins only with grants from a strict majority.
+//! Two claimers that see the same replica set cannot both win: their majorities would share a
+//! replica, which grants to one owner at a time. A claim that cannot reach a majority gives
+//! back what it was granted, so a split vote leaves nothing held.
+//!
+//! The owner renews by claiming again before expiry (a replica re-grants to the holder), which
+//! also re-establishes the lease on replicas that joined the set since. A crashed owner stops
+//! renewing and its lease lapses after its time-to-live.
+//!
+//! Call order, per claim: [`Claim::new`] returns the requests to send; feed each reply to
+//! [`Claim::handle_response`] and the passage of time to [`Claim::handle_timeout`]; read the
+//! result with [`Claim::outcome`] once it is decided, and send the releases it lists.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+/// Most keys one replica holds leases for; beyond, new keys are refused ([`Response::Full`]).
+pub const MAX_LEASES_PER_REPLICA: usize = 65536;
+
+/// A message from a claimer to a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<K, O> {
+    /// Grant (or renew) `key` to `owner` for `ttl`.
+    Claim {
+        /// The key (e.g. the DHT key of a virtual address).
+        key: K,
+        /// Who asks.
+        owner: O,
+        /// How long the lease lasts without renewal.
+        ttl: Duration,
+    },
+    /// Give `key` back, if `owner` holds it.
+    Release {
+        /// The key.
+        key: K,
+        /// Who releases.
+        owner: O,
+    },
+}
+
+/// A replica's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response<O> {
+    /// The lease is the claimer's for `ttl` from now.
+    Granted,
+    /// Someone else holds it for `remaining`.
+    Held {
+        /// The holder.
+        owner: O,
+        /// Time left on its lease.
+        remaining: Duration,
+    },
+    /// Released (or was not held by the releaser: nothing to do either way).
+    Released,
+    /// The replica holds too many leases to take a new key.
+    Full,
+}
+
+struct Held<O> {
+    owner: O,
+    expires: Instant,
+}
+
+/// One replica's leases: compare-and-set per key.
+pub struct Replica<K, O> {
+    leases: HashMap<K, Held<O>>,
+}
+
+impl<K: Eq + Hash + Clone, O: Eq + Clone> Default for Replica<K, O> {
+    fn default() -> Self {
+        Self {
+            leases: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone, O: Eq + Clone> Replica<K, O> {
+    /// Answers one request.
+    pub fn handle(&mut self, now: Instant, request: Request<K, O>) -> Response<O> {
+        match request {
+            Request::Claim { key, owner, ttl } => {
+                if let Some(held) = self.leases.get_mut(&key) {
+                    if held.owner != owner && held.expires > now {
+                        return Response::Held {
+                            owner: held.owner.clone(),
+                            remaining: held.expires - now,
+                        };
+                    }
+                    *held = Held {
+                        owner,
+                        expires: now + ttl,
+                    };
+                    return Response::Granted;
+                }
+                if self.leases.len() >= MAX_LEASES_PER_REPLICA {
+                    self.expire(now);
+                    if self.leases.len() >= MAX_LEASES_PER_REPLICA {
+                        return Response::Full;
+                    }
+                }
+                self.leases.insert(
+                    key,
+                    Held {
+                        owner,
+                        expires: now + ttl,
+                    },
+                );
+                Response::Granted
+            }
+            Request::Release { key, owner } => {
+                if self.leases.get(&key).is_some_and(|h| h.owner == owner) {
+                    self.leases.remove(&key);
+                }
+                Response::Released
+            }
+        }
+    }
+
+    /// The current holder of `key`, if its lease has not expired.
+    pub fn holder(&self, now: Instant, key: &K) -> Option<&O> {
+        self.leases
+            .get(key)
+            .filter(|h| h.expires > now)
+            .map(|h| &h.owner)
+    }
+
+    /// Forgets expired leases.
+    pub fn expire(&mut self, now: Instant) {
+        self.leases.retain(|_, h| h.expires > now);
+    }
+}
+
+/// How a claim ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<R, O> {
+    /// A majority granted the lease.
+    Won,
+    /// No majority: `holder` is who most refusing replicas named (if any); the grants this
+    /// claim received must be given back with [`Request::Release`] to `release_to`.
+    Lost {
+        /// The holder most replicas named.
+        holder: Option<O>,
+        /// Replicas that granted and must be released.
+        release_to: Vec<R>,
+    },
+}
+
+/// Requests to send: (replica, request).
+pub type Outgoing<R, K, O> = Vec<(R, Request<K, O>)>;
+
+/// One claim of one key, from the claimer's side.
+pub struct Claim<K, O, R> {
+    key: K,
+    owner: O,
+    replicas: Vec<R>,
+    granted: Vec<R>,
+    refused: Vec<(R, Option<O>)>,
+    deadline: Instant,
+    outcome: Option<Outcome<R, O>>,
+}
+
+impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
+    /// Starts claiming `key` for `owner` from `replicas` (the peers closest to the key); the
+    /// claim is decided by `now + timeout` at the latest. Returns the requests to send.
+    pub fn new(
+        now: Instant,
+        key: K,
+        owner: O,
+        ttl: Duration,
+        replicas: Vec<R>,
+        timeout: Duration,
+    ) -> (Self, Outgoing<R, K, O>) {
+        let requests = replicas
+            .iter()
+            .map(|r| {
+                (
+                    r.clone(),
+                    Request::Claim {
+                        key: key.clone(),
+                        owner: owner.clone(),
+                        ttl,
+                    },
+                )
+            })
+            .collect();
+        let mut claim = Self {
+            key,
+            owner,
+            replicas,
+            granted: Vec::new(),
+            refused: Vec::new(),
+            deadline: now + timeout,
+            outcome: None,
+        };
+        claim.decide(false);
+        (claim, requests)
+    }
+
+    /// A strict majority of the replica set.
+    fn majority(&self) -> usize {
+        self.replicas.len() / 2 + 1
+    }
+
+    /// Feeds a replica's answer. Answers from non-replicas and repeated answers are ignored.
+    pub fn handle_response(&mut self, from: R, response: Response<O>) {
+        if self.outcome.is_some()
+            || !self.replicas.contains(&from)
+            || self.granted.contains(&from)
+            || self.refused.iter().any(|(r, _)| *r == from)
+        {
+            return;
+        }
+        match response {
+            Response::Granted => self.granted.push(from),
+            Response::Held { owner, .. } => self.refused.push((from, Some(owner))),
+            Response::Full | Response::Released => self.refused.push((from, None)),
+        }
+        self.decide(false);
+    }
+
+    /// Past the deadline, a claim without a majority is lost.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if now >= self.deadline {
+            self.decide(true);
+        }
+    }
+
+    /// When [`Claim::handle_timeout`] wants to be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.outcome.is_none().then_some(self.deadline)
+    }
+
+    /// The result, once decided.
+    pub fn outcome(&self) -> Option<&Outcome<R, O>> {
+        self.outcome.as_ref()
+    }
+
+    /// The requests that give back what this claim holds (after losing, or to release a
+    /// won lease on leave).
+    pub fn releases(&self) -> Outgoing<R, K, O> {
+        self.granted
+            .iter()
+            .map(|r| {
+                (
+                    r.clone(),
+                    Request::Release {
+                        key: self.key.clone(),
+                        owner: self.owner.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn decide(&mut self, timed_out: bool) {
+        if self.outcome.is_some() {
+            return;
+        }
+        let majority = self.majority();
+        if !self.replicas.is_empty() && self.granted.len() >= majority {
+            self.outcome = Some(Outcome::Won);
+            return;
+        }
+        let unanswered = self.replicas.len() - self.granted.len() - self.refused.len();
+        let hopeless = self.granted.len() + unanswered < majority;
+        if hopeless || timed_out || self.replicas.is_empty() {
+            self.outcome = Some(Outcome::Lost {
+                holder: self.most_named_holder(),
+                release_to: self.granted.clone(),
+            });
+        }
+    }
+
+    fn most_named_holder(&self) -> Option<O> {
+        let mut best: Option<(&O, usize)> = None;
+        for (_, owner) in &self.refused {
+            let Some(owner) = owner else { continue };
+            let n = self
+                .refused
+                .iter()
+                .filter(|(_, o)| o.as_ref() == Some(owner))
+                .count();
+            if best.map_or(true, |(_, m)| n > m) {
+                best = Some((owner, n));
+            }
+        }
+        best.map(|(o, _)| o.clone())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // a base instant for the virtual clock
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn replica_is_compare_and_set() {
+        let t0 = Instant::now();
+        let mut r: Replica<u32, &str> = Replica::default();
+        let claim = |owner| Request::Claim {
+            key: 7,
+            owner,
+            ttl: TTL,
+        };
+        assert_eq!(r.handle(t0, claim("a")), Response::Granted);
+        assert_eq!(
+            r.handle(t0, claim("b")),
+            Response::Held {
+                owner: "a",
+                remaining: TTL
+            }
+        );
+        // The holder renews.
+        let t1 = t0 + Duration::from_secs(20);
+        assert_eq!(r.handle(t1, claim("a")), Response::Granted);
+        // Not expired at t0 + 40 s thanks to the renewal; expired at t1 + TTL.
+        assert!(matches!(
+            r.handle(t0 + Duration::from_secs(40), claim("b")),
+            Response::Held { .. }
+        ));
+        assert_eq!(r.handle(t1 + TTL, claim("b")), Response::Granted);
+        // Only the holder releases.
+        r.handle(t1 + TTL, Request::Release { key: 7, owner: "a" });
+        assert_eq!(r.holder(t1 + TTL, &7), Some(&"b"));
+        r.handle(t1 + TTL, Request::Release { key: 7, owner: "b" });
+        assert_eq!(r.holder(t1 + TTL, &7), None);
+    }
+
+    #[test]
+    fn majority_wins_and_split_votes_release() {
+        let t0 = Instant::now();
+        let (mut a, reqs) = Claim::new(t0, 1u32, "a", TTL, vec![1, 2, 3, 4, 5], TTL);
+        assert_eq!(reqs.len(), 5);
+        a.handle_response(1, Response::Granted);
+        a.handle_response(2, Response::Granted);
+        assert_eq!(a.outcome(), None);
+        a.handle_response(2, Response::Granted); // a repeat does not count twice
+        a.handle_response(9, Response::Granted); // nor does a stranger
+        assert_eq!(a.outcome(), None);
+        a.handle_response(3, Response::Granted);
+        assert_eq!(a.outcome(), Some(&Outcome::Won));
+
+        let (mut b, _) = Claim::new(t0, 1u32, "b", TTL, vec![1, 2, 3, 4, 5], TTL);
+        let held = |o| Response::Held {
+            owner: o,
+            remaining: TTL,
+        };
+        b.handle_response(4, Response::Granted);
+        b.handle_response(1, held("a"));
+        b.handle_response(2, held("a"));
+        assert_eq!(
+            b.outcome(),
+            None,
+            "replicas 3 and 5 could still make a majority"
+        );
+        b.handle_response(3, held("a"));
+        assert_eq!(
+            b.outcome(),
+            Some(&Outcome::Lost {
+                holder: Some("a"),
+                release_to: vec![4]
+            })
+        );
+    }
+
+    #[test]
+    fn silence_is_a_loss_at_the_deadline() {
+        let t0 = Instant::now();
+        let (mut c, _) = Claim::new(t0, 1u32, "c", TTL, vec![1, 2, 3], Duration::from_secs(2));
+        c.handle_response(1, Response::Granted);
+        c.handle_timeout(t0 + Duration::from_secs(1));
+        assert_eq!(c.outcome(), None);
+        assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(2)));
+        c.handle_timeout(t0 + Duration::from_secs(2));
+        assert!(
+            matches!(c.outcome(), Some(Outcome::Lost { release_to, .. }) if release_to == &vec![1])
+        );
+        let (empty, _) = Claim::<u32, &str, u32>::new(t0, 1, "d", TTL, vec![], TTL);
+        assert!(matches!(empty.outcome(), Some(Outcome::Lost { .. })));
+    }
+}
