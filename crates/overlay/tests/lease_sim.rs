@@ -93,6 +93,26 @@ impl Sim {
         self.seq += 1;
     }
 
+    /// Starts a claim of `addr` by member `me` and sends its requests.
+    fn start_claim(&mut self, me: usize, addr: u32) -> Claim<u32, usize, usize> {
+        let (claim, requests) = Claim::new(
+            self.now,
+            addr,
+            me,
+            TTL,
+            self.replicas_for(addr),
+            CLAIM_TIMEOUT,
+        );
+        for (to, request) in requests {
+            self.send(Msg::ToReplica {
+                to,
+                from: me,
+                request,
+            });
+        }
+        claim
+    }
+
     /// The replica set of a key: the REPLICAS live nodes "closest" to it. Everyone computes
     /// the same set from the same membership, as Kademlia converges to.
     fn replicas_for(&self, key: u32) -> Vec<usize> {
@@ -136,22 +156,7 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
             }
             if let Some(addr) = a.won {
                 if a.renew_at <= sim.now {
-                    let (claim, requests) = Claim::new(
-                        sim.now,
-                        addr,
-                        me,
-                        TTL,
-                        sim.replicas_for(addr),
-                        CLAIM_TIMEOUT,
-                    );
-                    for (to, request) in requests {
-                        sim.send(Msg::ToReplica {
-                            to,
-                            from: me,
-                            request,
-                        });
-                    }
-                    a.claim = Some((addr, claim));
+                    a.claim = Some((addr, sim.start_claim(me, addr)));
                 }
                 continue;
             }
@@ -169,22 +174,7 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
                 continue;
             }
             a.attempts += 1;
-            let (claim, requests) = Claim::new(
-                sim.now,
-                addr,
-                me,
-                TTL,
-                sim.replicas_for(addr),
-                CLAIM_TIMEOUT,
-            );
-            for (to, request) in requests {
-                sim.send(Msg::ToReplica {
-                    to,
-                    from: me,
-                    request,
-                });
-            }
-            a.claim = Some((addr, claim));
+            a.claim = Some((addr, sim.start_claim(me, addr)));
         }
         if until_won
             && allocs
