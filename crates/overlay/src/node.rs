@@ -723,17 +723,13 @@ impl Node {
     /// 160 bytes long. Without a session the packet is queued in the tunnel and a handshake
     /// initiation is returned instead.
     pub fn send(&mut self, handle: PeerHandle, packet: &[u8], out: &mut [u8]) -> Option<Transmit> {
-        let ns = {
-            let peer = self.peers.get_mut(handle.0 as usize)?.as_mut()?;
-            let needed = SEND_HEADROOM + (packet.len() + WG_DATA_OVERHEAD).max(wire::WG_INIT_LEN);
-            if out.len() < needed {
-                peer.stats.drops[PeerDropReason::TooLarge as usize] += 1;
-                return None;
-            }
-            peer.ns
-        };
-        let peer = self.peers[handle.0 as usize].as_mut()?;
-        let endpoint = peer.endpoint;
+        let peer = self.peers.get_mut(handle.0 as usize)?.as_mut()?;
+        let needed = SEND_HEADROOM + (packet.len() + WG_DATA_OVERHEAD).max(wire::WG_INIT_LEN);
+        if out.len() < needed {
+            peer.stats.drops[PeerDropReason::TooLarge as usize] += 1;
+            return None;
+        }
+        let (ns, endpoint) = (peer.ns, peer.endpoint);
         let len = match peer.tunn.encapsulate(packet, &mut out[SEND_HEADROOM..]) {
             TunnResult::WriteToNetwork(d) => d.len(),
             _ => return None,

@@ -67,6 +67,14 @@ fn deliver(dst: &mut Host, now: Instant, from: SocketAddr, datagram: &[u8]) -> R
     r
 }
 
+/// Encrypts `packet` through the host's only tunnel: (destination, datagram).
+fn encrypt(from: &mut Host, packet: &[u8]) -> (SocketAddr, Vec<u8>) {
+    let peer = from.node.peers().next().unwrap().handle;
+    let mut out = vec![0u8; 2048];
+    let t = from.node.send(peer, packet, &mut out).unwrap();
+    (t.to, out[t.range].to_vec())
+}
+
 fn icmp(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
     let mut p = vec![0x45, 0, 0, 28, 0, 1, 0x40, 0, 64, 1, 0, 0];
     p.extend_from_slice(&src.octets());
@@ -209,11 +217,9 @@ fn garbage_is_counted_not_fatal() {
         "{dropped} + {peer_drops} of {total}"
     );
     // The tunnel still works.
-    let pa = a.node.peers().next().unwrap().handle;
-    let mut out = vec![0u8; 2048];
-    let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
+    let (_, d) = encrypt(&mut a, &icmp(VA, VB));
     assert!(matches!(
-        deliver(&mut b, now, a.addr, &out[t.range]),
+        deliver(&mut b, now, a.addr, &d),
         Received::Deliver { .. }
     ));
 }
@@ -230,11 +236,9 @@ fn restarted_member_reconnects() {
     let mut b2 = host(2, 1002, SECRET, VB);
     connect(&mut b2, &mut a, later);
     assert!(b2.learned(VA));
-    let pa = a.node.peers().next().unwrap().handle;
-    let mut out = vec![0u8; 2048];
-    let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
+    let (_, d) = encrypt(&mut a, &icmp(VA, VB));
     assert!(matches!(
-        deliver(&mut b2, later, a.addr, &out[t.range]),
+        deliver(&mut b2, later, a.addr, &d),
         Received::Deliver { .. }
     ));
 }
@@ -251,18 +255,16 @@ fn a_replayed_hello_does_not_disturb_a_live_tunnel() {
     let (_, hello) = b.node.poll_transmit().unwrap();
     deliver(&mut a, now, b.addr, &hello);
     pump(&mut [&mut a, &mut b], now);
-    let pa = a.node.peers().next().unwrap().handle;
     let before = a.node.peers().next().unwrap().endpoint;
     // Replayed from elsewhere while the tunnel is live: the endpoint stays.
     let attacker = SocketAddr::from(([127, 0, 0, 66], 6666));
     deliver(&mut a, now, attacker, &hello);
     while a.node.poll_transmit().is_some() {}
     assert_eq!(a.node.peers().next().unwrap().endpoint, before);
-    let mut out = vec![0u8; 2048];
-    let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
-    assert_eq!(t.to, b.addr);
+    let (to, d) = encrypt(&mut a, &icmp(VA, VB));
+    assert_eq!(to, b.addr);
     assert!(matches!(
-        deliver(&mut b, now, a.addr, &out[t.range]),
+        deliver(&mut b, now, a.addr, &d),
         Received::Deliver { .. }
     ));
 }
@@ -369,10 +371,8 @@ fn member_listed_by_one_side_recovers_after_restart() {
             b2.learned(VA),
             "seeds {sa},{sb}: restarted b never learned a"
         );
-        let pa = a.node.peers().next().unwrap().handle;
-        let mut out = vec![0u8; 2048];
-        let t = a.node.send(pa, &icmp(VA, VB), &mut out).unwrap();
-        let r = deliver(&mut b2, later, a.addr, &out[t.range]);
+        let (_, d) = encrypt(&mut a, &icmp(VA, VB));
+        let r = deliver(&mut b2, later, a.addr, &d);
         assert!(
             matches!(r, Received::Deliver { .. }),
             "seeds {sa},{sb}: {r:?}"
