@@ -71,6 +71,12 @@ impl Identity {
         }
     }
 
+    /// Signs `message` (Ed25519, RFC 8032).
+    pub fn sign(&self, message: &[u8]) -> [u8; 64] {
+        use ed25519_dalek::Signer;
+        self.signing.sign(message).to_bytes()
+    }
+
     /// The seed, for storing the identity.
     pub fn seed(&self) -> [u8; 32] {
         self.signing.to_bytes()

@@ -23,6 +23,12 @@ pub struct NamespaceKeys {
     pub(crate) tag: [u8; TAG_LEN],
     /// Authenticates hello messages.
     pub(crate) hello_key: [u8; 32],
+    /// Keys the hash that names the namespace's DHT records.
+    pub(crate) record_salt: [u8; 32],
+    /// Encrypts the values of the namespace's DHT records (ChaCha20-Poly1305).
+    pub(crate) seal_key: [u8; 32],
+    /// Ed25519 seed of the key every member shares to sign the namespace record.
+    pub(crate) settings_seed: [u8; 32],
 }
 
 impl NamespaceKeys {
@@ -48,6 +54,9 @@ impl NamespaceKeys {
             psk: prf(b"wireguard psk"),
             tag,
             hello_key: prf(b"hello mac"),
+            record_salt: prf(b"dht record key"),
+            seal_key: prf(b"dht record seal"),
+            settings_seed: prf(b"namespace record signer"),
         }
     }
 

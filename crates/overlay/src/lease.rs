@@ -226,6 +226,11 @@ impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
         self.decide(false);
     }
 
+    /// How many replicas the claim asked.
+    pub fn replica_count(&self) -> usize {
+        self.replicas.len()
+    }
+
     /// Past the deadline, a claim without a majority is lost.
     pub fn handle_timeout(&mut self, now: Instant) {
         if now >= self.deadline {

@@ -1,12 +1,15 @@
 //! The overlay: member identities, namespace keys, and the encrypted tunnels between
 //! members (WireGuard's Noise_IKpsk2 through boringtun, one tunnel per member and namespace,
-//! keyed by the namespace secret). The libp2p control plane (DHT, allocation, relaying)
-//! joins this crate next; the tunnel layer is what it will drive.
+//! keyed by the namespace secret), and the libp2p control plane that finds members: a
+//! Kademlia DHT whose replicas keep each namespace's sealed, signed records as leases won by
+//! a majority ([`records`], [`lease`], [`swarm`]).
 
 mod identity;
 mod keys;
 pub mod lease;
 pub mod node;
+pub mod records;
+pub mod swarm;
 pub mod wire;
 
 pub use identity::{Identity, PeerId};

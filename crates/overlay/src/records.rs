@@ -1,0 +1,583 @@
+//! A namespace's records in the shared DHT: how they are named, sealed, signed and stored.
+//!
+//! Every hyphae agent is a replica for whatever keys fall close to it, whichever namespaces
+//! it belongs to, so a replica must be able to keep and serve records it cannot read:
+//!
+//! - **Keys** are BLAKE2s-MACs under a key derived from the namespace secret
+//!   ([`NamespaceKeys::address_key`], [`NamespaceKeys::settings_key`]): without the secret
+//!   nobody can compute where a namespace's records live, nor tell whose a key is.
+//! - **Values** are sealed (ChaCha20-Poly1305 under another secret-derived key, with the key,
+//!   the owner and the expiry as associated data, so a sealed value cannot be moved to
+//!   another key or owner) and then signed with the owner's Ed25519 key ([`Envelope`]).
+//!   Replicas check the signature and the expiry; members also open the seal.
+//! - **Storage** is a lease per key ([`RecordStore`], over [`crate::lease::Replica`]): the
+//!   first owner keeps a key until its lease lapses or it releases it; only the owner can
+//!   renew (sign) or release (over its authenticated connection). So neither a stranger nor a
+//!   member of another namespace can read, forge, overwrite or delete a record; the worst a
+//!   hostile replica can do is refuse to answer or lie about a key it holds, which the
+//!   majority rule and the signatures contain.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use blake2::digest::{KeyInit, Mac};
+use blake2::Blake2sMac256;
+use chacha20poly1305::aead::{Aead, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, Nonce};
+use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+use crate::lease::{self, Replica};
+use crate::{Identity, NamespaceKeys};
+
+/// A record's key in the DHT.
+pub type RecordKey = [u8; 32];
+
+/// An Ed25519 public key: who owns a record.
+pub type OwnerKey = [u8; 32];
+
+/// Largest sealed value a replica keeps.
+pub const MAX_SEALED_LEN: usize = 1024;
+
+/// Longest lease a replica grants, whatever the envelope says.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How far a writer's clock may run ahead of a replica's.
+pub const CLOCK_SKEW_SECS: u64 = 120;
+
+const NONCE_LEN: usize = 12;
+const SIGN_DOMAIN: &[u8] = b"hyphae record v1";
+
+impl NamespaceKeys {
+    fn record_key(&self, kind: &[u8], body: &[u8]) -> RecordKey {
+        // A 32-byte key is always a valid BLAKE2s key.
+        let mut mac = <Blake2sMac256 as KeyInit>::new_from_slice(&self.record_salt)
+            .unwrap_or_else(|_| unreachable!("32-byte key"));
+        mac.update(&[kind.len() as u8]);
+        mac.update(kind);
+        mac.update(body);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// The key of the lease on virtual address `ip`.
+    pub fn address_key(&self, ip: Ipv4Addr) -> RecordKey {
+        self.record_key(b"address", &ip.octets())
+    }
+
+    /// The key of the namespace record (its settings).
+    pub fn settings_key(&self) -> RecordKey {
+        self.record_key(b"settings", &[])
+    }
+
+    /// The key every member holds to sign the namespace record.
+    pub fn settings_signer(&self) -> Identity {
+        Identity::from_seed(self.settings_seed)
+    }
+}
+
+/// Why a record was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// Wrong field lengths, or too large.
+    #[error("malformed record")]
+    Malformed,
+    /// The signature does not verify under the owner's key.
+    #[error("bad signature")]
+    BadSignature,
+    /// Expired, or expiring further out than a replica allows.
+    #[error("record expired or expiry out of range")]
+    BadExpiry,
+    /// The seal does not open with this namespace's key: a stranger's, or tampered.
+    #[error("record does not open with the namespace key")]
+    BadSeal,
+    /// The plaintext is not what the reader expected.
+    #[error("record content is malformed")]
+    BadContent,
+}
+
+/// A sealed, signed record value as it travels and is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The owner's Ed25519 public key (32 bytes).
+    pub owner: Vec<u8>,
+    /// Unix seconds after which the value is void.
+    pub expires: u64,
+    /// Nonce and ChaCha20-Poly1305 ciphertext.
+    pub sealed: Vec<u8>,
+    /// Ed25519 signature by `owner` over the key, `expires` and `sealed` (64 bytes).
+    pub signature: Vec<u8>,
+}
+
+impl Envelope {
+    /// Seals `plaintext` for `key` and signs it as `signer`, valid until `expires`.
+    pub fn seal(
+        keys: &NamespaceKeys,
+        signer: &Identity,
+        key: &RecordKey,
+        expires: u64,
+        plaintext: &[u8],
+    ) -> Result<Self, crate::Error> {
+        let owner = *signer.peer_id().as_bytes();
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::getrandom(&mut nonce).map_err(|_| crate::Error::Random)?;
+        let cipher = ChaCha20Poly1305::new(&keys.seal_key.into());
+        let aad = associated_data(key, &owner, expires);
+        let ciphertext = cipher
+            .encrypt(
+                Nonce::from_slice(&nonce),
+                Payload {
+                    msg: plaintext,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| crate::Error::Random)?;
+        let mut sealed = nonce.to_vec();
+        sealed.extend_from_slice(&ciphertext);
+        let signature = signer.sign(&signed_message(key, &owner, expires, &sealed));
+        Ok(Self {
+            owner: owner.to_vec(),
+            expires,
+            sealed,
+            signature: signature.to_vec(),
+        })
+    }
+
+    /// The owner's key, if well formed.
+    pub fn owner(&self) -> Option<OwnerKey> {
+        self.owner.as_slice().try_into().ok()
+    }
+
+    /// What a replica checks: sizes, the owner's signature over this key, and that the
+    /// expiry is in the future but not beyond [`MAX_TTL`] (plus clock skew).
+    pub fn verify(&self, key: &RecordKey, now_unix: u64) -> Result<OwnerKey, RecordError> {
+        let owner = self.owner().ok_or(RecordError::Malformed)?;
+        let signature: [u8; 64] = self
+            .signature
+            .as_slice()
+            .try_into()
+            .map_err(|_| RecordError::Malformed)?;
+        if self.sealed.len() > MAX_SEALED_LEN || self.sealed.len() < NONCE_LEN + 16 {
+            return Err(RecordError::Malformed);
+        }
+        let verifying = VerifyingKey::from_bytes(&owner).map_err(|_| RecordError::Malformed)?;
+        verifying
+            .verify(
+                &signed_message(key, &owner, self.expires, &self.sealed),
+                &Signature::from_bytes(&signature),
+            )
+            .map_err(|_| RecordError::BadSignature)?;
+        if self.expires <= now_unix || self.expires - now_unix > MAX_TTL.as_secs() + CLOCK_SKEW_SECS
+        {
+            return Err(RecordError::BadExpiry);
+        }
+        Ok(owner)
+    }
+
+    /// What a member checks: everything [`Envelope::verify`] does, then the seal.
+    pub fn open(
+        &self,
+        keys: &NamespaceKeys,
+        key: &RecordKey,
+        now_unix: u64,
+    ) -> Result<(OwnerKey, Vec<u8>), RecordError> {
+        let owner = self.verify(key, now_unix)?;
+        let (nonce, ciphertext) = self.sealed.split_at(NONCE_LEN);
+        let cipher = ChaCha20Poly1305::new(&keys.seal_key.into());
+        let aad = associated_data(key, &owner, self.expires);
+        let plaintext = cipher
+            .decrypt(
+                Nonce::from_slice(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| RecordError::BadSeal)?;
+        Ok((owner, plaintext))
+    }
+}
+
+fn associated_data(key: &RecordKey, owner: &OwnerKey, expires: u64) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(SIGN_DOMAIN.len() + 72);
+    aad.extend_from_slice(SIGN_DOMAIN);
+    aad.extend_from_slice(key);
+    aad.extend_from_slice(owner);
+    aad.extend_from_slice(&expires.to_be_bytes());
+    aad
+}
+
+fn signed_message(key: &RecordKey, owner: &OwnerKey, expires: u64, sealed: &[u8]) -> Vec<u8> {
+    let mut m = associated_data(key, owner, expires);
+    m.extend_from_slice(sealed);
+    m
+}
+
+/// The holder of a virtual address and where to reach it: the value of an address lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    /// The member's underlay endpoints (its tunnel UDP socket), best first.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+/// The namespace record: settings every member follows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    /// The namespace subnet, e.g. `10.201.0.0/16`.
+    pub subnet: String,
+    /// Address lease time, seconds.
+    pub lease_secs: u64,
+    /// Addresses no member may claim (the virtual DNS address, gateways).
+    pub reserved: Vec<Ipv4Addr>,
+}
+
+/// Encodes a record plaintext.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing these plain structs to JSON cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// Decodes a record plaintext.
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, RecordError> {
+    serde_json::from_slice(bytes).map_err(|_| RecordError::BadContent)
+}
+
+/// Verifies a signature made with [`Identity::sign`].
+pub fn verify_signature(owner: &OwnerKey, message: &[u8], signature: &[u8; 64]) -> bool {
+    VerifyingKey::from_bytes(owner)
+        .and_then(|k| k.verify(message, &Signature::from_bytes(signature)))
+        .is_ok()
+}
+
+/// A request to a replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordRequest {
+    /// Grant (or renew) the lease on `key` to the envelope's owner and keep the envelope.
+    Claim {
+        /// The key (32 bytes).
+        key: Vec<u8>,
+        /// The value, signed by its owner.
+        envelope: Envelope,
+    },
+    /// Give up `key` (only its owner, over its own connection, can).
+    Release {
+        /// The key (32 bytes).
+        key: Vec<u8>,
+    },
+    /// Read `key`.
+    Get {
+        /// The key (32 bytes).
+        key: Vec<u8>,
+    },
+}
+
+/// A replica's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordResponse {
+    /// The lease is the claimer's.
+    Granted,
+    /// Someone else holds the key.
+    Held {
+        /// The holder's key (32 bytes).
+        owner: Vec<u8>,
+        /// Time left on its lease, milliseconds.
+        remaining_ms: u64,
+    },
+    /// Released (or was not held by the releaser).
+    Released,
+    /// The replica holds too many records to take a new key.
+    Full,
+    /// The current value of a key, if held.
+    Value {
+        /// The holder's envelope.
+        envelope: Option<Envelope>,
+    },
+    /// The request was refused as malformed or unauthentic.
+    Rejected,
+}
+
+impl RecordResponse {
+    /// The lease protocol's view of a claim answer (`Rejected` counts as a refusal that
+    /// names no holder).
+    pub fn to_lease(&self) -> Option<lease::Response<OwnerKey>> {
+        Some(match self {
+            Self::Granted => lease::Response::Granted,
+            Self::Held {
+                owner,
+                remaining_ms,
+            } => lease::Response::Held {
+                owner: owner.as_slice().try_into().ok()?,
+                remaining: Duration::from_millis(*remaining_ms),
+            },
+            Self::Released => lease::Response::Released,
+            Self::Full | Self::Rejected | Self::Value { .. } => lease::Response::Full,
+        })
+    }
+}
+
+/// Counters of one replica.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Requests refused: malformed keys, bad signatures, bad expiry, oversized values.
+    pub rejected: u64,
+    /// Leases granted or renewed.
+    pub granted: u64,
+    /// Claims refused because another owner holds the key.
+    pub held: u64,
+}
+
+/// The records this agent keeps as a replica, for every namespace (it reads none of them).
+#[derive(Default)]
+pub struct RecordStore {
+    leases: Replica<RecordKey, OwnerKey>,
+    values: HashMap<RecordKey, Envelope>,
+    stats: StoreStats,
+}
+
+impl RecordStore {
+    /// Answers `request` from the peer whose Ed25519 key is `requester` (authenticated by
+    /// its connection). `now_unix` is the wall clock, for envelope expiry.
+    pub fn handle(
+        &mut self,
+        now: Instant,
+        now_unix: u64,
+        requester: Option<OwnerKey>,
+        request: RecordRequest,
+    ) -> RecordResponse {
+        match request {
+            RecordRequest::Claim { key, envelope } => {
+                let Ok(key) = RecordKey::try_from(key.as_slice()) else {
+                    self.stats.rejected += 1;
+                    return RecordResponse::Rejected;
+                };
+                let owner = match envelope.verify(&key, now_unix) {
+                    Ok(owner) => owner,
+                    Err(_) => {
+                        self.stats.rejected += 1;
+                        return RecordResponse::Rejected;
+                    }
+                };
+                let ttl = Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
+                match self
+                    .leases
+                    .handle(now, lease::Request::Claim { key, owner, ttl })
+                {
+                    lease::Response::Granted => {
+                        self.stats.granted += 1;
+                        self.values.insert(key, envelope);
+                        RecordResponse::Granted
+                    }
+                    lease::Response::Held { owner, remaining } => {
+                        self.stats.held += 1;
+                        RecordResponse::Held {
+                            owner: owner.to_vec(),
+                            remaining_ms: remaining.as_millis() as u64,
+                        }
+                    }
+                    lease::Response::Full => RecordResponse::Full,
+                    lease::Response::Released => RecordResponse::Rejected,
+                }
+            }
+            RecordRequest::Release { key } => {
+                let (Ok(key), Some(owner)) = (RecordKey::try_from(key.as_slice()), requester)
+                else {
+                    self.stats.rejected += 1;
+                    return RecordResponse::Rejected;
+                };
+                self.leases
+                    .handle(now, lease::Request::Release { key, owner });
+                if self.leases.holder(now, &key).is_none() {
+                    self.values.remove(&key);
+                }
+                RecordResponse::Released
+            }
+            RecordRequest::Get { key } => {
+                let Ok(key) = RecordKey::try_from(key.as_slice()) else {
+                    self.stats.rejected += 1;
+                    return RecordResponse::Rejected;
+                };
+                let envelope = self
+                    .leases
+                    .holder(now, &key)
+                    .and_then(|_| self.values.get(&key))
+                    .cloned();
+                RecordResponse::Value { envelope }
+            }
+        }
+    }
+
+    /// Forgets expired records.
+    pub fn expire(&mut self, now: Instant) {
+        self.leases.expire(now);
+        let leases = &self.leases;
+        self.values.retain(|k, _| leases.holder(now, k).is_some());
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StoreStats {
+        self.stats
+    }
+
+    /// Keys held (not expired).
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// No records held.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests start the clock
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn keys(secret: &[u8]) -> NamespaceKeys {
+        NamespaceKeys::derive("lab", secret)
+    }
+
+    fn member(seed: u8) -> Identity {
+        Identity::from_seed([seed; 32])
+    }
+
+    fn info() -> Vec<u8> {
+        encode(&MemberInfo {
+            endpoints: vec!["10.0.0.1:7400".parse().unwrap()],
+        })
+    }
+
+    #[test]
+    fn keys_are_secret_and_distinct() {
+        let a = keys(b"0123456789abcdef");
+        let b = keys(b"0123456789abcdeX");
+        let ip = Ipv4Addr::new(10, 1, 0, 5);
+        assert_ne!(a.address_key(ip), b.address_key(ip));
+        assert_ne!(a.address_key(ip), a.address_key(Ipv4Addr::new(10, 1, 0, 6)));
+        assert_ne!(a.address_key(ip), a.settings_key());
+        assert_eq!(a.address_key(ip), keys(b"0123456789abcdef").address_key(ip));
+    }
+
+    #[test]
+    fn seal_open_round_trip_and_tamper() {
+        let k = keys(b"0123456789abcdef");
+        let key = k.address_key(Ipv4Addr::new(10, 1, 0, 5));
+        let e = Envelope::seal(&k, &member(1), &key, NOW + 60, &info()).unwrap();
+        let (owner, plain) = e.open(&k, &key, NOW).unwrap();
+        assert_eq!(owner, *member(1).peer_id().as_bytes());
+        assert_eq!(decode::<MemberInfo>(&plain).unwrap().endpoints.len(), 1);
+
+        // Another namespace's secret: the signature is fine, the seal does not open.
+        let other = keys(b"0123456789abcdeX");
+        assert_eq!(e.open(&other, &key, NOW), Err(RecordError::BadSeal));
+        // Moved to another key.
+        let key2 = k.address_key(Ipv4Addr::new(10, 1, 0, 6));
+        assert_eq!(e.verify(&key2, NOW), Err(RecordError::BadSignature));
+        // Claimed by someone else.
+        let mut stolen = e.clone();
+        stolen.owner = member(2).peer_id().as_bytes().to_vec();
+        assert_eq!(stolen.verify(&key, NOW), Err(RecordError::BadSignature));
+        // Expiry changed.
+        let mut longer = e.clone();
+        longer.expires += 1000;
+        assert_eq!(longer.verify(&key, NOW), Err(RecordError::BadSignature));
+        // Every bit of the ciphertext matters.
+        for i in 0..e.sealed.len() {
+            let mut t = e.clone();
+            t.sealed[i] ^= 1;
+            assert!(t.open(&k, &key, NOW).is_err());
+        }
+        // Expired, too far out, malformed.
+        assert_eq!(e.verify(&key, NOW + 60), Err(RecordError::BadExpiry));
+        let far = Envelope::seal(&k, &member(1), &key, NOW + 10 * 24 * 3600, b"x").unwrap();
+        assert_eq!(far.verify(&key, NOW), Err(RecordError::BadExpiry));
+        let mut short = e.clone();
+        short.signature.pop();
+        assert_eq!(short.verify(&key, NOW), Err(RecordError::Malformed));
+        let mut big = e;
+        big.sealed = vec![0; MAX_SEALED_LEN + 1];
+        assert_eq!(big.verify(&key, NOW), Err(RecordError::Malformed));
+    }
+
+    #[test]
+    fn store_is_compare_and_set_and_owner_bound() {
+        let k = keys(b"0123456789abcdef");
+        let key = k.address_key(Ipv4Addr::new(10, 1, 0, 5));
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let (a, b) = (member(1), member(2));
+        let ea = Envelope::seal(&k, &a, &key, NOW + 60, &info()).unwrap();
+        let eb = Envelope::seal(&k, &b, &key, NOW + 60, &info()).unwrap();
+        let claim = |e: &Envelope| RecordRequest::Claim {
+            key: key.to_vec(),
+            envelope: e.clone(),
+        };
+        let a_key = Some(*a.peer_id().as_bytes());
+        let b_key = Some(*b.peer_id().as_bytes());
+
+        assert_eq!(
+            store.handle(t, NOW, a_key, claim(&ea)),
+            RecordResponse::Granted
+        );
+        // b cannot take it, nor delete it, whoever relays the request.
+        assert!(matches!(
+            store.handle(t, NOW, b_key, claim(&eb)),
+            RecordResponse::Held { owner, .. } if owner == a.peer_id().as_bytes().to_vec()
+        ));
+        store.handle(t, NOW, b_key, RecordRequest::Release { key: key.to_vec() });
+        let get = RecordRequest::Get { key: key.to_vec() };
+        assert_eq!(
+            store.handle(t, NOW, b_key, get.clone()),
+            RecordResponse::Value {
+                envelope: Some(ea.clone())
+            }
+        );
+        // A forged envelope is rejected and counted.
+        let mut forged = eb.clone();
+        forged.owner = a.peer_id().as_bytes().to_vec();
+        assert_eq!(
+            store.handle(t, NOW, b_key, claim(&forged)),
+            RecordResponse::Rejected
+        );
+        assert_eq!(store.stats().rejected, 1);
+        // The owner renews, then releases; then b can claim.
+        assert_eq!(
+            store.handle(t, NOW, a_key, claim(&ea)),
+            RecordResponse::Granted
+        );
+        store.handle(t, NOW, a_key, RecordRequest::Release { key: key.to_vec() });
+        assert_eq!(
+            store.handle(t, NOW, b_key, get.clone()),
+            RecordResponse::Value { envelope: None }
+        );
+        assert_eq!(
+            store.handle(t, NOW, b_key, claim(&eb)),
+            RecordResponse::Granted
+        );
+        // The lease lapses with the envelope's expiry.
+        let later = t + Duration::from_secs(61);
+        assert_eq!(
+            store.handle(later, NOW + 61, b_key, get),
+            RecordResponse::Value { envelope: None }
+        );
+        store.expire(later);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn malformed_requests_are_counted() {
+        let mut store = RecordStore::default();
+        let t = Instant::now();
+        for req in [
+            RecordRequest::Get { key: vec![1; 31] },
+            RecordRequest::Release { key: vec![] },
+            RecordRequest::Release { key: vec![0; 32] },
+        ] {
+            assert_eq!(store.handle(t, NOW, None, req), RecordResponse::Rejected);
+        }
+        assert_eq!(store.stats().rejected, 3);
+    }
+}

@@ -1,0 +1,248 @@
+//! Real libp2p swarms on loopback TCP, many in one process: record claims, reads, isolation.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo, RecordKey};
+use hyphae_overlay::swarm::{owner_key, ClaimResult, Overlay, OverlayEvent};
+use hyphae_overlay::{Identity, NamespaceKeys};
+use libp2p::Multiaddr;
+use tokio::sync::mpsc;
+
+enum Cmd {
+    Claim(RecordKey, Envelope),
+    Get(RecordKey),
+    Release(RecordKey),
+    Stop,
+}
+
+struct Handle {
+    identity: Identity,
+    addr: Multiaddr,
+    cmd: mpsc::Sender<Cmd>,
+    events: mpsc::Receiver<OverlayEvent>,
+}
+
+impl Handle {
+    async fn next(&mut self, what: &str) -> OverlayEvent {
+        tokio::time::timeout(Duration::from_secs(30), self.events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+            .unwrap()
+    }
+
+    async fn claimed(&mut self) -> ClaimResult {
+        loop {
+            if let OverlayEvent::Claimed { result, .. } = self.next("a claim").await {
+                return result;
+            }
+        }
+    }
+
+    async fn got(&mut self) -> Vec<Envelope> {
+        loop {
+            if let OverlayEvent::Got { envelopes, .. } = self.next("a read").await {
+                return envelopes;
+            }
+        }
+    }
+
+    async fn released(&mut self) {
+        loop {
+            if let OverlayEvent::Released { .. } = self.next("a release").await {
+                return;
+            }
+        }
+    }
+
+    fn owner(&self) -> [u8; 32] {
+        *self.identity.peer_id().as_bytes()
+    }
+}
+
+/// Starts one swarm on loopback in its own task; returns once it listens and (if it has a
+/// bootstrap address) has joined.
+async fn spawn(seed: u64, bootstrap: Option<&Multiaddr>) -> Handle {
+    let mut s = [0u8; 32];
+    s[..8].copy_from_slice(&seed.to_le_bytes());
+    s[8] = 0x5a;
+    let identity = Identity::from_seed(s);
+    let mut overlay = Overlay::new(
+        &identity,
+        "/ip4/127.0.0.1/tcp/0".parse().unwrap(),
+        bootstrap.into_iter().cloned().collect(),
+    )
+    .unwrap();
+    let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
+    let (ev_tx, mut ev_rx) = mpsc::channel(1024);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                cmd = cmd_rx.recv() => match cmd {
+                    Some(Cmd::Claim(k, e)) => { overlay.claim(k, e); }
+                    Some(Cmd::Get(k)) => { overlay.get(k); }
+                    Some(Cmd::Release(k)) => { overlay.release(k); }
+                    Some(Cmd::Stop) | None => return,
+                },
+                ev = overlay.next_event() => {
+                    if ev_tx.send(ev).await.is_err() { return; }
+                }
+                _ = tick.tick() => overlay.handle_timeout(Instant::now()),
+            }
+        }
+    });
+    let mut addr = None;
+    let mut joined = false;
+    while addr.is_none() || !joined {
+        match tokio::time::timeout(Duration::from_secs(30), ev_rx.recv())
+            .await
+            .expect("swarm start")
+            .unwrap()
+        {
+            OverlayEvent::Listening { addr: a } => addr = Some(a),
+            OverlayEvent::Joined => joined = true,
+            _ => {}
+        }
+    }
+    Handle {
+        identity,
+        addr: addr.unwrap(),
+        cmd: cmd_tx,
+        events: ev_rx,
+    }
+}
+
+async fn network(n: usize, first_seed: u64) -> Vec<Handle> {
+    let mut nodes = vec![spawn(first_seed, None).await];
+    for i in 1..n {
+        let boot = nodes[i % nodes.len().min(3)].addr.clone();
+        nodes.push(spawn(first_seed + i as u64, Some(&boot)).await);
+    }
+    nodes
+}
+
+fn unix_now() -> u64 {
+    hyphae_overlay::swarm::unix_now()
+}
+
+fn envelope(keys: &NamespaceKeys, who: &Identity, key: &RecordKey, port: u16) -> Envelope {
+    let info = MemberInfo {
+        endpoints: vec![([10, 200, 0, 1], port).into()],
+    };
+    Envelope::seal(keys, who, key, unix_now() + 60, &encode(&info)).unwrap()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn racing_claims_have_one_winner_and_reads_agree() {
+    rt().block_on(async {
+        let mut nodes = network(8, 1000).await;
+        let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        for round in 0..5u8 {
+            let key = keys.address_key(Ipv4Addr::new(10, 1, 0, round));
+            // Three members race for the same address.
+            let racers = [1usize, 4, 7];
+            for &r in &racers {
+                let e = envelope(&keys, &nodes[r].identity, &key, 7400 + r as u16);
+                nodes[r].cmd.send(Cmd::Claim(key, e)).await.unwrap();
+            }
+            let mut winners = Vec::new();
+            for &r in &racers {
+                match nodes[r].claimed().await {
+                    ClaimResult::Won => winners.push(r),
+                    ClaimResult::Lost(holder) => {
+                        if let Some(h) = holder {
+                            assert!(racers.iter().any(|&x| nodes[x].owner() == h));
+                        }
+                    }
+                }
+            }
+            assert!(winners.len() <= 1, "round {round}: two winners {winners:?}");
+            // Every member reads the same holder, and the value opens to its endpoint.
+            if let Some(&w) = winners.first() {
+                for reader in [0usize, 2, 5] {
+                    nodes[reader].cmd.send(Cmd::Get(key)).await.unwrap();
+                    let got = nodes[reader].got().await;
+                    let (owner, plain) = got[0].open(&keys, &key, unix_now()).unwrap();
+                    assert_eq!(owner, nodes[w].owner());
+                    let info: MemberInfo = decode(&plain).unwrap();
+                    assert_eq!(info.endpoints[0].port(), 7400 + w as u16);
+                }
+            }
+        }
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}
+
+#[test]
+fn records_are_isolated_between_namespaces_and_owners() {
+    rt().block_on(async {
+        let mut nodes = network(6, 2000).await;
+        let a = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        let b = NamespaceKeys::derive("lab", b"another secret!!");
+        let ip = Ipv4Addr::new(10, 1, 0, 9);
+        let key_a = a.address_key(ip);
+        // Namespace B's key for the same address is a different key: B cannot even find it.
+        assert_ne!(key_a, b.address_key(ip));
+
+        let e = envelope(&a, &nodes[1].identity, &key_a, 7401);
+        nodes[1]
+            .cmd
+            .send(Cmd::Claim(key_a, e.clone()))
+            .await
+            .unwrap();
+        assert_eq!(nodes[1].claimed().await, ClaimResult::Won);
+
+        // A member of B (or anyone) who learns the key reads only a sealed value.
+        nodes[2].cmd.send(Cmd::Get(key_a)).await.unwrap();
+        let got = nodes[2].got().await;
+        assert_eq!(got.len(), 1);
+        assert!(got[0].open(&b, &key_a, unix_now()).is_err());
+
+        // Overwrite: a claim by another owner (sealed with B's key, or forged as A's
+        // member) loses.
+        let theirs = envelope(&b, &nodes[2].identity, &key_a, 9999);
+        nodes[2].cmd.send(Cmd::Claim(key_a, theirs)).await.unwrap();
+        assert_eq!(
+            nodes[2].claimed().await,
+            ClaimResult::Lost(Some(nodes[1].owner()))
+        );
+        let mut forged = envelope(&b, &nodes[2].identity, &key_a, 9999);
+        forged.owner = nodes[1].owner().to_vec();
+        nodes[2].cmd.send(Cmd::Claim(key_a, forged)).await.unwrap();
+        assert!(matches!(nodes[2].claimed().await, ClaimResult::Lost(_)));
+
+        // Delete: a release by anyone but the owner changes nothing.
+        nodes[3].cmd.send(Cmd::Release(key_a)).await.unwrap();
+        nodes[3].released().await;
+        nodes[4].cmd.send(Cmd::Get(key_a)).await.unwrap();
+        let got = nodes[4].got().await;
+        let (owner, _) = got[0].open(&a, &key_a, unix_now()).unwrap();
+        assert_eq!(owner, nodes[1].owner());
+        assert_eq!(owner_key(&network_id_of(&nodes[1])), Some(owner));
+
+        // The owner's release frees it for someone else.
+        nodes[1].cmd.send(Cmd::Release(key_a)).await.unwrap();
+        nodes[1].released().await;
+        let mine = envelope(&a, &nodes[5].identity, &key_a, 7405);
+        nodes[5].cmd.send(Cmd::Claim(key_a, mine)).await.unwrap();
+        assert_eq!(nodes[5].claimed().await, ClaimResult::Won);
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}
+
+fn network_id_of(h: &Handle) -> libp2p::PeerId {
+    hyphae_overlay::swarm::network_id(&h.owner()).unwrap()
+}
