@@ -48,10 +48,10 @@ fn tunnel() -> (Node, Node, hyphae_overlay::PeerHandle) {
         }
     }
     let peer = std::iter::from_fn(|| a.poll_event())
-        .map(|e| match e {
-            Event::PeerAddresses { peer, .. } => peer,
+        .find_map(|e| match e {
+            Event::PeerAddresses { peer, .. } => Some(peer),
+            _ => None,
         })
-        .next()
         .expect("tunnel up");
     (a, b, peer)
 }

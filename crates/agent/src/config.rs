@@ -5,6 +5,9 @@
 
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyphae_overlay::swarm::Multiaddr;
 
 use anyhow::{bail, Context, Result};
 use ipnet::Ipv4Net;
@@ -16,6 +19,12 @@ pub const DEFAULT_PORT: u16 = 7400;
 /// Default TAP MTU: a 1500-byte underlay minus IPv6 (40) + UDP (8) + WireGuard data (32)
 /// overhead, so tunnel datagrams never fragment on IPv4 or IPv6 underlays.
 pub const DEFAULT_MTU: u16 = 1420;
+
+/// Default address lease time: a crashed member's address is free again after this long.
+pub const DEFAULT_LEASE_SECS: u64 = 600;
+
+/// Shortest lease: renewals go out every third of it.
+pub const MIN_LEASE_SECS: u64 = 6;
 
 /// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
 const MAX_DEVICE_NAME: usize = 15;
@@ -57,15 +66,28 @@ struct NamespaceSection {
     mode: String,
     #[serde(default = "default_device")]
     device: String,
+    #[serde(default = "default_address")]
     address: String,
     #[serde(default)]
     mtu: Option<u16>,
+    #[serde(default)]
+    bootstrap: Vec<String>,
+    #[serde(default = "default_lease_secs")]
+    lease_secs: u64,
     #[serde(default, rename = "peer")]
     peers: Vec<PeerSection>,
 }
 
 fn default_mode() -> String {
     "interface".into()
+}
+
+fn default_address() -> String {
+    "auto".into()
+}
+
+fn default_lease_secs() -> u64 {
+    DEFAULT_LEASE_SECS
 }
 
 fn default_device() -> String {
@@ -105,6 +127,25 @@ pub enum Mode {
     Interface,
 }
 
+/// How a member gets its virtual address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address {
+    /// This address, claimed in the DHT (start fails if another member owns it).
+    Static(Ipv4Addr),
+    /// Any free address of the subnet, claimed in the DHT.
+    Auto,
+}
+
+impl Address {
+    /// The static address, if any.
+    pub fn fixed(self) -> Option<Ipv4Addr> {
+        match self {
+            Address::Static(a) => Some(a),
+            Address::Auto => None,
+        }
+    }
+}
+
 /// One namespace membership.
 #[derive(Clone)]
 pub struct Namespace {
@@ -119,11 +160,15 @@ pub struct Namespace {
     /// TAP device name.
     pub device: String,
     /// This member's virtual address.
-    pub address: Ipv4Addr,
+    pub address: Address,
     /// TAP MTU.
     pub mtu: u16,
-    /// Members to contact at start.
+    /// Members to contact at start (tunnel endpoints).
     pub peers: Vec<SocketAddr>,
+    /// Overlay members to join through (libp2p addresses).
+    pub bootstrap: Vec<Multiaddr>,
+    /// Address lease time.
+    pub lease: Duration,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -227,16 +272,31 @@ fn validate_namespace(s: NamespaceSection) -> Result<Namespace> {
             s.subnet
         );
     }
-    let address: Ipv4Addr = s
-        .address
-        .parse()
-        .map_err(|_| anyhow::anyhow!("address '{}' is not an IPv4 address", s.address))?;
-    if !subnet.contains(&address) {
-        bail!("address {address} is outside the subnet {subnet}");
+    let address = if s.address == "auto" {
+        Address::Auto
+    } else {
+        let address: Ipv4Addr = s.address.parse().map_err(|_| {
+            anyhow::anyhow!("address '{}' is not an IPv4 address or \"auto\"", s.address)
+        })?;
+        if !subnet.contains(&address) {
+            bail!("address {address} is outside the subnet {subnet}");
+        }
+        if address == subnet.network() || address == subnet.broadcast() {
+            bail!("address {address} is the network or broadcast address of {subnet}");
+        }
+        Address::Static(address)
+    };
+    if s.lease_secs < MIN_LEASE_SECS {
+        bail!(
+            "lease_secs {} is too short: use at least {MIN_LEASE_SECS}",
+            s.lease_secs
+        );
     }
-    if address == subnet.network() || address == subnet.broadcast() {
-        bail!("address {address} is the network or broadcast address of {subnet}");
-    }
+    let bootstrap = s
+        .bootstrap
+        .iter()
+        .map(|b| parse_bootstrap(b))
+        .collect::<Result<Vec<_>>>()?;
     let valid_dev = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
     if s.device.is_empty() || s.device.len() > MAX_DEVICE_NAME || !s.device.chars().all(valid_dev) {
         bail!(
@@ -263,7 +323,21 @@ fn validate_namespace(s: NamespaceSection) -> Result<Namespace> {
         address,
         mtu,
         peers,
+        bootstrap,
+        lease: Duration::from_secs(s.lease_secs),
     })
+}
+
+/// A bootstrap address: `host:port` / `host` (the member's listen port, TCP) or a libp2p
+/// multiaddr such as `/ip4/10.200.0.1/tcp/7400/p2p/12D3...`.
+pub fn parse_bootstrap(text: &str) -> Result<Multiaddr> {
+    if text.starts_with('/') {
+        return text
+            .parse::<Multiaddr>()
+            .map_err(|e| anyhow::anyhow!("bootstrap '{text}' is not a valid multiaddr ({e})"));
+    }
+    let addr = resolve(text).with_context(|| format!("bootstrap '{text}'"))?;
+    Ok(hyphae_overlay::swarm::tcp_multiaddr(addr))
 }
 
 fn read_secret(path: &Path) -> Result<Vec<u8>> {

@@ -35,8 +35,29 @@ pub struct Status {
     pub listen: String,
     /// Datagrams dropped before reaching any tunnel, by reason.
     pub drops: BTreeMap<String, u64>,
+    /// The libp2p overlay.
+    pub overlay: OverlayStatus,
     /// One entry per namespace.
     pub namespaces: Vec<NamespaceStatus>,
+}
+
+/// The libp2p overlay in [`Status`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OverlayStatus {
+    /// libp2p peer id (the same key as `identity`).
+    pub peer_id: String,
+    /// libp2p listen addresses.
+    pub listen: Vec<String>,
+    /// Whether the first bootstrap finished.
+    pub joined: bool,
+    /// Overlay peers connected.
+    pub connected: usize,
+    /// Records kept for the DHT as a replica (sealed: unreadable here).
+    pub stored_records: usize,
+    /// Record requests refused as malformed or unauthentic.
+    pub rejected_requests: u64,
+    /// Envelopes from replicas that failed verification.
+    pub bad_envelopes: u64,
 }
 
 /// One namespace in [`Status`].
@@ -48,10 +69,16 @@ pub struct NamespaceStatus {
     pub mode: String,
     /// TAP device.
     pub device: String,
-    /// This member's virtual address.
+    /// This member's virtual address; empty while an `auto` address is being claimed.
     pub address: String,
+    /// Whether the address is held in the DHT (lease won and renewed).
+    pub address_claimed: bool,
     /// Namespace subnet.
     pub subnet: String,
+    /// Address lookups started (first packets to unknown addresses).
+    pub lookups: u64,
+    /// Frames dropped because their destination did not resolve in time.
+    pub unresolved_drops: u64,
     /// Frames from the TAP sent to members.
     pub to_peers: u64,
     /// Packets from members written to the TAP.
@@ -115,6 +142,16 @@ pub fn render(status: &Status) -> String {
     out += &format!(
         "agent {}  listening on {}\n",
         status.identity, status.listen
+    );
+    out += &format!(
+        "overlay {}  {} peers connected{}\n",
+        status.overlay.peer_id,
+        status.overlay.connected,
+        if status.overlay.joined {
+            ""
+        } else {
+            "  (joining)"
+        }
     );
     let agent_drops = nonzero(&status.drops);
     if !agent_drops.is_empty() {

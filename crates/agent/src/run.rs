@@ -15,8 +15,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use hyphae_overlay::node::TICK;
 use hyphae_overlay::{
-    DropReason as NodeDrop, Event, Identity, NamespaceKeys, Node, PeerDropReason, PeerHandle,
-    Received,
+    DropReason as NodeDrop, Event, Identity, NamespaceId, NamespaceKeys, Node, PeerDropReason,
+    PeerHandle, Received,
 };
 use hyphae_vswitch::{Action, DropReason as SwitchDrop, Switch, HEADROOM};
 use tokio::io::unix::AsyncFd;
@@ -26,8 +26,13 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 use tun_rs::SyncDevice;
 
-use crate::config::{Config, Mode, Namespace};
-use crate::control::{self, NamespaceStatus, PeerStatus, Request, Status, STATUS_VERSION};
+use hyphae_overlay::swarm::{tcp_multiaddr, Overlay, OverlayEvent};
+
+use crate::config::{Address, Config, Mode, Namespace};
+use crate::control::{
+    self, NamespaceStatus, OverlayStatus, PeerStatus, Request, Status, STATUS_VERSION,
+};
+use crate::membership::{ClaimOutcome, Membership};
 use crate::underlay::Underlay;
 
 /// Packets handled per readiness event before the loop looks at its other sources.
@@ -156,26 +161,28 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
 }
 
 fn create_tap(ns: &Namespace, mac: [u8; 6]) -> Result<SyncDevice> {
-    let device = tun_rs::DeviceBuilder::new()
+    let mut builder = tun_rs::DeviceBuilder::new()
         .name(&ns.device)
         .layer(tun_rs::Layer::L2)
         .mac_addr(mac)
         .mtu(ns.mtu)
-        .ipv4(ns.address, ns.subnet.prefix_len(), None)
-        .enable(true)
-        .build_sync()
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) | Some(libc::EEXIST) => anyhow::anyhow!(
-                "namespace '{}': device {} already exists and is in use; pick another `device`",
-                ns.name,
-                ns.device
-            ),
-            _ => anyhow::anyhow!(
-                "namespace '{}': cannot create TAP {}: {e}",
-                ns.name,
-                ns.device
-            ),
-        })?;
+        .enable(true);
+    // An `auto` address is set once it is won.
+    if let Address::Static(a) = ns.address {
+        builder = builder.ipv4(a, ns.subnet.prefix_len(), None);
+    }
+    let device = builder.build_sync().map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) | Some(libc::EEXIST) => anyhow::anyhow!(
+            "namespace '{}': device {} already exists and is in use; pick another `device`",
+            ns.name,
+            ns.device
+        ),
+        _ => anyhow::anyhow!(
+            "namespace '{}': cannot create TAP {}: {e}",
+            ns.name,
+            ns.device
+        ),
+    })?;
     // The overlay carries IPv4; keep the kernel's IPv6 chatter (router solicitations, DAD)
     // off the device. Best effort: IPv6 may be disabled host-wide already.
     let _ = std::fs::write(
@@ -204,6 +211,11 @@ struct Port {
 
 struct Agent {
     listen: SocketAddr,
+    identity: Identity,
+    overlay: Overlay,
+    members: Vec<Membership>,
+    /// Why the agent must stop (a static address owned by another member).
+    fatal: Option<String>,
     node: Node,
     ports: Vec<Port>,
     taps: Vec<AsyncFd<SyncDevice>>,
@@ -217,7 +229,16 @@ type StatusReply = oneshot::Sender<Status>;
 
 impl Agent {
     fn start(config: Config, identity: Identity, socket: std::net::UdpSocket) -> Result<Self> {
+        let bootstrap: Vec<_> = config
+            .namespaces
+            .iter()
+            .flat_map(|n| n.bootstrap.iter().cloned())
+            .collect();
+        let overlay = Overlay::new(&identity, tcp_multiaddr(config.agent.listen), bootstrap)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let own = Identity::from_seed(identity.seed());
         let mut node = Node::new(identity);
+        let mut members = Vec::new();
         let now = Instant::now();
         // IPOP 4.1: one random FE:FD MAC per agent stands for every remote member.
         let remote_mac = random_mac([0xfe, 0xfd])?;
@@ -234,8 +255,9 @@ impl Agent {
             taps.push(tap);
             let id = node.add_namespace(
                 NamespaceKeys::derive(&ns.name, &ns.secret),
-                vec![ns.address],
+                ns.address.fixed().into_iter().collect(),
             );
+            members.push(Membership::new(ns, &config.agent.state_dir));
             for &peer in &ns.peers {
                 node.add_static_peer(id, peer, now);
             }
@@ -244,14 +266,17 @@ impl Agent {
                 device: ns.device.clone(),
                 mode: ns.mode,
                 switch: Switch::new(hyphae_vswitch::Config {
-                    address: ns.address,
+                    address: ns
+                        .address
+                        .fixed()
+                        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
                     subnet: ns.subnet,
                     device_mac,
                     remote_mac,
                 }),
                 tap_errors: 0,
             });
-            tracing::info!(namespace = %ns.name, device = %ns.device, address = %ns.address,
+            tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
                 subnet = %ns.subnet, peers = ns.peers.len(), "namespace up");
         }
         if config.namespaces.is_empty() {
@@ -261,6 +286,10 @@ impl Agent {
         tracing::info!(id = %node.peer_id(), listen = %config.agent.listen, "agent started");
         Ok(Self {
             listen: config.agent.listen,
+            identity: own,
+            overlay,
+            members,
+            fatal: None,
             node,
             ports,
             taps,
@@ -287,15 +316,142 @@ impl Agent {
                     self.drain_underlay().await;
                 }
                 i = any_readable(&self.taps) => self.drain_tap(i).await,
-                _ = tick.tick() => self.node.handle_timeout(Instant::now()),
+                event = self.overlay.next_event() => self.handle_overlay(event),
+                _ = tick.tick() => self.handle_timeout(Instant::now()),
                 Some(reply) = ctl_rx.recv() => {
                     let _ = reply.send(self.status());
                 }
             }
             self.flush_node().await;
+            if let Some(reason) = self.fatal.take() {
+                bail!(reason);
+            }
         }
+        self.release_addresses().await;
         tracing::info!("stopping: removing devices");
         Ok(())
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.node.handle_timeout(now);
+        self.overlay.handle_timeout(now);
+        let endpoints = self.endpoints();
+        for m in &mut self.members {
+            m.handle_timeout(now, &mut self.overlay, &self.identity, &endpoints);
+        }
+        for (i, m) in self.members.iter_mut().enumerate() {
+            let before = m.unresolved_drops;
+            m.expire_pending(now);
+            let lost = m.unresolved_drops - before;
+            for _ in 0..lost {
+                self.ports[i].switch.count_drop(SwitchDrop::NoRoute);
+            }
+        }
+    }
+
+    /// Where members reach this agent's tunnels: its listen address, or (listening on all
+    /// addresses) every address the overlay listens on, with the tunnel port.
+    fn endpoints(&self) -> Vec<SocketAddr> {
+        if !self.listen.ip().is_unspecified() {
+            return vec![self.listen];
+        }
+        self.overlay
+            .listen_ips()
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, self.listen.port()))
+            .collect()
+    }
+
+    fn handle_overlay(&mut self, event: OverlayEvent) {
+        let now = Instant::now();
+        match event {
+            OverlayEvent::Joined => {
+                for m in &mut self.members {
+                    m.start(now);
+                }
+                self.handle_timeout(now);
+            }
+            OverlayEvent::Claimed { op, result, .. } => {
+                for i in 0..self.members.len() {
+                    match self.members[i].claimed(op, &result, now) {
+                        None | Some(ClaimOutcome::Nothing) => {}
+                        Some(ClaimOutcome::Won(address)) => self.set_address(i, address, now),
+                        Some(ClaimOutcome::Conflict(reason)) => self.fatal = Some(reason),
+                    }
+                }
+                // An `auto` claim that lost tries the next address at once.
+                self.handle_timeout(now);
+            }
+            OverlayEvent::Got { op, envelopes, .. } => {
+                let me = self.node.peer_id();
+                for i in 0..self.members.len() {
+                    let Some(found) = self.members[i].got(op, &envelopes, me, now) else {
+                        continue;
+                    };
+                    let Some(r) = found else {
+                        continue;
+                    };
+                    let Some(&endpoint) = r.endpoints.first() else {
+                        continue;
+                    };
+                    tracing::debug!(namespace = %self.members[i].name, target = %r.target,
+                        member = ?r.member, %endpoint, "resolved");
+                    if let Err(reason) =
+                        self.node
+                            .add_member(now, NamespaceId(i), r.member, endpoint)
+                    {
+                        tracing::debug!(reason = reason.as_str(), "cannot open a tunnel");
+                    }
+                }
+            }
+            OverlayEvent::NewPeer => {
+                for m in &mut self.members {
+                    m.renew_soon(now);
+                }
+            }
+            OverlayEvent::Listening { .. } | OverlayEvent::Released { .. } => {}
+        }
+    }
+
+    /// Gives this member's address to the device, the switch and the tunnels.
+    fn set_address(&mut self, i: usize, address: std::net::Ipv4Addr, now: Instant) {
+        let port = &mut self.ports[i];
+        if port.switch.config().address != address {
+            let prefix = port.switch.config().subnet.prefix_len();
+            if let Err(e) = self.taps[i]
+                .get_ref()
+                .set_network_address(address, prefix, None)
+            {
+                tracing::error!(device = %port.device, error = %e, "cannot set the address");
+            }
+            port.switch.set_address(address);
+        }
+        self.node.set_addresses(now, NamespaceId(i), vec![address]);
+    }
+
+    /// On the way out: give our addresses back so others can take them now, not after
+    /// the lease (waits at most a few seconds for the replicas).
+    async fn release_addresses(&mut self) {
+        let mut waiting = 0;
+        for m in &self.members {
+            if let Some(a) = m.owned {
+                self.overlay.release(m.keys.address_key(a));
+                waiting += 1;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+        let mut tick = tokio::time::interval(TICK);
+        while waiting > 0 {
+            tokio::select! {
+                event = self.overlay.next_event() => {
+                    if let OverlayEvent::Released { .. } = event {
+                        waiting -= 1;
+                    }
+                }
+                _ = tick.tick() => self.overlay.handle_timeout(Instant::now()),
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
     }
 
     /// Datagrams from the underlay: decrypt, check, switch, write to the TAP.
@@ -365,7 +521,31 @@ impl Agent {
                         port.tap_errors += 1;
                     }
                 }
+                Action::Resolve { target } => {
+                    self.members[i].hold(Instant::now(), target, &self.rx[..n], &mut self.overlay);
+                }
                 Action::Drop(_) => {}
+            }
+        }
+        self.underlay.flush().await;
+    }
+
+    /// Frames that waited for a member's addresses go through the switch again.
+    async fn replay(&mut self, i: usize, frames: Vec<Vec<u8>>) {
+        for frame in frames {
+            let port = &mut self.ports[i];
+            match port.switch.handle_tap_frame(&frame, &mut self.reply) {
+                Action::ToPeer { peer, packet } => {
+                    if let Some(t) = self.node.send(peer, &frame[packet], &mut self.tx) {
+                        self.underlay.push(t.to, &self.tx[t.range]).await;
+                    }
+                }
+                Action::ToTap { len } => {
+                    if self.taps[i].get_ref().send(&self.reply[..len]).is_err() {
+                        port.tap_errors += 1;
+                    }
+                }
+                Action::Resolve { .. } | Action::Drop(_) => {}
             }
         }
         self.underlay.flush().await;
@@ -379,6 +559,16 @@ impl Agent {
         self.underlay.flush().await;
         while let Some(event) = self.node.poll_event() {
             match event {
+                Event::PeerUnreachable {
+                    ns,
+                    peer,
+                    addresses,
+                } => {
+                    if let Some(port) = self.ports.get_mut(ns.0) {
+                        port.switch.remove_peer(peer);
+                        self.members[ns.0].forget(&addresses);
+                    }
+                }
                 Event::PeerAddresses {
                     ns,
                     peer,
@@ -386,6 +576,10 @@ impl Agent {
                 } => {
                     if let Some(port) = self.ports.get_mut(ns.0) {
                         port.switch.set_peer_addresses(peer, &addresses);
+                        let frames = self.members[ns.0].take_pending(&addresses);
+                        if !frames.is_empty() {
+                            self.replay(ns.0, frames).await;
+                        }
                     }
                 }
             }
@@ -396,7 +590,8 @@ impl Agent {
         let mut namespaces: Vec<NamespaceStatus> = self
             .ports
             .iter()
-            .map(|p| {
+            .zip(&self.members)
+            .map(|(p, m)| {
                 let c = p.switch.counters();
                 let cfg = p.switch.config();
                 NamespaceStatus {
@@ -405,8 +600,15 @@ impl Agent {
                         Mode::Interface => "interface".into(),
                     },
                     device: p.device.clone(),
-                    address: cfg.address.to_string(),
+                    address: if cfg.address.is_unspecified() {
+                        String::new()
+                    } else {
+                        cfg.address.to_string()
+                    },
+                    address_claimed: m.owned.is_some(),
                     subnet: cfg.subnet.to_string(),
+                    lookups: m.lookups,
+                    unresolved_drops: m.unresolved_drops,
                     to_peers: c.to_peer,
                     to_device: c.to_tap,
                     arp_replies: c.arp_replies,
@@ -447,6 +649,20 @@ impl Agent {
                 .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
                 .chain([("send_error".to_string(), self.underlay.send_errors)])
                 .collect(),
+            overlay: OverlayStatus {
+                peer_id: self.overlay.local_id().to_string(),
+                listen: self
+                    .overlay
+                    .listen_addrs()
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect(),
+                joined: self.overlay.is_joined(),
+                connected: self.overlay.connected(),
+                stored_records: self.overlay.stored_records(),
+                rejected_requests: self.overlay.store_stats().rejected,
+                bad_envelopes: self.overlay.stats().bad_envelopes,
+            },
             namespaces,
         }
     }

@@ -49,6 +49,10 @@ pub const RESTART_AFTER_SILENCE: Duration = Duration::from_secs(2);
 /// WireGuard persistent keepalive, seconds: keeps NAT mappings open and proves liveness.
 pub const KEEPALIVE_SECS: u16 = 25;
 
+/// A member we sent packets to and heard nothing from for this long is gone. A live one
+/// answers data within WireGuard's keepalive timeout (10 s) even when it has nothing to say.
+pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(15);
+
 /// Most tunnels one node holds (receiver indices carry 24 bits of tunnel slot).
 pub const MAX_PEERS: usize = 4096;
 
@@ -211,6 +215,17 @@ pub enum Event {
         /// Its addresses.
         addresses: Vec<Ipv4Addr>,
     },
+    /// We kept sending to `peer` and heard nothing back for [`UNREACHABLE_AFTER`]: it is
+    /// gone (crashed, or moved), and its tunnel has been removed. Its addresses should be
+    /// resolved again.
+    PeerUnreachable {
+        /// The namespace.
+        ns: NamespaceId,
+        /// The member (its handle is free for reuse after this event).
+        peer: PeerHandle,
+        /// The addresses it had announced.
+        addresses: Vec<Ipv4Addr>,
+    },
 }
 
 /// A datagram encrypted in place by [`Node::send`].
@@ -261,6 +276,8 @@ struct Peer {
     last_forced: Option<Instant>,
     next_announce: Instant,
     last_heard: Instant,
+    /// `stats.tx_packets` at the previous timeout, to tell whether we are sending.
+    tx_seen: u64,
     stats: PeerStats,
 }
 
@@ -328,6 +345,58 @@ impl Node {
             next_hello: now,
             peer: None,
         });
+    }
+
+    /// Opens a tunnel to member `id` of `ns`, found at `endpoint` (through the DHT): a hello
+    /// tells the member to open its side, and the initiator of the pair starts the handshake.
+    /// A member we already have a tunnel with keeps it.
+    pub fn add_member(
+        &mut self,
+        now: Instant,
+        ns: NamespaceId,
+        id: PeerId,
+        endpoint: SocketAddr,
+    ) -> Result<PeerHandle, DropReason> {
+        if id == self.peer_id() {
+            return Err(DropReason::BadIdentity);
+        }
+        if let Some(&handle) = self.by_id.get(&(ns, id)) {
+            return Ok(handle);
+        }
+        let handle = self.open_tunnel(now, ns, id, endpoint)?;
+        // The member has no tunnel with us yet and accepts handshakes only on one: the
+        // hello makes it open one (and, if it is the initiator, start the handshake).
+        let hello = Hello::emit(&self.namespaces[ns.0].keys, &self.peer_id(), false);
+        self.queue_transmit(endpoint, hello.to_vec());
+        if self.peer_mut(handle).is_some_and(|p| p.initiator) {
+            self.announce(now, handle);
+        }
+        Ok(handle)
+    }
+
+    /// Replaces the addresses this node owns in `ns` and announces them to its members.
+    pub fn set_addresses(&mut self, now: Instant, ns: NamespaceId, addresses: Vec<Ipv4Addr>) {
+        let Some(namespace) = self.namespaces.get_mut(ns.0) else {
+            return;
+        };
+        if namespace.addresses == addresses {
+            return;
+        }
+        namespace.addresses = addresses;
+        let handles: Vec<PeerHandle> = self
+            .by_id
+            .iter()
+            .filter(|((n, _), _)| *n == ns)
+            .map(|(_, h)| *h)
+            .collect();
+        for handle in handles {
+            if self
+                .peer_mut(handle)
+                .is_some_and(|p| p.initiator || p.tunn.stats().0.is_some())
+            {
+                self.announce(now, handle);
+            }
+        }
     }
 
     /// Datagrams dropped before reaching a tunnel, by reason.
@@ -662,6 +731,7 @@ impl Node {
                     HELLO_INTERVAL
                 },
             last_heard: now,
+            tx_seen: 0,
             stats: PeerStats::default(),
         });
         self.by_id.insert((ns, id), handle);
@@ -786,6 +856,28 @@ impl Node {
     /// Runs timers: WireGuard's (handshake retries, rekeying, keepalives), hellos to
     /// configured endpoints, periodic announcements.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let gone: Vec<PeerHandle> = self
+            .peers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let p = p.as_mut()?;
+                let sending = p.stats.tx_packets > p.tx_seen;
+                p.tx_seen = p.stats.tx_packets;
+                (sending && now.saturating_duration_since(p.last_heard) >= UNREACHABLE_AFTER)
+                    .then_some(PeerHandle(i as u32))
+            })
+            .collect();
+        for handle in gone {
+            if let Some(peer) = self.remove_peer(handle) {
+                tracing::info!(peer = ?peer.id, "member unreachable: tunnel removed");
+                self.events.push_back(Event::PeerUnreachable {
+                    ns: peer.ns,
+                    peer: handle,
+                    addresses: peer.addresses,
+                });
+            }
+        }
         let mut buf = std::mem::take(&mut self.scratch);
         for slot in 0..self.peers.len() {
             let Some(peer) = self.peers[slot].as_mut() else {
@@ -853,6 +945,18 @@ impl Node {
             .iter()
             .flatten()
             .any(|p| p.ns == sp.ns && p.endpoint == sp.endpoint && live(p))
+    }
+
+    fn remove_peer(&mut self, handle: PeerHandle) -> Option<Peer> {
+        let peer = self.peers.get_mut(handle.0 as usize)?.take()?;
+        self.by_id.remove(&(peer.ns, peer.id));
+        self.by_x25519.retain(|_, h| *h != handle);
+        for sp in &mut self.static_peers {
+            if sp.peer == Some(handle) {
+                sp.peer = None;
+            }
+        }
+        Some(peer)
     }
 
     fn namespace_by_tag(&self, tag: &[u8; TAG_LEN]) -> Option<NamespaceId> {

@@ -27,7 +27,7 @@ use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{identify, kad, noise, tcp, yamux, Multiaddr, StreamProtocol, Swarm};
+use libp2p::{identify, kad, noise, tcp, yamux, StreamProtocol, Swarm};
 
 use crate::lease::{self, Claim, Outcome};
 use crate::records::{
@@ -35,7 +35,7 @@ use crate::records::{
 };
 use crate::Identity;
 
-pub use libp2p::PeerId as NetworkId;
+pub use libp2p::{Multiaddr, PeerId as NetworkId};
 
 /// Replicas per key: a claim needs a strict majority of them.
 pub const REPLICAS: usize = 5;
@@ -108,6 +108,9 @@ pub enum OverlayEvent {
         /// Valid envelopes, most agreed first.
         envelopes: Vec<Envelope>,
     },
+    /// A new peer entered the routing table: it may now be one of the replicas of keys we
+    /// hold, so leases should be renewed soon (Kademlia republishes for the same reason).
+    NewPeer,
     /// A release reached every replica that answered in time.
     Released {
         /// The release.
@@ -491,6 +494,9 @@ impl Overlay {
             kad::Event::InboundRequest {
                 request: kad::InboundRequest::PutRecord { .. },
             } => self.stats.refused_puts += 1,
+            kad::Event::RoutingUpdated {
+                is_new_peer: true, ..
+            } => self.events.push_back(OverlayEvent::NewPeer),
             _ => {}
         }
     }

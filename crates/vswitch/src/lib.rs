@@ -65,6 +65,13 @@ pub enum Action<P> {
         /// Length of the frame.
         len: usize,
     },
+    /// No member is known to own `target`, a namespace address: the frame (an ARP request
+    /// or an IPv4 packet) should wait while the overlay resolves it, and go through the
+    /// switch again once a member announces the address.
+    Resolve {
+        /// The address to resolve.
+        target: Ipv4Addr,
+    },
     /// Drop it, counted under the reason.
     Drop(DropReason),
 }
@@ -132,6 +139,8 @@ pub struct Counters {
     pub to_tap: u64,
     /// Proxy ARP replies written to the TAP.
     pub arp_replies: u64,
+    /// Frames held for resolution of an unknown namespace address.
+    pub resolves: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -198,9 +207,28 @@ impl<P: Copy + Eq> Switch<P> {
         match &action {
             Action::ToPeer { .. } => self.counters.to_peer += 1,
             Action::ToTap { .. } => self.counters.arp_replies += 1,
+            Action::Resolve { .. } => self.counters.resolves += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
         }
         action
+    }
+
+    /// Counts a drop decided outside the switch (a frame whose resolution failed).
+    pub fn count_drop(&mut self, reason: DropReason) {
+        self.counters.drops[reason.index()] += 1;
+    }
+
+    /// Changes the host's own address (an address won after start, or moved).
+    pub fn set_address(&mut self, address: Ipv4Addr) {
+        self.routes.remove(&address);
+        self.config.address = address;
+    }
+
+    /// Routes `addr` to `peer` (in addition to what it announced).
+    pub fn add_route(&mut self, addr: Ipv4Addr, peer: P) {
+        if self.config.subnet.contains(&addr) && addr != self.config.address {
+            self.routes.insert(addr, peer);
+        }
     }
 
     fn classify_tap_frame(&self, frame: &[u8], reply: &mut [u8]) -> Action<P> {
@@ -225,7 +253,10 @@ impl<P: Copy + Eq> Switch<P> {
                         peer,
                         packet: ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len(),
                     },
-                    None => Action::Drop(DropReason::NoRoute),
+                    None if dst == self.config.address || dst == self.config.subnet.network() => {
+                        Action::Drop(DropReason::NoRoute)
+                    }
+                    None => Action::Resolve { target: dst },
                 }
             }
             _ => Action::Drop(DropReason::UnsupportedProtocol),
@@ -247,7 +278,10 @@ impl<P: Copy + Eq> Switch<P> {
             return Action::Drop(DropReason::ArpIgnored);
         }
         if !self.routes.contains_key(&target) {
-            return Action::Drop(DropReason::ArpUnknownTarget);
+            if target == self.config.subnet.network() || target == self.subnet_broadcast() {
+                return Action::Drop(DropReason::ArpIgnored);
+            }
+            return Action::Resolve { target };
         }
         if reply.len() < MIN_REPLY_BUF {
             return Action::Drop(DropReason::Malformed);
@@ -270,7 +304,7 @@ impl<P: Copy + Eq> Switch<P> {
         match &action {
             Action::ToTap { .. } => self.counters.to_tap += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
-            Action::ToPeer { .. } => {}
+            Action::ToPeer { .. } | Action::Resolve { .. } => {}
         }
         action
     }
@@ -369,7 +403,12 @@ mod tests {
         let mut reply = [0u8; 64];
         // (c) no member owns it
         let unknown = sw.handle_tap_frame(&arp_request([10, 201, 0, 9]), &mut reply);
-        assert_eq!(unknown, Action::Drop(DropReason::ArpUnknownTarget));
+        assert_eq!(
+            unknown,
+            Action::Resolve {
+                target: Ipv4Addr::new(10, 201, 0, 9)
+            }
+        );
         // (b) our own address (the kernel's duplicate-address probe)
         let own = sw.handle_tap_frame(&arp_request([10, 201, 0, 1]), &mut reply);
         assert_eq!(own, Action::Drop(DropReason::ArpIgnored));
@@ -377,7 +416,7 @@ mod tests {
         let outside = sw.handle_tap_frame(&arp_request([192, 168, 1, 1]), &mut reply);
         assert_eq!(outside, Action::Drop(DropReason::ArpIgnored));
         assert_eq!(sw.counters().drops(DropReason::ArpIgnored), 2);
-        assert_eq!(sw.counters().drops(DropReason::ArpUnknownTarget), 1);
+        assert_eq!(sw.counters().resolves, 1);
     }
 
     #[test]
@@ -394,7 +433,9 @@ mod tests {
         );
         assert_eq!(
             sw.handle_tap_frame(&icmp_frame([10, 201, 0, 3]), &mut [0u8; 64]),
-            Action::Drop(DropReason::NoRoute)
+            Action::Resolve {
+                target: Ipv4Addr::new(10, 201, 0, 3)
+            }
         );
         assert_eq!(
             sw.handle_tap_frame(&icmp_frame([10, 201, 255, 255]), &mut [0u8; 64]),

@@ -1,0 +1,373 @@
+//! One namespace's side of the DHT: claiming and renewing this member's address, and
+//! resolving other members' addresses (with the frames that wait for them).
+//!
+//! The agent's loop calls these with the overlay's events; nothing here does I/O except
+//! remembering the last address won in the state directory.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo};
+use hyphae_overlay::swarm::{unix_now, ClaimResult, OpId, Overlay};
+use hyphae_overlay::{Identity, NamespaceKeys, PeerId};
+use ipnet::Ipv4Net;
+
+use crate::config::{Address, Namespace};
+
+/// Frames held per unresolved address; beyond, new ones are dropped.
+pub const MAX_PENDING_FRAMES: usize = 16;
+
+/// Unresolved addresses tracked at once per namespace.
+pub const MAX_PENDING_TARGETS: usize = 256;
+
+/// How long frames wait for a resolution (and for the member's tunnel) before being dropped.
+pub const PENDING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// After a lookup finds no owner, the address is not looked up again for this long.
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(2);
+
+/// A resolved address is looked up again after this long if still in use.
+pub const RESOLVED_TTL: Duration = Duration::from_secs(60);
+
+/// Retry delay after a claim that no replica answered.
+const CLAIM_RETRY: Duration = Duration::from_secs(2);
+
+/// Candidates an `auto` claim tries before pausing.
+const MAX_AUTO_TRIES: usize = 64;
+
+/// Frames waiting for an address to resolve.
+pub struct Pending {
+    /// The frames, oldest first.
+    pub frames: Vec<Vec<u8>>,
+    /// When the first one arrived.
+    pub since: Instant,
+}
+
+/// What a decided claim means for the agent.
+pub enum ClaimOutcome {
+    /// Nothing to do (a renewal, or a retry was scheduled).
+    Nothing,
+    /// This member now owns `address`: configure it.
+    Won(Ipv4Addr),
+    /// A static address is another member's: the agent cannot start.
+    Conflict(String),
+}
+
+/// A member that owns an address, as read from the DHT.
+pub struct Resolved {
+    /// The address.
+    pub target: Ipv4Addr,
+    /// Its owner.
+    pub member: PeerId,
+    /// Where to reach it.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+/// One namespace's DHT state.
+pub struct Membership {
+    /// Namespace name.
+    pub name: String,
+    /// Its keys.
+    pub keys: NamespaceKeys,
+    subnet: Ipv4Net,
+    wanted: Address,
+    lease: Duration,
+    /// The address this member holds a lease on.
+    pub owned: Option<Ipv4Addr>,
+    claiming: Option<(OpId, Ipv4Addr)>,
+    /// The first claim of a static address decides whether the agent can run.
+    confirmed: bool,
+    tried: HashSet<Ipv4Addr>,
+    next_claim: Option<Instant>,
+    state_file: PathBuf,
+    /// Frames waiting, by the address they need.
+    pub pending: HashMap<Ipv4Addr, Pending>,
+    resolving: HashMap<OpId, Ipv4Addr>,
+    looked_up: HashMap<Ipv4Addr, Instant>,
+    negative: HashMap<Ipv4Addr, Instant>,
+    /// Frames dropped because their address did not resolve in time.
+    pub unresolved_drops: u64,
+    /// Lookups started.
+    pub lookups: u64,
+}
+
+impl Membership {
+    /// The DHT state of `ns`; `state_dir` keeps the last address won.
+    pub fn new(ns: &Namespace, state_dir: &std::path::Path) -> Self {
+        Self {
+            name: ns.name.clone(),
+            keys: NamespaceKeys::derive(&ns.name, &ns.secret),
+            subnet: ns.subnet,
+            wanted: ns.address,
+            lease: ns.lease,
+            owned: None,
+            claiming: None,
+            confirmed: false,
+            tried: HashSet::new(),
+            next_claim: None,
+            state_file: state_dir.join(format!("{}.address", ns.name)),
+            pending: HashMap::new(),
+            resolving: HashMap::new(),
+            looked_up: HashMap::new(),
+            negative: HashMap::new(),
+            unresolved_drops: 0,
+            lookups: 0,
+        }
+    }
+
+    /// Starts the first claim (once the overlay has joined).
+    pub fn start(&mut self, now: Instant) {
+        if self.claiming.is_none() && self.next_claim.is_none() {
+            self.next_claim = Some(now);
+        }
+    }
+
+    /// Renews soon: a new peer may be a replica of our address's key and must learn the
+    /// lease before someone else asks it.
+    pub fn renew_soon(&mut self, now: Instant) {
+        if self.owned.is_some() {
+            let soon = now + Duration::from_millis(300);
+            self.next_claim = Some(self.next_claim.map_or(soon, |t| t.min(soon)));
+        }
+    }
+
+    /// Claims or renews when due.
+    pub fn handle_timeout(
+        &mut self,
+        now: Instant,
+        overlay: &mut Overlay,
+        identity: &Identity,
+        endpoints: &[SocketAddr],
+    ) {
+        if self.claiming.is_some() || !self.next_claim.is_some_and(|t| now >= t) {
+            return;
+        }
+        let Some(candidate) = self.owned.or_else(|| self.candidate()) else {
+            tracing::warn!(namespace = %self.name, "no free address found; retrying in 10 s");
+            self.tried.clear();
+            self.next_claim = Some(now + Duration::from_secs(10));
+            return;
+        };
+        let key = self.keys.address_key(candidate);
+        let info = MemberInfo {
+            endpoints: endpoints.to_vec(),
+        };
+        let expires = unix_now() + self.lease.as_secs();
+        match Envelope::seal(&self.keys, identity, &key, expires, &encode(&info)) {
+            Ok(envelope) => {
+                let op = overlay.claim(key, envelope);
+                self.claiming = Some((op, candidate));
+                self.next_claim = None;
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %self.name, error = %e, "cannot seal the claim");
+                self.next_claim = Some(now + CLAIM_RETRY);
+            }
+        }
+        self.expire_pending(now);
+    }
+
+    fn candidate(&mut self) -> Option<Ipv4Addr> {
+        if let Address::Static(a) = self.wanted {
+            return Some(a);
+        }
+        if self.tried.len() >= MAX_AUTO_TRIES {
+            return None;
+        }
+        let previous = std::fs::read_to_string(&self.state_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<Ipv4Addr>().ok())
+            .filter(|a| self.usable(*a) && !self.tried.contains(a));
+        if previous.is_some() {
+            return previous;
+        }
+        let hosts = (1u64 << (32 - self.subnet.prefix_len())).saturating_sub(2);
+        let base = u32::from(self.subnet.network());
+        for _ in 0..1000 {
+            let mut r = [0u8; 8];
+            getrandom::getrandom(&mut r).ok()?;
+            let index = 1 + u64::from_le_bytes(r) % hosts.max(1);
+            let a = Ipv4Addr::from(base + index as u32);
+            if self.usable(a) && !self.tried.contains(&a) {
+                return Some(a);
+            }
+        }
+        None
+    }
+
+    fn usable(&self, a: Ipv4Addr) -> bool {
+        self.subnet.contains(&a) && a != self.subnet.network() && a != self.subnet.broadcast()
+    }
+
+    /// A claim was decided; `None` if it was not this namespace's.
+    pub fn claimed(
+        &mut self,
+        op: OpId,
+        result: &ClaimResult,
+        now: Instant,
+    ) -> Option<ClaimOutcome> {
+        let (mine, address) = self.claiming?;
+        if mine != op {
+            return None;
+        }
+        self.claiming = None;
+        Some(match result {
+            ClaimResult::Won => {
+                self.next_claim = Some(now + self.lease / 3);
+                self.confirmed = true;
+                if self.owned == Some(address) {
+                    return Some(ClaimOutcome::Nothing);
+                }
+                self.owned = Some(address);
+                let _ = std::fs::write(&self.state_file, format!("{address}\n"));
+                tracing::info!(namespace = %self.name, %address, "address claimed");
+                ClaimOutcome::Won(address)
+            }
+            ClaimResult::Lost(Some(holder)) => {
+                let holder = PeerId::from_bytes(*holder)
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|_| "an unknown member".into());
+                match self.wanted {
+                    Address::Static(a) if !self.confirmed => {
+                        return Some(ClaimOutcome::Conflict(format!(
+                            "namespace '{}': address {a} is owned by member {holder}; choose another address or use address = \"auto\"",
+                            self.name
+                        )));
+                    }
+                    Address::Static(a) => {
+                        tracing::error!(namespace = %self.name, address = %a, %holder,
+                            "another member took our address; retrying");
+                        self.next_claim = Some(now + CLAIM_RETRY);
+                    }
+                    Address::Auto => {
+                        tracing::debug!(namespace = %self.name, %address, %holder, "address taken");
+                        if self.owned == Some(address) {
+                            tracing::error!(namespace = %self.name, %address, %holder,
+                                "lost our address to another member; claiming a new one");
+                            self.owned = None;
+                        }
+                        self.tried.insert(address);
+                        self.next_claim = Some(now);
+                    }
+                }
+                ClaimOutcome::Nothing
+            }
+            ClaimResult::Lost(None) => {
+                tracing::debug!(namespace = %self.name, %address, "claim unanswered; retrying");
+                self.next_claim = Some(now + CLAIM_RETRY);
+                ClaimOutcome::Nothing
+            }
+        })
+    }
+
+    /// Holds `frame` until `target` resolves; starts the lookup if none is running.
+    /// Returns false (and counts a drop) when it cannot wait.
+    pub fn hold(
+        &mut self,
+        now: Instant,
+        target: Ipv4Addr,
+        frame: &[u8],
+        overlay: &mut Overlay,
+    ) -> bool {
+        if self.negative.get(&target).is_some_and(|&t| now < t) {
+            self.unresolved_drops += 1;
+            return false;
+        }
+        if !self.pending.contains_key(&target) && self.pending.len() >= MAX_PENDING_TARGETS {
+            self.unresolved_drops += 1;
+            return false;
+        }
+        let pending = self.pending.entry(target).or_insert_with(|| Pending {
+            frames: Vec::new(),
+            since: now,
+        });
+        if pending.frames.len() >= MAX_PENDING_FRAMES {
+            self.unresolved_drops += 1;
+            return false;
+        }
+        pending.frames.push(frame.to_vec());
+        let recent = self
+            .looked_up
+            .get(&target)
+            .is_some_and(|&t| now.saturating_duration_since(t) < RESOLVED_TTL);
+        if !self.resolving.values().any(|t| *t == target) && !recent {
+            self.lookups += 1;
+            let op = overlay.get(self.keys.address_key(target));
+            self.resolving.insert(op, target);
+        }
+        true
+    }
+
+    /// A read finished; `None` if it was not this namespace's. Returns the owner found.
+    pub fn got(
+        &mut self,
+        op: OpId,
+        envelopes: &[Envelope],
+        me: PeerId,
+        now: Instant,
+    ) -> Option<Option<Resolved>> {
+        let target = self.resolving.remove(&op)?;
+        let key = self.keys.address_key(target);
+        let found = envelopes.iter().find_map(|e| {
+            let (owner, plain) = e.open(&self.keys, &key, unix_now()).ok()?;
+            let info: MemberInfo = decode(&plain).ok()?;
+            let member = PeerId::from_bytes(owner).ok()?;
+            Some(Resolved {
+                target,
+                member,
+                endpoints: info.endpoints,
+            })
+        });
+        match &found {
+            Some(r) if r.member != me && !r.endpoints.is_empty() => {
+                self.looked_up.insert(target, now);
+            }
+            _ => {
+                tracing::debug!(namespace = %self.name, %target, "no member owns this address");
+                self.negative.insert(target, now + NEGATIVE_TTL);
+                if let Some(p) = self.pending.remove(&target) {
+                    self.unresolved_drops += p.frames.len() as u64;
+                }
+                return Some(None);
+            }
+        }
+        Some(found)
+    }
+
+    /// Frames whose wait is over.
+    pub fn expire_pending(&mut self, now: Instant) {
+        let mut dropped = 0;
+        self.pending.retain(|_, p| {
+            let keep = now.saturating_duration_since(p.since) < PENDING_TIMEOUT;
+            if !keep {
+                dropped += p.frames.len() as u64;
+            }
+            keep
+        });
+        self.unresolved_drops += dropped;
+        self.negative.retain(|_, t| now < *t);
+        self.looked_up
+            .retain(|_, t| now.saturating_duration_since(*t) < RESOLVED_TTL);
+    }
+
+    /// `addresses` lost their member: look them up afresh on the next packet.
+    pub fn forget(&mut self, addresses: &[Ipv4Addr]) {
+        for a in addresses {
+            self.looked_up.remove(a);
+        }
+    }
+
+    /// Forget that `addresses` were looked up (a member announced them: its tunnel is the
+    /// route now), and hand back the frames that waited for them.
+    pub fn take_pending(&mut self, addresses: &[Ipv4Addr]) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        for a in addresses {
+            if let Some(p) = self.pending.remove(a) {
+                frames.extend(p.frames);
+            }
+        }
+        frames
+    }
+}

@@ -1,0 +1,225 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! End-to-end tests of the overlay: agents that know only a bootstrap address join the
+//! namespace, win unique `auto` addresses in the DHT, find each other by virtual address,
+//! survive the loss of the bootstrap host, and give a crashed member's address to someone
+//! else only after its lease.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hyphae_agent::control::Status;
+use hyphae_agent::testbed::{AgentHandle, Host, Testbed};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
+const SUBNET: &str = "10.202.0.0/24";
+const LEASE_SECS: u64 = 8;
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "end-to-end tests need root (scripts/test and CI run as root)"
+    );
+}
+
+fn underlay(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 200, 0, i)
+}
+
+/// A config that joins through `bootstrap` (none: start the overlay).
+fn config(host: &Host, secret: &Path, address: &str, bootstrap: Option<Ipv4Addr>) -> String {
+    let mut c = format!(
+        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
+         [[namespace]]\nname = \"lab\"\nsecret_file = \"{secret}\"\nsubnet = \"{SUBNET}\"\n\
+         address = \"{address}\"\nlease_secs = {LEASE_SECS}\n",
+        dir = host.dir.display(),
+        ip = host.underlay,
+        secret = secret.display(),
+    );
+    if let Some(b) = bootstrap {
+        // A plain host:port: no peer id needed.
+        c += &format!("bootstrap = [\"{b}:7400\"]\n");
+    }
+    c
+}
+
+struct Member {
+    host: Host,
+    agent: AgentHandle,
+}
+
+fn status(bed: &Testbed, m: &Member) -> Status {
+    bed.status(&m.host, &m.agent).expect("status")
+}
+
+/// Waits until the member holds an address; returns it.
+fn claimed_address(bed: &Testbed, m: &Member) -> Ipv4Addr {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(bed, m);
+        let ns = &s.namespaces[0];
+        if ns.address_claimed {
+            return ns.address.parse().expect("address");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} has no address after 30 s: {s:?}",
+            m.host.name
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn secret(dir: &Path) -> PathBuf {
+    let path = dir.join("lab.secret");
+    std::fs::write(&path, "the overlay test namespace secret\n").unwrap();
+    path
+}
+
+#[test]
+fn six_members_join_through_one_bootstrap_and_survive_its_loss() {
+    require_root();
+    let mut bed = Testbed::new("dht", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let mut members = Vec::new();
+    for i in 1..=6u8 {
+        let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
+        let boot = (i > 1).then(|| underlay(1));
+        let agent = bed
+            .start_agent(&host, &config(&host, &secret, "auto", boot))
+            .unwrap();
+        members.push(Member { host, agent });
+    }
+    let addresses: Vec<Ipv4Addr> = members.iter().map(|m| claimed_address(&bed, m)).collect();
+    let unique: HashSet<_> = addresses.iter().collect();
+    assert_eq!(unique.len(), 6, "addresses not unique: {addresses:?}");
+
+    // Full mesh: every first packet goes through a DHT lookup and a new tunnel.
+    for (i, from) in members.iter().enumerate() {
+        for (j, &to) in addresses.iter().enumerate() {
+            if i != j {
+                bed.wait_for_ping(&from.host, to, Duration::from_secs(10))
+                    .unwrap_or_else(|e| panic!("{e}; status: {:?}", status(&bed, from)));
+            }
+        }
+    }
+    let s = status(&bed, &members[1]);
+    assert!(s.namespaces[0].lookups >= 1, "{s:?}");
+    assert!(s.overlay.connected >= 2, "{s:?}");
+
+    // The bootstrap host dies; the others keep talking, and a newcomer joins through any
+    // remaining member and reaches everyone.
+    let boot = members.remove(0);
+    bed.signal(boot.agent.pid, libc::SIGKILL).unwrap();
+    for (i, from) in members.iter().enumerate() {
+        let to = addresses[1 + (i + 1) % members.len()];
+        bed.wait_for_ping(&from.host, to, Duration::from_secs(10))
+            .unwrap();
+    }
+    let host = bed.add_host("h7", underlay(7)).unwrap();
+    let agent = bed
+        .start_agent(&host, &config(&host, &secret, "auto", Some(underlay(4))))
+        .unwrap();
+    let newcomer = Member { host, agent };
+    let new_address = claimed_address(&bed, &newcomer);
+    assert!(!addresses.contains(&new_address), "{new_address} reused");
+    for (i, m) in members.iter().enumerate() {
+        bed.wait_for_ping(&newcomer.host, addresses[i + 1], Duration::from_secs(10))
+            .unwrap();
+        bed.wait_for_ping(&m.host, new_address, Duration::from_secs(10))
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_crashed_members_address_is_free_only_after_its_lease() {
+    require_root();
+    let mut bed = Testbed::new("lease", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = bed.add_host("h1", underlay(1)).unwrap();
+    let a1 = bed
+        .start_agent(&h1, &config(&h1, &secret, "10.202.0.10", None))
+        .unwrap();
+    let first = Member {
+        host: h1,
+        agent: a1,
+    };
+    let h2 = bed.add_host("h2", underlay(2)).unwrap();
+    let a2 = bed
+        .start_agent(&h2, &config(&h2, &secret, "auto", Some(underlay(1))))
+        .unwrap();
+    let second = Member {
+        host: h2,
+        agent: a2,
+    };
+    let taken = Ipv4Addr::new(10, 202, 0, 10);
+    assert_eq!(claimed_address(&bed, &first), taken);
+    claimed_address(&bed, &second);
+    bed.wait_for_ping(&second.host, taken, Duration::from_secs(10))
+        .unwrap();
+    // h1 renews as soon as h2 appears, so h2 is a replica of h1's lease too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&bed, &second).overlay.stored_records < 2 {
+        assert!(Instant::now() < deadline, "h2 never became a replica");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // h1 crashes (no release). A third member asking for its address is refused with the
+    // owner's name while the lease runs...
+    bed.signal(first.agent.pid, libc::SIGKILL).unwrap();
+    let crashed_at = Instant::now();
+    let owner = status(&bed, &second).namespaces[0].peers[0]
+        .identity
+        .clone();
+    let h3 = bed.add_host("h3", underlay(3)).unwrap();
+    let cfg = config(&h3, &secret, "10.202.0.10", Some(underlay(2)));
+    let refused = bed.start_agent(&h3, &cfg);
+    let log = match refused {
+        Ok(agent) => {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while bed.is_running(agent.pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert!(
+                !bed.is_running(agent.pid),
+                "h3 took a leased address: {:?}\n{}",
+                bed.status(&h3, &agent),
+                std::fs::read_to_string(&agent.log).unwrap_or_default()
+            );
+            std::fs::read_to_string(&agent.log).unwrap()
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        log.contains("is owned by member") && log.contains(&owner),
+        "refusal should name the owner {owner}: {log}"
+    );
+    assert!(
+        crashed_at.elapsed() < Duration::from_secs(LEASE_SECS),
+        "the refusal came too late to prove anything"
+    );
+
+    // ... and granted once it has lapsed; the survivor then reaches the new owner.
+    std::thread::sleep(Duration::from_secs(LEASE_SECS).saturating_sub(crashed_at.elapsed()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let third = loop {
+        if let Ok(agent) = bed.start_agent(&h3, &cfg) {
+            let m = Member {
+                host: h3.clone(),
+                agent,
+            };
+            std::thread::sleep(Duration::from_secs(2));
+            if bed.is_running(m.agent.pid) {
+                break m;
+            }
+        }
+        assert!(Instant::now() < deadline, "address never freed");
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert_eq!(claimed_address(&bed, &third), taken);
+    bed.wait_for_ping(&second.host, taken, Duration::from_secs(40))
+        .unwrap();
+}
