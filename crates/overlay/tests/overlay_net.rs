@@ -246,3 +246,126 @@ fn records_are_isolated_between_namespaces_and_owners() {
 fn network_id_of(h: &Handle) -> libp2p::PeerId {
     hyphae_overlay::swarm::network_id(&h.owner()).unwrap()
 }
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Issue 3's scale test: 200 real swarms in one process. Every one allocates an address at
+/// once from a pool only 10% larger than the membership; then 20% of the swarms stop and
+/// every survivor's address must still resolve to it.
+/// `cargo test -p hyphae-overlay --test overlay_net scale -- --nocapture` prints the figures.
+#[test]
+#[allow(non_snake_case)]
+fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
+    // HYPHAE_SCALE_N=1000 runs the same test with 1000 members (pool +10%).
+    let n: usize = std::env::var("HYPHAE_SCALE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let (N, POOL) = (n, (n + n / 10) as u32);
+    rt().block_on(async {
+        let started = Instant::now();
+        let mut nodes = vec![spawn(10_000, None).await];
+        let mut join_times = Vec::new();
+        for i in 1..N {
+            let boot = nodes[(i * 7919) % i].addr.clone();
+            let t = Instant::now();
+            nodes.push(spawn(10_000 + i as u64, Some(&boot)).await);
+            join_times.push(t.elapsed());
+        }
+        let build = started.elapsed();
+        let keys = std::sync::Arc::new(NamespaceKeys::derive("scale", b"0123456789abcdef"));
+
+        // Everyone claims at once; a lost claim moves to another random address.
+        let mut tasks = Vec::new();
+        for (i, mut node) in nodes.into_iter().enumerate() {
+            let keys = keys.clone();
+            tasks.push(tokio::spawn(async move {
+                let t = Instant::now();
+                let mut tried = std::collections::HashSet::new();
+                let mut attempts = 0;
+                let mut seed = i as u64 * 2654435761 + 1;
+                let address = loop {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let host = 1 + ((seed >> 33) as u32 % POOL);
+                    if tried.contains(&host) {
+                        continue;
+                    }
+                    tried.insert(host);
+                    attempts += 1;
+                    let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 9, 0, 0)) + host);
+                    let key = keys.address_key(ip);
+                    let e = envelope(&keys, &node.identity, &key, 7400);
+                    node.cmd.send(Cmd::Claim(key, e)).await.unwrap();
+                    if node.claimed().await == ClaimResult::Won {
+                        break ip;
+                    }
+                    assert!(tried.len() < POOL as usize, "node {i} found no address");
+                };
+                (node, address, t.elapsed(), attempts)
+            }));
+        }
+        let mut nodes = Vec::new();
+        let mut latencies = Vec::new();
+        let mut attempts = Vec::new();
+        let mut addresses = Vec::new();
+        for t in tasks {
+            let (node, address, latency, n) = t.await.unwrap();
+            nodes.push(node);
+            addresses.push(address);
+            latencies.push(latency);
+            attempts.push(n);
+        }
+        let unique: std::collections::HashSet<_> = addresses.iter().collect();
+        assert_eq!(unique.len(), N, "an address was won twice");
+
+        // A fifth of the members stop; every survivor's address still resolves to it.
+        let dead: Vec<usize> = (0..N).filter(|i| i % 5 == 2).collect();
+        for &i in &dead {
+            nodes[i].cmd.send(Cmd::Stop).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let survivors: Vec<usize> = (0..N).filter(|i| i % 5 != 2).collect();
+        let mut lookups = Vec::new();
+        for (k, &owner) in survivors.iter().enumerate() {
+            let reader = survivors[(k * 31 + 7) % survivors.len()];
+            let key = keys.address_key(addresses[owner]);
+            let t = Instant::now();
+            nodes[reader].cmd.send(Cmd::Get(key)).await.unwrap();
+            let got = nodes[reader].got().await;
+            lookups.push(t.elapsed());
+            let opened = got
+                .iter()
+                .find_map(|e| e.open(&keys, &key, unix_now()).ok())
+                .unwrap_or_else(|| panic!("address of member {owner} does not resolve"));
+            assert_eq!(opened.0, nodes[owner].owner());
+        }
+        latencies.sort();
+        lookups.sort();
+        join_times.sort();
+        attempts.sort();
+        println!(
+            "scale: {N} members, pool {POOL}: all unique; built in {build:.2?} \
+             (join p50 {:.2?} p99 {:.2?}); allocation p50 {:.2?} p99 {:.2?} max {:.2?}, \
+             attempts p50 {} max {}; after 20% stopped: {} of {} addresses resolve, \
+             lookup p50 {:.2?} p99 {:.2?}",
+            percentile(&join_times, 0.5),
+            percentile(&join_times, 0.99),
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            latencies[N - 1],
+            attempts[N / 2],
+            attempts[N - 1],
+            lookups.len(),
+            survivors.len(),
+            percentile(&lookups, 0.5),
+            percentile(&lookups, 0.99),
+        );
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}
