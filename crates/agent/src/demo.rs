@@ -1,6 +1,8 @@
 //! `hyphae demo`: three hosts in network namespaces on one underlay bridge, each running
-//! `hyphae up` in interface mode; every pair pings over the virtual addresses, one agent's
-//! status is shown, and everything is removed again.
+//! `hyphae up` in interface mode. The first starts the overlay; the others know only its
+//! `host:port` and get `auto` addresses from the DHT. Every pair pings over the virtual
+//! addresses (each first packet is a DHT lookup), one agent's status is shown, and
+//! everything is removed again.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -8,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
 
-use crate::testbed::{agent_config, Testbed};
+use crate::testbed::{join_config, Testbed};
 
 /// Runs the demo, printing what it does.
 pub fn demo() -> Result<()> {
@@ -28,7 +30,6 @@ pub fn demo() -> Result<()> {
 
     let names = ["alpha", "beta", "gamma"];
     let underlay: Vec<Ipv4Addr> = (1..=3).map(|i| Ipv4Addr::new(10, 200, 0, i)).collect();
-    let vips: Vec<Ipv4Addr> = (1..=3).map(|i| Ipv4Addr::new(10, 201, 0, i)).collect();
     println!(
         "== building 3 hosts on an underlay bridge (network namespaces {}*)",
         bed.switch_ns().trim_end_matches("-sw")
@@ -38,19 +39,34 @@ pub fn demo() -> Result<()> {
         hosts.push(bed.add_host(name, underlay[i])?);
     }
     let mut agents = Vec::new();
+    let mut vips = Vec::new();
     for (i, host) in hosts.iter().enumerate() {
-        let peers: Vec<Ipv4Addr> = underlay
-            .iter()
-            .copied()
-            .filter(|&u| u != underlay[i])
-            .collect();
-        let config = agent_config(host, "demo", &secret_file, "10.201.0.0/16", vips[i], &peers);
+        // alpha starts the overlay; the others join through alpha's host:port.
+        let bootstrap = (i > 0).then_some(underlay[0]);
+        let config = join_config(
+            host,
+            "demo",
+            &secret_file,
+            "10.201.0.0/16",
+            "auto",
+            bootstrap,
+            60,
+        );
         let agent = bed.start_agent(host, &config)?;
+        let vip = bed.claimed_address(host, &agent)?;
         println!(
-            "   {:<6} underlay {}  ->  hyphae up (pid {}), TAP hyphae0 = {}/16",
-            host.name, host.underlay, agent.pid, vips[i]
+            "   {:<6} underlay {}  ->  hyphae up (pid {}){}, address auto -> {}/16",
+            host.name,
+            host.underlay,
+            agent.pid,
+            match bootstrap {
+                Some(b) => format!(", bootstrap {b}:7400"),
+                None => ", starts the overlay".into(),
+            },
+            vip
         );
         agents.push(agent);
+        vips.push(vip);
     }
 
     println!("== every host pings every other over the overlay");

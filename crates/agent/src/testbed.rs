@@ -318,3 +318,49 @@ pub fn agent_config(
     }
     c
 }
+
+/// A `hyphae.toml` that joins namespace `name` through the overlay: `address` is `auto` or
+/// a static address, `bootstrap` the underlay address of any member (none: this agent
+/// starts the overlay), `lease_secs` the address lease time.
+pub fn join_config(
+    host: &Host,
+    namespace: &str,
+    secret_file: &Path,
+    subnet: &str,
+    address: &str,
+    bootstrap: Option<Ipv4Addr>,
+    lease_secs: u64,
+) -> String {
+    let mut c = format!(
+        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
+         [[namespace]]\nname = \"{namespace}\"\nsecret_file = \"{secret}\"\nsubnet = \"{subnet}\"\n\
+         address = \"{address}\"\nlease_secs = {lease_secs}\n",
+        dir = host.dir.display(),
+        ip = host.underlay,
+        secret = secret_file.display(),
+    );
+    if let Some(b) = bootstrap {
+        // A plain host:port: no peer id needed.
+        c += &format!("bootstrap = [\"{b}:7400\"]\n");
+    }
+    c
+}
+
+impl Testbed {
+    /// Waits (up to 30 s) until the agent holds its address in the DHT; returns it.
+    pub fn claimed_address(&self, host: &Host, agent: &AgentHandle) -> Result<Ipv4Addr> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = self.status(host, agent)?;
+            if let Some(ns) = status.namespaces.first() {
+                if ns.address_claimed {
+                    return Ok(ns.address.parse()?);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("{} holds no address after 30 s", host.name);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyphae_agent::control::Status;
-use hyphae_agent::testbed::{AgentHandle, Host, Testbed};
+use hyphae_agent::testbed::{join_config, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.202.0.0/24";
@@ -29,21 +29,8 @@ fn underlay(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, 0, i)
 }
 
-/// A config that joins through `bootstrap` (none: start the overlay).
 fn config(host: &Host, secret: &Path, address: &str, bootstrap: Option<Ipv4Addr>) -> String {
-    let mut c = format!(
-        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
-         [[namespace]]\nname = \"lab\"\nsecret_file = \"{secret}\"\nsubnet = \"{SUBNET}\"\n\
-         address = \"{address}\"\nlease_secs = {LEASE_SECS}\n",
-        dir = host.dir.display(),
-        ip = host.underlay,
-        secret = secret.display(),
-    );
-    if let Some(b) = bootstrap {
-        // A plain host:port: no peer id needed.
-        c += &format!("bootstrap = [\"{b}:7400\"]\n");
-    }
-    c
+    join_config(host, "lab", secret, SUBNET, address, bootstrap, LEASE_SECS)
 }
 
 struct Member {
@@ -55,22 +42,9 @@ fn status(bed: &Testbed, m: &Member) -> Status {
     bed.status(&m.host, &m.agent).expect("status")
 }
 
-/// Waits until the member holds an address; returns it.
 fn claimed_address(bed: &Testbed, m: &Member) -> Ipv4Addr {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = status(bed, m);
-        let ns = &s.namespaces[0];
-        if ns.address_claimed {
-            return ns.address.parse().expect("address");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} has no address after 30 s: {s:?}",
-            m.host.name
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    bed.claimed_address(&m.host, &m.agent)
+        .unwrap_or_else(|e| panic!("{e}: {:?}", bed.status(&m.host, &m.agent)))
 }
 
 fn secret(dir: &Path) -> PathBuf {
