@@ -447,6 +447,40 @@ endpoint = "10.200.0.3"
             c.agent.control_socket,
             PathBuf::from("/run/hyphae/hyphae.sock")
         );
+        assert_eq!(ns.address, Address::Static(Ipv4Addr::new(10, 201, 0, 1)));
+        assert!(ns.bootstrap.is_empty());
+        assert_eq!(ns.lease, Duration::from_secs(DEFAULT_LEASE_SECS));
+    }
+
+    #[test]
+    fn auto_address_and_bootstrap_addresses() {
+        let s = Some("0123456789abcdef");
+        let toml = GOOD.replace(
+            "address = \"10.201.0.1\"",
+            "bootstrap = [\"10.200.0.9:7500\", \"10.200.0.8\", \"/ip4/10.200.0.7/tcp/7400\"]\nlease_secs = 30",
+        );
+        let c = load(&toml, s).unwrap();
+        let ns = &c.namespaces[0];
+        assert_eq!(ns.address, Address::Auto);
+        assert_eq!(ns.lease, Duration::from_secs(30));
+        let b: Vec<String> = ns.bootstrap.iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            b,
+            [
+                "/ip4/10.200.0.9/tcp/7500",
+                "/ip4/10.200.0.8/tcp/7400",
+                "/ip4/10.200.0.7/tcp/7400"
+            ]
+        );
+        let bad = GOOD.replace(
+            "address = \"10.201.0.1\"",
+            "bootstrap = [\"/ip4/nonsense\"]",
+        );
+        assert!(err(&bad, s).contains("bootstrap '/ip4/nonsense' is not a valid multiaddr"));
+        let short = GOOD.replace("address = \"10.201.0.1\"", "lease_secs = 1");
+        assert!(err(&short, s).contains("lease_secs 1 is too short"));
+        let word = GOOD.replace("\"10.201.0.1\"", "\"automatic\"");
+        assert!(err(&word, s).contains("not an IPv4 address or \"auto\""));
     }
 
     #[test]
