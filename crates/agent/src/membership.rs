@@ -133,7 +133,8 @@ impl Membership {
         }
     }
 
-    /// Claims or renews when due.
+    /// Claims or renews when due (the driver expires held frames with
+    /// [`Membership::expire_pending`]).
     pub fn handle_timeout(
         &mut self,
         now: Instant,
@@ -166,7 +167,6 @@ impl Membership {
                 self.next_claim = Some(now + CLAIM_RETRY);
             }
         }
-        self.expire_pending(now);
     }
 
     fn candidate(&mut self) -> Option<Ipv4Addr> {
@@ -320,17 +320,14 @@ impl Membership {
                 endpoints: info.endpoints,
             })
         });
-        match &found {
-            Some(r) if r.member != me && !r.endpoints.is_empty() => {
-                self.looked_up.insert(target, now);
-            }
-            _ => {
-                tracing::debug!(namespace = %self.name, %target, "no member owns this address");
-                self.negative.insert(target, now + NEGATIVE_TTL);
-                if let Some(p) = self.pending.remove(&target) {
-                    self.unresolved_drops += p.frames.len() as u64;
-                }
-                return Some(None);
+        let found = found.filter(|r| r.member != me && !r.endpoints.is_empty());
+        if found.is_some() {
+            self.looked_up.insert(target, now);
+        } else {
+            tracing::debug!(namespace = %self.name, %target, "no member owns this address");
+            self.negative.insert(target, now + NEGATIVE_TTL);
+            if let Some(p) = self.pending.remove(&target) {
+                self.unresolved_drops += p.frames.len() as u64;
             }
         }
         Some(found)

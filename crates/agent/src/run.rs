@@ -335,17 +335,17 @@ impl Agent {
     fn handle_timeout(&mut self, now: Instant) {
         self.node.handle_timeout(now);
         self.overlay.handle_timeout(now);
+        self.run_claims(now);
+        for m in &mut self.members {
+            m.expire_pending(now);
+        }
+    }
+
+    /// Starts the address claims and renewals that are due.
+    fn run_claims(&mut self, now: Instant) {
         let endpoints = self.endpoints();
         for m in &mut self.members {
             m.handle_timeout(now, &mut self.overlay, &self.identity, &endpoints);
-        }
-        for (i, m) in self.members.iter_mut().enumerate() {
-            let before = m.unresolved_drops;
-            m.expire_pending(now);
-            let lost = m.unresolved_drops - before;
-            for _ in 0..lost {
-                self.ports[i].switch.count_drop(SwitchDrop::NoRoute);
-            }
         }
     }
 
@@ -369,7 +369,7 @@ impl Agent {
                 for m in &mut self.members {
                     m.start(now);
                 }
-                self.handle_timeout(now);
+                self.run_claims(now);
             }
             OverlayEvent::Claimed { op, result, .. } => {
                 for i in 0..self.members.len() {
@@ -380,7 +380,7 @@ impl Agent {
                     }
                 }
                 // An `auto` claim that lost tries the next address at once.
-                self.handle_timeout(now);
+                self.run_claims(now);
             }
             OverlayEvent::Got { op, envelopes, .. } => {
                 let me = self.node.peer_id();
@@ -498,10 +498,12 @@ impl Agent {
     /// Frames from a TAP: switch, encrypt, send to the member (or answer ARP). Datagrams
     /// to one member leave in GSO batches.
     async fn drain_tap(&mut self, i: usize) {
+        // The receive buffer leaves `self` for the batch, so frames can be switched by a
+        // method that borrows the rest of the agent.
+        let mut rx = std::mem::take(&mut self.rx);
         for _ in 0..BATCH {
             // try_io clears the readiness only when the device reports WouldBlock.
-            let rx = &mut self.rx;
-            let n = match self.taps[i].try_io(Interest::READABLE, |tap| tap.recv(rx)) {
+            let n = match self.taps[i].try_io(Interest::READABLE, |tap| tap.recv(&mut rx)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => {
@@ -509,44 +511,38 @@ impl Agent {
                     break;
                 }
             };
-            let port = &mut self.ports[i];
-            match port.switch.handle_tap_frame(&self.rx[..n], &mut self.reply) {
-                Action::ToPeer { peer, packet } => {
-                    if let Some(t) = self.node.send(peer, &self.rx[packet], &mut self.tx) {
-                        self.underlay.push(t.to, &self.tx[t.range]).await;
-                    }
-                }
-                Action::ToTap { len } => {
-                    if self.taps[i].get_ref().send(&self.reply[..len]).is_err() {
-                        port.tap_errors += 1;
-                    }
-                }
-                Action::Resolve { target } => {
-                    self.members[i].hold(Instant::now(), target, &self.rx[..n], &mut self.overlay);
-                }
-                Action::Drop(_) => {}
-            }
+            self.switch_frame(i, &rx[..n]).await;
         }
+        self.rx = rx;
         self.underlay.flush().await;
+    }
+
+    /// One frame from TAP `i`: to a member, an ARP reply back to the TAP, or held while
+    /// its destination resolves.
+    async fn switch_frame(&mut self, i: usize, frame: &[u8]) {
+        let port = &mut self.ports[i];
+        match port.switch.handle_tap_frame(frame, &mut self.reply) {
+            Action::ToPeer { peer, packet } => {
+                if let Some(t) = self.node.send(peer, &frame[packet], &mut self.tx) {
+                    self.underlay.push(t.to, &self.tx[t.range]).await;
+                }
+            }
+            Action::ToTap { len } => {
+                if self.taps[i].get_ref().send(&self.reply[..len]).is_err() {
+                    port.tap_errors += 1;
+                }
+            }
+            Action::Resolve { target } => {
+                self.members[i].hold(Instant::now(), target, frame, &mut self.overlay);
+            }
+            Action::Drop(_) => {}
+        }
     }
 
     /// Frames that waited for a member's addresses go through the switch again.
     async fn replay(&mut self, i: usize, frames: Vec<Vec<u8>>) {
         for frame in frames {
-            let port = &mut self.ports[i];
-            match port.switch.handle_tap_frame(&frame, &mut self.reply) {
-                Action::ToPeer { peer, packet } => {
-                    if let Some(t) = self.node.send(peer, &frame[packet], &mut self.tx) {
-                        self.underlay.push(t.to, &self.tx[t.range]).await;
-                    }
-                }
-                Action::ToTap { len } => {
-                    if self.taps[i].get_ref().send(&self.reply[..len]).is_err() {
-                        port.tap_errors += 1;
-                    }
-                }
-                Action::Resolve { .. } | Action::Drop(_) => {}
-            }
+            self.switch_frame(i, &frame).await;
         }
         self.underlay.flush().await;
     }

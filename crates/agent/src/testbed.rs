@@ -296,6 +296,17 @@ impl Drop for Testbed {
     }
 }
 
+/// The `[agent]` section of a testbed host and the start of its `[[namespace]]`.
+fn agent_and_namespace(host: &Host, namespace: &str, secret_file: &Path, subnet: &str) -> String {
+    format!(
+        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
+         [[namespace]]\nname = \"{namespace}\"\nsecret_file = \"{secret}\"\nsubnet = \"{subnet}\"\n",
+        dir = host.dir.display(),
+        ip = host.underlay,
+        secret = secret_file.display(),
+    )
+}
+
 /// A `hyphae.toml` for a host of a testbed: interface mode in namespace `name`.
 pub fn agent_config(
     host: &Host,
@@ -305,14 +316,8 @@ pub fn agent_config(
     address: Ipv4Addr,
     peers: &[Ipv4Addr],
 ) -> String {
-    let mut c = format!(
-        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
-         [[namespace]]\nname = \"{namespace}\"\nsecret_file = \"{secret}\"\nsubnet = \"{subnet}\"\n\
-         mode = \"interface\"\ndevice = \"hyphae0\"\naddress = \"{address}\"\n",
-        dir = host.dir.display(),
-        ip = host.underlay,
-        secret = secret_file.display(),
-    );
+    let mut c = agent_and_namespace(host, namespace, secret_file, subnet);
+    c += &format!("mode = \"interface\"\ndevice = \"hyphae0\"\naddress = \"{address}\"\n");
     for p in peers {
         c += &format!("\n[[namespace.peer]]\nendpoint = \"{p}:7400\"\n");
     }
@@ -331,14 +336,8 @@ pub fn join_config(
     bootstrap: Option<Ipv4Addr>,
     lease_secs: u64,
 ) -> String {
-    let mut c = format!(
-        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
-         [[namespace]]\nname = \"{namespace}\"\nsecret_file = \"{secret}\"\nsubnet = \"{subnet}\"\n\
-         address = \"{address}\"\nlease_secs = {lease_secs}\n",
-        dir = host.dir.display(),
-        ip = host.underlay,
-        secret = secret_file.display(),
-    );
+    let mut c = agent_and_namespace(host, namespace, secret_file, subnet);
+    c += &format!("address = \"{address}\"\nlease_secs = {lease_secs}\n");
     if let Some(b) = bootstrap {
         // A plain host:port: no peer id needed.
         c += &format!("bootstrap = [\"{b}:7400\"]\n");

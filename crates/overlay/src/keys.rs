@@ -27,8 +27,6 @@ pub struct NamespaceKeys {
     pub(crate) record_salt: [u8; 32],
     /// Encrypts the values of the namespace's DHT records (ChaCha20-Poly1305).
     pub(crate) seal_key: [u8; 32],
-    /// Ed25519 seed of the key every member shares to sign the namespace record.
-    pub(crate) settings_seed: [u8; 32],
 }
 
 impl NamespaceKeys {
@@ -56,7 +54,6 @@ impl NamespaceKeys {
             hello_key: prf(b"hello mac"),
             record_salt: prf(b"dht record key"),
             seal_key: prf(b"dht record seal"),
-            settings_seed: prf(b"namespace record signer"),
         }
     }
 

@@ -65,14 +65,9 @@ impl NamespaceKeys {
         self.record_key(b"address", &ip.octets())
     }
 
-    /// The key of the namespace record (its settings).
+    /// The key of the namespace record (its settings; not stored yet).
     pub fn settings_key(&self) -> RecordKey {
         self.record_key(b"settings", &[])
-    }
-
-    /// The key every member holds to sign the namespace record.
-    pub fn settings_signer(&self) -> Identity {
-        Identity::from_seed(self.settings_seed)
     }
 }
 
@@ -220,17 +215,6 @@ pub struct MemberInfo {
     pub endpoints: Vec<SocketAddr>,
 }
 
-/// The namespace record: settings every member follows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Settings {
-    /// The namespace subnet, e.g. `10.201.0.0/16`.
-    pub subnet: String,
-    /// Address lease time, seconds.
-    pub lease_secs: u64,
-    /// Addresses no member may claim (the virtual DNS address, gateways).
-    pub reserved: Vec<Ipv4Addr>,
-}
-
 /// Encodes a record plaintext.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Serializing these plain structs to JSON cannot fail.
@@ -240,13 +224,6 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 /// Decodes a record plaintext.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, RecordError> {
     serde_json::from_slice(bytes).map_err(|_| RecordError::BadContent)
-}
-
-/// Verifies a signature made with [`Identity::sign`].
-pub fn verify_signature(owner: &OwnerKey, message: &[u8], signature: &[u8; 64]) -> bool {
-    VerifyingKey::from_bytes(owner)
-        .and_then(|k| k.verify(message, &Signature::from_bytes(signature)))
-        .is_ok()
 }
 
 /// A request to a replica.

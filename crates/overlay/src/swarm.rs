@@ -369,16 +369,14 @@ impl Overlay {
         self.redial(now);
         let ids: Vec<OpId> = self.ops.keys().copied().collect();
         for id in ids {
-            if let Some(op) = self.ops.get_mut(&id) {
-                match &mut op.stage {
-                    Stage::Claim(claim) => claim.handle_timeout(now),
-                    Stage::Get { deadline, .. } | Stage::Release { deadline, .. } => {
-                        if now >= *deadline {
-                            *deadline = now;
-                        }
-                    }
-                    Stage::Lookup => {}
-                }
+            // Reads and releases end at their deadline in `check_done`; claims keep their
+            // own.
+            if let Some(Op {
+                stage: Stage::Claim(claim),
+                ..
+            }) = self.ops.get_mut(&id)
+            {
+                claim.handle_timeout(now);
             }
             self.check_done(id, now);
         }
@@ -565,7 +563,7 @@ impl Overlay {
             if replica == self.local {
                 let own = owner_key(&self.local);
                 let response = self.store.handle(now, wall_clock(), own, request);
-                self.handle_answer(id, replica, Some(response), now);
+                self.handle_answer(id, replica, Some(response));
             } else {
                 let rid = self
                     .swarm
@@ -601,7 +599,7 @@ impl Overlay {
                     response,
                 } => {
                     if let Some((op, replica)) = self.requests.remove(&request_id) {
-                        self.handle_answer(op, replica, Some(response), now);
+                        self.handle_answer(op, replica, Some(response));
                         self.check_done(op, now);
                     }
                 }
@@ -612,7 +610,7 @@ impl Overlay {
                 self.stats.request_failures += 1;
                 if let Some((op, replica)) = self.requests.remove(&request_id) {
                     tracing::debug!(%replica, %error, "record request failed");
-                    self.handle_answer(op, replica, None, now);
+                    self.handle_answer(op, replica, None);
                     self.check_done(op, now);
                 }
             }
@@ -620,13 +618,7 @@ impl Overlay {
         }
     }
 
-    fn handle_answer(
-        &mut self,
-        id: OpId,
-        replica: NetworkId,
-        response: Option<RecordResponse>,
-        now: Instant,
-    ) {
+    fn handle_answer(&mut self, id: OpId, replica: NetworkId, response: Option<RecordResponse>) {
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
@@ -653,7 +645,6 @@ impl Overlay {
             Stage::Release { answered, .. } => *answered += 1,
             Stage::Lookup => {}
         }
-        let _ = now;
     }
 
     fn check_done(&mut self, id: OpId, now: Instant) {

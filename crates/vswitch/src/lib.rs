@@ -213,11 +213,6 @@ impl<P: Copy + Eq> Switch<P> {
         action
     }
 
-    /// Counts a drop decided outside the switch (a frame whose resolution failed).
-    pub fn count_drop(&mut self, reason: DropReason) {
-        self.counters.drops[reason.index()] += 1;
-    }
-
     /// Changes the host's own address (an address won after start, or moved).
     pub fn set_address(&mut self, address: Ipv4Addr) {
         self.routes.remove(&address);
