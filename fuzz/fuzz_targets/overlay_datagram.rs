@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
-use hyphae_overlay::wire::{Announce, Hello};
+use hyphae_overlay::wire::{parse_relay, Announce, Control, Hello};
 use hyphae_overlay::{Identity, NamespaceKeys, Node};
 use libfuzzer_sys::fuzz_target;
 
@@ -20,4 +20,6 @@ fuzz_target!(|data: &[u8]| {
     let _ = Hello::parse(data);
     let _ = Hello::verify(data, &keys);
     let _ = Announce::parse(data);
+    let _ = Control::parse(data);
+    let _ = parse_relay(data);
 });

@@ -37,6 +37,8 @@ pub struct Status {
     pub drops: BTreeMap<String, u64>,
     /// The libp2p overlay.
     pub overlay: OverlayStatus,
+    /// Traffic this agent relays for members that cannot reach each other directly.
+    pub relay: RelayStatus,
     /// One entry per namespace.
     pub namespaces: Vec<NamespaceStatus>,
 }
@@ -58,6 +60,19 @@ pub struct OverlayStatus {
     pub rejected_requests: u64,
     /// Envelopes from replicas that failed verification.
     pub bad_envelopes: u64,
+}
+
+/// Relaying in [`Status`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RelayStatus {
+    /// Relay sessions carried now.
+    pub sessions: usize,
+    /// Datagrams forwarded.
+    pub packets: u64,
+    /// Bytes forwarded.
+    pub bytes: u64,
+    /// Relay requests refused (session limits).
+    pub refused: u64,
 }
 
 /// One namespace in [`Status`].
@@ -96,8 +111,16 @@ pub struct NamespaceStatus {
 pub struct PeerStatus {
     /// Member identity.
     pub identity: String,
-    /// Current underlay endpoint.
+    /// Current underlay endpoint (of the direct path).
     pub endpoint: String,
+    /// `direct`, or `relayed` when the direct path does not answer.
+    pub path: String,
+    /// Identity of the member relaying the traffic (with `path` = `relayed`).
+    pub relay: Option<String>,
+    /// Addresses of that member, when this agent has a tunnel with it.
+    pub relay_addresses: Vec<String>,
+    /// Round trip of the current path in milliseconds, from the last answered probe.
+    pub rtt_ms: Option<f64>,
     /// Virtual addresses it announced.
     pub addresses: Vec<String>,
     /// Seconds since the last completed handshake; null before the first.
@@ -136,6 +159,70 @@ pub fn request(socket: &Path, req: &Request) -> Result<String> {
     Ok(reply)
 }
 
+/// Renders the members of every namespace as a table, for `hyphae peers`.
+pub fn render_peers(status: &Status) -> String {
+    let mut out = String::new();
+    for ns in &status.namespaces {
+        out += &format!(
+            "namespace {}  (this member: {})\n",
+            ns.name,
+            if ns.address.is_empty() {
+                "no address yet"
+            } else {
+                &ns.address
+            }
+        );
+        if ns.peers.is_empty() {
+            out += "  no members connected\n";
+            continue;
+        }
+        out += &format!(
+            "  {:<18} {:<14} {:<22} {:<28} {:>9}\n",
+            "ADDRESS", "MEMBER", "ENDPOINT", "PATH", "RTT"
+        );
+        for p in &ns.peers {
+            let path = match &p.relay {
+                Some(via) if p.path == "relayed" => format!(
+                    "relayed via {}",
+                    p.relay_addresses
+                        .first()
+                        .cloned()
+                        .unwrap_or_else(|| short(via).to_string())
+                ),
+                _ => p.path.clone(),
+            };
+            out += &format!(
+                "  {:<18} {:<14} {:<22} {:<28} {:>9}\n",
+                if p.addresses.is_empty() {
+                    "-".to_string()
+                } else {
+                    p.addresses.join(",")
+                },
+                short(&p.identity),
+                p.endpoint,
+                path,
+                p.rtt_ms.map_or("-".to_string(), |ms| format!("{ms:.2} ms")),
+            );
+        }
+    }
+    out
+}
+
+/// The members of every namespace as JSON, for `hyphae peers --json`.
+pub fn peers_json(status: &Status) -> serde_json::Value {
+    serde_json::json!({
+        "namespaces": status.namespaces.iter().map(|ns| serde_json::json!({
+            "name": ns.name,
+            "address": ns.address,
+            "peers": ns.peers,
+        })).collect::<Vec<_>>()
+    })
+}
+
+fn short(identity: &str) -> &str {
+    &identity[..identity.len().min(12)]
+}
+
 /// Renders a status for people.
 pub fn render(status: &Status) -> String {
     let mut out = String::new();
@@ -153,6 +240,12 @@ pub fn render(status: &Status) -> String {
             "  (joining)"
         }
     );
+    if status.relay.sessions > 0 || status.relay.packets > 0 {
+        out += &format!(
+            "relaying {} sessions for other members: {} pkts / {} B\n",
+            status.relay.sessions, status.relay.packets, status.relay.bytes
+        );
+    }
     let agent_drops = nonzero(&status.drops);
     if !agent_drops.is_empty() {
         out += &format!("  dropped before any tunnel: {agent_drops}\n");
@@ -179,14 +272,18 @@ pub fn render(status: &Status) -> String {
                 .map_or("no handshake yet".to_string(), |s| {
                     format!("handshake {s:.0}s ago")
                 });
+            let path = match &p.relay {
+                Some(via) if p.path == "relayed" => format!("  relayed via {}", short(via)),
+                _ => String::new(),
+            };
             out += &format!(
-                "  member {}  {}  endpoint {}  {}\n",
+                "  member {}  {}  endpoint {}  {}{path}\n",
                 if p.addresses.is_empty() {
                     "(no address yet)".to_string()
                 } else {
                     p.addresses.join(",")
                 },
-                &p.identity[..p.identity.len().min(12)],
+                short(&p.identity),
                 p.endpoint,
                 hs
             );

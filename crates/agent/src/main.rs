@@ -33,6 +33,17 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// List the members of every namespace: virtual addresses, path (direct or relayed,
+    /// and through whom) and round-trip time.
+    Peers {
+        /// Config file (for the control socket path).
+        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        config: PathBuf,
+        /// Print JSON: `{"namespaces": [{"name", "address", "peers": [...]}]}` with the
+        /// peer objects of `hyphae status --json`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a new random namespace secret (base64 of 32 bytes).
     Secret,
     /// Build 3 hosts in network namespaces, run agents, ping across, clean up (needs root).
@@ -69,6 +80,17 @@ fn execute(cmd: Cmd) -> Result<()> {
             } else {
                 let status: control::Status = serde_json::from_str(&reply)?;
                 print!("{}", control::render(&status));
+            }
+            Ok(())
+        }
+        Cmd::Peers { config, json } => {
+            let socket = config::control_socket(&config)?;
+            let reply = control::request(&socket, &control::Request::Status)?;
+            let status: control::Status = serde_json::from_str(&reply)?;
+            if json {
+                println!("{}", control::peers_json(&status));
+            } else {
+                print!("{}", control::render_peers(&status));
             }
             Ok(())
         }

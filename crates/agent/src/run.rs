@@ -26,11 +26,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 use tun_rs::SyncDevice;
 
-use hyphae_overlay::swarm::{tcp_multiaddr, Overlay, OverlayEvent};
+use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, Overlay, OverlayEvent};
 
 use crate::config::{Address, Config, Mode, Namespace};
 use crate::control::{
-    self, NamespaceStatus, OverlayStatus, PeerStatus, Request, Status, STATUS_VERSION,
+    self, NamespaceStatus, OverlayStatus, PeerStatus, RelayStatus, Request, Status, STATUS_VERSION,
 };
 use crate::membership::{ClaimOutcome, Membership};
 use crate::underlay::Underlay;
@@ -260,6 +260,13 @@ impl Agent {
             members.push(Membership::new(ns, &config.agent.state_dir));
             for &peer in &ns.peers {
                 node.add_static_peer(id, peer, now);
+            }
+            // A bootstrap agent is usually a member too: a tunnel with it gives every
+            // member one it can relay through when two members cannot reach each other.
+            for endpoint in ns.bootstrap.iter().filter_map(tunnel_endpoint) {
+                if endpoint != config.agent.listen && !ns.peers.contains(&endpoint) {
+                    node.add_static_peer(id, endpoint, now);
+                }
             }
             ports.push(Port {
                 name: ns.name.clone(),
@@ -621,9 +628,22 @@ impl Agent {
             let Some(ns) = namespaces.get_mut(p.ns.0) else {
                 continue;
             };
+            let relay_addresses = p
+                .relayed_via
+                .and_then(|via| self.node.peers().find(|r| r.ns == p.ns && r.id == via))
+                .map(|r| r.addresses.iter().map(|a| a.to_string()).collect())
+                .unwrap_or_default();
             ns.peers.push(PeerStatus {
                 identity: p.id.to_string(),
                 endpoint: p.endpoint.to_string(),
+                path: if p.relayed_via.is_some() {
+                    "relayed".into()
+                } else {
+                    "direct".into()
+                },
+                relay: p.relayed_via.map(|id| id.to_string()),
+                relay_addresses,
+                rtt_ms: p.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
                 handshake_age_secs: p.handshake_age.map(|d| d.as_secs_f64()),
                 rx_packets: p.stats.rx_packets,
@@ -658,6 +678,15 @@ impl Agent {
                 stored_records: self.overlay.stored_records(),
                 rejected_requests: self.overlay.store_stats().rejected,
                 bad_envelopes: self.overlay.stats().bad_envelopes,
+            },
+            relay: {
+                let r = self.node.relay_stats();
+                RelayStatus {
+                    sessions: r.sessions,
+                    packets: r.packets,
+                    bytes: r.bytes,
+                    refused: r.refused,
+                }
             },
             namespaces,
         }

@@ -197,3 +197,145 @@ fn a_crashed_members_address_is_free_only_after_its_lease() {
     bed.wait_for_ping(&second.host, taken, Duration::from_secs(40))
         .unwrap();
 }
+
+/// `hyphae peers --json` of an agent: the peers of its only namespace.
+fn peers(bed: &Testbed, m: &Member) -> Vec<serde_json::Value> {
+    let out = bed
+        .ns(
+            &m.host.ns,
+            BIN,
+            &[
+                "peers",
+                "--json",
+                "-c",
+                &m.agent.config.display().to_string(),
+            ],
+        )
+        .expect("hyphae peers");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("peers JSON");
+    v["namespaces"][0]["peers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The path `m` reports to the member owning `vip`, and the relay's identity if relayed.
+fn path_to(bed: &Testbed, m: &Member, vip: Ipv4Addr) -> Option<(String, Option<String>)> {
+    peers(bed, m).iter().find_map(|p| {
+        let owns = p["addresses"]
+            .as_array()?
+            .iter()
+            .any(|a| a.as_str() == Some(&vip.to_string()));
+        owns.then(|| {
+            (
+                p["path"].as_str().unwrap_or_default().to_string(),
+                p["relay"].as_str().map(str::to_string),
+            )
+        })
+    })
+}
+
+/// Drops every UDP datagram between this host and `other` (both ways), with nftables
+/// inside the host's namespace.
+fn block_udp(bed: &Testbed, host: &Host, other: Ipv4Addr) {
+    let o = other.to_string();
+    let rules = format!(
+        "table inet hyphae_test {{\n chain in {{ type filter hook input priority 0; ip saddr {o} udp dport 0-65535 drop; }}\n chain out {{ type filter hook output priority 0; ip daddr {o} udp dport 0-65535 drop; }}\n}}\n"
+    );
+    let file = host.dir.join("block.nft");
+    std::fs::write(&file, rules).unwrap();
+    bed.ns(&host.ns, "nft", &["-f", &file.display().to_string()])
+        .expect("nft");
+}
+
+fn unblock_udp(bed: &Testbed, host: &Host) {
+    bed.ns(&host.ns, "nft", &["delete", "table", "inet", "hyphae_test"])
+        .expect("nft delete");
+}
+
+/// Two members whose direct UDP is dropped by nftables in both their namespaces reach each
+/// other through the bootstrap member, and `hyphae peers` names the relay; once the rules
+/// are gone the path turns direct again.
+#[test]
+fn blocked_members_are_relayed_then_go_direct() {
+    require_root();
+    let mut bed = Testbed::new("relay", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let mut members = Vec::new();
+    for i in 1..=3u8 {
+        let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
+        let boot = (i > 1).then(|| underlay(1));
+        let agent = bed
+            .start_agent(&host, &config(&host, &secret, "auto", boot))
+            .unwrap();
+        members.push(Member { host, agent });
+    }
+    block_udp(&bed, &members[1].host, underlay(3));
+    block_udp(&bed, &members[2].host, underlay(2));
+    let relay_id = status(&bed, &members[0]).identity;
+    let a2 = claimed_address(&bed, &members[1]);
+    let a3 = claimed_address(&bed, &members[2]);
+
+    bed.wait_for_ping(&members[1].host, a3, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}; h2: {:?}", status(&bed, &members[1])));
+    bed.wait_for_ping(&members[2].host, a2, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(
+        path_to(&bed, &members[1], a3),
+        Some(("relayed".to_string(), Some(relay_id.clone()))),
+        "h2's peers: {:?}",
+        peers(&bed, &members[1])
+    );
+    assert_eq!(
+        path_to(&bed, &members[2], a2),
+        Some(("relayed".to_string(), Some(relay_id))),
+    );
+    let relayed = status(&bed, &members[0]).relay;
+    assert!(relayed.sessions >= 1 && relayed.packets > 0, "{relayed:?}");
+    let text = bed
+        .ns(
+            &members[1].host.ns,
+            BIN,
+            &[
+                "peers",
+                "-c",
+                &members[1].agent.config.display().to_string(),
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(text.contains("relayed via"), "{text}");
+
+    unblock_udp(&bed, &members[1].host);
+    unblock_udp(&bed, &members[2].host);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (p2, p3) = (
+            path_to(&bed, &members[1], a3),
+            path_to(&bed, &members[2], a2),
+        );
+        if p2.as_ref().map(|p| p.0.as_str()) == Some("direct")
+            && p3.as_ref().map(|p| p.0.as_str()) == Some("direct")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never went direct: h2 {p2:?}, h3 {p3:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Traffic now bypasses the relay.
+    let before = status(&bed, &members[0]).relay.packets;
+    bed.ns(
+        &members[1].host.ns,
+        "ping",
+        &["-c", "5", "-i", "0.2", "-W", "2", &a3.to_string()],
+    )
+    .unwrap();
+    let after = status(&bed, &members[0]).relay.packets;
+    assert!(
+        after - before < 5,
+        "pings still relayed: {before} -> {after}"
+    );
+}

@@ -16,7 +16,7 @@ pub use identity::{Identity, PeerId};
 pub use keys::{NamespaceKeys, MIN_SECRET_LEN, TAG_LEN};
 pub use node::{
     DropReason, Event, NamespaceId, Node, PeerDropReason, PeerHandle, PeerInfo, PeerStats,
-    Received, Transmit,
+    Received, RelayStats, Transmit,
 };
 
 /// Errors of identity handling.

@@ -10,6 +10,11 @@
 //! only ever be delivered into the namespace whose key decrypted it. Tunnels are opened only
 //! after a hello authenticated with the namespace key; the member's source addresses are
 //! checked against the addresses it announced over that tunnel.
+//!
+//! When a member does not answer on its direct path (a NAT, a firewall), the node asks
+//! another member that both can reach to relay: the relay forwards the two members'
+//! end-to-end encrypted datagrams verbatim for one session, and both ends keep probing the
+//! direct path (once a second) and return to it as soon as a probe is answered on it.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -22,8 +27,9 @@ use boringtun::noise::{Packet, Tunn, TunnResult};
 
 use crate::keys::{NamespaceKeys, TAG_LEN};
 use crate::wire::{
-    self, emit_init_prefix, Announce, Hello, HelloError, INIT_PREFIX_LEN, KIND_HELLO, KIND_INIT,
-    KIND_WG_COOKIE, KIND_WG_DATA, KIND_WG_INIT, KIND_WG_RESPONSE, WG_DATA_OVERHEAD,
+    self, emit_init_prefix, emit_relay_header, is_control, Announce, Control, Hello, HelloError,
+    INIT_PREFIX_LEN, KIND_HELLO, KIND_INIT, KIND_RELAY, KIND_WG_COOKIE, KIND_WG_DATA, KIND_WG_INIT,
+    KIND_WG_RESPONSE, RELAY_HEADER_LEN, WG_DATA_OVERHEAD,
 };
 use crate::{Identity, PeerId};
 
@@ -56,12 +62,37 @@ pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(15);
 /// Most tunnels one node holds (receiver indices carry 24 bits of tunnel slot).
 pub const MAX_PEERS: usize = 4096;
 
+/// A member that has not answered on its path for this long is reached through a relay.
+pub const RELAY_AFTER: Duration = Duration::from_secs(3);
+
+/// A relay request unanswered for this long goes to the next candidate.
+pub const RELAY_RETRY: Duration = Duration::from_secs(1);
+
+/// While relayed, the direct path is probed this often.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The round trip of each live tunnel's current path is measured this often.
+pub const RTT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A relay session that forwarded nothing for this long is forgotten by the relay.
+pub const RELAY_IDLE: Duration = Duration::from_secs(120);
+
+/// Most relay sessions one node carries for others, in all, and per requesting member.
+pub const MAX_RELAY_SESSIONS: usize = 1024;
+const MAX_RELAY_SESSIONS_PER_MEMBER: usize = 32;
+
+/// Longest interval between hellos to a configured endpoint that never answers.
+const MAX_HELLO_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Probes awaiting an answer, per tunnel.
+const MAX_PROBES: usize = 4;
+
 /// Most control datagrams queued for sending; beyond, the oldest are dropped.
 const MAX_QUEUED_TRANSMITS: usize = 1024;
 
-/// Bytes [`Node::send`] needs in front of the packet's encryption: the wrapped-initiation
-/// prefix, written in place when the tunnel has to handshake first.
-pub const SEND_HEADROOM: usize = INIT_PREFIX_LEN;
+/// Bytes [`Node::send`] needs in front of the packet's encryption: the relay header and the
+/// wrapped-initiation prefix, written in place when needed.
+pub const SEND_HEADROOM: usize = RELAY_HEADER_LEN + INIT_PREFIX_LEN;
 
 /// Scratch buffer for control messages and for packets a tunnel queued before its
 /// handshake: the largest datagram plus headroom.
@@ -94,11 +125,13 @@ pub enum DropReason {
     Handshake,
     /// No room for another tunnel.
     PeerLimit,
+    /// A relayed datagram from an address that is not an end of its session.
+    RelaySource,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::Malformed,
         DropReason::UnknownNamespace,
         DropReason::BadMac,
@@ -107,6 +140,7 @@ impl DropReason {
         DropReason::UnknownSession,
         DropReason::Handshake,
         DropReason::PeerLimit,
+        DropReason::RelaySource,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -120,6 +154,7 @@ impl DropReason {
             DropReason::UnknownSession => "unknown_session",
             DropReason::Handshake => "handshake",
             DropReason::PeerLimit => "peer_limit",
+            DropReason::RelaySource => "relay_source",
         }
     }
 }
@@ -240,6 +275,10 @@ pub struct Transmit {
 /// A read-only view of one tunnel, for status.
 #[derive(Debug)]
 pub struct PeerInfo<'a> {
+    /// The member relaying this tunnel's traffic, when the direct path does not work.
+    pub relayed_via: Option<PeerId>,
+    /// Round trip of the current path, from the last answered probe.
+    pub rtt: Option<Duration>,
     /// The handle.
     pub handle: PeerHandle,
     /// The namespace.
@@ -261,11 +300,76 @@ struct Namespace {
     addresses: Vec<Ipv4Addr>,
 }
 
+/// Where a datagram goes, or came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// The member's own endpoint.
+    Direct(SocketAddr),
+    /// Through a relay at `via`, in `session`.
+    Relay { via: SocketAddr, session: u32 },
+}
+
+impl Route {
+    /// The underlay address the datagram came from or goes to.
+    fn addr(self) -> SocketAddr {
+        match self {
+            Route::Direct(a) | Route::Relay { via: a, .. } => a,
+        }
+    }
+
+    fn source_ip(self) -> std::net::IpAddr {
+        self.addr().ip()
+    }
+}
+
+/// A relay session carrying one member's traffic.
+#[derive(Debug, Clone, Copy)]
+struct Relay {
+    via: PeerHandle,
+    session: u32,
+}
+
+/// A session this node relays between two of its members.
+#[derive(Debug)]
+struct RelaySession {
+    a: PeerHandle,
+    b: PeerHandle,
+    last_used: Instant,
+}
+
+/// Traffic this node relayed for other members.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Sessions carried now.
+    pub sessions: usize,
+    /// Datagrams forwarded.
+    pub packets: u64,
+    /// Bytes forwarded.
+    pub bytes: u64,
+    /// Relay requests refused (session limits).
+    pub refused: u64,
+}
+
 struct Peer {
     ns: NamespaceId,
     id: PeerId,
     tunn: Tunn,
+    /// The direct path (WireGuard roaming: the last address an authenticated packet came
+    /// from directly).
     endpoint: SocketAddr,
+    /// The relay session for this member, once one was offered.
+    relay: Option<Relay>,
+    /// Sending through `relay`: the direct path did not answer.
+    relayed: bool,
+    /// When we first sent this member something it has not answered yet.
+    unanswered_since: Option<Instant>,
+    next_relay_request: Instant,
+    relay_requests: u32,
+    /// Next direct-path probe (while relayed) or round-trip probe.
+    next_probe: Instant,
+    next_rtt_probe: Instant,
+    probes: VecDeque<(u32, Instant)>,
+    rtt: Option<Duration>,
     addresses: Vec<Ipv4Addr>,
     have_their_announce: bool,
     /// We initiate handshakes with this member (see [`Node::is_initiator`]).
@@ -285,6 +389,8 @@ struct StaticPeer {
     ns: NamespaceId,
     endpoint: SocketAddr,
     next_hello: Instant,
+    /// Doubles while the endpoint does not answer, up to [`MAX_HELLO_INTERVAL`].
+    interval: Duration,
     /// The tunnel a hello reply from this endpoint led to.
     peer: Option<PeerHandle>,
 }
@@ -299,6 +405,12 @@ pub struct Node {
     by_id: HashMap<(NamespaceId, PeerId), PeerHandle>,
     by_x25519: HashMap<(NamespaceId, [u8; 32]), PeerHandle>,
     static_peers: Vec<StaticPeer>,
+    /// Sessions we relay for others, by session id.
+    relays: HashMap<u32, RelaySession>,
+    /// Sessions others relay for us, by session id: the member at the other end.
+    relayed: HashMap<u32, PeerHandle>,
+    relay_stats: RelayStats,
+    next_nonce: u32,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<Event>,
     drops: [u64; DropReason::ALL.len()],
@@ -319,6 +431,10 @@ impl Node {
             by_id: HashMap::new(),
             by_x25519: HashMap::new(),
             static_peers: Vec::new(),
+            relays: HashMap::new(),
+            relayed: HashMap::new(),
+            relay_stats: RelayStats::default(),
+            next_nonce: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             drops: [0; DropReason::ALL.len()],
@@ -343,6 +459,7 @@ impl Node {
             ns,
             endpoint,
             next_hello: now,
+            interval: HELLO_INTERVAL,
             peer: None,
         });
     }
@@ -364,6 +481,10 @@ impl Node {
             return Ok(handle);
         }
         let handle = self.open_tunnel(now, ns, id, endpoint)?;
+        // We want this member: if nothing answers on the direct path, a relay is asked.
+        if let Some(p) = self.peer_mut(handle) {
+            p.unanswered_since = Some(now);
+        }
         // The member has no tunnel with us yet and accepts handshakes only on one: the
         // hello makes it open one (and, if it is the initiator, start the handshake).
         let hello = Hello::emit(&self.namespaces[ns.0].keys, &self.peer_id(), false);
@@ -408,7 +529,13 @@ impl Node {
     pub fn peers(&self) -> impl Iterator<Item = PeerInfo<'_>> {
         self.peers.iter().enumerate().filter_map(|(i, p)| {
             let p = p.as_ref()?;
+            let relayed_via = p
+                .relay
+                .filter(|_| p.relayed)
+                .and_then(|r| Some(self.peers.get(r.via.0 as usize)?.as_ref()?.id));
             Some(PeerInfo {
+                relayed_via,
+                rtt: p.rtt,
                 handle: PeerHandle(i as u32),
                 ns: p.ns,
                 id: p.id,
@@ -418,6 +545,14 @@ impl Node {
                 stats: &p.stats,
             })
         })
+    }
+
+    /// Traffic relayed for other members.
+    pub fn relay_stats(&self) -> RelayStats {
+        RelayStats {
+            sessions: self.relays.len(),
+            ..self.relay_stats.clone()
+        }
     }
 
     /// Next datagram to send.
@@ -441,10 +576,11 @@ impl Node {
     ) -> Received {
         let received = match datagram.first() {
             Some(&KIND_WG_DATA) | Some(&KIND_WG_RESPONSE) | Some(&KIND_WG_COOKIE) => {
-                self.handle_wireguard(now, from, datagram, out)
+                self.handle_wireguard(now, Route::Direct(from), datagram, out)
             }
-            Some(&KIND_INIT) => self.handle_init(now, from, datagram),
+            Some(&KIND_INIT) => self.handle_init(now, Route::Direct(from), datagram),
             Some(&KIND_HELLO) => self.handle_hello(now, from, datagram),
+            Some(&KIND_RELAY) => self.handle_relayed(now, from, datagram, out),
             Some(&KIND_WG_INIT) | Some(_) | None => Received::Dropped(DropReason::Malformed),
         };
         match &received {
@@ -459,10 +595,84 @@ impl Node {
         received
     }
 
-    fn handle_wireguard(
+    /// A datagram that came through a relay: forwarded, if this node relays its session;
+    /// handled like a direct one, if it belongs to a tunnel relayed for us.
+    fn handle_relayed(
         &mut self,
         now: Instant,
         from: SocketAddr,
+        datagram: &[u8],
+        out: &mut [u8],
+    ) -> Received {
+        let Some((session, inner)) = wire::parse_relay(datagram) else {
+            return Received::Dropped(DropReason::Malformed);
+        };
+        if let Some(s) = self.relays.get(&session) {
+            let (a, b) = (s.a, s.b);
+            let (Some(ea), Some(eb)) = (
+                self.peers
+                    .get(a.0 as usize)
+                    .and_then(Option::as_ref)
+                    .map(|p| p.endpoint),
+                self.peers
+                    .get(b.0 as usize)
+                    .and_then(Option::as_ref)
+                    .map(|p| p.endpoint),
+            ) else {
+                return Received::Dropped(DropReason::UnknownSession);
+            };
+            // Forward only between the two members' authenticated endpoints: a stranger can
+            // neither use the relay nor redirect a session.
+            let to = if from == ea {
+                eb
+            } else if from == eb {
+                ea
+            } else {
+                return Received::Dropped(DropReason::RelaySource);
+            };
+            if let Some(s) = self.relays.get_mut(&session) {
+                s.last_used = now;
+            }
+            self.relay_stats.packets += 1;
+            self.relay_stats.bytes += inner.len() as u64;
+            self.queue_transmit(to, datagram.to_vec());
+            return Received::Consumed;
+        }
+        let Some(&handle) = self.relayed.get(&session) else {
+            return Received::Dropped(DropReason::UnknownSession);
+        };
+        let via = self
+            .peers
+            .get(handle.0 as usize)
+            .and_then(Option::as_ref)
+            .and_then(|p| p.relay)
+            .and_then(|r| Some(self.peers.get(r.via.0 as usize)?.as_ref()?.endpoint));
+        if via != Some(from) {
+            return Received::Dropped(DropReason::RelaySource);
+        }
+        let route = Route::Relay { via: from, session };
+        match inner.first() {
+            Some(&KIND_WG_DATA) | Some(&KIND_WG_RESPONSE) | Some(&KIND_WG_COOKIE) => {
+                self.handle_wireguard(now, route, inner, out)
+            }
+            Some(&KIND_INIT) => self.handle_init(now, route, inner),
+            _ => Received::Dropped(DropReason::Malformed),
+        }
+    }
+
+    /// Whether a datagram that came by `route` may belong to `handle`: a relayed one only
+    /// to the tunnel its session was offered for.
+    fn route_matches(&self, route: Route, handle: PeerHandle) -> bool {
+        match route {
+            Route::Direct(_) => true,
+            Route::Relay { session, .. } => self.relayed.get(&session) == Some(&handle),
+        }
+    }
+
+    fn handle_wireguard(
+        &mut self,
+        now: Instant,
+        route: Route,
         datagram: &[u8],
         out: &mut [u8],
     ) -> Received {
@@ -470,6 +680,9 @@ impl Node {
             return Received::Dropped(DropReason::Malformed);
         };
         let handle = PeerHandle(index >> 8);
+        if !self.route_matches(route, handle) {
+            return Received::Dropped(DropReason::UnknownSession);
+        }
         let Some(peer) = self.peer_mut(handle) else {
             return Received::Dropped(DropReason::UnknownSession);
         };
@@ -477,7 +690,9 @@ impl Node {
             return Received::PeerDropped(handle, PeerDropReason::TooLarge);
         }
         let kind = datagram[0];
-        let result = peer.tunn.decapsulate(Some(from.ip()), datagram, out);
+        let result = peer
+            .tunn
+            .decapsulate(Some(route.source_ip()), datagram, out);
         // Only what the member's keys produced may refresh its endpoint and liveness: a
         // decrypted packet or keepalive, or a handshake response that completed. A cookie
         // reply, and boringtun's cookie answer to handshakes under load, prove nothing.
@@ -488,7 +703,7 @@ impl Node {
                 // boringtun answers a response that completes our handshake with a keepalive.
                 let completed = kind == KIND_WG_RESPONSE && reply.first() == Some(&KIND_WG_DATA);
                 let reply = reply.to_vec();
-                self.queue_transmit(from, reply);
+                self.queue_routed(route, &reply);
                 // Our handshake completed: send what was waiting for it.
                 let pending = completed
                     && self
@@ -501,9 +716,9 @@ impl Node {
             }
             TunnResult::WriteToTunnelV4(packet, src) => {
                 let len = packet.len();
-                let received = if Announce::is_control(packet) {
-                    let announce = Announce::parse(packet);
-                    self.handle_announce(now, handle, announce)
+                let received = if is_control(packet) {
+                    let control = Control::parse(packet);
+                    self.handle_control(now, handle, route, control)
                 } else if peer.addresses.contains(&src) {
                     peer.stats.rx_packets += 1;
                     peer.stats.rx_bytes += len as u64;
@@ -522,15 +737,23 @@ impl Node {
                 true,
             ),
         };
-        // WireGuard roaming: the member may have moved.
         if authenticated {
-            if let Some(peer) = self.peer_mut(handle) {
-                peer.endpoint = from;
-                peer.last_heard = now;
-            }
+            self.heard(now, handle, route);
         }
         self.flush_tunnel(handle);
         received
+    }
+
+    /// Something the member's keys produced arrived by `route`: it is alive, and a direct
+    /// packet moves its endpoint (WireGuard roaming).
+    fn heard(&mut self, now: Instant, handle: PeerHandle, route: Route) {
+        if let Some(peer) = self.peer_mut(handle) {
+            if let Route::Direct(from) = route {
+                peer.endpoint = from;
+            }
+            peer.last_heard = now;
+            peer.unanswered_since = None;
+        }
     }
 
     fn tunnel_error(&mut self, handle: PeerHandle, e: WireGuardError) -> Received {
@@ -552,7 +775,7 @@ impl Node {
         }
     }
 
-    fn handle_init(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) -> Received {
+    fn handle_init(&mut self, now: Instant, route: Route, datagram: &[u8]) -> Received {
         let Some(ns) = wire::tag(datagram).and_then(|t| self.namespace_by_tag(&t)) else {
             return Received::Dropped(DropReason::UnknownNamespace);
         };
@@ -566,20 +789,26 @@ impl Node {
         let Some(&handle) = self.by_x25519.get(&(ns, half.peer_static_public)) else {
             return Received::Dropped(DropReason::UnknownPeer);
         };
+        if !self.route_matches(route, handle) {
+            return Received::Dropped(DropReason::UnknownSession);
+        }
         let Some(peer) = self.peer_mut(handle) else {
             return Received::Dropped(DropReason::UnknownPeer);
         };
         let mut buf = [0u8; 256];
-        match peer.tunn.decapsulate(Some(from.ip()), inner, &mut buf) {
+        match peer
+            .tunn
+            .decapsulate(Some(route.source_ip()), inner, &mut buf)
+        {
             TunnResult::WriteToNetwork(reply) => {
                 // A response means the initiation verified: it was made with the member's
                 // static key and a fresh timestamp. A cookie (under load) proves nothing.
-                if reply.first() == Some(&KIND_WG_RESPONSE) {
-                    peer.endpoint = from;
-                    peer.last_heard = now;
-                }
+                let verified = reply.first() == Some(&KIND_WG_RESPONSE);
                 let reply = reply.to_vec();
-                self.queue_transmit(from, reply);
+                if verified {
+                    self.heard(now, handle, route);
+                }
+                self.queue_routed(route, &reply);
                 Received::Consumed
             }
             TunnResult::Err(e) => self.tunnel_error(handle, e),
@@ -622,7 +851,7 @@ impl Node {
                         // (it restarted, or lost us): it no longer has our addresses, and if
                         // we are the initiator, a fresh handshake is ours to start.
                         peer.have_their_announce = false;
-                        self.restart_handshake(now, handle, from);
+                        self.restart_handshake(now, handle, Route::Direct(from));
                     }
                 }
                 handle
@@ -641,6 +870,7 @@ impl Node {
             for sp in &mut self.static_peers {
                 if sp.ns == ns && sp.endpoint == from {
                     sp.peer = Some(handle);
+                    sp.interval = HELLO_INTERVAL;
                 }
             }
         }
@@ -653,7 +883,7 @@ impl Node {
     /// Only one side ever initiates a fresh tunnel: boringtun forgets its own initiation
     /// when it answers a crossing one, so two members initiating at once can leave both
     /// waiting as responders.
-    fn restart_handshake(&mut self, now: Instant, handle: PeerHandle, to: SocketAddr) {
+    fn restart_handshake(&mut self, now: Instant, handle: PeerHandle, route: Route) {
         let mut buf = std::mem::take(&mut self.scratch);
         if let Some(peer) = self.peer_mut(handle) {
             let recent = peer
@@ -672,7 +902,7 @@ impl Node {
                     .format_handshake_initiation(&mut buf[SEND_HEADROOM..], true)
                 {
                     let len = d.len();
-                    let t = self.frame_outgoing(ns, to, &mut buf, len);
+                    let t = self.frame_outgoing(ns, route, &mut buf, len);
                     self.queue_transmit(t.to, buf[t.range].to_vec());
                 }
             }
@@ -717,6 +947,15 @@ impl Node {
             id,
             tunn,
             endpoint,
+            relay: None,
+            relayed: false,
+            unanswered_since: None,
+            next_relay_request: now,
+            relay_requests: 0,
+            next_probe: now,
+            next_rtt_probe: now + RTT_INTERVAL,
+            probes: VecDeque::new(),
+            rtt: None,
             addresses: Vec::new(),
             have_their_announce: false,
             initiator,
@@ -739,15 +978,229 @@ impl Node {
         Ok(handle)
     }
 
+    fn handle_control(
+        &mut self,
+        now: Instant,
+        handle: PeerHandle,
+        route: Route,
+        control: Option<Control>,
+    ) -> Received {
+        match control {
+            None => Received::PeerDropped(handle, PeerDropReason::BadPayload),
+            Some(Control::Announce(a)) => self.handle_announce(now, handle, a),
+            Some(Control::Probe { nonce, ack: false }) => {
+                // Answer on the path the probe came by: that is the path it tests.
+                let ack = Control::Probe { nonce, ack: true }.emit();
+                self.send_control(handle, &ack, Some(route));
+                Received::Consumed
+            }
+            Some(Control::Probe { nonce, ack: true }) => {
+                self.handle_probe_ack(now, handle, route, nonce);
+                Received::Consumed
+            }
+            Some(Control::RelayRequest { target, endpoint }) => {
+                self.handle_relay_request(now, handle, target, endpoint)
+            }
+            Some(Control::RelayOffer {
+                peer,
+                endpoint,
+                session,
+            }) => self.handle_relay_offer(now, handle, peer, endpoint, session),
+        }
+    }
+
+    fn handle_probe_ack(&mut self, now: Instant, handle: PeerHandle, route: Route, nonce: u32) {
+        let Some(peer) = self.peer_mut(handle) else {
+            return;
+        };
+        let Some(i) = peer.probes.iter().position(|(n, _)| *n == nonce) else {
+            return;
+        };
+        let Some((_, sent)) = peer.probes.remove(i) else {
+            return;
+        };
+        if let Route::Direct(_) = route {
+            if peer.relayed {
+                tracing::info!(peer = ?peer.id, "direct path answers: leaving the relay");
+                peer.relayed = false;
+            }
+            peer.rtt = Some(now.saturating_duration_since(sent));
+        } else if peer.relayed {
+            peer.rtt = Some(now.saturating_duration_since(sent));
+        }
+    }
+
+    /// A member asks us to relay its traffic to `target`.
+    fn handle_relay_request(
+        &mut self,
+        now: Instant,
+        from: PeerHandle,
+        target: [u8; 32],
+        endpoint: SocketAddr,
+    ) -> Received {
+        let Ok(target) = PeerId::from_bytes(target) else {
+            return Received::PeerDropped(from, PeerDropReason::BadPayload);
+        };
+        let Some(requester) = self.peers.get(from.0 as usize).and_then(Option::as_ref) else {
+            return Received::Consumed;
+        };
+        let (ns, requester_id, requester_endpoint) =
+            (requester.ns, requester.id, requester.endpoint);
+        if target == self.peer_id() || target == requester_id || requester.relayed {
+            return Received::Consumed;
+        }
+        let Some(&to) = self.by_id.get(&(ns, target)) else {
+            // No tunnel with the target yet: open one; the requester asks again.
+            if let Err(reason) = self.add_member(now, ns, target, endpoint) {
+                tracing::debug!(reason = reason.as_str(), "cannot reach a relay target");
+            }
+            return Received::Consumed;
+        };
+        let Some(target_endpoint) = self
+            .peers
+            .get(to.0 as usize)
+            .and_then(Option::as_ref)
+            .filter(|p| p.is_direct_and_live(now))
+            .map(|p| p.endpoint)
+        else {
+            return Received::Consumed;
+        };
+        let existing = self
+            .relays
+            .iter()
+            .find(|(_, s)| (s.a, s.b) == (from, to) || (s.a, s.b) == (to, from))
+            .map(|(id, _)| *id);
+        let session = match existing {
+            Some(session) => session,
+            None => {
+                let per_member = self
+                    .relays
+                    .values()
+                    .filter(|s| s.a == from || s.b == from)
+                    .count();
+                if self.relays.len() >= MAX_RELAY_SESSIONS
+                    || per_member >= MAX_RELAY_SESSIONS_PER_MEMBER
+                {
+                    self.relay_stats.refused += 1;
+                    return Received::Consumed;
+                }
+                let session = self.new_session_id();
+                tracing::info!(a = ?requester_id, b = ?target, session, "relaying");
+                self.relays.insert(
+                    session,
+                    RelaySession {
+                        a: from,
+                        b: to,
+                        last_used: now,
+                    },
+                );
+                session
+            }
+        };
+        // Both ends hear of the session at every request, so a lost offer is made good by
+        // the next request.
+        let offer = Control::RelayOffer {
+            peer: *target.as_bytes(),
+            endpoint: target_endpoint,
+            session,
+        }
+        .emit();
+        self.send_control(from, &offer, None);
+        let offer = Control::RelayOffer {
+            peer: *requester_id.as_bytes(),
+            endpoint: requester_endpoint,
+            session,
+        }
+        .emit();
+        self.send_control(to, &offer, None);
+        Received::Consumed
+    }
+
+    /// A random session id no session of ours uses.
+    fn new_session_id(&mut self) -> u32 {
+        loop {
+            let mut b = [0u8; 4];
+            let id = match getrandom::getrandom(&mut b) {
+                Ok(()) => u32::from_be_bytes(b),
+                Err(_) => {
+                    self.next_nonce = self.next_nonce.wrapping_add(0x9e37_79b9);
+                    self.next_nonce
+                }
+            };
+            if !self.relays.contains_key(&id) && !self.relayed.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Member `from` relays session `session` between us and `peer`.
+    fn handle_relay_offer(
+        &mut self,
+        now: Instant,
+        from: PeerHandle,
+        peer: [u8; 32],
+        endpoint: SocketAddr,
+        session: u32,
+    ) -> Received {
+        let Ok(id) = PeerId::from_bytes(peer) else {
+            return Received::PeerDropped(from, PeerDropReason::BadPayload);
+        };
+        let Some(relay) = self.peers.get(from.0 as usize).and_then(Option::as_ref) else {
+            return Received::Consumed;
+        };
+        let (ns, relay_id) = (relay.ns, relay.id);
+        if id == self.peer_id() || id == relay_id || relay.relayed {
+            return Received::Consumed;
+        }
+        if self.relays.contains_key(&session) {
+            return Received::Consumed;
+        }
+        let handle = match self.by_id.get(&(ns, id)) {
+            Some(&h) => h,
+            // The relay vouches that the member holds the namespace key (it has a tunnel
+            // with it); its handshake proves it to us.
+            None => match self.open_tunnel(now, ns, id, endpoint) {
+                Ok(h) => {
+                    if let Some(p) = self.peer_mut(h) {
+                        p.unanswered_since = Some(now);
+                    }
+                    h
+                }
+                Err(reason) => return Received::Dropped(reason),
+            },
+        };
+        if self.relayed.get(&session).is_some_and(|&h| h != handle) {
+            return Received::Consumed;
+        }
+        let Some(p) = self.peer_mut(handle) else {
+            return Received::Consumed;
+        };
+        let old = p.relay.replace(Relay { via: from, session });
+        let changed = old.map(|r| r.session) != Some(session);
+        if !p.relayed {
+            tracing::info!(peer = ?id, via = ?relay_id, "direct path silent: relaying");
+        }
+        p.relayed = true;
+        p.next_probe = now;
+        let (initiator, has_session) = (p.initiator, p.tunn.stats().0.is_some());
+        if let Some(old) = old.filter(|_| changed) {
+            self.relayed.remove(&old.session);
+        }
+        self.relayed.insert(session, handle);
+        if let Some(route) = self.route(handle) {
+            if initiator && !has_session {
+                self.restart_handshake(now, handle, route);
+            }
+        }
+        Received::Consumed
+    }
+
     fn handle_announce(
         &mut self,
         now: Instant,
         handle: PeerHandle,
-        announce: Option<Announce>,
+        announce: Announce,
     ) -> Received {
-        let Some(announce) = announce else {
-            return Received::PeerDropped(handle, PeerDropReason::BadPayload);
-        };
         let Some(peer) = self.peer_mut(handle) else {
             return Received::Consumed;
         };
@@ -778,14 +1231,35 @@ impl Node {
             addresses: self.namespaces[peer.ns.0].addresses.clone(),
         }
         .emit();
-        let mut buf = std::mem::take(&mut self.scratch);
-        if let Some(t) = self.send(handle, &packet, &mut buf) {
-            self.queue_transmit(t.to, buf[t.range].to_vec());
-        }
-        self.scratch = buf;
+        self.send_control(handle, &packet, None);
         if let Some(peer) = self.peer_mut(handle) {
             peer.next_announce = now + ANNOUNCE_INTERVAL;
         }
+    }
+
+    /// Encrypts a control packet for `handle` and queues it, by `route` or the current one.
+    fn send_control(&mut self, handle: PeerHandle, packet: &[u8], route: Option<Route>) {
+        let mut buf = std::mem::take(&mut self.scratch);
+        if let Some(t) = self.send_via(handle, packet, &mut buf, route) {
+            self.queue_transmit(t.to, buf[t.range].to_vec());
+        }
+        self.scratch = buf;
+    }
+
+    /// Where datagrams for `handle` go now: through its relay while relayed, else direct.
+    fn route(&self, handle: PeerHandle) -> Option<Route> {
+        let peer = self.peers.get(handle.0 as usize)?.as_ref()?;
+        if peer.relayed {
+            if let Some(r) = peer.relay {
+                if let Some(via) = self.peers.get(r.via.0 as usize).and_then(Option::as_ref) {
+                    return Some(Route::Relay {
+                        via: via.endpoint,
+                        session: r.session,
+                    });
+                }
+            }
+        }
+        Some(Route::Direct(peer.endpoint))
     }
 
     /// Encrypts an IPv4 packet for `peer` into `out`, leaving the first [`SEND_HEADROOM`]
@@ -793,42 +1267,71 @@ impl Node {
     /// 160 bytes long. Without a session the packet is queued in the tunnel and a handshake
     /// initiation is returned instead.
     pub fn send(&mut self, handle: PeerHandle, packet: &[u8], out: &mut [u8]) -> Option<Transmit> {
+        self.send_via(handle, packet, out, None)
+    }
+
+    fn send_via(
+        &mut self,
+        handle: PeerHandle,
+        packet: &[u8],
+        out: &mut [u8],
+        route: Option<Route>,
+    ) -> Option<Transmit> {
+        let route = match route {
+            Some(r) => r,
+            None => self.route(handle)?,
+        };
         let peer = self.peers.get_mut(handle.0 as usize)?.as_mut()?;
         let needed = SEND_HEADROOM + (packet.len() + WG_DATA_OVERHEAD).max(wire::WG_INIT_LEN);
         if out.len() < needed {
             peer.stats.drops[PeerDropReason::TooLarge as usize] += 1;
             return None;
         }
-        let (ns, endpoint) = (peer.ns, peer.endpoint);
+        let ns = peer.ns;
         let len = match peer.tunn.encapsulate(packet, &mut out[SEND_HEADROOM..]) {
             TunnResult::WriteToNetwork(d) => d.len(),
             _ => return None,
         };
-        if !Announce::is_control(packet) {
+        if !is_control(packet) {
             peer.stats.tx_packets += 1;
             peer.stats.tx_bytes += packet.len() as u64;
         }
-        Some(self.frame_outgoing(ns, endpoint, out, len))
+        Some(self.frame_outgoing(ns, route, out, len))
     }
 
-    /// Wraps a WireGuard message lying at `out[SEND_HEADROOM..][..len]` for the wire.
+    /// Wraps a WireGuard message lying at `out[SEND_HEADROOM..][..len]` for the wire: the
+    /// namespace prefix of an initiation, the relay header of a relayed route.
     fn frame_outgoing(
         &self,
         ns: NamespaceId,
-        to: SocketAddr,
+        route: Route,
         out: &mut [u8],
         len: usize,
     ) -> Transmit {
+        let mut start = SEND_HEADROOM;
         if out[SEND_HEADROOM] == KIND_WG_INIT {
-            emit_init_prefix(out, &self.namespaces[ns.0].keys);
-            Transmit {
-                to,
-                range: 0..SEND_HEADROOM + len,
-            }
-        } else {
-            Transmit {
-                to,
-                range: SEND_HEADROOM..SEND_HEADROOM + len,
+            start -= INIT_PREFIX_LEN;
+            emit_init_prefix(&mut out[start..], &self.namespaces[ns.0].keys);
+        }
+        if let Route::Relay { session, .. } = route {
+            start -= RELAY_HEADER_LEN;
+            emit_relay_header(&mut out[start..], session);
+        }
+        Transmit {
+            to: route.addr(),
+            range: start..SEND_HEADROOM + len,
+        }
+    }
+
+    /// Queues a datagram built elsewhere (a reply boringtun produced) on `route`.
+    fn queue_routed(&mut self, route: Route, datagram: &[u8]) {
+        match route {
+            Route::Direct(to) => self.queue_transmit(to, datagram.to_vec()),
+            Route::Relay { via, session } => {
+                let mut d = vec![0u8; RELAY_HEADER_LEN + datagram.len()];
+                emit_relay_header(&mut d, session);
+                d[RELAY_HEADER_LEN..].copy_from_slice(datagram);
+                self.queue_transmit(via, d);
             }
         }
     }
@@ -837,58 +1340,41 @@ impl Node {
     /// with an empty datagram until it is done).
     fn flush_tunnel(&mut self, handle: PeerHandle) {
         let mut buf = std::mem::take(&mut self.scratch);
-        while let Some(peer) = self
-            .peers
-            .get_mut(handle.0 as usize)
-            .and_then(Option::as_mut)
-        {
-            let (ns, to) = (peer.ns, peer.endpoint);
+        while let Some(route) = self.route(handle) {
+            let Some(peer) = self.peer_mut(handle) else {
+                break;
+            };
+            let ns = peer.ns;
             let len = match peer.tunn.decapsulate(None, &[], &mut buf[SEND_HEADROOM..]) {
                 TunnResult::WriteToNetwork(d) => d.len(),
                 _ => break,
             };
-            let t = self.frame_outgoing(ns, to, &mut buf, len);
+            let t = self.frame_outgoing(ns, route, &mut buf, len);
             self.queue_transmit(t.to, buf[t.range].to_vec());
         }
         self.scratch = buf;
     }
 
     /// Runs timers: WireGuard's (handshake retries, rekeying, keepalives), hellos to
-    /// configured endpoints, periodic announcements.
+    /// configured endpoints, periodic announcements, relays and path probes.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let gone: Vec<PeerHandle> = self
-            .peers
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let p = p.as_mut()?;
-                let sending = p.stats.tx_packets > p.tx_seen;
-                p.tx_seen = p.stats.tx_packets;
-                (sending && now.saturating_duration_since(p.last_heard) >= UNREACHABLE_AFTER)
-                    .then_some(PeerHandle(i as u32))
-            })
-            .collect();
-        for handle in gone {
-            if let Some(peer) = self.remove_peer(handle) {
-                tracing::info!(peer = ?peer.id, "member unreachable: tunnel removed");
-                self.events.push_back(Event::PeerUnreachable {
-                    ns: peer.ns,
-                    peer: handle,
-                    addresses: peer.addresses,
-                });
-            }
-        }
+        self.expire_silent(now);
+        self.run_relays(now);
         let mut buf = std::mem::take(&mut self.scratch);
         for slot in 0..self.peers.len() {
+            let handle = PeerHandle(slot as u32);
+            let Some(route) = self.route(handle) else {
+                continue;
+            };
             let Some(peer) = self.peers[slot].as_mut() else {
                 continue;
             };
-            let (ns, to) = (peer.ns, peer.endpoint);
+            let ns = peer.ns;
             if let TunnResult::WriteToNetwork(d) =
                 peer.tunn.update_timers(&mut buf[SEND_HEADROOM..])
             {
                 let len = d.len();
-                let t = self.frame_outgoing(ns, to, &mut buf, len);
+                let t = self.frame_outgoing(ns, route, &mut buf, len);
                 self.queue_transmit(t.to, buf[t.range].to_vec());
             }
         }
@@ -927,8 +1413,132 @@ impl Node {
             let (ns, endpoint) = (sp.ns, sp.endpoint);
             let hello = Hello::emit(&self.namespaces[ns.0].keys, &self.peer_id(), false);
             self.queue_transmit(endpoint, hello.to_vec());
-            self.static_peers[i].next_hello = now + HELLO_INTERVAL;
+            let sp = &mut self.static_peers[i];
+            sp.next_hello = now + sp.interval;
+            // An endpoint that never answers (down, or not a member) is asked less often.
+            if sp.peer.is_none() {
+                sp.interval = (sp.interval * 2).min(MAX_HELLO_INTERVAL);
+            }
         }
+    }
+
+    /// Removes the tunnels of members that have not answered for [`UNREACHABLE_AFTER`].
+    fn expire_silent(&mut self, now: Instant) {
+        let gone: Vec<PeerHandle> = self
+            .peers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let p = p.as_mut()?;
+                if p.stats.tx_packets > p.tx_seen && p.unanswered_since.is_none() {
+                    p.unanswered_since = Some(now);
+                }
+                p.tx_seen = p.stats.tx_packets;
+                p.unanswered_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= UNREACHABLE_AFTER)
+                    .then_some(PeerHandle(i as u32))
+            })
+            .collect();
+        for handle in gone {
+            if let Some(peer) = self.remove_peer(handle) {
+                tracing::info!(peer = ?peer.id, "member unreachable: tunnel removed");
+                self.events.push_back(Event::PeerUnreachable {
+                    ns: peer.ns,
+                    peer: handle,
+                    addresses: peer.addresses,
+                });
+            }
+        }
+    }
+
+    /// Relays: members silent on their path get one; relayed members get direct-path
+    /// probes; live tunnels get round-trip probes; idle relay sessions are forgotten.
+    fn run_relays(&mut self, now: Instant) {
+        self.relays
+            .retain(|_, s| now.saturating_duration_since(s.last_used) < RELAY_IDLE);
+        for slot in 0..self.peers.len() {
+            let handle = PeerHandle(slot as u32);
+            let Some(peer) = self.peers[slot].as_mut() else {
+                continue;
+            };
+            let silent = peer
+                .unanswered_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= RELAY_AFTER);
+            if silent {
+                if peer.relay.is_some() && !peer.relayed {
+                    // The direct path stopped answering: back to the relay we had.
+                    tracing::info!(peer = ?peer.id, "direct path silent: relaying");
+                    peer.relayed = true;
+                    peer.unanswered_since = Some(now);
+                    peer.next_probe = now + PROBE_INTERVAL;
+                } else if now >= peer.next_relay_request {
+                    peer.next_relay_request = now + RELAY_RETRY;
+                    peer.relay_requests = peer.relay_requests.wrapping_add(1);
+                    self.request_relay(now, handle);
+                }
+                continue;
+            }
+            let Some(peer) = self.peers[slot].as_mut() else {
+                continue;
+            };
+            if peer.tunn.stats().0.is_none() {
+                continue;
+            }
+            if peer.relayed && now >= peer.next_probe {
+                peer.next_probe = now + PROBE_INTERVAL;
+                let direct = Route::Direct(peer.endpoint);
+                self.probe(now, handle, direct);
+            } else if now >= peer.next_rtt_probe
+                && now.saturating_duration_since(peer.last_heard) < PEER_SILENT_AFTER
+            {
+                peer.next_rtt_probe = now + RTT_INTERVAL;
+                if let Some(route) = self.route(handle) {
+                    self.probe(now, handle, route);
+                }
+            }
+        }
+    }
+
+    /// Asks a member we reach directly to relay our traffic to `handle`; each attempt asks
+    /// the next candidate.
+    fn request_relay(&mut self, now: Instant, handle: PeerHandle) {
+        let Some(peer) = self.peers.get(handle.0 as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        let (ns, attempt) = (peer.ns, peer.relay_requests);
+        let request = Control::RelayRequest {
+            target: *peer.id.as_bytes(),
+            endpoint: peer.endpoint,
+        }
+        .emit();
+        let candidates: Vec<PeerHandle> = self
+            .peers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let p = p.as_ref()?;
+                (i != handle.0 as usize && p.ns == ns && p.is_direct_and_live(now))
+                    .then_some(PeerHandle(i as u32))
+            })
+            .collect();
+        let Some(&via) = candidates.get(attempt as usize % candidates.len().max(1)) else {
+            tracing::debug!(?handle, "member silent and no member to relay through");
+            return;
+        };
+        self.send_control(via, &request, None);
+    }
+
+    fn probe(&mut self, now: Instant, handle: PeerHandle, route: Route) {
+        self.next_nonce = self.next_nonce.wrapping_add(1);
+        let nonce = self.next_nonce;
+        if let Some(peer) = self.peer_mut(handle) {
+            if peer.probes.len() >= MAX_PROBES {
+                peer.probes.pop_front();
+            }
+            peer.probes.push_back((nonce, now));
+        }
+        let packet = Control::Probe { nonce, ack: false }.emit();
+        self.send_control(handle, &packet, Some(route));
     }
 
     /// A configured endpoint needs no hello while the member its hello reply came from (or
@@ -951,6 +1561,18 @@ impl Node {
         let peer = self.peers.get_mut(handle.0 as usize)?.take()?;
         self.by_id.remove(&(peer.ns, peer.id));
         self.by_x25519.retain(|_, h| *h != handle);
+        self.relays.retain(|_, s| s.a != handle && s.b != handle);
+        self.relayed.retain(|_, h| *h != handle);
+        // Members it relayed for us fall back to the direct path (and ask again if it
+        // stays silent).
+        for p in self.peers.iter_mut().flatten() {
+            if p.relay.is_some_and(|r| r.via == handle) {
+                if let Some(r) = p.relay.take() {
+                    self.relayed.remove(&r.session);
+                }
+                p.relayed = false;
+            }
+        }
         for sp in &mut self.static_peers {
             if sp.peer == Some(handle) {
                 sp.peer = None;
@@ -975,6 +1597,15 @@ impl Node {
             self.transmits.pop_front();
         }
         self.transmits.push_back((to, datagram));
+    }
+}
+
+impl Peer {
+    /// Reached directly, with a session, and heard recently: fit to relay through.
+    fn is_direct_and_live(&self, now: Instant) -> bool {
+        !self.relayed
+            && self.tunn.stats().0.is_some()
+            && now.saturating_duration_since(self.last_heard) < PEER_SILENT_AFTER
     }
 }
 

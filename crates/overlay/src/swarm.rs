@@ -761,6 +761,21 @@ pub fn tcp_multiaddr(addr: SocketAddr) -> Multiaddr {
         .with(Protocol::Tcp(addr.port()))
 }
 
+/// The tunnel endpoint of an agent listening at a TCP multiaddr (`/ip4/A/tcp/P...`): hyphae
+/// agents carry tunnels on the same port number over UDP. `None` for other addresses.
+pub fn tunnel_endpoint(addr: &Multiaddr) -> Option<SocketAddr> {
+    let mut it = addr.iter();
+    let ip = match it.next()? {
+        Protocol::Ip4(ip) => IpAddr::V4(ip),
+        Protocol::Ip6(ip) => IpAddr::V6(ip),
+        _ => return None,
+    };
+    match it.next()? {
+        Protocol::Tcp(port) => Some(SocketAddr::new(ip, port)),
+        _ => None,
+    }
+}
+
 /// The Ed25519 key behind a libp2p peer id (hyphae agents use Ed25519 identities, whose
 /// peer ids embed the key).
 pub fn owner_key(id: &NetworkId) -> Option<OwnerKey> {

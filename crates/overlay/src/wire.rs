@@ -7,19 +7,24 @@
 //! | 2, 3, 4 | WireGuard handshake response, cookie reply, transport data | verbatim (the receiver index names the tunnel) |
 //! | `H` (0x48) | hello | `H, version, flags, 0, tag[8], peer id[32], mac[16]` = 60 bytes |
 //! | `I` (0x49) | handshake initiation | `I, version, 0, 0, tag[8]` + WireGuard initiation (148 bytes) |
+//! | `R` (0x52) | relayed | `R, version, 0, 0, session[4]` + one of the above but a hello |
 //!
 //! WireGuard's own initiation (kind 1) names no namespace, so it travels wrapped with the
 //! namespace tag; a bare one is malformed. Hello lets two members that know only each other's
 //! underlay address learn each other's identity key; its MAC is keyed by the namespace
 //! secret, so strangers get nothing back.
 //!
+//! A relayed datagram is end-to-end encrypted between two members; the relay (a third
+//! member that agreed to carry the session, see [`Control::RelayOffer`]) forwards it
+//! verbatim between the two endpoints it knows for the session and reads nothing else.
+//!
 //! Inside a tunnel, members exchange control messages as IPv4 packets from and to 0.0.0.0
 //! with protocol 253 (RFC 3692, experimentation), which no host behind a TAP can send
-//! through a switch. The only one so far is the address announcement.
+//! through a switch: a 4-byte magic, then the message ([`Control`]).
 //!
 //! No-panic contract: every parser checks lengths before reading.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use blake2::digest::consts::U16;
 use blake2::digest::{KeyInit, Mac};
@@ -40,6 +45,10 @@ pub const KIND_WG_RESPONSE: u8 = 2;
 pub const KIND_WG_COOKIE: u8 = 3;
 /// Kind of a WireGuard transport data message.
 pub const KIND_WG_DATA: u8 = 4;
+/// Kind byte of a relayed datagram.
+pub const KIND_RELAY: u8 = b'R';
+/// Bytes in front of a relayed datagram: kind, version, 2 reserved, session.
+pub const RELAY_HEADER_LEN: usize = 8;
 
 /// Wire format version of hello and wrapped initiations.
 pub const VERSION: u8 = 1;
@@ -59,6 +68,12 @@ const FLAG_REPLY: u8 = 1;
 /// Protocol number of in-tunnel control packets (RFC 3692).
 pub const CONTROL_PROTOCOL: u8 = 253;
 const ANNOUNCE_MAGIC: &[u8; 4] = b"HYA1";
+const RELAY_REQUEST_MAGIC: &[u8; 4] = b"HYR1";
+const RELAY_OFFER_MAGIC: &[u8; 4] = b"HYO1";
+const PROBE_MAGIC: &[u8; 4] = b"HYP1";
+const FLAG_ACK: u8 = 1;
+/// Encoded length of an underlay endpoint: family (4 or 6), 16 address bytes, port.
+const ENDPOINT_LEN: usize = 19;
 const FLAG_HAVE_YOURS: u8 = 1;
 /// Most addresses one announcement may carry.
 pub const MAX_ANNOUNCED: usize = 64;
@@ -162,6 +177,166 @@ pub fn emit_init_prefix(buf: &mut [u8], keys: &NamespaceKeys) {
     buf[4..INIT_PREFIX_LEN].copy_from_slice(&keys.tag);
 }
 
+/// Writes a relay header for `session` into `buf[..RELAY_HEADER_LEN]`.
+pub fn emit_relay_header(buf: &mut [u8], session: u32) {
+    buf[0] = KIND_RELAY;
+    buf[1] = VERSION;
+    buf[2] = 0;
+    buf[3] = 0;
+    buf[4..RELAY_HEADER_LEN].copy_from_slice(&session.to_be_bytes());
+}
+
+/// The session of a relayed datagram and the datagram it carries.
+pub fn parse_relay(datagram: &[u8]) -> Option<(u32, &[u8])> {
+    let header = datagram.get(..RELAY_HEADER_LEN)?;
+    if header[0] != KIND_RELAY || header[1] != VERSION {
+        return None;
+    }
+    let session = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+    Some((session, &datagram[RELAY_HEADER_LEN..]))
+}
+
+/// Whether a decrypted packet is a control packet rather than a host's.
+pub fn is_control(packet: &[u8]) -> bool {
+    packet.len() >= 20 && packet[9] == CONTROL_PROTOCOL && packet[12..20] == [0; 8]
+}
+
+/// A control message between two members, inside their tunnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// The sender's addresses.
+    Announce(Announce),
+    /// "Carry my traffic to `target`": sent to a member both ends can reach. `endpoint` is
+    /// where the sender last knew the target, for a relay that has no tunnel with it yet.
+    RelayRequest {
+        /// The member to reach.
+        target: [u8; 32],
+        /// Where it may be.
+        endpoint: SocketAddr,
+    },
+    /// "I carry relay `session` between you and `peer`", sent by the relay to both ends.
+    RelayOffer {
+        /// The member at the other end.
+        peer: [u8; 32],
+        /// Where the relay sees it.
+        endpoint: SocketAddr,
+        /// The session id to put in front of datagrams sent through the relay.
+        session: u32,
+    },
+    /// A path probe (answered with `ack` set, on the path it came by): measures the round
+    /// trip and tells whether the direct path works.
+    Probe {
+        /// Matches an answer to its probe.
+        nonce: u32,
+        /// Set on the answer.
+        ack: bool,
+    },
+}
+
+impl Control {
+    /// Builds the control packet.
+    pub fn emit(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(64);
+        match self {
+            Control::Announce(a) => return a.emit(),
+            Control::RelayRequest { target, endpoint } => {
+                body.extend_from_slice(RELAY_REQUEST_MAGIC);
+                body.extend_from_slice(target);
+                emit_endpoint(&mut body, *endpoint);
+            }
+            Control::RelayOffer {
+                peer,
+                endpoint,
+                session,
+            } => {
+                body.extend_from_slice(RELAY_OFFER_MAGIC);
+                body.extend_from_slice(peer);
+                emit_endpoint(&mut body, *endpoint);
+                body.extend_from_slice(&session.to_be_bytes());
+            }
+            Control::Probe { nonce, ack } => {
+                body.extend_from_slice(PROBE_MAGIC);
+                body.push(if *ack { FLAG_ACK } else { 0 });
+                body.extend_from_slice(&nonce.to_be_bytes());
+            }
+        }
+        control_packet(&body)
+    }
+
+    /// Parses a control packet; `None` if it is not a well-formed control message.
+    pub fn parse(packet: &[u8]) -> Option<Self> {
+        let header_len = usize::from(*packet.first()? & 0x0f) * 4;
+        let body = packet.get(header_len..)?;
+        let (magic, rest) = (body.get(..4)?, body.get(4..)?);
+        match magic {
+            m if m == ANNOUNCE_MAGIC => Announce::parse(packet).map(Control::Announce),
+            m if m == RELAY_REQUEST_MAGIC => Some(Control::RelayRequest {
+                target: array32(rest)?,
+                endpoint: parse_endpoint(rest.get(32..)?)?,
+            }),
+            m if m == RELAY_OFFER_MAGIC => {
+                let session = rest.get(32 + ENDPOINT_LEN..32 + ENDPOINT_LEN + 4)?;
+                Some(Control::RelayOffer {
+                    peer: array32(rest)?,
+                    endpoint: parse_endpoint(rest.get(32..)?)?,
+                    session: u32::from_be_bytes([session[0], session[1], session[2], session[3]]),
+                })
+            }
+            m if m == PROBE_MAGIC => {
+                let b = rest.get(..5)?;
+                Some(Control::Probe {
+                    ack: b[0] & FLAG_ACK != 0,
+                    nonce: u32::from_be_bytes([b[1], b[2], b[3], b[4]]),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An IPv4 packet from and to 0.0.0.0, protocol [`CONTROL_PROTOCOL`], carrying `body`.
+fn control_packet(body: &[u8]) -> Vec<u8> {
+    let total = 20 + body.len();
+    let mut p = Vec::with_capacity(total);
+    p.extend_from_slice(&[0x45, 0]);
+    p.extend_from_slice(&(total as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0, 0, 1, CONTROL_PROTOCOL, 0, 0]);
+    p.extend_from_slice(&[0; 8]); // from and to 0.0.0.0
+    p.extend_from_slice(body);
+    p
+}
+
+fn array32(b: &[u8]) -> Option<[u8; 32]> {
+    b.get(..32)?.try_into().ok()
+}
+
+fn emit_endpoint(out: &mut Vec<u8>, endpoint: SocketAddr) {
+    let mut ip = [0u8; 16];
+    match endpoint.ip() {
+        IpAddr::V4(a) => {
+            out.push(4);
+            ip[..4].copy_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            out.push(6);
+            ip.copy_from_slice(&a.octets());
+        }
+    }
+    out.extend_from_slice(&ip);
+    out.extend_from_slice(&endpoint.port().to_be_bytes());
+}
+
+fn parse_endpoint(b: &[u8]) -> Option<SocketAddr> {
+    let b = b.get(..ENDPOINT_LEN)?;
+    let port = u16::from_be_bytes([b[17], b[18]]);
+    let ip = match b[0] {
+        4 => IpAddr::V4(Ipv4Addr::new(b[1], b[2], b[3], b[4])),
+        6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[1..17]).ok()?)),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
 /// An address announcement: the virtual addresses a member owns in a namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announce {
@@ -175,24 +350,14 @@ impl Announce {
     /// Builds the control packet (an IPv4 packet, see the module doc).
     pub fn emit(&self) -> Vec<u8> {
         let n = self.addresses.len().min(MAX_ANNOUNCED);
-        let total = 20 + 6 + 4 * n;
-        let mut p = Vec::with_capacity(total);
-        p.extend_from_slice(&[0x45, 0]);
-        p.extend_from_slice(&(total as u16).to_be_bytes());
-        p.extend_from_slice(&[0, 0, 0, 0, 1, CONTROL_PROTOCOL, 0, 0]);
-        p.extend_from_slice(&[0; 8]); // from and to 0.0.0.0
-        p.extend_from_slice(ANNOUNCE_MAGIC);
-        p.push(if self.have_yours { FLAG_HAVE_YOURS } else { 0 });
-        p.push(n as u8);
+        let mut body = Vec::with_capacity(6 + 4 * n);
+        body.extend_from_slice(ANNOUNCE_MAGIC);
+        body.push(if self.have_yours { FLAG_HAVE_YOURS } else { 0 });
+        body.push(n as u8);
         for a in &self.addresses[..n] {
-            p.extend_from_slice(&a.octets());
+            body.extend_from_slice(&a.octets());
         }
-        p
-    }
-
-    /// Whether a decrypted packet is a control packet rather than a host's.
-    pub fn is_control(packet: &[u8]) -> bool {
-        packet.len() >= 20 && packet[9] == CONTROL_PROTOCOL && packet[12..20] == [0; 8]
+        control_packet(&body)
     }
 
     /// Parses a control packet; `None` if it is not a well-formed announcement.
@@ -250,10 +415,69 @@ mod tests {
             addresses: vec![Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 7)],
         };
         let p = a.emit();
-        assert!(Announce::is_control(&p));
-        assert_eq!(Announce::parse(&p), Some(a));
+        assert!(is_control(&p));
+        assert_eq!(Announce::parse(&p), Some(a.clone()));
+        assert_eq!(Control::parse(&p), Some(Control::Announce(a)));
         for n in 0..p.len() {
             assert_eq!(Announce::parse(&p[..n]), None);
         }
+    }
+
+    #[test]
+    fn control_round_trip_and_truncation() {
+        let messages = [
+            Control::RelayRequest {
+                target: [7; 32],
+                endpoint: "10.200.0.3:7400".parse().unwrap(),
+            },
+            Control::RelayOffer {
+                peer: [9; 32],
+                endpoint: "[fd00::1]:7401".parse().unwrap(),
+                session: 0xdead_beef,
+            },
+            Control::Probe {
+                nonce: 42,
+                ack: true,
+            },
+            Control::Probe {
+                nonce: 7,
+                ack: false,
+            },
+        ];
+        for m in messages {
+            let p = m.emit();
+            assert!(is_control(&p));
+            assert_eq!(Control::parse(&p), Some(m));
+            for n in 0..p.len() {
+                assert_eq!(Control::parse(&p[..n]), None, "truncated to {n}");
+            }
+        }
+        let mut bad_family = Control::RelayRequest {
+            target: [1; 32],
+            endpoint: "10.0.0.1:1".parse().unwrap(),
+        }
+        .emit();
+        bad_family[20 + 4 + 32] = 5;
+        assert_eq!(Control::parse(&bad_family), None);
+        let mut unknown = Control::Probe {
+            nonce: 1,
+            ack: false,
+        }
+        .emit();
+        unknown[20..24].copy_from_slice(b"HYZ9");
+        assert_eq!(Control::parse(&unknown), None);
+    }
+
+    #[test]
+    fn relay_header_round_trip() {
+        let mut d = vec![0u8; RELAY_HEADER_LEN + 3];
+        emit_relay_header(&mut d, 0x0102_0304);
+        d[RELAY_HEADER_LEN..].copy_from_slice(&[4, 5, 6]);
+        assert_eq!(parse_relay(&d), Some((0x0102_0304, &[4u8, 5, 6][..])));
+        for n in 0..RELAY_HEADER_LEN {
+            assert_eq!(parse_relay(&d[..n]), None);
+        }
+        d[1] = 9;
+        assert_eq!(parse_relay(&d), None);
     }
 }

@@ -38,12 +38,26 @@ impl Host {
 
 /// Moves queued datagrams between hosts until all are quiet.
 fn pump(hosts: &mut [&mut Host], now: Instant) {
+    pump_blocking(hosts, now, &[]);
+}
+
+/// Like [`pump`], but datagrams between the two addresses of a `blocked` pair (either way)
+/// are lost, as behind a firewall.
+fn pump_blocking(hosts: &mut [&mut Host], now: Instant, blocked: &[(SocketAddr, SocketAddr)]) {
+    let cut = |x: SocketAddr, y: SocketAddr| {
+        blocked
+            .iter()
+            .any(|&(p, q)| (p, q) == (x, y) || (q, p) == (x, y))
+    };
     for _ in 0..50 {
         let mut moved = false;
         for i in 0..hosts.len() {
             while let Some((to, datagram)) = hosts[i].node.poll_transmit() {
                 moved = true;
                 let from = hosts[i].addr;
+                if cut(from, to) {
+                    continue;
+                }
                 if let Some(dst) = hosts.iter_mut().find(|h| h.addr == to) {
                     deliver(dst, now, from, &datagram);
                 }
@@ -378,4 +392,122 @@ fn member_listed_by_one_side_recovers_after_restart() {
             "seeds {sa},{sb}: {r:?}"
         );
     }
+}
+
+/// `a` and `b` each reach `r` but not each other (a firewall drops their direct datagrams).
+/// `a` learns `b` as the DHT would tell it (identity and endpoint): after `RELAY_AFTER` of
+/// silence it asks `r`, and both ends talk through `r`, end-to-end encrypted. When the
+/// firewall opens, a direct probe is answered and both ends leave the relay. Both
+/// initiator orders.
+#[test]
+fn blocked_members_talk_through_a_relay_and_return_to_direct() {
+    use hyphae_overlay::node::{PROBE_INTERVAL, RELAY_AFTER, TICK};
+    for (sa, sb) in [(1u8, 2u8), (2, 1)] {
+        let start = Instant::now();
+        let vr = Ipv4Addr::new(10, 201, 0, 3);
+        let mut a = host(sa, 1001, SECRET, VA);
+        let mut b = host(sb, 1002, SECRET, VB);
+        let mut r = host(3, 1003, SECRET, vr);
+        let ns = hyphae_overlay::NamespaceId(0);
+        a.node.add_static_peer(ns, r.addr, start);
+        b.node.add_static_peer(ns, r.addr, start);
+        let blocked = [(a.addr, b.addr)];
+        let mut now = start;
+        let step = |a: &mut Host, b: &mut Host, r: &mut Host, now: Instant, block: bool| {
+            for h in [&mut *a, &mut *b, &mut *r] {
+                h.node.handle_timeout(now);
+            }
+            pump_blocking(&mut [a, b, r], now, if block { &blocked[..] } else { &[] });
+        };
+        step(&mut a, &mut b, &mut r, now, true);
+        assert!(a.learned(vr) && b.learned(vr), "both reach the relay");
+
+        let b_id = b.node.peer_id();
+        a.node.add_member(now, ns, b_id, b.addr).unwrap();
+        let until = now + RELAY_AFTER + std::time::Duration::from_secs(2);
+        while now < until && !a.learned(VB) {
+            now += TICK;
+            step(&mut a, &mut b, &mut r, now, true);
+        }
+        assert!(
+            a.learned(VB),
+            "seeds {sa},{sb}: a never learned b through the relay"
+        );
+        assert!(
+            b.learned(VA),
+            "seeds {sa},{sb}: b never learned a through the relay"
+        );
+        let relay_of = |h: &Host, id| {
+            h.node
+                .peers()
+                .find(|p| p.id == id)
+                .and_then(|p| p.relayed_via)
+        };
+        assert_eq!(relay_of(&a, b_id), Some(r.node.peer_id()));
+        assert_eq!(relay_of(&b, a.node.peer_id()), Some(r.node.peer_id()));
+
+        // Data flows a -> r -> b, and r cannot read it.
+        let pb = a.node.peers().find(|p| p.id == b_id).unwrap().handle;
+        let packet = icmp(VA, VB);
+        let mut out = vec![0u8; 2048];
+        let t = a.node.send(pb, &packet, &mut out).unwrap();
+        assert_eq!(t.to, r.addr, "sent to the relay");
+        let wire = out[t.range].to_vec();
+        assert!(
+            !wire.windows(8).any(|w| w == &packet[12..20]),
+            "encrypted end to end"
+        );
+        let before = r.node.relay_stats().packets;
+        let got = deliver(&mut r, now, a.addr, &wire);
+        assert_eq!(got, Received::Consumed);
+        assert_eq!(r.node.relay_stats().packets, before + 1);
+        pump_blocking(&mut [&mut a, &mut b, &mut r], now, &blocked);
+        assert_eq!(b.delivered.last(), Some(&packet));
+
+        // A stranger's datagram in the session is not forwarded.
+        let stranger = SocketAddr::from(([127, 0, 0, 66], 66));
+        let got = deliver(&mut r, now, stranger, &wire);
+        assert_eq!(got, Received::Dropped(DropReason::RelaySource));
+
+        // The firewall opens: within a few probes both ends are direct again.
+        let relayed_before = r.node.relay_stats().packets;
+        let until = now + PROBE_INTERVAL * 3;
+        while now < until {
+            now += TICK;
+            step(&mut a, &mut b, &mut r, now, false);
+        }
+        assert_eq!(relay_of(&a, b_id), None, "seeds {sa},{sb}: a still relayed");
+        assert_eq!(
+            relay_of(&b, a.node.peer_id()),
+            None,
+            "seeds {sa},{sb}: b still relayed"
+        );
+        let t = a.node.send(pb, &packet, &mut out).unwrap();
+        assert_eq!(t.to, b.addr, "sent directly");
+        let d = out[t.range].to_vec();
+        assert!(matches!(
+            deliver(&mut b, now, a.addr, &d),
+            Received::Deliver { .. }
+        ));
+        assert!(a.node.peers().find(|p| p.id == b_id).unwrap().rtt.is_some());
+        // Only probes answered on the relay path may have crossed r since.
+        assert!(r.node.relay_stats().packets <= relayed_before + 2);
+    }
+}
+
+/// A relay request from a member for a target the relay cannot reach directly gets no
+/// offer, and a forged relay datagram for an unknown session is a counted drop.
+#[test]
+fn relay_needs_both_ends() {
+    let now = Instant::now();
+    let mut a = host(1, 1001, SECRET, VA);
+    let mut r = host(3, 1003, SECRET, Ipv4Addr::new(10, 201, 0, 3));
+    connect(&mut a, &mut r, now);
+    let mut d = vec![0u8; 40];
+    hyphae_overlay::wire::emit_relay_header(&mut d, 77);
+    d[8] = 4;
+    let got = deliver(&mut r, now, a.addr, &d);
+    assert_eq!(got, Received::Dropped(DropReason::UnknownSession));
+    assert_eq!(r.node.drops(DropReason::UnknownSession), 1);
+    assert_eq!(r.node.relay_stats().sessions, 0);
 }
