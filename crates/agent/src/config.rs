@@ -61,7 +61,8 @@ impl Default for AgentSection {
 struct NamespaceSection {
     name: String,
     secret_file: PathBuf,
-    subnet: String,
+    #[serde(default)]
+    subnet: Option<String>,
     #[serde(default = "default_mode")]
     mode: String,
     #[serde(default = "default_device")]
@@ -74,6 +75,8 @@ struct NamespaceSection {
     bootstrap: Vec<String>,
     #[serde(default = "default_lease_secs")]
     lease_secs: u64,
+    #[serde(default)]
+    reserved: Vec<String>,
     #[serde(default, rename = "peer")]
     peers: Vec<PeerSection>,
 }
@@ -103,6 +106,8 @@ struct PeerSection {
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The file it was read from.
+    pub path: PathBuf,
     /// Agent-wide settings.
     pub agent: Agent,
     /// The namespaces this agent is a member of.
@@ -153,8 +158,8 @@ pub struct Namespace {
     pub name: String,
     /// The namespace secret (never printed).
     pub secret: Vec<u8>,
-    /// The namespace subnet.
-    pub subnet: Ipv4Net,
+    /// The namespace subnet; `None` to take it from the namespace record in the DHT.
+    pub subnet: Option<Ipv4Net>,
     /// Deployment mode.
     pub mode: Mode,
     /// TAP device name.
@@ -167,8 +172,10 @@ pub struct Namespace {
     pub peers: Vec<SocketAddr>,
     /// Overlay members to join through (libp2p addresses).
     pub bootstrap: Vec<Multiaddr>,
-    /// Address lease time.
+    /// Address lease time (the namespace record's wins once read).
     pub lease: Duration,
+    /// Addresses no member may claim (the namespace record's win once read).
+    pub reserved: Vec<Ipv4Addr>,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -230,6 +237,7 @@ impl Config {
             namespaces.push(ns);
         }
         Ok(Self {
+            path: path.to_path_buf(),
             agent: Agent {
                 state_dir: file.agent.state_dir,
                 control_socket: file.agent.control_socket,
@@ -253,39 +261,41 @@ fn validate_namespace(s: NamespaceSection) -> Result<Namespace> {
         ),
         other => bail!("mode '{other}' is not one of interface, router, hybrid"),
     };
-    let subnet: Ipv4Net = s.subnet.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "subnet '{}' is not an IPv4 CIDR like 10.201.0.0/16",
-            s.subnet
-        )
-    })?;
-    if subnet != subnet.trunc() {
-        bail!(
-            "subnet '{}' has host bits set; did you mean {}?",
-            s.subnet,
-            subnet.trunc()
-        );
-    }
-    if subnet.prefix_len() > 30 {
-        bail!(
-            "subnet '{}' is too small: use a prefix of /30 or shorter",
-            s.subnet
-        );
-    }
+    let subnet = s.subnet.as_deref().map(parse_subnet).transpose()?;
     let address = if s.address == "auto" {
         Address::Auto
     } else {
         let address: Ipv4Addr = s.address.parse().map_err(|_| {
             anyhow::anyhow!("address '{}' is not an IPv4 address or \"auto\"", s.address)
         })?;
-        if !subnet.contains(&address) {
-            bail!("address {address} is outside the subnet {subnet}");
-        }
-        if address == subnet.network() || address == subnet.broadcast() {
-            bail!("address {address} is the network or broadcast address of {subnet}");
+        if let Some(subnet) = subnet {
+            check_in_subnet(address, subnet)?;
         }
         Address::Static(address)
     };
+    let reserved = s
+        .reserved
+        .iter()
+        .map(|r| {
+            let a: Ipv4Addr = r
+                .parse()
+                .map_err(|_| anyhow::anyhow!("reserved '{r}' is not an IPv4 address"))?;
+            match subnet {
+                Some(subnet) if !subnet.contains(&a) => {
+                    bail!("reserved address {a} is outside the subnet {subnet}")
+                }
+                _ => Ok(a),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if let Address::Static(a) = address {
+        if reserved.contains(&a) {
+            bail!("address {a} is reserved in this namespace");
+        }
+    }
+    if subnet.is_none() && s.bootstrap.is_empty() {
+        bail!("subnet is missing: set `subnet`, or `bootstrap` to take it from the namespace");
+    }
     if s.lease_secs < MIN_LEASE_SECS {
         bail!(
             "lease_secs {} is too short: use at least {MIN_LEASE_SECS}",
@@ -325,7 +335,36 @@ fn validate_namespace(s: NamespaceSection) -> Result<Namespace> {
         peers,
         bootstrap,
         lease: Duration::from_secs(s.lease_secs),
+        reserved,
     })
+}
+
+/// A namespace subnet: an IPv4 CIDR with no host bits, /30 or larger.
+pub fn parse_subnet(text: &str) -> Result<Ipv4Net> {
+    let subnet: Ipv4Net = text
+        .parse()
+        .map_err(|_| anyhow::anyhow!("subnet '{text}' is not an IPv4 CIDR like 10.201.0.0/16"))?;
+    if subnet != subnet.trunc() {
+        bail!(
+            "subnet '{text}' has host bits set; did you mean {}?",
+            subnet.trunc()
+        );
+    }
+    if subnet.prefix_len() > 30 {
+        bail!("subnet '{text}' is too small: use a prefix of /30 or shorter");
+    }
+    Ok(subnet)
+}
+
+/// Whether `address` can be a member's address in `subnet`.
+pub fn check_in_subnet(address: Ipv4Addr, subnet: Ipv4Net) -> Result<()> {
+    if !subnet.contains(&address) {
+        bail!("address {address} is outside the subnet {subnet}");
+    }
+    if address == subnet.network() || address == subnet.broadcast() {
+        bail!("address {address} is the network or broadcast address of {subnet}");
+    }
+    Ok(())
 }
 
 /// A bootstrap address: `host:port` / `host` (the member's listen port, TCP) or a libp2p
@@ -472,6 +511,10 @@ endpoint = "10.200.0.3"
                 "/ip4/10.200.0.7/tcp/7400"
             ]
         );
+        // With a bootstrap, the subnet may come from the namespace record.
+        let joiner = toml.replace("subnet = \"10.201.0.0/16\"\n", "");
+        let c = load(&joiner, s).unwrap();
+        assert_eq!(c.namespaces[0].subnet, None);
         let bad = GOOD.replace(
             "address = \"10.201.0.1\"",
             "bootstrap = [\"/ip4/nonsense\"]",
@@ -504,6 +547,12 @@ endpoint = "10.200.0.3"
         assert!(
             err(&GOOD.replace("\"10.200.0.3\"", "\"not an address\""), s).contains("peer endpoint")
         );
+        let no_subnet = GOOD.replace("subnet = \"10.201.0.0/16\"\n", "");
+        assert!(err(&no_subnet, s).contains("subnet is missing"));
+        let reserved = GOOD.replace("address = ", "reserved = [\"10.201.0.1\"]\naddress = ");
+        assert!(err(&reserved, s).contains("10.201.0.1 is reserved"));
+        let outside = GOOD.replace("address = ", "reserved = [\"10.9.0.1\"]\naddress = ");
+        assert!(err(&outside, s).contains("reserved address 10.9.0.1 is outside"));
         for e in [err(GOOD, None), err(&GOOD.replace("name = ", "nmae = "), s)] {
             assert!(!e.contains('\n'), "one line: {e}");
         }

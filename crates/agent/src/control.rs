@@ -22,6 +22,16 @@ pub const MAX_REQUEST: usize = 4096;
 pub enum Request {
     /// The agent's state.
     Status,
+    /// Bring up a namespace just added to the agent's config file.
+    Join {
+        /// Its name.
+        namespace: String,
+    },
+    /// Leave a namespace: release its addresses, remove its device.
+    Leave {
+        /// Its name.
+        namespace: String,
+    },
 }
 
 /// The agent's reply to [`Request::Status`].
@@ -88,8 +98,12 @@ pub struct NamespaceStatus {
     pub address: String,
     /// Whether the address is held in the DHT (lease won and renewed).
     pub address_claimed: bool,
-    /// Namespace subnet.
+    /// Namespace subnet; empty until the namespace record is read.
     pub subnet: String,
+    /// Why the namespace was left (a conflict with the namespace's records); only a
+    /// namespace joined with `hyphae join` is left this way, and it is listed only then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// Address lookups started (first packets to unknown addresses).
     pub lookups: u64,
     /// Frames dropped because their destination did not resolve in time.

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod control;
 pub mod demo;
+pub mod join;
 pub mod membership;
 pub mod run;
 pub mod testbed;

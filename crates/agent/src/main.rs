@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use base64::Engine as _;
 use clap::{Parser, Subcommand};
-use hyphae_agent::{config, control, demo, run};
+use hyphae_agent::{config, control, demo, join, run};
 
 /// hyphae: a userspace overlay VPN. One flat private subnet for every member of a namespace.
 #[derive(Parser)]
@@ -32,6 +32,39 @@ enum Cmd {
         /// Print the stable JSON form (docs/CONTROL.md).
         #[arg(long)]
         json: bool,
+    },
+    /// Join a namespace: add it to the config file and to the running agent (or start the
+    /// agent), then wait for this member's address.
+    Join {
+        /// Namespace name.
+        namespace: String,
+        /// File holding the namespace secret (`hyphae secret > FILE` makes one).
+        #[arg(long)]
+        secret_file: PathBuf,
+        /// A member to join through: host:port, host, or a libp2p multiaddr (repeatable).
+        #[arg(long)]
+        bootstrap: Vec<String>,
+        /// `auto` (a free address of the subnet) or a static address.
+        #[arg(long)]
+        address: Option<String>,
+        /// The namespace subnet; without it, the namespace record in the DHT says.
+        #[arg(long)]
+        subnet: Option<String>,
+        /// TAP device (default: the first free hyphaeN).
+        #[arg(long)]
+        device: Option<String>,
+        /// Config file (created if missing).
+        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        config: PathBuf,
+    },
+    /// Leave a namespace: release this member's addresses, remove its device, and take it
+    /// out of the config file.
+    Leave {
+        /// Namespace name.
+        namespace: String,
+        /// Config file.
+        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        config: PathBuf,
     },
     /// List the members of every namespace: virtual addresses, path (direct or relayed,
     /// and through whom) and round-trip time.
@@ -83,6 +116,24 @@ fn execute(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Join {
+            namespace,
+            secret_file,
+            bootstrap,
+            address,
+            subnet,
+            device,
+            config,
+        } => join::join(&join::JoinArgs {
+            namespace,
+            secret_file,
+            bootstrap,
+            address,
+            subnet,
+            device,
+            config,
+        }),
+        Cmd::Leave { namespace, config } => join::leave(&namespace, &config),
         Cmd::Peers { config, json } => {
             let socket = config::control_socket(&config)?;
             let reply = control::request(&socket, &control::Request::Status)?;

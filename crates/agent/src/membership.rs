@@ -1,5 +1,12 @@
-//! One namespace's side of the DHT: claiming and renewing this member's address, and
-//! resolving other members' addresses (with the frames that wait for them).
+//! One namespace's side of the DHT: the namespace record (its settings), claiming and
+//! renewing this member's address, and resolving other members' addresses (with the frames
+//! that wait for them).
+//!
+//! The namespace record holds the subnet, the lease time and the reserved addresses. It is a
+//! lease like any other key, sealed and signed by the member that holds it: every member
+//! that knows the settings claims it (one wins, the others read it), so it lives as long as
+//! any member does. A member configured without a subnet reads it before claiming an
+//! address; one configured with a different subnet stops with an error naming the keeper.
 //!
 //! The agent's loop calls these with the overlay's events; nothing here does I/O except
 //! remembering the last address won in the state directory.
@@ -13,6 +20,7 @@ use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo};
 use hyphae_overlay::swarm::{unix_now, ClaimResult, OpId, Overlay};
 use hyphae_overlay::{Identity, NamespaceKeys, PeerId};
 use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Address, Namespace};
 
@@ -36,6 +44,42 @@ const CLAIM_RETRY: Duration = Duration::from_secs(2);
 
 /// Candidates an `auto` claim tries before pausing.
 const MAX_AUTO_TRIES: usize = 64;
+
+/// A namespace's settings, as its record holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    /// The namespace subnet.
+    pub subnet: Ipv4Net,
+    /// Address lease time, seconds.
+    pub lease_secs: u64,
+    /// Addresses no member may claim.
+    pub reserved: Vec<Ipv4Addr>,
+}
+
+impl Settings {
+    /// Checks a record read from the DHT (it was sealed by a member, but may be nonsense).
+    fn validate(&self) -> Result<(), String> {
+        if self.subnet != self.subnet.trunc() || self.subnet.prefix_len() > 30 {
+            return Err(format!("bad subnet {}", self.subnet));
+        }
+        if self.lease_secs < crate::config::MIN_LEASE_SECS || self.lease_secs > 24 * 3600 {
+            return Err(format!("bad lease time {}", self.lease_secs));
+        }
+        if self.reserved.len() > 1024 {
+            return Err("too many reserved addresses".into());
+        }
+        Ok(())
+    }
+}
+
+/// The namespace record's state in one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SettingsOp {
+    /// Claiming the record with our settings.
+    Claim(OpId),
+    /// Reading it.
+    Get(OpId),
+}
 
 /// Frames waiting for an address to resolve.
 pub struct Pending {
@@ -71,9 +115,26 @@ pub struct Membership {
     pub name: String,
     /// Its keys.
     pub keys: NamespaceKeys,
-    subnet: Ipv4Net,
+    /// The namespace subnet, once known (configured, or read from the record).
+    pub subnet: Option<Ipv4Net>,
+    reserved: Vec<Ipv4Addr>,
     wanted: Address,
     lease: Duration,
+    /// The settings this member puts in the namespace record.
+    proposed: Option<Settings>,
+    /// Whether the record was won or read: address claims wait for it.
+    settings_known: bool,
+    settings_op: Option<SettingsOp>,
+    read_settings: bool,
+    next_settings: Option<Instant>,
+    /// Who keeps the namespace record (for status), once known.
+    pub settings_keeper: Option<PeerId>,
+    /// Set when the subnet was learned from the record: the agent configures it.
+    pub subnet_learned: bool,
+    /// Why this member cannot be part of the namespace (settings or address conflict).
+    pub conflict: Option<String>,
+    /// Left: claims nothing, resolves nothing.
+    pub left: bool,
     /// The address this member holds a lease on.
     pub owned: Option<Ipv4Addr>,
     claiming: Option<(OpId, Ipv4Addr)>,
@@ -100,8 +161,22 @@ impl Membership {
             name: ns.name.clone(),
             keys: NamespaceKeys::derive(&ns.name, &ns.secret),
             subnet: ns.subnet,
+            reserved: ns.reserved.clone(),
             wanted: ns.address,
             lease: ns.lease,
+            proposed: ns.subnet.map(|subnet| Settings {
+                subnet,
+                lease_secs: ns.lease.as_secs(),
+                reserved: ns.reserved.clone(),
+            }),
+            settings_known: false,
+            settings_op: None,
+            read_settings: false,
+            next_settings: None,
+            settings_keeper: None,
+            subnet_learned: false,
+            conflict: None,
+            left: false,
             owned: None,
             claiming: None,
             confirmed: false,
@@ -117,8 +192,14 @@ impl Membership {
         }
     }
 
-    /// Starts the first claim (once the overlay has joined).
+    /// Starts with the namespace record, then the first claim (once the overlay has joined).
     pub fn start(&mut self, now: Instant) {
+        if self.left {
+            return;
+        }
+        if self.settings_op.is_none() && self.next_settings.is_none() {
+            self.next_settings = Some(now);
+        }
         if self.claiming.is_none() && self.next_claim.is_none() {
             self.next_claim = Some(now);
         }
@@ -127,8 +208,16 @@ impl Membership {
     /// Renews soon: a new peer may be a replica of our address's key and must learn the
     /// lease before someone else asks it.
     pub fn renew_soon(&mut self, now: Instant) {
+        // A new peer may also be the first that holds the namespace record.
+        if !self.left && !self.settings_known && self.settings_op.is_none() {
+            self.next_settings = Some(now);
+        }
+        let soon = now + Duration::from_millis(300);
+        // The keeper of the namespace record renews it too, for the same reason.
+        if self.settings_known && self.settings_keeper.is_none() && self.settings_op.is_none() {
+            self.next_settings = Some(self.next_settings.map_or(soon, |t| t.min(soon)));
+        }
         if self.owned.is_some() {
-            let soon = now + Duration::from_millis(300);
             self.next_claim = Some(self.next_claim.map_or(soon, |t| t.min(soon)));
         }
     }
@@ -142,7 +231,14 @@ impl Membership {
         identity: &Identity,
         endpoints: &[SocketAddr],
     ) {
-        if self.claiming.is_some() || !self.next_claim.is_some_and(|t| now >= t) {
+        if self.left {
+            return;
+        }
+        self.run_settings(now, overlay, identity);
+        if !self.settings_known
+            || self.claiming.is_some()
+            || !self.next_claim.is_some_and(|t| now >= t)
+        {
             return;
         }
         let Some(candidate) = self.owned.or_else(|| self.candidate()) else {
@@ -169,6 +265,76 @@ impl Membership {
         }
     }
 
+    /// Claims (or reads) the namespace record when due.
+    fn run_settings(&mut self, now: Instant, overlay: &mut Overlay, identity: &Identity) {
+        if self.settings_op.is_some() || !self.next_settings.is_some_and(|t| now >= t) {
+            return;
+        }
+        self.next_settings = None;
+        let key = self.keys.settings_key();
+        let proposed = self.proposed.as_ref().filter(|_| !self.read_settings);
+        let Some(settings) = proposed else {
+            self.read_settings = false;
+            self.settings_op = Some(SettingsOp::Get(overlay.get(key)));
+            return;
+        };
+        let expires = unix_now() + self.lease.as_secs();
+        match Envelope::seal(&self.keys, identity, &key, expires, &encode(settings)) {
+            Ok(envelope) => {
+                self.settings_op = Some(SettingsOp::Claim(overlay.claim(key, envelope)));
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %self.name, error = %e, "cannot seal the namespace record");
+                self.next_settings = Some(now + CLAIM_RETRY);
+            }
+        }
+    }
+
+    /// The namespace record's settings are the namespace's: adopt them (or refuse them, the
+    /// first time, if they contradict this member's configuration).
+    fn adopt(&mut self, settings: Settings, keeper: PeerId) {
+        if !self.settings_known {
+            if let Some(mine) = &self.proposed {
+                if mine.subnet != settings.subnet {
+                    self.conflict = Some(format!(
+                        "namespace '{}': its subnet is {} (namespace record kept by member {keeper}), but this config says {}; fix `subnet` or remove it",
+                        self.name, settings.subnet, mine.subnet
+                    ));
+                    return;
+                }
+            }
+            if let Address::Static(a) = self.wanted {
+                if let Err(e) = crate::config::check_in_subnet(a, settings.subnet) {
+                    self.conflict = Some(format!("namespace '{}': {e:#}", self.name));
+                    return;
+                }
+                if settings.reserved.contains(&a) {
+                    self.conflict = Some(format!(
+                        "namespace '{}': address {a} is reserved in this namespace",
+                        self.name
+                    ));
+                    return;
+                }
+            }
+            tracing::info!(namespace = %self.name, subnet = %settings.subnet,
+                lease_secs = settings.lease_secs, %keeper, "namespace record read");
+        } else if self.subnet != Some(settings.subnet) {
+            tracing::error!(namespace = %self.name, subnet = %settings.subnet, %keeper,
+                "the namespace record changed its subnet; keeping ours");
+            return;
+        }
+        if self.subnet.is_none() {
+            self.subnet_learned = true;
+        }
+        self.subnet = Some(settings.subnet);
+        self.lease = Duration::from_secs(settings.lease_secs);
+        self.reserved = settings.reserved.clone();
+        self.settings_keeper = Some(keeper);
+        self.settings_known = true;
+        // Members that learned the settings keep the record alive too.
+        self.proposed = Some(settings);
+    }
+
     fn candidate(&mut self) -> Option<Ipv4Addr> {
         if let Address::Static(a) = self.wanted {
             return Some(a);
@@ -183,8 +349,9 @@ impl Membership {
         if previous.is_some() {
             return previous;
         }
-        let hosts = (1u64 << (32 - self.subnet.prefix_len())).saturating_sub(2);
-        let base = u32::from(self.subnet.network());
+        let subnet = self.subnet?;
+        let hosts = (1u64 << (32 - subnet.prefix_len())).saturating_sub(2);
+        let base = u32::from(subnet.network());
         for _ in 0..1000 {
             let mut r = [0u8; 8];
             getrandom::getrandom(&mut r).ok()?;
@@ -198,7 +365,9 @@ impl Membership {
     }
 
     fn usable(&self, a: Ipv4Addr) -> bool {
-        self.subnet.contains(&a) && a != self.subnet.network() && a != self.subnet.broadcast()
+        self.subnet.is_some_and(|s| {
+            s.contains(&a) && a != s.network() && a != s.broadcast() && !self.reserved.contains(&a)
+        })
     }
 
     /// A claim was decided; `None` if it was not this namespace's.
@@ -208,6 +377,29 @@ impl Membership {
         result: &ClaimResult,
         now: Instant,
     ) -> Option<ClaimOutcome> {
+        if self.settings_op == Some(SettingsOp::Claim(op)) {
+            self.settings_op = None;
+            match result {
+                ClaimResult::Won => {
+                    if !self.settings_known {
+                        if let Some(settings) = self.proposed.clone() {
+                            tracing::info!(namespace = %self.name, subnet = %settings.subnet,
+                                "namespace record created");
+                        }
+                    }
+                    self.settings_known = true;
+                    self.settings_keeper = None;
+                    self.next_settings = Some(now + self.lease / 3);
+                }
+                // Another member keeps it: read what it says.
+                ClaimResult::Lost(Some(_)) => {
+                    self.read_settings = true;
+                    self.next_settings = Some(now);
+                }
+                ClaimResult::Lost(None) => self.next_settings = Some(now + CLAIM_RETRY),
+            }
+            return Some(ClaimOutcome::Nothing);
+        }
         let (mine, address) = self.claiming?;
         if mine != op {
             return None;
@@ -271,7 +463,7 @@ impl Membership {
         frame: &[u8],
         overlay: &mut Overlay,
     ) -> bool {
-        if self.negative.get(&target).is_some_and(|&t| now < t) {
+        if self.left || self.negative.get(&target).is_some_and(|&t| now < t) {
             self.unresolved_drops += 1;
             return false;
         }
@@ -308,6 +500,30 @@ impl Membership {
         me: PeerId,
         now: Instant,
     ) -> Option<Option<Resolved>> {
+        if self.settings_op == Some(SettingsOp::Get(op)) {
+            self.settings_op = None;
+            let key = self.keys.settings_key();
+            let found = envelopes.iter().find_map(|e| {
+                let (owner, plain) = e.open(&self.keys, &key, unix_now()).ok()?;
+                let settings: Settings = decode(&plain).ok()?;
+                settings.validate().ok()?;
+                Some((settings, PeerId::from_bytes(owner).ok()?))
+            });
+            match found {
+                Some((settings, keeper)) => {
+                    self.adopt(settings, keeper);
+                    self.next_settings = Some(now + self.lease / 3);
+                }
+                None => {
+                    if self.proposed.is_none() {
+                        tracing::info!(namespace = %self.name,
+                            "no namespace record yet (no member with a `subnet` reachable); retrying");
+                    }
+                    self.next_settings = Some(now + CLAIM_RETRY);
+                }
+            }
+            return Some(None);
+        }
         let target = self.resolving.remove(&op)?;
         let key = self.keys.address_key(target);
         let found = envelopes.iter().find_map(|e| {
@@ -331,6 +547,28 @@ impl Membership {
             }
         }
         Some(found)
+    }
+
+    /// Leaves the namespace: releases the address (and the namespace record, if this
+    /// member keeps it) and stops claiming and resolving. Returns the releases started.
+    pub fn leave(&mut self, overlay: &mut Overlay) -> usize {
+        let mut released = 0;
+        if let Some(a) = self.owned.take() {
+            overlay.release(self.keys.address_key(a));
+            released += 1;
+        }
+        if self.settings_known && self.settings_keeper.is_none() {
+            overlay.release(self.keys.settings_key());
+            released += 1;
+        }
+        self.left = true;
+        self.claiming = None;
+        self.next_claim = None;
+        self.settings_op = None;
+        self.next_settings = None;
+        self.pending.clear();
+        self.resolving.clear();
+        released
     }
 
     /// Frames whose wait is over.

@@ -167,9 +167,9 @@ fn create_tap(ns: &Namespace, mac: [u8; 6]) -> Result<SyncDevice> {
         .mac_addr(mac)
         .mtu(ns.mtu)
         .enable(true);
-    // An `auto` address is set once it is won.
-    if let Address::Static(a) = ns.address {
-        builder = builder.ipv4(a, ns.subnet.prefix_len(), None);
+    // An `auto` address is set once it is won; a static one once the subnet is known.
+    if let (Address::Static(a), Some(subnet)) = (ns.address, ns.subnet) {
+        builder = builder.ipv4(a, subnet.prefix_len(), None);
     }
     let device = builder.build_sync().map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) | Some(libc::EEXIST) => anyhow::anyhow!(
@@ -201,16 +201,29 @@ fn random_mac(first: [u8; 2]) -> Result<[u8; 6]> {
     Ok(mac)
 }
 
+/// The subnet of a namespace whose record has not been read yet: holds no address.
+const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(std::net::Ipv4Addr::UNSPECIFIED, 32) {
+    Ok(n) => n,
+    Err(_) => panic!("a /32 is a valid prefix"),
+};
+
 struct Port {
     name: String,
     device: String,
     mode: Mode,
     switch: Switch<PeerHandle>,
     tap_errors: u64,
+    /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
+    live: bool,
+    /// Why it was left, if it failed.
+    error: Option<String>,
 }
 
 struct Agent {
+    config_path: PathBuf,
+    state_dir: PathBuf,
     listen: SocketAddr,
+    remote_mac: [u8; 6],
     identity: Identity,
     overlay: Overlay,
     members: Vec<Membership>,
@@ -218,14 +231,20 @@ struct Agent {
     fatal: Option<String>,
     node: Node,
     ports: Vec<Port>,
-    taps: Vec<AsyncFd<SyncDevice>>,
+    /// One per namespace ever joined; `None` once left.
+    taps: Vec<Option<AsyncFd<SyncDevice>>>,
     underlay: Underlay,
     rx: Vec<u8>,
     tx: Vec<u8>,
     reply: Vec<u8>,
 }
 
-type StatusReply = oneshot::Sender<Status>;
+/// A control request handed to the agent's loop.
+enum Call {
+    Status(oneshot::Sender<Status>),
+    Join(String, oneshot::Sender<Result<(), String>>),
+    Leave(String, oneshot::Sender<Result<usize, String>>),
+}
 
 impl Agent {
     fn start(config: Config, identity: Identity, socket: std::net::UdpSocket) -> Result<Self> {
@@ -237,78 +256,154 @@ impl Agent {
         let overlay = Overlay::new(&identity, tcp_multiaddr(config.agent.listen), bootstrap)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let own = Identity::from_seed(identity.seed());
-        let mut node = Node::new(identity);
-        let mut members = Vec::new();
-        let now = Instant::now();
-        // IPOP 4.1: one random FE:FD MAC per agent stands for every remote member.
-        let remote_mac = random_mac([0xfe, 0xfd])?;
-        let mut ports = Vec::new();
-        let mut taps = Vec::new();
-        for ns in &config.namespaces {
-            // Locally administered, unicast: 0x02 in the first byte.
-            let device_mac = random_mac([0x02, 0x48])?;
-            let tap = create_tap(ns, device_mac)?;
-            // SAFETY: the SyncDevice owns its fd and moves into the AsyncFd, which keeps it
-            // open for as long as it is registered.
-            let tap = unsafe { AsyncFd::register(tap) }
-                .map_err(|e| anyhow::anyhow!("registering the TAP: {e}"))?;
-            taps.push(tap);
-            let id = node.add_namespace(
-                NamespaceKeys::derive(&ns.name, &ns.secret),
-                ns.address.fixed().into_iter().collect(),
-            );
-            members.push(Membership::new(ns, &config.agent.state_dir));
-            for &peer in &ns.peers {
-                node.add_static_peer(id, peer, now);
-            }
-            // A bootstrap agent is usually a member too: a tunnel with it gives every
-            // member one it can relay through when two members cannot reach each other.
-            for endpoint in ns.bootstrap.iter().filter_map(tunnel_endpoint) {
-                if endpoint != config.agent.listen && !ns.peers.contains(&endpoint) {
-                    node.add_static_peer(id, endpoint, now);
-                }
-            }
-            ports.push(Port {
-                name: ns.name.clone(),
-                device: ns.device.clone(),
-                mode: ns.mode,
-                switch: Switch::new(hyphae_vswitch::Config {
-                    address: ns
-                        .address
-                        .fixed()
-                        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
-                    subnet: ns.subnet,
-                    device_mac,
-                    remote_mac,
-                }),
-                tap_errors: 0,
-            });
-            tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
-                subnet = %ns.subnet, peers = ns.peers.len(), "namespace up");
-        }
-        if config.namespaces.is_empty() {
-            tracing::warn!("no [[namespace]] in the config: the agent has nothing to carry");
-        }
+        let node = Node::new(identity);
         let underlay = Underlay::new(socket)?;
-        tracing::info!(id = %node.peer_id(), listen = %config.agent.listen, "agent started");
-        Ok(Self {
+        let mut agent = Self {
+            config_path: config.path.clone(),
+            state_dir: config.agent.state_dir.clone(),
             listen: config.agent.listen,
+            // IPOP 4.1: one random FE:FD MAC per agent stands for every remote member.
+            remote_mac: random_mac([0xfe, 0xfd])?,
             identity: own,
             overlay,
-            members,
+            members: Vec::new(),
             fatal: None,
             node,
-            ports,
-            taps,
+            ports: Vec::new(),
+            taps: Vec::new(),
             underlay,
             rx: vec![0; BUF_LEN],
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
-        })
+        };
+        for ns in &config.namespaces {
+            agent.add_namespace(ns, Instant::now())?;
+        }
+        if config.namespaces.is_empty() {
+            tracing::warn!("no [[namespace]] in the config: the agent has nothing to carry");
+        }
+        tracing::info!(id = %agent.node.peer_id(), listen = %config.agent.listen, "agent started");
+        Ok(agent)
+    }
+
+    /// Creates the namespace's TAP, tunnels, switch and DHT state.
+    fn add_namespace(&mut self, ns: &Namespace, now: Instant) -> Result<()> {
+        // Locally administered, unicast: 0x02 in the first byte.
+        let device_mac = random_mac([0x02, 0x48])?;
+        let tap = create_tap(ns, device_mac)?;
+        // SAFETY: the SyncDevice owns its fd and moves into the AsyncFd, which keeps it
+        // open for as long as it is registered.
+        let tap = unsafe { AsyncFd::register(tap) }
+            .map_err(|e| anyhow::anyhow!("registering the TAP: {e}"))?;
+        // Members hear of our address once it is won, static or not.
+        let id = self
+            .node
+            .add_namespace(NamespaceKeys::derive(&ns.name, &ns.secret), Vec::new());
+        debug_assert_eq!(id.0, self.ports.len());
+        self.taps.push(Some(tap));
+        self.members.push(Membership::new(ns, &self.state_dir));
+        for &peer in &ns.peers {
+            self.node.add_static_peer(id, peer, now);
+        }
+        // A bootstrap agent is usually a member too: a tunnel with it gives every member
+        // one it can relay through when two members cannot reach each other.
+        for endpoint in ns.bootstrap.iter().filter_map(tunnel_endpoint) {
+            if endpoint != self.listen && !ns.peers.contains(&endpoint) {
+                self.node.add_static_peer(id, endpoint, now);
+            }
+        }
+        self.ports.push(Port {
+            name: ns.name.clone(),
+            device: ns.device.clone(),
+            mode: ns.mode,
+            switch: Switch::new(hyphae_vswitch::Config {
+                // The device has a static address from the start when the subnet is known
+                // (see `create_tap`); any other is set once won.
+                address: ns
+                    .address
+                    .fixed()
+                    .filter(|_| ns.subnet.is_some())
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+                // Until the namespace record is read, nothing is in the subnet.
+                subnet: ns.subnet.unwrap_or(NO_SUBNET),
+                device_mac,
+                remote_mac: self.remote_mac,
+            }),
+            tap_errors: 0,
+            live: false,
+            error: None,
+        });
+        tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
+            subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
+        Ok(())
+    }
+
+    /// `hyphae join`: the namespace `name` was added to the config file; bring it up.
+    fn join(&mut self, name: &str, now: Instant) -> Result<(), String> {
+        let config = Config::load(&self.config_path).map_err(|e| format!("{e:#}"))?;
+        let Some(ns) = config.namespaces.iter().find(|n| n.name == name) else {
+            return Err(format!(
+                "namespace '{name}' is not in {}",
+                self.config_path.display()
+            ));
+        };
+        if let Some(i) = self.active(name) {
+            return Err(format!(
+                "already a member of '{name}' (device {})",
+                self.ports[i].device
+            ));
+        }
+        if let Some(p) = self
+            .ports
+            .iter()
+            .zip(&self.taps)
+            .find(|(p, t)| t.is_some() && p.device == ns.device)
+        {
+            return Err(format!(
+                "device {} is already used by namespace '{}'",
+                ns.device, p.0.name
+            ));
+        }
+        self.add_namespace(ns, now).map_err(|e| format!("{e:#}"))?;
+        if let Some(port) = self.ports.last_mut() {
+            port.live = true;
+        }
+        for addr in &ns.bootstrap {
+            self.overlay.dial(addr.clone());
+        }
+        if self.overlay.is_joined() {
+            if let Some(m) = self.members.last_mut() {
+                m.start(now);
+            }
+            self.run_claims(now);
+        }
+        Ok(())
+    }
+
+    /// The index of the namespace `name` this agent is a member of now.
+    fn active(&self, name: &str) -> Option<usize> {
+        (0..self.ports.len()).find(|&i| self.ports[i].name == name && self.taps[i].is_some())
+    }
+
+    /// `hyphae leave`: release the namespace's addresses, drop its tunnels and its TAP.
+    fn leave(&mut self, name: &str) -> Result<usize, String> {
+        let Some(i) = self.active(name) else {
+            return Err(format!("not a member of '{name}'"));
+        };
+        Ok(self.drop_namespace(i))
+    }
+
+    fn drop_namespace(&mut self, i: usize) -> usize {
+        let released = self.members[i].leave(&mut self.overlay);
+        self.node.remove_namespace(Instant::now(), NamespaceId(i));
+        // Dropping the TAP removes the device.
+        self.taps[i] = None;
+        tracing::info!(namespace = %self.ports[i].name, "namespace left");
+        released
     }
 
     async fn run(mut self, listener: UnixListener) -> Result<()> {
-        let (ctl_tx, mut ctl_rx) = mpsc::channel::<StatusReply>(16);
+        let (ctl_tx, mut ctl_rx) = mpsc::channel::<Call>(16);
         tokio::spawn(serve_control(listener, ctl_tx));
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
@@ -325,9 +420,17 @@ impl Agent {
                 i = any_readable(&self.taps) => self.drain_tap(i).await,
                 event = self.overlay.next_event() => self.handle_overlay(event),
                 _ = tick.tick() => self.handle_timeout(Instant::now()),
-                Some(reply) = ctl_rx.recv() => {
-                    let _ = reply.send(self.status());
-                }
+                Some(call) = ctl_rx.recv() => match call {
+                    Call::Status(reply) => {
+                        let _ = reply.send(self.status());
+                    }
+                    Call::Join(name, reply) => {
+                        let _ = reply.send(self.join(&name, Instant::now()));
+                    }
+                    Call::Leave(name, reply) => {
+                        let _ = reply.send(self.leave(&name));
+                    }
+                },
             }
             self.flush_node().await;
             if let Some(reason) = self.fatal.take() {
@@ -383,7 +486,7 @@ impl Agent {
                     match self.members[i].claimed(op, &result, now) {
                         None | Some(ClaimOutcome::Nothing) => {}
                         Some(ClaimOutcome::Won(address)) => self.set_address(i, address, now),
-                        Some(ClaimOutcome::Conflict(reason)) => self.fatal = Some(reason),
+                        Some(ClaimOutcome::Conflict(reason)) => self.conflict(i, reason),
                     }
                 }
                 // An `auto` claim that lost tries the next address at once.
@@ -403,11 +506,16 @@ impl Agent {
                     };
                     tracing::debug!(namespace = %self.members[i].name, target = %r.target,
                         member = ?r.member, %endpoint, "resolved");
-                    if let Err(reason) =
-                        self.node
-                            .add_member(now, NamespaceId(i), r.member, endpoint)
+                    match self
+                        .node
+                        .add_member(now, NamespaceId(i), r.member, endpoint)
                     {
-                        tracing::debug!(reason = reason.as_str(), "cannot open a tunnel");
+                        // A member we already have a tunnel with: its announcement is the
+                        // route (the frames that waited go out with it).
+                        Ok(handle) => self.node.repeat_addresses(NamespaceId(i), Some(handle)),
+                        Err(reason) => {
+                            tracing::debug!(reason = reason.as_str(), "cannot open a tunnel");
+                        }
                     }
                 }
             }
@@ -418,6 +526,36 @@ impl Agent {
             }
             OverlayEvent::Listening { .. } | OverlayEvent::Released { .. } => {}
         }
+        self.apply_settings();
+    }
+
+    /// What the namespace records said: learned subnets go to the switches; a conflict
+    /// stops the agent.
+    fn apply_settings(&mut self) {
+        for i in 0..self.members.len() {
+            if let Some(reason) = self.members[i].conflict.take() {
+                self.conflict(i, reason);
+            }
+            if std::mem::take(&mut self.members[i].subnet_learned) {
+                if let Some(subnet) = self.members[i].subnet {
+                    self.ports[i].switch.set_subnet(subnet);
+                    // Members announced before the subnet was known: route them now.
+                    self.node.repeat_addresses(NamespaceId(i), None);
+                }
+            }
+        }
+    }
+
+    /// Namespace `i` cannot be joined as configured: one joined with `hyphae join` is left
+    /// (the error shows in its status); one from the config at start stops the agent.
+    fn conflict(&mut self, i: usize, reason: String) {
+        if self.ports[i].live {
+            tracing::error!(namespace = %self.ports[i].name, "{reason}");
+            self.drop_namespace(i);
+            self.ports[i].error = Some(reason);
+        } else {
+            self.fatal = Some(reason);
+        }
     }
 
     /// Gives this member's address to the device, the switch and the tunnels.
@@ -425,9 +563,9 @@ impl Agent {
         let port = &mut self.ports[i];
         if port.switch.config().address != address {
             let prefix = port.switch.config().subnet.prefix_len();
-            if let Err(e) = self.taps[i]
-                .get_ref()
-                .set_network_address(address, prefix, None)
+            if let Some(Err(e)) = self.taps[i]
+                .as_ref()
+                .map(|t| t.get_ref().set_network_address(address, prefix, None))
             {
                 tracing::error!(device = %port.device, error = %e, "cannot set the address");
             }
@@ -485,7 +623,10 @@ impl Agent {
                         if let Action::ToTap { len } =
                             port.switch.handle_peer_packet(&mut self.tx, len)
                         {
-                            if self.taps[ns.0].get_ref().send(&self.tx[..len]).is_err() {
+                            let Some(tap) = self.taps.get(ns.0).and_then(Option::as_ref) else {
+                                continue;
+                            };
+                            if tap.get_ref().send(&self.tx[..len]).is_err() {
                                 port.tap_errors += 1;
                             }
                         }
@@ -510,7 +651,10 @@ impl Agent {
         let mut rx = std::mem::take(&mut self.rx);
         for _ in 0..BATCH {
             // try_io clears the readiness only when the device reports WouldBlock.
-            let n = match self.taps[i].try_io(Interest::READABLE, |tap| tap.recv(&mut rx)) {
+            let Some(tap) = self.taps.get(i).and_then(Option::as_ref) else {
+                break;
+            };
+            let n = match tap.try_io(Interest::READABLE, |tap| tap.recv(&mut rx)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => {
@@ -535,7 +679,10 @@ impl Agent {
                 }
             }
             Action::ToTap { len } => {
-                if self.taps[i].get_ref().send(&self.reply[..len]).is_err() {
+                let sent = self.taps[i]
+                    .as_ref()
+                    .is_some_and(|t| t.get_ref().send(&self.reply[..len]).is_ok());
+                if !sent {
                     port.tap_errors += 1;
                 }
             }
@@ -609,7 +756,8 @@ impl Agent {
                         cfg.address.to_string()
                     },
                     address_claimed: m.owned.is_some(),
-                    subnet: cfg.subnet.to_string(),
+                    subnet: m.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                    error: p.error.clone(),
                     lookups: m.lookups,
                     unresolved_drops: m.unresolved_drops,
                     to_peers: c.to_peer,
@@ -656,6 +804,15 @@ impl Agent {
                     .collect(),
             });
         }
+        // Left namespaces are not shown, unless the last one of a name failed.
+        let mut i = 0;
+        namespaces.retain(|_| {
+            let p = &self.ports[i];
+            let keep = self.taps[i].is_some()
+                || (p.error.is_some() && !self.ports[i + 1..].iter().any(|q| q.name == p.name));
+            i += 1;
+            keep
+        });
         Status {
             version: STATUS_VERSION,
             identity: self.node.peer_id().to_string(),
@@ -694,9 +851,12 @@ impl Agent {
 }
 
 /// Resolves with the index of the first TAP that is readable.
-async fn any_readable(taps: &[AsyncFd<SyncDevice>]) -> usize {
+async fn any_readable(taps: &[Option<AsyncFd<SyncDevice>>]) -> usize {
     poll_fn(|cx| {
         for (i, tap) in taps.iter().enumerate() {
+            let Some(tap) = tap else {
+                continue;
+            };
             // The guard is dropped with its readiness retained: the drain loop reads until
             // WouldBlock, which clears it.
             if let Poll::Ready(Ok(_guard)) = tap.poll_read_ready(cx) {
@@ -708,7 +868,7 @@ async fn any_readable(taps: &[AsyncFd<SyncDevice>]) -> usize {
     .await
 }
 
-async fn serve_control(listener: UnixListener, agent: mpsc::Sender<StatusReply>) {
+async fn serve_control(listener: UnixListener, agent: mpsc::Sender<Call>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -724,11 +884,35 @@ async fn serve_control(listener: UnixListener, agent: mpsc::Sender<StatusReply>)
             let reply = match serde_json::from_str::<Request>(&line) {
                 Ok(Request::Status) => {
                     let (tx, rx) = oneshot::channel();
-                    if agent.send(tx).await.is_err() {
+                    if agent.send(Call::Status(tx)).await.is_err() {
                         return;
                     }
                     match rx.await {
                         Ok(status) => serde_json::to_string(&status).unwrap_or_default(),
+                        Err(_) => return,
+                    }
+                }
+                Ok(Request::Join { namespace }) => {
+                    let (tx, rx) = oneshot::channel();
+                    if agent.send(Call::Join(namespace, tx)).await.is_err() {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(Ok(())) => serde_json::json!({ "ok": true }).to_string(),
+                        Ok(Err(e)) => serde_json::json!({ "error": e }).to_string(),
+                        Err(_) => return,
+                    }
+                }
+                Ok(Request::Leave { namespace }) => {
+                    let (tx, rx) = oneshot::channel();
+                    if agent.send(Call::Leave(namespace, tx)).await.is_err() {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(Ok(released)) => {
+                            serde_json::json!({ "ok": true, "released": released }).to_string()
+                        }
+                        Ok(Err(e)) => serde_json::json!({ "error": e }).to_string(),
                         Err(_) => return,
                     }
                 }

@@ -43,6 +43,9 @@ pub struct Testbed {
     dir: PathBuf,
     bin: PathBuf,
     processes: Vec<Child>,
+    /// Processes started by a program this testbed ran (e.g. an agent `hyphae join`
+    /// started): not our children, killed by PID when the testbed drops.
+    adopted: Vec<u32>,
 }
 
 /// A host: a network namespace with `eth0` on the underlay.
@@ -86,6 +89,7 @@ impl Testbed {
             dir,
             bin: bin.to_path_buf(),
             processes: Vec::new(),
+            adopted: Vec::new(),
         };
         run("ip", &["netns", "add", &switch_ns])?;
         bed.namespaces.push(switch_ns.clone());
@@ -270,8 +274,19 @@ impl Testbed {
     }
 }
 
+impl Testbed {
+    /// Kills `pid` (started inside this testbed by a program it ran) when the testbed drops.
+    pub fn adopt(&mut self, pid: u32) {
+        self.adopted.push(pid);
+    }
+}
+
 impl Drop for Testbed {
     fn drop(&mut self) {
+        for &pid in &self.adopted {
+            // SAFETY: kill(2) on a PID a program of this testbed reported starting.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
         for child in &mut self.processes {
             // SAFETY: kill(2) on a child we spawned and have not reaped.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -296,13 +311,20 @@ impl Drop for Testbed {
     }
 }
 
+/// The `[agent]` section of a testbed host's `hyphae.toml`.
+pub fn agent_section(host: &Host) -> String {
+    format!(
+        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n",
+        dir = host.dir.display(),
+        ip = host.underlay,
+    )
+}
+
 /// The `[agent]` section of a testbed host and the start of its `[[namespace]]`.
 fn agent_and_namespace(host: &Host, namespace: &str, secret_file: &Path, subnet: &str) -> String {
     format!(
-        "[agent]\nstate_dir = \"{dir}/state\"\ncontrol_socket = \"{dir}/hyphae.sock\"\nlisten = \"{ip}:7400\"\n\n\
-         [[namespace]]\nname = \"{namespace}\"\nsecret_file = \"{secret}\"\nsubnet = \"{subnet}\"\n",
-        dir = host.dir.display(),
-        ip = host.underlay,
+        "{}\n[[namespace]]\nname = \"{namespace}\"\nsecret_file = \"{secret}\"\nsubnet = \"{subnet}\"\n",
+        agent_section(host),
         secret = secret_file.display(),
     )
 }

@@ -339,3 +339,131 @@ fn blocked_members_are_relayed_then_go_direct() {
         "pings still relayed: {before} -> {after}"
     );
 }
+
+/// Runs `hyphae ARGS -c CONFIG` inside a host: (success, stdout + stderr). An agent the
+/// command started is killed with the testbed.
+fn cli(bed: &mut Testbed, host: &Host, args: &[&str], config: &Path) -> (bool, String) {
+    let mut full: Vec<&str> = args.to_vec();
+    let c = config.display().to_string();
+    full.extend_from_slice(&["-c", &c]);
+    let out = bed.ns_output(&host.ns, BIN, &full).unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Some(pid) = text
+        .split("(pid ")
+        .nth(1)
+        .and_then(|t| t.split(')').next())
+        .and_then(|p| p.parse().ok())
+    {
+        bed.adopt(pid);
+    }
+    (out.status.success(), text)
+}
+
+/// The address in "joined 'lab': address A on DEV".
+fn joined_address(text: &str) -> Ipv4Addr {
+    let after = text
+        .split("address ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no address in: {text}"));
+    after.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// `hyphae join` with no subnet takes the namespace's from its signed record, in a running
+/// agent or by starting one; a join whose subnet contradicts the record is refused naming
+/// the record's keeper and leaves the config as it was; `hyphae leave` releases the address
+/// (another member can take it at once) and removes the device and the config section.
+#[test]
+fn join_and_leave_with_the_cli() {
+    require_root();
+    let mut bed = Testbed::new("join", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let secret_arg = secret.display().to_string();
+    let h1 = bed.add_host("h1", underlay(1)).unwrap();
+    let a1 = bed
+        .start_agent(&h1, &config(&h1, &secret, "auto", None))
+        .unwrap();
+    let first = Member {
+        host: h1,
+        agent: a1,
+    };
+    let first_address = claimed_address(&bed, &first);
+    let keeper = status(&bed, &first).identity;
+    let boot = underlay(1).to_string();
+
+    // h2 runs an agent with no namespace; `join` adds one to it.
+    let h2 = bed.add_host("h2", underlay(2)).unwrap();
+    let a2 = bed
+        .start_agent(&h2, &hyphae_agent::testbed::agent_section(&h2))
+        .unwrap();
+    let join_args = [
+        "join",
+        "lab",
+        "--secret-file",
+        &secret_arg,
+        "--bootstrap",
+        &boot,
+    ];
+    let (ok, text) = cli(&mut bed, &h2, &join_args, &a2.config);
+    assert!(ok, "{text}");
+    let second_address = joined_address(&text);
+    assert!(
+        "10.202.0.0/24"
+            .parse::<ipnet::Ipv4Net>()
+            .unwrap()
+            .contains(&second_address),
+        "subnet not taken from the namespace record: {text}"
+    );
+    let second = Member {
+        host: h2.clone(),
+        agent: a2,
+    };
+    assert_eq!(status(&bed, &second).namespaces[0].subnet, SUBNET);
+    bed.wait_for_ping(&second.host, first_address, Duration::from_secs(10))
+        .unwrap();
+    let (ok, text) = cli(&mut bed, &h2, &["peers"], &second.agent.config);
+    assert!(ok && text.contains(&first_address.to_string()), "{text}");
+    let (ok, text) = cli(&mut bed, &h2, &join_args, &second.agent.config);
+    assert!(!ok && text.contains("already in"), "{text}");
+
+    // h3 has no agent: a join with the wrong subnet starts one, which is refused.
+    let h3 = bed.add_host("h3", underlay(3)).unwrap();
+    let c3 = h3.dir.join("hyphae.toml");
+    std::fs::write(&c3, hyphae_agent::testbed::agent_section(&h3)).unwrap();
+    let mut wrong = join_args.to_vec();
+    wrong.extend_from_slice(&["--subnet", "10.99.0.0/24"]);
+    let (ok, text) = cli(&mut bed, &h3, &wrong, &c3);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("its subnet is 10.202.0.0/24") && text.contains(&keeper),
+        "refusal should give the namespace's subnet and keeper: {text}"
+    );
+    let kept = std::fs::read_to_string(&c3).unwrap();
+    assert!(
+        !kept.contains("[[namespace]]"),
+        "config not restored: {kept}"
+    );
+
+    // h2 leaves: its device goes and its address is free at once, for h3 to take.
+    let (ok, text) = cli(&mut bed, &h2, &["leave", "lab"], &second.agent.config);
+    assert!(ok && text.contains("left 'lab'"), "{text}");
+    assert!(
+        bed.ns(&h2.ns, "ip", &["link", "show", "hyphae0"]).is_err(),
+        "device still there"
+    );
+    let left = std::fs::read_to_string(&second.agent.config).unwrap();
+    assert!(!left.contains("[[namespace]]"), "{left}");
+    assert!(status(&bed, &second).namespaces.is_empty());
+
+    let taken = second_address.to_string();
+    let mut static_join = join_args.to_vec();
+    static_join.extend_from_slice(&["--address", &taken]);
+    let (ok, text) = cli(&mut bed, &h3, &static_join, &c3);
+    assert!(ok, "{text}");
+    assert_eq!(joined_address(&text), second_address, "{text}");
+    bed.wait_for_ping(&first.host, second_address, Duration::from_secs(20))
+        .unwrap();
+}

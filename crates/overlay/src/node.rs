@@ -298,6 +298,8 @@ pub struct PeerInfo<'a> {
 struct Namespace {
     keys: NamespaceKeys,
     addresses: Vec<Ipv4Addr>,
+    /// False once left: its datagrams are strangers' again.
+    active: bool,
 }
 
 /// Where a datagram goes, or came from.
@@ -449,8 +451,44 @@ impl Node {
 
     /// Joins a namespace in which this node owns `addresses`.
     pub fn add_namespace(&mut self, keys: NamespaceKeys, addresses: Vec<Ipv4Addr>) -> NamespaceId {
-        self.namespaces.push(Namespace { keys, addresses });
+        self.namespaces.push(Namespace {
+            keys,
+            addresses,
+            active: true,
+        });
         NamespaceId(self.namespaces.len() - 1)
+    }
+
+    /// Leaves a namespace: its tunnels and configured endpoints are dropped, and its
+    /// datagrams are refused from now on (its id is not reused).
+    pub fn remove_namespace(&mut self, now: Instant, ns: NamespaceId) {
+        let Some(namespace) = self.namespaces.get_mut(ns.0) else {
+            return;
+        };
+        namespace.addresses.clear();
+        let handles: Vec<PeerHandle> = self
+            .by_id
+            .iter()
+            .filter(|((n, _), _)| *n == ns)
+            .map(|(_, h)| *h)
+            .collect();
+        for handle in handles {
+            // Members with a session hear that we own nothing any more: their routes to
+            // us go at once, not when we stop answering.
+            if self
+                .peers
+                .get(handle.0 as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|p| p.tunn.stats().0.is_some())
+            {
+                self.announce(now, handle);
+            }
+            self.remove_peer(handle);
+        }
+        if let Some(namespace) = self.namespaces.get_mut(ns.0) {
+            namespace.active = false;
+        }
+        self.static_peers.retain(|sp| sp.ns != ns);
     }
 
     /// Adds a member endpoint to contact in `ns`; it is hello'd from the next timeout on.
@@ -516,6 +554,25 @@ impl Node {
                 .is_some_and(|p| p.initiator || p.tunn.stats().0.is_some())
             {
                 self.announce(now, handle);
+            }
+        }
+    }
+
+    /// Queues a [`Event::PeerAddresses`] again for every member of `ns` that announced
+    /// addresses (or only for `peer`): for a driver whose view of the namespace changed
+    /// (it learned the subnet, or looked up an address a member already announced).
+    pub fn repeat_addresses(&mut self, ns: NamespaceId, peer: Option<PeerHandle>) {
+        for (i, p) in self.peers.iter().enumerate() {
+            let Some(p) = p else {
+                continue;
+            };
+            let handle = PeerHandle(i as u32);
+            if p.ns == ns && !p.addresses.is_empty() && peer.map_or(true, |h| h == handle) {
+                self.events.push_back(Event::PeerAddresses {
+                    ns,
+                    peer: handle,
+                    addresses: p.addresses.clone(),
+                });
             }
         }
     }
@@ -1584,7 +1641,7 @@ impl Node {
     fn namespace_by_tag(&self, tag: &[u8; TAG_LEN]) -> Option<NamespaceId> {
         self.namespaces
             .iter()
-            .position(|n| &n.keys.tag == tag)
+            .position(|n| n.active && &n.keys.tag == tag)
             .map(NamespaceId)
     }
 

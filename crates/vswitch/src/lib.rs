@@ -219,6 +219,12 @@ impl<P: Copy + Eq> Switch<P> {
         self.config.address = address;
     }
 
+    /// Changes the namespace subnet (learned after start); routes outside it are dropped.
+    pub fn set_subnet(&mut self, subnet: Ipv4Net) {
+        self.config.subnet = subnet;
+        self.routes.retain(|a, _| subnet.contains(a));
+    }
+
     /// Routes `addr` to `peer` (in addition to what it announced).
     pub fn add_route(&mut self, addr: Ipv4Addr, peer: P) {
         if self.config.subnet.contains(&addr) && addr != self.config.address {

@@ -1,0 +1,352 @@
+//! `hyphae join` and `hyphae leave`: add a namespace to (or remove it from) the config file,
+//! and tell the running agent, or start one.
+//!
+//! The config file stays the single source of truth: the agent re-reads it for the namespace
+//! it is asked to join. Edits keep the file's comments and layout (toml_edit), and a join that
+//! the agent refuses is taken back out of the file.
+
+use std::io::ErrorKind;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use toml_edit::{value, Array, ArrayOfTables, DocumentMut, Item, Table};
+
+use crate::config::Config;
+use crate::control::{self, Request, Status};
+
+/// How long `hyphae join` waits for the new member's address.
+pub const JOIN_WAIT: Duration = Duration::from_secs(30);
+
+/// What `hyphae join` was asked.
+#[derive(Debug, Clone)]
+pub struct JoinArgs {
+    /// Namespace name.
+    pub namespace: String,
+    /// File holding the namespace secret.
+    pub secret_file: PathBuf,
+    /// Members to join through (host:port, host, or multiaddr).
+    pub bootstrap: Vec<String>,
+    /// `auto` or a static address.
+    pub address: Option<String>,
+    /// The namespace subnet (taken from the namespace record when absent).
+    pub subnet: Option<String>,
+    /// TAP device name (the first free `hyphaeN` when absent).
+    pub device: Option<String>,
+    /// The config file.
+    pub config: PathBuf,
+}
+
+/// Adds the namespace to the config file and brings it up in the running agent (or starts
+/// the agent); waits for the member's address.
+pub fn join(args: &JoinArgs) -> Result<()> {
+    let old = read_config_text(&args.config)?;
+    let mut doc = parse(&args.config, &old)?;
+    let names = namespace_names(&doc);
+    if names.iter().any(|n| n == &args.namespace) {
+        bail!(
+            "namespace '{}' is already in {}; `hyphae leave {}` first",
+            args.namespace,
+            args.config.display(),
+            args.namespace
+        );
+    }
+    let secret = std::fs::canonicalize(&args.secret_file).with_context(|| {
+        format!(
+            "cannot read secret file {} (create one with `hyphae secret > {}`)",
+            args.secret_file.display(),
+            args.secret_file.display()
+        )
+    })?;
+    let device = match &args.device {
+        Some(d) => d.clone(),
+        None => free_device(&doc),
+    };
+    let mut t = Table::new();
+    t["name"] = value(args.namespace.as_str());
+    t["secret_file"] = value(secret.display().to_string());
+    if let Some(subnet) = &args.subnet {
+        t["subnet"] = value(subnet.as_str());
+    }
+    t["address"] = value(args.address.as_deref().unwrap_or("auto"));
+    t["device"] = value(device.as_str());
+    if !args.bootstrap.is_empty() {
+        t["bootstrap"] = value(Array::from_iter(args.bootstrap.iter().map(String::as_str)));
+    }
+    let namespaces = doc
+        .entry("namespace")
+        .or_insert(Item::ArrayOfTables(ArrayOfTables::new()));
+    let Some(namespaces) = namespaces.as_array_of_tables_mut() else {
+        bail!(
+            "config {}: `namespace` must be [[namespace]] sections",
+            args.config.display()
+        );
+    };
+    namespaces.push(t);
+    let config = write_checked(&args.config, &doc.to_string())?;
+
+    let socket = config.agent.control_socket.clone();
+    let mut started: Option<Child> = None;
+    if agent_running(&socket) {
+        let reply = control::request(
+            &socket,
+            &Request::Join {
+                namespace: args.namespace.clone(),
+            },
+        )?;
+        if let Err(e) = check_reply(&reply) {
+            restore(&args.config, &old);
+            bail!("the agent refused: {e}");
+        }
+    } else {
+        match start_agent(&config) {
+            Ok(child) => started = Some(child),
+            Err(e) => {
+                restore(&args.config, &old);
+                return Err(e);
+            }
+        }
+    }
+    match wait_joined(&socket, &args.namespace, started.as_mut(), &config) {
+        Ok(Some((address, device))) => {
+            println!("joined '{}': address {address} on {device}", args.namespace);
+        }
+        Ok(None) => println!(
+            "joined '{}'; no address yet (`hyphae status` shows progress)",
+            args.namespace
+        ),
+        Err(e) => {
+            restore(&args.config, &old);
+            return Err(e);
+        }
+    }
+    if let Some(child) = started {
+        println!(
+            "started the agent (pid {}); its log is {}",
+            child.id(),
+            log_path(&config).display()
+        );
+    }
+    Ok(())
+}
+
+/// Leaves the namespace in the running agent (releasing its addresses and removing its
+/// device) and removes it from the config file.
+pub fn leave(namespace: &str, config_path: &Path) -> Result<()> {
+    let old = read_config_text(config_path)?;
+    let mut doc = parse(config_path, &old)?;
+    let Some(index) = namespace_names(&doc).iter().position(|n| n == namespace) else {
+        bail!(
+            "namespace '{namespace}' is not in {}",
+            config_path.display()
+        );
+    };
+    let socket = crate::config::control_socket(config_path)?;
+    let mut released = None;
+    if agent_running(&socket) {
+        let reply = control::request(
+            &socket,
+            &Request::Leave {
+                namespace: namespace.to_string(),
+            },
+        )?;
+        match check_reply(&reply) {
+            Ok(v) => released = v["released"].as_u64(),
+            // Not up in the agent (it failed, or the file was edited by hand): the file
+            // is all there is to change.
+            Err(e) if e.starts_with("not a member") => {}
+            Err(e) => bail!("the agent refused: {e}"),
+        }
+    }
+    if let Some(namespaces) = doc
+        .get_mut("namespace")
+        .and_then(Item::as_array_of_tables_mut)
+    {
+        namespaces.remove(index);
+        if namespaces.is_empty() {
+            doc.remove("namespace");
+        }
+    }
+    std::fs::write(config_path, doc.to_string())
+        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    match released {
+        Some(n) => println!("left '{namespace}' ({n} records released)"),
+        None => println!("removed '{namespace}' from {}", config_path.display()),
+    }
+    Ok(())
+}
+
+fn read_config_text(path: &Path) -> Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(e).with_context(|| format!("cannot read config {}", path.display())),
+    }
+}
+
+fn parse(path: &Path, text: &str) -> Result<DocumentMut> {
+    text.parse::<DocumentMut>()
+        .map_err(|e| anyhow::anyhow!("config {}: {}", path.display(), e.message()))
+}
+
+fn namespace_names(doc: &DocumentMut) -> Vec<String> {
+    doc.get("namespace")
+        .and_then(Item::as_array_of_tables)
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    t.get("name")
+                        .and_then(Item::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The first `hyphaeN` no namespace of the file uses (a namespace without `device` uses
+/// `hyphae0`).
+fn free_device(doc: &DocumentMut) -> String {
+    let used: Vec<String> = doc
+        .get("namespace")
+        .and_then(Item::as_array_of_tables)
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    t.get("device")
+                        .and_then(Item::as_str)
+                        .unwrap_or("hyphae0")
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (0..)
+        .map(|n| format!("hyphae{n}"))
+        .find(|d| !used.contains(d))
+        .unwrap_or_else(|| "hyphae0".into())
+}
+
+/// Validates the new text as a whole config (secrets, addresses, devices) before it
+/// replaces the file; errors name the real file.
+fn write_checked(path: &Path, text: &str) -> Result<Config> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    if let Err(e) = Config::load(&tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        let msg = format!("{e:#}").replace(&tmp.display().to_string(), &path.display().to_string());
+        bail!("{msg}");
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Config::load(path)
+}
+
+fn restore(path: &Path, old: &str) {
+    let _ = if old.is_empty() {
+        std::fs::remove_file(path)
+    } else {
+        std::fs::write(path, old)
+    };
+}
+
+fn agent_running(socket: &Path) -> bool {
+    UnixStream::connect(socket).is_ok()
+}
+
+/// The reply's JSON, or its `error`.
+fn check_reply(reply: &str) -> Result<serde_json::Value, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(reply).map_err(|e| format!("bad reply from the agent: {e}"))?;
+    match v.get("error").and_then(|e| e.as_str()) {
+        Some(e) => Err(e.to_string()),
+        None => Ok(v),
+    }
+}
+
+fn log_path(config: &Config) -> PathBuf {
+    config.agent.state_dir.join("hyphae.log")
+}
+
+/// Starts `hyphae up` in the background (its own process group, output to the state
+/// directory's log) and waits for its control socket.
+fn start_agent(config: &Config) -> Result<Child> {
+    let exe = std::env::current_exe().context("cannot find the hyphae binary")?;
+    std::fs::create_dir_all(&config.agent.state_dir)
+        .with_context(|| format!("cannot create {}", config.agent.state_dir.display()))?;
+    let log_file = log_path(config);
+    let log = std::fs::File::create(&log_file)
+        .with_context(|| format!("cannot write {}", log_file.display()))?;
+    let mut child = Command::new(exe)
+        .arg("up")
+        .arg("-c")
+        .arg(&config.path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("cannot start the agent")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent_running(&config.agent.control_socket) {
+        if let Some(status) = child.try_wait()? {
+            bail!("the agent exited ({status}): {}", last_line(&log_file));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the agent did not start: {}", last_line(&log_file));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(child)
+}
+
+fn last_line(log: &Path) -> String {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Polls the agent until the namespace has an address (`Some((address, device))`), the
+/// wait is over (`None`), or it failed.
+fn wait_joined(
+    socket: &Path,
+    namespace: &str,
+    mut started: Option<&mut Child>,
+    config: &Config,
+) -> Result<Option<(String, String)>> {
+    let deadline = Instant::now() + JOIN_WAIT;
+    while Instant::now() < deadline {
+        if let Some(child) = started.as_deref_mut() {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "the agent exited ({status}): {}",
+                    last_line(&log_path(config))
+                );
+            }
+        }
+        if let Ok(reply) = control::request(socket, &Request::Status) {
+            if let Ok(status) = serde_json::from_str::<Status>(&reply) {
+                if let Some(ns) = status.namespaces.iter().find(|n| n.name == namespace) {
+                    if let Some(e) = &ns.error {
+                        bail!("{e}");
+                    }
+                    if ns.address_claimed && !ns.address.is_empty() {
+                        return Ok(Some((ns.address.clone(), ns.device.clone())));
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(None)
+}
