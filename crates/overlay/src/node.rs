@@ -1076,14 +1076,14 @@ impl Node {
         let Some((_, sent)) = peer.probes.remove(i) else {
             return;
         };
-        if let Route::Direct(_) = route {
-            if peer.relayed {
-                tracing::info!(peer = ?peer.id, "direct path answers: leaving the relay");
-                peer.relayed = false;
-            }
+        let direct = matches!(route, Route::Direct(_));
+        // The round trip shown is the current path's (a late relayed answer is not it).
+        if direct || peer.relayed {
             peer.rtt = Some(now.saturating_duration_since(sent));
-        } else if peer.relayed {
-            peer.rtt = Some(now.saturating_duration_since(sent));
+        }
+        if direct && peer.relayed {
+            tracing::info!(peer = ?peer.id, "direct path answers: leaving the relay");
+            peer.relayed = false;
         }
     }
 
