@@ -21,22 +21,28 @@ use crate::control::{self, Request, Status};
 /// How long `hyphae join` waits for the new member's address.
 pub const JOIN_WAIT: Duration = Duration::from_secs(30);
 
-/// What `hyphae join` was asked.
-#[derive(Debug, Clone)]
+/// What `hyphae join` was asked (its command-line arguments).
+#[derive(Debug, Clone, clap::Args)]
 pub struct JoinArgs {
     /// Namespace name.
     pub namespace: String,
-    /// File holding the namespace secret.
+    /// File holding the namespace secret (`hyphae secret > FILE` makes one).
+    #[arg(long)]
     pub secret_file: PathBuf,
-    /// Members to join through (host:port, host, or multiaddr).
+    /// A member to join through: host:port, host, or a libp2p multiaddr (repeatable).
+    #[arg(long)]
     pub bootstrap: Vec<String>,
-    /// `auto` or a static address.
+    /// `auto` (a free address of the subnet) or a static address.
+    #[arg(long)]
     pub address: Option<String>,
-    /// The namespace subnet (taken from the namespace record when absent).
+    /// The namespace subnet; without it, the namespace record in the DHT says.
+    #[arg(long)]
     pub subnet: Option<String>,
-    /// TAP device name (the first free `hyphaeN` when absent).
+    /// TAP device (default: the first free hyphaeN).
+    #[arg(long)]
     pub device: Option<String>,
-    /// The config file.
+    /// Config file (created if missing).
+    #[arg(short, long, default_value_os_t = crate::run::default_config_path())]
     pub config: PathBuf,
 }
 

@@ -35,28 +35,7 @@ enum Cmd {
     },
     /// Join a namespace: add it to the config file and to the running agent (or start the
     /// agent), then wait for this member's address.
-    Join {
-        /// Namespace name.
-        namespace: String,
-        /// File holding the namespace secret (`hyphae secret > FILE` makes one).
-        #[arg(long)]
-        secret_file: PathBuf,
-        /// A member to join through: host:port, host, or a libp2p multiaddr (repeatable).
-        #[arg(long)]
-        bootstrap: Vec<String>,
-        /// `auto` (a free address of the subnet) or a static address.
-        #[arg(long)]
-        address: Option<String>,
-        /// The namespace subnet; without it, the namespace record in the DHT says.
-        #[arg(long)]
-        subnet: Option<String>,
-        /// TAP device (default: the first free hyphaeN).
-        #[arg(long)]
-        device: Option<String>,
-        /// Config file (created if missing).
-        #[arg(short, long, default_value_os_t = run::default_config_path())]
-        config: PathBuf,
-    },
+    Join(join::JoinArgs),
     /// Leave a namespace: release this member's addresses, remove its device, and take it
     /// out of the config file.
     Leave {
@@ -116,23 +95,7 @@ fn execute(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Join {
-            namespace,
-            secret_file,
-            bootstrap,
-            address,
-            subnet,
-            device,
-            config,
-        } => join::join(&join::JoinArgs {
-            namespace,
-            secret_file,
-            bootstrap,
-            address,
-            subnet,
-            device,
-            config,
-        }),
+        Cmd::Join(args) => join::join(&args),
         Cmd::Leave { namespace, config } => join::leave(&namespace, &config),
         Cmd::Peers { config, json } => {
             let socket = config::control_socket(&config)?;

@@ -53,20 +53,26 @@ fn secret(dir: &Path) -> PathBuf {
     path
 }
 
+/// Hosts h1..hN with `auto` addresses: h1 starts the overlay, the others bootstrap from it.
+fn start_members(bed: &mut Testbed, secret: &Path, n: u8) -> Vec<Member> {
+    (1..=n)
+        .map(|i| {
+            let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
+            let boot = (i > 1).then(|| underlay(1));
+            let agent = bed
+                .start_agent(&host, &config(&host, secret, "auto", boot))
+                .unwrap();
+            Member { host, agent }
+        })
+        .collect()
+}
+
 #[test]
 fn six_members_join_through_one_bootstrap_and_survive_its_loss() {
     require_root();
     let mut bed = Testbed::new("dht", Path::new(BIN)).expect("testbed");
     let secret = secret(bed.dir());
-    let mut members = Vec::new();
-    for i in 1..=6u8 {
-        let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
-        let boot = (i > 1).then(|| underlay(1));
-        let agent = bed
-            .start_agent(&host, &config(&host, &secret, "auto", boot))
-            .unwrap();
-        members.push(Member { host, agent });
-    }
+    let mut members = start_members(&mut bed, &secret, 6);
     let addresses: Vec<Ipv4Addr> = members.iter().map(|m| claimed_address(&bed, m)).collect();
     let unique: HashSet<_> = addresses.iter().collect();
     assert_eq!(unique.len(), 6, "addresses not unique: {addresses:?}");
@@ -261,15 +267,7 @@ fn blocked_members_are_relayed_then_go_direct() {
     require_root();
     let mut bed = Testbed::new("relay", Path::new(BIN)).expect("testbed");
     let secret = secret(bed.dir());
-    let mut members = Vec::new();
-    for i in 1..=3u8 {
-        let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
-        let boot = (i > 1).then(|| underlay(1));
-        let agent = bed
-            .start_agent(&host, &config(&host, &secret, "auto", boot))
-            .unwrap();
-        members.push(Member { host, agent });
-    }
+    let members = start_members(&mut bed, &secret, 3);
     block_udp(&bed, &members[1].host, underlay(3));
     block_udp(&bed, &members[2].host, underlay(2));
     let relay_id = status(&bed, &members[0]).identity;
