@@ -44,6 +44,7 @@ struct AgentSection {
     state_dir: PathBuf,
     control_socket: PathBuf,
     listen: String,
+    mdns: bool,
 }
 
 impl Default for AgentSection {
@@ -52,6 +53,7 @@ impl Default for AgentSection {
             state_dir: PathBuf::from("/var/lib/hyphae"),
             control_socket: PathBuf::from("/run/hyphae/hyphae.sock"),
             listen: format!("0.0.0.0:{DEFAULT_PORT}"),
+            mdns: false,
         }
     }
 }
@@ -123,6 +125,8 @@ pub struct Agent {
     pub control_socket: PathBuf,
     /// Underlay UDP address.
     pub listen: SocketAddr,
+    /// Find members on the same LAN by mDNS (no bootstrap address needed).
+    pub mdns: bool,
 }
 
 /// How a namespace attaches to the host.
@@ -216,7 +220,7 @@ impl Config {
         let mut namespaces: Vec<Namespace> = Vec::new();
         for section in file.namespaces {
             let name = section.name.clone();
-            let ns = validate_namespace(section)
+            let ns = validate_namespace(section, file.agent.mdns)
                 .with_context(|| format!("config {}: namespace '{name}'", path.display()))?;
             if namespaces.iter().any(|n| n.name == ns.name) {
                 bail!(
@@ -242,13 +246,15 @@ impl Config {
                 state_dir: file.agent.state_dir,
                 control_socket: file.agent.control_socket,
                 listen,
+                mdns: file.agent.mdns,
             },
             namespaces,
         })
     }
 }
 
-fn validate_namespace(s: NamespaceSection) -> Result<Namespace> {
+/// `mdns`: members may be found on the LAN, so the subnet may come from them.
+fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
     let valid_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
     if s.name.is_empty() || s.name.len() > 63 || !s.name.chars().all(valid_name) {
         bail!("name must be 1-63 letters, digits, '-', '_' or '.'");
@@ -293,8 +299,10 @@ fn validate_namespace(s: NamespaceSection) -> Result<Namespace> {
             bail!("address {a} is reserved in this namespace");
         }
     }
-    if subnet.is_none() && s.bootstrap.is_empty() {
-        bail!("subnet is missing: set `subnet`, or `bootstrap` to take it from the namespace");
+    if subnet.is_none() && s.bootstrap.is_empty() && !mdns {
+        bail!(
+            "subnet is missing: set `subnet`, or `bootstrap` (or `mdns = true` in [agent]) to take it from the namespace"
+        );
     }
     if s.lease_secs < MIN_LEASE_SECS {
         bail!(
@@ -549,6 +557,11 @@ endpoint = "10.200.0.3"
         );
         let no_subnet = GOOD.replace("subnet = \"10.201.0.0/16\"\n", "");
         assert!(err(&no_subnet, s).contains("subnet is missing"));
+        // With mDNS, members on the LAN may tell the subnet.
+        let lan = no_subnet.replace("[agent]\n", "[agent]\nmdns = true\n");
+        let c = load(&lan, s).unwrap();
+        assert!(c.agent.mdns);
+        assert_eq!(c.namespaces[0].subnet, None);
         let reserved = GOOD.replace("address = ", "reserved = [\"10.201.0.1\"]\naddress = ");
         assert!(err(&reserved, s).contains("10.201.0.1 is reserved"));
         let outside = GOOD.replace("address = ", "reserved = [\"10.9.0.1\"]\naddress = ");

@@ -70,6 +70,28 @@ pub struct OverlayStatus {
     pub rejected_requests: u64,
     /// Envelopes from replicas that failed verification.
     pub bad_envelopes: u64,
+    /// Members holding a relay reservation for this agent (libp2p peer ids): others reach
+    /// this agent's control plane through them when they cannot dial it.
+    #[serde(default)]
+    pub relays: Vec<String>,
+    /// Peers connected only through a relay now.
+    #[serde(default)]
+    pub relayed_peers: Vec<String>,
+    /// Connections opened through a relay since start.
+    #[serde(default)]
+    pub relayed_connections: u64,
+    /// Relayed connections upgraded to direct by hole punching (dcutr).
+    #[serde(default)]
+    pub hole_punches: u64,
+    /// Failed hole punching attempts.
+    #[serde(default)]
+    pub hole_punch_failures: u64,
+    /// Circuits this agent relayed for other members since start.
+    #[serde(default)]
+    pub circuits_relayed: u64,
+    /// Members found by mDNS.
+    #[serde(default)]
+    pub mdns_discovered: u64,
 }
 
 /// Relaying in [`Status`].
@@ -254,6 +276,18 @@ pub fn render(status: &Status) -> String {
             "  (joining)"
         }
     );
+    if !status.overlay.relays.is_empty() {
+        out += &format!(
+            "reachable through relay {}\n",
+            status.overlay.relays.join(", ")
+        );
+    }
+    if !status.overlay.relayed_peers.is_empty() {
+        out += &format!(
+            "control plane relayed to {}\n",
+            status.overlay.relayed_peers.join(", ")
+        );
+    }
     if status.relay.sessions > 0 || status.relay.packets > 0 {
         out += &format!(
             "relaying {} sessions for other members: {} pkts / {} B\n",

@@ -26,7 +26,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 use tun_rs::SyncDevice;
 
-use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, Overlay, OverlayEvent};
+use hyphae_overlay::swarm::{
+    tcp_multiaddr, tunnel_endpoint, Overlay, OverlayEvent, OverlayOptions,
+};
 
 use crate::config::{Address, Config, Mode, Namespace};
 use crate::control::{
@@ -253,8 +255,17 @@ impl Agent {
             .iter()
             .flat_map(|n| n.bootstrap.iter().cloned())
             .collect();
-        let overlay = Overlay::new(&identity, tcp_multiaddr(config.agent.listen), bootstrap)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let options = OverlayOptions {
+            mdns: config.agent.mdns,
+            ..OverlayOptions::default()
+        };
+        let overlay = Overlay::new(
+            &identity,
+            tcp_multiaddr(config.agent.listen),
+            bootstrap,
+            options,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity);
         let underlay = Underlay::new(socket)?;
@@ -835,6 +846,23 @@ impl Agent {
                 stored_records: self.overlay.stored_records(),
                 rejected_requests: self.overlay.store_stats().rejected,
                 bad_envelopes: self.overlay.stats().bad_envelopes,
+                relays: self
+                    .overlay
+                    .relays()
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect(),
+                relayed_peers: self
+                    .overlay
+                    .relayed_peers()
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect(),
+                relayed_connections: self.overlay.stats().relayed_connections,
+                hole_punches: self.overlay.stats().hole_punches,
+                hole_punch_failures: self.overlay.stats().hole_punch_failures,
+                circuits_relayed: self.overlay.stats().circuits_relayed,
+                mdns_discovered: self.overlay.stats().mdns_discovered,
             },
             relay: {
                 let r = self.node.relay_stats();

@@ -147,6 +147,64 @@ impl Testbed {
         })
     }
 
+    /// Adds a host behind its own NAT router, as at home or in a cloud VPC: the router is a
+    /// namespace with `eth0` = `public`/24 on the bridge and `lan0` = `192.168.lan.1/24`; the
+    /// host's `eth0` is `192.168.lan.2/24` with its default route through the router. The
+    /// router masquerades (source ports kept where free) and, like a home router, drops
+    /// anything unsolicited that arrives from outside. Returns the host; its `underlay` is
+    /// the private address.
+    pub fn add_host_behind_nat(&mut self, name: &str, public: Ipv4Addr, lan: u8) -> Result<Host> {
+        let router = self.add_host(&format!("{name}nat"), public)?;
+        let ns = format!("{}-{name}", self.prefix);
+        run("ip", &["netns", "add", &ns])?;
+        self.namespaces.push(ns.clone());
+        let private = Ipv4Addr::new(192, 168, lan, 2);
+        self.ns(
+            &router.ns,
+            "ip",
+            &[
+                "link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ],
+        )?;
+        let gateway = format!("192.168.{lan}.1");
+        self.ns(
+            &router.ns,
+            "ip",
+            &["addr", "add", &format!("{gateway}/24"), "dev", "lan0"],
+        )?;
+        self.ns(&router.ns, "ip", &["link", "set", "lan0", "up"])?;
+        self.ns(&router.ns, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        let rules = "table ip hyphae_nat {\n\
+             chain input { type filter hook input priority 0; policy accept;\n\
+               iifname \"eth0\" ct state established,related accept\n\
+               iifname \"eth0\" drop\n}\n\
+             chain forward { type filter hook forward priority 0; policy accept;\n\
+               iifname \"eth0\" ct state established,related accept\n\
+               iifname \"eth0\" drop\n}\n\
+             chain postrouting { type nat hook postrouting priority 100;\n\
+               oifname \"eth0\" masquerade\n}\n\
+             }\n";
+        let file = self.dir.join(format!("{name}-nat.nft"));
+        fs::write(&file, rules)?;
+        self.ns(&router.ns, "nft", &["-f", &file.display().to_string()])?;
+        self.ns(
+            &ns,
+            "ip",
+            &["addr", "add", &format!("{private}/24"), "dev", "eth0"],
+        )?;
+        self.ns(&ns, "ip", &["link", "set", "eth0", "up"])?;
+        self.ns(&ns, "ip", &["link", "set", "lo", "up"])?;
+        self.ns(&ns, "ip", &["route", "add", "default", "via", &gateway])?;
+        let dir = self.dir.join(name);
+        fs::create_dir_all(&dir)?;
+        Ok(Host {
+            ns,
+            name: name.to_string(),
+            underlay: private,
+            dir,
+        })
+    }
+
     /// Runs a command inside namespace `ns` to completion.
     pub fn ns(&self, ns: &str, program: &str, args: &[&str]) -> Result<Output> {
         let mut full = vec!["netns", "exec", ns, program];

@@ -338,6 +338,156 @@ fn blocked_members_are_relayed_then_go_direct() {
     );
 }
 
+/// The endpoint `m` sends to for the member owning `vip`.
+fn endpoint_of(bed: &Testbed, m: &Member, vip: Ipv4Addr) -> Option<String> {
+    peers(bed, m).iter().find_map(|p| {
+        p["addresses"]
+            .as_array()?
+            .iter()
+            .any(|a| a.as_str() == Some(&vip.to_string()))
+            .then(|| p["endpoint"].as_str().unwrap_or_default().to_string())
+    })
+}
+
+/// Two members each behind their own NAT router (masquerade; unsolicited inbound dropped,
+/// as a home router does) join through a public member. Neither can reach the other's
+/// private address, and neither NAT lets the other in unasked. Their control planes still
+/// connect, through the public member's libp2p relay (where each holds a reservation);
+/// their tunnels start relayed through it, then go direct through both NATs, because both
+/// ends probe the public mapping the relay observed for the other.
+#[test]
+fn members_behind_two_nats_connect_and_punch_through() {
+    require_root();
+    let mut bed = Testbed::new("nat", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = bed.add_host("h1", underlay(1)).unwrap();
+    let agent = bed
+        .start_agent(&h1, &config(&h1, &secret, "auto", None))
+        .unwrap();
+    let public = Member { host: h1, agent };
+    let natted: Vec<Member> = [2u8, 3]
+        .into_iter()
+        .map(|i| {
+            let host = bed
+                .add_host_behind_nat(&format!("h{i}"), underlay(i), i)
+                .unwrap();
+            let agent = bed
+                .start_agent(&host, &config(&host, &secret, "auto", Some(underlay(1))))
+                .unwrap();
+            Member { host, agent }
+        })
+        .collect();
+    let relay = status(&bed, &public);
+    let a2 = claimed_address(&bed, &natted[0]);
+    let a3 = claimed_address(&bed, &natted[1]);
+
+    // Control plane: each holds a reservation at the public member, and the two are
+    // connected to each other, which only a relayed circuit can have started; dcutr then
+    // punches a direct TCP connection through both NATs.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s2, s3) = (status(&bed, &natted[0]), status(&bed, &natted[1]));
+        let reserved = [&s2, &s3]
+            .iter()
+            .all(|s| s.overlay.relays.contains(&relay.overlay.peer_id));
+        let punched = s2.overlay.hole_punches + s3.overlay.hole_punches >= 1;
+        if reserved && punched && s2.overlay.connected == 2 && s3.overlay.connected == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "control planes not connected: h2 {:?}, h3 {:?}",
+            s2.overlay,
+            s3.overlay
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let circuits = status(&bed, &public).overlay.circuits_relayed;
+    assert!(circuits >= 1, "the public member relayed no circuit");
+
+    // Data plane: the first packets go through the relay, then both ends punch through.
+    bed.wait_for_ping(&natted[0].host, a3, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}; h2: {:?}", status(&bed, &natted[0])));
+    bed.wait_for_ping(&natted[1].host, a2, Duration::from_secs(10))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (p2, p3) = (path_to(&bed, &natted[0], a3), path_to(&bed, &natted[1], a2));
+        if p2.as_ref().map(|p| p.0.as_str()) == Some("direct")
+            && p3.as_ref().map(|p| p.0.as_str()) == Some("direct")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never punched through: h2 {p2:?}, h3 {p3:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Direct means to the other NAT's public address, not the private one.
+    assert_eq!(
+        endpoint_of(&bed, &natted[0], a3).as_deref(),
+        Some(format!("{}:7400", underlay(3)).as_str())
+    );
+    assert_eq!(
+        endpoint_of(&bed, &natted[1], a2).as_deref(),
+        Some(format!("{}:7400", underlay(2)).as_str())
+    );
+    let before = status(&bed, &public).relay.packets;
+    bed.ns(
+        &natted[0].host.ns,
+        "ping",
+        &["-c", "5", "-i", "0.2", "-W", "2", &a3.to_string()],
+    )
+    .unwrap();
+    let after = status(&bed, &public).relay.packets;
+    assert!(
+        after - before < 5,
+        "pings still relayed: {before} -> {after}"
+    );
+    let (s2, s3) = (status(&bed, &natted[0]), status(&bed, &natted[1]));
+    println!(
+        "nat: {circuits} circuits relayed; dcutr: h2 {} punched / {} failed, h3 {} / {}",
+        s2.overlay.hole_punches,
+        s2.overlay.hole_punch_failures,
+        s3.overlay.hole_punches,
+        s3.overlay.hole_punch_failures
+    );
+}
+
+/// With `mdns = true`, members on one LAN need no bootstrap address: the second agent
+/// finds the first by mDNS, joins its overlay rather than starting one, takes the subnet
+/// from the namespace record (its config names none) and reaches the first member.
+#[test]
+fn members_on_a_lan_find_each_other_by_mdns() {
+    require_root();
+    let mut bed = Testbed::new("mdns", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let mut members = Vec::new();
+    for i in 1..=2u8 {
+        let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
+        let mut c =
+            config(&host, &secret, "auto", None).replace("[agent]\n", "[agent]\nmdns = true\n");
+        if i == 2 {
+            c = c.replace(&format!("subnet = \"{SUBNET}\"\n"), "");
+            assert!(!c.contains("subnet") && !c.contains("bootstrap"), "{c}");
+        }
+        let agent = bed.start_agent(&host, &c).unwrap();
+        members.push(Member { host, agent });
+    }
+    let a1 = claimed_address(&bed, &members[0]);
+    let a2 = claimed_address(&bed, &members[1]);
+    let subnet: ipnet::Ipv4Net = SUBNET.parse().unwrap();
+    assert!(subnet.contains(&a2) && a1 != a2, "{a1} {a2}");
+    bed.wait_for_ping(&members[1].host, a1, Duration::from_secs(15))
+        .unwrap();
+    let found: u64 = members
+        .iter()
+        .map(|m| status(&bed, m).overlay.mdns_discovered)
+        .sum();
+    assert!(found >= 1, "nobody was found by mDNS");
+}
+
 /// Runs `hyphae ARGS -c CONFIG` inside a host: (success, stdout + stderr). An agent the
 /// command started is killed with the testbed.
 fn cli(bed: &mut Testbed, host: &Host, args: &[&str], config: &Path) -> (bool, String) {

@@ -329,6 +329,9 @@ impl Route {
 struct Relay {
     via: PeerHandle,
     session: u32,
+    /// The member's endpoint as the relay sees it: behind a NAT, its public mapping, which
+    /// the direct probes try too (UDP hole punching: both ends probe at once).
+    observed: SocketAddr,
 }
 
 /// A session this node relays between two of its members.
@@ -1232,7 +1235,11 @@ impl Node {
         let Some(p) = self.peer_mut(handle) else {
             return Received::Consumed;
         };
-        let old = p.relay.replace(Relay { via: from, session });
+        let old = p.relay.replace(Relay {
+            via: from,
+            session,
+            observed: endpoint,
+        });
         let changed = old.map(|r| r.session) != Some(session);
         if !p.relayed {
             tracing::info!(peer = ?id, via = ?relay_id, "direct path silent: relaying");
@@ -1543,8 +1550,11 @@ impl Node {
             }
             if peer.relayed && now >= peer.next_probe {
                 peer.next_probe = now + PROBE_INTERVAL;
-                let direct = Route::Direct(peer.endpoint);
-                self.probe(now, handle, direct);
+                let (known, observed) = (peer.endpoint, peer.relay.as_ref().map(|r| r.observed));
+                self.probe(now, handle, Route::Direct(known));
+                if let Some(observed) = observed.filter(|o| *o != known) {
+                    self.probe(now, handle, Route::Direct(observed));
+                }
             } else if now >= peer.next_rtt_probe
                 && now.saturating_duration_since(peer.last_heard) < PEER_SILENT_AFTER
             {

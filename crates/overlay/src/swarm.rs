@@ -12,6 +12,16 @@
 //!   values, see [`crate::records`]), and claims are decided by [`crate::lease::Claim`]: a
 //!   strict majority of the replicas must grant.
 //!
+//! - **circuit relay v2**: every agent with a reachable listen address serves as a relay
+//!   for the control plane, and reserves a slot at up to [`RELAY_RESERVATIONS`] members it
+//!   dialled itself (bootstrap members first). Its relayed address
+//!   (`/ip4/R/tcp/P/p2p/R/p2p-circuit`) travels with identify into the others' routing
+//!   tables, so a member whose TCP nobody can reach (behind a NAT, a firewall) is still
+//!   reached, through the relay.
+//! - **dcutr** turns such a relayed connection into a direct one when both ends can punch
+//!   through (TCP simultaneous open to the addresses identify observed).
+//! - **mDNS** (optional) finds members on the same LAN without a bootstrap address.
+//!
 //! A bootstrap address is a plain multiaddr without a peer id: whoever answers there becomes
 //! our first routing-table entry, and a Kademlia bootstrap query fills in the rest.
 //!
@@ -23,11 +33,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use libp2p::core::transport::ListenerId;
 use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{identify, kad, noise, tcp, yamux, StreamProtocol, Swarm};
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
+use libp2p::{dcutr, identify, kad, mdns, noise, relay, tcp, yamux, StreamProtocol, Swarm};
 
 use crate::lease::{self, Claim, Outcome};
 use crate::records::{
@@ -55,11 +67,44 @@ pub const KAD_PROTOCOL: &str = "/hyphae/kad/1";
 /// The record protocol's name.
 pub const RECORDS_PROTOCOL: &str = "/hyphae/records/1";
 
+/// Members an agent keeps a relay reservation at.
+pub const RELAY_RESERVATIONS: usize = 2;
+
+/// How often missing relay reservations are sought again.
+pub const RESERVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long an agent with mDNS and no bootstrap address listens for members on its LAN
+/// before it starts an overlay of its own.
+pub const MDNS_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(NetworkBehaviour)]
 struct Behaviour {
     kad: kad::Behaviour<kad::store::MemoryStore>,
     identify: identify::Behaviour,
     records: request_response::json::Behaviour<RecordRequest, RecordResponse>,
+    relay: relay::Behaviour,
+    relay_client: relay::client::Behaviour,
+    dcutr: dcutr::Behaviour,
+    mdns: Toggle<mdns::tokio::Behaviour>,
+}
+
+/// How the swarm finds members besides its bootstrap addresses, and how long it keeps
+/// connections.
+#[derive(Debug, Clone, Copy)]
+pub struct OverlayOptions {
+    /// Find members on the same LAN by mDNS.
+    pub mdns: bool,
+    /// How long a connection nothing uses stays open (a relay reservation uses its own).
+    pub idle_timeout: Duration,
+}
+
+impl Default for OverlayOptions {
+    fn default() -> Self {
+        Self {
+            mdns: false,
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// Names one operation (claim, get or release) until its event arrives.
@@ -97,6 +142,8 @@ pub enum OverlayEvent {
         result: ClaimResult,
         /// How many replicas were asked.
         replicas: usize,
+        /// How many peers the Kademlia lookup of the replicas queried.
+        queried: u32,
     },
     /// A read finished: the envelopes replicas returned (signature and expiry checked),
     /// the one most replicas returned first.
@@ -107,6 +154,8 @@ pub enum OverlayEvent {
         key: RecordKey,
         /// Valid envelopes, most agreed first.
         envelopes: Vec<Envelope>,
+        /// How many peers the Kademlia lookup of the replicas queried.
+        queried: u32,
     },
     /// A new peer entered the routing table: it may now be one of the replicas of keys we
     /// hold, so leases should be renewed soon (Kademlia republishes for the same reason).
@@ -127,6 +176,18 @@ pub struct OverlayStats {
     pub request_failures: u64,
     /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
     pub refused_puts: u64,
+    /// Connections opened through a relay (either direction).
+    pub relayed_connections: u64,
+    /// Relayed connections that dcutr upgraded to direct ones.
+    pub hole_punches: u64,
+    /// dcutr attempts that failed (the connection stays relayed).
+    pub hole_punch_failures: u64,
+    /// Relay reservations other members accepted (renewals included).
+    pub reservations_accepted: u64,
+    /// Circuits this agent relays for others, opened since start.
+    pub circuits_relayed: u64,
+    /// Members found by mDNS.
+    pub mdns_discovered: u64,
 }
 
 enum Stage {
@@ -155,6 +216,8 @@ struct Op {
     key: RecordKey,
     kind: Kind,
     stage: Stage,
+    /// Peers the replica lookup queried.
+    queried: u32,
 }
 
 /// The agent's libp2p swarm and its replica store.
@@ -173,6 +236,21 @@ pub struct Overlay {
     bootstrapping: bool,
     listen_addrs: Vec<Multiaddr>,
     connected: HashSet<NetworkId>,
+    /// Open connections: the peer, and whether they go through a relay.
+    connections: HashMap<ConnectionId, (NetworkId, bool)>,
+    /// Peers connected over loopback: their loopback listen addresses are theirs (another
+    /// host's `127.0.0.1` would be ours).
+    over_loopback: HashSet<NetworkId>,
+    /// Members we hold an outbound direct connection to, and the address we dialled:
+    /// relay candidates, since we reached them.
+    dialled: HashMap<NetworkId, Multiaddr>,
+    /// Relay reservations, pending or held, by relay.
+    reservations: HashMap<NetworkId, ListenerId>,
+    /// Relays whose reservation is confirmed.
+    reserved: HashSet<NetworkId>,
+    next_reserve: Instant,
+    /// With mDNS and no bootstrap address: when to stop waiting for LAN members.
+    mdns_wait: Option<Instant>,
     stats: OverlayStats,
 }
 
@@ -197,44 +275,50 @@ impl Overlay {
         identity: &Identity,
         listen: Multiaddr,
         bootstrap: Vec<Multiaddr>,
+        options: OverlayOptions,
     ) -> Result<Self, OverlayError> {
         let keypair = libp2p::identity::Keypair::ed25519_from_bytes(identity.seed())
             .map_err(|e| OverlayError::Identity(e.to_string()))?;
         let local = keypair.public().to_peer_id();
-        let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
-            .with_tokio()
-            .with_tcp(
-                tcp::Config::default().nodelay(true),
-                noise::Config::new,
-                yamux::Config::default,
-            )
-            .map_err(|e| OverlayError::Build(e.to_string()))?
-            .with_behaviour(|key| {
-                let mut cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
-                cfg.set_query_timeout(LOOKUP_TIMEOUT);
-                cfg.set_record_filtering(kad::StoreInserts::FilterBoth);
-                let peer = key.public().to_peer_id();
-                let mut kad =
-                    kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), cfg);
-                // Every agent serves the DHT: there is no AutoNAT here to confirm that.
-                kad.set_mode(Some(kad::Mode::Server));
-                let identify = identify::Behaviour::new(identify::Config::new(
-                    "/hyphae/1".into(),
-                    key.public(),
-                ));
-                let records = request_response::json::Behaviour::new(
-                    [(StreamProtocol::new(RECORDS_PROTOCOL), ProtocolSupport::Full)],
-                    request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
-                );
-                Behaviour {
-                    kad,
-                    identify,
-                    records,
-                }
-            })
-            .map_err(|e| OverlayError::Build(e.to_string()))?
-            .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(300)))
-            .build();
+        let make = move |key: &libp2p::identity::Keypair, relay_client| {
+            make_behaviour(key, relay_client, options)
+        };
+        let build = |e: &dyn std::fmt::Display| OverlayError::Build(e.to_string());
+        let builder = libp2p::SwarmBuilder::with_existing_identity(keypair).with_tokio();
+        let swarm_config =
+            |c: libp2p::swarm::Config| c.with_idle_connection_timeout(options.idle_timeout);
+        let mut swarm = if is_memory(&listen) {
+            // In-process simulations: no sockets, so hundreds of members fit in one process.
+            builder
+                .with_other_transport(|key| {
+                    use libp2p::core::Transport as _;
+                    Ok(libp2p::core::transport::MemoryTransport::default()
+                        .upgrade(libp2p::core::upgrade::Version::V1)
+                        .authenticate(noise::Config::new(key)?)
+                        .multiplex(yamux::Config::default()))
+                })
+                .map_err(|e| build(&e))?
+                .with_relay_client(noise::Config::new, yamux::Config::default)
+                .map_err(|e| build(&e))?
+                .with_behaviour(make)
+                .map_err(|e| build(&e))?
+                .with_swarm_config(swarm_config)
+                .build()
+        } else {
+            builder
+                .with_tcp(
+                    tcp::Config::default().nodelay(true),
+                    noise::Config::new,
+                    yamux::Config::default,
+                )
+                .map_err(|e| build(&e))?
+                .with_relay_client(noise::Config::new, yamux::Config::default)
+                .map_err(|e| build(&e))?
+                .with_behaviour(make)
+                .map_err(|e| build(&e))?
+                .with_swarm_config(swarm_config)
+                .build()
+        };
         swarm
             .listen_on(listen.clone())
             .map_err(|e| OverlayError::Listen(listen, e.to_string()))?;
@@ -253,8 +337,20 @@ impl Overlay {
             bootstrapping: false,
             listen_addrs: Vec::new(),
             connected: HashSet::new(),
+            connections: HashMap::new(),
+            over_loopback: HashSet::new(),
+            dialled: HashMap::new(),
+            reservations: HashMap::new(),
+            reserved: HashSet::new(),
+            next_reserve: Instant::now() + RESERVE_INTERVAL,
+            mdns_wait: None,
             stats: OverlayStats::default(),
         };
+        if overlay.joined && options.mdns {
+            // Members on the LAN may answer: join their overlay rather than start one.
+            overlay.joined = false;
+            overlay.mdns_wait = Some(Instant::now() + MDNS_WAIT);
+        }
         if overlay.joined {
             overlay.events.push_back(OverlayEvent::Joined);
         }
@@ -280,6 +376,40 @@ impl Overlay {
     /// Counters.
     pub fn stats(&self) -> OverlayStats {
         self.stats
+    }
+
+    /// The relays holding a reservation for this agent.
+    pub fn relays(&self) -> Vec<NetworkId> {
+        let mut relays: Vec<NetworkId> = self.reserved.iter().copied().collect();
+        relays.sort();
+        relays
+    }
+
+    /// Peers connected only through relays.
+    pub fn relayed_peers(&self) -> Vec<NetworkId> {
+        let mut relayed: Vec<NetworkId> = self
+            .connected
+            .iter()
+            .filter(|p| {
+                self.connections
+                    .values()
+                    .filter(|(q, _)| q == *p)
+                    .all(|(_, relayed)| *relayed)
+            })
+            .copied()
+            .collect();
+        relayed.sort();
+        relayed
+    }
+
+    /// The peers of Kademlia's routing table.
+    pub fn routing_table(&mut self) -> Vec<NetworkId> {
+        self.swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .flat_map(|b| b.iter().map(|e| *e.node.key.preimage()).collect::<Vec<_>>())
+            .collect()
     }
 
     /// The replica store's counters.
@@ -347,6 +477,7 @@ impl Overlay {
                 key,
                 kind,
                 stage: Stage::Lookup,
+                queried: 0,
             },
         );
         op
@@ -363,10 +494,20 @@ impl Overlay {
         }
     }
 
-    /// Runs timers: request deadlines, redials of the bootstrap addresses, record expiry.
+    /// Runs timers: request deadlines, redials of the bootstrap addresses, record expiry,
+    /// relay reservations, the end of the wait for mDNS.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.store.expire(now);
         self.redial(now);
+        self.reserve(now);
+        if self.mdns_wait.is_some_and(|t| now >= t) {
+            self.mdns_wait = None;
+            if !self.joined && !self.bootstrapping {
+                tracing::info!("no member found by mDNS: starting a new overlay");
+                self.joined = true;
+                self.events.push_back(OverlayEvent::Joined);
+            }
+        }
         let ids: Vec<OpId> = self.ops.keys().copied().collect();
         for id in ids {
             // Reads and releases end at their deadline in `check_done`; claims keep their
@@ -392,11 +533,47 @@ impl Overlay {
         }
     }
 
+    /// Keeps up to [`RELAY_RESERVATIONS`] relay reservations, at members we dialled
+    /// ourselves (bootstrap members first, as we dialled them first).
+    fn reserve(&mut self, now: Instant) {
+        if now < self.next_reserve || self.reservations.len() >= RELAY_RESERVATIONS {
+            return;
+        }
+        self.next_reserve = now + RESERVE_INTERVAL;
+        let mut candidates: Vec<(NetworkId, Multiaddr)> = self
+            .dialled
+            .iter()
+            .filter(|(p, _)| !self.reservations.contains_key(p))
+            .map(|(p, a)| (*p, a.clone()))
+            .collect();
+        candidates.sort_by_key(|(_, a)| !self.bootstrap.contains(a));
+        let wanted = RELAY_RESERVATIONS - self.reservations.len();
+        for (relay, addr) in candidates.into_iter().take(wanted) {
+            let circuit = addr.with(Protocol::P2p(relay)).with(Protocol::P2pCircuit);
+            match self.swarm.listen_on(circuit.clone()) {
+                Ok(listener) => {
+                    tracing::debug!(%circuit, "asking for a relay reservation");
+                    self.reservations.insert(relay, listener);
+                }
+                Err(e) => tracing::debug!(%circuit, error = %e, "cannot reserve"),
+            }
+        }
+    }
+
     fn handle_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         let now = Instant::now();
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::debug!(%address, "overlay listening");
+                if is_relayed(&address) {
+                    return;
+                }
+                if !is_loopback(&address) && !is_unspecified(&address) {
+                    // Agents listen where members can reach them (they announce the same
+                    // addresses as tunnel endpoints): confirmed, so the relay server gives
+                    // it to the members it serves.
+                    self.swarm.add_external_address(address.clone());
+                }
                 if !self.listen_addrs.contains(&address) {
                     self.listen_addrs.push(address.clone());
                     self.events
@@ -404,14 +581,46 @@ impl Overlay {
                 }
             }
             SwarmEvent::ExpiredListenAddr { address, .. } => {
+                self.swarm.remove_external_address(&address);
                 self.listen_addrs.retain(|a| a != &address);
             }
+            SwarmEvent::ListenerClosed {
+                listener_id,
+                reason,
+                ..
+            } => {
+                let relay = self
+                    .reservations
+                    .iter()
+                    .find(|(_, l)| **l == listener_id)
+                    .map(|(r, _)| *r);
+                if let Some(relay) = relay {
+                    tracing::debug!(%relay, ?reason, "relay reservation ended");
+                    self.reservations.remove(&relay);
+                    self.reserved.remove(&relay);
+                }
+            }
             SwarmEvent::ConnectionEstablished {
-                peer_id, endpoint, ..
+                peer_id,
+                endpoint,
+                connection_id,
+                ..
             } => {
                 self.connected.insert(peer_id);
-                if let ConnectedPoint::Dialer { address, .. } = endpoint {
+                self.connections
+                    .insert(connection_id, (peer_id, endpoint.is_relayed()));
+                if is_loopback(endpoint.get_remote_address()) {
+                    self.over_loopback.insert(peer_id);
+                }
+                if endpoint.is_relayed() {
+                    self.stats.relayed_connections += 1;
+                    tracing::debug!(peer = %peer_id, "relayed connection");
+                } else if let ConnectedPoint::Dialer { address, .. } = endpoint {
                     let address = without_p2p(address);
+                    self.dialled.insert(peer_id, address.clone());
+                    if self.reservations.len() < RELAY_RESERVATIONS {
+                        self.next_reserve = now;
+                    }
                     self.swarm
                         .behaviour_mut()
                         .kad
@@ -423,27 +632,73 @@ impl Overlay {
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established: 0,
+                connection_id,
+                num_established,
                 ..
             } => {
-                self.connected.remove(&peer_id);
+                self.connections.remove(&connection_id);
+                if num_established == 0 {
+                    self.connected.remove(&peer_id);
+                    self.over_loopback.remove(&peer_id);
+                    self.dialled.remove(&peer_id);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::RelayClient(event)) => match event {
+                relay::client::Event::ReservationReqAccepted {
+                    relay_peer_id,
+                    renewal,
+                    ..
+                } => {
+                    self.stats.reservations_accepted += 1;
+                    if !renewal {
+                        tracing::info!(relay = %relay_peer_id, "relay reservation accepted");
+                    }
+                    self.reserved.insert(relay_peer_id);
+                }
+                other => tracing::debug!(?other, "relay client"),
+            },
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(relay::Event::CircuitReqAccepted {
+                src_peer_id,
+                dst_peer_id,
+            })) => {
+                self.stats.circuits_relayed += 1;
+                tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "relaying a circuit");
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event {
+                remote_peer_id,
+                result,
+            })) => match result {
+                Ok(_) => {
+                    self.stats.hole_punches += 1;
+                    tracing::info!(peer = %remote_peer_id, "hole punched: direct connection");
+                }
+                Err(e) => {
+                    self.stats.hole_punch_failures += 1;
+                    tracing::debug!(peer = %remote_peer_id, error = %e, "hole punching failed");
+                }
+            },
+            SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
+                for (peer, addr) in found {
+                    if peer == self.local || is_relayed(&addr) {
+                        continue;
+                    }
+                    self.swarm
+                        .behaviour_mut()
+                        .kad
+                        .add_address(&peer, addr.clone());
+                    if !self.connected.contains(&peer) {
+                        self.stats.mdns_discovered += 1;
+                        tracing::info!(%peer, %addr, "member found by mDNS");
+                        self.dial(addr.with(Protocol::P2p(peer)));
+                    }
+                }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
                 peer_id,
                 info,
                 ..
             })) => {
-                let via_loopback = self
-                    .swarm
-                    .behaviour_mut()
-                    .kad
-                    .kbucket(peer_id)
-                    .and_then(|b| {
-                        b.iter()
-                            .find(|e| e.node.key.preimage() == &peer_id)
-                            .map(|e| e.node.value.iter().any(is_loopback))
-                    })
-                    .unwrap_or(false);
+                let via_loopback = self.over_loopback.contains(&peer_id);
                 for addr in info.listen_addrs {
                     // Another host's loopback address is ours, not its.
                     if is_loopback(&addr) && !via_loopback {
@@ -463,7 +718,10 @@ impl Overlay {
     fn handle_kad(&mut self, event: kad::Event, now: Instant) {
         match event {
             kad::Event::OutboundQueryProgressed {
-                id, result, step, ..
+                id,
+                result,
+                step,
+                stats,
             } => match result {
                 kad::QueryResult::GetClosestPeers(result) => {
                     if !step.last {
@@ -474,6 +732,9 @@ impl Overlay {
                         Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
                     };
                     if let Some(op) = self.lookups.remove(&id) {
+                        if let Some(o) = self.ops.get_mut(&op) {
+                            o.queried = stats.num_successes();
+                        }
                         let peers = peers.into_iter().map(|p| p.peer_id).collect();
                         self.replicas_found(op, peers, now);
                     }
@@ -651,7 +912,7 @@ impl Overlay {
         let Some(op) = self.ops.get(&id) else {
             return;
         };
-        let key = op.key;
+        let (key, queried) = (op.key, op.queried);
         let event = match &op.stage {
             Stage::Lookup => return,
             Stage::Claim(claim) => {
@@ -682,6 +943,7 @@ impl Overlay {
                     key,
                     result,
                     replicas,
+                    queried,
                 }
             }
             Stage::Get {
@@ -696,6 +958,7 @@ impl Overlay {
                     op: id,
                     key,
                     envelopes: rank(answers),
+                    queried,
                 }
             }
             Stage::Release {
@@ -712,6 +975,50 @@ impl Overlay {
         self.ops.remove(&id);
         self.events.push_back(event);
     }
+}
+
+/// The behaviours of one agent's swarm.
+fn make_behaviour(
+    key: &libp2p::identity::Keypair,
+    relay_client: relay::client::Behaviour,
+    options: OverlayOptions,
+) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
+    let mut cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+    cfg.set_query_timeout(LOOKUP_TIMEOUT);
+    cfg.set_record_filtering(kad::StoreInserts::FilterBoth);
+    let peer = key.public().to_peer_id();
+    let mut kad = kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), cfg);
+    // Every agent serves the DHT: there is no AutoNAT here to confirm that.
+    kad.set_mode(Some(kad::Mode::Server));
+    let identify = identify::Behaviour::new(
+        identify::Config::new("/hyphae/1".into(), key.public()).with_push_listen_addr_updates(true),
+    );
+    let records = request_response::json::Behaviour::new(
+        [(StreamProtocol::new(RECORDS_PROTOCOL), ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
+    );
+    let relay = relay::Behaviour::new(
+        peer,
+        relay::Config {
+            max_reservations: 1024,
+            max_circuits: 64,
+            max_circuits_per_peer: 8,
+            ..Default::default()
+        },
+    );
+    let mdns = match options.mdns {
+        true => Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?),
+        false => None,
+    };
+    Ok(Behaviour {
+        kad,
+        identify,
+        records,
+        relay,
+        relay_client,
+        dcutr: dcutr::Behaviour::new(peer),
+        mdns: mdns.into(),
+    })
 }
 
 /// Distinct envelopes, the one most replicas returned first (then the latest expiry).
@@ -751,6 +1058,19 @@ fn is_loopback(addr: &Multiaddr) -> bool {
     ip_of(addr).is_some_and(|ip| ip.is_loopback())
 }
 
+fn is_memory(addr: &Multiaddr) -> bool {
+    matches!(addr.iter().next(), Some(Protocol::Memory(_)))
+}
+
+fn is_unspecified(addr: &Multiaddr) -> bool {
+    ip_of(addr).is_some_and(|ip| ip.is_unspecified())
+}
+
+/// Whether `addr` goes through a relay (`.../p2p-circuit/...`).
+pub fn is_relayed(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| p == Protocol::P2pCircuit)
+}
+
 /// The TCP multiaddr of a socket address.
 pub fn tcp_multiaddr(addr: SocketAddr) -> Multiaddr {
     Multiaddr::empty()
@@ -762,8 +1082,12 @@ pub fn tcp_multiaddr(addr: SocketAddr) -> Multiaddr {
 }
 
 /// The tunnel endpoint of an agent listening at a TCP multiaddr (`/ip4/A/tcp/P...`): hyphae
-/// agents carry tunnels on the same port number over UDP. `None` for other addresses.
+/// agents carry tunnels on the same port number over UDP. `None` for other addresses,
+/// relayed ones included (their IP is the relay's).
 pub fn tunnel_endpoint(addr: &Multiaddr) -> Option<SocketAddr> {
+    if is_relayed(addr) {
+        return None;
+    }
     let mut it = addr.iter();
     let ip = match it.next()? {
         Protocol::Ip4(ip) => IpAddr::V4(ip),

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo, RecordKey};
-use hyphae_overlay::swarm::{owner_key, ClaimResult, Overlay, OverlayEvent};
+use hyphae_overlay::swarm::{owner_key, ClaimResult, Overlay, OverlayEvent, OverlayOptions};
 use hyphae_overlay::{Identity, NamespaceKeys};
 use libp2p::Multiaddr;
 use tokio::sync::mpsc;
@@ -14,6 +14,8 @@ enum Cmd {
     Claim(RecordKey, Envelope),
     Get(RecordKey),
     Release(RecordKey),
+    /// The peers of the swarm's Kademlia routing table.
+    Table(tokio::sync::oneshot::Sender<Vec<libp2p::PeerId>>),
     Stop,
 }
 
@@ -41,9 +43,17 @@ impl Handle {
     }
 
     async fn got(&mut self) -> Vec<Envelope> {
+        self.got_counted().await.0
+    }
+
+    /// A read's envelopes and how many peers its lookup queried.
+    async fn got_counted(&mut self) -> (Vec<Envelope>, u32) {
         loop {
-            if let OverlayEvent::Got { envelopes, .. } = self.next("a read").await {
-                return envelopes;
+            if let OverlayEvent::Got {
+                envelopes, queried, ..
+            } = self.next("a read").await
+            {
+                return (envelopes, queried);
             }
         }
     }
@@ -61,19 +71,31 @@ impl Handle {
     }
 }
 
-/// Starts one swarm on loopback in its own task; returns once it listens and (if it has a
-/// bootstrap address) has joined.
+/// Starts one swarm on loopback TCP in its own task; returns once it listens and (if it
+/// has a bootstrap address) has joined.
 async fn spawn(seed: u64, bootstrap: Option<&Multiaddr>) -> Handle {
+    spawn_on("/ip4/127.0.0.1/tcp/0", seed, bootstrap).await
+}
+
+/// [`spawn`] on a given listen address (`/memory/0`: libp2p's in-memory transport).
+async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Handle {
     let mut s = [0u8; 32];
     s[..8].copy_from_slice(&seed.to_le_bytes());
     s[8] = 0x5a;
     let identity = Identity::from_seed(s);
     let mut overlay = Overlay::new(
         &identity,
-        "/ip4/127.0.0.1/tcp/0".parse().unwrap(),
+        listen.parse().unwrap(),
         bootstrap.into_iter().cloned().collect(),
+        OverlayOptions::default(),
     )
-    .unwrap();
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:?} fds {} {}",
+            std::fs::read_dir("/proc/self/fd").unwrap().count(),
+            std::fs::read_to_string("/proc/self/limits").unwrap()
+        )
+    });
     let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
     let (ev_tx, mut ev_rx) = mpsc::channel(1024);
     tokio::spawn(async move {
@@ -84,6 +106,7 @@ async fn spawn(seed: u64, bootstrap: Option<&Multiaddr>) -> Handle {
                     Some(Cmd::Claim(k, e)) => { overlay.claim(k, e); }
                     Some(Cmd::Get(k)) => { overlay.get(k); }
                     Some(Cmd::Release(k)) => { overlay.release(k); }
+                    Some(Cmd::Table(reply)) => { let _ = reply.send(overlay.routing_table()); }
                     Some(Cmd::Stop) | None => return,
                 },
                 ev = overlay.next_event() => {
@@ -247,6 +270,32 @@ fn network_id_of(h: &Handle) -> libp2p::PeerId {
     hyphae_overlay::swarm::network_id(&h.owner()).unwrap()
 }
 
+/// A greedy Kademlia route over the swarms' real routing tables (alpha = 1): from `from`,
+/// each hop moves to the live peer closest to `key` that the current one knows, until none
+/// is closer. Returns the hop count and where the route ended.
+fn greedy_route(
+    tables: &std::collections::HashMap<libp2p::PeerId, Vec<libp2p::PeerId>>,
+    from: libp2p::PeerId,
+    key: &RecordKey,
+) -> (usize, libp2p::PeerId) {
+    let target = libp2p::kad::KBucketKey::new(key.to_vec());
+    let distance = |p: &libp2p::PeerId| libp2p::kad::KBucketKey::from(*p).distance(&target);
+    let (mut at, mut hops) = (from, 0);
+    loop {
+        let next = tables[&at]
+            .iter()
+            .filter(|p| tables.contains_key(*p))
+            .min_by_key(|p| distance(p));
+        match next {
+            Some(&n) if distance(&n) < distance(&at) => {
+                at = n;
+                hops += 1;
+            }
+            _ => return (hops, at),
+        }
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -266,12 +315,16 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
     let (N, POOL) = (n, (n + n / 10) as u32);
     rt().block_on(async {
         let started = Instant::now();
-        let mut nodes = vec![spawn(10_000, None).await];
+        // libp2p's memory transport: real swarms (noise, yamux, Kademlia, identify, relay,
+        // request-response) without sockets, so hundreds of members fit in one process's
+        // descriptor table.
+        const MEM: &str = "/memory/0";
+        let mut nodes = vec![spawn_on(MEM, 10_000, None).await];
         let mut join_times = Vec::new();
         for i in 1..N {
             let boot = nodes[(i * 7919) % i].addr.clone();
             let t = Instant::now();
-            nodes.push(spawn(10_000 + i as u64, Some(&boot)).await);
+            nodes.push(spawn_on(MEM, 10_000 + i as u64, Some(&boot)).await);
             join_times.push(t.elapsed());
         }
         let build = started.elapsed();
@@ -329,14 +382,32 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         let survivors: Vec<usize> = (0..N).filter(|i| i % 5 != 2).collect();
+        let mut tables = std::collections::HashMap::new();
+        for &i in &survivors {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            nodes[i].cmd.send(Cmd::Table(tx)).await.unwrap();
+            tables.insert(network_id_of(&nodes[i]), rx.await.unwrap());
+        }
         let mut lookups = Vec::new();
+        let mut queried = Vec::new();
+        let mut hops = Vec::new();
+        let mut converged = 0;
         for (k, &owner) in survivors.iter().enumerate() {
             let reader = survivors[(k * 31 + 7) % survivors.len()];
             let key = keys.address_key(addresses[owner]);
+            let (h, end) = greedy_route(&tables, network_id_of(&nodes[reader]), &key);
+            let target = libp2p::kad::KBucketKey::new(key.to_vec());
+            let closest = tables
+                .keys()
+                .min_by_key(|p| libp2p::kad::KBucketKey::from(**p).distance(&target))
+                .copied();
+            converged += usize::from(Some(end) == closest);
+            hops.push(h);
             let t = Instant::now();
             nodes[reader].cmd.send(Cmd::Get(key)).await.unwrap();
-            let got = nodes[reader].got().await;
+            let (got, q) = nodes[reader].got_counted().await;
             lookups.push(t.elapsed());
+            queried.push(q);
             let opened = got
                 .iter()
                 .find_map(|e| e.open(&keys, &key, unix_now()).ok())
@@ -345,6 +416,24 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
         }
         latencies.sort();
         lookups.sort();
+        hops.sort();
+        queried.sort();
+        let table_sizes: Vec<usize> = tables.values().map(Vec::len).collect();
+        let mean_table = table_sizes.iter().sum::<usize>() as f64 / table_sizes.len() as f64;
+        let at = |v: &[usize], p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+        let qs: Vec<usize> = queried.iter().map(|&q| q as usize).collect();
+        println!(
+            "scale: lookup hops (greedy route over the real routing tables, alpha 1): \
+             p50 {} p99 {} max {}, ending at the closest live member {converged} of {}; \
+             peers queried per Kademlia lookup p50 {} p99 {}; routing table {mean_table:.1} \
+             peers on average",
+            at(&hops, 0.5),
+            at(&hops, 0.99),
+            hops[hops.len() - 1],
+            hops.len(),
+            at(&qs, 0.5),
+            at(&qs, 0.99),
+        );
         join_times.sort();
         attempts.sort();
         println!(
