@@ -73,6 +73,9 @@ pub const RELAY_RESERVATIONS: usize = 2;
 /// How often missing relay reservations are sought again.
 pub const RESERVE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How long a member that refused a reservation (or dropped it unconfirmed) is not asked.
+pub const RESERVE_BACKOFF: Duration = Duration::from_secs(300);
+
 /// How long an agent with mDNS and no bootstrap address listens for members on its LAN
 /// before it starts an overlay of its own.
 pub const MDNS_WAIT: Duration = Duration::from_secs(2);
@@ -248,6 +251,8 @@ pub struct Overlay {
     reservations: HashMap<NetworkId, ListenerId>,
     /// Relays whose reservation is confirmed.
     reserved: HashSet<NetworkId>,
+    /// Members that refused a reservation, and until when they are not asked again.
+    refused_relays: HashMap<NetworkId, Instant>,
     next_reserve: Instant,
     /// With mDNS and no bootstrap address: when to stop waiting for LAN members.
     mdns_wait: Option<Instant>,
@@ -342,6 +347,7 @@ impl Overlay {
             dialled: HashMap::new(),
             reservations: HashMap::new(),
             reserved: HashSet::new(),
+            refused_relays: HashMap::new(),
             next_reserve: Instant::now() + RESERVE_INTERVAL,
             mdns_wait: None,
             stats: OverlayStats::default(),
@@ -540,10 +546,13 @@ impl Overlay {
             return;
         }
         self.next_reserve = now + RESERVE_INTERVAL;
+        self.refused_relays.retain(|_, until| *until > now);
         let mut candidates: Vec<(NetworkId, Multiaddr)> = self
             .dialled
             .iter()
-            .filter(|(p, _)| !self.reservations.contains_key(p))
+            .filter(|(p, _)| {
+                !self.reservations.contains_key(p) && !self.refused_relays.contains_key(p)
+            })
             .map(|(p, a)| (*p, a.clone()))
             .collect();
         candidates.sort_by_key(|(_, a)| !self.bootstrap.contains(a));
@@ -597,7 +606,10 @@ impl Overlay {
                 if let Some(relay) = relay {
                     tracing::debug!(%relay, ?reason, "relay reservation ended");
                     self.reservations.remove(&relay);
-                    self.reserved.remove(&relay);
+                    if !self.reserved.remove(&relay) {
+                        // Refused, or lost before it was granted: ask others first.
+                        self.refused_relays.insert(relay, now + RESERVE_BACKOFF);
+                    }
                 }
             }
             SwarmEvent::ConnectionEstablished {
