@@ -241,6 +241,28 @@ fn path_to(bed: &Testbed, m: &Member, vip: Ipv4Addr) -> Option<(String, Option<S
     })
 }
 
+/// Waits up to `secs` until member `a` (at virtual address `a.1`) and member `b` report a
+/// direct path to each other; panics with `what` and both paths otherwise.
+fn wait_direct(
+    bed: &Testbed,
+    a: (&Member, Ipv4Addr),
+    b: (&Member, Ipv4Addr),
+    secs: u64,
+    what: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let direct =
+        |p: &Option<(String, Option<String>)>| p.as_ref().map(|p| p.0.as_str()) == Some("direct");
+    loop {
+        let (pa, pb) = (path_to(bed, a.0, b.1), path_to(bed, b.0, a.1));
+        if direct(&pa) && direct(&pb) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {pa:?}, {pb:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Drops every UDP datagram between this host and `other` (both ways), with nftables
 /// inside the host's namespace.
 fn block_udp(bed: &Testbed, host: &Host, other: Ipv4Addr) {
@@ -306,23 +328,13 @@ fn blocked_members_are_relayed_then_go_direct() {
 
     unblock_udp(&bed, &members[1].host);
     unblock_udp(&bed, &members[2].host);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (p2, p3) = (
-            path_to(&bed, &members[1], a3),
-            path_to(&bed, &members[2], a2),
-        );
-        if p2.as_ref().map(|p| p.0.as_str()) == Some("direct")
-            && p3.as_ref().map(|p| p.0.as_str()) == Some("direct")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never went direct: h2 {p2:?}, h3 {p3:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_direct(
+        &bed,
+        (&members[1], a2),
+        (&members[2], a3),
+        10,
+        "never went direct",
+    );
     // Traffic now bypasses the relay.
     let before = status(&bed, &members[0]).relay.packets;
     bed.ns(
@@ -410,20 +422,13 @@ fn members_behind_two_nats_connect_and_punch_through() {
         .unwrap_or_else(|e| panic!("{e}; h2: {:?}", status(&bed, &natted[0])));
     bed.wait_for_ping(&natted[1].host, a2, Duration::from_secs(10))
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (p2, p3) = (path_to(&bed, &natted[0], a3), path_to(&bed, &natted[1], a2));
-        if p2.as_ref().map(|p| p.0.as_str()) == Some("direct")
-            && p3.as_ref().map(|p| p.0.as_str()) == Some("direct")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never punched through: h2 {p2:?}, h3 {p3:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_direct(
+        &bed,
+        (&natted[0], a2),
+        (&natted[1], a3),
+        15,
+        "never punched through",
+    );
     // Direct means to the other NAT's public address, not the private one.
     assert_eq!(
         endpoint_of(&bed, &natted[0], a3).as_deref(),

@@ -185,8 +185,6 @@ pub struct OverlayStats {
     pub hole_punches: u64,
     /// dcutr attempts that failed (the connection stays relayed).
     pub hole_punch_failures: u64,
-    /// Relay reservations other members accepted (renewals included).
-    pub reservations_accepted: u64,
     /// Circuits this agent relays for others, opened since start.
     pub circuits_relayed: u64,
     /// Members found by mDNS.
@@ -661,7 +659,6 @@ impl Overlay {
                     renewal,
                     ..
                 } => {
-                    self.stats.reservations_accepted += 1;
                     if !renewal {
                         tracing::info!(relay = %relay_peer_id, "relay reservation accepted");
                     }
