@@ -70,6 +70,9 @@ pub struct OverlayStatus {
     pub rejected_requests: u64,
     /// Envelopes from replicas that failed verification.
     pub bad_envelopes: u64,
+    /// Grants that arrived after a claim was lost, released at once.
+    #[serde(default)]
+    pub late_grants_released: u64,
     /// Members holding a relay reservation for this agent (libp2p peer ids): others reach
     /// this agent's control plane through them when they cannot dial it.
     #[serde(default)]

@@ -846,6 +846,7 @@ impl Agent {
                 stored_records: self.overlay.stored_records(),
                 rejected_requests: self.overlay.store_stats().rejected,
                 bad_envelopes: self.overlay.stats().bad_envelopes,
+                late_grants_released: self.overlay.stats().late_grants_released,
                 relays: self
                     .overlay
                     .relays()

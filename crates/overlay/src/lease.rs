@@ -210,20 +210,50 @@ impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
     }
 
     /// Feeds a replica's answer. Answers from non-replicas and repeated answers are ignored.
-    pub fn handle_response(&mut self, from: R, response: Response<O>) {
-        if self.outcome.is_some()
-            || !self.replicas.contains(&from)
+    ///
+    /// A claim lost before every replica answered keeps listening: a grant that arrives
+    /// afterwards would otherwise hold the key for a loser until its lease ran out, so it
+    /// is returned as a release to send at once. Keep feeding a lost claim until
+    /// [`Claim::unanswered`] is zero (or its requests have failed).
+    pub fn handle_response(&mut self, from: R, response: Response<O>) -> Outgoing<R, K, O> {
+        if !self.replicas.contains(&from)
             || self.granted.contains(&from)
             || self.refused.iter().any(|(r, _)| *r == from)
         {
-            return;
+            return Vec::new();
         }
+        let late = self.outcome.is_some();
+        let lost = matches!(self.outcome, Some(Outcome::Lost { .. }));
         match response {
+            Response::Granted if lost => {
+                self.granted.push(from.clone());
+                return vec![(from, self.release())];
+            }
             Response::Granted => self.granted.push(from),
             Response::Held { owner, .. } => self.refused.push((from, Some(owner))),
             Response::Full | Response::Released => self.refused.push((from, None)),
         }
-        self.decide(false);
+        if !late {
+            self.decide(false);
+        }
+        Vec::new()
+    }
+
+    /// The key claimed.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// Replicas that have not answered yet.
+    pub fn unanswered(&self) -> usize {
+        self.replicas.len() - self.granted.len() - self.refused.len()
+    }
+
+    fn release(&self) -> Request<K, O> {
+        Request::Release {
+            key: self.key.clone(),
+            owner: self.owner.clone(),
+        }
     }
 
     /// How many replicas the claim asked.
@@ -253,15 +283,7 @@ impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
     pub fn releases(&self) -> Outgoing<R, K, O> {
         self.granted
             .iter()
-            .map(|r| {
-                (
-                    r.clone(),
-                    Request::Release {
-                        key: self.key.clone(),
-                        owner: self.owner.clone(),
-                    },
-                )
-            })
+            .map(|r| (r.clone(), self.release()))
             .collect()
     }
 
@@ -376,6 +398,15 @@ mod tests {
                 release_to: vec![4]
             })
         );
+        // Replica 5 grants after the loss: that grant is given back at once, not held
+        // for a loser until it expires; a repeat sends nothing more.
+        assert_eq!(b.unanswered(), 1);
+        let release = Request::Release { key: 1, owner: "b" };
+        assert_eq!(b.handle_response(5, Response::Granted), vec![(5, release)]);
+        assert_eq!(b.unanswered(), 0);
+        assert_eq!(b.handle_response(5, Response::Granted), vec![]);
+        // A winner keeps its late grants.
+        assert_eq!(a.handle_response(4, Response::Granted), vec![]);
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub struct OverlayStats {
     pub bad_envelopes: u64,
     /// Requests to replicas that failed (unreachable, timed out).
     pub request_failures: u64,
+    /// Grants that reached a claim already lost, given straight back.
+    pub late_grants_released: u64,
     /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
     pub refused_puts: u64,
     /// Connections opened through a relay (either direction).
@@ -229,6 +231,8 @@ pub struct Overlay {
     ops: HashMap<OpId, Op>,
     lookups: HashMap<kad::QueryId, OpId>,
     requests: HashMap<OutboundRequestId, (OpId, NetworkId)>,
+    /// Lost claims with replicas yet to answer: a late grant is released at once.
+    lost_claims: HashMap<OpId, Claim<RecordKey, OwnerKey, NetworkId>>,
     events: VecDeque<OverlayEvent>,
     next_op: u64,
     bootstrap: Vec<Multiaddr>,
@@ -332,6 +336,7 @@ impl Overlay {
             ops: HashMap::new(),
             lookups: HashMap::new(),
             requests: HashMap::new(),
+            lost_claims: HashMap::new(),
             events: VecDeque::new(),
             next_op: 0,
             joined: bootstrap.is_empty(),
@@ -833,7 +838,7 @@ impl Overlay {
             if replica == self.local {
                 let own = owner_key(&self.local);
                 let response = self.store.handle(now, wall_clock(), own, request);
-                self.handle_answer(id, replica, Some(response));
+                self.handle_answer(id, replica, Some(response), now);
             } else {
                 let rid = self
                     .swarm
@@ -869,7 +874,7 @@ impl Overlay {
                     response,
                 } => {
                     if let Some((op, replica)) = self.requests.remove(&request_id) {
-                        self.handle_answer(op, replica, Some(response));
+                        self.handle_answer(op, replica, Some(response), now);
                         self.check_done(op, now);
                     }
                 }
@@ -880,7 +885,7 @@ impl Overlay {
                 self.stats.request_failures += 1;
                 if let Some((op, replica)) = self.requests.remove(&request_id) {
                     tracing::debug!(%replica, %error, "record request failed");
-                    self.handle_answer(op, replica, None);
+                    self.handle_answer(op, replica, None, now);
                     self.check_done(op, now);
                 }
             }
@@ -888,16 +893,38 @@ impl Overlay {
         }
     }
 
-    fn handle_answer(&mut self, id: OpId, replica: NetworkId, response: Option<RecordResponse>) {
+    fn handle_answer(
+        &mut self,
+        id: OpId,
+        replica: NetworkId,
+        response: Option<RecordResponse>,
+        now: Instant,
+    ) {
+        // No answer counts as a refusal.
+        let answer = response
+            .as_ref()
+            .and_then(RecordResponse::to_lease)
+            .unwrap_or(lease::Response::Full);
+        if let Some(claim) = self.lost_claims.get_mut(&id) {
+            let releases = claim.handle_response(replica, answer);
+            let key = *claim.key();
+            if claim.unanswered() == 0 {
+                self.lost_claims.remove(&id);
+            }
+            for (replica, _) in releases {
+                self.stats.late_grants_released += 1;
+                self.send_release(replica, key, now);
+            }
+            return;
+        }
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
         match &mut op.stage {
-            Stage::Claim(claim) => match response.as_ref().and_then(RecordResponse::to_lease) {
-                Some(answer) => claim.handle_response(replica, answer),
-                // No answer: the claim's deadline counts it as a refusal.
-                None => claim.handle_response(replica, lease::Response::Full),
-            },
+            Stage::Claim(claim) => {
+                // Decided claims are not in `ops`: nothing comes back to release here.
+                let _ = claim.handle_response(replica, answer);
+            }
             Stage::Get { answers, .. } => {
                 let envelope = match response {
                     Some(RecordResponse::Value { envelope }) => envelope,
@@ -936,16 +963,7 @@ impl Overlay {
                     }
                 };
                 for replica in releases {
-                    let request = RecordRequest::Release { key: key.to_vec() };
-                    if replica == self.local {
-                        let own = owner_key(&self.local);
-                        self.store.handle(now, wall_clock(), own, request);
-                    } else {
-                        self.swarm
-                            .behaviour_mut()
-                            .records
-                            .send_request(&replica, request);
-                    }
+                    self.send_release(replica, key, now);
                 }
                 OverlayEvent::Claimed {
                     op: id,
@@ -981,8 +999,30 @@ impl Overlay {
                 OverlayEvent::Released { op: id }
             }
         };
-        self.ops.remove(&id);
+        if let Some(Op {
+            stage: Stage::Claim(claim),
+            ..
+        }) = self.ops.remove(&id)
+        {
+            if matches!(claim.outcome(), Some(Outcome::Lost { .. })) && claim.unanswered() > 0 {
+                self.lost_claims.insert(id, claim);
+            }
+        }
         self.events.push_back(event);
+    }
+
+    /// Gives a lease on `key` back to `replica` (this agent's own store, or a peer's).
+    fn send_release(&mut self, replica: NetworkId, key: RecordKey, now: Instant) {
+        let request = RecordRequest::Release { key: key.to_vec() };
+        if replica == self.local {
+            let own = owner_key(&self.local);
+            self.store.handle(now, wall_clock(), own, request);
+        } else {
+            self.swarm
+                .behaviour_mut()
+                .records
+                .send_request(&replica, request);
+        }
     }
 }
 

@@ -38,6 +38,7 @@ enum Msg {
     ToClaimer {
         to: usize,
         from: usize,
+        key: u32,
         response: Response<usize>,
     },
 }
@@ -47,6 +48,8 @@ struct Allocator {
     next: usize,
     taken: HashSet<u32>,
     claim: Option<(u32, Claim<u32, usize, usize>)>,
+    /// Lost claims still waiting for answers: a late grant is given back.
+    lost: Vec<(Instant, Claim<u32, usize, usize>)>,
     won: Option<u32>,
     /// When the owner renews its lease (owners claim again every TTL / 3).
     renew_at: Instant,
@@ -212,17 +215,42 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
                 Msg::ToReplica { to, from, request } => {
                     if sim.alive[to] {
                         let now = sim.now;
+                        let key = match &request {
+                            Request::Claim { key, .. } | Request::Release { key, .. } => *key,
+                        };
                         let response = sim.replicas[to].handle(now, request);
                         sim.send(Msg::ToClaimer {
                             to: from,
                             from: to,
+                            key,
                             response,
                         });
                     }
                 }
-                Msg::ToClaimer { to, from, response } => {
-                    if let Some((_, claim)) = allocs[to].claim.as_mut() {
-                        claim.handle_response(from, response);
+                Msg::ToClaimer {
+                    to,
+                    from,
+                    key,
+                    response,
+                } => {
+                    let a = &mut allocs[to];
+                    let releases = match a.claim.as_mut() {
+                        Some((addr, claim)) if *addr == key => {
+                            claim.handle_response(from, response)
+                        }
+                        _ => a
+                            .lost
+                            .iter_mut()
+                            .find(|(_, c)| c.key() == &key && c.unanswered() > 0)
+                            .map(|(_, c)| c.handle_response(from, response))
+                            .unwrap_or_default(),
+                    };
+                    for (replica, request) in releases {
+                        sim.send(Msg::ToReplica {
+                            to: replica,
+                            from: to,
+                            request,
+                        });
                     }
                 }
             }
@@ -267,7 +295,15 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
                     }
                     // A split vote or silence: back off at random, then try again.
                     a.retry_at = sim.now + Duration::from_millis(sim.rng.below(50));
-                    a.claim = None;
+                    if let Some((_, claim)) = a.claim.take() {
+                        if claim.unanswered() > 0 {
+                            a.lost.push((sim.now, claim));
+                        }
+                    }
+                    // Answers come within two message delays; older claims are forgotten.
+                    let now = sim.now;
+                    a.lost
+                        .retain(|(t, _)| now.duration_since(*t) < Duration::from_secs(1));
                 }
             }
         }
@@ -286,6 +322,7 @@ fn allocators(sim: &mut Sim, nodes: usize, pool: &[u32]) -> Vec<Allocator> {
                 next: 0,
                 taken: HashSet::new(),
                 claim: None,
+                lost: Vec::new(),
                 won: None,
                 renew_at: sim.now,
                 retry_at: sim.now,
@@ -321,11 +358,33 @@ fn assert_majorities(sim: &Sim, allocs: &[Allocator]) {
     }
 }
 
+/// No replica holds a lease for a member that does not own that address: losers gave back
+/// every grant, late ones included.
+fn assert_no_stray_leases(sim: &Sim, allocs: &[Allocator], pool: &[u32]) {
+    for (r, replica) in sim.replicas.iter().enumerate() {
+        for addr in pool {
+            if let Some(&holder) = replica.holder(sim.now, addr) {
+                assert_eq!(
+                    allocs[holder].won,
+                    Some(*addr),
+                    "replica {r} still holds {addr} for member {holder}, which lost it"
+                );
+            }
+        }
+    }
+}
+
 fn concurrent_allocation(nodes: usize, pool_size: usize, seed: u64, loss_per_mille: u64) {
     let mut sim = Sim::new(nodes, seed, loss_per_mille);
     let pool: Vec<u32> = (1..=pool_size as u32).collect();
     let mut allocs = allocators(&mut sim, nodes, &pool);
     run(&mut sim, &mut allocs, Duration::from_secs(600));
+    if loss_per_mille == 0 {
+        // Let the last answers and releases arrive (well before any renewal).
+        let settle = sim.now + Duration::from_secs(1);
+        run_until(&mut sim, &mut allocs, settle);
+        assert_no_stray_leases(&sim, &allocs, &pool);
+    }
 
     let won: Vec<u32> = allocs.iter().map(|a| a.won.unwrap()).collect();
     let unique: HashSet<u32> = won.iter().copied().collect();
