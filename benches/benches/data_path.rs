@@ -66,17 +66,18 @@ fn data_path(c: &mut Criterion) {
         bench.iter(|| copy.copy_from_slice(black_box(&frame)))
     });
 
-    let mut sw: Switch<u32> = Switch::new(Config {
-        address: Ipv4Addr::new(10, 201, 0, 1),
-        subnet: "10.201.0.0/16".parse().unwrap(),
-        device_mac: [0x02, 0, 0, 0, 0, 1],
-        remote_mac: [0xfe, 0xfd, 1, 2, 3, 4],
-    });
+    let mut sw: Switch<u32> = Switch::new(Config::interface(
+        Ipv4Addr::new(10, 201, 0, 1),
+        "10.201.0.0/16".parse().unwrap(),
+        [0x02, 0, 0, 0, 0, 1],
+        [0xfe, 0xfd, 1, 2, 3, 4],
+    ));
+    let now = std::time::Instant::now();
     sw.set_peer_addresses(7, &[Ipv4Addr::new(10, 201, 0, 2)]);
     let mut reply = [0u8; 64];
     g.bench_function("vswitch_tap_frame", |bench| {
         bench.iter(|| {
-            let a = sw.handle_tap_frame(black_box(&frame), &mut reply);
+            let a = sw.handle_tap_frame(black_box(&frame), now, &mut reply);
             assert!(matches!(a, Action::ToPeer { .. }));
         })
     });

@@ -69,8 +69,18 @@ struct NamespaceSection {
     mode: String,
     #[serde(default = "default_device")]
     device: String,
-    #[serde(default = "default_address")]
-    address: String,
+    #[serde(default)]
+    address: Option<String>,
+    #[serde(default)]
+    bridge: Option<String>,
+    #[serde(default)]
+    uplink: Option<String>,
+    #[serde(default = "default_probe_timeout_ms")]
+    probe_timeout_ms: u64,
+    #[serde(default = "default_lan_timeout_secs")]
+    lan_timeout_secs: u64,
+    #[serde(default = "default_broadcast_rate")]
+    broadcast_rate: u32,
     #[serde(default)]
     mtu: Option<u16>,
     #[serde(default)]
@@ -87,8 +97,16 @@ fn default_mode() -> String {
     "interface".into()
 }
 
-fn default_address() -> String {
-    "auto".into()
+fn default_probe_timeout_ms() -> u64 {
+    2000
+}
+
+fn default_lan_timeout_secs() -> u64 {
+    30
+}
+
+fn default_broadcast_rate() -> u32 {
+    200
 }
 
 fn default_lease_secs() -> u64 {
@@ -129,12 +147,8 @@ pub struct Agent {
     pub mdns: bool,
 }
 
-/// How a namespace attaches to the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// IPOP interface mode: a TAP device carrying this host's virtual address.
-    Interface,
-}
+/// How a namespace attaches to the host (IPOP Sec. 3): interface, router or hybrid.
+pub use hyphae_vswitch::Mode;
 
 /// How a member gets its virtual address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +157,8 @@ pub enum Address {
     Static(Ipv4Addr),
     /// Any free address of the subnet, claimed in the DHT.
     Auto,
+    /// None of its own (router mode: the agent claims its LAN hosts' addresses).
+    None,
 }
 
 impl Address {
@@ -150,7 +166,7 @@ impl Address {
     pub fn fixed(self) -> Option<Ipv4Addr> {
         match self {
             Address::Static(a) => Some(a),
-            Address::Auto => None,
+            Address::Auto | Address::None => None,
         }
     }
 }
@@ -166,8 +182,19 @@ pub struct Namespace {
     pub subnet: Option<Ipv4Net>,
     /// Deployment mode.
     pub mode: Mode,
-    /// TAP device name.
+    /// The host's device: the TAP (interface and router modes) or the host end of the veth
+    /// pair that carries its address (hybrid mode).
     pub device: String,
+    /// The LAN bridge (router and hybrid modes).
+    pub bridge: Option<String>,
+    /// A LAN interface to enslave to the bridge (router and hybrid modes).
+    pub uplink: Option<String>,
+    /// Hybrid mode: how long a LAN probe waits before ARP for a remote address is answered.
+    pub probe_timeout: Duration,
+    /// Router mode: a LAN host silent this long is probed, then forgotten.
+    pub lan_timeout: Duration,
+    /// Broadcast and multicast packets per second, each way; 0 carries none.
+    pub broadcast_rate: u32,
     /// This member's virtual address.
     pub address: Address,
     /// TAP MTU.
@@ -261,24 +288,72 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
     }
     let mode = match s.mode.as_str() {
         "interface" => Mode::Interface,
-        "router" | "hybrid" => bail!(
-            "mode '{}' is not available in this version; use mode = \"interface\"",
-            s.mode
-        ),
+        "router" => Mode::Router,
+        "hybrid" => Mode::Hybrid,
         other => bail!("mode '{other}' is not one of interface, router, hybrid"),
     };
     let subnet = s.subnet.as_deref().map(parse_subnet).transpose()?;
-    let address = if s.address == "auto" {
-        Address::Auto
-    } else {
-        let address: Ipv4Addr = s.address.parse().map_err(|_| {
-            anyhow::anyhow!("address '{}' is not an IPv4 address or \"auto\"", s.address)
-        })?;
-        if let Some(subnet) = subnet {
-            check_in_subnet(address, subnet)?;
+    let address = match (mode, s.address.as_deref()) {
+        (Mode::Router, None) => Address::None,
+        (Mode::Router, Some(_)) => bail!(
+            "mode \"router\" carries the addresses of its LAN hosts and has none of its own; remove `address`"
+        ),
+        (_, None | Some("auto")) => Address::Auto,
+        (_, Some(text)) => {
+            let address: Ipv4Addr = text.parse().map_err(|_| {
+                anyhow::anyhow!("address '{text}' is not an IPv4 address or \"auto\"")
+            })?;
+            if let Some(subnet) = subnet {
+                check_in_subnet(address, subnet)?;
+            }
+            Address::Static(address)
         }
-        Address::Static(address)
     };
+    let valid_dev = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    let check_link = |key: &str, name: &str, max: usize| -> Result<()> {
+        if name.is_empty() || name.len() > max || !name.chars().all(valid_dev) {
+            bail!("{key} '{name}' is not a valid interface name (1-{max} letters, digits, '-', '_', '.')");
+        }
+        Ok(())
+    };
+    match mode {
+        Mode::Interface => {
+            if s.bridge.is_some() || s.uplink.is_some() {
+                bail!("`bridge` and `uplink` need mode = \"router\" or \"hybrid\"");
+            }
+        }
+        Mode::Router | Mode::Hybrid => {
+            let Some(bridge) = &s.bridge else {
+                bail!(
+                    "mode \"{}\" needs `bridge` (the LAN bridge; created if missing)",
+                    s.mode
+                );
+            };
+            check_link("bridge", bridge, MAX_DEVICE_NAME)?;
+            if let Some(uplink) = &s.uplink {
+                check_link("uplink", uplink, MAX_DEVICE_NAME)?;
+            }
+        }
+    }
+    // Hybrid mode names the veth's bridge end and the TAP after the device (+1 byte).
+    let max_device = if mode == Mode::Hybrid {
+        MAX_DEVICE_NAME - 1
+    } else {
+        MAX_DEVICE_NAME
+    };
+    check_link("device", &s.device, max_device)?;
+    if !(100..=60_000).contains(&s.probe_timeout_ms) {
+        bail!(
+            "probe_timeout_ms {} is outside 100..=60000",
+            s.probe_timeout_ms
+        );
+    }
+    if !(2..=3600).contains(&s.lan_timeout_secs) {
+        bail!(
+            "lan_timeout_secs {} is outside 2..=3600",
+            s.lan_timeout_secs
+        );
+    }
     let reserved = s
         .reserved
         .iter()
@@ -315,13 +390,6 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         .iter()
         .map(|b| parse_bootstrap(b))
         .collect::<Result<Vec<_>>>()?;
-    let valid_dev = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
-    if s.device.is_empty() || s.device.len() > MAX_DEVICE_NAME || !s.device.chars().all(valid_dev) {
-        bail!(
-            "device '{}' is not a valid interface name (1-{MAX_DEVICE_NAME} letters, digits, '-', '_', '.')",
-            s.device
-        );
-    }
     let mtu = s.mtu.unwrap_or(DEFAULT_MTU);
     if !(576..=65000).contains(&mtu) {
         bail!("mtu {mtu} is outside 576..=65000");
@@ -338,6 +406,11 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         subnet,
         mode,
         device: s.device,
+        bridge: s.bridge,
+        uplink: s.uplink,
+        probe_timeout: Duration::from_millis(s.probe_timeout_ms),
+        lan_timeout: Duration::from_secs(s.lan_timeout_secs),
+        broadcast_rate: s.broadcast_rate,
         address,
         mtu,
         peers,

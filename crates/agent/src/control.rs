@@ -117,6 +117,30 @@ pub struct NamespaceStatus {
     pub name: String,
     /// Deployment mode.
     pub mode: String,
+    /// Router and hybrid modes: the LAN bridge.
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// Router and hybrid modes: namespace addresses seen on the LAN.
+    #[serde(default)]
+    pub lan_hosts: Vec<String>,
+    /// Every address this member holds a lease on (router mode: its LAN hosts').
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// Router mode: LAN hosts whose address another member owns.
+    #[serde(default)]
+    pub hosted_conflicts: u64,
+    /// Members in the namespace's broadcast group, as last read.
+    #[serde(default)]
+    pub group_members: usize,
+    /// Broadcast and multicast packets sent to the members.
+    #[serde(default)]
+    pub broadcasts_out: u64,
+    /// Broadcast and multicast packets from members written to the device.
+    #[serde(default)]
+    pub broadcasts_in: u64,
+    /// ARP probes sent on the LAN (router and hybrid modes).
+    #[serde(default)]
+    pub arp_probes: u64,
     /// TAP device.
     pub device: String,
     /// This member's virtual address; empty while an `auto` address is being claimed.

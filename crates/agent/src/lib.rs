@@ -5,6 +5,7 @@ pub mod config;
 pub mod control;
 pub mod demo;
 pub mod join;
+pub mod lan;
 pub mod membership;
 pub mod run;
 pub mod testbed;

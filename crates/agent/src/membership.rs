@@ -11,7 +11,7 @@
 //! The agent's loop calls these with the overlay's events; nothing here does I/O except
 //! remembering the last address won in the state directory.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -44,6 +44,21 @@ const CLAIM_RETRY: Duration = Duration::from_secs(2);
 
 /// Candidates an `auto` claim tries before pausing.
 const MAX_AUTO_TRIES: usize = 64;
+
+/// How often the broadcast group is read again (members that joined since).
+pub const GROUP_REFRESH: Duration = Duration::from_secs(15);
+
+/// Router mode: after a LAN host's address was found owned by another member, the claim is
+/// tried again this much later.
+const HOSTED_CONFLICT_RETRY: Duration = Duration::from_secs(30);
+
+/// Router mode: the lease on one LAN host's address.
+#[derive(Debug, Default)]
+struct Hosted {
+    owned: bool,
+    claiming: Option<OpId>,
+    next: Option<Instant>,
+}
 
 /// A namespace's settings, as its record holds them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +112,8 @@ pub enum ClaimOutcome {
     Won(Ipv4Addr),
     /// A static address is another member's: the agent cannot start.
     Conflict(String),
+    /// Router mode: the set of LAN host addresses this member owns changed.
+    Hosted,
 }
 
 /// A member that owns an address, as read from the DHT.
@@ -152,6 +169,13 @@ pub struct Membership {
     pub unresolved_drops: u64,
     /// Lookups started.
     pub lookups: u64,
+    /// Router mode: LAN hosts' addresses this member claims.
+    hosted: BTreeMap<Ipv4Addr, Hosted>,
+    /// LAN host addresses another member owns (router mode), counted for status.
+    pub hosted_conflicts: u64,
+    next_announce: Option<Instant>,
+    next_group_read: Option<Instant>,
+    group_read: Option<OpId>,
 }
 
 impl Membership {
@@ -189,7 +213,166 @@ impl Membership {
             negative: HashMap::new(),
             unresolved_drops: 0,
             lookups: 0,
+            hosted: BTreeMap::new(),
+            hosted_conflicts: 0,
+            next_announce: None,
+            next_group_read: None,
+            group_read: None,
         }
+    }
+
+    /// Every address this member holds a lease on: its own and (router mode) its LAN
+    /// hosts'.
+    pub fn addresses(&self) -> Vec<Ipv4Addr> {
+        self.owned
+            .into_iter()
+            .chain(self.hosted.iter().filter(|(_, h)| h.owned).map(|(a, _)| *a))
+            .collect()
+    }
+
+    /// Router mode: `address` appeared on the LAN; claim it for this member.
+    pub fn add_hosted(&mut self, address: Ipv4Addr, now: Instant) {
+        if self.left || self.hosted.contains_key(&address) {
+            return;
+        }
+        if !self.usable(address) {
+            tracing::warn!(namespace = %self.name, %address,
+                "a LAN host uses an address that is not a usable namespace address; not claimed");
+            return;
+        }
+        tracing::info!(namespace = %self.name, %address, "LAN host found; claiming its address");
+        self.hosted.insert(
+            address,
+            Hosted {
+                next: Some(now),
+                ..Hosted::default()
+            },
+        );
+    }
+
+    /// Router mode: the LAN host at `address` went away; give its address back. Returns
+    /// whether this member's addresses changed.
+    pub fn remove_hosted(&mut self, address: Ipv4Addr, overlay: &mut Overlay) -> bool {
+        let Some(h) = self.hosted.remove(&address) else {
+            return false;
+        };
+        tracing::info!(namespace = %self.name, %address, "LAN host gone; releasing its address");
+        if h.owned {
+            overlay.release(self.keys.address_key(address));
+        }
+        h.owned
+    }
+
+    /// Claims (and renews) the LAN hosts' addresses that are due.
+    fn run_hosted(
+        &mut self,
+        now: Instant,
+        overlay: &mut Overlay,
+        identity: &Identity,
+        endpoints: &[SocketAddr],
+    ) {
+        let due: Vec<Ipv4Addr> = self
+            .hosted
+            .iter()
+            .filter(|(_, h)| h.claiming.is_none() && h.next.is_some_and(|t| now >= t))
+            .map(|(a, _)| *a)
+            .collect();
+        for address in due {
+            let op = self
+                .seal_address(address, identity, endpoints)
+                .map(|e| overlay.claim(self.keys.address_key(address), e));
+            if let Some(h) = self.hosted.get_mut(&address) {
+                h.next = None;
+                match op {
+                    Some(op) => h.claiming = Some(op),
+                    None => h.next = Some(now + CLAIM_RETRY),
+                }
+            }
+        }
+    }
+
+    /// An address record: where to reach this member, until the lease ends.
+    fn seal_address(
+        &self,
+        address: Ipv4Addr,
+        identity: &Identity,
+        endpoints: &[SocketAddr],
+    ) -> Option<Envelope> {
+        self.seal(&self.keys.address_key(address), identity, endpoints)
+    }
+
+    fn seal(
+        &self,
+        key: &hyphae_overlay::records::RecordKey,
+        identity: &Identity,
+        endpoints: &[SocketAddr],
+    ) -> Option<Envelope> {
+        let info = MemberInfo {
+            endpoints: endpoints.to_vec(),
+        };
+        let expires = unix_now() + self.lease.as_secs();
+        Envelope::seal(&self.keys, identity, key, expires, &encode(&info))
+            .map_err(|e| tracing::warn!(namespace = %self.name, error = %e, "cannot seal a record"))
+            .ok()
+    }
+
+    /// Announces this member in the namespace's broadcast group, and reads the group, when
+    /// due.
+    fn run_group(
+        &mut self,
+        now: Instant,
+        overlay: &mut Overlay,
+        identity: &Identity,
+        endpoints: &[SocketAddr],
+    ) {
+        if self.next_announce.is_some_and(|t| now >= t) {
+            let key = self.keys.group_key();
+            self.next_announce = Some(now + self.lease / 3);
+            if let Some(e) = self.seal(&key, identity, endpoints) {
+                overlay.announce(key, e);
+            }
+        }
+        if self.group_read.is_none() && self.next_group_read.is_some_and(|t| now >= t) {
+            self.next_group_read = None;
+            self.group_read = Some(overlay.members(self.keys.group_key()));
+        }
+    }
+
+    /// Reads the group again soon (a broadcast is waiting for members to send it to).
+    pub fn refresh_group_soon(&mut self, now: Instant) {
+        if self.group_read.is_none() && !self.left {
+            let soon = now + Duration::from_secs(1);
+            self.next_group_read = Some(self.next_group_read.map_or(soon, |t| t.min(soon)));
+        }
+    }
+
+    /// A group read finished; `None` if it was not this namespace's. Returns the members
+    /// (other than `me`) and where to reach them.
+    pub fn group_members(
+        &mut self,
+        op: OpId,
+        envelopes: &[Envelope],
+        me: PeerId,
+        now: Instant,
+    ) -> Option<Vec<(PeerId, SocketAddr)>> {
+        if self.group_read != Some(op) {
+            return None;
+        }
+        self.group_read = None;
+        self.next_group_read = Some(now + GROUP_REFRESH);
+        let key = self.keys.group_key();
+        Some(
+            envelopes
+                .iter()
+                .filter_map(|e| {
+                    let (owner, plain) = e.open(&self.keys, &key, unix_now()).ok()?;
+                    let info: MemberInfo = decode(&plain).ok()?;
+                    let member = PeerId::from_bytes(owner).ok()?;
+                    Some((member, *info.endpoints.first()?))
+                })
+                .filter(|(m, _)| *m != me)
+                .collect(),
+        )
     }
 
     /// Starts with the namespace record, then the first claim (once the overlay has joined).
@@ -200,8 +383,12 @@ impl Membership {
         if self.settings_op.is_none() && self.next_settings.is_none() {
             self.next_settings = Some(now);
         }
-        if self.claiming.is_none() && self.next_claim.is_none() {
+        if self.claiming.is_none() && self.next_claim.is_none() && self.wanted != Address::None {
             self.next_claim = Some(now);
+        }
+        if self.next_announce.is_none() {
+            self.next_announce = Some(now);
+            self.next_group_read = Some(now + Duration::from_secs(1));
         }
     }
 
@@ -220,6 +407,12 @@ impl Membership {
         if self.owned.is_some() {
             self.next_claim = Some(self.next_claim.map_or(soon, |t| t.min(soon)));
         }
+        for h in self.hosted.values_mut().filter(|h| h.owned) {
+            h.next = Some(h.next.map_or(soon, |t| t.min(soon)));
+        }
+        if self.next_announce.is_some() {
+            self.next_announce = Some(self.next_announce.map_or(soon, |t| t.min(soon)));
+        }
     }
 
     /// Claims or renews when due (the driver expires held frames with
@@ -235,6 +428,10 @@ impl Membership {
             return;
         }
         self.run_settings(now, overlay, identity);
+        if self.settings_known {
+            self.run_hosted(now, overlay, identity, endpoints);
+            self.run_group(now, overlay, identity, endpoints);
+        }
         if !self.settings_known
             || self.claiming.is_some()
             || !self.next_claim.is_some_and(|t| now >= t)
@@ -400,6 +597,35 @@ impl Membership {
             }
             return Some(ClaimOutcome::Nothing);
         }
+        if let Some((&address, h)) = self.hosted.iter_mut().find(|(_, h)| h.claiming == Some(op)) {
+            h.claiming = None;
+            let was = h.owned;
+            match result {
+                ClaimResult::Won => {
+                    h.owned = true;
+                    h.next = Some(now + self.lease / 3);
+                    if !was {
+                        tracing::info!(namespace = %self.name, %address, "LAN host's address claimed");
+                    }
+                }
+                ClaimResult::Lost(Some(holder)) => {
+                    let holder = PeerId::from_bytes(*holder)
+                        .map(|p| p.to_string())
+                        .unwrap_or_else(|_| "an unknown member".into());
+                    tracing::error!(namespace = %self.name, %address, %holder,
+                        "a LAN host uses an address another member owns; it is not reachable through the overlay");
+                    self.hosted_conflicts += 1;
+                    h.owned = false;
+                    h.next = Some(now + HOSTED_CONFLICT_RETRY);
+                }
+                ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
+            }
+            return Some(if was != h.owned {
+                ClaimOutcome::Hosted
+            } else {
+                ClaimOutcome::Nothing
+            });
+        }
         let (mine, address) = self.claiming?;
         if mine != op {
             return None;
@@ -433,7 +659,7 @@ impl Membership {
                             "another member took our address; retrying");
                         self.next_claim = Some(now + CLAIM_RETRY);
                     }
-                    Address::Auto => {
+                    Address::Auto | Address::None => {
                         tracing::debug!(namespace = %self.name, %address, %holder, "address taken");
                         if self.owned == Some(address) {
                             tracing::error!(namespace = %self.name, %address, %holder,
@@ -553,10 +779,15 @@ impl Membership {
     /// member keeps it) and stops claiming and resolving. Returns the releases started.
     pub fn leave(&mut self, overlay: &mut Overlay) -> usize {
         let mut released = 0;
-        if let Some(a) = self.owned.take() {
+        for a in self.addresses() {
             overlay.release(self.keys.address_key(a));
             released += 1;
         }
+        self.owned = None;
+        self.hosted.clear();
+        self.next_announce = None;
+        self.next_group_read = None;
+        self.group_read = None;
         if self.settings_known && self.settings_keeper.is_none() {
             overlay.release(self.keys.settings_key());
             released += 1;

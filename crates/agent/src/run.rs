@@ -162,45 +162,43 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
-fn create_tap(ns: &Namespace, mac: [u8; 6]) -> Result<SyncDevice> {
+fn create_tap(ns: &Namespace, name: &str, mac: [u8; 6]) -> Result<SyncDevice> {
     let mut builder = tun_rs::DeviceBuilder::new()
-        .name(&ns.device)
+        .name(name)
         .layer(tun_rs::Layer::L2)
         .mac_addr(mac)
         .mtu(ns.mtu)
         .enable(true);
-    // An `auto` address is set once it is won; a static one once the subnet is known.
-    if let (Address::Static(a), Some(subnet)) = (ns.address, ns.subnet) {
+    // An `auto` address is set once it is won; a static one once the subnet is known. Only
+    // an interface-mode TAP carries the address (router: none; hybrid: the veth does).
+    if let (Mode::Interface, Address::Static(a), Some(subnet)) = (ns.mode, ns.address, ns.subnet) {
         builder = builder.ipv4(a, subnet.prefix_len(), None);
     }
     let device = builder.build_sync().map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) | Some(libc::EEXIST) => anyhow::anyhow!(
-            "namespace '{}': device {} already exists and is in use; pick another `device`",
+            "namespace '{}': device {name} already exists and is in use; pick another `device`",
             ns.name,
-            ns.device
         ),
-        _ => anyhow::anyhow!(
-            "namespace '{}': cannot create TAP {}: {e}",
-            ns.name,
-            ns.device
-        ),
+        _ => anyhow::anyhow!("namespace '{}': cannot create TAP {name}: {e}", ns.name),
     })?;
     // The overlay carries IPv4; keep the kernel's IPv6 chatter (router solicitations, DAD)
     // off the device. Best effort: IPv6 may be disabled host-wide already.
-    let _ = std::fs::write(
-        format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ns.device),
-        "1",
-    );
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
     device
         .set_nonblocking(true)
         .context("setting the TAP non-blocking")?;
     Ok(device)
 }
 
-fn random_mac(first: [u8; 2]) -> Result<[u8; 6]> {
-    let mut mac = [first[0], first[1], 0, 0, 0, 0];
-    getrandom::getrandom(&mut mac[2..]).map_err(|e| anyhow::anyhow!("random MAC: {e}"))?;
-    Ok(mac)
+/// A MAC that stays the same across restarts (LAN hosts' ARP caches stay right) and differs
+/// between agents: `first` plus four bytes of a hash of the agent's identity and `label`.
+fn stable_mac(first: [u8; 2], id: &hyphae_overlay::PeerId, label: &str) -> [u8; 6] {
+    use blake2::{Blake2s256, Digest};
+    let h = Blake2s256::new()
+        .chain_update(id.as_bytes())
+        .chain_update(label.as_bytes())
+        .finalize();
+    [first[0], first[1], h[0], h[1], h[2], h[3]]
 }
 
 /// The subnet of a namespace whose record has not been read yet: holds no address.
@@ -213,6 +211,11 @@ struct Port {
     name: String,
     device: String,
     mode: Mode,
+    /// Router and hybrid modes: the LAN bridge, and the links this namespace set up.
+    bridge: Option<String>,
+    lan: Option<crate::lan::Lan>,
+    /// Members of the namespace's broadcast group (read from the DHT).
+    group: Vec<hyphae_overlay::PeerId>,
     switch: Switch<PeerHandle>,
     tap_errors: u64,
     /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
@@ -273,8 +276,9 @@ impl Agent {
             config_path: config.path.clone(),
             state_dir: config.agent.state_dir.clone(),
             listen: config.agent.listen,
-            // IPOP 4.1: one random FE:FD MAC per agent stands for every remote member.
-            remote_mac: random_mac([0xfe, 0xfd])?,
+            // IPOP 4.1: one FE:FD MAC per agent stands for every remote member; hybrid
+            // agents sharing a LAN each have their own.
+            remote_mac: stable_mac(hyphae_vswitch::REMOTE_MAC_PREFIX, &own.peer_id(), "remote"),
             identity: own,
             overlay,
             members: Vec::new(),
@@ -300,8 +304,23 @@ impl Agent {
     /// Creates the namespace's TAP, tunnels, switch and DHT state.
     fn add_namespace(&mut self, ns: &Namespace, now: Instant) -> Result<()> {
         // Locally administered, unicast: 0x02 in the first byte.
-        let device_mac = random_mac([0x02, 0x48])?;
-        let tap = create_tap(ns, device_mac)?;
+        let device_mac = stable_mac([0x02, 0x48], &self.identity.peer_id(), &ns.name);
+        let tap_name = crate::lan::tap_name(ns);
+        // Router and hybrid TAPs are bridge ports: their own MAC is never addressed.
+        let tap_mac = match ns.mode {
+            Mode::Interface => device_mac,
+            Mode::Router | Mode::Hybrid => {
+                stable_mac([0x02, 0x49], &self.identity.peer_id(), &ns.name)
+            }
+        };
+        let tap = create_tap(ns, &tap_name, tap_mac)?;
+        let lan = match ns.mode {
+            Mode::Interface => None,
+            Mode::Router | Mode::Hybrid => Some(crate::lan::attach(ns, &tap_name, device_mac)?),
+        };
+        if let (Mode::Hybrid, Address::Static(a), Some(subnet)) = (ns.mode, ns.address, ns.subnet) {
+            crate::lan::set_address(&ns.device, a, subnet.prefix_len())?;
+        }
         // SAFETY: the SyncDevice owns its fd and moves into the AsyncFd, which keeps it
         // open for as long as it is registered.
         let tap = unsafe { AsyncFd::register(tap) }
@@ -327,7 +346,11 @@ impl Agent {
             name: ns.name.clone(),
             device: ns.device.clone(),
             mode: ns.mode,
+            bridge: ns.bridge.clone(),
+            lan,
+            group: Vec::new(),
             switch: Switch::new(hyphae_vswitch::Config {
+                mode: ns.mode,
                 // The device has a static address from the start when the subnet is known
                 // (see `create_tap`); any other is set once won.
                 address: ns
@@ -339,6 +362,9 @@ impl Agent {
                 subnet: ns.subnet.unwrap_or(NO_SUBNET),
                 device_mac,
                 remote_mac: self.remote_mac,
+                probe_timeout: ns.probe_timeout,
+                lan_timeout: ns.lan_timeout,
+                broadcast_rate: ns.broadcast_rate,
             }),
             tap_errors: 0,
             live: false,
@@ -407,8 +433,10 @@ impl Agent {
     fn drop_namespace(&mut self, i: usize) -> usize {
         let released = self.members[i].leave(&mut self.overlay);
         self.node.remove_namespace(Instant::now(), NamespaceId(i));
-        // Dropping the TAP removes the device.
+        // Dropping the TAP removes the device (and the hybrid veth goes with its links).
         self.taps[i] = None;
+        self.ports[i].lan = None;
+        self.ports[i].group.clear();
         tracing::info!(namespace = %self.ports[i].name, "namespace left");
         released
     }
@@ -456,9 +484,67 @@ impl Agent {
     fn handle_timeout(&mut self, now: Instant) {
         self.node.handle_timeout(now);
         self.overlay.handle_timeout(now);
+        for i in 0..self.ports.len() {
+            if self.taps[i].is_some() {
+                self.ports[i].switch.handle_timeout(now);
+                self.flush_switch(i, now);
+            }
+        }
         self.run_claims(now);
         for m in &mut self.members {
             m.expire_pending(now);
+        }
+    }
+
+    /// Writes what switch `i` wants on its TAP (ARP probes and deferred replies) and acts
+    /// on what it learned about the LAN (router mode: claim or release LAN hosts).
+    fn flush_switch(&mut self, i: usize, now: Instant) {
+        let port = &mut self.ports[i];
+        while let Some(len) = port.switch.poll_transmit(&mut self.reply) {
+            let sent = self.taps[i]
+                .as_ref()
+                .is_some_and(|t| t.get_ref().send(&self.reply[..len]).is_ok());
+            if !sent {
+                port.tap_errors += 1;
+            }
+        }
+        let (mut changed, mut found) = (false, false);
+        while let Some(event) = port.switch.poll_event() {
+            match event {
+                hyphae_vswitch::Event::LanHostUp(a) => {
+                    self.members[i].add_hosted(a, now);
+                    found = true;
+                }
+                hyphae_vswitch::Event::LanHostDown(a) => {
+                    changed |= self.members[i].remove_hosted(a, &mut self.overlay);
+                }
+            }
+        }
+        if changed {
+            self.node
+                .set_addresses(now, NamespaceId(i), self.members[i].addresses());
+        }
+        if found {
+            // Newly seen LAN hosts are claimed at once.
+            let endpoints = self.endpoints();
+            self.members[i].handle_timeout(now, &mut self.overlay, &self.identity, &endpoints);
+        }
+    }
+
+    /// A broadcast or multicast packet from the host or the LAN: to every member of the
+    /// namespace's group.
+    async fn broadcast(&mut self, i: usize, packet: &[u8], now: Instant) {
+        if self.ports[i].group.is_empty() {
+            self.members[i].refresh_group_soon(now);
+        }
+        for k in 0..self.ports[i].group.len() {
+            let id = self.ports[i].group[k];
+            let Some(handle) = self.node.member_handle(NamespaceId(i), id) else {
+                continue;
+            };
+            if let Some(t) = self.node.send(handle, packet, &mut self.tx) {
+                self.underlay.push(t.to, &self.tx[t.range]).await;
+            }
         }
     }
 
@@ -496,6 +582,11 @@ impl Agent {
                 for i in 0..self.members.len() {
                     match self.members[i].claimed(op, &result, now) {
                         None | Some(ClaimOutcome::Nothing) => {}
+                        Some(ClaimOutcome::Hosted) => self.node.set_addresses(
+                            now,
+                            NamespaceId(i),
+                            self.members[i].addresses(),
+                        ),
                         Some(ClaimOutcome::Won(address)) => self.set_address(i, address, now),
                         Some(ClaimOutcome::Conflict(reason)) => self.conflict(i, reason),
                     }
@@ -530,12 +621,29 @@ impl Agent {
                     }
                 }
             }
+            OverlayEvent::Members { op, envelopes, .. } => {
+                let me = self.node.peer_id();
+                for i in 0..self.members.len() {
+                    let Some(found) = self.members[i].group_members(op, &envelopes, me, now) else {
+                        continue;
+                    };
+                    // A tunnel with every member, so a broadcast reaches them all.
+                    for &(member, endpoint) in &found {
+                        if self.node.member_handle(NamespaceId(i), member).is_none() {
+                            let _ = self.node.add_member(now, NamespaceId(i), member, endpoint);
+                        }
+                    }
+                    self.ports[i].group = found.into_iter().map(|(m, _)| m).collect();
+                }
+            }
             OverlayEvent::NewPeer => {
                 for m in &mut self.members {
                     m.renew_soon(now);
                 }
             }
-            OverlayEvent::Listening { .. } | OverlayEvent::Released { .. } => {}
+            OverlayEvent::Listening { .. }
+            | OverlayEvent::Released { .. }
+            | OverlayEvent::Announced { .. } => {}
         }
         self.apply_settings();
     }
@@ -574,15 +682,23 @@ impl Agent {
         let port = &mut self.ports[i];
         if port.switch.config().address != address {
             let prefix = port.switch.config().subnet.prefix_len();
-            if let Some(Err(e)) = self.taps[i]
-                .as_ref()
-                .map(|t| t.get_ref().set_network_address(address, prefix, None))
-            {
+            let result = match port.mode {
+                Mode::Hybrid => crate::lan::set_address(&port.device, address, prefix),
+                Mode::Interface | Mode::Router => match self.taps[i].as_ref() {
+                    Some(t) => t
+                        .get_ref()
+                        .set_network_address(address, prefix, None)
+                        .map_err(anyhow::Error::from),
+                    None => Ok(()),
+                },
+            };
+            if let Err(e) = result {
                 tracing::error!(device = %port.device, error = %e, "cannot set the address");
             }
             port.switch.set_address(address);
         }
-        self.node.set_addresses(now, NamespaceId(i), vec![address]);
+        self.node
+            .set_addresses(now, NamespaceId(i), self.members[i].addresses());
     }
 
     /// On the way out: give our addresses back so others can take them now, not after
@@ -590,7 +706,7 @@ impl Agent {
     async fn release_addresses(&mut self) {
         let mut waiting = 0;
         for m in &self.members {
-            if let Some(a) = m.owned {
+            for a in m.addresses() {
                 self.overlay.release(m.keys.address_key(a));
                 waiting += 1;
             }
@@ -632,7 +748,7 @@ impl Agent {
                             continue;
                         };
                         if let Action::ToTap { len } =
-                            port.switch.handle_peer_packet(&mut self.tx, len)
+                            port.switch.handle_peer_packet(&mut self.tx, len, now)
                         {
                             let Some(tap) = self.taps.get(ns.0).and_then(Option::as_ref) else {
                                 continue;
@@ -682,13 +798,16 @@ impl Agent {
     /// One frame from TAP `i`: to a member, an ARP reply back to the TAP, or held while
     /// its destination resolves.
     async fn switch_frame(&mut self, i: usize, frame: &[u8]) {
+        let now = Instant::now();
         let port = &mut self.ports[i];
-        match port.switch.handle_tap_frame(frame, &mut self.reply) {
+        let action = port.switch.handle_tap_frame(frame, now, &mut self.reply);
+        match action {
             Action::ToPeer { peer, packet } => {
                 if let Some(t) = self.node.send(peer, &frame[packet], &mut self.tx) {
                     self.underlay.push(t.to, &self.tx[t.range]).await;
                 }
             }
+            Action::Broadcast { packet } => self.broadcast(i, &frame[packet], now).await,
             Action::ToTap { len } => {
                 let sent = self.taps[i]
                     .as_ref()
@@ -698,9 +817,13 @@ impl Agent {
                 }
             }
             Action::Resolve { target } => {
-                self.members[i].hold(Instant::now(), target, frame, &mut self.overlay);
+                self.members[i].hold(now, target, frame, &mut self.overlay);
             }
             Action::Drop(_) => {}
+        }
+        // Router and hybrid switches learn LAN hosts and queue probes from what they see.
+        if self.ports[i].mode != Mode::Interface {
+            self.flush_switch(i, now);
         }
     }
 
@@ -759,7 +882,17 @@ impl Agent {
                     name: p.name.clone(),
                     mode: match p.mode {
                         Mode::Interface => "interface".into(),
+                        Mode::Router => "router".into(),
+                        Mode::Hybrid => "hybrid".into(),
                     },
+                    bridge: p.bridge.clone(),
+                    lan_hosts: p.switch.lan_hosts().iter().map(|a| a.to_string()).collect(),
+                    addresses: m.addresses().iter().map(|a| a.to_string()).collect(),
+                    hosted_conflicts: m.hosted_conflicts,
+                    group_members: p.group.len(),
+                    broadcasts_out: c.broadcasts_out,
+                    broadcasts_in: c.broadcasts_in,
+                    arp_probes: c.arp_probes,
                     device: p.device.clone(),
                     address: if cfg.address.is_unspecified() {
                         String::new()

@@ -46,6 +46,8 @@ pub struct Testbed {
     /// Processes started by a program this testbed ran (e.g. an agent `hyphae join`
     /// started): not our children, killed by PID when the testbed drops.
     adopted: Vec<u32>,
+    /// LAN ports made so far (their names are numbered).
+    ports: usize,
 }
 
 /// A host: a network namespace with `eth0` on the underlay.
@@ -90,6 +92,7 @@ impl Testbed {
             bin: bin.to_path_buf(),
             processes: Vec::new(),
             adopted: Vec::new(),
+            ports: 0,
         };
         run("ip", &["netns", "add", &switch_ns])?;
         bed.namespaces.push(switch_ns.clone());
@@ -333,6 +336,59 @@ impl Testbed {
 }
 
 impl Testbed {
+    /// Adds a LAN: a namespace holding a bridge `br0` that hosts plug into with
+    /// [`Testbed::plug`] (a site's switch, as the underlay has its own). Returns its name.
+    pub fn add_lan(&mut self, name: &str) -> Result<String> {
+        let ns = format!("{}-{name}", self.prefix);
+        run("ip", &["netns", "add", &ns])?;
+        self.namespaces.push(ns.clone());
+        self.ns(&ns, "ip", &["link", "add", "br0", "type", "bridge"])?;
+        self.ns(&ns, "ip", &["link", "set", "br0", "up"])?;
+        Ok(ns)
+    }
+
+    /// Plugs namespace `host_ns` into `lan` with a veth named `ifname` there (up, no
+    /// address, MTU `mtu`).
+    pub fn plug(&mut self, lan: &str, host_ns: &str, ifname: &str, mtu: u16) -> Result<()> {
+        self.ports += 1;
+        let port = format!("l{}", self.ports);
+        self.ns(
+            lan,
+            "ip",
+            &[
+                "link", "add", &port, "type", "veth", "peer", "name", ifname, "netns", host_ns,
+            ],
+        )?;
+        self.ns(lan, "ip", &["link", "set", &port, "master", "br0", "up"])?;
+        let mtu = mtu.to_string();
+        self.ns(host_ns, "ip", &["link", "set", ifname, "mtu", &mtu, "up"])?;
+        Ok(())
+    }
+
+    /// Adds a plain LAN host (no hyphae, no underlay): `eth0` on `lan` with `address`
+    /// (`a.b.c.d/len`) and MTU `mtu`. Its `underlay` field holds the LAN address.
+    pub fn add_lan_host(&mut self, lan: &str, name: &str, address: &str, mtu: u16) -> Result<Host> {
+        let ns = format!("{}-{name}", self.prefix);
+        run("ip", &["netns", "add", &ns])?;
+        self.namespaces.push(ns.clone());
+        self.plug(lan, &ns, "eth0", mtu)?;
+        self.ns(
+            &ns,
+            "ip",
+            &["addr", "add", address, "brd", "+", "dev", "eth0"],
+        )?;
+        self.ns(&ns, "ip", &["link", "set", "lo", "up"])?;
+        let dir = self.dir.join(name);
+        fs::create_dir_all(&dir)?;
+        let ip = address.split('/').next().unwrap_or_default();
+        Ok(Host {
+            ns,
+            name: name.to_string(),
+            underlay: ip.parse().context("LAN host address")?,
+            dir,
+        })
+    }
+
     /// Kills `pid` (started inside this testbed by a program it ran) when the testbed drops.
     pub fn adopt(&mut self, pid: u32) {
         self.adopted.push(pid);

@@ -536,6 +536,11 @@ impl Node {
         Ok(handle)
     }
 
+    /// The tunnel with member `id` in `ns`, if one is open (or opening).
+    pub fn member_handle(&self, ns: NamespaceId, id: PeerId) -> Option<PeerHandle> {
+        self.by_id.get(&(ns, id)).copied()
+    }
+
     /// Replaces the addresses this node owns in `ns` and announces them to its members.
     pub fn set_addresses(&mut self, now: Instant, ns: NamespaceId, addresses: Vec<Ipv4Addr>) {
         let Some(namespace) = self.namespaces.get_mut(ns.0) else {

@@ -40,6 +40,12 @@ pub type OwnerKey = [u8; 32];
 /// Largest sealed value a replica keeps.
 pub const MAX_SEALED_LEN: usize = 1024;
 
+/// Most members one group (a namespace's broadcast group) keeps on one replica.
+pub const MAX_GROUP_MEMBERS: usize = 1024;
+
+/// Most group entries one replica keeps, over all groups.
+pub const MAX_GROUP_ENTRIES: usize = 65536;
+
 /// Longest lease a replica grants, whatever the envelope says.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
@@ -68,6 +74,12 @@ impl NamespaceKeys {
     /// The key of the namespace record (its settings; not stored yet).
     pub fn settings_key(&self) -> RecordKey {
         self.record_key(b"settings", &[])
+    }
+
+    /// The key every member announces itself under, so broadcasts reach them all (IPOP's
+    /// `namespace:broadcast` group).
+    pub fn group_key(&self) -> RecordKey {
+        self.record_key(b"group", b"broadcast")
     }
 }
 
@@ -246,6 +258,19 @@ pub enum RecordRequest {
         /// The key (32 bytes).
         key: Vec<u8>,
     },
+    /// Add (or renew) the envelope's owner in the group at `key`: a set of members, one
+    /// entry per owner, each kept until its envelope expires.
+    Join {
+        /// The group key (32 bytes).
+        key: Vec<u8>,
+        /// The member's entry, signed by it.
+        envelope: Envelope,
+    },
+    /// Read every entry of the group at `key`.
+    Members {
+        /// The group key (32 bytes).
+        key: Vec<u8>,
+    },
 }
 
 /// A replica's answer.
@@ -271,6 +296,13 @@ pub enum RecordResponse {
     },
     /// The request was refused as malformed or unauthentic.
     Rejected,
+    /// Added to the group.
+    Joined,
+    /// A group's entries (at most [`MAX_GROUP_MEMBERS`]).
+    Members {
+        /// One envelope per member.
+        envelopes: Vec<Envelope>,
+    },
 }
 
 impl RecordResponse {
@@ -287,7 +319,11 @@ impl RecordResponse {
                 remaining: Duration::from_millis(*remaining_ms),
             },
             Self::Released => lease::Response::Released,
-            Self::Full | Self::Rejected | Self::Value { .. } => lease::Response::Full,
+            Self::Full
+            | Self::Rejected
+            | Self::Value { .. }
+            | Self::Joined
+            | Self::Members { .. } => lease::Response::Full,
         })
     }
 }
@@ -308,6 +344,8 @@ pub struct StoreStats {
 pub struct RecordStore {
     leases: Replica<RecordKey, OwnerKey>,
     values: HashMap<RecordKey, Envelope>,
+    groups: HashMap<RecordKey, HashMap<OwnerKey, (Envelope, Instant)>>,
+    group_entries: usize,
     stats: StoreStats,
 }
 
@@ -380,6 +418,45 @@ impl RecordStore {
                     .cloned();
                 RecordResponse::Value { envelope }
             }
+            RecordRequest::Join { key, envelope } => {
+                let Ok(key) = RecordKey::try_from(key.as_slice()) else {
+                    self.stats.rejected += 1;
+                    return RecordResponse::Rejected;
+                };
+                let Ok(owner) = envelope.verify(&key, now_unix) else {
+                    self.stats.rejected += 1;
+                    return RecordResponse::Rejected;
+                };
+                let until = now + Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
+                let group = self.groups.entry(key).or_default();
+                group.retain(|_, (_, t)| *t > now);
+                let new = !group.contains_key(&owner);
+                if new
+                    && (group.len() >= MAX_GROUP_MEMBERS || self.group_entries >= MAX_GROUP_ENTRIES)
+                {
+                    return RecordResponse::Full;
+                }
+                group.insert(owner, (envelope, until));
+                self.group_entries = self.groups.values().map(HashMap::len).sum();
+                RecordResponse::Joined
+            }
+            RecordRequest::Members { key } => {
+                let Ok(key) = RecordKey::try_from(key.as_slice()) else {
+                    self.stats.rejected += 1;
+                    return RecordResponse::Rejected;
+                };
+                let envelopes = self
+                    .groups
+                    .get(&key)
+                    .map(|g| {
+                        g.values()
+                            .filter(|(_, t)| *t > now)
+                            .map(|(e, _)| e.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                RecordResponse::Members { envelopes }
+            }
         }
     }
 
@@ -388,6 +465,11 @@ impl RecordStore {
         self.leases.expire(now);
         let leases = &self.leases;
         self.values.retain(|k, _| leases.holder(now, k).is_some());
+        for group in self.groups.values_mut() {
+            group.retain(|_, (_, t)| *t > now);
+        }
+        self.groups.retain(|_, g| !g.is_empty());
+        self.group_entries = self.groups.values().map(HashMap::len).sum();
     }
 
     /// Counters.
@@ -477,6 +559,59 @@ mod tests {
         let mut big = e;
         big.sealed = vec![0; MAX_SEALED_LEN + 1];
         assert_eq!(big.verify(&key, NOW), Err(RecordError::Malformed));
+    }
+
+    #[test]
+    fn group_keeps_one_entry_per_member_until_it_expires() {
+        let k = keys(b"0123456789abcdef");
+        let key = k.group_key();
+        assert_ne!(key, k.settings_key());
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let join = |e: Envelope| RecordRequest::Join {
+            key: key.to_vec(),
+            envelope: e,
+        };
+        let members = |store: &mut RecordStore, at: Instant| match store.handle(
+            at,
+            NOW,
+            None,
+            RecordRequest::Members { key: key.to_vec() },
+        ) {
+            RecordResponse::Members { envelopes } => envelopes,
+            other => panic!("{other:?}"),
+        };
+        let ea = Envelope::seal(&k, &member(1), &key, NOW + 60, &info()).unwrap();
+        let eb = Envelope::seal(&k, &member(2), &key, NOW + 30, &info()).unwrap();
+        assert_eq!(
+            store.handle(t, NOW, None, join(ea.clone())),
+            RecordResponse::Joined
+        );
+        assert_eq!(store.handle(t, NOW, None, join(eb)), RecordResponse::Joined);
+        // A renewal replaces the member's entry; it does not add one.
+        let ea2 = Envelope::seal(&k, &member(1), &key, NOW + 90, &info()).unwrap();
+        assert_eq!(
+            store.handle(t, NOW, None, join(ea2)),
+            RecordResponse::Joined
+        );
+        assert_eq!(members(&mut store, t).len(), 2);
+        // An entry signed for another key, or tampered, is refused.
+        let wrong = Envelope::seal(&k, &member(3), &k.settings_key(), NOW + 60, &info()).unwrap();
+        assert_eq!(
+            store.handle(t, NOW, None, join(wrong)),
+            RecordResponse::Rejected
+        );
+        let mut forged = ea;
+        forged.expires += 1;
+        assert_eq!(
+            store.handle(t, NOW, None, join(forged)),
+            RecordResponse::Rejected
+        );
+        // Member 2's entry lapses after 30 s.
+        let later = t + Duration::from_secs(31);
+        assert_eq!(members(&mut store, later).len(), 1);
+        store.expire(later);
+        assert_eq!(store.group_entries, 1);
     }
 
     #[test]

@@ -168,6 +168,21 @@ pub enum OverlayEvent {
         /// The release.
         op: OpId,
     },
+    /// A group entry reached every replica that answered in time.
+    Announced {
+        /// The announcement.
+        op: OpId,
+    },
+    /// A group read finished: every valid entry the replicas returned, one per owner (the
+    /// latest expiry kept).
+    Members {
+        /// The read.
+        op: OpId,
+        /// The group key.
+        key: RecordKey,
+        /// Valid envelopes.
+        envelopes: Vec<Envelope>,
+    },
 }
 
 /// Counters for status.
@@ -202,9 +217,16 @@ enum Stage {
         answers: Vec<Option<Envelope>>,
         deadline: Instant,
     },
+    /// A release or a group announcement: counting answers.
     Release {
         asked: usize,
         answered: usize,
+        deadline: Instant,
+    },
+    Members {
+        asked: usize,
+        answered: usize,
+        envelopes: Vec<Envelope>,
         deadline: Instant,
     },
 }
@@ -213,6 +235,8 @@ enum Kind {
     Claim(Envelope),
     Get,
     Release,
+    Join(Envelope),
+    Members,
 }
 
 struct Op {
@@ -469,6 +493,17 @@ impl Overlay {
     /// Gives `key` back on its replicas (they accept it only from the owner).
     pub fn release(&mut self, key: RecordKey) -> OpId {
         self.start(key, Kind::Release)
+    }
+
+    /// Adds this agent to the group at `key` with `envelope` (renewed by announcing again
+    /// before it expires).
+    pub fn announce(&mut self, key: RecordKey, envelope: Envelope) -> OpId {
+        self.start(key, Kind::Join(envelope))
+    }
+
+    /// Reads every member of the group at `key`.
+    pub fn members(&mut self, key: RecordKey) -> OpId {
+        self.start(key, Kind::Members)
     }
 
     fn start(&mut self, key: RecordKey, kind: Kind) -> OpId {
@@ -830,6 +865,37 @@ impl Overlay {
                     .map(|p| (*p, RecordRequest::Release { key: key.to_vec() }))
                     .collect(),
             ),
+            Kind::Join(envelope) => (
+                Stage::Release {
+                    asked: peers.len(),
+                    answered: 0,
+                    deadline: now + REQUEST_TIMEOUT,
+                },
+                peers
+                    .iter()
+                    .map(|p| {
+                        (
+                            *p,
+                            RecordRequest::Join {
+                                key: key.to_vec(),
+                                envelope: envelope.clone(),
+                            },
+                        )
+                    })
+                    .collect(),
+            ),
+            Kind::Members => (
+                Stage::Members {
+                    asked: peers.len(),
+                    answered: 0,
+                    envelopes: Vec::new(),
+                    deadline: now + REQUEST_TIMEOUT,
+                },
+                peers
+                    .iter()
+                    .map(|p| (*p, RecordRequest::Members { key: key.to_vec() }))
+                    .collect(),
+            ),
         };
         if let Some(op) = self.ops.get_mut(&id) {
             op.stage = stage;
@@ -940,6 +1006,27 @@ impl Overlay {
                 answers.push(envelope);
             }
             Stage::Release { answered, .. } => *answered += 1,
+            Stage::Members {
+                answered,
+                envelopes,
+                ..
+            } => {
+                *answered += 1;
+                let Some(RecordResponse::Members { envelopes: got }) = response else {
+                    return;
+                };
+                for e in got.into_iter().take(crate::records::MAX_GROUP_MEMBERS) {
+                    if e.verify(&op.key, wall_clock()).is_err() {
+                        self.stats.bad_envelopes += 1;
+                        continue;
+                    }
+                    match envelopes.iter_mut().find(|k| k.owner == e.owner) {
+                        Some(k) if k.expires < e.expires => *k = e,
+                        Some(_) => {}
+                        None => envelopes.push(e),
+                    }
+                }
+            }
             Stage::Lookup => {}
         }
     }
@@ -996,7 +1083,25 @@ impl Overlay {
                 if answered < asked && now < *deadline {
                     return;
                 }
-                OverlayEvent::Released { op: id }
+                match op.kind {
+                    Kind::Join(_) => OverlayEvent::Announced { op: id },
+                    _ => OverlayEvent::Released { op: id },
+                }
+            }
+            Stage::Members {
+                asked,
+                answered,
+                envelopes,
+                deadline,
+            } => {
+                if answered < asked && now < *deadline {
+                    return;
+                }
+                OverlayEvent::Members {
+                    op: id,
+                    key,
+                    envelopes: envelopes.clone(),
+                }
             }
         };
         if let Some(Op {

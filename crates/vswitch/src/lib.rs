@@ -3,50 +3,123 @@
 //! A [`Switch`] sits between the namespace's TAP device and the overlay. It is fed frames that
 //! the kernel wrote to the TAP ([`Switch::handle_tap_frame`]) and IPv4 packets that arrived
 //! from members ([`Switch::handle_peer_packet`]), and answers with an [`Action`]: send to a
-//! member, write to the TAP, or drop with a counted [`DropReason`]. It owns no socket, no
-//! device and no clock, allocates nothing per frame, and never panics on any input.
+//! member, send to every member, write to the TAP, or drop with a counted [`DropReason`]. It
+//! owns no socket, no device and no clock (the caller passes `now`), allocates nothing per
+//! frame, and never panics on any input. Frames it wants to write on its own (ARP probes,
+//! deferred ARP replies) come out of [`Switch::poll_transmit`] after
+//! [`Switch::handle_timeout`]; hosts it learns or forgets on the LAN come out of
+//! [`Switch::poll_event`].
 //!
-//! Interface mode (IPOP Fig. 2, Sec. 4.1): the TAP carries the host's own virtual address;
-//! every remote member's address is answered by proxy ARP with one locally generated MAC
-//! (`FE:FD` plus four random bytes, chosen by the agent), so the host's kernel sends all
-//! overlay traffic to that MAC and the switch forwards it by destination IP.
+//! The three IPOP deployment modes (Sec. 3-4, Fig. 2-5):
+//!
+//! - **Interface**: the TAP carries the host's own virtual address; every remote member's
+//!   address is answered by proxy ARP with one locally generated MAC (`FE:FD` plus four
+//!   bytes unique to the agent), so the host's kernel sends all overlay traffic to that MAC
+//!   and the switch forwards it by destination IP.
+//! - **Router**: the TAP is a port of a LAN bridge whose hosts run no hyphae software. The
+//!   switch learns which namespace addresses live on the LAN (ARP and IP snooping), the
+//!   agent claims them for itself, and proxy ARP answers only for addresses that are not on
+//!   the LAN and that a member owns (IPOP 4.1). Traffic between two LAN hosts never reaches
+//!   the switch (the bridge carries it); what is flooded to it is ignored.
+//! - **Hybrid**: the TAP shares a LAN bridge with the host's own virtual interface (a veth)
+//!   and other hosts. The switch handles only frames of the host's device (Fig. 5's "should
+//!   handle"), and before it answers ARP for a remote address it probes the LAN and answers
+//!   only if nothing local replied within `probe_timeout` (IPOP 4.4).
+//!
+//! Broadcast and multicast (IPOP 4.2): an IPv4 broadcast (the subnet's or 255.255.255.255)
+//! or multicast packet leaving the host or LAN becomes [`Action::Broadcast`] (the agent
+//! sends it to every member of the namespace); one arriving from a member is framed for the
+//! device unless it came from this LAN. Both directions pass a token bucket
+//! (`broadcast_rate`), so a storm costs a counted drop, not the agent.
 
 pub mod wire;
 
 #[cfg(test)]
 mod captured;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::Ipv4Addr;
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
 
 pub use wire::Mac;
 use wire::{
-    emit_arp_reply, emit_ethernet_header, ArpPacket, EthernetFrame, Ipv4Packet, ARP_LEN,
-    ARP_REQUEST, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETH_HEADER_LEN,
+    emit_arp_probe, emit_arp_reply, emit_ethernet_header, multicast_mac, ArpPacket, EthernetFrame,
+    Ipv4Packet, ARP_LEN, ARP_REQUEST, BROADCAST_MAC, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETH_HEADER_LEN,
 };
 
 /// Bytes the caller must leave in front of a packet handed to
 /// [`Switch::handle_peer_packet`], so the Ethernet header is written in place.
 pub const HEADROOM: usize = ETH_HEADER_LEN;
 
-/// Smallest reply buffer [`Switch::handle_tap_frame`] may be given.
+/// Smallest reply buffer [`Switch::handle_tap_frame`] and [`Switch::poll_transmit`] may be
+/// given.
 pub const MIN_REPLY_BUF: usize = ETH_HEADER_LEN + ARP_LEN;
+
+/// Most LAN hosts one switch keeps track of; beyond, new ones are not learned (counted).
+pub const MAX_LAN_HOSTS: usize = 4096;
+
+/// ARP probes sent to a silent LAN host before it is forgotten (router mode), one a second.
+pub const LAN_PROBES: u8 = 3;
+
+/// How long a remote address stays confirmed (hybrid mode: no LAN host answered the probe)
+/// before ARP for it probes the LAN again.
+pub const REMOTE_CONFIRMED: Duration = Duration::from_secs(60);
+
+/// The first two bytes of every agent's remote MAC (IPOP 4.1).
+pub const REMOTE_MAC_PREFIX: [u8; 2] = [0xfe, 0xfd];
+
+/// How a namespace attaches to the host (IPOP Sec. 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A TAP device carrying this host's virtual address.
+    Interface,
+    /// A TAP on a LAN bridge; the LAN hosts use namespace addresses and run no hyphae.
+    Router,
+    /// The host's virtual interface and the TAP on a bridge shared with a LAN.
+    Hybrid,
+}
 
 /// Settings of one namespace's switch.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The host's own virtual address, carried by the TAP.
+    /// How the switch is attached.
+    pub mode: Mode,
+    /// The host's own virtual address, carried by its device (unspecified in router mode).
     pub address: Ipv4Addr,
     /// The namespace subnet.
     pub subnet: Ipv4Net,
-    /// MAC of the TAP device itself: destination of frames written to it.
+    /// MAC of the host's device: destination of frames written for the host (interface:
+    /// the TAP; hybrid: the host's veth).
     pub device_mac: Mac,
-    /// The MAC that stands for every remote member (IPOP 4.1: FE:FD plus 4 random bytes).
+    /// The MAC that stands for every remote member (IPOP 4.1: FE:FD plus 4 bytes).
     pub remote_mac: Mac,
+    /// Hybrid mode: how long a LAN probe waits for a local answer before the switch answers
+    /// ARP for a remote address (IPOP uses 2 s).
+    pub probe_timeout: Duration,
+    /// Router mode: a LAN host silent this long is probed, then forgotten.
+    pub lan_timeout: Duration,
+    /// Broadcast and multicast packets per second, each way (also the burst); 0 carries none.
+    pub broadcast_rate: u32,
+}
+
+impl Config {
+    /// Interface-mode settings with the default timers and broadcast rate.
+    pub fn interface(address: Ipv4Addr, subnet: Ipv4Net, device_mac: Mac, remote_mac: Mac) -> Self {
+        Self {
+            mode: Mode::Interface,
+            address,
+            subnet,
+            device_mac,
+            remote_mac,
+            probe_timeout: Duration::from_secs(2),
+            lan_timeout: Duration::from_secs(30),
+            broadcast_rate: 200,
+        }
+    }
 }
 
 /// What to do with a frame or packet.
@@ -57,6 +130,11 @@ pub enum Action<P> {
         /// The member that owns the destination address.
         peer: P,
         /// Where the IPv4 packet lies in the frame (link padding excluded).
+        packet: Range<usize>,
+    },
+    /// Send the IPv4 broadcast or multicast packet at `packet` to every member.
+    Broadcast {
+        /// Where the IPv4 packet lies in the frame.
         packet: Range<usize>,
     },
     /// Write the first `len` bytes of the buffer to the TAP (a reply built in the reply
@@ -76,6 +154,15 @@ pub enum Action<P> {
     Drop(DropReason),
 }
 
+/// Something the switch learned that the agent acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Router mode: a namespace address appeared on the LAN (the agent claims it).
+    LanHostUp(Ipv4Addr),
+    /// Router mode: a LAN host stopped answering (the agent gives its address back).
+    LanHostDown(Ipv4Addr),
+}
+
 /// Why the switch dropped a frame. Each has a counter in [`Counters`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
@@ -92,23 +179,35 @@ pub enum DropReason {
     NoRoute,
     /// IPv4 to an address outside the namespace subnet.
     OutsideSubnet,
-    /// Broadcast or multicast: not carried across the overlay yet.
-    Broadcast,
-    /// A packet from a member addressed to someone other than this host.
+    /// Broadcast or multicast over the rate limit, or with broadcast off.
+    BroadcastRateLimited,
+    /// A packet from a member addressed to someone other than this host (or its LAN).
     NotForUs,
+    /// Traffic between hosts of the LAN, or ARP for a LAN host: the bridge carries it.
+    LanLocal,
+    /// Hybrid mode: a frame of another LAN host, not this host's device.
+    OtherHost,
+    /// Hybrid mode: ARP held while the LAN is probed for the address.
+    ArpProbing,
+    /// A broadcast from a member whose source is on this LAN (the LAN delivered it).
+    BroadcastFromLan,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 12] = [
         DropReason::Malformed,
         DropReason::UnsupportedProtocol,
         DropReason::ArpIgnored,
         DropReason::ArpUnknownTarget,
         DropReason::NoRoute,
         DropReason::OutsideSubnet,
-        DropReason::Broadcast,
+        DropReason::BroadcastRateLimited,
         DropReason::NotForUs,
+        DropReason::LanLocal,
+        DropReason::OtherHost,
+        DropReason::ArpProbing,
+        DropReason::BroadcastFromLan,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -120,8 +219,12 @@ impl DropReason {
             DropReason::ArpUnknownTarget => "arp_unknown_target",
             DropReason::NoRoute => "no_route",
             DropReason::OutsideSubnet => "outside_subnet",
-            DropReason::Broadcast => "broadcast",
+            DropReason::BroadcastRateLimited => "broadcast_rate_limited",
             DropReason::NotForUs => "not_for_us",
+            DropReason::LanLocal => "lan_local",
+            DropReason::OtherHost => "other_host",
+            DropReason::ArpProbing => "arp_probing",
+            DropReason::BroadcastFromLan => "broadcast_from_lan",
         }
     }
 
@@ -141,6 +244,14 @@ pub struct Counters {
     pub arp_replies: u64,
     /// Frames held for resolution of an unknown namespace address.
     pub resolves: u64,
+    /// Broadcast and multicast packets sent to every member.
+    pub broadcasts_out: u64,
+    /// Broadcast and multicast packets from members written to the TAP.
+    pub broadcasts_in: u64,
+    /// ARP probes the switch sent on the LAN.
+    pub arp_probes: u64,
+    /// LAN hosts not learned because the table was full.
+    pub lan_table_full: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -151,11 +262,74 @@ impl Counters {
     }
 }
 
+/// A namespace address seen on the LAN.
+#[derive(Debug, Clone, Copy)]
+struct LanHost {
+    mac: Mac,
+    seen: Instant,
+    /// Router mode: probes sent since it was last seen.
+    probes: u8,
+    last_probe: Option<Instant>,
+}
+
+/// Hybrid mode: an ARP request of the host waiting for the LAN probe to time out.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    deadline: Instant,
+    requester: (Mac, Ipv4Addr),
+}
+
+/// A frame the switch writes on its own.
+#[derive(Debug, Clone, Copy)]
+enum Emit {
+    /// Who has `target`? (ARP probe from the remote MAC.)
+    Probe(Ipv4Addr),
+    /// `target` is at the remote MAC, told to the requester.
+    Reply {
+        target: Ipv4Addr,
+        to: (Mac, Ipv4Addr),
+    },
+}
+
+/// A token bucket: `rate` tokens a second, at most `rate` held.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    last: Option<Instant>,
+}
+
+impl Bucket {
+    fn take(&mut self, rate: u32, now: Instant) -> bool {
+        let rate = f64::from(rate);
+        let elapsed = self.last.map_or(rate, |t| {
+            now.saturating_duration_since(t).as_secs_f64() * rate
+        });
+        self.tokens = (self.tokens + elapsed).min(rate);
+        self.last = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// The switch of one namespace. `P` names a member (the overlay's peer handle).
 #[derive(Debug)]
 pub struct Switch<P> {
     config: Config,
     routes: HashMap<Ipv4Addr, P>,
+    lan: HashMap<Ipv4Addr, LanHost>,
+    probes: HashMap<Ipv4Addr, Probe>,
+    /// Hybrid mode: remote addresses whose LAN probe went unanswered, until when.
+    confirmed: HashMap<Ipv4Addr, Instant>,
+    /// Router mode: LAN addresses asked for recently (a member sent to an unknown host).
+    asked: HashMap<Ipv4Addr, Instant>,
+    emits: VecDeque<Emit>,
+    events: VecDeque<Event>,
+    bucket_out: Bucket,
+    bucket_in: Bucket,
     counters: Counters,
 }
 
@@ -165,6 +339,20 @@ impl<P: Copy + Eq> Switch<P> {
         Self {
             config,
             routes: HashMap::new(),
+            lan: HashMap::new(),
+            probes: HashMap::new(),
+            confirmed: HashMap::new(),
+            asked: HashMap::new(),
+            emits: VecDeque::new(),
+            events: VecDeque::new(),
+            bucket_out: Bucket {
+                tokens: 0.0,
+                last: None,
+            },
+            bucket_in: Bucket {
+                tokens: 0.0,
+                last: None,
+            },
             counters: Counters::default(),
         }
     }
@@ -200,12 +388,20 @@ impl<P: Copy + Eq> Switch<P> {
         self.routes.get(&addr).copied()
     }
 
-    /// Handles a frame the kernel wrote to the TAP. A reply, if any, is built in `reply`,
-    /// which must be at least [`MIN_REPLY_BUF`] long.
-    pub fn handle_tap_frame(&mut self, frame: &[u8], reply: &mut [u8]) -> Action<P> {
-        let action = self.classify_tap_frame(frame, reply);
+    /// Namespace addresses seen on the LAN (router and hybrid modes), sorted.
+    pub fn lan_hosts(&self) -> Vec<Ipv4Addr> {
+        let mut v: Vec<Ipv4Addr> = self.lan.keys().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Handles a frame the kernel wrote to the TAP at `now`. A reply, if any, is built in
+    /// `reply`, which must be at least [`MIN_REPLY_BUF`] long.
+    pub fn handle_tap_frame(&mut self, frame: &[u8], now: Instant, reply: &mut [u8]) -> Action<P> {
+        let action = self.classify_tap_frame(frame, now, reply);
         match &action {
             Action::ToPeer { .. } => self.counters.to_peer += 1,
+            Action::Broadcast { .. } => self.counters.broadcasts_out += 1,
             Action::ToTap { .. } => self.counters.arp_replies += 1,
             Action::Resolve { .. } => self.counters.resolves += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
@@ -223,6 +419,7 @@ impl<P: Copy + Eq> Switch<P> {
     pub fn set_subnet(&mut self, subnet: Ipv4Net) {
         self.config.subnet = subnet;
         self.routes.retain(|a, _| subnet.contains(a));
+        self.lan.retain(|a, _| subnet.contains(a));
     }
 
     /// Routes `addr` to `peer` (in addition to what it announced).
@@ -232,28 +429,199 @@ impl<P: Copy + Eq> Switch<P> {
         }
     }
 
-    fn classify_tap_frame(&self, frame: &[u8], reply: &mut [u8]) -> Action<P> {
+    /// The next thing learned about the LAN.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Builds the next frame the switch wants on the TAP into `buf` (at least
+    /// [`MIN_REPLY_BUF`] long) and returns its length.
+    pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<usize> {
+        if buf.len() < MIN_REPLY_BUF {
+            return None;
+        }
+        let emit = self.emits.pop_front()?;
+        Some(match emit {
+            Emit::Probe(target) => {
+                self.counters.arp_probes += 1;
+                emit_arp_probe(buf, self.config.remote_mac, target)
+            }
+            Emit::Reply { target, to } => {
+                self.counters.arp_replies += 1;
+                emit_arp_reply(buf, self.config.remote_mac, target, to.0, to.1)
+            }
+        })
+    }
+
+    /// When [`Switch::handle_timeout`] wants to run next, if anything waits.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let probe = self.probes.values().map(|p| p.deadline).min();
+        let lan = (self.config.mode == Mode::Router)
+            .then(|| {
+                self.lan
+                    .values()
+                    .map(|h| match h.last_probe {
+                        Some(t) => t + Duration::from_secs(1),
+                        None => h.seen + self.config.lan_timeout,
+                    })
+                    .min()
+            })
+            .flatten();
+        [probe, lan].into_iter().flatten().min()
+    }
+
+    /// Runs the timers due at `now`: hybrid probes that went unanswered become ARP replies;
+    /// router-mode LAN hosts that fell silent are probed, then forgotten.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<Ipv4Addr> = self
+            .probes
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(a, _)| *a)
+            .collect();
+        for target in due {
+            let Some(probe) = self.probes.remove(&target) else {
+                continue;
+            };
+            if self.lan.contains_key(&target) {
+                continue;
+            }
+            self.confirmed.insert(target, now + REMOTE_CONFIRMED);
+            if self.routes.contains_key(&target) {
+                // The host's ARP request is still pending: complete it.
+                self.emits.push_back(Emit::Reply {
+                    target,
+                    to: probe.requester,
+                });
+            }
+        }
+        self.confirmed.retain(|_, until| *until > now);
+        self.asked
+            .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
+        if self.config.mode != Mode::Router {
+            return;
+        }
+        let timeout = self.config.lan_timeout;
+        let mut gone = Vec::new();
+        for (addr, host) in &mut self.lan {
+            if now.saturating_duration_since(host.seen) < timeout {
+                continue;
+            }
+            if host
+                .last_probe
+                .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+            {
+                continue;
+            }
+            if host.probes >= LAN_PROBES {
+                gone.push(*addr);
+                continue;
+            }
+            host.probes += 1;
+            host.last_probe = Some(now);
+            self.emits.push_back(Emit::Probe(*addr));
+        }
+        for addr in gone {
+            self.lan.remove(&addr);
+            self.events.push_back(Event::LanHostDown(addr));
+        }
+    }
+
+    /// A namespace address seen as the source of a LAN frame (router and hybrid modes).
+    fn learn(&mut self, ip: Ipv4Addr, mac: Mac, now: Instant) {
+        if ip.is_unspecified()
+            || ip == self.config.address
+            || !self.config.subnet.contains(&ip)
+            || ip == self.config.subnet.network()
+            || ip == self.subnet_broadcast()
+            // FE:FD is every agent's remote MAC (ours or another hybrid agent's on this
+            // LAN, writing for its own host): such a frame carries a remote member's
+            // address, never a LAN host's.
+            || mac[..2] == REMOTE_MAC_PREFIX
+            || mac[0] & 1 != 0
+        {
+            return;
+        }
+        self.probes.remove(&ip);
+        self.confirmed.remove(&ip);
+        if let Some(host) = self.lan.get_mut(&ip) {
+            host.mac = mac;
+            host.seen = now;
+            host.probes = 0;
+            host.last_probe = None;
+            return;
+        }
+        if self.lan.len() >= MAX_LAN_HOSTS {
+            self.counters.lan_table_full += 1;
+            return;
+        }
+        self.lan.insert(
+            ip,
+            LanHost {
+                mac,
+                seen: now,
+                probes: 0,
+                last_probe: None,
+            },
+        );
+        if self.config.mode == Mode::Router {
+            self.events.push_back(Event::LanHostUp(ip));
+        }
+    }
+
+    fn classify_tap_frame(&mut self, frame: &[u8], now: Instant, reply: &mut [u8]) -> Action<P> {
         let Ok(eth) = EthernetFrame::new_checked(frame) else {
             return Action::Drop(DropReason::Malformed);
         };
+        let mode = self.config.mode;
+        // Hybrid: only the host's own device is this switch's business (IPOP Fig. 5).
+        let ours = mode != Mode::Hybrid || eth.src() == self.config.device_mac;
         match eth.ethertype() {
-            ETHERTYPE_ARP => self.answer_arp(&eth, reply),
+            ETHERTYPE_ARP => {
+                let Ok(arp) = ArpPacket::new_checked(eth.payload()) else {
+                    return Action::Drop(DropReason::Malformed);
+                };
+                if mode != Mode::Interface {
+                    self.learn(arp.sender_ip(), arp.sender_mac(), now);
+                }
+                if !ours {
+                    return Action::Drop(DropReason::OtherHost);
+                }
+                self.answer_arp(&arp, now, reply)
+            }
             ETHERTYPE_IPV4 => {
                 let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
                     return Action::Drop(DropReason::Malformed);
                 };
+                if mode != Mode::Interface {
+                    self.learn(ip.src(), eth.src(), now);
+                }
+                if !ours {
+                    return Action::Drop(DropReason::OtherHost);
+                }
+                let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
                 let dst = ip.dst();
-                if dst.is_multicast() || dst.is_broadcast() || dst == self.subnet_broadcast() {
-                    return Action::Drop(DropReason::Broadcast);
+                if self.is_broadcast(dst) {
+                    if !self.config.subnet.contains(&ip.src()) {
+                        return Action::Drop(DropReason::OutsideSubnet);
+                    }
+                    if !self.bucket_out.take(self.config.broadcast_rate, now) {
+                        return Action::Drop(DropReason::BroadcastRateLimited);
+                    }
+                    return Action::Broadcast { packet };
+                }
+                // Router: LAN unicast the bridge flooded before it learned where to send it.
+                if mode == Mode::Router && eth.dst() != self.config.remote_mac {
+                    return Action::Drop(DropReason::LanLocal);
                 }
                 if !self.config.subnet.contains(&dst) {
                     return Action::Drop(DropReason::OutsideSubnet);
                 }
                 match self.routes.get(&dst) {
-                    Some(&peer) => Action::ToPeer {
-                        peer,
-                        packet: ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len(),
-                    },
+                    Some(&peer) => Action::ToPeer { peer, packet },
+                    None if mode != Mode::Interface && self.lan.contains_key(&dst) => {
+                        Action::Drop(DropReason::LanLocal)
+                    }
                     None if dst == self.config.address || dst == self.config.subnet.network() => {
                         Action::Drop(DropReason::NoRoute)
                     }
@@ -265,24 +633,40 @@ impl<P: Copy + Eq> Switch<P> {
     }
 
     /// IPOP 4.1: answer only if (a) the target is a namespace address, (b) it is not the
-    /// host's own, and (c) a member is known to own it.
-    fn answer_arp(&self, eth: &EthernetFrame<&[u8]>, reply: &mut [u8]) -> Action<P> {
-        let arp = match ArpPacket::new_checked(eth.payload()) {
-            Ok(arp) => arp,
-            Err(_) => return Action::Drop(DropReason::Malformed),
-        };
+    /// host's own nor on the local LAN, and (c) a member is known to own it. Hybrid mode
+    /// first probes the LAN (IPOP 4.4).
+    fn answer_arp(&mut self, arp: &ArpPacket<&[u8]>, now: Instant, reply: &mut [u8]) -> Action<P> {
         let target = arp.target_ip();
         if arp.operation() != ARP_REQUEST
             || !self.config.subnet.contains(&target)
             || target == self.config.address
+            || target == arp.sender_ip()
         {
             return Action::Drop(DropReason::ArpIgnored);
+        }
+        if self.config.mode != Mode::Interface && self.lan.contains_key(&target) {
+            return Action::Drop(DropReason::LanLocal);
         }
         if !self.routes.contains_key(&target) {
             if target == self.config.subnet.network() || target == self.subnet_broadcast() {
                 return Action::Drop(DropReason::ArpIgnored);
             }
             return Action::Resolve { target };
+        }
+        if self.config.mode == Mode::Hybrid
+            && !self.confirmed.get(&target).is_some_and(|&t| t > now)
+        {
+            if !self.probes.contains_key(&target) {
+                self.probes.insert(
+                    target,
+                    Probe {
+                        deadline: now + self.config.probe_timeout,
+                        requester: (arp.sender_mac(), arp.sender_ip()),
+                    },
+                );
+                self.emits.push_back(Emit::Probe(target));
+            }
+            return Action::Drop(DropReason::ArpProbing);
         }
         if reply.len() < MIN_REPLY_BUF {
             return Action::Drop(DropReason::Malformed);
@@ -300,34 +684,65 @@ impl<P: Copy + Eq> Switch<P> {
     /// Handles an IPv4 packet of `len` bytes from a member, lying at `buf[HEADROOM..]`; the
     /// source address has already been checked against what the member owns. On
     /// [`Action::ToTap`] the Ethernet header has been written in front of it, in place.
-    pub fn handle_peer_packet(&mut self, buf: &mut [u8], len: usize) -> Action<P> {
-        let action = self.frame_peer_packet(buf, len);
+    pub fn handle_peer_packet(&mut self, buf: &mut [u8], len: usize, now: Instant) -> Action<P> {
+        let action = self.frame_peer_packet(buf, len, now);
         match &action {
             Action::ToTap { .. } => self.counters.to_tap += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
-            Action::ToPeer { .. } | Action::Resolve { .. } => {}
+            Action::ToPeer { .. } | Action::Resolve { .. } | Action::Broadcast { .. } => {}
         }
         action
     }
 
-    fn frame_peer_packet(&self, buf: &mut [u8], len: usize) -> Action<P> {
+    fn frame_peer_packet(&mut self, buf: &mut [u8], len: usize, now: Instant) -> Action<P> {
         let Some(packet) = buf.get(HEADROOM..HEADROOM + len) else {
             return Action::Drop(DropReason::Malformed);
         };
         let Ok(ip) = Ipv4Packet::new_checked(packet) else {
             return Action::Drop(DropReason::Malformed);
         };
-        if ip.dst() != self.config.address {
+        let (dst, src, frame_len) = (ip.dst(), ip.src(), HEADROOM + ip.total_len());
+        let mode = self.config.mode;
+        let dst_mac = if self.is_broadcast(dst) {
+            if mode != Mode::Interface && self.lan.contains_key(&src) {
+                return Action::Drop(DropReason::BroadcastFromLan);
+            }
+            if !self.bucket_in.take(self.config.broadcast_rate, now) {
+                return Action::Drop(DropReason::BroadcastRateLimited);
+            }
+            self.counters.broadcasts_in += 1;
+            match mode {
+                // The whole LAN hears it.
+                Mode::Router if dst.is_multicast() => multicast_mac(dst),
+                Mode::Router => BROADCAST_MAC,
+                // Only this host: other hosts of a hybrid LAN hear it from their own agent.
+                Mode::Interface | Mode::Hybrid => self.config.device_mac,
+            }
+        } else if mode == Mode::Router {
+            match self.lan.get(&dst) {
+                Some(host) => host.mac,
+                None => {
+                    // Not seen since start (the agent restarted?): ask, once a second.
+                    if self.config.subnet.contains(&dst) && !self.asked.contains_key(&dst) {
+                        self.asked.insert(dst, now);
+                        self.emits.push_back(Emit::Probe(dst));
+                    }
+                    return Action::Drop(DropReason::NotForUs);
+                }
+            }
+        } else if dst == self.config.address {
+            self.config.device_mac
+        } else {
             return Action::Drop(DropReason::NotForUs);
-        }
-        let frame_len = HEADROOM + ip.total_len();
-        emit_ethernet_header(
-            buf,
-            self.config.device_mac,
-            self.config.remote_mac,
-            ETHERTYPE_IPV4,
-        );
+        };
+        emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV4);
         Action::ToTap { len: frame_len }
+    }
+
+    /// A destination every member hears: an IPv4 broadcast (limited or the subnet's) or a
+    /// multicast group.
+    fn is_broadcast(&self, dst: Ipv4Addr) -> bool {
+        dst.is_multicast() || dst.is_broadcast() || dst == self.subnet_broadcast()
     }
 
     fn subnet_broadcast(&self) -> Ipv4Addr {
@@ -341,15 +756,22 @@ mod tests {
     use super::*;
 
     const DEVICE_MAC: Mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+
+    /// The virtual clock's origin (the switch only compares instants it is given).
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        #[allow(clippy::disallowed_methods)]
+        *T0.get_or_init(Instant::now)
+    }
     const REMOTE_MAC: Mac = [0xfe, 0xfd, 0xa1, 0xb2, 0xc3, 0xd4];
 
     fn switch() -> Switch<u32> {
-        let mut sw = Switch::new(Config {
-            address: Ipv4Addr::new(10, 201, 0, 1),
-            subnet: "10.201.0.0/16".parse().unwrap(),
-            device_mac: DEVICE_MAC,
-            remote_mac: REMOTE_MAC,
-        });
+        let mut sw = Switch::new(Config::interface(
+            Ipv4Addr::new(10, 201, 0, 1),
+            "10.201.0.0/16".parse().unwrap(),
+            DEVICE_MAC,
+            REMOTE_MAC,
+        ));
         sw.set_peer_addresses(7, &[Ipv4Addr::new(10, 201, 0, 2)]);
         sw
     }
@@ -383,7 +805,8 @@ mod tests {
     fn proxy_arp_answers_for_a_known_member() {
         let mut sw = switch();
         let mut reply = [0u8; 64];
-        let Action::ToTap { len } = sw.handle_tap_frame(&arp_request([10, 201, 0, 2]), &mut reply)
+        let Action::ToTap { len } =
+            sw.handle_tap_frame(&arp_request([10, 201, 0, 2]), t0(), &mut reply)
         else {
             panic!("expected a reply")
         };
@@ -403,7 +826,7 @@ mod tests {
         let mut sw = switch();
         let mut reply = [0u8; 64];
         // (c) no member owns it
-        let unknown = sw.handle_tap_frame(&arp_request([10, 201, 0, 9]), &mut reply);
+        let unknown = sw.handle_tap_frame(&arp_request([10, 201, 0, 9]), t0(), &mut reply);
         assert_eq!(
             unknown,
             Action::Resolve {
@@ -411,10 +834,10 @@ mod tests {
             }
         );
         // (b) our own address (the kernel's duplicate-address probe)
-        let own = sw.handle_tap_frame(&arp_request([10, 201, 0, 1]), &mut reply);
+        let own = sw.handle_tap_frame(&arp_request([10, 201, 0, 1]), t0(), &mut reply);
         assert_eq!(own, Action::Drop(DropReason::ArpIgnored));
         // (a) outside the namespace
-        let outside = sw.handle_tap_frame(&arp_request([192, 168, 1, 1]), &mut reply);
+        let outside = sw.handle_tap_frame(&arp_request([192, 168, 1, 1]), t0(), &mut reply);
         assert_eq!(outside, Action::Drop(DropReason::ArpIgnored));
         assert_eq!(sw.counters().drops(DropReason::ArpIgnored), 2);
         assert_eq!(sw.counters().resolves, 1);
@@ -424,7 +847,7 @@ mod tests {
     fn ipv4_goes_to_the_owner_without_link_padding() {
         let mut sw = switch();
         let frame = icmp_frame([10, 201, 0, 2]);
-        let action = sw.handle_tap_frame(&frame, &mut [0u8; 64]);
+        let action = sw.handle_tap_frame(&frame, t0(), &mut [0u8; 64]);
         assert_eq!(
             action,
             Action::ToPeer {
@@ -433,21 +856,21 @@ mod tests {
             }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([10, 201, 0, 3]), &mut [0u8; 64]),
+            sw.handle_tap_frame(&icmp_frame([10, 201, 0, 3]), t0(), &mut [0u8; 64]),
             Action::Resolve {
                 target: Ipv4Addr::new(10, 201, 0, 3)
             }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([10, 201, 255, 255]), &mut [0u8; 64]),
-            Action::Drop(DropReason::Broadcast)
+            sw.handle_tap_frame(&icmp_frame([10, 201, 255, 255]), t0(), &mut [0u8; 64]),
+            Action::Broadcast { packet: 14..42 }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([224, 0, 0, 251]), &mut [0u8; 64]),
-            Action::Drop(DropReason::Broadcast)
+            sw.handle_tap_frame(&icmp_frame([224, 0, 0, 251]), t0(), &mut [0u8; 64]),
+            Action::Broadcast { packet: 14..42 }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([8, 8, 8, 8]), &mut [0u8; 64]),
+            sw.handle_tap_frame(&icmp_frame([8, 8, 8, 8]), t0(), &mut [0u8; 64]),
             Action::Drop(DropReason::OutsideSubnet)
         );
     }
@@ -473,7 +896,7 @@ mod tests {
         let ip = &frame[14..42];
         let mut buf = [0u8; 128];
         buf[HEADROOM..HEADROOM + ip.len()].copy_from_slice(ip);
-        let Action::ToTap { len } = sw.handle_peer_packet(&mut buf, ip.len()) else {
+        let Action::ToTap { len } = sw.handle_peer_packet(&mut buf, ip.len(), t0()) else {
             panic!("expected delivery")
         };
         assert_eq!(len, 42);
@@ -492,11 +915,11 @@ mod tests {
         let mut buf = [0u8; 128];
         buf[HEADROOM..HEADROOM + ip.len()].copy_from_slice(ip);
         assert_eq!(
-            sw.handle_peer_packet(&mut buf, ip.len()),
+            sw.handle_peer_packet(&mut buf, ip.len(), t0()),
             Action::Drop(DropReason::NotForUs)
         );
         assert_eq!(
-            sw.handle_peer_packet(&mut buf, 4000),
+            sw.handle_peer_packet(&mut buf, 4000, t0()),
             Action::Drop(DropReason::Malformed)
         );
     }
@@ -506,20 +929,20 @@ mod tests {
     #[test]
     fn captured_frames_are_reproduced_exactly() {
         use crate::captured::{ARP_REPLY, ARP_REQUEST, ECHO_REPLY, ECHO_REQUEST};
-        let mut sw: Switch<u32> = Switch::new(Config {
-            address: Ipv4Addr::new(10, 201, 0, 1),
-            subnet: "10.201.0.0/16".parse().unwrap(),
-            device_mac: [0x02, 0x48, 0xae, 0x81, 0xab, 0x18],
-            remote_mac: [0xfe, 0xfd, 0x76, 0xa2, 0x83, 0xb0],
-        });
+        let mut sw: Switch<u32> = Switch::new(Config::interface(
+            Ipv4Addr::new(10, 201, 0, 1),
+            "10.201.0.0/16".parse().unwrap(),
+            [0x02, 0x48, 0xae, 0x81, 0xab, 0x18],
+            [0xfe, 0xfd, 0x76, 0xa2, 0x83, 0xb0],
+        ));
         sw.set_peer_addresses(3, &[Ipv4Addr::new(10, 201, 0, 2)]);
         let mut reply = [0u8; 64];
-        let Action::ToTap { len } = sw.handle_tap_frame(&ARP_REQUEST, &mut reply) else {
+        let Action::ToTap { len } = sw.handle_tap_frame(&ARP_REQUEST, t0(), &mut reply) else {
             panic!("no ARP reply")
         };
         assert_eq!(&reply[..len], &ARP_REPLY[..]);
         assert_eq!(
-            sw.handle_tap_frame(&ECHO_REQUEST, &mut reply),
+            sw.handle_tap_frame(&ECHO_REQUEST, t0(), &mut reply),
             Action::ToPeer {
                 peer: 3,
                 packet: 14..98
@@ -527,16 +950,309 @@ mod tests {
         );
         let mut buf = [0u8; 128];
         buf[HEADROOM..HEADROOM + 84].copy_from_slice(&ECHO_REPLY[14..]);
-        let Action::ToTap { len } = sw.handle_peer_packet(&mut buf, 84) else {
+        let Action::ToTap { len } = sw.handle_peer_packet(&mut buf, 84, t0()) else {
             panic!("not delivered")
         };
         assert_eq!(&buf[..len], &ECHO_REPLY[..]);
     }
 
+    // --- router and hybrid modes, broadcast -------------------------------------------
+
+    const LAN_A: Mac = [0x02, 0, 0, 0, 0, 0xa];
+    const LAN_B: Mac = [0x02, 0, 0, 0, 0, 0xb];
+
+    fn with_mode(mode: Mode) -> Switch<u32> {
+        let mut config = Config::interface(
+            Ipv4Addr::new(10, 201, 0, 1),
+            "10.201.0.0/16".parse().unwrap(),
+            DEVICE_MAC,
+            REMOTE_MAC,
+        );
+        config.mode = mode;
+        config.broadcast_rate = 10;
+        if mode == Mode::Router {
+            config.address = Ipv4Addr::UNSPECIFIED;
+        }
+        let mut sw = Switch::new(config);
+        sw.set_peer_addresses(7, &[Ipv4Addr::new(10, 201, 0, 2)]);
+        sw
+    }
+
+    fn arp_from(mac: Mac, ip: [u8; 4], op: u16, target: [u8; 4]) -> Vec<u8> {
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&mac);
+        f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, op as u8]);
+        f.extend_from_slice(&mac);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&[0; 6]);
+        f.extend_from_slice(&target);
+        f
+    }
+
+    fn ipv4_from(src_mac: Mac, dst_mac: Mac, src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+        let mut f = icmp_frame(dst);
+        f[0..6].copy_from_slice(&dst_mac);
+        f[6..12].copy_from_slice(&src_mac);
+        f[26..30].copy_from_slice(&src);
+        f
+    }
+
+    fn peer_packet(
+        sw: &mut Switch<u32>,
+        src: [u8; 4],
+        dst: [u8; 4],
+        at: Instant,
+    ) -> (Action<u32>, Vec<u8>) {
+        let frame = ipv4_from(REMOTE_MAC, DEVICE_MAC, src, dst);
+        let ip = &frame[14..42];
+        let mut buf = [0u8; 128];
+        buf[HEADROOM..HEADROOM + ip.len()].copy_from_slice(ip);
+        let action = sw.handle_peer_packet(&mut buf, ip.len(), at);
+        (action, buf[..42].to_vec())
+    }
+
+    #[test]
+    fn router_learns_lan_hosts_and_answers_only_for_remote_members() {
+        let mut sw = with_mode(Mode::Router);
+        let mut reply = [0u8; 64];
+        // Host A asks for remote member .2: answered with the remote MAC; A is learned.
+        let a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
+        assert!(matches!(
+            sw.handle_tap_frame(&a, t0(), &mut reply),
+            Action::ToTap { .. }
+        ));
+        assert_eq!(
+            sw.poll_event(),
+            Some(Event::LanHostUp(Ipv4Addr::new(10, 201, 0, 10)))
+        );
+        // Host B asks for A: A is on the LAN, so the switch stays silent (rule b).
+        let b = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 10]);
+        assert_eq!(
+            sw.handle_tap_frame(&b, t0(), &mut reply),
+            Action::Drop(DropReason::LanLocal)
+        );
+        assert_eq!(
+            sw.poll_event(),
+            Some(Event::LanHostUp(Ipv4Addr::new(10, 201, 0, 11)))
+        );
+        assert_eq!(sw.poll_event(), None);
+        // LAN unicast flooded to the TAP is the bridge's business.
+        let lan = ipv4_from(LAN_A, LAN_B, [10, 201, 0, 10], [10, 201, 0, 11]);
+        assert_eq!(
+            sw.handle_tap_frame(&lan, t0(), &mut reply),
+            Action::Drop(DropReason::LanLocal)
+        );
+        // To the remote MAC: carried to the member.
+        let out = ipv4_from(LAN_A, REMOTE_MAC, [10, 201, 0, 10], [10, 201, 0, 2]);
+        assert!(matches!(
+            sw.handle_tap_frame(&out, t0(), &mut reply),
+            Action::ToPeer { peer: 7, .. }
+        ));
+        // From a member to A: framed to A's MAC.
+        let (action, frame) = peer_packet(&mut sw, [10, 201, 0, 2], [10, 201, 0, 10], t0());
+        assert_eq!(action, Action::ToTap { len: 42 });
+        assert_eq!(&frame[0..6], &LAN_A);
+        assert_eq!(&frame[6..12], &REMOTE_MAC);
+        // To a LAN address never seen: dropped, and the LAN is asked once.
+        let (action, _) = peer_packet(&mut sw, [10, 201, 0, 2], [10, 201, 0, 12], t0());
+        assert_eq!(action, Action::Drop(DropReason::NotForUs));
+        let _ = peer_packet(&mut sw, [10, 201, 0, 2], [10, 201, 0, 12], t0());
+        let mut buf = [0u8; 64];
+        let len = sw.poll_transmit(&mut buf).unwrap();
+        let arp = ArpPacket::new_checked(&buf[14..len]).unwrap();
+        assert_eq!(
+            (arp.operation(), arp.target_ip()),
+            (ARP_REQUEST, Ipv4Addr::new(10, 201, 0, 12))
+        );
+        assert_eq!(
+            arp.sender_ip(),
+            Ipv4Addr::UNSPECIFIED,
+            "a probe: no host caches it"
+        );
+        assert_eq!(sw.poll_transmit(&mut buf), None);
+    }
+
+    #[test]
+    fn router_probes_a_silent_host_then_forgets_it() {
+        let mut sw = with_mode(Mode::Router);
+        let a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
+        let _ = sw.handle_tap_frame(&a, t0(), &mut [0u8; 64]);
+        let _ = sw.poll_event();
+        let timeout = sw.config().lan_timeout;
+        let mut buf = [0u8; 64];
+        let mut t = t0() + timeout;
+        for _ in 0..LAN_PROBES {
+            assert!(sw.poll_timeout().is_some_and(|d| d <= t));
+            sw.handle_timeout(t);
+            assert!(sw.poll_transmit(&mut buf).is_some(), "probe");
+            assert_eq!(sw.poll_event(), None);
+            t += Duration::from_secs(1);
+        }
+        sw.handle_timeout(t);
+        assert_eq!(
+            sw.poll_event(),
+            Some(Event::LanHostDown(Ipv4Addr::new(10, 201, 0, 10)))
+        );
+        assert!(sw.lan_hosts().is_empty());
+        // A host that answers a probe stays.
+        let _ = sw.handle_tap_frame(&a, t, &mut [0u8; 64]);
+        let _ = sw.poll_event();
+        sw.handle_timeout(t + timeout);
+        let reply = arp_from(LAN_A, [10, 201, 0, 10], 2, [0, 0, 0, 0]);
+        let _ = sw.handle_tap_frame(&reply, t + timeout, &mut [0u8; 64]);
+        sw.handle_timeout(t + timeout + Duration::from_secs(5));
+        assert_eq!(sw.lan_hosts(), vec![Ipv4Addr::new(10, 201, 0, 10)]);
+    }
+
+    #[test]
+    fn hybrid_handles_only_its_device_and_probes_the_lan_first() {
+        let mut sw = with_mode(Mode::Hybrid);
+        let mut reply = [0u8; 64];
+        let mut buf = [0u8; 64];
+        // Another hybrid agent on this LAN writes a remote member's packet for its own
+        // host, flooded here: that address is not on the LAN.
+        let flooded = ipv4_from(
+            [0xfe, 0xfd, 9, 9, 9, 9],
+            LAN_B,
+            [10, 201, 0, 2],
+            [10, 201, 0, 11],
+        );
+        assert_eq!(
+            sw.handle_tap_frame(&flooded, t0(), &mut reply),
+            Action::Drop(DropReason::OtherHost)
+        );
+        assert!(
+            sw.lan_hosts().is_empty(),
+            "learned a remote member as local"
+        );
+        // Another LAN host's frames are not ours (but are learned).
+        let other = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 2]);
+        assert_eq!(
+            sw.handle_tap_frame(&other, t0(), &mut reply),
+            Action::Drop(DropReason::OtherHost)
+        );
+        assert_eq!(sw.poll_event(), None, "hybrid claims nothing for the LAN");
+        // The host asks for remote .2: the LAN is probed first.
+        let ask = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 2]);
+        assert_eq!(
+            sw.handle_tap_frame(&ask, t0(), &mut reply),
+            Action::Drop(DropReason::ArpProbing)
+        );
+        assert_eq!(
+            sw.handle_tap_frame(&ask, t0(), &mut reply),
+            Action::Drop(DropReason::ArpProbing)
+        );
+        let len = sw.poll_transmit(&mut buf).unwrap();
+        assert_eq!(&buf[0..6], &BROADCAST_MAC);
+        assert_eq!(
+            ArpPacket::new_checked(&buf[14..len]).unwrap().target_ip(),
+            Ipv4Addr::new(10, 201, 0, 2)
+        );
+        assert_eq!(sw.poll_transmit(&mut buf), None, "one probe per address");
+        // Nothing local answers: at the timeout the host gets its reply.
+        let timeout = sw.config().probe_timeout;
+        sw.handle_timeout(t0() + timeout / 2);
+        assert_eq!(sw.poll_transmit(&mut buf), None);
+        sw.handle_timeout(t0() + timeout);
+        let len = sw.poll_transmit(&mut buf).unwrap();
+        let arp = ArpPacket::new_checked(&buf[14..len]).unwrap();
+        assert_eq!((arp.operation(), arp.sender_mac()), (ARP_REPLY, REMOTE_MAC));
+        assert_eq!(&buf[0..6], &DEVICE_MAC);
+        // Now confirmed remote: answered at once.
+        assert!(matches!(
+            sw.handle_tap_frame(&ask, t0() + timeout, &mut reply),
+            Action::ToTap { .. }
+        ));
+
+        // .3 is remote in the DHT but a LAN host answers the probe: never answered.
+        sw.set_peer_addresses(
+            7,
+            &[Ipv4Addr::new(10, 201, 0, 2), Ipv4Addr::new(10, 201, 0, 3)],
+        );
+        let ask3 = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 3]);
+        assert_eq!(
+            sw.handle_tap_frame(&ask3, t0(), &mut reply),
+            Action::Drop(DropReason::ArpProbing)
+        );
+        let local = arp_from(LAN_A, [10, 201, 0, 3], 2, [0, 0, 0, 0]);
+        let _ = sw.handle_tap_frame(&local, t0(), &mut reply);
+        sw.handle_timeout(t0() + timeout);
+        while sw.poll_transmit(&mut buf).is_some() {
+            assert_ne!(
+                ArpPacket::new_checked(&buf[14..42]).unwrap().sender_ip(),
+                Ipv4Addr::new(10, 201, 0, 3)
+            );
+        }
+        assert_eq!(
+            sw.handle_tap_frame(&ask3, t0() + timeout, &mut reply),
+            Action::Drop(DropReason::LanLocal)
+        );
+        // Frames for the host come framed to its device.
+        let (action, frame) = peer_packet(&mut sw, [10, 201, 0, 2], [10, 201, 0, 1], t0());
+        assert_eq!(action, Action::ToTap { len: 42 });
+        assert_eq!(&frame[0..6], &DEVICE_MAC);
+    }
+
+    #[test]
+    fn broadcast_goes_to_members_within_the_rate_and_is_filtered_on_arrival() {
+        let mut sw = with_mode(Mode::Router);
+        let mut reply = [0u8; 64];
+        let bcast = ipv4_from(LAN_A, BROADCAST_MAC, [10, 201, 0, 10], [10, 201, 255, 255]);
+        // The bucket holds 10: the 11th in the same instant is dropped, and it refills.
+        for _ in 0..10 {
+            assert_eq!(
+                sw.handle_tap_frame(&bcast, t0(), &mut reply),
+                Action::Broadcast { packet: 14..42 }
+            );
+        }
+        assert_eq!(
+            sw.handle_tap_frame(&bcast, t0(), &mut reply),
+            Action::Drop(DropReason::BroadcastRateLimited)
+        );
+        let later = t0() + Duration::from_millis(200);
+        assert!(matches!(
+            sw.handle_tap_frame(&bcast, later, &mut reply),
+            Action::Broadcast { .. }
+        ));
+        assert_eq!(sw.counters().broadcasts_out, 11);
+        assert_eq!(sw.counters().drops(DropReason::BroadcastRateLimited), 1);
+        // A spoofed source outside the namespace is not carried.
+        let spoofed = ipv4_from(LAN_B, BROADCAST_MAC, [192, 168, 0, 9], [255, 255, 255, 255]);
+        assert_eq!(
+            sw.handle_tap_frame(&spoofed, later, &mut reply),
+            Action::Drop(DropReason::OutsideSubnet)
+        );
+        // From a member: the whole LAN hears it (multicast to its group MAC) ...
+        let (action, frame) = peer_packet(&mut sw, [10, 201, 0, 2], [255, 255, 255, 255], later);
+        assert_eq!(action, Action::ToTap { len: 42 });
+        assert_eq!(&frame[0..6], &BROADCAST_MAC);
+        let (_, frame) = peer_packet(&mut sw, [10, 201, 0, 2], [239, 129, 2, 3], later);
+        assert_eq!(&frame[0..6], &[0x01, 0x00, 0x5e, 0x01, 2, 3]);
+        // ... unless its source is on this LAN (the LAN already delivered it).
+        let (action, _) = peer_packet(&mut sw, [10, 201, 0, 10], [10, 201, 255, 255], later);
+        assert_eq!(action, Action::Drop(DropReason::BroadcastFromLan));
+        assert_eq!(sw.counters().broadcasts_in, 2);
+        // An interface host gets broadcasts addressed to its device only.
+        let mut host = with_mode(Mode::Interface);
+        let (_, frame) = peer_packet(&mut host, [10, 201, 0, 2], [10, 201, 255, 255], later);
+        assert_eq!(&frame[0..6], &DEVICE_MAC);
+        // Broadcast off: nothing either way.
+        let mut off = with_mode(Mode::Interface);
+        off.config.broadcast_rate = 0;
+        let (action, _) = peer_packet(&mut off, [10, 201, 0, 2], [10, 201, 255, 255], later);
+        assert_eq!(action, Action::Drop(DropReason::BroadcastRateLimited));
+    }
+
     /// Every prefix and every single-byte corruption of real frames is handled without panic.
     #[test]
     fn hostile_frames_never_panic() {
-        let mut sw = switch();
+        for mode in [Mode::Interface, Mode::Router, Mode::Hybrid] {
+            hostile_frames_in(mode);
+        }
+    }
+
+    fn hostile_frames_in(mode: Mode) {
+        let mut sw = with_mode(mode);
         let mut reply = [0u8; 64];
         let mut buf = [0u8; 256];
         for frame in [
@@ -545,16 +1261,16 @@ mod tests {
             crate::captured::ECHO_REQUEST.to_vec(),
         ] {
             for n in 0..=frame.len() {
-                let _ = sw.handle_tap_frame(&frame[..n], &mut reply);
+                let _ = sw.handle_tap_frame(&frame[..n], t0(), &mut reply);
                 let m = n.min(buf.len() - HEADROOM);
                 buf[HEADROOM..HEADROOM + m].copy_from_slice(&frame[..m]);
-                let _ = sw.handle_peer_packet(&mut buf, n);
+                let _ = sw.handle_peer_packet(&mut buf, n, t0());
             }
             for i in 0..frame.len() {
                 for v in [0u8, 0x0f, 0x45, 0xff] {
                     let mut f = frame.clone();
                     f[i] = v;
-                    let _ = sw.handle_tap_frame(&f, &mut reply);
+                    let _ = sw.handle_tap_frame(&f, t0(), &mut reply);
                 }
             }
         }

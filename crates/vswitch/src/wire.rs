@@ -153,17 +153,50 @@ pub fn emit_arp_reply(
     target_ip: Ipv4Addr,
 ) -> usize {
     emit_ethernet_header(buf, target_mac, sender_mac, ETHERTYPE_ARP);
+    emit_arp(buf, ARP_REPLY, sender_mac, sender_ip, target_mac, target_ip)
+}
+
+/// Writes a broadcast ARP probe (RFC 5227: sender address 0.0.0.0, so no host caches it)
+/// asking who has `target`, into `buf`; returns its length. The owner answers to
+/// `sender_mac`. `buf` must be at least 42 bytes long.
+pub fn emit_arp_probe(buf: &mut [u8], sender_mac: Mac, target: Ipv4Addr) -> usize {
+    emit_ethernet_header(buf, BROADCAST_MAC, sender_mac, ETHERTYPE_ARP);
+    emit_arp(
+        buf,
+        ARP_REQUEST,
+        sender_mac,
+        Ipv4Addr::UNSPECIFIED,
+        [0; 6],
+        target,
+    )
+}
+
+fn emit_arp(
+    buf: &mut [u8],
+    operation: u16,
+    sender_mac: Mac,
+    sender_ip: Ipv4Addr,
+    target_mac: Mac,
+    target_ip: Ipv4Addr,
+) -> usize {
     let arp = &mut buf[ETH_HEADER_LEN..ETH_HEADER_LEN + ARP_LEN];
     arp[0..2].copy_from_slice(&1u16.to_be_bytes());
     arp[2..4].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
     arp[4] = 6;
     arp[5] = 4;
-    arp[6..8].copy_from_slice(&ARP_REPLY.to_be_bytes());
+    arp[6..8].copy_from_slice(&operation.to_be_bytes());
     arp[8..14].copy_from_slice(&sender_mac);
     arp[14..18].copy_from_slice(&sender_ip.octets());
     arp[18..24].copy_from_slice(&target_mac);
     arp[24..28].copy_from_slice(&target_ip.octets());
     ETH_HEADER_LEN + ARP_LEN
+}
+
+/// The Ethernet multicast MAC of an IPv4 multicast group (RFC 1112: 01:00:5e and the low
+/// 23 bits of the group).
+pub fn multicast_mac(group: Ipv4Addr) -> Mac {
+    let o = group.octets();
+    [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]
 }
 
 /// A view of an IPv4 packet whose header and declared total length fit the buffer.

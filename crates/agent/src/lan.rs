@@ -1,0 +1,133 @@
+//! Router and hybrid modes' devices: the LAN bridge, the uplink, and (hybrid) the veth pair
+//! whose host end carries the host's virtual address (IPOP Fig. 3 and 4).
+//!
+//! Links are set up with iproute2's `ip`, which every Linux host has (see DECISIONS.md). The
+//! bridge is created if missing and left in place when the agent stops, so the LAN keeps
+//! working without it; the hybrid veth is removed with the namespace, as a TAP is.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::config::{Mode, Namespace};
+
+/// The links a router- or hybrid-mode namespace set up; the veth goes when this is dropped.
+pub struct Lan {
+    /// Hybrid mode: the host end of the veth pair (deleting it deletes the pair).
+    veth: Option<String>,
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        if let Some(veth) = &self.veth {
+            if let Err(e) = ip(&["link", "del", veth]) {
+                tracing::warn!(device = %veth, error = %e, "cannot remove the veth");
+            }
+        }
+    }
+}
+
+/// The TAP's name: the configured device, or in hybrid mode (where the device is the host's
+/// veth) the device name plus `t`.
+pub fn tap_name(ns: &Namespace) -> String {
+    match ns.mode {
+        Mode::Hybrid => format!("{}t", ns.device),
+        Mode::Interface | Mode::Router => ns.device.clone(),
+    }
+}
+
+/// Puts the TAP `tap` on the namespace's bridge (created if missing), enslaves the uplink,
+/// and in hybrid mode creates the host's veth (with `device_mac`) with its peer on the bridge.
+pub fn attach(ns: &Namespace, tap: &str, device_mac: [u8; 6]) -> Result<Lan> {
+    let Some(bridge) = ns.bridge.as_deref() else {
+        bail!("namespace '{}': mode needs `bridge`", ns.name);
+    };
+    if !exists(bridge) {
+        ip(&["link", "add", "name", bridge, "type", "bridge"])
+            .with_context(|| format!("namespace '{}': cannot create bridge {bridge}", ns.name))?;
+        tracing::info!(namespace = %ns.name, %bridge, "bridge created");
+    } else if !Path::new(&format!("/sys/class/net/{bridge}/bridge")).exists() {
+        bail!(
+            "namespace '{}': {bridge} exists and is not a bridge; name another `bridge`",
+            ns.name
+        );
+    }
+    ip(&["link", "set", bridge, "up"])?;
+    ip(&["link", "set", tap, "master", bridge, "up"])
+        .with_context(|| format!("namespace '{}': cannot put {tap} on {bridge}", ns.name))?;
+    if let Some(uplink) = ns.uplink.as_deref() {
+        if !exists(uplink) {
+            bail!("namespace '{}': uplink {uplink} does not exist", ns.name);
+        }
+        ip(&["link", "set", uplink, "master", bridge, "up"])
+            .with_context(|| format!("namespace '{}': cannot put {uplink} on {bridge}", ns.name))?;
+    }
+    let mut lan = Lan { veth: None };
+    if ns.mode == Mode::Hybrid {
+        let device = ns.device.as_str();
+        let peer = format!("{device}p");
+        if exists(device) {
+            bail!(
+                "namespace '{}': device {device} already exists; pick another `device`",
+                ns.name
+            );
+        }
+        let mac = format_mac(device_mac);
+        ip(&[
+            "link", "add", device, "address", &mac, "type", "veth", "peer", "name", &peer,
+        ])
+        .with_context(|| format!("namespace '{}': cannot create veth {device}", ns.name))?;
+        lan.veth = Some(device.to_string());
+        // The overlay carries IPv4: keep IPv6 chatter off the host's device.
+        let _ = std::fs::write(
+            format!("/proc/sys/net/ipv6/conf/{device}/disable_ipv6"),
+            "1",
+        );
+        ip(&["link", "set", &peer, "master", bridge, "up"])?;
+        ip(&["link", "set", device, "mtu", &ns.mtu.to_string(), "up"])?;
+    }
+    Ok(lan)
+}
+
+/// Gives the hybrid host's device its virtual address (replacing any other).
+pub fn set_address(device: &str, address: Ipv4Addr, prefix: u8) -> Result<()> {
+    ip(&["-4", "addr", "flush", "dev", device])?;
+    ip(&[
+        "addr",
+        "add",
+        &format!("{address}/{prefix}"),
+        "brd",
+        "+",
+        "dev",
+        device,
+    ])
+}
+
+fn exists(link: &str) -> bool {
+    Path::new(&format!("/sys/class/net/{link}")).exists()
+}
+
+fn format_mac(m: [u8; 6]) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}
+
+/// Runs `ip ARGS`; an error carries what `ip` printed.
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("cannot run `ip` (install iproute2)")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
