@@ -242,6 +242,8 @@ struct Agent {
     rx: Vec<u8>,
     tx: Vec<u8>,
     reply: Vec<u8>,
+    /// Frames whose address resolved, to go through their switch again.
+    replays: Vec<(usize, Vec<Vec<u8>>)>,
 }
 
 /// A control request handed to the agent's loop.
@@ -290,6 +292,7 @@ impl Agent {
             rx: vec![0; BUF_LEN],
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
+            replays: Vec::new(),
         };
         for ns in &config.namespaces {
             agent.add_namespace(ns, Instant::now())?;
@@ -612,9 +615,17 @@ impl Agent {
                         .node
                         .add_member(now, NamespaceId(i), r.member, endpoint)
                     {
-                        // A member we already have a tunnel with: its announcement is the
-                        // route (the frames that waited go out with it).
-                        Ok(handle) => self.node.repeat_addresses(NamespaceId(i), Some(handle)),
+                        // The owner's signed lease is the route until its announcement
+                        // arrives (a router that restarted has announced nothing yet);
+                        // the frames that waited go out with either.
+                        Ok(handle) => {
+                            self.ports[i].switch.add_route(r.target, handle);
+                            let frames = self.members[i].take_pending(&[r.target]);
+                            if !frames.is_empty() {
+                                self.replays.push((i, frames));
+                            }
+                            self.node.repeat_addresses(NamespaceId(i), Some(handle));
+                        }
                         Err(reason) => {
                             tracing::debug!(reason = reason.as_str(), "cannot open a tunnel");
                         }
@@ -837,6 +848,9 @@ impl Agent {
 
     /// Sends what the node queued (handshakes, hellos, announcements) and applies its events.
     async fn flush_node(&mut self) {
+        for (i, frames) in std::mem::take(&mut self.replays) {
+            self.replay(i, frames).await;
+        }
         while let Some((to, datagram)) = self.node.poll_transmit() {
             self.underlay.push(to, &datagram).await;
         }

@@ -319,7 +319,11 @@ impl Bucket {
 #[derive(Debug)]
 pub struct Switch<P> {
     config: Config,
+    /// What members announced over their tunnels.
     routes: HashMap<Ipv4Addr, P>,
+    /// What the DHT said (the owner's signed lease), for addresses its owner has not
+    /// announced yet: a router that restarted learns its LAN hosts from this traffic.
+    resolved: HashMap<Ipv4Addr, P>,
     lan: HashMap<Ipv4Addr, LanHost>,
     probes: HashMap<Ipv4Addr, Probe>,
     /// Hybrid mode: remote addresses whose LAN probe went unanswered, until when.
@@ -339,6 +343,7 @@ impl<P: Copy + Eq> Switch<P> {
         Self {
             config,
             routes: HashMap::new(),
+            resolved: HashMap::new(),
             lan: HashMap::new(),
             probes: HashMap::new(),
             confirmed: HashMap::new(),
@@ -381,11 +386,15 @@ impl<P: Copy + Eq> Switch<P> {
     /// Forgets every route to `peer`.
     pub fn remove_peer(&mut self, peer: P) {
         self.routes.retain(|_, p| *p != peer);
+        self.resolved.retain(|_, p| *p != peer);
     }
 
-    /// The member that owns `addr`, if known.
+    /// The member that owns `addr`, if known: as it announced, or else as the DHT said.
     pub fn route(&self, addr: Ipv4Addr) -> Option<P> {
-        self.routes.get(&addr).copied()
+        self.routes
+            .get(&addr)
+            .or_else(|| self.resolved.get(&addr))
+            .copied()
     }
 
     /// Namespace addresses seen on the LAN (router and hybrid modes), sorted.
@@ -412,6 +421,7 @@ impl<P: Copy + Eq> Switch<P> {
     /// Changes the host's own address (an address won after start, or moved).
     pub fn set_address(&mut self, address: Ipv4Addr) {
         self.routes.remove(&address);
+        self.resolved.remove(&address);
         self.config.address = address;
     }
 
@@ -419,13 +429,15 @@ impl<P: Copy + Eq> Switch<P> {
     pub fn set_subnet(&mut self, subnet: Ipv4Net) {
         self.config.subnet = subnet;
         self.routes.retain(|a, _| subnet.contains(a));
+        self.resolved.retain(|a, _| subnet.contains(a));
         self.lan.retain(|a, _| subnet.contains(a));
     }
 
-    /// Routes `addr` to `peer` (in addition to what it announced).
+    /// Routes `addr` to `peer` because the DHT says `peer` owns it; announcements take
+    /// precedence. Replaced by the next resolution of `addr`, dropped with the peer.
     pub fn add_route(&mut self, addr: Ipv4Addr, peer: P) {
         if self.config.subnet.contains(&addr) && addr != self.config.address {
-            self.routes.insert(addr, peer);
+            self.resolved.insert(addr, peer);
         }
     }
 
@@ -487,7 +499,7 @@ impl<P: Copy + Eq> Switch<P> {
                 continue;
             }
             self.confirmed.insert(target, now + REMOTE_CONFIRMED);
-            if self.routes.contains_key(&target) {
+            if self.route(target).is_some() {
                 // The host's ARP request is still pending: complete it.
                 self.emits.push_back(Emit::Reply {
                     target,
@@ -617,8 +629,8 @@ impl<P: Copy + Eq> Switch<P> {
                 if !self.config.subnet.contains(&dst) {
                     return Action::Drop(DropReason::OutsideSubnet);
                 }
-                match self.routes.get(&dst) {
-                    Some(&peer) => Action::ToPeer { peer, packet },
+                match self.route(dst) {
+                    Some(peer) => Action::ToPeer { peer, packet },
                     None if mode != Mode::Interface && self.lan.contains_key(&dst) => {
                         Action::Drop(DropReason::LanLocal)
                     }
@@ -647,7 +659,7 @@ impl<P: Copy + Eq> Switch<P> {
         if self.config.mode != Mode::Interface && self.lan.contains_key(&target) {
             return Action::Drop(DropReason::LanLocal);
         }
-        if !self.routes.contains_key(&target) {
+        if self.route(target).is_none() {
             if target == self.config.subnet.network() || target == self.subnet_broadcast() {
                 return Action::Drop(DropReason::ArpIgnored);
             }
@@ -887,6 +899,16 @@ mod tests {
         assert_eq!(sw.route(Ipv4Addr::new(10, 201, 0, 1)), None, "own address");
         sw.remove_peer(7);
         assert_eq!(sw.route(Ipv4Addr::new(10, 201, 0, 3)), None);
+        // The DHT's word routes an address its owner has not announced (yet) ...
+        sw.add_route(Ipv4Addr::new(10, 201, 0, 4), 8);
+        sw.set_peer_addresses(8, &[]);
+        assert_eq!(sw.route(Ipv4Addr::new(10, 201, 0, 4)), Some(8));
+        // ... an announcement wins over it, and it goes with the peer.
+        sw.set_peer_addresses(9, &[Ipv4Addr::new(10, 201, 0, 4)]);
+        assert_eq!(sw.route(Ipv4Addr::new(10, 201, 0, 4)), Some(9));
+        sw.remove_peer(9);
+        sw.remove_peer(8);
+        assert_eq!(sw.route(Ipv4Addr::new(10, 201, 0, 4)), None);
     }
 
     #[test]
