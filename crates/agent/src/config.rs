@@ -608,6 +608,41 @@ endpoint = "10.200.0.3"
     }
 
     #[test]
+    fn router_and_hybrid_configs() {
+        let s = Some("0123456789abcdef");
+        let router = GOOD.replace("address = \"10.201.0.1\"\n", "").replace(
+            "name = \"lab\"",
+            "name = \"lab\"\nmode = \"router\"\nbridge = \"br-lan\"\nuplink = \"eth1\"",
+        );
+        let c = load(&router, s).unwrap();
+        let ns = &c.namespaces[0];
+        assert_eq!((ns.mode, ns.address), (Mode::Router, Address::None));
+        assert_eq!(ns.bridge.as_deref(), Some("br-lan"));
+        assert_eq!(ns.uplink.as_deref(), Some("eth1"));
+        assert_eq!(ns.lan_timeout, Duration::from_secs(30));
+        assert_eq!(ns.broadcast_rate, 200);
+        // A router has no address of its own, and needs a bridge.
+        let with_address = router.replace("mode = ", "address = \"10.201.0.1\"\nmode = ");
+        assert!(err(&with_address, s).contains("has none of its own; remove `address`"));
+        assert!(err(&router.replace("bridge = \"br-lan\"\n", ""), s).contains("needs `bridge`"));
+        let hybrid = GOOD.replace(
+            "name = \"lab\"",
+            "name = \"lab\"\nmode = \"hybrid\"\nbridge = \"br-lan\"\nprobe_timeout_ms = 500",
+        );
+        let c = load(&hybrid, s).unwrap();
+        let ns = &c.namespaces[0];
+        assert_eq!(ns.mode, Mode::Hybrid);
+        assert_eq!(ns.probe_timeout, Duration::from_millis(500));
+        assert_eq!(ns.address, Address::Static(Ipv4Addr::new(10, 201, 0, 1)));
+        // The veth's bridge end and the TAP are named after the device: one byte less.
+        let long = hybrid.replace("mode = ", "device = \"fifteen-chars15\"\nmode = ");
+        assert!(err(&long, s).contains("1-14 letters"));
+        assert!(err(&hybrid.replace("500", "5"), s).contains("probe_timeout_ms 5"));
+        let iface_bridge = GOOD.replace("name = \"lab\"", "name = \"lab\"\nbridge = \"br0\"");
+        assert!(err(&iface_bridge, s).contains("need mode = \"router\" or \"hybrid\""));
+    }
+
+    #[test]
     fn bad_configs_say_what_is_wrong() {
         let s = Some("0123456789abcdef");
         assert!(err(GOOD, None).contains("cannot read secret_file"));
@@ -621,10 +656,10 @@ endpoint = "10.200.0.3"
         );
         assert!(err(&GOOD.replace("name = ", "nmae = "), s).contains("unknown field `nmae`"));
         assert!(err(
-            &GOOD.replace("name = \"lab\"", "name = \"lab\"\nmode = \"router\""),
+            &GOOD.replace("name = \"lab\"", "name = \"lab\"\nmode = \"bridge\""),
             s
         )
-        .contains("not available"));
+        .contains("not one of interface, router, hybrid"));
         assert!(
             err(&GOOD.replace("\"10.200.0.3\"", "\"not an address\""), s).contains("peer endpoint")
         );
