@@ -458,6 +458,12 @@ impl Agent {
                 ready = self.underlay.readable() => {
                     ready?;
                     self.drain_underlay().await;
+                    // A router asks its LAN for hosts members sent to: send the probes now.
+                    for i in 0..self.ports.len() {
+                        if self.ports[i].mode == Mode::Router && self.taps[i].is_some() {
+                            self.flush_switch(i, Instant::now());
+                        }
+                    }
                 }
                 i = any_readable(&self.taps) => self.drain_tap(i).await,
                 event = self.overlay.next_event() => self.handle_overlay(event),
@@ -787,6 +793,8 @@ impl Agent {
         // The receive buffer leaves `self` for the batch, so frames can be switched by a
         // method that borrows the rest of the agent.
         let mut rx = std::mem::take(&mut self.rx);
+        // One clock reading per batch: the switch needs it only for timers and rates.
+        let now = Instant::now();
         for _ in 0..BATCH {
             // try_io clears the readiness only when the device reports WouldBlock.
             let Some(tap) = self.taps.get(i).and_then(Option::as_ref) else {
@@ -800,7 +808,7 @@ impl Agent {
                     break;
                 }
             };
-            self.switch_frame(i, &rx[..n]).await;
+            self.switch_frame(i, &rx[..n], now).await;
         }
         self.rx = rx;
         self.underlay.flush().await;
@@ -808,8 +816,7 @@ impl Agent {
 
     /// One frame from TAP `i`: to a member, an ARP reply back to the TAP, or held while
     /// its destination resolves.
-    async fn switch_frame(&mut self, i: usize, frame: &[u8]) {
-        let now = Instant::now();
+    async fn switch_frame(&mut self, i: usize, frame: &[u8], now: Instant) {
         let port = &mut self.ports[i];
         let action = port.switch.handle_tap_frame(frame, now, &mut self.reply);
         match action {
@@ -841,7 +848,7 @@ impl Agent {
     /// Frames that waited for a member's addresses go through the switch again.
     async fn replay(&mut self, i: usize, frames: Vec<Vec<u8>>) {
         for frame in frames {
-            self.switch_frame(i, &frame).await;
+            self.switch_frame(i, &frame, Instant::now()).await;
         }
         self.underlay.flush().await;
     }

@@ -566,6 +566,12 @@ mod tests {
         let k = keys(b"0123456789abcdef");
         let key = k.group_key();
         assert_ne!(key, k.settings_key());
+        // Another namespace's group lives elsewhere: broadcasts never cross over.
+        assert_ne!(key, keys(b"0123456789abcdeX").group_key());
+        assert_ne!(
+            key,
+            NamespaceKeys::derive("lab2", b"0123456789abcdef").group_key()
+        );
         let t = Instant::now();
         let mut store = RecordStore::default();
         let join = |e: Envelope| RecordRequest::Join {
