@@ -184,9 +184,6 @@ fn router_hybrid_and_interface_hosts_share_one_namespace() {
         },
     );
 
-    if std::env::var_os("MODES_HOLD").is_some() {
-        std::thread::sleep(Duration::from_secs(300));
-    }
     // Every host pings every other.
     for (from, _) in &hosts {
         for (to_host, to) in &hosts {
