@@ -1,0 +1,855 @@
+//! The virtual DHCPv4 server of one namespace (RFC 2131), answering on the agent's behalf.
+//!
+//! Addresses are not picked here: a client without a lease makes the server ask for a
+//! [`Output::Claim`], which the agent runs as a DHT claim (the same majority lease as any
+//! member address) and answers with [`Server::allocated`] or [`Server::refused`]. The reply
+//! that waited (OFFER, or ACK for a client asking for a specific address) goes out then.
+//! The DHCP lease and the DHT lease move together: a renewal asks for [`Output::Renew`], a
+//! release, a decline and an expiry for [`Output::Release`].
+//!
+//! Call order: feed each request to [`Server::handle`] and the passage of time to
+//! [`Server::handle_timeout`]; drain [`Server::poll_output`] after each.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use ipnet::Ipv4Net;
+
+/// Clients served at once (bindings plus claims in flight); beyond, new ones are dropped.
+pub const MAX_CLIENTS: usize = 4096;
+
+/// Longest hostname kept from option 12 (a DNS label).
+pub const MAX_HOSTNAME: usize = 63;
+
+/// Declined addresses remembered (not offered again).
+const MAX_DECLINED: usize = 256;
+
+/// What a namespace's DHCP replies say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The namespace subnet.
+    pub subnet: Ipv4Net,
+    /// The server identifier (option 54): the namespace's service address.
+    pub server: Ipv4Addr,
+    /// DNS servers (option 6): the namespace's virtual DNS address.
+    pub dns: Vec<Ipv4Addr>,
+    /// The domain (option 15): the namespace's name.
+    pub domain: String,
+    /// A default gateway (option 3), only if the namespace configures one.
+    pub router: Option<Ipv4Addr>,
+    /// Lease time (option 51).
+    pub lease: Duration,
+}
+
+/// Who a lease is for: the client identifier (option 61) if sent, else the hardware address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId(pub Vec<u8>);
+
+/// A reply to put on the wire: the vswitch frames it as UDP 67 -> 68.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The encoded DHCP message.
+    pub bytes: Vec<u8>,
+    /// The client's hardware address (Ethernet destination unless `broadcast`).
+    pub chaddr: [u8; 6],
+    /// IPv4 destination: the client's address, or 255.255.255.255 when `broadcast`.
+    pub dst: Ipv4Addr,
+    /// Broadcast at both layers (the client has no address yet and asked for it, or a NAK).
+    pub broadcast: bool,
+}
+
+/// What the server wants done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send this reply.
+    Reply(Reply),
+    /// Claim an address for `client` in the DHT: `hint` if free (the address it asks for, or
+    /// had), else any free one unless `exact`. Answer with [`Server::allocated`] or
+    /// [`Server::refused`].
+    Claim {
+        /// The client.
+        client: ClientId,
+        /// The address it asked for.
+        hint: Option<Ipv4Addr>,
+        /// Only `hint` will do (a client confirming an address it believes it has).
+        exact: bool,
+    },
+    /// The client renewed: renew the DHT lease on this address.
+    Renew(Ipv4Addr),
+    /// The address is free again (released, declined or expired): release its DHT lease.
+    Release(Ipv4Addr),
+    /// The client at `address` calls itself `name` (option 12): the agent may publish it.
+    Hostname {
+        /// The client's address.
+        address: Ipv4Addr,
+        /// Its hostname, a valid DNS label.
+        name: String,
+    },
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests answered (OFFER, ACK, NAK).
+    pub replies: u64,
+    /// Requests that did not parse as DHCP.
+    pub malformed: u64,
+    /// Requests not for this server, of an unsupported kind, or from an unusable client.
+    pub ignored: u64,
+    /// New clients dropped because [`MAX_CLIENTS`] are served.
+    pub full: u64,
+    /// NAKs sent.
+    pub naks: u64,
+    /// DECLINEs received.
+    pub declines: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Binding {
+    address: Ipv4Addr,
+    expires: Instant,
+}
+
+/// A request waiting for its claim.
+#[derive(Debug, Clone)]
+struct Pending {
+    request: Message,
+    answer: MessageType,
+}
+
+/// One namespace's DHCP server.
+#[derive(Debug)]
+pub struct Server {
+    settings: Settings,
+    bindings: HashMap<ClientId, Binding>,
+    pending: HashMap<ClientId, Pending>,
+    declined: HashSet<Ipv4Addr>,
+    out: VecDeque<Output>,
+    stats: Stats,
+}
+
+impl Server {
+    /// A server with no leases.
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            bindings: HashMap::new(),
+            pending: HashMap::new(),
+            declined: HashSet::new(),
+            out: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The address leased to `client`, if any.
+    pub fn lease_of(&self, client: &ClientId) -> Option<Ipv4Addr> {
+        self.bindings.get(client).map(|b| b.address)
+    }
+
+    /// What the server wants done next.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// When [`Server::handle_timeout`] wants to run next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.bindings.values().map(|b| b.expires).min()
+    }
+
+    /// Leases that ran out without renewal: their addresses are released.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let out = &mut self.out;
+        self.bindings.retain(|_, b| {
+            let keep = b.expires > now;
+            if !keep {
+                out.push_back(Output::Release(b.address));
+            }
+            keep
+        });
+    }
+
+    /// Handles one DHCP message (a UDP payload sent to port 67).
+    pub fn handle(&mut self, payload: &[u8], now: Instant) {
+        let Ok(request) = Message::decode(&mut Decoder::new(payload)) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        if request.opcode() != Opcode::BootRequest
+            || request.htype() != HType::Eth
+            || request.hlen() != 6
+        {
+            self.stats.ignored += 1;
+            return;
+        }
+        let client = client_id(&request);
+        match request.opts().msg_type() {
+            Some(MessageType::Discover) => self.discover(client, request),
+            Some(MessageType::Request) => self.request(client, request, now),
+            Some(MessageType::Release) => self.release(&client, &request),
+            Some(MessageType::Decline) => self.decline(&client, &request),
+            Some(MessageType::Inform) => self.inform(&request),
+            _ => self.stats.ignored += 1,
+        }
+    }
+
+    /// The DHT granted `address` to `client`'s lease: the reply that waited goes out.
+    pub fn allocated(&mut self, client: &ClientId, address: Ipv4Addr, now: Instant) {
+        let Some(p) = self.pending.remove(client) else {
+            // Nobody waits for it any more: give it back.
+            self.out.push_back(Output::Release(address));
+            return;
+        };
+        if !self.usable(address) || self.declined.contains(&address) {
+            self.out.push_back(Output::Release(address));
+            self.nak(&p.request);
+            return;
+        }
+        self.bindings.insert(
+            client.clone(),
+            Binding {
+                address,
+                expires: now + self.settings.lease,
+            },
+        );
+        self.hostname(&p.request, address);
+        self.reply(&p.request, p.answer, address);
+    }
+
+    /// The DHT had no address for `client` (taken, or none free): a client that asked for
+    /// a specific address is told no; one that asked for any gets nothing (it retries).
+    pub fn refused(&mut self, client: &ClientId) {
+        if let Some(p) = self.pending.remove(client) {
+            if p.answer == MessageType::Ack {
+                self.nak(&p.request);
+            }
+        }
+    }
+
+    fn discover(&mut self, client: ClientId, request: Message) {
+        if let Some(b) = self.bindings.get(&client) {
+            let address = b.address;
+            self.reply(&request, MessageType::Offer, address);
+            return;
+        }
+        if self.pending.contains_key(&client) {
+            return; // a claim for it is under way
+        }
+        if self.bindings.len() + self.pending.len() >= MAX_CLIENTS {
+            self.stats.full += 1;
+            return;
+        }
+        let hint = requested_address(&request).filter(|a| self.usable(*a));
+        self.pending.insert(
+            client.clone(),
+            Pending {
+                request,
+                answer: MessageType::Offer,
+            },
+        );
+        self.out.push_back(Output::Claim {
+            client,
+            hint,
+            exact: false,
+        });
+    }
+
+    fn request(&mut self, client: ClientId, request: Message, now: Instant) {
+        // SELECTING with another server's identifier: the client chose someone else.
+        if let Some(DhcpOption::ServerIdentifier(id)) =
+            request.opts().get(OptionCode::ServerIdentifier)
+        {
+            if *id != self.settings.server {
+                self.pending.remove(&client);
+                self.stats.ignored += 1;
+                return;
+            }
+        }
+        let wanted = requested_address(&request).or_else(|| {
+            let c = request.ciaddr();
+            (!c.is_unspecified()).then_some(c)
+        });
+        let Some(wanted) = wanted else {
+            self.nak(&request);
+            return;
+        };
+        if let Some(b) = self.bindings.get_mut(&client) {
+            if b.address == wanted {
+                // Selecting what we offered, renewing, rebinding or rebooting: one answer.
+                b.expires = now + self.settings.lease;
+                self.out.push_back(Output::Renew(wanted));
+                self.hostname(&request, wanted);
+                self.reply(&request, MessageType::Ack, wanted);
+            } else {
+                self.nak(&request);
+            }
+            return;
+        }
+        if !self.usable(wanted) || self.declined.contains(&wanted) {
+            self.nak(&request);
+            return;
+        }
+        if self.pending.contains_key(&client) {
+            return;
+        }
+        if self.bindings.len() + self.pending.len() >= MAX_CLIENTS {
+            self.stats.full += 1;
+            return;
+        }
+        // A client rebooting with an address from an earlier lease (ours before a restart,
+        // or another server's): it may keep it if the DHT says it is free.
+        self.pending.insert(
+            client.clone(),
+            Pending {
+                request,
+                answer: MessageType::Ack,
+            },
+        );
+        self.out.push_back(Output::Claim {
+            client,
+            hint: Some(wanted),
+            exact: true,
+        });
+    }
+
+    fn release(&mut self, client: &ClientId, request: &Message) {
+        match self.bindings.get(client) {
+            Some(b) if b.address == request.ciaddr() => {
+                self.bindings.remove(client);
+                self.out.push_back(Output::Release(request.ciaddr()));
+            }
+            _ => self.stats.ignored += 1,
+        }
+    }
+
+    fn decline(&mut self, client: &ClientId, request: &Message) {
+        self.stats.declines += 1;
+        let Some(address) = requested_address(request) else {
+            self.stats.ignored += 1;
+            return;
+        };
+        if self
+            .bindings
+            .get(client)
+            .is_some_and(|b| b.address == address)
+        {
+            self.bindings.remove(client);
+            self.out.push_back(Output::Release(address));
+            // Something on the LAN answers for it already: do not offer it again.
+            if self.declined.len() < MAX_DECLINED {
+                self.declined.insert(address);
+            }
+        }
+    }
+
+    fn inform(&mut self, request: &Message) {
+        // The client has an address already and wants the other settings.
+        self.reply(request, MessageType::Ack, Ipv4Addr::UNSPECIFIED);
+    }
+
+    fn usable(&self, a: Ipv4Addr) -> bool {
+        let s = &self.settings;
+        s.subnet.contains(&a)
+            && a != s.subnet.network()
+            && a != s.subnet.broadcast()
+            && a != s.server
+            && !s.dns.contains(&a)
+            && Some(a) != s.router
+    }
+
+    fn hostname(&mut self, request: &Message, address: Ipv4Addr) {
+        if let Some(DhcpOption::Hostname(name)) = request.opts().get(OptionCode::Hostname) {
+            let name = name.trim_end_matches('\0').to_ascii_lowercase();
+            if is_label(&name) {
+                self.out.push_back(Output::Hostname { address, name });
+            }
+        }
+    }
+
+    fn nak(&mut self, request: &Message) {
+        self.stats.naks += 1;
+        let mut m = self.base(request, MessageType::Nak);
+        m.set_ciaddr(Ipv4Addr::UNSPECIFIED);
+        self.send(&m, request, true, Ipv4Addr::BROADCAST);
+    }
+
+    fn reply(&mut self, request: &Message, kind: MessageType, address: Ipv4Addr) {
+        let s = &self.settings;
+        let mut m = self.base(request, kind);
+        m.set_yiaddr(address);
+        let opts = m.opts_mut();
+        if kind != MessageType::Ack || !address.is_unspecified() {
+            let lease = u32::try_from(s.lease.as_secs()).unwrap_or(u32::MAX);
+            opts.insert(DhcpOption::AddressLeaseTime(lease));
+            opts.insert(DhcpOption::Renewal(lease / 2));
+            opts.insert(DhcpOption::Rebinding(lease / 8 * 7));
+        }
+        opts.insert(DhcpOption::SubnetMask(s.subnet.netmask()));
+        opts.insert(DhcpOption::BroadcastAddr(s.subnet.broadcast()));
+        if !s.dns.is_empty() {
+            opts.insert(DhcpOption::DomainNameServer(s.dns.clone()));
+        }
+        if !s.domain.is_empty() {
+            opts.insert(DhcpOption::DomainName(s.domain.clone()));
+        }
+        if let Some(r) = s.router {
+            opts.insert(DhcpOption::Router(vec![r]));
+        }
+        // RFC 2131 4.1: to the address the client has, else as it asked, else unicast to
+        // the address offered at its hardware address.
+        let ciaddr = request.ciaddr();
+        let (broadcast, dst) = if !ciaddr.is_unspecified() {
+            (false, ciaddr)
+        } else if request.flags().broadcast() {
+            (true, Ipv4Addr::BROADCAST)
+        } else {
+            (false, address)
+        };
+        self.send(&m, request, broadcast || dst.is_unspecified(), dst);
+    }
+
+    fn base(&self, request: &Message, kind: MessageType) -> Message {
+        let mut m = Message::default();
+        m.set_opcode(Opcode::BootReply)
+            .set_htype(HType::Eth)
+            .set_xid(request.xid())
+            .set_flags(request.flags())
+            .set_ciaddr(request.ciaddr())
+            .set_giaddr(request.giaddr())
+            .set_chaddr(&mac_of(request));
+        m.opts_mut().insert(DhcpOption::MessageType(kind));
+        m.opts_mut()
+            .insert(DhcpOption::ServerIdentifier(self.settings.server));
+        m
+    }
+
+    fn send(&mut self, m: &Message, request: &Message, broadcast: bool, dst: Ipv4Addr) {
+        let mut bytes = Vec::with_capacity(300);
+        if m.encode(&mut Encoder::new(&mut bytes)).is_err() {
+            // Every field above is in range; an encoding failure is a bug, not input.
+            self.stats.ignored += 1;
+            return;
+        }
+        self.stats.replies += 1;
+        self.out.push_back(Output::Reply(Reply {
+            bytes,
+            chaddr: mac_of(request),
+            dst: if broadcast { Ipv4Addr::BROADCAST } else { dst },
+            broadcast,
+        }));
+    }
+}
+
+/// Option 61 if present, else the hardware address.
+fn client_id(m: &Message) -> ClientId {
+    match m.opts().get(OptionCode::ClientIdentifier) {
+        Some(DhcpOption::ClientIdentifier(id)) if !id.is_empty() => ClientId(id.clone()),
+        _ => ClientId(mac_of(m).to_vec()),
+    }
+}
+
+/// The client's Ethernet address (requests with another hardware type are dropped first).
+fn mac_of(m: &Message) -> [u8; 6] {
+    let mut mac = [0u8; 6];
+    if let Some(c) = m.chaddr().get(..6) {
+        mac.copy_from_slice(c);
+    }
+    mac
+}
+
+fn requested_address(m: &Message) -> Option<Ipv4Addr> {
+    match m.opts().get(OptionCode::RequestedIpAddress) {
+        Some(DhcpOption::RequestedIpAddress(a)) => Some(*a),
+        _ => None,
+    }
+}
+
+/// A DNS label: 1-63 letters, digits and inner hyphens.
+fn is_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_HOSTNAME
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests start the clock
+mod tests {
+    use super::*;
+    use dhcproto::v4::Flags;
+
+    const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x42];
+    const SERVER: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
+
+    fn settings() -> Settings {
+        Settings {
+            subnet: "10.201.0.0/16".parse().unwrap(),
+            server: SERVER,
+            dns: vec![SERVER],
+            domain: "lab".into(),
+            router: None,
+            lease: Duration::from_secs(600),
+        }
+    }
+
+    /// A request as a client encodes it.
+    fn request(kind: MessageType, ciaddr: Ipv4Addr, opts: Vec<DhcpOption>) -> Vec<u8> {
+        let mut m = Message::new_with_id(
+            0x1234,
+            ciaddr,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            &MAC,
+        );
+        m.opts_mut().insert(DhcpOption::MessageType(kind));
+        for o in opts {
+            m.opts_mut().insert(o);
+        }
+        let mut buf = Vec::new();
+        m.encode(&mut Encoder::new(&mut buf)).unwrap();
+        buf
+    }
+
+    fn outputs(s: &mut Server) -> Vec<Output> {
+        std::iter::from_fn(|| s.poll_output()).collect()
+    }
+
+    fn decode(r: &Reply) -> Message {
+        Message::decode(&mut Decoder::new(&r.bytes)).unwrap()
+    }
+
+    fn only_reply(out: &[Output]) -> (Reply, Message) {
+        let r = out
+            .iter()
+            .find_map(|o| match o {
+                Output::Reply(r) => Some(r.clone()),
+                _ => None,
+            })
+            .expect("a reply");
+        let m = decode(&r);
+        (r, m)
+    }
+
+    fn client() -> ClientId {
+        ClientId(MAC.to_vec())
+    }
+
+    #[test]
+    fn discover_offer_request_ack_with_the_namespace_settings() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        s.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            t,
+        );
+        assert_eq!(
+            outputs(&mut s),
+            vec![Output::Claim {
+                client: client(),
+                hint: None,
+                exact: false
+            }]
+        );
+        // A retransmitted DISCOVER while the claim runs starts nothing new.
+        s.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            t,
+        );
+        assert!(outputs(&mut s).is_empty());
+        let a = Ipv4Addr::new(10, 201, 7, 9);
+        s.allocated(&client(), a, t);
+        let (r, offer) = only_reply(&outputs(&mut s));
+        assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+        assert_eq!(
+            (offer.yiaddr(), offer.xid(), offer.opcode()),
+            (a, 0x1234, Opcode::BootReply)
+        );
+        assert_eq!((r.dst, r.broadcast, r.chaddr), (a, false, MAC));
+        let o = offer.opts();
+        assert_eq!(
+            o.get(OptionCode::SubnetMask),
+            Some(&DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 0, 0)))
+        );
+        assert_eq!(
+            o.get(OptionCode::DomainNameServer),
+            Some(&DhcpOption::DomainNameServer(vec![SERVER]))
+        );
+        assert_eq!(
+            o.get(OptionCode::DomainName),
+            Some(&DhcpOption::DomainName("lab".into()))
+        );
+        assert_eq!(
+            o.get(OptionCode::AddressLeaseTime),
+            Some(&DhcpOption::AddressLeaseTime(600))
+        );
+        assert_eq!(
+            o.get(OptionCode::ServerIdentifier),
+            Some(&DhcpOption::ServerIdentifier(SERVER))
+        );
+        assert_eq!(o.get(OptionCode::Router), None, "no gateway configured");
+
+        // SELECTING: the client takes the offer.
+        let req = request(
+            MessageType::Request,
+            Ipv4Addr::UNSPECIFIED,
+            vec![
+                DhcpOption::ServerIdentifier(SERVER),
+                DhcpOption::RequestedIpAddress(a),
+                DhcpOption::Hostname("Web-1".into()),
+            ],
+        );
+        s.handle(&req, t);
+        let out = outputs(&mut s);
+        let (_, ack) = only_reply(&out);
+        assert_eq!(
+            (ack.opts().msg_type(), ack.yiaddr()),
+            (Some(MessageType::Ack), a)
+        );
+        assert!(out.contains(&Output::Renew(a)));
+        assert!(out.contains(&Output::Hostname {
+            address: a,
+            name: "web-1".into()
+        }));
+        assert_eq!(s.lease_of(&client()), Some(a));
+    }
+
+    #[test]
+    fn renew_release_and_expiry_move_the_dht_lease_too() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        let a = Ipv4Addr::new(10, 201, 0, 20);
+        s.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            t,
+        );
+        s.allocated(&client(), a, t);
+        outputs(&mut s);
+        // RENEWING: unicast from the address it holds.
+        let later = t + Duration::from_secs(300);
+        s.handle(&request(MessageType::Request, a, vec![]), later);
+        let out = outputs(&mut s);
+        let (r, ack) = only_reply(&out);
+        assert_eq!(
+            (ack.opts().msg_type(), r.dst, r.broadcast),
+            (Some(MessageType::Ack), a, false)
+        );
+        assert!(out.contains(&Output::Renew(a)));
+        // Renewed: still held past the first lease's end, gone after the second.
+        s.handle_timeout(t + Duration::from_secs(700));
+        assert_eq!(s.lease_of(&client()), Some(a));
+        assert_eq!(s.poll_timeout(), Some(later + Duration::from_secs(600)));
+        s.handle_timeout(later + Duration::from_secs(600));
+        assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
+        assert_eq!(s.lease_of(&client()), None);
+
+        // RELEASE frees both leases.
+        s.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            t,
+        );
+        s.allocated(&client(), a, t);
+        outputs(&mut s);
+        s.handle(&request(MessageType::Release, a, vec![]), t);
+        assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
+        assert_eq!(s.lease_of(&client()), None);
+    }
+
+    #[test]
+    fn a_rebooting_client_keeps_its_address_only_if_the_dht_says_so() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        let a = Ipv4Addr::new(10, 201, 3, 3);
+        let reboot = request(
+            MessageType::Request,
+            Ipv4Addr::UNSPECIFIED,
+            vec![DhcpOption::RequestedIpAddress(a)],
+        );
+        s.handle(&reboot, t);
+        assert_eq!(
+            outputs(&mut s),
+            vec![Output::Claim {
+                client: client(),
+                hint: Some(a),
+                exact: true
+            }]
+        );
+        s.refused(&client());
+        let (r, nak) = only_reply(&outputs(&mut s));
+        assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
+        assert!(r.broadcast && r.dst == Ipv4Addr::BROADCAST);
+        // Asked again and free this time: ACKed.
+        s.handle(&reboot, t);
+        outputs(&mut s);
+        s.allocated(&client(), a, t);
+        let (_, ack) = only_reply(&outputs(&mut s));
+        assert_eq!(
+            (ack.opts().msg_type(), ack.yiaddr()),
+            (Some(MessageType::Ack), a)
+        );
+        // Another address while holding this one: NAK.
+        let other = request(
+            MessageType::Request,
+            Ipv4Addr::UNSPECIFIED,
+            vec![DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 201, 3, 4))],
+        );
+        s.handle(&other, t);
+        let (_, nak) = only_reply(&outputs(&mut s));
+        assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
+        // Unusable requests are refused without a claim.
+        for bad in [
+            Ipv4Addr::new(192, 168, 0, 1),
+            SERVER,
+            Ipv4Addr::new(10, 201, 255, 255),
+        ] {
+            let mut s = Server::new(settings());
+            s.handle(
+                &request(
+                    MessageType::Request,
+                    Ipv4Addr::UNSPECIFIED,
+                    vec![DhcpOption::RequestedIpAddress(bad)],
+                ),
+                t,
+            );
+            let (_, nak) = only_reply(&outputs(&mut s));
+            assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak), "{bad}");
+        }
+    }
+
+    #[test]
+    fn another_servers_client_decline_and_inform() {
+        let t = Instant::now();
+        let mut s = Server::new(Settings {
+            router: Some(Ipv4Addr::new(10, 201, 0, 254)),
+            ..settings()
+        });
+        let a = Ipv4Addr::new(10, 201, 0, 30);
+        s.handle(
+            &request(
+                MessageType::Request,
+                Ipv4Addr::UNSPECIFIED,
+                vec![
+                    DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 201, 0, 99)),
+                    DhcpOption::RequestedIpAddress(a),
+                ],
+            ),
+            t,
+        );
+        assert!(
+            outputs(&mut s).is_empty(),
+            "the client chose another server"
+        );
+        assert_eq!(s.stats().ignored, 1);
+
+        // DECLINE: the address is in use on the LAN; it is released and never offered again.
+        s.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            t,
+        );
+        s.allocated(&client(), a, t);
+        outputs(&mut s);
+        s.handle(
+            &request(
+                MessageType::Decline,
+                Ipv4Addr::UNSPECIFIED,
+                vec![DhcpOption::RequestedIpAddress(a)],
+            ),
+            t,
+        );
+        assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
+        s.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            t,
+        );
+        outputs(&mut s);
+        s.allocated(&client(), a, t);
+        let out = outputs(&mut s);
+        assert!(out.contains(&Output::Release(a)));
+        assert_eq!(s.lease_of(&client()), None);
+
+        // INFORM: settings only, to the address the client has; the gateway is there.
+        let b = Ipv4Addr::new(10, 201, 0, 40);
+        s.handle(&request(MessageType::Inform, b, vec![]), t);
+        let (r, ack) = only_reply(&outputs(&mut s));
+        assert_eq!(
+            (ack.opts().msg_type(), ack.yiaddr(), r.dst),
+            (Some(MessageType::Ack), Ipv4Addr::UNSPECIFIED, b)
+        );
+        assert_eq!(ack.opts().get(OptionCode::AddressLeaseTime), None);
+        assert_eq!(
+            ack.opts().get(OptionCode::Router),
+            Some(&DhcpOption::Router(vec![Ipv4Addr::new(10, 201, 0, 254)]))
+        );
+    }
+
+    #[test]
+    fn broadcast_flag_and_bad_hostnames() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        let mut m = Message::decode(&mut Decoder::new(&request(
+            MessageType::Discover,
+            Ipv4Addr::UNSPECIFIED,
+            vec![DhcpOption::Hostname("bad name!".into())],
+        )))
+        .unwrap();
+        m.set_flags(Flags::default().set_broadcast());
+        let mut buf = Vec::new();
+        m.encode(&mut Encoder::new(&mut buf)).unwrap();
+        s.handle(&buf, t);
+        outputs(&mut s);
+        s.allocated(&client(), Ipv4Addr::new(10, 201, 0, 50), t);
+        let out = outputs(&mut s);
+        let (r, _) = only_reply(&out);
+        assert!(r.broadcast && r.dst == Ipv4Addr::BROADCAST);
+        assert!(
+            !out.iter().any(|o| matches!(o, Output::Hostname { .. })),
+            "not a DNS label"
+        );
+    }
+
+    /// Every prefix and single-byte corruption of real requests: a reply or a counted drop.
+    #[test]
+    fn hostile_requests_never_panic() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        let reqs = [
+            request(
+                MessageType::Discover,
+                Ipv4Addr::UNSPECIFIED,
+                vec![DhcpOption::Hostname("h".into())],
+            ),
+            request(
+                MessageType::Request,
+                Ipv4Addr::new(10, 201, 0, 9),
+                vec![DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 201, 0, 9))],
+            ),
+        ];
+        for r in &reqs {
+            for n in 0..=r.len() {
+                s.handle(&r[..n], t);
+            }
+            for i in 0..r.len() {
+                for v in [0u8, 1, 0x35, 0xff] {
+                    let mut c = r.clone();
+                    c[i] = v;
+                    s.handle(&c, t);
+                }
+            }
+        }
+        while let Some(o) = s.poll_output() {
+            if let Output::Claim { client, .. } = o {
+                s.allocated(&client, Ipv4Addr::new(10, 201, 1, 1), t);
+            }
+        }
+        assert!(s.stats().malformed > 0);
+        assert!(s.stats().replies > 0);
+    }
+}

@@ -1,0 +1,11 @@
+//! hyphae's virtual network services, as pure request -> reply logic: no sockets, no clock
+//! of its own, no DHT. The vswitch hands over the UDP payloads it intercepts; the agent
+//! backs the decisions that need the overlay (which address a client may have) and feeds
+//! the answers back. Every input, however malformed, gets a reply or a counted drop.
+//!
+//! - [`dhcp`]: a DHCPv4 server (RFC 2131) over `dhcproto`, whose leases are DHT claims
+//!   (IPOP Sec. 4.2, Diverter's synthesized DHCP).
+//!
+//! The virtual DNS server (issue 5, item 2) is to join it here.
+
+pub mod dhcp;
