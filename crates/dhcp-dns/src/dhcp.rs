@@ -178,7 +178,11 @@ impl Server {
 
     /// Handles one DHCP message (a UDP payload sent to port 67).
     pub fn handle(&mut self, payload: &[u8], now: Instant) {
-        let Ok(request) = Message::decode(&mut Decoder::new(payload)) else {
+        let Some(clean) = only_options_we_read(payload) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let Ok(request) = Message::decode(&mut Decoder::new(&clean)) else {
             self.stats.malformed += 1;
             return;
         };
@@ -445,6 +449,53 @@ impl Server {
             broadcast,
         }));
     }
+}
+
+/// The fixed BOOTP header and the magic cookie (RFC 2131): options start after them.
+const OPTIONS_AT: usize = 240;
+const MAGIC_COOKIE: [u8; 4] = [99, 130, 83, 99];
+
+/// The options this server reads, with the lengths it accepts (`None`: any, at least 1).
+const READ: [(u8, Option<usize>); 6] = [
+    (53, Some(1)), // message type
+    (50, Some(4)), // requested address
+    (54, Some(4)), // server identifier
+    (61, None),    // client identifier
+    (12, None),    // hostname
+    (55, None),    // parameter request list
+];
+
+/// The request with every option this server does not read removed, after checking that
+/// each option fits the packet; `None` if it does not. `dhcproto` 0.15 asserts the lengths
+/// of some options it decodes (rapid commit, client FQDN, bulk lease query...) with
+/// `debug_assert!` or subtracts without checking, which a hostile client could turn into a
+/// panic in a debug build; only what is read here reaches it (found by the fuzz target).
+fn only_options_we_read(payload: &[u8]) -> Option<Vec<u8>> {
+    if payload.len() < OPTIONS_AT || payload[OPTIONS_AT - 4..OPTIONS_AT] != MAGIC_COOKIE {
+        return None;
+    }
+    let mut out = payload[..OPTIONS_AT].to_vec();
+    let mut i = OPTIONS_AT;
+    while let Some(&code) = payload.get(i) {
+        match code {
+            0 => i += 1,
+            255 => break,
+            _ => {
+                let len = usize::from(*payload.get(i + 1)?);
+                let option = payload.get(i..i + 2 + len)?;
+                let wanted = READ.iter().find(|(c, _)| *c == code);
+                if let Some((_, want)) = wanted {
+                    if len == 0 || want.is_some_and(|w| w != len) {
+                        return None;
+                    }
+                    out.extend_from_slice(option);
+                }
+                i += 2 + len;
+            }
+        }
+    }
+    out.push(255);
+    Some(out)
 }
 
 /// Option 61 if present, else the hardware address.
@@ -813,6 +864,35 @@ mod tests {
             !out.iter().any(|o| matches!(o, Output::Hostname { .. })),
             "not a DNS label"
         );
+    }
+
+    /// The fuzz target's first find: a bulk-lease-query option of the wrong length made
+    /// `dhcproto` assert in debug builds. Options this server does not read never reach it.
+    #[test]
+    fn options_we_do_not_read_are_dropped_before_decoding() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        let mut r = request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]);
+        let end = r.iter().rposition(|&b| b == 255).unwrap();
+        // Rapid commit with a length, client FQDN too short, bulk lease query times of 1 byte.
+        r.splice(
+            end..end,
+            [
+                80, 1, 0, 81, 1, 0, 157, 1, 7, 158, 1, 7, 159, 1, 7, 160, 1, 7,
+            ],
+        );
+        s.handle(&r, t);
+        assert!(matches!(s.poll_output(), Some(Output::Claim { .. })));
+        // An option running past the end is malformed; so is a message type of 2 bytes.
+        let mut cut = request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]);
+        cut.truncate(cut.len() - 1);
+        cut.extend_from_slice(&[61, 200, 1]);
+        s.handle(&cut, t);
+        let mut long = request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]);
+        let at = long.iter().position(|&b| b == 53).unwrap();
+        long.splice(at..at + 3, [53, 2, 1, 1]);
+        s.handle(&long, t);
+        assert_eq!(s.stats().malformed, 2);
     }
 
     /// Every prefix and single-byte corruption of real requests: a reply or a counted drop.
