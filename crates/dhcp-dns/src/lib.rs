@@ -5,7 +5,8 @@
 //!
 //! - [`dhcp`]: a DHCPv4 server (RFC 2131) over `dhcproto`, whose leases are DHT claims
 //!   (IPOP Sec. 4.2, Diverter's synthesized DHCP).
-//!
-//! The virtual DNS server (issue 5, item 2) is to join it here.
+//! - [`dns`]: the namespace's DNS zone (hickory-proto messages): member names, IPOP's
+//!   automatic names, reverse names; forwarding or REFUSED outside it.
 
 pub mod dhcp;
+pub mod dns;
