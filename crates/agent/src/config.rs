@@ -159,6 +159,9 @@ pub enum Address {
     Auto,
     /// None of its own (router mode: the agent claims its LAN hosts' addresses).
     None,
+    /// Whatever the host's DHCP client obtains from the agent's virtual DHCP server (the
+    /// device comes up without an address).
+    Dhcp,
 }
 
 impl Address {
@@ -166,7 +169,7 @@ impl Address {
     pub fn fixed(self) -> Option<Ipv4Addr> {
         match self {
             Address::Static(a) => Some(a),
-            Address::Auto | Address::None => None,
+            Address::Auto | Address::None | Address::Dhcp => None,
         }
     }
 }
@@ -299,9 +302,10 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
             "mode \"router\" carries the addresses of its LAN hosts and has none of its own; remove `address`"
         ),
         (_, None | Some("auto")) => Address::Auto,
+        (_, Some("dhcp")) => Address::Dhcp,
         (_, Some(text)) => {
             let address: Ipv4Addr = text.parse().map_err(|_| {
-                anyhow::anyhow!("address '{text}' is not an IPv4 address or \"auto\"")
+                anyhow::anyhow!("address '{text}' is not an IPv4 address, \"auto\" or \"dhcp\"")
             })?;
             if let Some(subnet) = subnet {
                 check_in_subnet(address, subnet)?;
@@ -604,7 +608,9 @@ endpoint = "10.200.0.3"
         let short = GOOD.replace("address = \"10.201.0.1\"", "lease_secs = 1");
         assert!(err(&short, s).contains("lease_secs 1 is too short"));
         let word = GOOD.replace("\"10.201.0.1\"", "\"automatic\"");
-        assert!(err(&word, s).contains("not an IPv4 address or \"auto\""));
+        assert!(err(&word, s).contains("not an IPv4 address, \"auto\" or \"dhcp\""));
+        let dhcp = GOOD.replace("\"10.201.0.1\"", "\"dhcp\"");
+        assert_eq!(load(&dhcp, s).unwrap().namespaces[0].address, Address::Dhcp);
     }
 
     #[test]

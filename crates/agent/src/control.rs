@@ -141,6 +141,18 @@ pub struct NamespaceStatus {
     /// ARP probes sent on the LAN (router and hybrid modes).
     #[serde(default)]
     pub arp_probes: u64,
+    /// DHCP requests the switch handed to the virtual DHCP server.
+    #[serde(default)]
+    pub dhcp_requests: u64,
+    /// DHCP replies sent (OFFER, ACK, NAK).
+    #[serde(default)]
+    pub dhcp_replies: u64,
+    /// DHCP NAKs sent.
+    #[serde(default)]
+    pub dhcp_naks: u64,
+    /// DHCP requests that did not parse.
+    #[serde(default)]
+    pub dhcp_malformed: u64,
     /// TAP device.
     pub device: String,
     /// This member's virtual address; empty while an `auto` address is being claimed.

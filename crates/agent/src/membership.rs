@@ -16,6 +16,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use hyphae_dhcp_dns::dhcp::ClientId;
 use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo};
 use hyphae_overlay::swarm::{unix_now, ClaimResult, OpId, Overlay};
 use hyphae_overlay::{Identity, NamespaceKeys, PeerId};
@@ -114,6 +115,10 @@ pub enum ClaimOutcome {
     Conflict(String),
     /// Router mode: the set of LAN host addresses this member owns changed.
     Hosted,
+    /// A claim for a DHCP client ended: the address it won, or `None` (refused).
+    Dhcp(ClientId, Option<Ipv4Addr>),
+    /// A DHCP client's candidate address was taken: try another one for it.
+    DhcpRetry(ClientId),
 }
 
 /// A member that owns an address, as read from the DHT.
@@ -176,6 +181,10 @@ pub struct Membership {
     next_announce: Option<Instant>,
     next_group_read: Option<Instant>,
     group_read: Option<OpId>,
+    /// Claims for DHCP clients: the client, the address, and whether only it will do.
+    dhcp_claims: HashMap<OpId, (ClientId, Ipv4Addr, bool)>,
+    /// Addresses already found taken, per DHCP client.
+    dhcp_tried: HashMap<ClientId, HashSet<Ipv4Addr>>,
 }
 
 impl Membership {
@@ -218,7 +227,84 @@ impl Membership {
             next_announce: None,
             next_group_read: None,
             group_read: None,
+            dhcp_claims: HashMap::new(),
+            dhcp_tried: HashMap::new(),
         }
+    }
+
+    /// The address lease time (the namespace record's, once read).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Whether this member's own address comes from its host's DHCP client.
+    pub fn host_uses_dhcp(&self) -> bool {
+        self.wanted == Address::Dhcp
+    }
+
+    /// Claims an address in the DHT for a DHCP client: `hint` if usable, else (unless
+    /// `exact`) a free one. Returns the outcome at once when there is nothing to claim.
+    pub fn claim_for_dhcp(
+        &mut self,
+        client: ClientId,
+        hint: Option<Ipv4Addr>,
+        exact: bool,
+        overlay: &mut Overlay,
+        identity: &Identity,
+        endpoints: &[SocketAddr],
+    ) -> Option<ClaimOutcome> {
+        if self.left || !self.settings_known {
+            return Some(ClaimOutcome::Dhcp(client, None));
+        }
+        let tried = self.dhcp_tried.entry(client.clone()).or_default();
+        let hint = hint.filter(|a| !tried.contains(a));
+        let tried = tried.clone();
+        let candidate = match hint.filter(|a| self.usable(*a)) {
+            Some(a) => Some(a),
+            None if exact => None,
+            None if tried.len() >= MAX_AUTO_TRIES => None,
+            None => self.random_free(&tried),
+        };
+        let Some(address) = candidate else {
+            self.dhcp_tried.remove(&client);
+            return Some(ClaimOutcome::Dhcp(client, None));
+        };
+        let Some(envelope) = self.seal_address(address, identity, endpoints) else {
+            return Some(ClaimOutcome::Dhcp(client, None));
+        };
+        let op = overlay.claim(self.keys.address_key(address), envelope);
+        self.dhcp_claims.insert(op, (client, address, exact));
+        None
+    }
+
+    /// A DHCP lease ended (released, declined, expired): give its address back. Returns
+    /// whether this member's addresses changed.
+    pub fn release_dhcp(&mut self, address: Ipv4Addr, overlay: &mut Overlay) -> bool {
+        if self.host_uses_dhcp() && self.owned == Some(address) {
+            self.owned = None;
+            self.next_claim = None;
+            overlay.release(self.keys.address_key(address));
+            tracing::info!(namespace = %self.name, %address, "DHCP lease ended; address released");
+            return true;
+        }
+        self.remove_hosted(address, overlay)
+    }
+
+    /// A random usable address not in `tried`.
+    fn random_free(&self, tried: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+        let subnet = self.subnet?;
+        let hosts = (1u64 << (32 - subnet.prefix_len())).saturating_sub(2);
+        let base = u32::from(subnet.network());
+        for _ in 0..1000 {
+            let mut r = [0u8; 8];
+            getrandom::getrandom(&mut r).ok()?;
+            let index = 1 + u64::from_le_bytes(r) % hosts.max(1);
+            let a = Ipv4Addr::from(base + index as u32);
+            if self.usable(a) && !tried.contains(&a) {
+                return Some(a);
+            }
+        }
+        None
     }
 
     /// Every address this member holds a lease on: its own and (router mode) its LAN
@@ -383,7 +469,8 @@ impl Membership {
         if self.settings_op.is_none() && self.next_settings.is_none() {
             self.next_settings = Some(now);
         }
-        if self.claiming.is_none() && self.next_claim.is_none() && self.wanted != Address::None {
+        let claims_own = !matches!(self.wanted, Address::None | Address::Dhcp);
+        if self.claiming.is_none() && self.next_claim.is_none() && claims_own {
             self.next_claim = Some(now);
         }
         if self.next_announce.is_none() {
@@ -436,6 +523,11 @@ impl Membership {
             || self.claiming.is_some()
             || !self.next_claim.is_some_and(|t| now >= t)
         {
+            return;
+        }
+        if self.owned.is_none() && matches!(self.wanted, Address::None | Address::Dhcp) {
+            // Nothing of its own to claim: a DHCP address is claimed when the host asks.
+            self.next_claim = None;
             return;
         }
         let Some(candidate) = self.owned.or_else(|| self.candidate()) else {
@@ -597,6 +689,40 @@ impl Membership {
             }
             return Some(ClaimOutcome::Nothing);
         }
+        if let Some((client, address, exact)) = self.dhcp_claims.remove(&op) {
+            return Some(match result {
+                ClaimResult::Won => {
+                    self.dhcp_tried.remove(&client);
+                    if self.host_uses_dhcp() {
+                        self.owned = Some(address);
+                        self.confirmed = true;
+                        self.next_claim = Some(now + self.lease / 3);
+                    } else {
+                        self.hosted.insert(
+                            address,
+                            Hosted {
+                                owned: true,
+                                claiming: None,
+                                next: Some(now + self.lease / 3),
+                            },
+                        );
+                    }
+                    tracing::info!(namespace = %self.name, %address, "address claimed for a DHCP client");
+                    ClaimOutcome::Dhcp(client, Some(address))
+                }
+                ClaimResult::Lost(_) if exact => {
+                    self.dhcp_tried.remove(&client);
+                    ClaimOutcome::Dhcp(client, None)
+                }
+                ClaimResult::Lost(_) => {
+                    self.dhcp_tried
+                        .entry(client.clone())
+                        .or_default()
+                        .insert(address);
+                    ClaimOutcome::DhcpRetry(client)
+                }
+            });
+        }
         if let Some((&address, h)) = self.hosted.iter_mut().find(|(_, h)| h.claiming == Some(op)) {
             h.claiming = None;
             let was = h.owned;
@@ -659,7 +785,7 @@ impl Membership {
                             "another member took our address; retrying");
                         self.next_claim = Some(now + CLAIM_RETRY);
                     }
-                    Address::Auto | Address::None => {
+                    Address::Auto | Address::None | Address::Dhcp => {
                         tracing::debug!(namespace = %self.name, %address, %holder, "address taken");
                         if self.owned == Some(address) {
                             tracing::error!(namespace = %self.name, %address, %holder,

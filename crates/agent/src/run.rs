@@ -13,6 +13,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use hyphae_dhcp_dns::dhcp;
 use hyphae_overlay::node::TICK;
 use hyphae_overlay::{
     DropReason as NodeDrop, Event, Identity, NamespaceId, NamespaceKeys, Node, PeerDropReason,
@@ -216,6 +217,8 @@ struct Port {
     lan: Option<crate::lan::Lan>,
     /// Members of the namespace's broadcast group (read from the DHT).
     group: Vec<hyphae_overlay::PeerId>,
+    /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
+    dhcp: Option<dhcp::Server>,
     switch: Switch<PeerHandle>,
     tap_errors: u64,
     /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
@@ -244,6 +247,8 @@ struct Agent {
     reply: Vec<u8>,
     /// Frames whose address resolved, to go through their switch again.
     replays: Vec<(usize, Vec<Vec<u8>>)>,
+    /// Where DHCP replies are framed.
+    dhcp_buf: Vec<u8>,
 }
 
 /// A control request handed to the agent's loop.
@@ -293,6 +298,7 @@ impl Agent {
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
             replays: Vec::new(),
+            dhcp_buf: vec![0; 2048],
         };
         for ns in &config.namespaces {
             agent.add_namespace(ns, Instant::now())?;
@@ -368,7 +374,15 @@ impl Agent {
                 probe_timeout: ns.probe_timeout,
                 lan_timeout: ns.lan_timeout,
                 broadcast_rate: ns.broadcast_rate,
+                // A router's LAN hosts and a DHCP host get their addresses from the agent.
+                dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
+                service: ns
+                    .subnet
+                    .filter(|_| ns.mode == Mode::Router || ns.address == Address::Dhcp)
+                    .map(hyphae_vswitch::service_address)
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
             }),
+            dhcp: None,
             tap_errors: 0,
             live: false,
             error: None,
@@ -497,6 +511,10 @@ impl Agent {
             if self.taps[i].is_some() {
                 self.ports[i].switch.handle_timeout(now);
                 self.flush_switch(i, now);
+                if let Some(server) = self.ports[i].dhcp.as_mut() {
+                    server.handle_timeout(now);
+                    self.drain_dhcp(i, now);
+                }
             }
         }
         self.run_claims(now);
@@ -538,6 +556,126 @@ impl Agent {
             let endpoints = self.endpoints();
             self.members[i].handle_timeout(now, &mut self.overlay, &self.identity, &endpoints);
         }
+    }
+
+    /// A DHCP request from the host or the LAN, for the namespace's virtual DHCP server.
+    fn handle_dhcp(&mut self, i: usize, payload: &[u8], now: Instant) {
+        let m = &self.members[i];
+        let Some(subnet) = m.subnet else {
+            return; // The namespace record is not read yet: the client will retry.
+        };
+        let settings = dhcp::Settings {
+            subnet,
+            server: hyphae_vswitch::service_address(subnet),
+            // The virtual DNS server is not wired in yet: no DNS option.
+            dns: Vec::new(),
+            domain: m.name.clone(),
+            router: None,
+            lease: m.lease(),
+        };
+        self.ports[i]
+            .dhcp
+            .get_or_insert_with(|| dhcp::Server::new(settings))
+            .handle(payload, now);
+        self.drain_dhcp(i, now);
+    }
+
+    /// Carries out what the DHCP server of namespace `i` asks: replies to the device,
+    /// claims and releases in the DHT.
+    fn drain_dhcp(&mut self, i: usize, now: Instant) {
+        while let Some(output) = self.ports[i]
+            .dhcp
+            .as_mut()
+            .and_then(dhcp::Server::poll_output)
+        {
+            match output {
+                dhcp::Output::Reply(r) => {
+                    let port = &mut self.ports[i];
+                    let mac = if r.broadcast { [0xff; 6] } else { r.chaddr };
+                    let Some(len) =
+                        port.switch
+                            .emit_dhcp_reply(&mut self.dhcp_buf, mac, r.dst, &r.bytes)
+                    else {
+                        continue;
+                    };
+                    let sent = self.taps[i]
+                        .as_ref()
+                        .is_some_and(|t| t.get_ref().send(&self.dhcp_buf[..len]).is_ok());
+                    if !sent {
+                        port.tap_errors += 1;
+                    }
+                }
+                dhcp::Output::Claim {
+                    client,
+                    hint,
+                    exact,
+                } => self.claim_for_dhcp(i, client, hint, exact, now),
+                dhcp::Output::Release(address) => {
+                    if self.members[i].release_dhcp(address, &mut self.overlay) {
+                        if self.ports[i].switch.config().address == address {
+                            self.ports[i]
+                                .switch
+                                .set_address(std::net::Ipv4Addr::UNSPECIFIED);
+                        }
+                        self.node
+                            .set_addresses(now, NamespaceId(i), self.members[i].addresses());
+                    }
+                }
+                // The DHT lease is renewed while the client holds the address.
+                dhcp::Output::Renew(_) => {}
+                dhcp::Output::Hostname { address, name } => {
+                    tracing::info!(namespace = %self.ports[i].name, %address, %name, "DHCP client name");
+                }
+            }
+        }
+    }
+
+    fn claim_for_dhcp(
+        &mut self,
+        i: usize,
+        client: dhcp::ClientId,
+        hint: Option<std::net::Ipv4Addr>,
+        exact: bool,
+        now: Instant,
+    ) {
+        let endpoints = self.endpoints();
+        if let Some(ClaimOutcome::Dhcp(client, address)) = self.members[i].claim_for_dhcp(
+            client,
+            hint,
+            exact,
+            &mut self.overlay,
+            &self.identity,
+            &endpoints,
+        ) {
+            self.dhcp_claimed(i, client, address, now);
+        }
+    }
+
+    /// The DHT decided a DHCP client's claim: the reply that waited goes out.
+    fn dhcp_claimed(
+        &mut self,
+        i: usize,
+        client: dhcp::ClientId,
+        address: Option<std::net::Ipv4Addr>,
+        now: Instant,
+    ) {
+        let Some(server) = self.ports[i].dhcp.as_mut() else {
+            return;
+        };
+        match address {
+            Some(a) => {
+                server.allocated(&client, a, now);
+                if self.members[i].host_uses_dhcp() {
+                    // The host's DHCP client configures the device; the switch and the
+                    // tunnels learn the address now.
+                    self.ports[i].switch.set_address(a);
+                }
+                self.node
+                    .set_addresses(now, NamespaceId(i), self.members[i].addresses());
+            }
+            None => server.refused(&client),
+        }
+        self.drain_dhcp(i, now);
     }
 
     /// A broadcast or multicast packet from the host or the LAN: to every member of the
@@ -597,6 +735,12 @@ impl Agent {
                             self.members[i].addresses(),
                         ),
                         Some(ClaimOutcome::Won(address)) => self.set_address(i, address, now),
+                        Some(ClaimOutcome::Dhcp(client, address)) => {
+                            self.dhcp_claimed(i, client, address, now);
+                        }
+                        Some(ClaimOutcome::DhcpRetry(client)) => {
+                            self.claim_for_dhcp(i, client, None, false, now);
+                        }
                         Some(ClaimOutcome::Conflict(reason)) => self.conflict(i, reason),
                     }
                 }
@@ -826,6 +970,7 @@ impl Agent {
                 }
             }
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], now).await,
+            Action::Dhcp { payload } => self.handle_dhcp(i, &frame[payload], now),
             Action::ToTap { len } => {
                 let sent = self.taps[i]
                     .as_ref()
@@ -914,6 +1059,10 @@ impl Agent {
                     broadcasts_out: c.broadcasts_out,
                     broadcasts_in: c.broadcasts_in,
                     arp_probes: c.arp_probes,
+                    dhcp_requests: c.dhcp_requests,
+                    dhcp_replies: p.dhcp.as_ref().map_or(0, |d| d.stats().replies),
+                    dhcp_naks: p.dhcp.as_ref().map_or(0, |d| d.stats().naks),
+                    dhcp_malformed: p.dhcp.as_ref().map_or(0, |d| d.stats().malformed),
                     device: p.device.clone(),
                     address: if cfg.address.is_unspecified() {
                         String::new()

@@ -48,6 +48,8 @@ pub struct Testbed {
     adopted: Vec<u32>,
     /// LAN ports made so far (their names are numbered).
     ports: usize,
+    /// `/etc/netns/<namespace>` directories made for hosts, removed on drop.
+    etc_dirs: Vec<PathBuf>,
 }
 
 /// A host: a network namespace with `eth0` on the underlay.
@@ -93,6 +95,7 @@ impl Testbed {
             processes: Vec::new(),
             adopted: Vec::new(),
             ports: 0,
+            etc_dirs: Vec::new(),
         };
         run("ip", &["netns", "add", &switch_ns])?;
         bed.namespaces.push(switch_ns.clone());
@@ -366,17 +369,20 @@ impl Testbed {
     }
 
     /// Adds a plain LAN host (no hyphae, no underlay): `eth0` on `lan` with `address`
-    /// (`a.b.c.d/len`) and MTU `mtu`. Its `underlay` field holds the LAN address.
+    /// (`a.b.c.d/len`, or empty for none: a DHCP client's) and MTU `mtu`. Its `underlay`
+    /// field holds the LAN address (unspecified without one).
     pub fn add_lan_host(&mut self, lan: &str, name: &str, address: &str, mtu: u16) -> Result<Host> {
         let ns = format!("{}-{name}", self.prefix);
         run("ip", &["netns", "add", &ns])?;
         self.namespaces.push(ns.clone());
         self.plug(lan, &ns, "eth0", mtu)?;
-        self.ns(
-            &ns,
-            "ip",
-            &["addr", "add", address, "brd", "+", "dev", "eth0"],
-        )?;
+        if !address.is_empty() {
+            self.ns(
+                &ns,
+                "ip",
+                &["addr", "add", address, "brd", "+", "dev", "eth0"],
+            )?;
+        }
         self.ns(&ns, "ip", &["link", "set", "lo", "up"])?;
         let dir = self.dir.join(name);
         fs::create_dir_all(&dir)?;
@@ -384,9 +390,25 @@ impl Testbed {
         Ok(Host {
             ns,
             name: name.to_string(),
-            underlay: ip.parse().context("LAN host address")?,
+            underlay: if ip.is_empty() {
+                Ipv4Addr::UNSPECIFIED
+            } else {
+                ip.parse().context("LAN host address")?
+            },
             dir,
         })
+    }
+
+    /// Gives `host` its own `/etc/resolv.conf` (empty): `ip netns exec` mounts
+    /// `/etc/netns/<namespace>/resolv.conf` over the machine's, so DHCP clients that write
+    /// it (dhclient-script) never touch the machine's. Returns its path; removed on drop.
+    pub fn private_resolv_conf(&mut self, host: &Host) -> Result<PathBuf> {
+        let dir = PathBuf::from("/etc/netns").join(&host.ns);
+        fs::create_dir_all(&dir)?;
+        let path = dir.join("resolv.conf");
+        fs::write(&path, "")?;
+        self.etc_dirs.push(dir);
+        Ok(path)
     }
 
     /// Kills `pid` (started inside this testbed by a program it ran) when the testbed drops.
@@ -418,6 +440,9 @@ impl Drop for Testbed {
                 .args(["netns", "del", ns])
                 .stderr(Stdio::null())
                 .status();
+        }
+        for dir in &self.etc_dirs {
+            let _ = fs::remove_dir_all(dir);
         }
         if std::env::var_os("HYPHAE_KEEP_TESTBED").is_none() {
             let _ = fs::remove_dir_all(&self.dir);

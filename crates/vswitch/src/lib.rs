@@ -47,8 +47,9 @@ use ipnet::Ipv4Net;
 
 pub use wire::Mac;
 use wire::{
-    emit_arp_probe, emit_arp_reply, emit_ethernet_header, multicast_mac, ArpPacket, EthernetFrame,
-    Ipv4Packet, ARP_LEN, ARP_REQUEST, BROADCAST_MAC, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETH_HEADER_LEN,
+    emit_arp_probe, emit_arp_reply, emit_ethernet_header, emit_udp, multicast_mac, udp_parts,
+    ArpPacket, EthernetFrame, Ipv4Packet, ARP_LEN, ARP_REQUEST, BROADCAST_MAC, ETHERTYPE_ARP,
+    ETHERTYPE_IPV4, ETH_HEADER_LEN, IPPROTO_UDP,
 };
 
 /// Bytes the caller must leave in front of a packet handed to
@@ -71,6 +72,12 @@ pub const REMOTE_CONFIRMED: Duration = Duration::from_secs(60);
 
 /// The first two bytes of every agent's remote MAC (IPOP 4.1).
 pub const REMOTE_MAC_PREFIX: [u8; 2] = [0xfe, 0xfd];
+
+/// A namespace's service address, where its virtual DHCP (and DNS) server answers: the
+/// lowest usable address of the subnet, as in IPOP.
+pub fn service_address(subnet: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.network()).saturating_add(1))
+}
 
 /// How a namespace attaches to the host (IPOP Sec. 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +111,11 @@ pub struct Config {
     pub lan_timeout: Duration,
     /// Broadcast and multicast packets per second, each way (also the burst); 0 carries none.
     pub broadcast_rate: u32,
+    /// Intercept DHCP requests (UDP to port 67) for the agent's virtual DHCP server.
+    pub dhcp: bool,
+    /// The namespace's service address (the virtual DHCP server's identifier): ARP for it
+    /// is answered at once. Unspecified: none.
+    pub service: Ipv4Addr,
 }
 
 impl Config {
@@ -118,6 +130,8 @@ impl Config {
             probe_timeout: Duration::from_secs(2),
             lan_timeout: Duration::from_secs(30),
             broadcast_rate: 200,
+            dhcp: false,
+            service: Ipv4Addr::UNSPECIFIED,
         }
     }
 }
@@ -136,6 +150,11 @@ pub enum Action<P> {
     Broadcast {
         /// Where the IPv4 packet lies in the frame.
         packet: Range<usize>,
+    },
+    /// A DHCP request for the agent's virtual DHCP server.
+    Dhcp {
+        /// Where the DHCP message (the UDP payload) lies in the frame.
+        payload: Range<usize>,
     },
     /// Write the first `len` bytes of the buffer to the TAP (a reply built in the reply
     /// buffer, or a frame framed in place).
@@ -250,6 +269,8 @@ pub struct Counters {
     pub broadcasts_in: u64,
     /// ARP probes the switch sent on the LAN.
     pub arp_probes: u64,
+    /// DHCP requests handed to the virtual DHCP server.
+    pub dhcp_requests: u64,
     /// LAN hosts not learned because the table was full.
     pub lan_table_full: u64,
     drops: [u64; DropReason::ALL.len()],
@@ -411,6 +432,7 @@ impl<P: Copy + Eq> Switch<P> {
         match &action {
             Action::ToPeer { .. } => self.counters.to_peer += 1,
             Action::Broadcast { .. } => self.counters.broadcasts_out += 1,
+            Action::Dhcp { .. } => self.counters.dhcp_requests += 1,
             Action::ToTap { .. } => self.counters.arp_replies += 1,
             Action::Resolve { .. } => self.counters.resolves += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
@@ -428,6 +450,9 @@ impl<P: Copy + Eq> Switch<P> {
     /// Changes the namespace subnet (learned after start); routes outside it are dropped.
     pub fn set_subnet(&mut self, subnet: Ipv4Net) {
         self.config.subnet = subnet;
+        if self.config.dhcp {
+            self.config.service = service_address(subnet);
+        }
         self.routes.retain(|a, _| subnet.contains(a));
         self.resolved.retain(|a, _| subnet.contains(a));
         self.lan.retain(|a, _| subnet.contains(a));
@@ -612,6 +637,14 @@ impl<P: Copy + Eq> Switch<P> {
                     return Action::Drop(DropReason::OtherHost);
                 }
                 let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
+                if self.config.dhcp && ip.protocol() == IPPROTO_UDP {
+                    if let Some((_, 67, udp)) = udp_parts(ip.payload()) {
+                        let at = packet.end - ip.payload().len();
+                        return Action::Dhcp {
+                            payload: at + udp.start..at + udp.end,
+                        };
+                    }
+                }
                 let dst = ip.dst();
                 if self.is_broadcast(dst) {
                     if !self.config.subnet.contains(&ip.src()) {
@@ -659,13 +692,17 @@ impl<P: Copy + Eq> Switch<P> {
         if self.config.mode != Mode::Interface && self.lan.contains_key(&target) {
             return Action::Drop(DropReason::LanLocal);
         }
-        if self.route(target).is_none() {
+        let service = self.config.dhcp && target == self.config.service;
+        if service {
+            // The virtual server lives in every agent: no lookup, no LAN probe.
+        } else if self.route(target).is_none() {
             if target == self.config.subnet.network() || target == self.subnet_broadcast() {
                 return Action::Drop(DropReason::ArpIgnored);
             }
             return Action::Resolve { target };
         }
         if self.config.mode == Mode::Hybrid
+            && !service
             && !self.confirmed.get(&target).is_some_and(|&t| t > now)
         {
             if !self.probes.contains_key(&target) {
@@ -701,7 +738,10 @@ impl<P: Copy + Eq> Switch<P> {
         match &action {
             Action::ToTap { .. } => self.counters.to_tap += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
-            Action::ToPeer { .. } | Action::Resolve { .. } | Action::Broadcast { .. } => {}
+            Action::ToPeer { .. }
+            | Action::Resolve { .. }
+            | Action::Broadcast { .. }
+            | Action::Dhcp { .. } => {}
         }
         action
     }
@@ -749,6 +789,24 @@ impl<P: Copy + Eq> Switch<P> {
         };
         emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV4);
         Action::ToTap { len: frame_len }
+    }
+
+    /// Frames a reply of the virtual DHCP server (UDP 67 -> 68, from the service address
+    /// and the remote MAC) into `buf`; returns its length, or `None` if it does not fit.
+    pub fn emit_dhcp_reply(
+        &self,
+        buf: &mut [u8],
+        dst_mac: Mac,
+        dst: Ipv4Addr,
+        payload: &[u8],
+    ) -> Option<usize> {
+        emit_udp(
+            buf,
+            (dst_mac, self.config.remote_mac),
+            (self.config.service, dst),
+            (67, 68),
+            payload,
+        )
     }
 
     /// A destination every member hears: an IPv4 broadcast (limited or the subnet's) or a
@@ -1265,6 +1323,57 @@ mod tests {
         assert_eq!(action, Action::Drop(DropReason::BroadcastRateLimited));
     }
 
+    #[test]
+    fn dhcp_is_intercepted_and_the_service_address_answered() {
+        let mut sw = with_mode(Mode::Hybrid);
+        sw.config.dhcp = true;
+        sw.config.service = Ipv4Addr::new(10, 201, 0, 1);
+        sw.config.address = Ipv4Addr::UNSPECIFIED; // a DHCP host before its lease
+                                                   // A DISCOVER as the kernel sends it: 0.0.0.0:68 -> 255.255.255.255:67.
+        let mut f = BROADCAST_MAC.to_vec();
+        f.extend_from_slice(&DEVICE_MAC);
+        f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 33, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+        f.extend_from_slice(&[0, 0, 0, 0, 255, 255, 255, 255]);
+        f.extend_from_slice(&[0, 68, 0, 67, 0, 13, 0, 0, b'd', b'h', b'c', b'p', b'!']);
+        let mut reply = [0u8; 64];
+        let Action::Dhcp { payload } = sw.handle_tap_frame(&f, t0(), &mut reply) else {
+            panic!("not intercepted")
+        };
+        assert_eq!(&f[payload], b"dhcp!");
+        assert_eq!(sw.counters().dhcp_requests, 1);
+        // Not from this host's device (hybrid): not ours to answer.
+        f[6..12].copy_from_slice(&LAN_B);
+        assert_eq!(
+            sw.handle_tap_frame(&f, t0(), &mut reply),
+            Action::Drop(DropReason::OtherHost)
+        );
+        // ARP for the service address: answered at once, no LAN probe.
+        let ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
+        assert!(matches!(
+            sw.handle_tap_frame(&ask, t0(), &mut reply),
+            Action::ToTap { .. }
+        ));
+        // The reply leaves from the service address and the remote MAC.
+        let mut buf = [0u8; 128];
+        let len = sw
+            .emit_dhcp_reply(&mut buf, DEVICE_MAC, Ipv4Addr::new(10, 201, 0, 9), b"offer")
+            .unwrap();
+        let eth = EthernetFrame::new_checked(&buf[..len]).unwrap();
+        assert_eq!((eth.dst(), eth.src()), (DEVICE_MAC, REMOTE_MAC));
+        let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+        assert_eq!(
+            (ip.src(), ip.dst()),
+            (Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 9))
+        );
+        // With DHCP off, the same request is just a broadcast.
+        let mut off = with_mode(Mode::Interface);
+        f[6..12].copy_from_slice(&DEVICE_MAC);
+        assert!(matches!(
+            off.handle_tap_frame(&f, t0(), &mut reply),
+            Action::Drop(_) | Action::Broadcast { .. }
+        ));
+    }
+
     /// Every prefix and every single-byte corruption of real frames is handled without panic.
     #[test]
     fn hostile_frames_never_panic() {
@@ -1275,6 +1384,8 @@ mod tests {
 
     fn hostile_frames_in(mode: Mode) {
         let mut sw = with_mode(mode);
+        sw.config.dhcp = true;
+        sw.config.service = Ipv4Addr::new(10, 201, 0, 1);
         let mut reply = [0u8; 64];
         let mut buf = [0u8; 256];
         for frame in [

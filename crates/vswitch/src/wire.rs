@@ -251,6 +251,95 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 }
 
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// UDP header length.
+pub const UDP_HEADER_LEN: usize = 8;
+
+/// The ports and payload of a UDP datagram (`ip_payload`: the bytes after the IPv4 header),
+/// if its header and declared length fit.
+pub fn udp_parts(ip_payload: &[u8]) -> Option<(u16, u16, std::ops::Range<usize>)> {
+    if ip_payload.len() < UDP_HEADER_LEN {
+        return None;
+    }
+    let len = usize::from(be16(ip_payload, 4));
+    if len < UDP_HEADER_LEN || len > ip_payload.len() {
+        return None;
+    }
+    Some((
+        be16(ip_payload, 0),
+        be16(ip_payload, 2),
+        UDP_HEADER_LEN..len,
+    ))
+}
+
+/// Writes an Ethernet frame carrying an IPv4 UDP datagram with `payload` into `buf` and
+/// returns its length, or `None` if `buf` is too small. The UDP checksum is left 0 (allowed
+/// over IPv4); the IPv4 header checksum is computed.
+pub fn emit_udp(
+    buf: &mut [u8],
+    (dst_mac, src_mac): (Mac, Mac),
+    (src, dst): (Ipv4Addr, Ipv4Addr),
+    (src_port, dst_port): (u16, u16),
+    payload: &[u8],
+) -> Option<usize> {
+    let udp_len = UDP_HEADER_LEN + payload.len();
+    let ip_len = IPV4_MIN_HEADER_LEN + udp_len;
+    let total = ETH_HEADER_LEN + ip_len;
+    if buf.len() < total || ip_len > usize::from(u16::MAX) {
+        return None;
+    }
+    emit_ethernet_header(buf, dst_mac, src_mac, ETHERTYPE_IPV4);
+    let ip = &mut buf[ETH_HEADER_LEN..ETH_HEADER_LEN + IPV4_MIN_HEADER_LEN];
+    ip.copy_from_slice(&[
+        0x45,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0x40,
+        0,
+        64,
+        IPPROTO_UDP,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]);
+    ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let checksum = ipv4_header_checksum(ip);
+    ip[10..12].copy_from_slice(&checksum.to_be_bytes());
+    let udp = &mut buf[ETH_HEADER_LEN + IPV4_MIN_HEADER_LEN..total];
+    udp[0..2].copy_from_slice(&src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
+    udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    udp[6..8].copy_from_slice(&[0, 0]);
+    udp[UDP_HEADER_LEN..].copy_from_slice(payload);
+    Some(total)
+}
+
+/// RFC 1071 checksum of an IPv4 header whose checksum field is zero.
+fn ipv4_header_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = header
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 impl<T: AsRef<[u8]>> std::fmt::Debug for Ipv4Packet<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ipv4Packet")
@@ -264,6 +353,48 @@ impl<T: AsRef<[u8]>> std::fmt::Debug for Ipv4Packet<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn udp_round_trip_with_a_valid_header_checksum() {
+        let mut buf = [0u8; 128];
+        let len = emit_udp(
+            &mut buf,
+            ([0xff; 6], [0xfe, 0xfd, 1, 2, 3, 4]),
+            (Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::BROADCAST),
+            (67, 68),
+            b"hello",
+        )
+        .unwrap();
+        assert_eq!(len, 14 + 20 + 8 + 5);
+        let ip = Ipv4Packet::new_checked(&buf[14..len]).unwrap();
+        assert_eq!(
+            (ip.src(), ip.dst(), ip.protocol()),
+            (
+                Ipv4Addr::new(10, 201, 0, 1),
+                Ipv4Addr::BROADCAST,
+                IPPROTO_UDP
+            )
+        );
+        // A header with its checksum in place sums to 0xffff.
+        assert_eq!(ipv4_header_checksum(&buf[14..34]), 0);
+        let (sp, dp, range) = udp_parts(ip.payload()).unwrap();
+        assert_eq!((sp, dp, &ip.payload()[range]), (67, 68, &b"hello"[..]));
+        assert_eq!(
+            emit_udp(
+                &mut buf[..40],
+                ([0; 6], [0; 6]),
+                (Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED),
+                (1, 2),
+                b"x"
+            ),
+            None
+        );
+        assert_eq!(
+            udp_parts(&[0, 67, 0, 68, 0, 200, 0, 0]),
+            None,
+            "length past the end"
+        );
+    }
 
     use crate::captured::ARP_REQUEST as ARP_REQUEST_FRAME;
 
