@@ -653,9 +653,17 @@ impl Membership {
         None
     }
 
+    /// Whether `auto`, a DHCP client or a LAN host may take `a`: in the subnet, not its
+    /// network, broadcast or service address (where the virtual DHCP/DNS server answers),
+    /// and not reserved. A static address is the operator's choice and only checked
+    /// against the subnet and the reserved list.
     fn usable(&self, a: Ipv4Addr) -> bool {
         self.subnet.is_some_and(|s| {
-            s.contains(&a) && a != s.network() && a != s.broadcast() && !self.reserved.contains(&a)
+            s.contains(&a)
+                && a != s.network()
+                && a != s.broadcast()
+                && a != hyphae_vswitch::service_address(s)
+                && !self.reserved.contains(&a)
         })
     }
 
