@@ -638,19 +638,7 @@ impl Membership {
         if previous.is_some() {
             return previous;
         }
-        let subnet = self.subnet?;
-        let hosts = (1u64 << (32 - subnet.prefix_len())).saturating_sub(2);
-        let base = u32::from(subnet.network());
-        for _ in 0..1000 {
-            let mut r = [0u8; 8];
-            getrandom::getrandom(&mut r).ok()?;
-            let index = 1 + u64::from_le_bytes(r) % hosts.max(1);
-            let a = Ipv4Addr::from(base + index as u32);
-            if self.usable(a) && !self.tried.contains(&a) {
-                return Some(a);
-            }
-        }
-        None
+        self.random_free(&self.tried)
     }
 
     /// Whether `auto`, a DHCP client or a LAN host may take `a`: in the subnet, not its
