@@ -19,7 +19,6 @@ fuzz_target!(|data: &[u8]| {
         );
         config.mode = mode;
         config.dhcp = true;
-        config.service = Ipv4Addr::new(10, 201, 0, 1);
         let mut sw: Switch<u8> = Switch::new(config);
         sw.set_peer_addresses(1, &[Ipv4Addr::new(10, 201, 0, 2)]);
         let mut reply = [0u8; 64];

@@ -376,11 +376,6 @@ impl Agent {
                 broadcast_rate: ns.broadcast_rate,
                 // A router's LAN hosts and a DHCP host get their addresses from the agent.
                 dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
-                service: ns
-                    .subnet
-                    .filter(|_| ns.mode == Mode::Router || ns.address == Address::Dhcp)
-                    .map(hyphae_vswitch::service_address)
-                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
             }),
             dhcp: None,
             tap_errors: 0,

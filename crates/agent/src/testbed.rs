@@ -322,6 +322,16 @@ impl Testbed {
         Ok(None)
     }
 
+    /// `ping -c count -i 0.2 -W 1 to` from `from`, whatever its outcome.
+    pub fn ping(&self, from: &Host, to: Ipv4Addr, count: u32) -> Result<Output> {
+        let (count, to) = (count.to_string(), to.to_string());
+        self.ns_output(
+            &from.ns,
+            "ping",
+            &["-c", &count, "-i", "0.2", "-W", "1", &to],
+        )
+    }
+
     /// Pings `to` from `from` until one reply arrives or `within` passes.
     pub fn wait_for_ping(&self, from: &Host, to: Ipv4Addr, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
@@ -448,6 +458,18 @@ impl Drop for Testbed {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// End-to-end tests create network namespaces and TAP devices: they fail (never skip)
+/// without root, and say why.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "end-to-end tests create network namespaces and TAP devices: run them as root \
+         (scripts/test does; CI runs as root)"
+    );
 }
 
 /// The `[agent]` section of a testbed host's `hyphae.toml`.

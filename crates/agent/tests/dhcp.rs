@@ -8,19 +8,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hyphae_agent::control::NamespaceStatus;
-use hyphae_agent::testbed::{agent_section, AgentHandle, Host, Testbed};
+use hyphae_agent::testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "end-to-end tests need root (scripts/test and CI run as root)"
-    );
-}
 
 fn namespace(secret: &Path, bootstrap: Option<Ipv4Addr>, lines: &str) -> String {
     let mut c = format!(

@@ -10,20 +10,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyphae_agent::control::Status;
-use hyphae_agent::testbed::{join_config, AgentHandle, Host, Testbed};
+use hyphae_agent::testbed::{join_config, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.202.0.0/24";
 const LEASE_SECS: u64 = 8;
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "end-to-end tests need root (scripts/test and CI run as root)"
-    );
-}
 
 fn underlay(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, 0, i)

@@ -10,20 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyphae_agent::control::Status;
-use hyphae_agent::testbed::{agent_config, AgentHandle, Host, Testbed};
+use hyphae_agent::testbed::{agent_config, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "end-to-end tests create network namespaces and TAP devices: run them as root \
-         (scripts/test does; CI runs as root)"
-    );
-}
 
 fn underlay(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, 0, i)
@@ -72,22 +62,7 @@ impl Net {
     }
 
     fn ping_ok(&self, from: usize, to: Ipv4Addr, count: u32) -> bool {
-        let out = self
-            .bed
-            .ns_output(
-                &self.hosts[from].ns,
-                "ping",
-                &[
-                    "-c",
-                    &count.to_string(),
-                    "-i",
-                    "0.2",
-                    "-W",
-                    "1",
-                    &to.to_string(),
-                ],
-            )
-            .expect("ping");
+        let out = self.bed.ping(&self.hosts[from], to, count).expect("ping");
         out.status.success()
     }
 

@@ -11,21 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyphae_agent::control::{NamespaceStatus, Status};
-use hyphae_agent::testbed::{agent_section, AgentHandle, Host, Testbed};
+use hyphae_agent::testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
 /// LAN hosts in router and hybrid modes use the namespace MTU (see README).
 const MTU: u16 = 1420;
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "end-to-end tests need root (scripts/test and CI run as root)"
-    );
-}
 
 fn vip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 201, 0, last)
@@ -136,21 +127,7 @@ fn build(label: &str) -> Site {
 }
 
 fn ping(bed: &Testbed, from: &Host, to: Ipv4Addr, count: u32) -> bool {
-    let out = bed
-        .ns_output(
-            &from.ns,
-            "ping",
-            &[
-                "-c",
-                &count.to_string(),
-                "-i",
-                "0.2",
-                "-W",
-                "1",
-                &to.to_string(),
-            ],
-        )
-        .expect("ping");
+    let out = bed.ping(from, to, count).expect("ping");
     String::from_utf8_lossy(&out.stdout).contains(&format!("{count} received"))
 }
 

@@ -345,7 +345,6 @@ pub struct RecordStore {
     leases: Replica<RecordKey, OwnerKey>,
     values: HashMap<RecordKey, Envelope>,
     groups: HashMap<RecordKey, HashMap<OwnerKey, (Envelope, Instant)>>,
-    group_entries: usize,
     stats: StoreStats,
 }
 
@@ -430,14 +429,16 @@ impl RecordStore {
                 let until = now + Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
                 let group = self.groups.entry(key).or_default();
                 group.retain(|_, (_, t)| *t > now);
-                let new = !group.contains_key(&owner);
-                if new
-                    && (group.len() >= MAX_GROUP_MEMBERS || self.group_entries >= MAX_GROUP_ENTRIES)
+                let full = group.len() >= MAX_GROUP_MEMBERS;
+                if !group.contains_key(&owner)
+                    && (full || self.group_entries() >= MAX_GROUP_ENTRIES)
                 {
                     return RecordResponse::Full;
                 }
-                group.insert(owner, (envelope, until));
-                self.group_entries = self.groups.values().map(HashMap::len).sum();
+                self.groups
+                    .entry(key)
+                    .or_default()
+                    .insert(owner, (envelope, until));
                 RecordResponse::Joined
             }
             RecordRequest::Members { key } => {
@@ -469,7 +470,11 @@ impl RecordStore {
             group.retain(|_, (_, t)| *t > now);
         }
         self.groups.retain(|_, g| !g.is_empty());
-        self.group_entries = self.groups.values().map(HashMap::len).sum();
+    }
+
+    /// Group entries kept, over all groups.
+    pub fn group_entries(&self) -> usize {
+        self.groups.values().map(HashMap::len).sum()
     }
 
     /// Counters.
@@ -617,7 +622,7 @@ mod tests {
         let later = t + Duration::from_secs(31);
         assert_eq!(members(&mut store, later).len(), 1);
         store.expire(later);
-        assert_eq!(store.group_entries, 1);
+        assert_eq!(store.group_entries(), 1);
     }
 
     #[test]

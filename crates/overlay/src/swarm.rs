@@ -821,82 +821,66 @@ impl Overlay {
         peers.dedup();
         peers.truncate(REPLICAS);
         let key = op.key;
-        let (stage, requests): (Stage, Vec<(NetworkId, RecordRequest)>) = match &op.kind {
+        let (asked, deadline, k) = (peers.len(), now + REQUEST_TIMEOUT, key.to_vec());
+        // Every replica gets the same request (a claim's set is the one its lease picked).
+        let (stage, request) = match &op.kind {
             Kind::Claim(envelope) => {
                 let Some(owner) = envelope.owner() else {
                     self.ops.remove(&id);
                     return;
                 };
-                let (claim, outgoing) =
-                    Claim::new(now, key, owner, Duration::ZERO, peers, REQUEST_TIMEOUT);
-                let requests = outgoing
-                    .into_iter()
-                    .map(|(r, _)| {
-                        (
-                            r,
-                            RecordRequest::Claim {
-                                key: key.to_vec(),
-                                envelope: envelope.clone(),
-                            },
-                        )
-                    })
-                    .collect();
-                (Stage::Claim(claim), requests)
+                let (claim, _) = Claim::new(
+                    now,
+                    key,
+                    owner,
+                    Duration::ZERO,
+                    peers.clone(),
+                    REQUEST_TIMEOUT,
+                );
+                let request = RecordRequest::Claim {
+                    key: k,
+                    envelope: envelope.clone(),
+                };
+                (Stage::Claim(claim), request)
             }
             Kind::Get => (
                 Stage::Get {
-                    asked: peers.len(),
+                    asked,
                     answers: Vec::new(),
-                    deadline: now + REQUEST_TIMEOUT,
+                    deadline,
                 },
-                peers
-                    .iter()
-                    .map(|p| (*p, RecordRequest::Get { key: key.to_vec() }))
-                    .collect(),
+                RecordRequest::Get { key: k },
             ),
             Kind::Release => (
                 Stage::Release {
-                    asked: peers.len(),
+                    asked,
                     answered: 0,
-                    deadline: now + REQUEST_TIMEOUT,
+                    deadline,
                 },
-                peers
-                    .iter()
-                    .map(|p| (*p, RecordRequest::Release { key: key.to_vec() }))
-                    .collect(),
+                RecordRequest::Release { key: k },
             ),
             Kind::Join(envelope) => (
                 Stage::Release {
-                    asked: peers.len(),
+                    asked,
                     answered: 0,
-                    deadline: now + REQUEST_TIMEOUT,
+                    deadline,
                 },
-                peers
-                    .iter()
-                    .map(|p| {
-                        (
-                            *p,
-                            RecordRequest::Join {
-                                key: key.to_vec(),
-                                envelope: envelope.clone(),
-                            },
-                        )
-                    })
-                    .collect(),
+                RecordRequest::Join {
+                    key: k,
+                    envelope: envelope.clone(),
+                },
             ),
             Kind::Members => (
                 Stage::Members {
-                    asked: peers.len(),
+                    asked,
                     answered: 0,
                     envelopes: Vec::new(),
-                    deadline: now + REQUEST_TIMEOUT,
+                    deadline,
                 },
-                peers
-                    .iter()
-                    .map(|p| (*p, RecordRequest::Members { key: key.to_vec() }))
-                    .collect(),
+                RecordRequest::Members { key: k },
             ),
         };
+        let requests = peers.into_iter().map(|p| (p, request.clone()));
         if let Some(op) = self.ops.get_mut(&id) {
             op.stage = stage;
         }

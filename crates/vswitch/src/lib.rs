@@ -111,11 +111,9 @@ pub struct Config {
     pub lan_timeout: Duration,
     /// Broadcast and multicast packets per second, each way (also the burst); 0 carries none.
     pub broadcast_rate: u32,
-    /// Intercept DHCP requests (UDP to port 67) for the agent's virtual DHCP server.
+    /// Intercept DHCP requests (UDP to port 67) for the agent's virtual DHCP server, and
+    /// answer ARP for the subnet's [`service_address`] (its identifier) at once.
     pub dhcp: bool,
-    /// The namespace's service address (the virtual DHCP server's identifier): ARP for it
-    /// is answered at once. Unspecified: none.
-    pub service: Ipv4Addr,
 }
 
 impl Config {
@@ -131,7 +129,6 @@ impl Config {
             lan_timeout: Duration::from_secs(30),
             broadcast_rate: 200,
             dhcp: false,
-            service: Ipv4Addr::UNSPECIFIED,
         }
     }
 }
@@ -450,9 +447,6 @@ impl<P: Copy + Eq> Switch<P> {
     /// Changes the namespace subnet (learned after start); routes outside it are dropped.
     pub fn set_subnet(&mut self, subnet: Ipv4Net) {
         self.config.subnet = subnet;
-        if self.config.dhcp {
-            self.config.service = service_address(subnet);
-        }
         self.routes.retain(|a, _| subnet.contains(a));
         self.resolved.retain(|a, _| subnet.contains(a));
         self.lan.retain(|a, _| subnet.contains(a));
@@ -692,7 +686,7 @@ impl<P: Copy + Eq> Switch<P> {
         if self.config.mode != Mode::Interface && self.lan.contains_key(&target) {
             return Action::Drop(DropReason::LanLocal);
         }
-        let service = self.config.dhcp && target == self.config.service;
+        let service = self.config.dhcp && target == service_address(self.config.subnet);
         if service {
             // The virtual server lives in every agent: no lookup, no LAN probe.
         } else if self.route(target).is_none() {
@@ -803,7 +797,7 @@ impl<P: Copy + Eq> Switch<P> {
         emit_udp(
             buf,
             (dst_mac, self.config.remote_mac),
-            (self.config.service, dst),
+            (service_address(self.config.subnet), dst),
             (67, 68),
             payload,
         )
@@ -1327,7 +1321,6 @@ mod tests {
     fn dhcp_is_intercepted_and_the_service_address_answered() {
         let mut sw = with_mode(Mode::Hybrid);
         sw.config.dhcp = true;
-        sw.config.service = Ipv4Addr::new(10, 201, 0, 1);
         sw.config.address = Ipv4Addr::UNSPECIFIED; // a DHCP host before its lease
                                                    // A DISCOVER as the kernel sends it: 0.0.0.0:68 -> 255.255.255.255:67.
         let mut f = BROADCAST_MAC.to_vec();
@@ -1385,7 +1378,6 @@ mod tests {
     fn hostile_frames_in(mode: Mode) {
         let mut sw = with_mode(mode);
         sw.config.dhcp = true;
-        sw.config.service = Ipv4Addr::new(10, 201, 0, 1);
         let mut reply = [0u8; 64];
         let mut buf = [0u8; 256];
         for frame in [
