@@ -1,23 +1,30 @@
-//! Any bytes sent to the virtual DNS server: an answer, an error code or a counted drop,
-//! never a panic.
+//! Any bytes sent to the virtual DNS server: an answer, an error code, a lookup or a
+//! counted drop, never a panic; and a query handed back after its lookups ends.
 #![no_main]
 
 use std::net::Ipv4Addr;
 
-use hyphae_dhcp_dns::dns::{Names, Server, Settings};
+use hyphae_dhcp_dns::dns::{Answer, Holder, Missing, Names, Server, Settings};
 use libfuzzer_sys::fuzz_target;
 
-struct One;
+/// Knows "web" at 10.201.0.7 and odd addresses as owned, once looked up (`known`).
+struct One {
+    known: bool,
+}
 
 impl Names for One {
-    fn address_of(&self, host: &str) -> Option<Ipv4Addr> {
-        (host == "web").then_some(Ipv4Addr::new(10, 201, 0, 7))
+    fn address_of(&self, host: &str) -> Result<Option<Ipv4Addr>, Missing> {
+        if !self.known {
+            return Err(Missing::Name(host.to_string()));
+        }
+        Ok((host == "web").then_some(Ipv4Addr::new(10, 201, 0, 7)))
     }
-    fn name_of(&self, address: Ipv4Addr) -> Option<String> {
-        (address == Ipv4Addr::new(10, 201, 0, 7)).then(|| "web".to_string())
-    }
-    fn is_owned(&self, address: Ipv4Addr) -> bool {
-        address.octets()[3] % 2 == 1
+    fn holder_of(&self, address: Ipv4Addr) -> Result<Option<Holder>, Missing> {
+        if !self.known {
+            return Err(Missing::Address(address));
+        }
+        let name = (address == Ipv4Addr::new(10, 201, 0, 7)).then(|| "web".to_string());
+        Ok((address.octets()[3] % 2 == 1).then_some(Holder { name }))
     }
 }
 
@@ -28,6 +35,11 @@ fuzz_target!(|data: &[u8]| {
             subnet: "10.201.0.0/16".parse().expect("subnet"),
             forward,
         });
-        let _ = s.handle(data, &One);
+        if let Answer::Lookup(_) = s.handle(data, &One { known: false }) {
+            assert!(!matches!(
+                s.handle(data, &One { known: true }),
+                Answer::Lookup(_)
+            ));
+        }
     }
 });

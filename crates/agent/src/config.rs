@@ -89,6 +89,12 @@ struct NamespaceSection {
     lease_secs: u64,
     #[serde(default)]
     reserved: Vec<String>,
+    #[serde(default)]
+    hostname: Option<String>,
+    #[serde(default)]
+    resolvers: Vec<String>,
+    #[serde(default)]
+    gateway: Option<String>,
     #[serde(default, rename = "peer")]
     peers: Vec<PeerSection>,
 }
@@ -210,6 +216,12 @@ pub struct Namespace {
     pub lease: Duration,
     /// Addresses no member may claim (the namespace record's win once read).
     pub reserved: Vec<Ipv4Addr>,
+    /// This member's name in the namespace zone (`HOST.NAMESPACE`), a lowercase label.
+    pub hostname: Option<String>,
+    /// Where the virtual DNS server forwards names outside the zone; none: REFUSED.
+    pub resolvers: Vec<SocketAddr>,
+    /// The default gateway the virtual DHCP server hands out (option 3), if any.
+    pub gateway: Option<Ipv4Addr>,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -398,6 +410,31 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
     if !(576..=65000).contains(&mtu) {
         bail!("mtu {mtu} is outside 576..=65000");
     }
+    let hostname = match (&s.hostname, mode) {
+        (None, _) => None,
+        (Some(_), Mode::Router) => bail!(
+            "mode \"router\" has no address of its own to name; its LAN hosts name themselves (DHCP option 12)"
+        ),
+        (Some(h), _) => Some(hyphae_dhcp_dns::dns::host_name(h).map_err(|e| anyhow::anyhow!("hostname {e}"))?),
+    };
+    let resolvers = s
+        .resolvers
+        .iter()
+        .map(|r| parse_resolver(r))
+        .collect::<Result<Vec<_>>>()?;
+    let gateway = s
+        .gateway
+        .as_deref()
+        .map(|g| {
+            let a: Ipv4Addr = g
+                .parse()
+                .map_err(|_| anyhow::anyhow!("gateway '{g}' is not an IPv4 address"))?;
+            if let Some(subnet) = subnet {
+                check_in_subnet(a, subnet).context("gateway")?;
+            }
+            Ok::<_, anyhow::Error>(a)
+        })
+        .transpose()?;
     let secret = read_secret(&s.secret_file)?;
     let peers = s
         .peers
@@ -421,6 +458,20 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         bootstrap,
         lease: Duration::from_secs(s.lease_secs),
         reserved,
+        hostname,
+        resolvers,
+        gateway,
+    })
+}
+
+/// A DNS resolver: an IP address, with port 53 unless one is given (`192.0.2.53`,
+/// `192.0.2.53:5353`, `2001:db8::53`, `[2001:db8::53]:53`).
+pub fn parse_resolver(text: &str) -> Result<SocketAddr> {
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, 53));
+    }
+    text.parse::<SocketAddr>().map_err(|_| {
+        anyhow::anyhow!("resolver '{text}' is not an IP address (with an optional :port)")
     })
 }
 
@@ -448,6 +499,11 @@ pub fn check_in_subnet(address: Ipv4Addr, subnet: Ipv4Net) -> Result<()> {
     }
     if address == subnet.network() || address == subnet.broadcast() {
         bail!("address {address} is the network or broadcast address of {subnet}");
+    }
+    if address == hyphae_vswitch::service_address(subnet) {
+        bail!(
+            "address {address} is the namespace's service address (its virtual DHCP and DNS server answer there); choose another"
+        );
     }
     Ok(())
 }
@@ -547,7 +603,7 @@ listen = "127.0.0.1:7400"
 name = "lab"
 secret_file = "SECRET"
 subnet = "10.201.0.0/16"
-address = "10.201.0.1"
+address = "10.201.0.5"
 [[namespace.peer]]
 endpoint = "10.200.0.2:7400"
 [[namespace.peer]]
@@ -571,7 +627,7 @@ endpoint = "10.200.0.3"
             c.agent.control_socket,
             PathBuf::from("/run/hyphae/hyphae.sock")
         );
-        assert_eq!(ns.address, Address::Static(Ipv4Addr::new(10, 201, 0, 1)));
+        assert_eq!(ns.address, Address::Static(Ipv4Addr::new(10, 201, 0, 5)));
         assert!(ns.bootstrap.is_empty());
         assert_eq!(ns.lease, Duration::from_secs(DEFAULT_LEASE_SECS));
     }
@@ -580,7 +636,7 @@ endpoint = "10.200.0.3"
     fn auto_address_and_bootstrap_addresses() {
         let s = Some("0123456789abcdef");
         let toml = GOOD.replace(
-            "address = \"10.201.0.1\"",
+            "address = \"10.201.0.5\"",
             "bootstrap = [\"10.200.0.9:7500\", \"10.200.0.8\", \"/ip4/10.200.0.7/tcp/7400\"]\nlease_secs = 30",
         );
         let c = load(&toml, s).unwrap();
@@ -601,22 +657,22 @@ endpoint = "10.200.0.3"
         let c = load(&joiner, s).unwrap();
         assert_eq!(c.namespaces[0].subnet, None);
         let bad = GOOD.replace(
-            "address = \"10.201.0.1\"",
+            "address = \"10.201.0.5\"",
             "bootstrap = [\"/ip4/nonsense\"]",
         );
         assert!(err(&bad, s).contains("bootstrap '/ip4/nonsense' is not a valid multiaddr"));
-        let short = GOOD.replace("address = \"10.201.0.1\"", "lease_secs = 1");
+        let short = GOOD.replace("address = \"10.201.0.5\"", "lease_secs = 1");
         assert!(err(&short, s).contains("lease_secs 1 is too short"));
-        let word = GOOD.replace("\"10.201.0.1\"", "\"automatic\"");
+        let word = GOOD.replace("\"10.201.0.5\"", "\"automatic\"");
         assert!(err(&word, s).contains("not an IPv4 address, \"auto\" or \"dhcp\""));
-        let dhcp = GOOD.replace("\"10.201.0.1\"", "\"dhcp\"");
+        let dhcp = GOOD.replace("\"10.201.0.5\"", "\"dhcp\"");
         assert_eq!(load(&dhcp, s).unwrap().namespaces[0].address, Address::Dhcp);
     }
 
     #[test]
     fn router_and_hybrid_configs() {
         let s = Some("0123456789abcdef");
-        let router = GOOD.replace("address = \"10.201.0.1\"\n", "").replace(
+        let router = GOOD.replace("address = \"10.201.0.5\"\n", "").replace(
             "name = \"lab\"",
             "name = \"lab\"\nmode = \"router\"\nbridge = \"br-lan\"\nuplink = \"eth1\"",
         );
@@ -628,7 +684,7 @@ endpoint = "10.200.0.3"
         assert_eq!(ns.lan_timeout, Duration::from_secs(30));
         assert_eq!(ns.broadcast_rate, 200);
         // A router has no address of its own, and needs a bridge.
-        let with_address = router.replace("mode = ", "address = \"10.201.0.1\"\nmode = ");
+        let with_address = router.replace("mode = ", "address = \"10.201.0.5\"\nmode = ");
         assert!(err(&with_address, s).contains("has none of its own; remove `address`"));
         assert!(err(&router.replace("bridge = \"br-lan\"\n", ""), s).contains("needs `bridge`"));
         let hybrid = GOOD.replace(
@@ -639,7 +695,7 @@ endpoint = "10.200.0.3"
         let ns = &c.namespaces[0];
         assert_eq!(ns.mode, Mode::Hybrid);
         assert_eq!(ns.probe_timeout, Duration::from_millis(500));
-        assert_eq!(ns.address, Address::Static(Ipv4Addr::new(10, 201, 0, 1)));
+        assert_eq!(ns.address, Address::Static(Ipv4Addr::new(10, 201, 0, 5)));
         // The veth's bridge end and the TAP are named after the device: one byte less.
         let long = hybrid.replace("mode = ", "device = \"fifteen-chars15\"\nmode = ");
         assert!(err(&long, s).contains("1-14 letters"));
@@ -658,7 +714,7 @@ endpoint = "10.200.0.3"
             err(&GOOD.replace("10.201.0.0/16", "10.201.0.0/33"), s).contains("not an IPv4 CIDR")
         );
         assert!(
-            err(&GOOD.replace("\"10.201.0.1\"", "\"10.9.0.1\""), s).contains("outside the subnet")
+            err(&GOOD.replace("\"10.201.0.5\"", "\"10.9.0.1\""), s).contains("outside the subnet")
         );
         assert!(err(&GOOD.replace("name = ", "nmae = "), s).contains("unknown field `nmae`"));
         assert!(err(
@@ -676,12 +732,58 @@ endpoint = "10.200.0.3"
         let c = load(&lan, s).unwrap();
         assert!(c.agent.mdns);
         assert_eq!(c.namespaces[0].subnet, None);
-        let reserved = GOOD.replace("address = ", "reserved = [\"10.201.0.1\"]\naddress = ");
-        assert!(err(&reserved, s).contains("10.201.0.1 is reserved"));
+        let reserved = GOOD.replace("address = ", "reserved = [\"10.201.0.5\"]\naddress = ");
+        assert!(err(&reserved, s).contains("10.201.0.5 is reserved"));
         let outside = GOOD.replace("address = ", "reserved = [\"10.9.0.1\"]\naddress = ");
         assert!(err(&outside, s).contains("reserved address 10.9.0.1 is outside"));
         for e in [err(GOOD, None), err(&GOOD.replace("name = ", "nmae = "), s)] {
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    #[test]
+    fn names_resolvers_gateway_and_the_service_address() {
+        let s = Some("0123456789abcdef");
+        let dns = GOOD.replace(
+            "address = ",
+            "hostname = \"Web\"\nresolvers = [\"192.0.2.53\", \"192.0.2.54:5353\", \"2001:db8::53\"]\ngateway = \"10.201.255.254\"\naddress = ",
+        );
+        let c = load(&dns, s).unwrap();
+        let ns = &c.namespaces[0];
+        assert_eq!(ns.hostname.as_deref(), Some("web"));
+        assert_eq!(
+            ns.resolvers,
+            vec![
+                "192.0.2.53:53".parse().unwrap(),
+                "192.0.2.54:5353".parse().unwrap(),
+                "[2001:db8::53]:53".parse().unwrap()
+            ]
+        );
+        assert_eq!(ns.gateway, Some(Ipv4Addr::new(10, 201, 255, 254)));
+        assert!(load(GOOD, s).unwrap().namespaces[0].resolvers.is_empty());
+        // The lowest usable address is where the virtual DHCP and DNS server answer.
+        let service = GOOD.replace("10.201.0.5", "10.201.0.1");
+        assert!(err(&service, s).contains("is the namespace's service address"));
+        for (bad, expected) in [
+            ("hostname = \"c201000005\"", "automatic name"),
+            ("hostname = \"a.b\"", "not a host name"),
+            ("resolvers = [\"dns.example\"]", "resolver 'dns.example'"),
+            (
+                "gateway = \"10.9.0.1\"",
+                "gateway: address 10.9.0.1 is outside",
+            ),
+            ("gateway = \"10.201.0.1\"", "service address"),
+        ] {
+            let e = err(
+                &GOOD.replace("address = ", &format!("{bad}\naddress = ")),
+                s,
+            );
+            assert!(e.contains(expected), "{bad}: {e}");
+        }
+        let router = GOOD.replace("address = \"10.201.0.5\"\n", "").replace(
+            "name = \"lab\"",
+            "name = \"lab\"\nmode = \"router\"\nbridge = \"br0\"\nhostname = \"gw\"",
+        );
+        assert!(err(&router, s).contains("no address of its own to name"));
     }
 }

@@ -32,6 +32,14 @@ pub enum Request {
         /// Its name.
         namespace: String,
     },
+    /// Name this member's own address in a namespace (`HOST.NAMESPACE`); `None` clears it.
+    /// The reply waits (a few seconds at most) for the name's claim.
+    SetName {
+        /// The namespace.
+        namespace: String,
+        /// The host name (a DNS label).
+        name: Option<String>,
+    },
 }
 
 /// The agent's reply to [`Request::Status`].
@@ -153,6 +161,19 @@ pub struct NamespaceStatus {
     /// DHCP requests that did not parse.
     #[serde(default)]
     pub dhcp_malformed: u64,
+    /// This member's own name (`hostname`), held or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Why the own name is not held (another member holds it), if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_error: Option<String>,
+    /// Names this member holds in the namespace zone (its own and its DHCP clients'),
+    /// with their addresses.
+    #[serde(default)]
+    pub names: BTreeMap<String, String>,
+    /// The virtual DNS server.
+    #[serde(default)]
+    pub dns: DnsStatus,
     /// TAP device.
     pub device: String,
     /// This member's virtual address; empty while an `auto` address is being claimed.
@@ -179,6 +200,42 @@ pub struct NamespaceStatus {
     pub drops: BTreeMap<String, u64>,
     /// The members this agent has a tunnel with.
     pub peers: Vec<PeerStatus>,
+}
+
+/// The virtual DNS server in [`NamespaceStatus`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct DnsStatus {
+    /// Where it answers (the service address); empty until the subnet is known.
+    pub address: String,
+    /// Where names outside the zone are forwarded; none: they are REFUSED.
+    pub resolvers: Vec<String>,
+    /// Queries over UDP.
+    pub udp_queries: u64,
+    /// Queries over TCP.
+    pub tcp_queries: u64,
+    /// TCP connections accepted.
+    pub tcp_connections: u64,
+    /// Answered from the zone (with or without records).
+    pub answered: u64,
+    /// NXDOMAIN answers.
+    pub nxdomain: u64,
+    /// Queries sent to the resolvers.
+    pub forwarded: u64,
+    /// REFUSED answers (outside the zone, no resolvers).
+    pub refused: u64,
+    /// SERVFAIL answers (a lookup or the resolvers timed out, too many waiting).
+    pub servfail: u64,
+    /// FORMERR and NOTIMP answers.
+    pub errors: u64,
+    /// Queries dropped unread.
+    pub dropped: u64,
+    /// Queries dropped over the rate limit.
+    pub rate_limited: u64,
+    /// DHT reads started for queries.
+    pub lookups: u64,
+    /// Name claims lost to another member.
+    pub name_conflicts: u64,
 }
 
 /// One member in [`NamespaceStatus`].
@@ -349,6 +406,30 @@ pub fn render(status: &Status) -> String {
         let d = nonzero(&ns.drops);
         if !d.is_empty() {
             out += &format!("  switch drops: {d}\n");
+        }
+        if let Some(e) = &ns.name_error {
+            out += &format!("  name: {e}\n");
+        }
+        if !ns.names.is_empty() {
+            let names: Vec<String> = ns
+                .names
+                .iter()
+                .map(|(n, a)| format!("{n}.{} {a}", ns.name))
+                .collect();
+            out += &format!("  names: {}\n", names.join(", "));
+        }
+        if !ns.dns.address.is_empty() {
+            out += &format!(
+                "  dns {}: {} queries ({} tcp), {} answered, {} nxdomain, {} forwarded, {} refused, {} servfail\n",
+                ns.dns.address,
+                ns.dns.udp_queries + ns.dns.tcp_queries,
+                ns.dns.tcp_queries,
+                ns.dns.answered,
+                ns.dns.nxdomain,
+                ns.dns.forwarded,
+                ns.dns.refused,
+                ns.dns.servfail
+            );
         }
         if ns.peers.is_empty() {
             out += "  no members connected\n";

@@ -1,5 +1,6 @@
-//! `hyphae join` and `hyphae leave`: add a namespace to (or remove it from) the config file,
-//! and tell the running agent, or start one.
+//! `hyphae join`, `hyphae leave` and `hyphae name set`: add a namespace to (or remove it
+//! from) the config file, or name this member in it, and tell the running agent (or start
+//! one).
 //!
 //! The config file stays the single source of truth: the agent re-reads it for the namespace
 //! it is asked to join. Edits keep the file's comments and layout (toml_edit), and a join that
@@ -181,6 +182,52 @@ pub fn leave(namespace: &str, config_path: &Path) -> Result<()> {
     match released {
         Some(n) => println!("left '{namespace}' ({n} records released)"),
         None => println!("removed '{namespace}' from {}", config_path.display()),
+    }
+    Ok(())
+}
+
+/// `hyphae name set`: names this member's own address in `namespace` (`NAME.NAMESPACE` in
+/// the virtual DNS). The running agent claims the name first (a name another member holds
+/// is refused); then `hostname` is written to the config file, so a restart keeps it.
+pub fn set_name(namespace: &str, name: &str, config_path: &Path) -> Result<()> {
+    let name = hyphae_dhcp_dns::dns::host_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let old = read_config_text(config_path)?;
+    let mut doc = parse(config_path, &old)?;
+    let Some(index) = namespace_names(&doc).iter().position(|n| n == namespace) else {
+        bail!(
+            "namespace '{namespace}' is not in {}",
+            config_path.display()
+        );
+    };
+    let socket = crate::config::control_socket(config_path)?;
+    let mut message = None;
+    if agent_running(&socket) {
+        let reply = control::request(
+            &socket,
+            &Request::SetName {
+                namespace: namespace.to_string(),
+                name: Some(name.clone()),
+            },
+        )?;
+        match check_reply(&reply) {
+            Ok(v) => message = v["message"].as_str().map(str::to_string),
+            Err(e) => bail!("{e}"),
+        }
+    }
+    if let Some(table) = doc
+        .get_mut("namespace")
+        .and_then(Item::as_array_of_tables_mut)
+        .and_then(|a| a.get_mut(index))
+    {
+        table.insert("hostname", value(name.as_str()));
+    }
+    write_checked(config_path, &doc.to_string())?;
+    match message {
+        Some(m) => println!("{m}"),
+        None => println!(
+            "hostname '{name}' written to {}; the agent claims it when it starts",
+            config_path.display()
+        ),
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod control;
 pub mod demo;
+pub mod dns;
 pub mod join;
 pub mod lan;
 pub mod membership;

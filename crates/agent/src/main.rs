@@ -45,6 +45,9 @@ enum Cmd {
         #[arg(short, long, default_value_os_t = run::default_config_path())]
         config: PathBuf,
     },
+    /// Name this member in a namespace's virtual DNS (`NAME.NAMESPACE`).
+    #[command(subcommand)]
+    Name(NameCmd),
     /// List the members of every namespace: virtual addresses, path (direct or relayed,
     /// and through whom) and round-trip time.
     Peers {
@@ -60,6 +63,21 @@ enum Cmd {
     Secret,
     /// Build 3 hosts in network namespaces, run agents, ping across, clean up (needs root).
     Demo,
+}
+
+#[derive(Subcommand)]
+enum NameCmd {
+    /// Claim NAME for this member's own address in NAMESPACE (kept in the config file as
+    /// `hostname`); refused if another member holds it.
+    Set {
+        /// Namespace name.
+        namespace: String,
+        /// Host name: letters, digits and inner '-'.
+        name: String,
+        /// Config file.
+        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -97,6 +115,11 @@ fn execute(cmd: Cmd) -> Result<()> {
         }
         Cmd::Join(args) => join::join(&args),
         Cmd::Leave { namespace, config } => join::leave(&namespace, &config),
+        Cmd::Name(NameCmd::Set {
+            namespace,
+            name,
+            config,
+        }) => join::set_name(&namespace, &name, &config),
         Cmd::Peers { config, json } => {
             let socket = config::control_socket(&config)?;
             let reply = control::request(&socket, &control::Request::Status)?;

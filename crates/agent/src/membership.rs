@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hyphae_dhcp_dns::dhcp::ClientId;
-use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo};
+use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo, NameInfo};
 use hyphae_overlay::swarm::{unix_now, ClaimResult, OpId, Overlay};
 use hyphae_overlay::{Identity, NamespaceKeys, PeerId};
 use ipnet::Ipv4Net;
@@ -56,6 +56,16 @@ const HOSTED_CONFLICT_RETRY: Duration = Duration::from_secs(30);
 /// Router mode: the lease on one LAN host's address.
 #[derive(Debug, Default)]
 struct Hosted {
+    owned: bool,
+    claiming: Option<OpId>,
+    next: Option<Instant>,
+}
+
+/// A name this member holds in the namespace zone (its own, or a DHCP client's): a lease on
+/// the name's key, renewed with the address it stands for.
+#[derive(Debug)]
+struct NameLease {
+    address: Ipv4Addr,
     owned: bool,
     claiming: Option<OpId>,
     next: Option<Instant>,
@@ -119,6 +129,8 @@ pub enum ClaimOutcome {
     Dhcp(ClientId, Option<Ipv4Addr>),
     /// A DHCP client's candidate address was taken: try another one for it.
     DhcpRetry(ClientId),
+    /// A name claim ended: held, or held by another member (why, in words).
+    Name(String, Result<(), String>),
 }
 
 /// A member that owns an address, as read from the DHT.
@@ -185,6 +197,14 @@ pub struct Membership {
     dhcp_claims: HashMap<OpId, (ClientId, Ipv4Addr, bool)>,
     /// Addresses already found taken, per DHCP client.
     dhcp_tried: HashMap<ClientId, HashSet<Ipv4Addr>>,
+    /// The name of this member's own address (`hostname`, or `hyphae name set`).
+    pub hostname: Option<String>,
+    /// Names held or being claimed, by name.
+    names: BTreeMap<String, NameLease>,
+    /// Why this member's own name is not held, if it is not.
+    pub name_error: Option<String>,
+    /// Name claims lost to another member (own names and DHCP clients').
+    pub name_conflicts: u64,
 }
 
 impl Membership {
@@ -229,7 +249,242 @@ impl Membership {
             group_read: None,
             dhcp_claims: HashMap::new(),
             dhcp_tried: HashMap::new(),
+            hostname: ns.hostname.clone(),
+            names: BTreeMap::new(),
+            name_error: None,
+            name_conflicts: 0,
         }
+    }
+
+    /// The name held for `address`, if this member holds one.
+    pub fn name_for(&self, address: Ipv4Addr) -> Option<&str> {
+        self.names
+            .iter()
+            .find(|(_, n)| n.owned && n.address == address)
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// The address `name` stands for, if this member holds the name.
+    pub fn address_for(&self, name: &str) -> Option<Ipv4Addr> {
+        self.names.get(name).filter(|n| n.owned).map(|n| n.address)
+    }
+
+    /// Whether this member holds the lease on `address` (its own or a LAN host's).
+    pub fn holds(&self, address: Ipv4Addr) -> bool {
+        self.owned == Some(address) || self.hosted.get(&address).is_some_and(|h| h.owned)
+    }
+
+    /// Names this member holds, with their addresses (for status).
+    pub fn held_names(&self) -> Vec<(String, Ipv4Addr)> {
+        self.names
+            .iter()
+            .filter(|(_, n)| n.owned)
+            .map(|(name, n)| (name.clone(), n.address))
+            .collect()
+    }
+
+    /// Names this member's own address `hostname` (replacing the previous name). The
+    /// name is claimed once the address is held; the outcome comes back as
+    /// [`ClaimOutcome::Name`].
+    pub fn set_hostname(&mut self, hostname: Option<String>, now: Instant, overlay: &mut Overlay) {
+        if let Some(old) = self.hostname.take() {
+            if Some(&old) != hostname.as_ref() {
+                self.unbind_name(&old, overlay);
+            }
+        }
+        self.hostname = hostname;
+        self.name_error = None;
+        self.bind_own_name(now, overlay);
+    }
+
+    /// Claims the hostname for the own address, once both are known (one name per
+    /// address: a name the host's DHCP client gave it goes).
+    fn bind_own_name(&mut self, now: Instant, overlay: &mut Overlay) {
+        if let (Some(name), Some(address)) = (self.hostname.clone(), self.owned) {
+            let others: Vec<String> = self
+                .names
+                .iter()
+                .filter(|(n, l)| l.address == address && **n != name)
+                .map(|(n, _)| n.clone())
+                .collect();
+            for other in others {
+                self.unbind_name(&other, overlay);
+            }
+            self.bind_name(name, address, now);
+        }
+    }
+
+    /// A DHCP client at `address` calls itself `name` (option 12): hold the name for it,
+    /// unless the address is this host's own and named by the config.
+    pub fn name_client(
+        &mut self,
+        address: Ipv4Addr,
+        name: String,
+        now: Instant,
+        overlay: &mut Overlay,
+    ) {
+        let own = self.owned == Some(address);
+        if (own && self.hostname.is_some()) || !self.addresses().contains(&address) {
+            return;
+        }
+        if self.names.get(&name).is_some_and(|n| n.address == address) {
+            return;
+        }
+        if let Some(other) = self.names.get(&name) {
+            tracing::warn!(namespace = %self.name, %name, %address, holder = %other.address,
+                "a DHCP client asks for a name another address of this member holds; not given");
+            self.name_conflicts += 1;
+            return;
+        }
+        // One name per address: a client that renamed itself gives the old one back.
+        let old: Vec<String> = self
+            .names
+            .iter()
+            .filter(|(_, n)| n.address == address)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for o in old {
+            self.unbind_name(&o, overlay);
+        }
+        self.bind_name(name, address, now);
+    }
+
+    fn bind_name(&mut self, name: String, address: Ipv4Addr, now: Instant) {
+        let lease = self.names.entry(name).or_insert(NameLease {
+            address,
+            owned: false,
+            claiming: None,
+            next: Some(now),
+        });
+        if lease.address != address {
+            // Our own address moved: the name follows it at the next claim.
+            lease.address = address;
+            lease.next = Some(now);
+        }
+    }
+
+    fn unbind_name(&mut self, name: &str, overlay: &mut Overlay) {
+        if let Some(lease) = self.names.remove(name) {
+            if lease.owned {
+                overlay.release(self.keys.name_key(name));
+                tracing::info!(namespace = %self.name, %name, "name released");
+            }
+        }
+    }
+
+    /// Gives back every name that stands for `address` (its lease ended).
+    fn unbind_address(&mut self, address: Ipv4Addr, overlay: &mut Overlay) {
+        let gone: Vec<String> = self
+            .names
+            .iter()
+            .filter(|(_, n)| n.address == address)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in gone {
+            self.unbind_name(&name, overlay);
+        }
+    }
+
+    /// Claims (and renews) the names that are due.
+    fn run_names(&mut self, now: Instant, overlay: &mut Overlay, identity: &Identity) {
+        let due: Vec<String> = self
+            .names
+            .iter()
+            .filter(|(_, n)| n.claiming.is_none() && n.next.is_some_and(|t| now >= t))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in due {
+            let Some(address) = self.names.get(&name).map(|n| n.address) else {
+                continue;
+            };
+            let key = self.keys.name_key(&name);
+            let expires = unix_now() + self.lease.as_secs();
+            let sealed = Envelope::seal(
+                &self.keys,
+                identity,
+                &key,
+                expires,
+                &encode(&NameInfo { address }),
+            );
+            let op = match sealed {
+                Ok(envelope) => Some(overlay.claim(key, envelope)),
+                Err(e) => {
+                    tracing::warn!(namespace = %self.name, error = %e, "cannot seal a name record");
+                    None
+                }
+            };
+            if let Some(n) = self.names.get_mut(&name) {
+                n.next = None;
+                match op {
+                    Some(op) => n.claiming = Some(op),
+                    None => n.next = Some(now + CLAIM_RETRY),
+                }
+            }
+        }
+    }
+
+    /// A name claim was decided.
+    fn name_claimed(
+        &mut self,
+        op: OpId,
+        result: &ClaimResult,
+        now: Instant,
+    ) -> Option<ClaimOutcome> {
+        let (name, lease) = self
+            .names
+            .iter_mut()
+            .find(|(_, n)| n.claiming == Some(op))?;
+        lease.claiming = None;
+        let name = name.clone();
+        let address = lease.address;
+        let was = lease.owned;
+        let own = self.hostname.as_deref() == Some(name.as_str());
+        let outcome = match result {
+            ClaimResult::Won => {
+                lease.owned = true;
+                lease.next = Some(now + self.lease / 3);
+                Ok(())
+            }
+            ClaimResult::Lost(Some(holder)) => {
+                let holder = PeerId::from_bytes(*holder)
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|_| "an unknown member".into());
+                lease.owned = false;
+                lease.next = Some(now + HOSTED_CONFLICT_RETRY);
+                Err(format!(
+                    "namespace '{}': the name '{name}' is held by member {holder}; it keeps it until its lease lapses, so choose another name",
+                    self.name
+                ))
+            }
+            ClaimResult::Lost(None) => {
+                // No replica answered: try again soon; nothing is decided.
+                lease.next = Some(now + CLAIM_RETRY);
+                return Some(ClaimOutcome::Nothing);
+            }
+        };
+        match &outcome {
+            Ok(()) if !was => {
+                tracing::info!(namespace = %self.name, %name, %address, "name claimed");
+                if own {
+                    self.name_error = None;
+                }
+                // The address record carries the name (its PTR): renew it now.
+                if self.owned == Some(address) {
+                    self.next_claim = Some(now);
+                } else if let Some(h) = self.hosted.get_mut(&address) {
+                    h.next = Some(now);
+                }
+            }
+            Ok(()) => {}
+            Err(e) => {
+                tracing::error!("{e}");
+                self.name_conflicts += 1;
+                if own {
+                    self.name_error = Some(e.clone());
+                }
+            }
+        }
+        Some(ClaimOutcome::Name(name, outcome))
     }
 
     /// The address lease time (the namespace record's, once read).
@@ -281,6 +536,7 @@ impl Membership {
     /// whether this member's addresses changed.
     pub fn release_dhcp(&mut self, address: Ipv4Addr, overlay: &mut Overlay) -> bool {
         if self.host_uses_dhcp() && self.owned == Some(address) {
+            self.unbind_address(address, overlay);
             self.owned = None;
             self.next_claim = None;
             overlay.release(self.keys.address_key(address));
@@ -343,6 +599,7 @@ impl Membership {
             return false;
         };
         tracing::info!(namespace = %self.name, %address, "LAN host gone; releasing its address");
+        self.unbind_address(address, overlay);
         if h.owned {
             overlay.release(self.keys.address_key(address));
         }
@@ -384,7 +641,8 @@ impl Membership {
         identity: &Identity,
         endpoints: &[SocketAddr],
     ) -> Option<Envelope> {
-        self.seal(&self.keys.address_key(address), identity, endpoints)
+        let name = self.name_for(address).map(str::to_string);
+        self.seal(&self.keys.address_key(address), identity, endpoints, name)
     }
 
     fn seal(
@@ -392,9 +650,11 @@ impl Membership {
         key: &hyphae_overlay::records::RecordKey,
         identity: &Identity,
         endpoints: &[SocketAddr],
+        name: Option<String>,
     ) -> Option<Envelope> {
         let info = MemberInfo {
             endpoints: endpoints.to_vec(),
+            name,
         };
         let expires = unix_now() + self.lease.as_secs();
         Envelope::seal(&self.keys, identity, key, expires, &encode(&info))
@@ -414,7 +674,7 @@ impl Membership {
         if self.next_announce.is_some_and(|t| now >= t) {
             let key = self.keys.group_key();
             self.next_announce = Some(now + self.lease / 3);
-            if let Some(e) = self.seal(&key, identity, endpoints) {
+            if let Some(e) = self.seal(&key, identity, endpoints, None) {
                 overlay.announce(key, e);
             }
         }
@@ -497,6 +757,9 @@ impl Membership {
         for h in self.hosted.values_mut().filter(|h| h.owned) {
             h.next = Some(h.next.map_or(soon, |t| t.min(soon)));
         }
+        for n in self.names.values_mut().filter(|n| n.owned) {
+            n.next = Some(n.next.map_or(soon, |t| t.min(soon)));
+        }
         if self.next_announce.is_some() {
             self.next_announce = Some(self.next_announce.map_or(soon, |t| t.min(soon)));
         }
@@ -517,6 +780,7 @@ impl Membership {
         self.run_settings(now, overlay, identity);
         if self.settings_known {
             self.run_hosted(now, overlay, identity, endpoints);
+            self.run_names(now, overlay, identity);
             self.run_group(now, overlay, identity, endpoints);
         }
         if !self.settings_known
@@ -536,21 +800,13 @@ impl Membership {
             self.next_claim = Some(now + Duration::from_secs(10));
             return;
         };
-        let key = self.keys.address_key(candidate);
-        let info = MemberInfo {
-            endpoints: endpoints.to_vec(),
-        };
-        let expires = unix_now() + self.lease.as_secs();
-        match Envelope::seal(&self.keys, identity, &key, expires, &encode(&info)) {
-            Ok(envelope) => {
-                let op = overlay.claim(key, envelope);
+        match self.seal_address(candidate, identity, endpoints) {
+            Some(envelope) => {
+                let op = overlay.claim(self.keys.address_key(candidate), envelope);
                 self.claiming = Some((op, candidate));
                 self.next_claim = None;
             }
-            Err(e) => {
-                tracing::warn!(namespace = %self.name, error = %e, "cannot seal the claim");
-                self.next_claim = Some(now + CLAIM_RETRY);
-            }
+            None => self.next_claim = Some(now + CLAIM_RETRY),
         }
     }
 
@@ -661,6 +917,7 @@ impl Membership {
         op: OpId,
         result: &ClaimResult,
         now: Instant,
+        overlay: &mut Overlay,
     ) -> Option<ClaimOutcome> {
         if self.settings_op == Some(SettingsOp::Claim(op)) {
             self.settings_op = None;
@@ -685,6 +942,9 @@ impl Membership {
             }
             return Some(ClaimOutcome::Nothing);
         }
+        if let Some(outcome) = self.name_claimed(op, result, now) {
+            return Some(outcome);
+        }
         if let Some((client, address, exact)) = self.dhcp_claims.remove(&op) {
             return Some(match result {
                 ClaimResult::Won => {
@@ -693,6 +953,7 @@ impl Membership {
                         self.owned = Some(address);
                         self.confirmed = true;
                         self.next_claim = Some(now + self.lease / 3);
+                        self.bind_own_name(now, overlay);
                     } else {
                         self.hosted.insert(
                             address,
@@ -761,6 +1022,7 @@ impl Membership {
                     return Some(ClaimOutcome::Nothing);
                 }
                 self.owned = Some(address);
+                self.bind_own_name(now, overlay);
                 let _ = std::fs::write(&self.state_file, format!("{address}\n"));
                 tracing::info!(namespace = %self.name, %address, "address claimed");
                 ClaimOutcome::Won(address)
@@ -905,6 +1167,11 @@ impl Membership {
             overlay.release(self.keys.address_key(a));
             released += 1;
         }
+        for (name, _) in self.held_names() {
+            overlay.release(self.keys.name_key(&name));
+            released += 1;
+        }
+        self.names.clear();
         self.owned = None;
         self.hosted.clear();
         self.next_announce = None;

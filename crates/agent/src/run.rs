@@ -219,6 +219,10 @@ struct Port {
     group: Vec<hyphae_overlay::PeerId>,
     /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
     dhcp: Option<dhcp::Server>,
+    /// The default gateway DHCP hands out, if configured.
+    gateway: Option<std::net::Ipv4Addr>,
+    /// The virtual DNS server.
+    dns: crate::dns::Dns,
     switch: Switch<PeerHandle>,
     tap_errors: u64,
     /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
@@ -247,8 +251,22 @@ struct Agent {
     reply: Vec<u8>,
     /// Frames whose address resolved, to go through their switch again.
     replays: Vec<(usize, Vec<Vec<u8>>)>,
-    /// Where DHCP replies are framed.
+    /// Where DHCP replies, DNS answers and service-stack packets are framed.
     dhcp_buf: Vec<u8>,
+    /// Queries forwarded to the namespaces' resolvers leave and come back here.
+    resolver_socket: Option<tokio::net::UdpSocket>,
+    /// `hyphae name set` calls waiting for their claim.
+    name_waiters: Vec<NameWaiter>,
+}
+
+/// A `hyphae name set` waiting for its claim.
+struct NameWaiter {
+    ns: usize,
+    name: String,
+    /// The name before, restored if the new one is another member's.
+    previous: Option<String>,
+    reply: oneshot::Sender<Result<String, String>>,
+    deadline: Instant,
 }
 
 /// A control request handed to the agent's loop.
@@ -256,6 +274,11 @@ enum Call {
     Status(oneshot::Sender<Status>),
     Join(String, oneshot::Sender<Result<(), String>>),
     Leave(String, oneshot::Sender<Result<usize, String>>),
+    SetName(
+        String,
+        Option<String>,
+        oneshot::Sender<Result<String, String>>,
+    ),
 }
 
 impl Agent {
@@ -298,8 +321,13 @@ impl Agent {
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
             replays: Vec::new(),
-            dhcp_buf: vec![0; 2048],
+            dhcp_buf: vec![0; BUF_LEN],
+            resolver_socket: None,
+            name_waiters: Vec::new(),
         };
+        if config.namespaces.iter().any(|n| !n.resolvers.is_empty()) {
+            agent.resolver_socket = Some(bind_resolver_socket()?);
+        }
         for ns in &config.namespaces {
             agent.add_namespace(ns, Instant::now())?;
         }
@@ -378,6 +406,8 @@ impl Agent {
                 dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
             }),
             dhcp: None,
+            gateway: ns.gateway,
+            dns: crate::dns::Dns::new(ns.resolvers.clone()),
             tap_errors: 0,
             live: false,
             error: None,
@@ -412,6 +442,9 @@ impl Agent {
                 "device {} is already used by namespace '{}'",
                 ns.device, p.0.name
             ));
+        }
+        if !ns.resolvers.is_empty() && self.resolver_socket.is_none() {
+            self.resolver_socket = Some(bind_resolver_socket().map_err(|e| format!("{e:#}"))?);
         }
         self.add_namespace(ns, now).map_err(|e| format!("{e:#}"))?;
         if let Some(port) = self.ports.last_mut() {
@@ -476,6 +509,9 @@ impl Agent {
                 }
                 i = any_readable(&self.taps) => self.drain_tap(i).await,
                 event = self.overlay.next_event() => self.handle_overlay(event),
+                Some((len, from)) = recv_resolver(self.resolver_socket.as_ref(), &mut self.dhcp_buf) => {
+                    self.resolver_answer(len, from);
+                }
                 _ = tick.tick() => self.handle_timeout(Instant::now()),
                 Some(call) = ctl_rx.recv() => match call {
                     Call::Status(reply) => {
@@ -487,6 +523,7 @@ impl Agent {
                     Call::Leave(name, reply) => {
                         let _ = reply.send(self.leave(&name));
                     }
+                    Call::SetName(ns, name, reply) => self.set_name(&ns, name, reply),
                 },
             }
             self.flush_node().await;
@@ -510,7 +547,22 @@ impl Agent {
                     server.handle_timeout(now);
                     self.drain_dhcp(i, now);
                 }
+                self.ports[i]
+                    .dns
+                    .handle_timeout(now, &self.members[i], &mut self.overlay);
+                self.flush_dns(i);
             }
+        }
+        // `hyphae name set` calls whose claim has not been decided yet.
+        let (late, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.name_waiters)
+            .into_iter()
+            .partition(|w| now >= w.deadline);
+        self.name_waiters = waiting;
+        for w in late {
+            let _ = w.reply.send(Ok(format!(
+                "name '{}' set; its claim is still running (see `hyphae status`)",
+                w.name
+            )));
         }
         self.run_claims(now);
         for m in &mut self.members {
@@ -562,10 +614,9 @@ impl Agent {
         let settings = dhcp::Settings {
             subnet,
             server: hyphae_vswitch::service_address(subnet),
-            // The virtual DNS server is not wired in yet: no DNS option.
-            dns: Vec::new(),
+            dns: vec![hyphae_vswitch::service_address(subnet)],
             domain: m.name.clone(),
-            router: None,
+            router: self.ports[i].gateway,
             lease: m.lease(),
         };
         self.ports[i]
@@ -619,7 +670,7 @@ impl Agent {
                 // The DHT lease is renewed while the client holds the address.
                 dhcp::Output::Renew(_) => {}
                 dhcp::Output::Hostname { address, name } => {
-                    tracing::info!(namespace = %self.ports[i].name, %address, %name, "DHCP client name");
+                    self.members[i].name_client(address, name, now, &mut self.overlay);
                 }
             }
         }
@@ -673,6 +724,130 @@ impl Agent {
         self.drain_dhcp(i, now);
     }
 
+    /// Sends what the DNS server of namespace `i` queued: UDP answers and service-stack
+    /// packets to the device, queries to the resolvers.
+    fn flush_dns(&mut self, i: usize) {
+        let port = &mut self.ports[i];
+        let tap = self.taps[i].as_ref();
+        let mut write = |frame: &[u8]| {
+            if !tap.is_some_and(|t| t.get_ref().send(frame).is_ok()) {
+                port.tap_errors += 1;
+            }
+        };
+        while let Some((client, answer)) = port.dns.poll_udp_answer() {
+            if let Some(len) = port
+                .switch
+                .emit_dns_reply(&mut self.dhcp_buf, client, &answer)
+            {
+                write(&self.dhcp_buf[..len]);
+            }
+        }
+        while let Some((mac, packet)) = port.dns.poll_service_packet() {
+            if let Some(len) = port
+                .switch
+                .emit_service_packet(&mut self.dhcp_buf, mac, &packet)
+            {
+                write(&self.dhcp_buf[..len]);
+            }
+        }
+        while let Some((to, query)) = port.dns.poll_resolver_datagram() {
+            let sent = self
+                .resolver_socket
+                .as_ref()
+                .is_some_and(|s| s.try_send_to(&query, resolver_target(s, to)).is_ok());
+            if !sent {
+                tracing::debug!(resolver = %to, "cannot send a query to the resolver");
+            }
+        }
+    }
+
+    /// An answer on the forwarding socket: to the namespace whose query it answers.
+    fn resolver_answer(&mut self, len: usize, from: SocketAddr) {
+        let now = Instant::now();
+        let answer = self.dhcp_buf[..len].to_vec();
+        for i in 0..self.ports.len() {
+            if self.taps[i].is_some() && self.ports[i].dns.resolver_answer(from, &answer, now) {
+                self.flush_dns(i);
+                return;
+            }
+        }
+        tracing::debug!(%from, "unexpected datagram on the resolver socket");
+    }
+
+    /// `hyphae name set`: names this member's own address in namespace `ns`.
+    fn set_name(
+        &mut self,
+        ns: &str,
+        name: Option<String>,
+        reply: oneshot::Sender<Result<String, String>>,
+    ) {
+        let Some(i) = self.active(ns) else {
+            let _ = reply.send(Err(format!("not a member of '{ns}'")));
+            return;
+        };
+        if self.ports[i].mode == Mode::Router {
+            let _ = reply.send(Err(format!(
+                "namespace '{ns}' is in router mode: it has no address of its own to name"
+            )));
+            return;
+        }
+        let name = match name
+            .map(|n| hyphae_dhcp_dns::dns::host_name(&n))
+            .transpose()
+        {
+            Ok(name) => name,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let now = Instant::now();
+        let m = &mut self.members[i];
+        let previous = m.hostname.clone();
+        m.set_hostname(name.clone(), now, &mut self.overlay);
+        match (name, m.owned) {
+            (None, _) => {
+                let _ = reply.send(Ok(format!("namespace '{ns}': name cleared")));
+            }
+            (Some(name), None) => {
+                let _ = reply.send(Ok(format!(
+                    "name '{name}.{ns}' set; it is claimed once this member holds its address"
+                )));
+            }
+            (Some(name), Some(_)) => {
+                self.name_waiters.push(NameWaiter {
+                    ns: i,
+                    name,
+                    previous,
+                    reply,
+                    deadline: now + std::time::Duration::from_secs(4),
+                });
+                self.run_claims(now);
+            }
+        }
+    }
+
+    /// A name claim ended: answer the `hyphae name set` waiting for it, if any.
+    fn name_claimed(&mut self, i: usize, name: &str, result: Result<(), String>) {
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.name_waiters)
+            .into_iter()
+            .partition(|w| w.ns == i && w.name == name);
+        self.name_waiters = waiting;
+        let address = self.members[i].address_for(name);
+        for w in done {
+            let answer = match (&result, address) {
+                (Ok(()), Some(a)) => Ok(format!("{name}.{} is {a}", self.ports[i].name)),
+                (Ok(()), None) => Ok(format!("name '{name}' claimed")),
+                (Err(e), _) => {
+                    // The name is another member's: keep the one we had.
+                    self.members[i].set_hostname(w.previous, Instant::now(), &mut self.overlay);
+                    Err(e.clone())
+                }
+            };
+            let _ = w.reply.send(answer);
+        }
+    }
+
     /// A broadcast or multicast packet from the host or the LAN: to every member of the
     /// namespace's group.
     async fn broadcast(&mut self, i: usize, packet: &[u8], now: Instant) {
@@ -722,7 +897,7 @@ impl Agent {
             }
             OverlayEvent::Claimed { op, result, .. } => {
                 for i in 0..self.members.len() {
-                    match self.members[i].claimed(op, &result, now) {
+                    match self.members[i].claimed(op, &result, now, &mut self.overlay) {
                         None | Some(ClaimOutcome::Nothing) => {}
                         Some(ClaimOutcome::Hosted) => self.node.set_addresses(
                             now,
@@ -737,6 +912,9 @@ impl Agent {
                             self.claim_for_dhcp(i, client, None, false, now);
                         }
                         Some(ClaimOutcome::Conflict(reason)) => self.conflict(i, reason),
+                        Some(ClaimOutcome::Name(name, result)) => {
+                            self.name_claimed(i, &name, result)
+                        }
                     }
                 }
                 // An `auto` claim that lost tries the next address at once.
@@ -745,6 +923,16 @@ impl Agent {
             OverlayEvent::Got { op, envelopes, .. } => {
                 let me = self.node.peer_id();
                 for i in 0..self.members.len() {
+                    if self.ports[i].dns.got(
+                        op,
+                        &envelopes,
+                        now,
+                        &self.members[i],
+                        &mut self.overlay,
+                    ) {
+                        self.flush_dns(i);
+                        continue;
+                    }
                     let Some(found) = self.members[i].got(op, &envelopes, me, now) else {
                         continue;
                     };
@@ -866,6 +1054,10 @@ impl Agent {
                 self.overlay.release(m.keys.address_key(a));
                 waiting += 1;
             }
+            for (name, _) in m.held_names() {
+                self.overlay.release(m.keys.name_key(&name));
+                waiting += 1;
+            }
         }
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
         let mut tick = tokio::time::interval(TICK);
@@ -966,6 +1158,26 @@ impl Agent {
             }
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], now).await,
             Action::Dhcp { payload } => self.handle_dhcp(i, &frame[payload], now),
+            Action::Dns { payload, client } => {
+                self.ports[i].dns.udp_query(
+                    &frame[payload],
+                    client,
+                    now,
+                    &self.members[i],
+                    &mut self.overlay,
+                );
+                self.flush_dns(i);
+            }
+            Action::Service { packet, mac } => {
+                self.ports[i].dns.service_packet(
+                    &frame[packet],
+                    mac,
+                    now,
+                    &self.members[i],
+                    &mut self.overlay,
+                );
+                self.flush_dns(i);
+            }
             Action::ToTap { len } => {
                 let sent = self.taps[i]
                     .as_ref()
@@ -1058,6 +1270,36 @@ impl Agent {
                     dhcp_replies: p.dhcp.as_ref().map_or(0, |d| d.stats().replies),
                     dhcp_naks: p.dhcp.as_ref().map_or(0, |d| d.stats().naks),
                     dhcp_malformed: p.dhcp.as_ref().map_or(0, |d| d.stats().malformed),
+                    hostname: m.hostname.clone(),
+                    name_error: m.name_error.clone(),
+                    names: m
+                        .held_names()
+                        .into_iter()
+                        .map(|(n, a)| (n, a.to_string()))
+                        .collect(),
+                    dns: {
+                        let (agent, zone, tcp) = p.dns.stats();
+                        control::DnsStatus {
+                            address: m
+                                .subnet
+                                .map(|s| hyphae_vswitch::service_address(s).to_string())
+                                .unwrap_or_default(),
+                            resolvers: p.dns.resolvers().iter().map(|r| r.to_string()).collect(),
+                            udp_queries: agent.udp_queries,
+                            tcp_queries: agent.tcp_queries,
+                            tcp_connections: tcp.connections,
+                            answered: zone.answered,
+                            nxdomain: zone.nxdomain,
+                            forwarded: zone.forwarded,
+                            refused: zone.refused,
+                            servfail: agent.servfail,
+                            errors: zone.errors,
+                            dropped: zone.dropped,
+                            rate_limited: zone.rate_limited,
+                            lookups: agent.lookups,
+                            name_conflicts: m.name_conflicts,
+                        }
+                    },
                     device: p.device.clone(),
                     address: if cfg.address.is_unspecified() {
                         String::new()
@@ -1177,6 +1419,58 @@ impl Agent {
     }
 }
 
+/// The socket queries to the configured resolvers leave from: IPv6 and IPv4 if the host
+/// has IPv6, IPv4 only otherwise; an ephemeral port.
+fn bind_resolver_socket() -> Result<tokio::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let dual = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).and_then(|s| {
+        s.set_only_v6(false)?;
+        s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)).into())?;
+        Ok(s)
+    });
+    let socket = match dual {
+        Ok(s) => s,
+        Err(_) => {
+            let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+            s.bind(&SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)).into())?;
+            s
+        }
+    };
+    socket.set_nonblocking(true)?;
+    tokio::net::UdpSocket::from_std(socket.into()).context("registering the resolver socket")
+}
+
+/// `to` as the resolver socket can reach it: v4-mapped on a dual-stack socket.
+fn resolver_target(socket: &tokio::net::UdpSocket, to: SocketAddr) -> SocketAddr {
+    match (socket.local_addr(), to) {
+        (Ok(SocketAddr::V6(_)), SocketAddr::V4(v4)) => {
+            SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port()))
+        }
+        _ => to,
+    }
+}
+
+/// The next datagram on the resolver socket (never, without one).
+async fn recv_resolver(
+    socket: Option<&tokio::net::UdpSocket>,
+    buf: &mut [u8],
+) -> Option<(usize, SocketAddr)> {
+    match socket {
+        Some(s) => s.recv_from(buf).await.ok().map(|(n, from)| {
+            // A dual-stack socket reports IPv4 senders as v4-mapped IPv6.
+            let from = match from {
+                SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+                    Some(v4) => SocketAddr::from((v4, v6.port())),
+                    None => from,
+                },
+                v4 => v4,
+            };
+            (n, from)
+        }),
+        None => std::future::pending().await,
+    }
+}
+
 /// Resolves with the index of the first TAP that is readable.
 async fn any_readable(taps: &[Option<AsyncFd<SyncDevice>>]) -> usize {
     poll_fn(|cx| {
@@ -1226,6 +1520,23 @@ async fn serve_control(listener: UnixListener, agent: mpsc::Sender<Call>) {
                     }
                     match rx.await {
                         Ok(Ok(())) => serde_json::json!({ "ok": true }).to_string(),
+                        Ok(Err(e)) => serde_json::json!({ "error": e }).to_string(),
+                        Err(_) => return,
+                    }
+                }
+                Ok(Request::SetName { namespace, name }) => {
+                    let (tx, rx) = oneshot::channel();
+                    if agent
+                        .send(Call::SetName(namespace, name, tx))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(Ok(message)) => {
+                            serde_json::json!({ "ok": true, "message": message }).to_string()
+                        }
                         Ok(Err(e)) => serde_json::json!({ "error": e }).to_string(),
                         Err(_) => return,
                     }

@@ -1,7 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! The agent's virtual DHCP server, end to end, with DHCP clients no one here wrote: ISC
-//! `dhclient` on an interface-mode host (`address = "dhcp"`) and busybox `udhcpc` on a
-//! router-mode LAN host. Each gets an address from the DHT and is reachable at it.
+//! The agent's virtual DHCP and DNS servers, end to end, with clients no one here wrote:
+//! ISC `dhclient` on an interface-mode host (`address = "dhcp"`) and busybox `udhcpc` on a
+//! router-mode LAN host each get an address from the DHT, the DNS server and the domain,
+//! and are reachable at it; `dig` resolves members' names, IPOP's automatic names and
+//! PTRs at the service address (UDP and TCP), names outside the zone are forwarded to a
+//! real resolver (dnsmasq) or refused; `getent` resolves through the resolver DHCP set up;
+//! `hyphae name set` claims a name or reports the clash.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -13,9 +17,15 @@ use hyphae_agent::testbed::{agent_section, require_root, AgentHandle, Host, Test
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
 
+/// The namespace's service address: its DHCP server identifier and DNS server.
+const SERVICE: &str = "10.201.0.1";
+
+/// Short leases, so DHCP renewals (every half lease) happen during the test.
+const LEASE_SECS: u64 = 10;
+
 fn namespace(secret: &Path, bootstrap: Option<Ipv4Addr>, lines: &str) -> String {
     let mut c = format!(
-        "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\nsubnet = \"{SUBNET}\"\nlease_secs = 30\n{lines}",
+        "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\nsubnet = \"{SUBNET}\"\nlease_secs = {LEASE_SECS}\n{lines}",
         secret.display()
     );
     if let Some(b) = bootstrap {
@@ -29,6 +39,57 @@ fn ns_status(bed: &Testbed, host: &Host, agent: &AgentHandle) -> NamespaceStatus
         .expect("status")
         .namespaces
         .remove(0)
+}
+
+/// `dig @SERVICE ARGS` inside `host`: its output.
+fn dig(bed: &Testbed, host: &Host, args: &[&str]) -> String {
+    let server = format!("@{SERVICE}");
+    let mut all = vec![server.as_str(), "+time=2", "+tries=3"];
+    all.extend_from_slice(args);
+    let out = bed.ns_output(&host.ns, "dig", &all).unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `dig +short` for one name and type: the answer lines.
+fn short(bed: &Testbed, host: &Host, args: &[&str]) -> Vec<String> {
+    let mut all = vec!["+short"];
+    all.extend_from_slice(args);
+    dig(bed, host, &all)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty() && !l.starts_with(';'))
+        .collect()
+}
+
+/// The status dig printed (NOERROR, NXDOMAIN, REFUSED, ...).
+fn rcode(bed: &Testbed, host: &Host, args: &[&str]) -> String {
+    let text = dig(bed, host, args);
+    text.split("status: ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("no status in dig output: {text}"))
+        .to_string()
+}
+
+/// Asks until `check` holds for the answer (names are claimed and read asynchronously).
+fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + within;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) if Instant::now() >= deadline => panic!("{what}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(300)),
+        }
+    }
+}
+
+fn answers(bed: &Testbed, host: &Host, args: &[&str], expected: &str) -> Result<(), String> {
+    let got = short(bed, host, args);
+    if got == [expected] {
+        Ok(())
+    } else {
+        Err(format!("dig {args:?} gave {got:?}, expected {expected}"))
+    }
 }
 
 /// The IPv4 address on `dev` inside `host`, once one is there.
@@ -58,18 +119,41 @@ fn address_on(bed: &Testbed, host: &Host, dev: &str, within: Duration) -> Ipv4Ad
 }
 
 #[test]
-fn dhclient_and_udhcpc_get_addresses_from_the_dht() {
+fn dhcp_and_dns_with_real_clients() {
     require_root();
     let mut bed = Testbed::new("dh", Path::new(BIN)).expect("testbed");
     let secret = bed.dir().join("lab.secret");
     std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
 
-    // A static member starts the overlay.
+    // A static member named "alpha" starts the overlay. It forwards names outside the
+    // zone to a real resolver, dnsmasq, on its host's loopback.
     let a = bed.add_host("a", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    bed.spawn(
+        &a.ns,
+        "dnsmasq",
+        &[
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--listen-address=127.0.0.1",
+            "--bind-interfaces",
+            "--port=5353",
+            "--address=/outside.test/192.0.2.77",
+            "--pid-file=",
+            "--log-facility=-",
+        ],
+        &a.dir.join("dnsmasq.log"),
+    )
+    .unwrap();
     let cfg = format!(
         "{}{}",
         agent_section(&a),
-        namespace(&secret, None, "address = \"10.201.0.10\"\n")
+        namespace(
+            &secret,
+            None,
+            "address = \"10.201.0.10\"\nhostname = \"alpha\"\nresolvers = [\"127.0.0.1:5353\"]\n"
+        )
     );
     let aa = bed.start_agent(&a, &cfg).unwrap();
 
@@ -84,10 +168,20 @@ fn dhclient_and_udhcpc_get_addresses_from_the_dht() {
     let resolv = bed.private_resolv_conf(&d).unwrap();
     let pid = d.dir.join("dhclient.pid").display().to_string();
     let leases = d.dir.join("dhclient.leases").display().to_string();
+    // The client calls itself "bravo" (option 12) and asks for the usual options.
+    let conf = d.dir.join("dhclient.conf");
+    std::fs::write(
+        &conf,
+        "send host-name \"bravo\";\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, domain-search, host-name;\n",
+    )
+    .unwrap();
+    let conf = conf.display().to_string();
     bed.spawn(
         &d.ns,
         "dhclient",
-        &["-d", "-v", "-4", "-pf", &pid, "-lf", &leases, "hyphae0"],
+        &[
+            "-d", "-v", "-4", "-cf", &conf, "-pf", &pid, "-lf", &leases, "hyphae0",
+        ],
         &d.dir.join("dhclient.log"),
     )
     .unwrap();
@@ -109,6 +203,12 @@ fn dhclient_and_udhcpc_get_addresses_from_the_dht() {
         lease_text.contains("option subnet-mask 255.255.0.0"),
         "{lease_text}"
     );
+    assert!(
+        lease_text.contains(&format!("option domain-name-servers {SERVICE}")),
+        "{lease_text}"
+    );
+    let bound_at = Instant::now();
+    let replies_at_bind = st.dhcp_replies;
     // Reachable from another member, both ways.
     bed.wait_for_ping(&a, got, Duration::from_secs(20))
         .expect("a -> dhcp host");
@@ -149,6 +249,8 @@ fn dhclient_and_udhcpc_get_addresses_from_the_dht() {
             "busybox",
             &[
                 "udhcpc",
+                "-x",
+                "hostname:charlie",
                 "-i",
                 "eth0",
                 "-f",
@@ -171,6 +273,7 @@ fn dhclient_and_udhcpc_get_addresses_from_the_dht() {
     );
     let env = std::fs::read_to_string(&env_file).unwrap();
     assert!(env.contains("domain=lab"), "{env}");
+    assert!(env.contains(&format!("dns={SERVICE}")), "{env}");
     let lan_ip = address_on(&bed, &l, "eth0", Duration::from_secs(5));
     assert_ne!(lan_ip, got, "two clients, one address");
     // The router holds the LAN host's address in the DHT, and it is reachable.
@@ -189,6 +292,121 @@ fn dhclient_and_udhcpc_get_addresses_from_the_dht() {
         .expect("a -> LAN host");
     bed.wait_for_ping(&d, lan_ip, Duration::from_secs(20))
         .expect("dhcp host -> LAN host");
+
+    // DNS at the service address, answered by each host's own agent from the DHT.
+    let alpha = "10.201.0.10";
+    let (bravo, charlie) = (got.to_string(), lan_ip.to_string());
+    eventually("names resolve from a", Duration::from_secs(20), || {
+        answers(&bed, &a, &["alpha.lab"], alpha)?;
+        answers(&bed, &a, &["bravo.lab"], &bravo)?;
+        answers(&bed, &a, &["charlie.lab"], &charlie)
+    });
+    // IPOP's automatic names, and PTRs (the held name, else the automatic name).
+    let auto = |ip: Ipv4Addr| {
+        let o = ip.octets();
+        format!("c{:03}{:03}{:03}.lab", o[1], o[2], o[3])
+    };
+    answers(&bed, &a, &[&auto(got)], &bravo).unwrap();
+    answers(&bed, &d, &["C201000010.LAB"], alpha).unwrap();
+    answers(&bed, &d, &["-x", alpha], "alpha.lab.").unwrap();
+    eventually("PTRs carry the names", Duration::from_secs(20), || {
+        answers(&bed, &a, &["-x", &bravo], "bravo.lab.")?;
+        answers(&bed, &d, &["-x", &charlie], "charlie.lab.")
+    });
+    // The same over TCP, and from the router's LAN host (the router's agent answers).
+    answers(&bed, &a, &["+tcp", "bravo.lab"], &bravo).unwrap();
+    answers(&bed, &d, &["+tcp", "-x", alpha], "alpha.lab.").unwrap();
+    answers(&bed, &l, &["alpha.lab"], alpha).unwrap();
+    // Unknown names are NXDOMAIN; outside the zone, forwarded (a) or refused (d).
+    assert_eq!(rcode(&bed, &a, &["nobody.lab"]), "NXDOMAIN");
+    assert_eq!(
+        rcode(&bed, &a, &[&auto(Ipv4Addr::new(10, 201, 9, 9))]),
+        "NXDOMAIN"
+    );
+    answers(&bed, &a, &["outside.test"], "192.0.2.77").unwrap();
+    assert_eq!(rcode(&bed, &d, &["outside.test"]), "REFUSED");
+    // The service address answers ping too (the agent's service stack).
+    assert!(bed
+        .ping(&d, SERVICE.parse().unwrap(), 1)
+        .unwrap()
+        .status
+        .success());
+    // The resolver dhclient configured (nameserver and search domain from DHCP).
+    let conf_text = std::fs::read_to_string(&resolv).unwrap_or_default();
+    assert!(
+        conf_text.contains(&format!("nameserver {SERVICE}")),
+        "{conf_text}"
+    );
+    for name in ["alpha.lab", "alpha", "charlie"] {
+        let out = bed.ns_output(&d.ns, "getent", &["hosts", name]).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let expected = if name == "charlie" { &charlie } else { alpha };
+        assert!(
+            text.starts_with(&format!("{expected} ")),
+            "getent hosts {name}: {text:?}"
+        );
+    }
+
+    // `hyphae name set`: a name another member holds is refused with the reason; a free
+    // one is claimed (replacing the DHCP client's own) and kept in the config file.
+    let d_config = da.config.display().to_string();
+    let out = bed
+        .ns_output(
+            &d.ns,
+            BIN,
+            &["name", "set", "lab", "alpha", "-c", &d_config],
+        )
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is held by member"),
+        "{err}"
+    );
+    let out = bed
+        .ns_output(
+            &d.ns,
+            BIN,
+            &["name", "set", "lab", "delta", "-c", &d_config],
+        )
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&format!("delta.lab is {bravo}")), "{said}");
+    let text = std::fs::read_to_string(&da.config).unwrap();
+    assert!(text.contains("hostname = \"delta\""), "{text}");
+    let st = ns_status(&bed, &d, &da);
+    assert_eq!(st.names.get("delta"), Some(&bravo), "{st:?}");
+    assert!(
+        !st.names.contains_key("bravo"),
+        "one name per address: {st:?}"
+    );
+    answers(&bed, &a, &["delta.lab"], &bravo).unwrap();
+
+    // Renewal: past two leases since binding, the client has renewed and the DHT still
+    // says who holds the address (a fresh read: a's cache is shorter than that).
+    let two_leases = Duration::from_secs(2 * LEASE_SECS + 1);
+    std::thread::sleep(two_leases.saturating_sub(bound_at.elapsed()));
+    let st = ns_status(&bed, &d, &da);
+    assert!(
+        st.dhcp_replies >= replies_at_bind + 2,
+        "renewals answered: {st:?}"
+    );
+    assert!(st.address_claimed, "{st:?}");
+    eventually(
+        "the renewed record names delta",
+        Duration::from_secs(15),
+        || answers(&bed, &a, &["-x", &bravo], "delta.lab."),
+    );
+    let dns = ns_status(&bed, &a, &aa).dns;
+    assert!(
+        dns.udp_queries > 0 && dns.tcp_queries > 0 && dns.forwarded > 0,
+        "{dns:?}"
+    );
+    assert!(dns.lookups > 0 && dns.nxdomain >= 2, "{dns:?}");
 
     // dhclient -r releases the lease: the DHT lease goes with it.
     let out = bed
@@ -211,6 +429,15 @@ fn dhclient_and_udhcpc_get_addresses_from_the_dht() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // ... and the name with it: a fresh read finds nobody.
+    eventually(
+        "the released name is gone",
+        Duration::from_secs(30),
+        || match rcode(&bed, &a, &["delta.lab"]).as_str() {
+            "NXDOMAIN" => Ok(()),
+            other => Err(other.to_string()),
+        },
+    );
     // The static member was never disturbed.
     assert!(ns_status(&bed, &a, &aa).address_claimed);
 }

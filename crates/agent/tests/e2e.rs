@@ -20,7 +20,8 @@ fn underlay(i: u8) -> Ipv4Addr {
 }
 
 fn vip(i: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 201, 0, i)
+    // 10.201.0.1 is the namespace's service address (virtual DHCP and DNS).
+    Ipv4Addr::new(10, 201, 0, 10 + i)
 }
 
 /// `n` hosts, agents in full mesh with one secret.
@@ -291,7 +292,7 @@ fn three_hosts_ping_transfer_and_stay_encrypted() {
         )
         .expect("status text");
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("member 10.201.0.1"), "{text}");
+    assert!(text.contains(&format!("member {}", vip(1))), "{text}");
 }
 
 #[test]
@@ -494,17 +495,17 @@ fn bad_config_is_one_clear_line() {
     let cases: Vec<(&str, String, &str)> = vec![
         (
             "missing secret",
-            base("127.0.0.1:0", &missing, SUBNET, "10.201.0.1", ""),
+            base("127.0.0.1:0", &missing, SUBNET, "10.201.0.11", ""),
             "cannot read secret_file",
         ),
         (
             "empty secret",
-            base("127.0.0.1:0", &empty, SUBNET, "10.201.0.1", ""),
+            base("127.0.0.1:0", &empty, SUBNET, "10.201.0.11", ""),
             "is empty",
         ),
         (
             "bad CIDR",
-            base("127.0.0.1:0", &secret, "10.201.0.0/40", "10.201.0.1", ""),
+            base("127.0.0.1:0", &secret, "10.201.0.0/40", "10.201.0.11", ""),
             "not an IPv4 CIDR",
         ),
         (
@@ -518,7 +519,7 @@ fn bad_config_is_one_clear_line() {
                 "127.0.0.1:0",
                 &secret,
                 SUBNET,
-                "10.201.0.1",
+                "10.201.0.11",
                 "colour = \"blue\"\n",
             ),
             "unknown field `colour`",
@@ -529,7 +530,7 @@ fn bad_config_is_one_clear_line() {
                 &format!("127.0.0.1:{busy_port}"),
                 &secret,
                 SUBNET,
-                "10.201.0.1",
+                "10.201.0.11",
                 "",
             ),
             "already in use",
@@ -556,7 +557,7 @@ fn bad_config_is_one_clear_line() {
     let path = dir.join("c.toml");
     std::fs::write(
         &path,
-        base("127.0.0.1:0", &secret, SUBNET, "10.201.0.1", ""),
+        base("127.0.0.1:0", &secret, SUBNET, "10.201.0.11", ""),
     )
     .expect("config");
     let out = std::process::Command::new("setpriv")

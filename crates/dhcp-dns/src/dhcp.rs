@@ -21,9 +21,6 @@ use ipnet::Ipv4Net;
 /// Clients served at once (bindings plus claims in flight); beyond, new ones are dropped.
 pub const MAX_CLIENTS: usize = 4096;
 
-/// Longest hostname kept from option 12 (a DNS label).
-pub const MAX_HOSTNAME: usize = 63;
-
 /// Declined addresses remembered (not offered again).
 const MAX_DECLINED: usize = 256;
 
@@ -370,8 +367,7 @@ impl Server {
 
     fn hostname(&mut self, request: &Message, address: Ipv4Addr) {
         if let Some(DhcpOption::Hostname(name)) = request.opts().get(OptionCode::Hostname) {
-            let name = name.trim_end_matches('\0').to_ascii_lowercase();
-            if is_label(&name) {
+            if let Ok(name) = crate::dns::host_name(name.trim_end_matches('\0')) {
                 self.out.push_back(Output::Hostname { address, name });
             }
         }
@@ -523,14 +519,6 @@ fn requested_address(m: &Message) -> Option<Ipv4Addr> {
 }
 
 /// A DNS label: 1-63 letters, digits and inner hyphens.
-fn is_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_HOSTNAME
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests start the clock
 mod tests {

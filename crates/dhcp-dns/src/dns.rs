@@ -12,6 +12,7 @@
 //! names and addresses in the DHT ([`Names`]).
 
 use std::net::Ipv4Addr;
+use std::time::Instant;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, PTR};
@@ -21,14 +22,29 @@ use ipnet::Ipv4Net;
 /// TTL of the answers (names move with their owners' leases).
 pub const TTL: u32 = 60;
 
-/// What the server knows about the namespace: the agent backs it with the DHT.
+/// Something the store does not know yet: the agent reads it from the DHT and asks again.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Missing {
+    /// Who holds the name `host` (a lowercase label).
+    Name(String),
+    /// Whether someone owns `address`, and the name held with it.
+    Address(Ipv4Addr),
+}
+
+/// Someone who owns an address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The name held for the address (its PTR), if any.
+    pub name: Option<String>,
+}
+
+/// What the server knows about the namespace: the agent backs it with the DHT (what this
+/// member holds, and a cache of what it read). `Err(Missing)` asks for a lookup first.
 pub trait Names {
-    /// The address of `host` (a lowercase label) in this namespace, if someone holds it.
-    fn address_of(&self, host: &str) -> Option<Ipv4Addr>;
-    /// The name (a label) held for `address`, if any.
-    fn name_of(&self, address: Ipv4Addr) -> Option<String>;
-    /// Whether some member owns `address` (automatic names exist only for those).
-    fn is_owned(&self, address: Ipv4Addr) -> bool;
+    /// The address of `host` (a lowercase label), if someone holds the name.
+    fn address_of(&self, host: &str) -> Result<Option<Ipv4Addr>, Missing>;
+    /// Who owns `address`, if anyone (automatic names and PTRs exist only for those).
+    fn holder_of(&self, address: Ipv4Addr) -> Result<Option<Holder>, Missing>;
 }
 
 /// A namespace's DNS settings.
@@ -48,6 +64,8 @@ pub struct Settings {
 pub enum Answer {
     /// Send this response back.
     Reply(Vec<u8>),
+    /// Ask the DHT first, then hand the same query to [`Server::handle`] again.
+    Lookup(Missing),
     /// Outside the zone: forward the query unchanged to the configured resolvers, and the
     /// response back to the asker.
     Forward,
@@ -70,7 +88,13 @@ pub struct Stats {
     pub errors: u64,
     /// Queries dropped unread.
     pub dropped: u64,
+    /// Queries dropped over the rate limit ([`Server::admit`]).
+    pub rate_limited: u64,
 }
+
+/// Queries a namespace's server takes per second (and in a burst); beyond, they are
+/// dropped (counted): a flood must not turn into a flood of DHT reads.
+pub const MAX_QUERIES_PER_SEC: u32 = 500;
 
 /// One namespace's DNS server.
 #[derive(Debug)]
@@ -78,6 +102,9 @@ pub struct Server {
     settings: Settings,
     zone: Name,
     stats: Stats,
+    /// Tokens left, and when they were last refilled.
+    tokens: f64,
+    refilled: Option<Instant>,
 }
 
 impl Server {
@@ -88,7 +115,32 @@ impl Server {
             settings,
             zone,
             stats: Stats::default(),
+            tokens: f64::from(MAX_QUERIES_PER_SEC),
+            refilled: None,
         }
+    }
+
+    /// Whether a new query (not one handed back after a lookup) may be served now; one
+    /// refused is counted as rate limited.
+    pub fn admit(&mut self, now: Instant) -> bool {
+        let rate = f64::from(MAX_QUERIES_PER_SEC);
+        if let Some(last) = self.refilled {
+            let elapsed = now.saturating_duration_since(last).as_secs_f64();
+            self.tokens = (self.tokens + elapsed * rate).min(rate);
+        }
+        self.refilled = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.stats.rate_limited += 1;
+            false
+        }
+    }
+
+    /// Whether queries outside the zone are forwarded.
+    pub fn forwards(&self) -> bool {
+        self.settings.forward
     }
 
     /// Counters.
@@ -141,9 +193,11 @@ impl Server {
         let reverse = reverse_address(&name).filter(|a| self.settings.subnet.contains(a));
         if let Some(address) = reverse {
             response.metadata.authoritative = true;
-            let host = names
-                .name_of(address)
-                .or_else(|| names.is_owned(address).then(|| automatic_name(address)));
+            let holder = match names.holder_of(address) {
+                Ok(holder) => holder,
+                Err(missing) => return Answer::Lookup(missing),
+            };
+            let host = holder.map(|h| h.name.unwrap_or_else(|| automatic_name(address)));
             let Some(host) = host.and_then(|h| self.in_zone(&h)) else {
                 return self.nxdomain(response);
             };
@@ -172,15 +226,23 @@ impl Server {
             self.stats.answered += 1;
             return self.encode(response);
         }
-        let address = (name.num_labels() == self.zone.num_labels() + 1)
+        let host = (name.num_labels() == self.zone.num_labels() + 1)
             .then(|| name.iter().next())
             .flatten()
-            .and_then(|label| std::str::from_utf8(label).ok())
-            .and_then(|host| {
-                names.address_of(host).or_else(|| {
-                    automatic_address(host, self.settings.subnet).filter(|a| names.is_owned(*a))
-                })
-            });
+            .and_then(|label| std::str::from_utf8(label).ok());
+        let lookup = match host {
+            None => Ok(None),
+            // Automatic names stand for whatever address someone owns.
+            Some(host) => match automatic_address(host, self.settings.subnet) {
+                Some(a) => names.holder_of(a).map(|holder| holder.map(|_| a)),
+                None if host_name(host).is_ok() => names.address_of(host),
+                None => Ok(None),
+            },
+        };
+        let address = match lookup {
+            Ok(address) => address,
+            Err(missing) => return Answer::Lookup(missing),
+        };
         let Some(address) = address else {
             return self.nxdomain(response);
         };
@@ -217,18 +279,77 @@ impl Server {
     }
 }
 
+/// A SERVFAIL answer to `query` (its id and question), for a query whose lookup or
+/// forward failed; `None` if the query is unreadable.
+pub fn servfail(query: &[u8]) -> Option<Vec<u8>> {
+    let request = Message::from_vec(query).ok()?;
+    let mut response = Message::response(request.metadata.id, OpCode::Query);
+    response.metadata.recursion_desired = request.metadata.recursion_desired;
+    response.metadata.response_code = ResponseCode::ServFail;
+    for q in request.queries {
+        response.add_query(q);
+    }
+    response.to_vec().ok()
+}
+
+/// `response` cut to its header and question with the TC bit set, for a UDP answer too
+/// large to send (the client asks again over TCP); `None` if it is unreadable.
+pub fn truncated(response: &[u8]) -> Option<Vec<u8>> {
+    let full = Message::from_vec(response).ok()?;
+    let mut cut = Message::response(full.metadata.id, full.metadata.op_code);
+    cut.metadata = full.metadata;
+    cut.metadata.truncation = true;
+    for q in full.queries {
+        cut.add_query(q);
+    }
+    cut.to_vec().ok()
+}
+
 /// IPOP's automatic name of an address: `C` and the last three octets, three digits each.
 pub fn automatic_name(a: Ipv4Addr) -> String {
     let o = a.octets();
     format!("c{:03}{:03}{:03}", o[1], o[2], o[3])
 }
 
+/// Longest host name (one DNS label).
+pub const MAX_HOST_NAME: usize = 63;
+
+/// `name` as a host name of the zone (lowercase), if it is one a member may hold: one DNS
+/// label of letters, digits and inner hyphens, and not shaped like an automatic name
+/// (those belong to whoever owns the address).
+pub fn host_name(name: &str) -> Result<String, String> {
+    let lower = name.to_ascii_lowercase();
+    let label = !lower.is_empty()
+        && lower.len() <= MAX_HOST_NAME
+        && lower
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !lower.starts_with('-')
+        && !lower.ends_with('-');
+    if !label {
+        return Err(format!(
+            "'{name}' is not a host name: 1-{MAX_HOST_NAME} letters, digits and inner '-'"
+        ));
+    }
+    if is_automatic(&lower) {
+        return Err(format!(
+            "'{name}' is an automatic name (c + 9 digits stands for an address); choose another"
+        ));
+    }
+    Ok(lower)
+}
+
+fn is_automatic(host: &str) -> bool {
+    host.strip_prefix('c')
+        .is_some_and(|d| d.len() == 9 && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The address an automatic name stands for in `subnet` (its first octet is the subnet's).
 fn automatic_address(host: &str, subnet: Ipv4Net) -> Option<Ipv4Addr> {
-    let digits = host.strip_prefix('c')?;
-    if digits.len() != 9 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if !is_automatic(host) {
         return None;
     }
+    let digits = host.get(1..)?;
     let octet = |i: usize| digits.get(i..i + 3)?.parse::<u8>().ok();
     let a = Ipv4Addr::new(
         subnet.network().octets()[0],
@@ -258,28 +379,60 @@ mod tests {
     use hickory_proto::op::Query;
     use std::collections::HashMap;
 
-    struct Store(HashMap<String, Ipv4Addr>);
+    /// Names in "the DHT", and what has been looked up so far.
+    struct Store {
+        names: HashMap<String, Ipv4Addr>,
+        known: std::cell::RefCell<std::collections::HashSet<Missing>>,
+    }
+
+    impl Store {
+        fn known(&self, m: Missing) -> Result<(), Missing> {
+            if self.known.borrow().contains(&m) {
+                Ok(())
+            } else {
+                Err(m)
+            }
+        }
+    }
 
     impl Names for Store {
-        fn address_of(&self, host: &str) -> Option<Ipv4Addr> {
-            self.0.get(host).copied()
+        fn address_of(&self, host: &str) -> Result<Option<Ipv4Addr>, Missing> {
+            self.known(Missing::Name(host.to_string()))?;
+            Ok(self.names.get(host).copied())
         }
-        fn name_of(&self, address: Ipv4Addr) -> Option<String> {
-            self.0
+        fn holder_of(&self, address: Ipv4Addr) -> Result<Option<Holder>, Missing> {
+            self.known(Missing::Address(address))?;
+            let name = self
+                .names
                 .iter()
                 .find(|(_, a)| **a == address)
-                .map(|(n, _)| n.clone())
-        }
-        fn is_owned(&self, address: Ipv4Addr) -> bool {
-            self.0.values().any(|a| *a == address) || address == Ipv4Addr::new(10, 250, 5, 5)
+                .map(|(n, _)| n.clone());
+            let owned = name.is_some() || address == Ipv4Addr::new(10, 250, 5, 5);
+            Ok(owned.then_some(Holder { name }))
         }
     }
 
     fn store() -> Store {
-        Store(HashMap::from([(
-            "web".to_string(),
-            Ipv4Addr::new(10, 250, 0, 7),
-        )]))
+        Store {
+            names: HashMap::from([("web".to_string(), Ipv4Addr::new(10, 250, 0, 7))]),
+            known: Default::default(),
+        }
+    }
+
+    /// Handles `query` the way the agent does: each lookup asked for is "read" and the
+    /// query handed back, until an answer comes. Returns it and the lookups made.
+    fn resolve(s: &mut Server, query: &[u8], store: &Store) -> (Answer, Vec<Missing>) {
+        let mut lookups = Vec::new();
+        loop {
+            match s.handle(query, store) {
+                Answer::Lookup(m) => {
+                    assert!(!lookups.contains(&m), "asked twice for {m:?}");
+                    lookups.push(m.clone());
+                    store.known.borrow_mut().insert(m);
+                }
+                answer => return (answer, lookups),
+            }
+        }
     }
 
     fn server(forward: bool) -> Server {
@@ -294,7 +447,7 @@ mod tests {
         let mut q = Message::query();
         q.metadata.recursion_desired = true;
         q.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
-        match s.handle(&q.to_vec().unwrap(), &store()) {
+        match resolve(s, &q.to_vec().unwrap(), &store()).0 {
             Answer::Reply(bytes) => {
                 let r = Message::from_vec(&bytes).unwrap();
                 assert_eq!(r.metadata.id, q.metadata.id);
@@ -369,6 +522,100 @@ mod tests {
     }
 
     #[test]
+    fn each_answer_asks_only_for_what_it_needs() {
+        let mut s = server(false);
+        let query = |name: &str, t| {
+            let mut q = Message::query();
+            q.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+            q.to_vec().unwrap()
+        };
+        let st = store();
+        let (a, lookups) = resolve(&mut s, &query("web.lab.", RecordType::A), &st);
+        assert!(matches!(a, Answer::Reply(_)));
+        assert_eq!(lookups, vec![Missing::Name("web".into())]);
+        // An automatic name reads the address, never a name record.
+        let (_, lookups) = resolve(&mut s, &query("c250005005.lab.", RecordType::A), &st);
+        assert_eq!(
+            lookups,
+            vec![Missing::Address(Ipv4Addr::new(10, 250, 5, 5))]
+        );
+        let (_, lookups) = resolve(
+            &mut s,
+            &query("9.0.250.10.in-addr.arpa.", RecordType::PTR),
+            &st,
+        );
+        assert_eq!(
+            lookups,
+            vec![Missing::Address(Ipv4Addr::new(10, 250, 0, 9))]
+        );
+        // Labels no one may hold, the apex, and names outside the zone: no lookup.
+        for n in ["bad_name.lab.", "lab.", "example.com.", "x.web.lab."] {
+            let (a, lookups) = resolve(&mut s, &query(n, RecordType::A), &st);
+            assert!(matches!(a, Answer::Reply(_)), "{n}");
+            assert!(lookups.is_empty(), "{n}: {lookups:?}");
+        }
+    }
+
+    #[test]
+    fn servfail_and_truncation_keep_the_id_and_question() {
+        let mut q = Message::query();
+        q.add_query(Query::query(
+            Name::from_ascii("example.com.").unwrap(),
+            RecordType::A,
+        ));
+        let r = Message::from_vec(&servfail(&q.to_vec().unwrap()).unwrap()).unwrap();
+        assert_eq!(
+            (r.metadata.id, r.metadata.response_code, r.queries.len()),
+            (q.metadata.id, ResponseCode::ServFail, 1)
+        );
+        let mut big = Message::response(q.metadata.id, OpCode::Query);
+        big.add_query(q.queries[0].clone());
+        for i in 0..200u8 {
+            big.add_answer(Record::from_rdata(
+                Name::from_ascii("example.com.").unwrap(),
+                TTL,
+                RData::A(A(Ipv4Addr::new(192, 0, 2, i))),
+            ));
+        }
+        let cut = truncated(&big.to_vec().unwrap()).unwrap();
+        assert!(cut.len() < 64);
+        let r = Message::from_vec(&cut).unwrap();
+        assert!(r.metadata.truncation && r.answers.is_empty());
+        assert_eq!((r.metadata.id, r.queries.len()), (q.metadata.id, 1));
+        assert_eq!(servfail(b"junk"), None);
+    }
+
+    #[test]
+    fn host_names_are_labels_and_never_automatic_names() {
+        assert_eq!(host_name("Web-1").unwrap(), "web-1");
+        for bad in [
+            "",
+            "-web",
+            "web-",
+            "we b",
+            "web.lab",
+            "c250005005",
+            &"a".repeat(64),
+        ] {
+            assert!(host_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(host_name("c25000500").is_ok());
+    }
+
+    #[test]
+    fn a_flood_is_cut_to_the_rate_limit() {
+        let mut s = server(false);
+        let t = Instant::now();
+        let admitted = (0..2 * MAX_QUERIES_PER_SEC).filter(|_| s.admit(t)).count();
+        assert_eq!(admitted, MAX_QUERIES_PER_SEC as usize);
+        assert_eq!(s.stats().rate_limited, u64::from(MAX_QUERIES_PER_SEC));
+        // A tenth of a second later, a tenth of the rate is back.
+        let later = t + std::time::Duration::from_millis(100);
+        let again = (0..MAX_QUERIES_PER_SEC).filter(|_| s.admit(later)).count();
+        assert_eq!(again, MAX_QUERIES_PER_SEC as usize / 10);
+    }
+
+    #[test]
     fn outside_the_zone_is_forwarded_or_refused() {
         let mut s = server(false);
         let r = ask(&mut s, "example.com.", RecordType::A);
@@ -384,6 +631,7 @@ mod tests {
             RecordType::A,
         ));
         assert_eq!(f.handle(&q.to_vec().unwrap(), &store()), Answer::Forward);
+        assert!(f.forwards() && !s.forwards());
         assert_eq!(f.stats().forwarded, 1);
     }
 

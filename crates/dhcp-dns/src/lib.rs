@@ -7,6 +7,9 @@
 //!   (IPOP Sec. 4.2, Diverter's synthesized DHCP).
 //! - [`dns`]: the namespace's DNS zone (hickory-proto messages): member names, IPOP's
 //!   automatic names, reverse names; forwarding or REFUSED outside it.
+//! - [`tcp`]: DNS over TCP (RFC 7766) at the service address, a sans-I/O smoltcp stack that
+//!   turns client IPv4 packets into query messages and responses back into packets.
 
 pub mod dhcp;
 pub mod dns;
+pub mod tcp;

@@ -76,6 +76,12 @@ impl NamespaceKeys {
         self.record_key(b"settings", &[])
     }
 
+    /// The key of the lease on host name `host` (a lowercase DNS label) in the namespace
+    /// zone: the first member to claim it keeps it until its lease lapses.
+    pub fn name_key(&self, host: &str) -> RecordKey {
+        self.record_key(b"name", host.as_bytes())
+    }
+
     /// The key every member announces itself under, so broadcasts reach them all (IPOP's
     /// `namespace:broadcast` group).
     pub fn group_key(&self) -> RecordKey {
@@ -225,6 +231,16 @@ fn signed_message(key: &RecordKey, owner: &OwnerKey, expires: u64, sealed: &[u8]
 pub struct MemberInfo {
     /// The member's underlay endpoints (its tunnel UDP socket), best first.
     pub endpoints: Vec<SocketAddr>,
+    /// The host name held for this address (its PTR), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// The value of a name lease: the address the name stands for (an A record).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameInfo {
+    /// The address, one its owner holds.
+    pub address: Ipv4Addr,
 }
 
 /// Encodes a record plaintext.
@@ -511,6 +527,7 @@ mod tests {
     fn info() -> Vec<u8> {
         encode(&MemberInfo {
             endpoints: vec!["10.0.0.1:7400".parse().unwrap()],
+            name: None,
         })
     }
 
@@ -564,6 +581,22 @@ mod tests {
         let mut big = e;
         big.sealed = vec![0; MAX_SEALED_LEN + 1];
         assert_eq!(big.verify(&key, NOW), Err(RecordError::Malformed));
+    }
+
+    #[test]
+    fn name_keys_are_per_name_and_namespace_and_old_records_still_decode() {
+        let k = keys(b"0123456789abcdef");
+        assert_ne!(k.name_key("web"), k.name_key("db"));
+        assert_ne!(k.name_key("web"), keys(b"0123456789abcdeX").name_key("web"));
+        assert_ne!(k.name_key("web"), k.group_key());
+        // A record written before names existed has no `name`; one with a name keeps it.
+        let old: MemberInfo = decode(br#"{"endpoints":["192.0.2.1:7400"]}"#).unwrap();
+        assert_eq!(old.name, None);
+        let named = MemberInfo {
+            endpoints: old.endpoints.clone(),
+            name: Some("web".into()),
+        };
+        assert_eq!(decode::<MemberInfo>(&encode(&named)).unwrap(), named);
     }
 
     #[test]

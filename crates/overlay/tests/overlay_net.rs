@@ -153,6 +153,7 @@ fn unix_now() -> u64 {
 fn envelope(keys: &NamespaceKeys, who: &Identity, key: &RecordKey, port: u16) -> Envelope {
     let info = MemberInfo {
         endpoints: vec![([10, 200, 0, 1], port).into()],
+        name: None,
     };
     Envelope::seal(keys, who, key, unix_now() + 60, &encode(&info)).unwrap()
 }

@@ -111,8 +111,9 @@ pub struct Config {
     pub lan_timeout: Duration,
     /// Broadcast and multicast packets per second, each way (also the burst); 0 carries none.
     pub broadcast_rate: u32,
-    /// Intercept DHCP requests (UDP to port 67) for the agent's virtual DHCP server, and
-    /// answer ARP for the subnet's [`service_address`] (its identifier) at once.
+    /// Intercept DHCP requests (UDP to port 67) for the agent's virtual DHCP server. The
+    /// subnet's [`service_address`] (the DHCP server's identifier and the DNS server) is
+    /// always answered: ARP for it at once, and packets to it go to the agent.
     pub dhcp: bool,
 }
 
@@ -153,6 +154,21 @@ pub enum Action<P> {
         /// Where the DHCP message (the UDP payload) lies in the frame.
         payload: Range<usize>,
     },
+    /// A DNS query over UDP to the service address, for the agent's virtual DNS server.
+    Dns {
+        /// Where the query (the UDP payload) lies in the frame.
+        payload: Range<usize>,
+        /// Who asked: where the answer goes ([`Switch::emit_dns_reply`]).
+        client: Client,
+    },
+    /// Any other IPv4 packet to the service address (DNS over TCP, ping): for the agent's
+    /// service stack, whose packets go back with [`Switch::emit_service_packet`].
+    Service {
+        /// Where the IPv4 packet lies in the frame.
+        packet: Range<usize>,
+        /// The sender's MAC.
+        mac: Mac,
+    },
     /// Write the first `len` bytes of the buffer to the TAP (a reply built in the reply
     /// buffer, or a frame framed in place).
     ToTap {
@@ -168,6 +184,17 @@ pub enum Action<P> {
     },
     /// Drop it, counted under the reason.
     Drop(DropReason),
+}
+
+/// The sender of a UDP datagram to the service address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    /// Its MAC.
+    pub mac: Mac,
+    /// Its address.
+    pub ip: Ipv4Addr,
+    /// Its UDP port.
+    pub port: u16,
 }
 
 /// Something the switch learned that the agent acts on.
@@ -268,6 +295,10 @@ pub struct Counters {
     pub arp_probes: u64,
     /// DHCP requests handed to the virtual DHCP server.
     pub dhcp_requests: u64,
+    /// DNS queries over UDP handed to the virtual DNS server.
+    pub dns_queries: u64,
+    /// Other packets to the service address handed to the service stack.
+    pub service_packets: u64,
     /// LAN hosts not learned because the table was full.
     pub lan_table_full: u64,
     drops: [u64; DropReason::ALL.len()],
@@ -430,6 +461,8 @@ impl<P: Copy + Eq> Switch<P> {
             Action::ToPeer { .. } => self.counters.to_peer += 1,
             Action::Broadcast { .. } => self.counters.broadcasts_out += 1,
             Action::Dhcp { .. } => self.counters.dhcp_requests += 1,
+            Action::Dns { .. } => self.counters.dns_queries += 1,
+            Action::Service { .. } => self.counters.service_packets += 1,
             Action::ToTap { .. } => self.counters.arp_replies += 1,
             Action::Resolve { .. } => self.counters.resolves += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
@@ -640,6 +673,9 @@ impl<P: Copy + Eq> Switch<P> {
                     }
                 }
                 let dst = ip.dst();
+                if dst == self.service() {
+                    return self.to_service(&eth, &ip, packet);
+                }
                 if self.is_broadcast(dst) {
                     if !self.config.subnet.contains(&ip.src()) {
                         return Action::Drop(DropReason::OutsideSubnet);
@@ -686,7 +722,7 @@ impl<P: Copy + Eq> Switch<P> {
         if self.config.mode != Mode::Interface && self.lan.contains_key(&target) {
             return Action::Drop(DropReason::LanLocal);
         }
-        let service = self.config.dhcp && target == service_address(self.config.subnet);
+        let service = target == self.service();
         if service {
             // The virtual server lives in every agent: no lookup, no LAN probe.
         } else if self.route(target).is_none() {
@@ -735,7 +771,9 @@ impl<P: Copy + Eq> Switch<P> {
             Action::ToPeer { .. }
             | Action::Resolve { .. }
             | Action::Broadcast { .. }
-            | Action::Dhcp { .. } => {}
+            | Action::Dhcp { .. }
+            | Action::Dns { .. }
+            | Action::Service { .. } => {}
         }
         action
     }
@@ -783,6 +821,82 @@ impl<P: Copy + Eq> Switch<P> {
         };
         emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV4);
         Action::ToTap { len: frame_len }
+    }
+
+    /// The service address (the virtual DHCP and DNS server's), if the subnet is known.
+    fn service(&self) -> Ipv4Addr {
+        if self.config.subnet.prefix_len() >= 31 {
+            // No subnet yet (or no room for a service address).
+            return Ipv4Addr::UNSPECIFIED;
+        }
+        service_address(self.config.subnet)
+    }
+
+    /// A packet from the host (or a LAN host) to the service address.
+    fn to_service(
+        &self,
+        eth: &EthernetFrame<&[u8]>,
+        ip: &Ipv4Packet<&[u8]>,
+        packet: Range<usize>,
+    ) -> Action<P> {
+        // Router: unicast to someone else, flooded by the bridge.
+        if self.config.mode == Mode::Router && eth.dst() != self.config.remote_mac {
+            return Action::Drop(DropReason::LanLocal);
+        }
+        let src = ip.src();
+        if !self.config.subnet.contains(&src)
+            || src == self.config.subnet.network()
+            || src == self.subnet_broadcast()
+        {
+            return Action::Drop(DropReason::OutsideSubnet);
+        }
+        if ip.protocol() == IPPROTO_UDP {
+            if let Some((port, 53, udp)) = udp_parts(ip.payload()) {
+                let at = packet.end - ip.payload().len();
+                return Action::Dns {
+                    payload: at + udp.start..at + udp.end,
+                    client: Client {
+                        mac: eth.src(),
+                        ip: src,
+                        port,
+                    },
+                };
+            }
+        }
+        Action::Service {
+            packet,
+            mac: eth.src(),
+        }
+    }
+
+    /// Frames an answer of the virtual DNS server (UDP 53, from the service address and
+    /// the remote MAC) to `client` into `buf`; returns its length, or `None` if it does
+    /// not fit.
+    pub fn emit_dns_reply(&self, buf: &mut [u8], client: Client, payload: &[u8]) -> Option<usize> {
+        emit_udp(
+            buf,
+            (client.mac, self.config.remote_mac),
+            (self.service(), client.ip),
+            (53, client.port),
+            payload,
+        )
+    }
+
+    /// Frames an IPv4 packet of the service stack (from the service address) to `dst_mac`
+    /// into `buf`; returns its length, or `None` if it does not fit.
+    pub fn emit_service_packet(
+        &self,
+        buf: &mut [u8],
+        dst_mac: Mac,
+        packet: &[u8],
+    ) -> Option<usize> {
+        let total = ETH_HEADER_LEN + packet.len();
+        if buf.len() < total {
+            return None;
+        }
+        emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV4);
+        buf[ETH_HEADER_LEN..total].copy_from_slice(packet);
+        Some(total)
     }
 
     /// Frames a reply of the virtual DHCP server (UDP 67 -> 68, from the service address
@@ -1315,6 +1429,110 @@ mod tests {
         off.config.broadcast_rate = 0;
         let (action, _) = peer_packet(&mut off, [10, 201, 0, 2], [10, 201, 255, 255], later);
         assert_eq!(action, Action::Drop(DropReason::BroadcastRateLimited));
+    }
+
+    #[test]
+    fn dns_and_other_packets_to_the_service_address_go_to_the_agent() {
+        for mode in [Mode::Interface, Mode::Router, Mode::Hybrid] {
+            let mut sw = with_mode(mode);
+            sw.config.address = Ipv4Addr::new(10, 201, 0, 9);
+            let service = Ipv4Addr::new(10, 201, 0, 1);
+            let host = Ipv4Addr::new(10, 201, 0, 9);
+            let mut f = [0u8; 128];
+            let len = emit_udp(
+                &mut f,
+                (REMOTE_MAC, DEVICE_MAC),
+                (host, service),
+                (5353, 53),
+                b"query",
+            )
+            .unwrap();
+            let mut reply = [0u8; 64];
+            let Action::Dns { payload, client } = sw.handle_tap_frame(&f[..len], t0(), &mut reply)
+            else {
+                panic!("{mode:?}: not intercepted")
+            };
+            assert_eq!(&f[payload], b"query");
+            assert_eq!(
+                client,
+                Client {
+                    mac: DEVICE_MAC,
+                    ip: host,
+                    port: 5353
+                }
+            );
+            // The answer goes back from the service address, port 53, to the asker.
+            let mut buf = [0u8; 128];
+            let n = sw.emit_dns_reply(&mut buf, client, b"answer").unwrap();
+            let eth = EthernetFrame::new_checked(&buf[..n]).unwrap();
+            assert_eq!((eth.dst(), eth.src()), (DEVICE_MAC, REMOTE_MAC));
+            let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+            assert_eq!((ip.src(), ip.dst()), (service, host));
+            let (sport, dport, body) = udp_parts(ip.payload()).unwrap();
+            assert_eq!(
+                (sport, dport, &ip.payload()[body]),
+                (53, 5353, &b"answer"[..])
+            );
+            // Another port or protocol (here UDP 54): the service stack's.
+            let len = emit_udp(
+                &mut f,
+                (REMOTE_MAC, DEVICE_MAC),
+                (host, service),
+                (5353, 54),
+                b"x",
+            )
+            .unwrap();
+            let Action::Service { packet, mac } = sw.handle_tap_frame(&f[..len], t0(), &mut reply)
+            else {
+                panic!("{mode:?}: not for the service stack")
+            };
+            assert_eq!((packet, mac), (ETH_HEADER_LEN..len, DEVICE_MAC));
+            let n = sw
+                .emit_service_packet(&mut buf, DEVICE_MAC, &f[ETH_HEADER_LEN..len])
+                .unwrap();
+            assert_eq!(&buf[ETH_HEADER_LEN..n], &f[ETH_HEADER_LEN..len]);
+            // From outside the subnet: dropped.
+            let len = emit_udp(
+                &mut f,
+                (REMOTE_MAC, DEVICE_MAC),
+                (Ipv4Addr::new(192, 0, 2, 1), service),
+                (5353, 53),
+                b"q",
+            )
+            .unwrap();
+            assert_eq!(
+                sw.handle_tap_frame(&f[..len], t0(), &mut reply),
+                Action::Drop(DropReason::OutsideSubnet)
+            );
+            assert_eq!(
+                (sw.counters().dns_queries, sw.counters().service_packets),
+                (1, 1)
+            );
+            // ARP for the service address is answered in every mode, DHCP on or off.
+            let ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
+            assert!(
+                matches!(
+                    sw.handle_tap_frame(&ask, t0(), &mut reply),
+                    Action::ToTap { .. }
+                ),
+                "{mode:?}"
+            );
+        }
+        // Router: a LAN host's unicast to someone else's MAC is the bridge's business.
+        let mut sw = with_mode(Mode::Router);
+        let mut f = [0u8; 128];
+        let len = emit_udp(
+            &mut f,
+            (LAN_B, LAN_A),
+            (Ipv4Addr::new(10, 201, 0, 10), Ipv4Addr::new(10, 201, 0, 1)),
+            (5353, 53),
+            b"q",
+        )
+        .unwrap();
+        assert_eq!(
+            sw.handle_tap_frame(&f[..len], t0(), &mut [0u8; 64]),
+            Action::Drop(DropReason::LanLocal)
+        );
     }
 
     #[test]
