@@ -785,7 +785,7 @@ impl Membership {
         }
         if !self.settings_known
             || self.claiming.is_some()
-            || !self.next_claim.is_some_and(|t| now >= t)
+            || self.next_claim.is_none_or(|t| now < t)
         {
             return;
         }
@@ -812,7 +812,7 @@ impl Membership {
 
     /// Claims (or reads) the namespace record when due.
     fn run_settings(&mut self, now: Instant, overlay: &mut Overlay, identity: &Identity) {
-        if self.settings_op.is_some() || !self.next_settings.is_some_and(|t| now >= t) {
+        if self.settings_op.is_some() || self.next_settings.is_none_or(|t| now < t) {
             return;
         }
         self.next_settings = None;

@@ -730,7 +730,7 @@ impl Agent {
         let port = &mut self.ports[i];
         let tap = self.taps[i].as_ref();
         let mut write = |frame: &[u8]| {
-            if !tap.is_some_and(|t| t.get_ref().send(frame).is_ok()) {
+            if tap.is_none_or(|t| t.get_ref().send(frame).is_err()) {
                 port.tap_errors += 1;
             }
         };

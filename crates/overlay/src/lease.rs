@@ -315,7 +315,7 @@ impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
                 .iter()
                 .filter(|(_, o)| o.as_ref() == Some(owner))
                 .count();
-            if best.map_or(true, |(_, m)| n > m) {
+            if best.is_none_or(|(_, m)| n > m) {
                 best = Some((owner, n));
             }
         }

@@ -575,7 +575,7 @@ impl Node {
                 continue;
             };
             let handle = PeerHandle(i as u32);
-            if p.ns == ns && !p.addresses.is_empty() && peer.map_or(true, |h| h == handle) {
+            if p.ns == ns && !p.addresses.is_empty() && peer.is_none_or(|h| h == handle) {
                 self.events.push_back(Event::PeerAddresses {
                     ns,
                     peer: handle,

@@ -733,7 +733,7 @@ impl<P: Copy + Eq> Switch<P> {
         }
         if self.config.mode == Mode::Hybrid
             && !service
-            && !self.confirmed.get(&target).is_some_and(|&t| t > now)
+            && self.confirmed.get(&target).is_none_or(|&t| t <= now)
         {
             if !self.probes.contains_key(&target) {
                 self.probes.insert(
