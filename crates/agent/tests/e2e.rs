@@ -396,7 +396,15 @@ fn hostile_hosts_are_dropped_and_counted() {
         .ns_output(
             &h3,
             "ping",
-            &["-c", "3", "-W", "1", "-I", "10.201.0.99", "10.201.0.2"],
+            &[
+                "-c",
+                "3",
+                "-W",
+                "1",
+                "-I",
+                "10.201.0.99",
+                &vip(2).to_string(),
+            ],
         )
         .expect("ping");
     assert!(!out.status.success(), "spoofed ping got a reply");
@@ -437,7 +445,7 @@ fn hostile_hosts_are_dropped_and_counted() {
         .spawn(
             &h1,
             "ping",
-            &["-c", "20", "-i", "0.1", "10.201.0.2"],
+            &["-c", "20", "-i", "0.1", &vip(2).to_string()],
             &ping_log,
         )
         .expect("ping");
