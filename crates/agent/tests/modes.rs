@@ -205,6 +205,50 @@ fn router_hybrid_and_interface_hosts_share_one_namespace() {
         );
     }
 
+    // Every host's own agent (or its LAN's router) answers DNS at the service address:
+    // IPOP's automatic names and PTRs of addresses owned anywhere in the namespace.
+    for host in site.hybrids.iter().map(|h| &h.0).chain(&site.lan_hosts) {
+        let out = site
+            .bed
+            .ns_output(
+                &host.ns,
+                "dig",
+                &[
+                    "@10.201.0.1",
+                    "+short",
+                    "+time=2",
+                    "+tries=3",
+                    "c201000031.lab",
+                ],
+            )
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "10.201.0.31",
+            "{}",
+            host.name
+        );
+    }
+    let out = site
+        .bed
+        .ns_output(
+            &site.iface.0.ns,
+            "dig",
+            &[
+                "@10.201.0.1",
+                "+short",
+                "+time=2",
+                "+tries=3",
+                "-x",
+                "10.201.0.21",
+            ],
+        )
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "c201000021.lab."
+    );
+
     // A UDP broadcast sent at site 1 reaches site 2 and the interface host.
     wait_until(
         "every agent knows the broadcast group",
