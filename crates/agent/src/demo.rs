@@ -1,8 +1,9 @@
 //! `hyphae demo`: three hosts in network namespaces on one underlay bridge, each running
 //! `hyphae up` in interface mode. The first starts the overlay; the others know only its
 //! `host:port` and get `auto` addresses from the DHT. Every pair pings over the virtual
-//! addresses (each first packet is a DHT lookup), one agent's status is shown, and
-//! everything is removed again.
+//! addresses (each first packet is a DHT lookup), then by name through the virtual DNS
+//! (each host's resolver points at the namespace's service address), one agent's status is
+//! shown, and everything is removed again.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -43,7 +44,7 @@ pub fn demo() -> Result<()> {
     for (i, host) in hosts.iter().enumerate() {
         // alpha starts the overlay; the others join through alpha's host:port.
         let bootstrap = (i > 0).then_some(underlay[0]);
-        let config = join_config(
+        let mut config = join_config(
             host,
             "demo",
             &secret_file,
@@ -52,6 +53,8 @@ pub fn demo() -> Result<()> {
             bootstrap,
             60,
         );
+        // Its name in the virtual DNS: alpha.demo, ...
+        config += &format!("hostname = \"{}\"\n", host.name);
         let agent = bed.start_agent(host, &config)?;
         let vip = bed.claimed_address(host, &agent)?;
         println!(
@@ -90,6 +93,29 @@ pub fn demo() -> Result<()> {
         }
     }
 
+    println!(
+        "== every host pings every other by name: its resolver is the virtual DNS at 10.201.0.1"
+    );
+    for host in &hosts {
+        let resolv = bed.private_resolv_conf(host)?;
+        std::fs::write(&resolv, "nameserver 10.201.0.1\nsearch demo\n")?;
+    }
+    for from in &hosts {
+        for to in hosts.iter().filter(|h| h.name != from.name) {
+            let address = resolve(&bed, &from.ns, &to.name)?;
+            let out = bed.ns(&from.ns, "ping", &["-c", "2", "-i", "0.2", "-q", &to.name])?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let sent = text
+                .lines()
+                .find(|l| l.contains("packets transmitted"))
+                .unwrap_or_default();
+            println!(
+                "   {:<6} -> {:<6} ({}.demo is {address})  {sent}",
+                from.name, to.name, to.name
+            );
+        }
+    }
+
     println!("== `hyphae status` on {}", hosts[0].name);
     let out = bed.ns(
         &hosts[0].ns,
@@ -101,4 +127,21 @@ pub fn demo() -> Result<()> {
     drop(bed);
     println!("done: hyphae carried traffic between 3 hosts, encrypted, with no central server.");
     Ok(())
+}
+
+/// What `name` resolves to inside `ns` (glibc, through the namespace's resolv.conf); names
+/// are claimed right after addresses, so this waits a little for them.
+fn resolve(bed: &Testbed, ns: &str, name: &str) -> Result<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = bed.ns_output(ns, "getent", &["hosts", name])?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(address) = text.split_whitespace().next() {
+            return Ok(address.to_string());
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!("{name} did not resolve through the virtual DNS within 15 s");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
