@@ -301,14 +301,10 @@ impl Membership {
     /// address: a name the host's DHCP client gave it goes).
     fn bind_own_name(&mut self, now: Instant, overlay: &mut Overlay) {
         if let (Some(name), Some(address)) = (self.hostname.clone(), self.owned) {
-            let others: Vec<String> = self
-                .names
-                .iter()
-                .filter(|(n, l)| l.address == address && **n != name)
-                .map(|(n, _)| n.clone())
-                .collect();
-            for other in others {
-                self.unbind_name(&other, overlay);
+            for other in self.names_of(address) {
+                if other != name {
+                    self.unbind_name(&other, overlay);
+                }
             }
             self.bind_name(name, address, now);
         }
@@ -337,15 +333,7 @@ impl Membership {
             return;
         }
         // One name per address: a client that renamed itself gives the old one back.
-        let old: Vec<String> = self
-            .names
-            .iter()
-            .filter(|(_, n)| n.address == address)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for o in old {
-            self.unbind_name(&o, overlay);
-        }
+        self.unbind_address(address, overlay);
         self.bind_name(name, address, now);
     }
 
@@ -372,15 +360,18 @@ impl Membership {
         }
     }
 
-    /// Gives back every name that stands for `address` (its lease ended).
-    fn unbind_address(&mut self, address: Ipv4Addr, overlay: &mut Overlay) {
-        let gone: Vec<String> = self
-            .names
+    /// The names (held or being claimed) that stand for `address`.
+    fn names_of(&self, address: Ipv4Addr) -> Vec<String> {
+        self.names
             .iter()
             .filter(|(_, n)| n.address == address)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in gone {
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Gives back every name that stands for `address` (its lease ended).
+    fn unbind_address(&mut self, address: Ipv4Addr, overlay: &mut Overlay) {
+        for name in self.names_of(address) {
             self.unbind_name(&name, overlay);
         }
     }
