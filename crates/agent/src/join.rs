@@ -145,12 +145,7 @@ pub fn join(args: &JoinArgs) -> Result<()> {
 pub fn leave(namespace: &str, config_path: &Path) -> Result<()> {
     let old = read_config_text(config_path)?;
     let mut doc = parse(config_path, &old)?;
-    let Some(index) = namespace_names(&doc).iter().position(|n| n == namespace) else {
-        bail!(
-            "namespace '{namespace}' is not in {}",
-            config_path.display()
-        );
-    };
+    let index = namespace_index(&doc, namespace, config_path)?;
     let socket = crate::config::control_socket(config_path)?;
     let mut released = None;
     if agent_running(&socket) {
@@ -193,12 +188,7 @@ pub fn set_name(namespace: &str, name: &str, config_path: &Path) -> Result<()> {
     let name = hyphae_dhcp_dns::dns::host_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     let old = read_config_text(config_path)?;
     let mut doc = parse(config_path, &old)?;
-    let Some(index) = namespace_names(&doc).iter().position(|n| n == namespace) else {
-        bail!(
-            "namespace '{namespace}' is not in {}",
-            config_path.display()
-        );
-    };
+    let index = namespace_index(&doc, namespace, config_path)?;
     let socket = crate::config::control_socket(config_path)?;
     let mut message = None;
     if agent_running(&socket) {
@@ -243,6 +233,19 @@ fn read_config_text(path: &Path) -> Result<String> {
 fn parse(path: &Path, text: &str) -> Result<DocumentMut> {
     text.parse::<DocumentMut>()
         .map_err(|e| anyhow::anyhow!("config {}: {}", path.display(), e.message()))
+}
+
+/// Where `namespace` is among the file's namespaces.
+fn namespace_index(doc: &DocumentMut, namespace: &str, config_path: &Path) -> Result<usize> {
+    namespace_names(doc)
+        .iter()
+        .position(|n| n == namespace)
+        .with_context(|| {
+            format!(
+                "namespace '{namespace}' is not in {}",
+                config_path.display()
+            )
+        })
 }
 
 fn namespace_names(doc: &DocumentMut) -> Vec<String> {

@@ -389,21 +389,9 @@ impl Membership {
                 continue;
             };
             let key = self.keys.name_key(&name);
-            let expires = unix_now() + self.lease.as_secs();
-            let sealed = Envelope::seal(
-                &self.keys,
-                identity,
-                &key,
-                expires,
-                &encode(&NameInfo { address }),
-            );
-            let op = match sealed {
-                Ok(envelope) => Some(overlay.claim(key, envelope)),
-                Err(e) => {
-                    tracing::warn!(namespace = %self.name, error = %e, "cannot seal a name record");
-                    None
-                }
-            };
+            let op = self
+                .seal_record(&key, identity, &encode(&NameInfo { address }))
+                .map(|e| overlay.claim(key, e));
             if let Some(n) = self.names.get_mut(&name) {
                 n.next = None;
                 match op {
@@ -647,8 +635,18 @@ impl Membership {
             endpoints: endpoints.to_vec(),
             name,
         };
+        self.seal_record(key, identity, &encode(&info))
+    }
+
+    /// Seals and signs `plaintext` for `key`, valid for one lease.
+    fn seal_record(
+        &self,
+        key: &hyphae_overlay::records::RecordKey,
+        identity: &Identity,
+        plaintext: &[u8],
+    ) -> Option<Envelope> {
         let expires = unix_now() + self.lease.as_secs();
-        Envelope::seal(&self.keys, identity, key, expires, &encode(&info))
+        Envelope::seal(&self.keys, identity, key, expires, plaintext)
             .map_err(|e| tracing::warn!(namespace = %self.name, error = %e, "cannot seal a record"))
             .ok()
     }
@@ -814,15 +812,11 @@ impl Membership {
             self.settings_op = Some(SettingsOp::Get(overlay.get(key)));
             return;
         };
-        let expires = unix_now() + self.lease.as_secs();
-        match Envelope::seal(&self.keys, identity, &key, expires, &encode(settings)) {
-            Ok(envelope) => {
+        match self.seal_record(&key, identity, &encode(settings)) {
+            Some(envelope) => {
                 self.settings_op = Some(SettingsOp::Claim(overlay.claim(key, envelope)));
             }
-            Err(e) => {
-                tracing::warn!(namespace = %self.name, error = %e, "cannot seal the namespace record");
-                self.next_settings = Some(now + CLAIM_RETRY);
-            }
+            None => self.next_settings = Some(now + CLAIM_RETRY),
         }
     }
 
