@@ -298,8 +298,13 @@ impl Config {
 /// `mdns`: members may be found on the LAN, so the subnet may come from them.
 fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
     let valid_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
-    if s.name.is_empty() || s.name.len() > 63 || !s.name.chars().all(valid_name) {
-        bail!("name must be 1-63 letters, digits, '-', '_' or '.'");
+    // The name is also the namespace's DNS zone: dots separate non-empty labels.
+    if s.name.is_empty()
+        || s.name.len() > 63
+        || !s.name.chars().all(valid_name)
+        || s.name.split('.').any(str::is_empty)
+    {
+        bail!("name must be 1-63 letters, digits, '-', '_' or '.' (dots between labels, as in a domain)");
     }
     let mode = match s.mode.as_str() {
         "interface" => Mode::Interface,
@@ -779,6 +784,11 @@ endpoint = "10.200.0.3"
                 s,
             );
             assert!(e.contains(expected), "{bad}: {e}");
+        }
+        // The namespace name is the DNS zone: no empty labels.
+        for bad in ["lab.", ".lab", "a..b"] {
+            let e = err(&GOOD.replace("\"lab\"", &format!("\"{bad}\"")), s);
+            assert!(e.contains("dots between labels"), "{bad}: {e}");
         }
         let router = GOOD.replace("address = \"10.201.0.5\"\n", "").replace(
             "name = \"lab\"",

@@ -234,6 +234,8 @@ pub struct DnsStatus {
     pub rate_limited: u64,
     /// DHT reads started for queries.
     pub lookups: u64,
+    /// Queries and service packets that came before the namespace's subnet was known.
+    pub not_ready: u64,
     /// Name claims lost to another member.
     pub name_conflicts: u64,
 }

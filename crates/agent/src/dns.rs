@@ -12,6 +12,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use hyphae_dhcp_dns::dns::{self, Answer, Holder, Missing, Names};
+use hyphae_dhcp_dns::forward::Forwarder;
 use hyphae_dhcp_dns::tcp;
 use hyphae_overlay::records::{decode, Envelope, MemberInfo, NameInfo};
 use hyphae_overlay::swarm::{unix_now, OpId, Overlay};
@@ -29,21 +30,15 @@ pub const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 /// Queries waiting for DHT reads at once; beyond, new ones get SERVFAIL.
 pub const MAX_WAITING: usize = 256;
 
-/// Queries at the resolvers at once; beyond, new ones get SERVFAIL.
-pub const MAX_FORWARDS: usize = 256;
-
 /// A query waiting this long for a DHT read gets SERVFAIL.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(4);
-
-/// How long one resolver has to answer before the next one is asked.
-pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Cache entries kept (names plus addresses); beyond, the cache starts over.
 const MAX_CACHE: usize = 4096;
 
-/// Largest answer sent over UDP: the namespace MTU less IPv4 and UDP headers. A larger
+/// IPv4 and UDP headers: a UDP answer is at most the namespace MTU less these. A larger
 /// forwarded answer is sent truncated (the client asks again over TCP).
-const MAX_UDP_ANSWER: usize = 1420 - 28;
+const UDP_OVERHEAD: usize = 28;
 
 /// Who asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +62,7 @@ pub struct Stats {
     pub servfail: u64,
     /// Answers from the resolvers passed back.
     pub forwarded_answers: u64,
-    /// Queries dropped before the namespace's subnet was known.
+    /// Queries and service packets dropped before the namespace's subnet was known.
     pub not_ready: u64,
 }
 
@@ -78,20 +73,11 @@ struct Waiting {
     since: Instant,
 }
 
-struct Forward {
-    asker: Asker,
-    /// The query as sent (with our id), to send again to the next resolver.
-    query: Vec<u8>,
-    /// The asker's id.
-    id: [u8; 2],
-    /// Resolvers tried so far.
-    tries: usize,
-    deadline: Instant,
-}
-
 /// One namespace's DNS server in the agent.
 pub struct Dns {
-    resolvers: Vec<SocketAddr>,
+    forwarder: Forwarder<Asker>,
+    /// Largest UDP answer (the namespace MTU less headers).
+    max_udp: usize,
     server: Option<dns::Server>,
     tcp: Option<tcp::Endpoint>,
     /// Where the service stack's packets go: the MAC each client address spoke from.
@@ -100,17 +86,17 @@ pub struct Dns {
     holders: HashMap<Ipv4Addr, (Option<Holder>, Instant)>,
     lookups: HashMap<OpId, Missing>,
     waiting: Vec<Waiting>,
-    forwards: HashMap<[u8; 2], Forward>,
     udp_answers: VecDeque<(Client, Vec<u8>)>,
-    to_resolvers: VecDeque<(SocketAddr, Vec<u8>)>,
     stats: Stats,
 }
 
 impl Dns {
-    /// A server that forwards names outside the zone to `resolvers` (none: REFUSED).
-    pub fn new(resolvers: Vec<SocketAddr>) -> Self {
+    /// A server that forwards names outside the zone to `resolvers` (none: REFUSED), on a
+    /// namespace of MTU `mtu`.
+    pub fn new(resolvers: Vec<SocketAddr>, mtu: u16) -> Self {
         Self {
-            resolvers,
+            forwarder: Forwarder::new(resolvers),
+            max_udp: usize::from(mtu).saturating_sub(UDP_OVERHEAD),
             server: None,
             tcp: None,
             macs: HashMap::new(),
@@ -118,9 +104,7 @@ impl Dns {
             holders: HashMap::new(),
             lookups: HashMap::new(),
             waiting: Vec::new(),
-            forwards: HashMap::new(),
             udp_answers: VecDeque::new(),
-            to_resolvers: VecDeque::new(),
             stats: Stats::default(),
         }
     }
@@ -136,7 +120,7 @@ impl Dns {
 
     /// The configured resolvers.
     pub fn resolvers(&self) -> &[SocketAddr] {
-        &self.resolvers
+        self.forwarder.resolvers()
     }
 
     /// The zone server and the service stack, once the namespace's subnet is known.
@@ -148,7 +132,7 @@ impl Dns {
             self.server = Some(dns::Server::new(dns::Settings {
                 zone,
                 subnet,
-                forward: !self.resolvers.is_empty(),
+                forward: !self.forwarder.resolvers().is_empty(),
             }));
             // A random seed: TCP initial sequence numbers nobody can predict.
             let mut seed = [0u8; 8];
@@ -220,10 +204,20 @@ impl Dns {
     ) {
         let Some(server) = self.ready(m, now) else {
             self.stats.not_ready += 1;
+            self.unanswered(asker, now);
             return;
         };
         if server.admit(now) {
             self.answer(query, asker, now, m, overlay);
+        } else {
+            self.unanswered(asker, now);
+        }
+    }
+
+    /// A query that gets no answer: a TCP connection stops waiting for it.
+    fn unanswered(&mut self, asker: Asker, now: Instant) {
+        if let (Asker::Tcp(conn), Some(tcp)) = (asker, self.tcp.as_mut()) {
+            tcp.abandon(conn, now);
         }
     }
 
@@ -247,8 +241,13 @@ impl Dns {
         };
         match server.handle(&query, &view) {
             Answer::Reply(bytes) => self.send(asker, bytes, now),
-            Answer::Drop => {}
-            Answer::Forward => self.forward(query, asker, now),
+            Answer::Drop => self.unanswered(asker, now),
+            Answer::Forward => {
+                let tcp = matches!(asker, Asker::Tcp(_));
+                if !self.forwarder.forward(&query, asker, tcp, now) {
+                    self.fail(&query, asker, now);
+                }
+            }
             Answer::Lookup(missing) => self.wait(query, asker, missing, now, m, overlay),
         }
     }
@@ -345,60 +344,23 @@ impl Dns {
         true
     }
 
-    fn forward(&mut self, mut query: Vec<u8>, asker: Asker, now: Instant) {
-        let Some(&resolver) = self.resolvers.first() else {
-            return;
-        };
-        if self.forwards.len() >= MAX_FORWARDS || query.len() < 12 {
-            self.fail(&query, asker, now);
-            return;
-        }
-        let id = [query[0], query[1]];
-        // Our own id, so answers for two askers that chose the same one never mix.
-        let ours = loop {
-            let mut r = [0u8; 2];
-            if getrandom::getrandom(&mut r).is_err() {
-                self.fail(&query, asker, now);
-                return;
+    /// A datagram on the forwarding socket; returns false if it answers none of this
+    /// namespace's queries (not from a resolver, unknown id, another question).
+    pub fn resolver_answer(&mut self, from: SocketAddr, datagram: &[u8], now: Instant) -> bool {
+        match self.forwarder.answer(from, datagram) {
+            Ok((asker, answer)) => {
+                self.stats.forwarded_answers += 1;
+                self.send(asker, answer, now);
+                true
             }
-            if !self.forwards.contains_key(&r) {
-                break r;
-            }
-        };
-        query[..2].copy_from_slice(&ours);
-        self.to_resolvers.push_back((resolver, query.clone()));
-        self.forwards.insert(
-            ours,
-            Forward {
-                asker,
-                query,
-                id,
-                tries: 1,
-                deadline: now + FORWARD_TIMEOUT,
-            },
-        );
-    }
-
-    /// A datagram on the forwarding socket; returns false if it answers none of our
-    /// queries (not from a configured resolver, unknown id, not a response).
-    pub fn resolver_answer(&mut self, from: SocketAddr, answer: &[u8], now: Instant) -> bool {
-        if answer.len() < 12 || answer[2] & 0x80 == 0 || !self.resolvers.contains(&from) {
-            return false;
+            Err(_) => false,
         }
-        let Some(f) = self.forwards.remove(&[answer[0], answer[1]]) else {
-            return false;
-        };
-        let mut answer = answer.to_vec();
-        answer[..2].copy_from_slice(&f.id);
-        self.stats.forwarded_answers += 1;
-        self.send(f.asker, answer, now);
-        true
     }
 
     fn send(&mut self, asker: Asker, mut answer: Vec<u8>, now: Instant) {
         match asker {
             Asker::Udp(client) => {
-                if answer.len() > MAX_UDP_ANSWER {
+                if answer.len() > self.max_udp {
                     match dns::truncated(&answer) {
                         Some(cut) => answer = cut,
                         None => return,
@@ -416,8 +378,9 @@ impl Dns {
 
     fn fail(&mut self, query: &[u8], asker: Asker, now: Instant) {
         self.stats.servfail += 1;
-        if let Some(answer) = dns::servfail(query) {
-            self.send(asker, answer, now);
+        match dns::servfail(query) {
+            Some(answer) => self.send(asker, answer, now),
+            None => self.unanswered(asker, now),
         }
     }
 
@@ -431,27 +394,8 @@ impl Dns {
         for w in late {
             self.fail(&w.query, w.asker, now);
         }
-        let due: Vec<[u8; 2]> = self
-            .forwards
-            .iter()
-            .filter(|(_, f)| now >= f.deadline)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in due {
-            let Some(mut f) = self.forwards.remove(&id) else {
-                continue;
-            };
-            if f.tries < self.resolvers.len() {
-                let resolver = self.resolvers[f.tries];
-                f.tries += 1;
-                f.deadline = now + FORWARD_TIMEOUT;
-                self.to_resolvers.push_back((resolver, f.query.clone()));
-                self.forwards.insert(id, f);
-            } else {
-                let mut query = f.query;
-                query[..2].copy_from_slice(&f.id);
-                self.fail(&query, f.asker, now);
-            }
+        for (asker, query) in self.forwarder.handle_timeout(now) {
+            self.fail(&query, asker, now);
         }
         self.names.retain(|_, (_, t)| now < *t);
         self.holders.retain(|_, (_, t)| now < *t);
@@ -482,7 +426,7 @@ impl Dns {
 
     /// The next query for a resolver.
     pub fn poll_resolver_datagram(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
-        self.to_resolvers.pop_front()
+        self.forwarder.poll_datagram()
     }
 }
 

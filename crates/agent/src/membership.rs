@@ -67,7 +67,8 @@ struct Hosted {
 struct NameLease {
     address: Ipv4Addr,
     owned: bool,
-    claiming: Option<OpId>,
+    /// The claim in flight, and the address it was sealed with.
+    claiming: Option<(OpId, Ipv4Addr)>,
     next: Option<Instant>,
 }
 
@@ -205,6 +206,9 @@ pub struct Membership {
     pub name_error: Option<String>,
     /// Name claims lost to another member (own names and DHCP clients').
     pub name_conflicts: u64,
+    /// Addresses whose record must be sealed again (a name was won while a claim that
+    /// did not carry it was in flight).
+    reseal: HashSet<Ipv4Addr>,
 }
 
 impl Membership {
@@ -253,6 +257,7 @@ impl Membership {
             names: BTreeMap::new(),
             name_error: None,
             name_conflicts: 0,
+            reseal: HashSet::new(),
         }
     }
 
@@ -283,30 +288,39 @@ impl Membership {
             .collect()
     }
 
-    /// Names this member's own address `hostname` (replacing the previous name). The
-    /// name is claimed once the address is held; the outcome comes back as
+    /// Names this member's own address `hostname`. The name is claimed once the address
+    /// is held, and replaces the address's other names only once it is won (a name
+    /// another member holds leaves them as they were); the outcome comes back as
     /// [`ClaimOutcome::Name`].
     pub fn set_hostname(&mut self, hostname: Option<String>, now: Instant, overlay: &mut Overlay) {
         if let Some(old) = self.hostname.take() {
-            if Some(&old) != hostname.as_ref() {
+            // The old name goes if it is cleared or was never won; a won one stays until
+            // its successor is won.
+            if Some(&old) != hostname.as_ref()
+                && (hostname.is_none() || self.address_for(&old).is_none())
+            {
                 self.unbind_name(&old, overlay);
             }
         }
         self.hostname = hostname;
         self.name_error = None;
-        self.bind_own_name(now, overlay);
+        self.bind_own_name(now);
     }
 
-    /// Claims the hostname for the own address, once both are known (one name per
-    /// address: a name the host's DHCP client gave it goes).
-    fn bind_own_name(&mut self, now: Instant, overlay: &mut Overlay) {
+    /// Claims the hostname for the own address, once both are known.
+    fn bind_own_name(&mut self, now: Instant) {
         if let (Some(name), Some(address)) = (self.hostname.clone(), self.owned) {
-            for other in self.names_of(address) {
-                if other != name {
-                    self.unbind_name(&other, overlay);
-                }
-            }
             self.bind_name(name, address, now);
+        }
+    }
+
+    /// The own hostname was won: the address's other names (an earlier hostname, the one
+    /// the host's DHCP client sent) go, one name per address.
+    fn drop_other_names(&mut self, name: &str, address: Ipv4Addr, overlay: &mut Overlay) {
+        for other in self.names_of(address) {
+            if other != name {
+                self.unbind_name(&other, overlay);
+            }
         }
     }
 
@@ -395,7 +409,7 @@ impl Membership {
             if let Some(n) = self.names.get_mut(&name) {
                 n.next = None;
                 match op {
-                    Some(op) => n.claiming = Some(op),
+                    Some(op) => n.claiming = Some((op, address)),
                     None => n.next = Some(now + CLAIM_RETRY),
                 }
             }
@@ -408,12 +422,13 @@ impl Membership {
         op: OpId,
         result: &ClaimResult,
         now: Instant,
+        overlay: &mut Overlay,
     ) -> Option<ClaimOutcome> {
         let (name, lease) = self
             .names
             .iter_mut()
-            .find(|(_, n)| n.claiming == Some(op))?;
-        lease.claiming = None;
+            .find(|(_, n)| n.claiming.is_some_and(|(o, _)| o == op))?;
+        let sealed = lease.claiming.take().map(|(_, a)| a);
         let name = name.clone();
         let address = lease.address;
         let was = lease.owned;
@@ -421,7 +436,12 @@ impl Membership {
         let outcome = match result {
             ClaimResult::Won => {
                 lease.owned = true;
-                lease.next = Some(now + self.lease / 3);
+                // The address moved while the claim was out: claim again with the new one.
+                lease.next = Some(if sealed == Some(address) {
+                    now + self.lease / 3
+                } else {
+                    now
+                });
                 Ok(())
             }
             ClaimResult::Lost(Some(holder)) => {
@@ -446,8 +466,11 @@ impl Membership {
                 tracing::info!(namespace = %self.name, %name, %address, "name claimed");
                 if own {
                     self.name_error = None;
+                    self.drop_other_names(&name, address, overlay);
                 }
-                // The address record carries the name (its PTR): renew it now.
+                // The address record carries the name (its PTR): seal it again now, and
+                // again after a claim already in flight (sealed without the name).
+                self.reseal.insert(address);
                 if self.owned == Some(address) {
                     self.next_claim = Some(now);
                 } else if let Some(h) = self.hosted.get_mut(&address) {
@@ -464,6 +487,16 @@ impl Membership {
             }
         }
         Some(ClaimOutcome::Name(name, outcome))
+    }
+
+    /// When the record of `address`, just won, is next claimed: at once if a name was won
+    /// while that claim was out (its seal lacks it), else after a third of the lease.
+    fn renewal(&self, address: Ipv4Addr, now: Instant) -> Instant {
+        if self.reseal.contains(&address) {
+            now
+        } else {
+            now + self.lease / 3
+        }
     }
 
     /// The address lease time (the namespace record's, once read).
@@ -613,13 +646,16 @@ impl Membership {
         }
     }
 
-    /// An address record: where to reach this member, until the lease ends.
+    /// An address record: where to reach this member (and the name held for the address),
+    /// until the lease ends.
     fn seal_address(
-        &self,
+        &mut self,
         address: Ipv4Addr,
         identity: &Identity,
         endpoints: &[SocketAddr],
     ) -> Option<Envelope> {
+        // This seal carries the current name.
+        self.reseal.remove(&address);
         let name = self.name_for(address).map(str::to_string);
         self.seal(&self.keys.address_key(address), identity, endpoints, name)
     }
@@ -927,7 +963,7 @@ impl Membership {
             }
             return Some(ClaimOutcome::Nothing);
         }
-        if let Some(outcome) = self.name_claimed(op, result, now) {
+        if let Some(outcome) = self.name_claimed(op, result, now, overlay) {
             return Some(outcome);
         }
         if let Some((client, address, exact)) = self.dhcp_claims.remove(&op) {
@@ -937,15 +973,15 @@ impl Membership {
                     if self.host_uses_dhcp() {
                         self.owned = Some(address);
                         self.confirmed = true;
-                        self.next_claim = Some(now + self.lease / 3);
-                        self.bind_own_name(now, overlay);
+                        self.next_claim = Some(self.renewal(address, now));
+                        self.bind_own_name(now);
                     } else {
                         self.hosted.insert(
                             address,
                             Hosted {
                                 owned: true,
                                 claiming: None,
-                                next: Some(now + self.lease / 3),
+                                next: Some(self.renewal(address, now)),
                             },
                         );
                     }
@@ -971,7 +1007,11 @@ impl Membership {
             match result {
                 ClaimResult::Won => {
                     h.owned = true;
-                    h.next = Some(now + self.lease / 3);
+                    h.next = Some(if self.reseal.contains(&address) {
+                        now
+                    } else {
+                        now + self.lease / 3
+                    });
                     if !was {
                         tracing::info!(namespace = %self.name, %address, "LAN host's address claimed");
                     }
@@ -988,7 +1028,12 @@ impl Membership {
                 }
                 ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
             }
-            return Some(if was != h.owned {
+            let changed = was != h.owned;
+            if was && !h.owned {
+                // Its names stood for an address that is someone else's now.
+                self.unbind_address(address, overlay);
+            }
+            return Some(if changed {
                 ClaimOutcome::Hosted
             } else {
                 ClaimOutcome::Nothing
@@ -1001,13 +1046,13 @@ impl Membership {
         self.claiming = None;
         Some(match result {
             ClaimResult::Won => {
-                self.next_claim = Some(now + self.lease / 3);
+                self.next_claim = Some(self.renewal(address, now));
                 self.confirmed = true;
                 if self.owned == Some(address) {
                     return Some(ClaimOutcome::Nothing);
                 }
                 self.owned = Some(address);
-                self.bind_own_name(now, overlay);
+                self.bind_own_name(now);
                 let _ = std::fs::write(&self.state_file, format!("{address}\n"));
                 tracing::info!(namespace = %self.name, %address, "address claimed");
                 ClaimOutcome::Won(address)
@@ -1034,6 +1079,8 @@ impl Membership {
                             tracing::error!(namespace = %self.name, %address, %holder,
                                 "lost our address to another member; claiming a new one");
                             self.owned = None;
+                            // Its names go (the hostname comes back with the next address).
+                            self.unbind_address(address, overlay);
                         }
                         self.tried.insert(address);
                         self.next_claim = Some(now);

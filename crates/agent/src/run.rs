@@ -407,7 +407,7 @@ impl Agent {
             }),
             dhcp: None,
             gateway: ns.gateway,
-            dns: crate::dns::Dns::new(ns.resolvers.clone()),
+            dns: crate::dns::Dns::new(ns.resolvers.clone(), ns.mtu),
             tap_errors: 0,
             live: false,
             error: None,
@@ -616,7 +616,11 @@ impl Agent {
             server: hyphae_vswitch::service_address(subnet),
             dns: vec![hyphae_vswitch::service_address(subnet)],
             domain: m.name.clone(),
-            router: self.ports[i].gateway,
+            // A gateway checked against a configured subnet may not fit the one the
+            // namespace record says: then none.
+            router: self.ports[i]
+                .gateway
+                .filter(|g| crate::config::check_in_subnet(*g, subnet).is_ok()),
             lease: m.lease(),
         };
         self.ports[i]
@@ -801,8 +805,20 @@ impl Agent {
                 return;
             }
         };
+        if self.name_waiters.iter().any(|w| w.ns == i) {
+            let _ = reply.send(Err(format!(
+                "namespace '{ns}': another `hyphae name set` is still waiting for its claim"
+            )));
+            return;
+        }
         let now = Instant::now();
         let m = &mut self.members[i];
+        if let (Some(name), Some(owned)) = (&name, m.owned) {
+            if m.address_for(name) == Some(owned) {
+                let _ = reply.send(Ok(format!("{name}.{ns} is {owned}")));
+                return;
+            }
+        }
         let previous = m.hostname.clone();
         m.set_hostname(name.clone(), now, &mut self.overlay);
         match (name, m.owned) {
@@ -1297,6 +1313,7 @@ impl Agent {
                             dropped: zone.dropped,
                             rate_limited: zone.rate_limited,
                             lookups: agent.lookups,
+                            not_ready: agent.not_ready,
                             name_conflicts: m.name_conflicts,
                         }
                     },

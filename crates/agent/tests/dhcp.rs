@@ -362,6 +362,9 @@ fn dhcp_and_dns_with_real_clients() {
         !out.status.success() && err.contains("is held by member"),
         "{err}"
     );
+    // ... and d keeps the name it had.
+    answers(&bed, &d, &["bravo.lab"], &bravo).unwrap();
+    assert_eq!(ns_status(&bed, &d, &da).names.get("bravo"), Some(&bravo));
     let out = bed
         .ns_output(
             &d.ns,

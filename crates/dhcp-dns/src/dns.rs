@@ -15,12 +15,15 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, PTR};
+use hickory_proto::rr::rdata::{A, PTR, SOA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use ipnet::Ipv4Net;
 
 /// TTL of the answers (names move with their owners' leases).
 pub const TTL: u32 = 60;
+
+/// How long a resolver may remember that a name is not there (the SOA's minimum).
+pub const NEGATIVE_TTL: u32 = 5;
 
 /// Something the store does not know yet: the agent reads it from the DHT and asks again.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -190,7 +193,20 @@ impl Server {
         response.metadata.recursion_available = self.settings.forward;
         response.add_query(query.clone());
 
-        let reverse = reverse_address(&name).filter(|a| self.settings.subnet.contains(a));
+        let reverse = reverse_octets(&name);
+        if let Some(octets) = reverse.as_deref().filter(|o| o.len() < 4) {
+            if self.covers(octets) {
+                // A name on the way to our reverse names (e.g. 201.10.in-addr.arpa): it
+                // exists, with no records of its own.
+                response.metadata.authoritative = true;
+                self.stats.answered += 1;
+                return self.encode(response);
+            }
+        }
+        let reverse = reverse
+            .and_then(|o| <[u8; 4]>::try_from(o).ok())
+            .map(Ipv4Addr::from)
+            .filter(|a| self.settings.subnet.contains(a));
         if let Some(address) = reverse {
             response.metadata.authoritative = true;
             let holder = match names.holder_of(address) {
@@ -222,7 +238,12 @@ impl Server {
         }
         response.metadata.authoritative = true;
         if name == self.zone {
-            // The apex exists (it has no address).
+            // The apex exists: its SOA, and no address.
+            if matches!(qtype, RecordType::SOA | RecordType::ANY) {
+                response.add_answer(self.soa());
+            } else {
+                response.add_authority(self.soa());
+            }
             self.stats.answered += 1;
             return self.encode(response);
         }
@@ -244,6 +265,8 @@ impl Server {
             Err(missing) => return Answer::Lookup(missing),
         };
         let Some(address) = address else {
+            // The SOA tells resolvers how long to remember that the name is not there.
+            response.add_authority(self.soa());
             return self.nxdomain(response);
         };
         if matches!(qtype, RecordType::A | RecordType::ANY) {
@@ -252,10 +275,43 @@ impl Server {
                 TTL,
                 RData::A(A(address)),
             ));
+        } else {
+            // Other types of an existing name: NOERROR with no records (NODATA).
+            response.add_authority(self.soa());
         }
-        // Other types of an existing name: NOERROR with no records (NODATA).
         self.stats.answered += 1;
         self.encode(response)
+    }
+
+    /// The zone's SOA record: its minimum (the negative-caching time) is short, since
+    /// names come and go with their leases.
+    fn soa(&self) -> Record {
+        let hostmaster = Name::from_ascii("hostmaster")
+            .ok()
+            .and_then(|h| h.append_domain(&self.zone).ok())
+            .unwrap_or_else(|| self.zone.clone());
+        Record::from_rdata(
+            self.zone.clone(),
+            NEGATIVE_TTL,
+            RData::SOA(SOA::new(
+                self.zone.clone(),
+                hostmaster,
+                1,
+                3600,
+                600,
+                86400,
+                NEGATIVE_TTL,
+            )),
+        )
+    }
+
+    /// Whether the reverse name of the first `octets` (1-3 of them) lies inside the
+    /// subnet's reverse names.
+    fn covers(&self, octets: &[u8]) -> bool {
+        let mut a = [0u8; 4];
+        a[..octets.len()].copy_from_slice(octets);
+        octets.len() * 8 >= usize::from(self.settings.subnet.prefix_len())
+            && self.settings.subnet.contains(&Ipv4Addr::from(a))
     }
 
     fn in_zone(&self, host: &str) -> Option<Name> {
@@ -360,17 +416,25 @@ fn automatic_address(host: &str, subnet: Ipv4Net) -> Option<Ipv4Addr> {
     subnet.contains(&a).then_some(a)
 }
 
-/// `d.c.b.a.in-addr.arpa.` -> a.b.c.d.
-fn reverse_address(name: &Name) -> Option<Ipv4Addr> {
-    let labels: Vec<&[u8]> = name.iter().collect();
-    let [d, c, b, a, inaddr, arpa] = labels.as_slice() else {
+/// `d.c.b.a.in-addr.arpa.` -> [a, b, c, d]; also the shorter names above it (`b.a.in-addr.arpa.`
+/// -> [a, b]).
+fn reverse_octets(name: &Name) -> Option<Vec<u8>> {
+    let mut labels: Vec<&[u8]> = name.iter().collect();
+    let [.., inaddr, arpa] = labels.as_slice() else {
         return None;
     };
     if !inaddr.eq_ignore_ascii_case(b"in-addr") || !arpa.eq_ignore_ascii_case(b"arpa") {
         return None;
     }
-    let octet = |l: &[u8]| std::str::from_utf8(l).ok()?.parse::<u8>().ok();
-    Some(Ipv4Addr::new(octet(a)?, octet(b)?, octet(c)?, octet(d)?))
+    labels.truncate(labels.len() - 2);
+    if labels.is_empty() || labels.len() > 4 {
+        return None;
+    }
+    labels
+        .iter()
+        .rev()
+        .map(|l| std::str::from_utf8(l).ok()?.parse::<u8>().ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -519,6 +583,38 @@ mod tests {
         let r = ask(&mut s, "9.9.250.10.in-addr.arpa.", RecordType::PTR);
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(s.stats().nxdomain, 5);
+    }
+
+    #[test]
+    fn negative_answers_carry_the_soa_and_reverse_zone_cuts_exist() {
+        let mut s = server(false);
+        let r = ask(&mut s, "nobody.lab.", RecordType::A);
+        assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+        let soa = |r: &Message| match r.authorities.first().map(|rec| &rec.data) {
+            Some(RData::SOA(soa)) => soa.minimum,
+            other => panic!("no SOA: {other:?}"),
+        };
+        assert_eq!(soa(&r), NEGATIVE_TTL);
+        // NODATA too; and the apex answers its SOA.
+        assert_eq!(
+            soa(&ask(&mut s, "web.lab.", RecordType::AAAA)),
+            NEGATIVE_TTL
+        );
+        let apex = ask(&mut s, "lab.", RecordType::SOA);
+        assert!(matches!(apex.answers[0].data, RData::SOA(_)));
+        // 10.250.0.0/16: 250.10.in-addr.arpa and below are ours (no records of their own);
+        // 10.in-addr.arpa is not (refused here: no resolvers), nor is 9.10.in-addr.arpa.
+        for (n, code) in [
+            ("250.10.in-addr.arpa.", ResponseCode::NoError),
+            ("0.250.10.in-addr.arpa.", ResponseCode::NoError),
+            ("10.in-addr.arpa.", ResponseCode::Refused),
+            ("9.10.in-addr.arpa.", ResponseCode::Refused),
+            ("x.250.10.in-addr.arpa.", ResponseCode::Refused),
+        ] {
+            let r = ask(&mut s, n, RecordType::SOA);
+            assert_eq!(r.metadata.response_code, code, "{n}");
+            assert!(r.answers.is_empty(), "{n}");
+        }
     }
 
     #[test]

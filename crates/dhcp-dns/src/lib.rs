@@ -7,9 +7,12 @@
 //!   (IPOP Sec. 4.2, Diverter's synthesized DHCP).
 //! - [`dns`]: the namespace's DNS zone (hickory-proto messages): member names, IPOP's
 //!   automatic names, reverse names; forwarding or REFUSED outside it.
+//! - [`forward`]: queries outside the zone to the configured resolvers, answers matched by
+//!   resolver, id and question.
 //! - [`tcp`]: DNS over TCP (RFC 7766) at the service address, a sans-I/O smoltcp stack that
 //!   turns client IPv4 packets into query messages and responses back into packets.
 
 pub mod dhcp;
 pub mod dns;
+pub mod forward;
 pub mod tcp;

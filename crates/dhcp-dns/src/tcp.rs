@@ -306,6 +306,20 @@ impl Endpoint {
         self.run();
     }
 
+    /// A query of `conn` that will get no answer (dropped, rate limited): it no longer
+    /// holds the connection open or counts against its pipelining bound.
+    pub fn abandon(&mut self, conn: ConnId, now: Instant) {
+        self.advance(now);
+        if let Some(slot) = self.slots.get_mut(conn.slot) {
+            if slot.generation == conn.generation {
+                if let Some(c) = slot.conn.as_mut() {
+                    c.outstanding = c.outstanding.saturating_sub(1);
+                }
+            }
+        }
+        self.run();
+    }
+
     /// The next IPv4 packet to send to a client (the caller frames it in Ethernet).
     pub fn poll_packet(&mut self) -> Option<Vec<u8>> {
         self.device.tx.pop_front()
@@ -1192,6 +1206,24 @@ mod tests {
         assert_eq!(pair.socket(client).state(), State::Established);
         pair.respond(conn, &message(1, 40));
         assert_eq!(pair.received(client), framed(&message(1, 40)));
+    }
+
+    #[test]
+    fn abandoned_queries_let_the_idle_timeout_close_the_connection() {
+        let mut pair = Pair::new();
+        let client = pair.connect(50000);
+        pair.send_message(client, &message(1, 30));
+        let conn = pair.queries()[0].0;
+        let now = pair.now;
+        pair.server.abandon(conn, now);
+        // Unlike an unanswered query, an abandoned one does not hold the connection open.
+        pair.advance(IDLE_TIMEOUT + Duration::from_secs(2));
+        assert_eq!(
+            pair.socket(client).state(),
+            State::CloseWait,
+            "FIN received"
+        );
+        assert_eq!(pair.server.stats().responses, 0);
     }
 
     #[test]
