@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use hyphae_dhcp_dns::dns::{self, Answer, Holder, Missing, Names};
 use hyphae_dhcp_dns::forward::Forwarder;
 use hyphae_dhcp_dns::tcp;
-use hyphae_overlay::records::{decode, Envelope, MemberInfo, NameInfo};
+use hyphae_overlay::records::{Envelope, MemberInfo, NameInfo};
 use hyphae_overlay::swarm::{unix_now, OpId, Overlay};
 use hyphae_vswitch::{Client, Mac};
 use ipnet::Ipv4Net;
@@ -305,33 +305,23 @@ impl Dns {
             Missing::Name(host) => {
                 let key = m.keys.name_key(host);
                 let found = envelopes.iter().find_map(|e| {
-                    let (_, plain) = e.open(&m.keys, &key, unix_now()).ok()?;
-                    let info: NameInfo = decode(&plain).ok()?;
+                    let (_, info) = e.read::<NameInfo>(&m.keys, &key, unix_now()).ok()?;
                     subnet.contains(&info.address).then_some(info.address)
                 });
-                let ttl = if found.is_some() {
-                    CACHE_TTL
-                } else {
-                    NEGATIVE_TTL
-                };
-                self.names.insert(host.clone(), (found, now + ttl));
+                self.names
+                    .insert(host.clone(), (found, now + cache_ttl(found.is_some())));
             }
             Missing::Address(a) => {
                 let key = m.keys.address_key(*a);
                 let found = envelopes.iter().find_map(|e| {
-                    let (_, plain) = e.open(&m.keys, &key, unix_now()).ok()?;
-                    let info: MemberInfo = decode(&plain).ok()?;
+                    let (_, info) = e.read::<MemberInfo>(&m.keys, &key, unix_now()).ok()?;
                     Some(Holder {
                         // A name is only shown if it is one a member may hold.
                         name: info.name.and_then(|n| dns::host_name(&n).ok()),
                     })
                 });
-                let ttl = if found.is_some() {
-                    CACHE_TTL
-                } else {
-                    NEGATIVE_TTL
-                };
-                self.holders.insert(*a, (found, now + ttl));
+                let until = now + cache_ttl(found.is_some());
+                self.holders.insert(*a, (found, until));
             }
         }
         let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
@@ -427,6 +417,15 @@ impl Dns {
     /// The next query for a resolver.
     pub fn poll_resolver_datagram(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
         self.forwarder.poll_datagram()
+    }
+}
+
+/// How long a DHT read is cached: longer when someone holds the key.
+fn cache_ttl(found: bool) -> Duration {
+    if found {
+        CACHE_TTL
+    } else {
+        NEGATIVE_TTL
     }
 }
 

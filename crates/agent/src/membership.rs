@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hyphae_dhcp_dns::dhcp::ClientId;
-use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo, NameInfo};
+use hyphae_overlay::records::{encode, Envelope, MemberInfo, NameInfo};
 use hyphae_overlay::swarm::{unix_now, ClaimResult, OpId, Overlay};
 use hyphae_overlay::{Identity, NamespaceKeys, PeerId};
 use ipnet::Ipv4Net;
@@ -736,8 +736,7 @@ impl Membership {
             envelopes
                 .iter()
                 .filter_map(|e| {
-                    let (owner, plain) = e.open(&self.keys, &key, unix_now()).ok()?;
-                    let info: MemberInfo = decode(&plain).ok()?;
+                    let (owner, info) = e.read::<MemberInfo>(&self.keys, &key, unix_now()).ok()?;
                     let member = PeerId::from_bytes(owner).ok()?;
                     Some((member, *info.endpoints.first()?))
                 })
@@ -1001,17 +1000,20 @@ impl Membership {
                 }
             });
         }
-        if let Some((&address, h)) = self.hosted.iter_mut().find(|(_, h)| h.claiming == Some(op)) {
+        let hosted = self
+            .hosted
+            .iter()
+            .find(|(_, h)| h.claiming == Some(op))
+            .map(|(a, _)| *a);
+        if let Some(address) = hosted {
+            let renew_at = self.renewal(address, now);
+            let h = self.hosted.get_mut(&address)?;
             h.claiming = None;
             let was = h.owned;
             match result {
                 ClaimResult::Won => {
                     h.owned = true;
-                    h.next = Some(if self.reseal.contains(&address) {
-                        now
-                    } else {
-                        now + self.lease / 3
-                    });
+                    h.next = Some(renew_at);
                     if !was {
                         tracing::info!(namespace = %self.name, %address, "LAN host's address claimed");
                     }
@@ -1146,8 +1148,7 @@ impl Membership {
             self.settings_op = None;
             let key = self.keys.settings_key();
             let found = envelopes.iter().find_map(|e| {
-                let (owner, plain) = e.open(&self.keys, &key, unix_now()).ok()?;
-                let settings: Settings = decode(&plain).ok()?;
+                let (owner, settings) = e.read::<Settings>(&self.keys, &key, unix_now()).ok()?;
                 settings.validate().ok()?;
                 Some((settings, PeerId::from_bytes(owner).ok()?))
             });
@@ -1169,8 +1170,7 @@ impl Membership {
         let target = self.resolving.remove(&op)?;
         let key = self.keys.address_key(target);
         let found = envelopes.iter().find_map(|e| {
-            let (owner, plain) = e.open(&self.keys, &key, unix_now()).ok()?;
-            let info: MemberInfo = decode(&plain).ok()?;
+            let (owner, info) = e.read::<MemberInfo>(&self.keys, &key, unix_now()).ok()?;
             let member = PeerId::from_bytes(owner).ok()?;
             Some(Resolved {
                 target,

@@ -209,6 +209,18 @@ impl Envelope {
             .map_err(|_| RecordError::BadSeal)?;
         Ok((owner, plaintext))
     }
+
+    /// What a member reads: the envelope opened ([`Envelope::open`]) and its plaintext
+    /// decoded as `T`.
+    pub fn read<T: for<'de> Deserialize<'de>>(
+        &self,
+        keys: &NamespaceKeys,
+        key: &RecordKey,
+        now_unix: u64,
+    ) -> Result<(OwnerKey, T), RecordError> {
+        let (owner, plain) = self.open(keys, key, now_unix)?;
+        Ok((owner, decode(&plain)?))
+    }
 }
 
 fn associated_data(key: &RecordKey, owner: &OwnerKey, expires: u64) -> Vec<u8> {
