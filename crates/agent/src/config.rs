@@ -16,15 +16,14 @@ use serde::Deserialize;
 /// Default underlay UDP port.
 pub const DEFAULT_PORT: u16 = 7400;
 
-/// Default TAP MTU: a 1500-byte underlay minus IPv6 (40) + UDP (8) + WireGuard data (32)
-/// overhead, so tunnel datagrams never fragment on IPv4 or IPv6 underlays.
-pub const DEFAULT_MTU: u16 = 1420;
+/// Default TAP MTU (1420): see [`hyphae_overlay::DEFAULT_MTU`] for how it is derived.
+pub use hyphae_overlay::DEFAULT_MTU;
 
 /// Default address lease time: a crashed member's address is free again after this long.
 pub const DEFAULT_LEASE_SECS: u64 = 600;
 
 /// Shortest lease: renewals go out every third of it.
-pub const MIN_LEASE_SECS: u64 = 6;
+pub use hyphae_overlay::membership::MIN_LEASE_SECS;
 
 /// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
 const MAX_DEVICE_NAME: usize = 15;
@@ -156,29 +155,8 @@ pub struct Agent {
 /// How a namespace attaches to the host (IPOP Sec. 3): interface, router or hybrid.
 pub use hyphae_vswitch::Mode;
 
-/// How a member gets its virtual address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Address {
-    /// This address, claimed in the DHT (start fails if another member owns it).
-    Static(Ipv4Addr),
-    /// Any free address of the subnet, claimed in the DHT.
-    Auto,
-    /// None of its own (router mode: the agent claims its LAN hosts' addresses).
-    None,
-    /// Whatever the host's DHCP client obtains from the agent's virtual DHCP server (the
-    /// device comes up without an address).
-    Dhcp,
-}
-
-impl Address {
-    /// The static address, if any.
-    pub fn fixed(self) -> Option<Ipv4Addr> {
-        match self {
-            Address::Static(a) => Some(a),
-            Address::Auto | Address::None | Address::Dhcp => None,
-        }
-    }
-}
+/// How a member gets its virtual address: static, `auto`, none (router) or DHCP.
+pub use hyphae_overlay::membership::Address;
 
 /// One namespace membership.
 #[derive(Clone)]
@@ -499,18 +477,7 @@ pub fn parse_subnet(text: &str) -> Result<Ipv4Net> {
 
 /// Whether `address` can be a member's address in `subnet`.
 pub fn check_in_subnet(address: Ipv4Addr, subnet: Ipv4Net) -> Result<()> {
-    if !subnet.contains(&address) {
-        bail!("address {address} is outside the subnet {subnet}");
-    }
-    if address == subnet.network() || address == subnet.broadcast() {
-        bail!("address {address} is the network or broadcast address of {subnet}");
-    }
-    if address == hyphae_vswitch::service_address(subnet) {
-        bail!(
-            "address {address} is the namespace's service address (its virtual DHCP and DNS server answer there); choose another"
-        );
-    }
-    Ok(())
+    hyphae_overlay::membership::check_address(address, subnet).map_err(anyhow::Error::msg)
 }
 
 /// A bootstrap address: `host:port` / `host` (the member's listen port, TCP) or a libp2p

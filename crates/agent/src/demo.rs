@@ -4,6 +4,7 @@
 //! addresses (each first packet is a DHT lookup), then by name through the virtual DNS
 //! (each host's resolver points at the namespace's service address), one agent's status is
 //! shown, and everything is removed again.
+#![allow(clippy::print_stdout)] // the demo prints what it shows
 
 use std::net::Ipv4Addr;
 use std::time::Duration;

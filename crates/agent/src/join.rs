@@ -5,6 +5,7 @@
 //! The config file stays the single source of truth: the agent re-reads it for the namespace
 //! it is asked to join. Edits keep the file's comments and layout (toml_edit), and a join that
 //! the agent refuses is taken back out of the file.
+#![allow(clippy::print_stdout)] // the CLI prints its results
 
 use std::io::ErrorKind;
 use std::os::unix::net::UnixStream;
@@ -43,7 +44,7 @@ pub struct JoinArgs {
     #[arg(long)]
     pub device: Option<String>,
     /// Config file (created if missing).
-    #[arg(short, long, default_value_os_t = crate::run::default_config_path())]
+    #[arg(short, long, default_value_os_t = crate::setup::default_config_path())]
     pub config: PathBuf,
 }
 

@@ -3,11 +3,15 @@
 
 pub mod config;
 pub mod control;
+mod control_server;
+mod datapath;
 pub mod demo;
-pub mod dns;
+mod driver;
+mod events;
 pub mod join;
 pub mod lan;
-pub mod membership;
-pub mod run;
+mod services;
+pub mod setup;
+mod status;
 pub mod testbed;
 mod underlay;

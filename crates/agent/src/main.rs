@@ -1,4 +1,5 @@
 //! The `hyphae` command line.
+#![allow(clippy::print_stdout)] // the CLI prints its results
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use base64::Engine as _;
 use clap::{Parser, Subcommand};
-use hyphae_agent::{config, control, demo, join, run};
+use hyphae_agent::{config, control, demo, join, setup};
 
 /// hyphae: a userspace overlay VPN. One flat private subnet for every member of a namespace.
 #[derive(Parser)]
@@ -21,13 +22,13 @@ enum Cmd {
     /// Run the agent in the foreground (needs root).
     Up {
         /// Config file.
-        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
     },
     /// Show the running agent's namespaces, members and counters.
     Status {
         /// Config file (for the control socket path).
-        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
         /// Print the stable JSON form (docs/CONTROL.md).
         #[arg(long)]
@@ -42,7 +43,7 @@ enum Cmd {
         /// Namespace name.
         namespace: String,
         /// Config file.
-        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
     },
     /// Name this member in a namespace's virtual DNS (`NAME.NAMESPACE`).
@@ -52,7 +53,7 @@ enum Cmd {
     /// and through whom) and round-trip time.
     Peers {
         /// Config file (for the control socket path).
-        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
         /// Print JSON: `{"namespaces": [{"name", "address", "peers": [...]}]}` with the
         /// peer objects of `hyphae status --json`.
@@ -75,7 +76,7 @@ enum NameCmd {
         /// Host name: letters, digits and inner '-'.
         name: String,
         /// Config file.
-        #[arg(short, long, default_value_os_t = run::default_config_path())]
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
     },
 }
@@ -101,7 +102,7 @@ fn main() -> ExitCode {
 
 fn execute(cmd: Cmd) -> Result<()> {
     match cmd {
-        Cmd::Up { config } => run::up(config::Config::load(&config)?),
+        Cmd::Up { config } => setup::up(config::Config::load(&config)?),
         Cmd::Status { config, json } => {
             let socket = config::control_socket(&config)?;
             let reply = control::request(&socket, &control::Request::Status)?;

@@ -230,7 +230,9 @@ fn dhcp_and_dns_with_real_clients() {
         )
     );
     let ra = bed.start_agent(&r, &cfg).unwrap();
-    let l = bed.add_lan_host(&lan, "l", "", 1420).unwrap();
+    let l = bed
+        .add_lan_host(&lan, "l", "", hyphae_agent::config::DEFAULT_MTU)
+        .unwrap();
     let script = l.dir.join("udhcpc.sh");
     let env_file = l.dir.join("udhcpc.env");
     std::fs::write(

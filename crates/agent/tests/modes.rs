@@ -16,7 +16,7 @@ use hyphae_agent::testbed::{agent_section, require_root, AgentHandle, Host, Test
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
 /// LAN hosts in router and hybrid modes use the namespace MTU (see README).
-const MTU: u16 = 1420;
+const MTU: u16 = hyphae_agent::config::DEFAULT_MTU;
 
 fn vip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 201, 0, last)

@@ -438,6 +438,7 @@ fn reverse_octets(name: &Name) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // a base instant for the virtual clock
 mod tests {
     use super::*;
     use hickory_proto::op::Query;

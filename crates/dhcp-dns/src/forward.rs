@@ -52,15 +52,18 @@ pub enum Rejected {
 
 /// The queries one namespace has at its resolvers.
 pub struct Forwarder<A> {
+    rng: rand::rngs::StdRng,
     resolvers: Vec<SocketAddr>,
     pending: HashMap<[u8; 2], Pending<A>>,
     out: VecDeque<(SocketAddr, Vec<u8>)>,
 }
 
 impl<A: Copy> Forwarder<A> {
-    /// Forwards to `resolvers`, in this order.
-    pub fn new(resolvers: Vec<SocketAddr>) -> Self {
+    /// Forwards to `resolvers`, in this order. `seed` seeds the query ids (seed it from
+    /// the OS: a blind spoofer must not predict them).
+    pub fn new(resolvers: Vec<SocketAddr>, seed: [u8; 32]) -> Self {
         Self {
+            rng: rand::SeedableRng::from_seed(seed),
             resolvers,
             pending: HashMap::new(),
             out: VecDeque::new(),
@@ -115,10 +118,11 @@ impl<A: Copy> Forwarder<A> {
     }
 
     /// A random id no pending query uses.
-    fn fresh_id(&self) -> Option<[u8; 2]> {
+    fn fresh_id(&mut self) -> Option<[u8; 2]> {
+        use rand::Rng as _;
         for _ in 0..64 {
             let mut id = [0u8; 2];
-            getrandom::getrandom(&mut id).ok()?;
+            self.rng.fill_bytes(&mut id);
             if !self.pending.contains_key(&id) {
                 return Some(id);
             }
@@ -183,6 +187,11 @@ impl<A: Copy> Forwarder<A> {
         failed
     }
 
+    /// When [`Forwarder::handle_timeout`] next has work: the earliest resolver deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.pending.values().map(|p| p.deadline).min()
+    }
+
     /// The next datagram for a resolver.
     pub fn poll_datagram(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
         self.out.pop_front()
@@ -236,7 +245,7 @@ mod tests {
     }
 
     fn forwarder() -> Forwarder<u8> {
-        Forwarder::new(vec![R1.parse().unwrap(), R2.parse().unwrap()])
+        Forwarder::new(vec![R1.parse().unwrap(), R2.parse().unwrap()], [3; 32])
     }
 
     #[test]
@@ -320,7 +329,7 @@ mod tests {
     #[test]
     fn bounds_and_no_resolvers() {
         let t = Instant::now();
-        let mut none: Forwarder<u8> = Forwarder::new(Vec::new());
+        let mut none: Forwarder<u8> = Forwarder::new(Vec::new(), [4; 32]);
         assert!(!none.forward(&query("example.com.", 1), 1, false, t));
         let mut f = forwarder();
         for i in 0..MAX_FORWARDS {

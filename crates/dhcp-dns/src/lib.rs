@@ -9,10 +9,13 @@
 //!   automatic names, reverse names; forwarding or REFUSED outside it.
 //! - [`forward`]: queries outside the zone to the configured resolvers, answers matched by
 //!   resolver, id and question.
+//! - [`service`]: the DNS service of one namespace as the agent runs it: the zone over a
+//!   cache of DHT reads, queries that wait for reads, forwarding, UDP and TCP askers.
 //! - [`tcp`]: DNS over TCP (RFC 7766) at the service address, a sans-I/O smoltcp stack that
 //!   turns client IPv4 packets into query messages and responses back into packets.
 
 pub mod dhcp;
 pub mod dns;
 pub mod forward;
+pub mod service;
 pub mod tcp;

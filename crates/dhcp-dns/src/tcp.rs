@@ -65,8 +65,9 @@ pub const MAX_QUEUED_PACKETS: usize = 256;
 /// The port DNS is served on.
 const DNS_PORT: u16 = 53;
 
-/// IP MTU of the namespace interface, which the service address lives behind.
-const MTU: usize = 1420;
+/// IP MTU of the namespace interface the service address lives behind, unless
+/// [`Endpoint::with_mtu`] says otherwise (the agent passes the namespace's).
+const DEFAULT_MTU: usize = 1420;
 
 /// A message with its two-byte length prefix (RFC 1035 4.2.2).
 const MAX_FRAME: usize = MAX_MESSAGE + 2;
@@ -274,6 +275,18 @@ impl Endpoint {
             .chain(self.stack_deadline)
             .min()
             .map(|at| at.max(now))
+    }
+
+    /// The same endpoint behind an interface of MTU `mtu` (its TCP segments fit it).
+    pub fn with_mtu(mut self, mtu: u16) -> Self {
+        self.device.mtu = usize::from(mtu);
+        self
+    }
+
+    /// When handle_timeout wants to run next, if ever (as [`Endpoint::poll_at`] at the last
+    /// time this endpoint was given).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.poll_at(self.now)
     }
 
     /// The next complete query message received (without its length prefix).
@@ -644,12 +657,24 @@ fn listen_endpoint(address: Ipv4Addr) -> IpListenEndpoint {
 }
 
 /// The stack's network device: packets in and out of two queues.
-#[derive(Default)]
 struct Queues {
     rx: VecDeque<Vec<u8>>,
     tx: VecDeque<Vec<u8>>,
     /// Packets produced while the transmit queue was full.
     dropped: u64,
+    /// The interface MTU: the largest packet the stack sends.
+    mtu: usize,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Self {
+            rx: VecDeque::new(),
+            tx: VecDeque::new(),
+            dropped: 0,
+            mtu: DEFAULT_MTU,
+        }
+    }
 }
 
 impl Device for Queues {
@@ -679,7 +704,7 @@ impl Device for Queues {
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ip;
-        caps.max_transmission_unit = MTU;
+        caps.max_transmission_unit = self.mtu;
         caps
     }
 }
@@ -717,6 +742,7 @@ impl phy::TxToken for Tx<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // a base instant for the virtual clock
 mod tests {
     use super::*;
     use smoltcp::wire::{Icmpv4Packet, Icmpv4Repr, Ipv4Address};

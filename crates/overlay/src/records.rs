@@ -123,17 +123,20 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// Seals `plaintext` for `key` and signs it as `signer`, valid until `expires`.
+    /// Seals `plaintext` for `key` and signs it as `signer`, valid until `expires`. The
+    /// nonce comes from `rng`: a cryptographic RNG, since a repeated nonce under the
+    /// namespace's seal key would expose both plaintexts.
     pub fn seal(
         keys: &NamespaceKeys,
         signer: &Identity,
         key: &RecordKey,
         expires: u64,
         plaintext: &[u8],
+        rng: &mut impl rand::CryptoRng,
     ) -> Result<Self, crate::Error> {
         let owner = *signer.peer_id().as_bytes();
         let mut nonce = [0u8; NONCE_LEN];
-        getrandom::getrandom(&mut nonce).map_err(|_| crate::Error::Random)?;
+        rng.fill_bytes(&mut nonce);
         let cipher = ChaCha20Poly1305::new(&keys.seal_key.into());
         let aad = associated_data(key, &owner, expires);
         let ciphertext = cipher
@@ -532,6 +535,10 @@ mod tests {
         NamespaceKeys::derive("lab", secret)
     }
 
+    fn rng() -> rand::rngs::StdRng {
+        rand::SeedableRng::from_seed([9; 32])
+    }
+
     fn member(seed: u8) -> Identity {
         Identity::from_seed([seed; 32])
     }
@@ -558,7 +565,7 @@ mod tests {
     fn seal_open_round_trip_and_tamper() {
         let k = keys(b"0123456789abcdef");
         let key = k.address_key(Ipv4Addr::new(10, 1, 0, 5));
-        let e = Envelope::seal(&k, &member(1), &key, NOW + 60, &info()).unwrap();
+        let e = Envelope::seal(&k, &member(1), &key, NOW + 60, &info(), &mut rng()).unwrap();
         let (owner, plain) = e.open(&k, &key, NOW).unwrap();
         assert_eq!(owner, *member(1).peer_id().as_bytes());
         assert_eq!(decode::<MemberInfo>(&plain).unwrap().endpoints.len(), 1);
@@ -585,7 +592,8 @@ mod tests {
         }
         // Expired, too far out, malformed.
         assert_eq!(e.verify(&key, NOW + 60), Err(RecordError::BadExpiry));
-        let far = Envelope::seal(&k, &member(1), &key, NOW + 10 * 24 * 3600, b"x").unwrap();
+        let far =
+            Envelope::seal(&k, &member(1), &key, NOW + 10 * 24 * 3600, b"x", &mut rng()).unwrap();
         assert_eq!(far.verify(&key, NOW), Err(RecordError::BadExpiry));
         let mut short = e.clone();
         short.signature.pop();
@@ -637,22 +645,30 @@ mod tests {
             RecordResponse::Members { envelopes } => envelopes,
             other => panic!("{other:?}"),
         };
-        let ea = Envelope::seal(&k, &member(1), &key, NOW + 60, &info()).unwrap();
-        let eb = Envelope::seal(&k, &member(2), &key, NOW + 30, &info()).unwrap();
+        let ea = Envelope::seal(&k, &member(1), &key, NOW + 60, &info(), &mut rng()).unwrap();
+        let eb = Envelope::seal(&k, &member(2), &key, NOW + 30, &info(), &mut rng()).unwrap();
         assert_eq!(
             store.handle(t, NOW, None, join(ea.clone())),
             RecordResponse::Joined
         );
         assert_eq!(store.handle(t, NOW, None, join(eb)), RecordResponse::Joined);
         // A renewal replaces the member's entry; it does not add one.
-        let ea2 = Envelope::seal(&k, &member(1), &key, NOW + 90, &info()).unwrap();
+        let ea2 = Envelope::seal(&k, &member(1), &key, NOW + 90, &info(), &mut rng()).unwrap();
         assert_eq!(
             store.handle(t, NOW, None, join(ea2)),
             RecordResponse::Joined
         );
         assert_eq!(members(&mut store, t).len(), 2);
         // An entry signed for another key, or tampered, is refused.
-        let wrong = Envelope::seal(&k, &member(3), &k.settings_key(), NOW + 60, &info()).unwrap();
+        let wrong = Envelope::seal(
+            &k,
+            &member(3),
+            &k.settings_key(),
+            NOW + 60,
+            &info(),
+            &mut rng(),
+        )
+        .unwrap();
         assert_eq!(
             store.handle(t, NOW, None, join(wrong)),
             RecordResponse::Rejected
@@ -677,8 +693,8 @@ mod tests {
         let t = Instant::now();
         let mut store = RecordStore::default();
         let (a, b) = (member(1), member(2));
-        let ea = Envelope::seal(&k, &a, &key, NOW + 60, &info()).unwrap();
-        let eb = Envelope::seal(&k, &b, &key, NOW + 60, &info()).unwrap();
+        let ea = Envelope::seal(&k, &a, &key, NOW + 60, &info(), &mut rng()).unwrap();
+        let eb = Envelope::seal(&k, &b, &key, NOW + 60, &info(), &mut rng()).unwrap();
         let claim = |e: &Envelope| RecordRequest::Claim {
             key: key.to_vec(),
             envelope: e.clone(),

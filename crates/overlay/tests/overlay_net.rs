@@ -155,7 +155,8 @@ fn envelope(keys: &NamespaceKeys, who: &Identity, key: &RecordKey, port: u16) ->
         endpoints: vec![([10, 200, 0, 1], port).into()],
         name: None,
     };
-    Envelope::seal(keys, who, key, unix_now() + 60, &encode(&info)).unwrap()
+    let mut rng: rand::rngs::StdRng = rand::SeedableRng::from_seed([port as u8; 32]);
+    Envelope::seal(keys, who, key, unix_now() + 60, &encode(&info), &mut rng).unwrap()
 }
 
 fn rt() -> tokio::runtime::Runtime {

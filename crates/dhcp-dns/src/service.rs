@@ -1,25 +1,46 @@
-//! One namespace's virtual DNS server, as the agent runs it: queries over UDP (intercepted
-//! by the switch) and TCP (the service stack) are answered by the pure
-//! [`hyphae_dhcp_dns::dns::Server`] from what this member holds, a short cache of DHT reads,
-//! and DHT reads the query waits for; names outside the zone go to the configured
-//! resolvers.
+//! One namespace's virtual DNS service at the service address: queries over UDP (that the
+//! switch intercepts) and TCP (the [`tcp`] service stack) are answered by the zone
+//! [`dns::Server`] from what this member holds, a short cache of DHT reads, and DHT reads
+//! the query waits for; names outside the zone go to the configured resolvers.
 //!
-//! Nothing here does I/O: answers, service-stack packets and datagrams for the resolvers
-//! queue up for the agent's loop to send.
+//! Sans-I/O like the rest of the crate. The driver feeds queries, service packets,
+//! resolver datagrams, the results of the reads [`Service::poll_lookup`] asks for
+//! ([`Service::handle_lookup`]) and [`Service::handle_timeout`] when
+//! [`Service::poll_timeout`] is due; after each, it sends what [`Service::poll_udp_answer`],
+//! [`Service::poll_service_packet`] and [`Service::poll_resolver_datagram`] return and
+//! starts the reads of [`Service::poll_lookup`]. What this member holds itself comes from
+//! a [`Held`] passed with each input. `C` is how the driver names a UDP client (its MAC,
+//! address and port).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use hyphae_dhcp_dns::dns::{self, Answer, Holder, Missing, Names};
-use hyphae_dhcp_dns::forward::Forwarder;
-use hyphae_dhcp_dns::tcp;
-use hyphae_overlay::records::{Envelope, MemberInfo, NameInfo};
-use hyphae_overlay::swarm::{unix_now, OpId, Overlay};
-use hyphae_vswitch::{Client, Mac};
 use ipnet::Ipv4Net;
 
-use crate::membership::Membership;
+use crate::dns::{self, Answer, Holder, Missing, Names};
+use crate::forward::Forwarder;
+use crate::tcp;
+
+/// An Ethernet address: where the service stack's packets go.
+pub type Mac = [u8; 6];
+
+/// What this member holds itself: answered without a DHT read.
+pub trait Held {
+    /// The address `host` stands for, if this member holds the name.
+    fn address_for(&self, host: &str) -> Option<Ipv4Addr>;
+    /// If this member holds `address`: the name held with it, if any.
+    fn holder_of(&self, address: Ipv4Addr) -> Option<Option<String>>;
+}
+
+/// What a DHT read found for a [`Missing`] key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// The address a name stands for (`None`: nobody holds the name).
+    Name(Option<Ipv4Addr>),
+    /// Whether someone holds an address, and the name it carries (`None`: nobody).
+    Holder(Option<Option<String>>),
+}
 
 /// How long a name or address read from the DHT is answered from the cache.
 pub const CACHE_TTL: Duration = Duration::from_secs(10);
@@ -42,9 +63,9 @@ const UDP_OVERHEAD: usize = 28;
 
 /// Who asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asker {
+pub enum Asker<C> {
     /// Over UDP, from this host (or LAN host).
-    Udp(Client),
+    Udp(C),
     /// Over a TCP connection of the service stack.
     Tcp(tcp::ConnId),
 }
@@ -66,50 +87,80 @@ pub struct Stats {
     pub not_ready: u64,
 }
 
-struct Waiting {
+struct Waiting<C> {
     query: Vec<u8>,
-    asker: Asker,
+    asker: Asker<C>,
     missing: Missing,
     since: Instant,
 }
 
-/// One namespace's DNS server in the agent.
-pub struct Dns {
-    forwarder: Forwarder<Asker>,
-    /// Largest UDP answer (the namespace MTU less headers).
-    max_udp: usize,
+/// The namespace's zone, once its subnet is known.
+struct Zone {
+    name: String,
+    subnet: Ipv4Net,
+}
+
+/// One namespace's DNS service.
+pub struct Service<C> {
+    forwarder: Forwarder<Asker<C>>,
+    /// The namespace MTU: the service stack's, and (less headers) the largest UDP answer.
+    mtu: u16,
+    /// Seeds the service stack (TCP initial sequence numbers).
+    tcp_seed: u64,
+    zone: Option<Zone>,
     server: Option<dns::Server>,
     tcp: Option<tcp::Endpoint>,
     /// Where the service stack's packets go: the MAC each client address spoke from.
     macs: HashMap<Ipv4Addr, Mac>,
     names: HashMap<String, (Option<Ipv4Addr>, Instant)>,
     holders: HashMap<Ipv4Addr, (Option<Holder>, Instant)>,
-    lookups: HashMap<OpId, Missing>,
-    waiting: Vec<Waiting>,
-    udp_answers: VecDeque<(Client, Vec<u8>)>,
+    /// Reads asked for and not answered yet.
+    reading: HashSet<Missing>,
+    lookups: VecDeque<Missing>,
+    waiting: Vec<Waiting<C>>,
+    udp_answers: VecDeque<(C, Vec<u8>)>,
     stats: Stats,
 }
 
-impl Dns {
-    /// A server that forwards names outside the zone to `resolvers` (none: REFUSED), on a
-    /// namespace of MTU `mtu`.
-    pub fn new(resolvers: Vec<SocketAddr>, mtu: u16) -> Self {
+impl<C: Copy> Service<C> {
+    /// A service that forwards names outside the zone to `resolvers` (none: REFUSED), on
+    /// a namespace of MTU `mtu`. `seed` seeds forwarded query ids and the TCP stack's
+    /// sequence numbers: seed it from the OS.
+    pub fn new(resolvers: Vec<SocketAddr>, mtu: u16, seed: [u8; 32]) -> Self {
+        let mut tcp_seed = [0u8; 8];
+        tcp_seed.copy_from_slice(&seed[..8]);
+        // The forwarder's ids and the stack's numbers come from one seed, never the same
+        // stream: the forwarder's RNG is keyed by the whole seed with its first byte flipped.
+        let mut forward_seed = seed;
+        forward_seed[0] ^= 0xff;
         Self {
-            forwarder: Forwarder::new(resolvers),
-            max_udp: usize::from(mtu).saturating_sub(UDP_OVERHEAD),
+            forwarder: Forwarder::new(resolvers, forward_seed),
+            mtu,
+            tcp_seed: u64::from_le_bytes(tcp_seed),
+            zone: None,
             server: None,
             tcp: None,
             macs: HashMap::new(),
             names: HashMap::new(),
             holders: HashMap::new(),
-            lookups: HashMap::new(),
+            reading: HashSet::new(),
+            lookups: VecDeque::new(),
             waiting: Vec::new(),
             udp_answers: VecDeque::new(),
             stats: Stats::default(),
         }
     }
 
-    /// Counters: the agent's and the zone server's.
+    /// The namespace `name` with `subnet`: queries are answered from now on (before, they
+    /// are dropped and counted `not_ready`).
+    pub fn set_zone(&mut self, name: &str, subnet: Ipv4Net) {
+        self.zone = Some(Zone {
+            name: name.to_string(),
+            subnet,
+        });
+    }
+
+    /// Counters: the service's, the zone server's, the TCP stack's.
     pub fn stats(&self) -> (Stats, dns::Stats, tcp::Stats) {
         (
             self.stats,
@@ -124,52 +175,44 @@ impl Dns {
     }
 
     /// The zone server and the service stack, once the namespace's subnet is known.
-    fn ready(&mut self, m: &Membership, now: Instant) -> Option<&mut dns::Server> {
-        let subnet = m.subnet?;
+    fn ready(&mut self, now: Instant) -> Option<&mut dns::Server> {
+        let zone = self.zone.as_ref()?;
         if self.server.is_none() {
             // Namespace names are checked labels; the zone is the name as a DNS name.
-            let zone = format!("{}.", m.name).parse().ok()?;
+            let name = format!("{}.", zone.name).parse().ok()?;
             self.server = Some(dns::Server::new(dns::Settings {
-                zone,
-                subnet,
+                zone: name,
+                subnet: zone.subnet,
                 forward: !self.forwarder.resolvers().is_empty(),
             }));
-            // A random seed: TCP initial sequence numbers nobody can predict.
-            let mut seed = [0u8; 8];
-            getrandom::getrandom(&mut seed).ok()?;
-            self.tcp = Some(tcp::Endpoint::with_seed(
-                hyphae_vswitch::service_address(subnet),
-                subnet.prefix_len(),
-                u64::from_le_bytes(seed),
-                now,
-            ));
+            self.tcp = Some(
+                tcp::Endpoint::with_seed(
+                    service_address(zone.subnet),
+                    zone.subnet.prefix_len(),
+                    self.tcp_seed,
+                    now,
+                )
+                .with_mtu(self.mtu),
+            );
         }
         self.server.as_mut()
     }
 
     /// A query over UDP from `client`.
-    pub fn udp_query(
-        &mut self,
-        query: &[u8],
-        client: Client,
-        now: Instant,
-        m: &Membership,
-        overlay: &mut Overlay,
-    ) {
+    pub fn handle_udp_query(&mut self, now: Instant, query: &[u8], client: C, held: &impl Held) {
         self.stats.udp_queries += 1;
-        self.new_query(query.to_vec(), Asker::Udp(client), now, m, overlay);
+        self.new_query(query.to_vec(), Asker::Udp(client), now, held);
     }
 
     /// A packet for the service stack (DNS over TCP, ping) from `mac`.
-    pub fn service_packet(
+    pub fn handle_service_packet(
         &mut self,
+        now: Instant,
         packet: &[u8],
         mac: Mac,
-        now: Instant,
-        m: &Membership,
-        overlay: &mut Overlay,
+        held: &impl Held,
     ) {
-        if self.ready(m, now).is_none() {
+        if self.ready(now).is_none() {
             self.stats.not_ready += 1;
             return;
         }
@@ -184,54 +227,40 @@ impl Dns {
             return;
         };
         tcp.handle_packet(packet, now);
-        self.drain_tcp(now, m, overlay);
+        self.drain_tcp(now, held);
     }
 
-    fn drain_tcp(&mut self, now: Instant, m: &Membership, overlay: &mut Overlay) {
+    fn drain_tcp(&mut self, now: Instant, held: &impl Held) {
         while let Some((conn, query)) = self.tcp.as_mut().and_then(tcp::Endpoint::poll_query) {
             self.stats.tcp_queries += 1;
-            self.new_query(query, Asker::Tcp(conn), now, m, overlay);
+            self.new_query(query, Asker::Tcp(conn), now, held);
         }
     }
 
-    fn new_query(
-        &mut self,
-        query: Vec<u8>,
-        asker: Asker,
-        now: Instant,
-        m: &Membership,
-        overlay: &mut Overlay,
-    ) {
-        let Some(server) = self.ready(m, now) else {
+    fn new_query(&mut self, query: Vec<u8>, asker: Asker<C>, now: Instant, held: &impl Held) {
+        let Some(server) = self.ready(now) else {
             self.stats.not_ready += 1;
             self.unanswered(asker, now);
             return;
         };
         if server.admit(now) {
-            self.answer(query, asker, now, m, overlay);
+            self.answer(query, asker, now, held);
         } else {
             self.unanswered(asker, now);
         }
     }
 
     /// A query that gets no answer: a TCP connection stops waiting for it.
-    fn unanswered(&mut self, asker: Asker, now: Instant) {
+    fn unanswered(&mut self, asker: Asker<C>, now: Instant) {
         if let (Asker::Tcp(conn), Some(tcp)) = (asker, self.tcp.as_mut()) {
             tcp.abandon(conn, now);
         }
     }
 
     /// Answers `query` from what is known, or starts what it needs.
-    fn answer(
-        &mut self,
-        query: Vec<u8>,
-        asker: Asker,
-        now: Instant,
-        m: &Membership,
-        overlay: &mut Overlay,
-    ) {
+    fn answer(&mut self, query: Vec<u8>, asker: Asker<C>, now: Instant, held: &impl Held) {
         let view = View {
-            m,
+            held,
             names: &self.names,
             holders: &self.holders,
             now,
@@ -248,30 +277,18 @@ impl Dns {
                     self.fail(&query, asker, now);
                 }
             }
-            Answer::Lookup(missing) => self.wait(query, asker, missing, now, m, overlay),
+            Answer::Lookup(missing) => self.wait(query, asker, missing, now),
         }
     }
 
-    fn wait(
-        &mut self,
-        query: Vec<u8>,
-        asker: Asker,
-        missing: Missing,
-        now: Instant,
-        m: &Membership,
-        overlay: &mut Overlay,
-    ) {
+    fn wait(&mut self, query: Vec<u8>, asker: Asker<C>, missing: Missing, now: Instant) {
         if self.waiting.len() >= MAX_WAITING {
             self.fail(&query, asker, now);
             return;
         }
-        if !self.lookups.values().any(|x| *x == missing) {
-            let key = match &missing {
-                Missing::Name(host) => m.keys.name_key(host),
-                Missing::Address(a) => m.keys.address_key(*a),
-            };
+        if self.reading.insert(missing.clone()) {
             self.stats.lookups += 1;
-            self.lookups.insert(overlay.get(key), missing.clone());
+            self.lookups.push_back(missing.clone());
         }
         self.waiting.push(Waiting {
             query,
@@ -281,62 +298,63 @@ impl Dns {
         });
     }
 
-    /// A DHT read finished; returns false if it was not one of ours. The queries that
-    /// waited for it are answered.
-    pub fn got(
+    /// The next DHT read to start: answer it with [`Service::handle_lookup`].
+    pub fn poll_lookup(&mut self) -> Option<Missing> {
+        self.lookups.pop_front()
+    }
+
+    /// A DHT read finished: what it found for `missing`. The queries that waited for it
+    /// are answered.
+    pub fn handle_lookup(
         &mut self,
-        op: OpId,
-        envelopes: &[Envelope],
         now: Instant,
-        m: &Membership,
-        overlay: &mut Overlay,
-    ) -> bool {
-        let Some(missing) = self.lookups.remove(&op) else {
-            return false;
-        };
-        let subnet = m
-            .subnet
-            .unwrap_or_else(|| Ipv4Net::from(Ipv4Addr::UNSPECIFIED));
+        missing: &Missing,
+        found: Found,
+        held: &impl Held,
+    ) {
+        if !self.reading.remove(missing) {
+            return;
+        }
         if self.names.len() + self.holders.len() >= MAX_CACHE {
             self.names.clear();
             self.holders.clear();
         }
-        match &missing {
-            Missing::Name(host) => {
-                let key = m.keys.name_key(host);
-                let found = envelopes.iter().find_map(|e| {
-                    let (_, info) = e.read::<NameInfo>(&m.keys, &key, unix_now()).ok()?;
-                    subnet.contains(&info.address).then_some(info.address)
-                });
-                self.names
-                    .insert(host.clone(), (found, now + cache_ttl(found.is_some())));
+        match (missing, found) {
+            (Missing::Name(host), Found::Name(address)) => {
+                // A name only stands for an address of this namespace.
+                let address =
+                    address.filter(|a| self.zone.as_ref().is_some_and(|z| z.subnet.contains(a)));
+                let until = now + cache_ttl(address.is_some());
+                self.names.insert(host.clone(), (address, until));
             }
-            Missing::Address(a) => {
-                let key = m.keys.address_key(*a);
-                let found = envelopes.iter().find_map(|e| {
-                    let (_, info) = e.read::<MemberInfo>(&m.keys, &key, unix_now()).ok()?;
-                    Some(Holder {
-                        // A name is only shown if it is one a member may hold.
-                        name: info.name.and_then(|n| dns::host_name(&n).ok()),
-                    })
+            (Missing::Address(a), Found::Holder(holder)) => {
+                let holder = holder.map(|name| Holder {
+                    // A name is only shown if it is one a member may hold.
+                    name: name.and_then(|n| dns::host_name(&n).ok()),
                 });
-                let until = now + cache_ttl(found.is_some());
-                self.holders.insert(*a, (found, until));
+                let until = now + cache_ttl(holder.is_some());
+                self.holders.insert(*a, (holder, until));
             }
+            // A read of the other kind answers nothing: its queries time out.
+            _ => return,
         }
         let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
             .into_iter()
-            .partition(|w| w.missing == missing);
+            .partition(|w| w.missing == *missing);
         self.waiting = rest;
         for w in ready {
-            self.answer(w.query, w.asker, now, m, overlay);
+            self.answer(w.query, w.asker, now, held);
         }
-        true
     }
 
     /// A datagram on the forwarding socket; returns false if it answers none of this
     /// namespace's queries (not from a resolver, unknown id, another question).
-    pub fn resolver_answer(&mut self, from: SocketAddr, datagram: &[u8], now: Instant) -> bool {
+    pub fn handle_resolver_answer(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        datagram: &[u8],
+    ) -> bool {
         match self.forwarder.answer(from, datagram) {
             Ok((asker, answer)) => {
                 self.stats.forwarded_answers += 1;
@@ -347,10 +365,10 @@ impl Dns {
         }
     }
 
-    fn send(&mut self, asker: Asker, mut answer: Vec<u8>, now: Instant) {
+    fn send(&mut self, asker: Asker<C>, mut answer: Vec<u8>, now: Instant) {
         match asker {
             Asker::Udp(client) => {
-                if answer.len() > self.max_udp {
+                if answer.len() > usize::from(self.mtu).saturating_sub(UDP_OVERHEAD) {
                     match dns::truncated(&answer) {
                         Some(cut) => answer = cut,
                         None => return,
@@ -366,7 +384,7 @@ impl Dns {
         }
     }
 
-    fn fail(&mut self, query: &[u8], asker: Asker, now: Instant) {
+    fn fail(&mut self, query: &[u8], asker: Asker<C>, now: Instant) {
         self.stats.servfail += 1;
         match dns::servfail(query) {
             Some(answer) => self.send(asker, answer, now),
@@ -376,7 +394,7 @@ impl Dns {
 
     /// Timers: lookups and resolvers that took too long, the next resolver, the service
     /// stack's retransmissions, the cache.
-    pub fn handle_timeout(&mut self, now: Instant, m: &Membership, overlay: &mut Overlay) {
+    pub fn handle_timeout(&mut self, now: Instant, held: &impl Held) {
         let (late, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
             .into_iter()
             .partition(|w| now.saturating_duration_since(w.since) >= LOOKUP_TIMEOUT);
@@ -392,11 +410,23 @@ impl Dns {
         if let Some(tcp) = self.tcp.as_mut() {
             tcp.handle_timeout(now);
         }
-        self.drain_tcp(now, m, overlay);
+        self.drain_tcp(now, held);
+    }
+
+    /// When [`Service::handle_timeout`] next has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        // The cache needs no timer: entries are checked against `now` when read, and
+        // pruned whenever timers run.
+        self.waiting
+            .iter()
+            .map(|w| w.since + LOOKUP_TIMEOUT)
+            .chain(self.forwarder.poll_timeout())
+            .chain(self.tcp.as_ref().and_then(tcp::Endpoint::poll_timeout))
+            .min()
     }
 
     /// The next UDP answer to frame for its client.
-    pub fn poll_udp_answer(&mut self) -> Option<(Client, Vec<u8>)> {
+    pub fn poll_udp_answer(&mut self) -> Option<(C, Vec<u8>)> {
         self.udp_answers.pop_front()
     }
 
@@ -420,6 +450,12 @@ impl Dns {
     }
 }
 
+/// The namespace's service address: the subnet's lowest usable address (the vswitch
+/// hands what is sent there to the services).
+fn service_address(subnet: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.network()).saturating_add(1))
+}
+
 /// How long a DHT read is cached: longer when someone holds the key.
 fn cache_ttl(found: bool) -> Duration {
     if found {
@@ -430,16 +466,16 @@ fn cache_ttl(found: bool) -> Duration {
 }
 
 /// What the zone server sees: this member's names and addresses, then the cache.
-struct View<'a> {
-    m: &'a Membership,
+struct View<'a, H> {
+    held: &'a H,
     names: &'a HashMap<String, (Option<Ipv4Addr>, Instant)>,
     holders: &'a HashMap<Ipv4Addr, (Option<Holder>, Instant)>,
     now: Instant,
 }
 
-impl Names for View<'_> {
+impl<H: Held> Names for View<'_, H> {
     fn address_of(&self, host: &str) -> Result<Option<Ipv4Addr>, Missing> {
-        if let Some(a) = self.m.address_for(host) {
+        if let Some(a) = self.held.address_for(host) {
             return Ok(Some(a));
         }
         match self.names.get(host) {
@@ -449,10 +485,8 @@ impl Names for View<'_> {
     }
 
     fn holder_of(&self, address: Ipv4Addr) -> Result<Option<Holder>, Missing> {
-        if self.m.holds(address) {
-            return Ok(Some(Holder {
-                name: self.m.name_for(address).map(str::to_string),
-            }));
+        if let Some(name) = self.held.holder_of(address) {
+            return Ok(Some(Holder { name }));
         }
         match self.holders.get(&address) {
             Some((h, until)) if self.now < *until => Ok(h.clone()),

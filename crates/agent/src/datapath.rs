@@ -1,0 +1,220 @@
+//! The data path: frames from the TAPs through the switches and tunnels to the underlay,
+//! datagrams from the underlay back to the TAPs, broadcasts to the group, frames that
+//! waited for a lookup, and what the node and switches queue on their own (handshakes,
+//! hellos, ARP probes).
+
+use std::future::poll_fn;
+use std::io::ErrorKind;
+use std::task::Poll;
+use std::time::Instant;
+
+use hyphae_overlay::{Event, NamespaceId, Received};
+use hyphae_vswitch::{Action, HEADROOM};
+use tokio::io::Interest;
+
+use crate::config::Mode;
+use crate::driver::{Agent, Namespace, BATCH};
+use crate::services::HeldBy;
+
+impl Agent {
+    /// Datagrams from the underlay: decrypt, check, switch, write to the TAP.
+    pub(crate) async fn drain_underlay(&mut self, now: Instant) {
+        for _ in 0..BATCH {
+            match self.underlay.try_recv() {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "underlay receive error");
+                    return;
+                }
+            }
+            for d in self.underlay.datagrams() {
+                let received =
+                    self.node
+                        .handle_datagram(now, d.from, d.bytes, &mut self.tx[HEADROOM..]);
+                match received {
+                    Received::Deliver { ns, len, .. } => {
+                        let Some(n) = self.namespaces.get_mut(ns.0) else {
+                            continue;
+                        };
+                        if let Action::ToTap { len } =
+                            n.switch.handle_peer_packet(&mut self.tx, len, now)
+                        {
+                            if n.tap.is_some() {
+                                n.write(&self.tx[..len]);
+                            }
+                        }
+                    }
+                    Received::Dropped(reason) => {
+                        tracing::trace!(from = %d.from, reason = reason.as_str(), "datagram dropped");
+                    }
+                    Received::PeerDropped(_, reason) => {
+                        tracing::trace!(from = %d.from, reason = reason.as_str(), "tunnel packet dropped");
+                    }
+                    Received::Consumed => {}
+                }
+            }
+        }
+    }
+
+    /// Frames from a TAP: switch, encrypt, send to the member (or answer ARP). Datagrams
+    /// to one member leave in GSO batches.
+    pub(crate) async fn drain_tap(&mut self, i: usize, now: Instant) {
+        // The receive buffer leaves `self` for the batch, so frames can be switched by a
+        // method that borrows the rest of the agent.
+        let mut rx = std::mem::take(&mut self.rx);
+        for _ in 0..BATCH {
+            // try_io clears the readiness only when the device reports WouldBlock.
+            let Some(tap) = self.namespaces.get(i).and_then(|n| n.tap.as_ref()) else {
+                break;
+            };
+            let n = match tap.try_io(Interest::READABLE, |tap| tap.recv(&mut rx)) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "TAP read error");
+                    break;
+                }
+            };
+            self.switch_frame(i, &rx[..n], now).await;
+        }
+        self.rx = rx;
+        self.underlay.flush().await;
+    }
+
+    /// One frame from TAP `i`: to a member, an ARP reply back to the TAP, or held while
+    /// its destination resolves.
+    pub(crate) async fn switch_frame(&mut self, i: usize, frame: &[u8], now: Instant) {
+        let n = &mut self.namespaces[i];
+        let action = n.switch.handle_tap_frame(frame, now, &mut self.reply);
+        match action {
+            Action::ToPeer { peer, packet } => {
+                if let Some(t) = self.node.send(peer, &frame[packet], &mut self.tx) {
+                    self.underlay.push(t.to, &self.tx[t.range]).await;
+                }
+            }
+            Action::Broadcast { packet } => self.broadcast(i, &frame[packet], now).await,
+            Action::Dhcp { payload } => self.handle_dhcp(i, &frame[payload], now),
+            Action::Dns { payload, client } => {
+                n.dns
+                    .handle_udp_query(now, &frame[payload], client, &HeldBy(&n.membership));
+            }
+            Action::Service { packet, mac } => {
+                n.dns
+                    .handle_service_packet(now, &frame[packet], mac, &HeldBy(&n.membership));
+            }
+            Action::ToTap { len } => n.write(&self.reply[..len]),
+            Action::Resolve { target } => {
+                n.membership.hold(now, target, frame);
+            }
+            Action::Drop(_) => {}
+        }
+        // Router and hybrid switches learn LAN hosts and queue probes from what they see.
+        if self.namespaces[i].mode != Mode::Interface {
+            self.flush_switch(i, now);
+        }
+    }
+
+    /// A broadcast or multicast packet from the host or the LAN: to every member of the
+    /// namespace's group.
+    async fn broadcast(&mut self, i: usize, packet: &[u8], now: Instant) {
+        let n = &mut self.namespaces[i];
+        if n.group.is_empty() {
+            n.membership.refresh_group_soon(now);
+        }
+        for k in 0..self.namespaces[i].group.len() {
+            let id = self.namespaces[i].group[k];
+            let Some(handle) = self.node.member_handle(NamespaceId(i), id) else {
+                continue;
+            };
+            if let Some(t) = self.node.send(handle, packet, &mut self.tx) {
+                self.underlay.push(t.to, &self.tx[t.range]).await;
+            }
+        }
+    }
+
+    /// Writes what switch `i` wants on its TAP (ARP probes and deferred replies) and tells
+    /// the membership what it learned about the LAN (router mode: claim or release hosts).
+    pub(crate) fn flush_switch(&mut self, i: usize, now: Instant) {
+        let n = &mut self.namespaces[i];
+        while let Some(len) = n.switch.poll_transmit(&mut self.reply) {
+            n.write(&self.reply[..len]);
+        }
+        let mut changed = false;
+        while let Some(event) = n.switch.poll_event() {
+            match event {
+                hyphae_vswitch::Event::LanHostUp(a) => n.membership.add_hosted(a, now),
+                hyphae_vswitch::Event::LanHostDown(a) => changed |= n.membership.remove_hosted(a),
+            }
+        }
+        if changed {
+            let addresses = n.membership.addresses();
+            self.node.set_addresses(now, NamespaceId(i), addresses);
+        }
+    }
+
+    /// Frames that waited for a member's addresses go through the switch again.
+    async fn replay(&mut self, i: usize, frames: Vec<Vec<u8>>, now: Instant) {
+        for frame in frames {
+            self.switch_frame(i, &frame, now).await;
+        }
+        self.underlay.flush().await;
+    }
+
+    /// Sends what the node queued (handshakes, hellos, announcements) and applies its
+    /// events; replays frames whose destination resolved.
+    pub(crate) async fn flush_node(&mut self, now: Instant) {
+        for (i, frames) in std::mem::take(&mut self.replays) {
+            self.replay(i, frames, now).await;
+        }
+        while let Some((to, datagram)) = self.node.poll_transmit() {
+            self.underlay.push(to, &datagram).await;
+        }
+        self.underlay.flush().await;
+        while let Some(event) = self.node.poll_event() {
+            match event {
+                Event::PeerUnreachable {
+                    ns,
+                    peer,
+                    addresses,
+                } => {
+                    if let Some(n) = self.namespaces.get_mut(ns.0) {
+                        n.switch.remove_peer(peer);
+                        n.membership.forget(&addresses);
+                    }
+                }
+                Event::PeerAddresses {
+                    ns,
+                    peer,
+                    addresses,
+                } => {
+                    if let Some(n) = self.namespaces.get_mut(ns.0) {
+                        n.switch.set_peer_addresses(peer, &addresses);
+                        let frames = n.membership.take_pending(&addresses);
+                        if !frames.is_empty() {
+                            self.replay(ns.0, frames, now).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Resolves with the index of the first TAP that is readable.
+pub(crate) async fn any_readable(namespaces: &[Namespace]) -> usize {
+    poll_fn(|cx| {
+        for (i, n) in namespaces.iter().enumerate() {
+            let Some(tap) = &n.tap else {
+                continue;
+            };
+            // The guard is dropped with its readiness retained: the drain loop reads until
+            // WouldBlock, which clears it.
+            if let Poll::Ready(Ok(_guard)) = tap.poll_read_ready(cx) {
+                return Poll::Ready(i);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}

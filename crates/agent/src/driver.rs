@@ -1,0 +1,630 @@
+//! The agent's single event loop: it owns every device, socket and core, feeds them what
+//! arrives with one reading of the clock per turn, carries out what they return, and
+//! sleeps until the earliest deadline any core asks for (`poll_timeout`).
+//!
+//! One thread owns everything on the data path (the TAP devices, the underlay socket, the
+//! switches and the tunnel node), so nothing is locked per packet. Readiness on a device or
+//! the socket drains up to [`BATCH`] reads at once through preallocated buffers.
+//!
+//! Each namespace is one [`Namespace`]: its device, switch, DHCP and DNS services and its
+//! membership (the DHT state). The other files of the driver hold the rest by concern:
+//! `datapath` (frames and datagrams), `services` (DHCP and DNS), `events` (what the
+//! overlay and the memberships report), `status`, `control_server`.
+#![allow(clippy::disallowed_methods)] // The driver is where the clocks are read.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Result};
+use hyphae_dhcp_dns::{dhcp, service};
+use hyphae_overlay::membership::{self, Membership, Token};
+use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions};
+use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerHandle, PeerId};
+use hyphae_vswitch::{Client, Switch};
+use tokio::io::unix::AsyncFd;
+use tokio::net::UnixListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tun_rs::SyncDevice;
+
+use crate::config::{Address, Config, Mode};
+use crate::control_server::Call;
+use crate::setup;
+use crate::underlay::Underlay;
+
+/// Packets handled per readiness event before the loop looks at its other sources.
+pub(crate) const BATCH: usize = 64;
+
+/// Largest datagram or frame: the UDP maximum, with room for headers in front.
+pub(crate) const BUF_LEN: usize = 65536 + 64;
+
+/// How long a `hyphae name set` waits for its claim before answering "still running".
+pub(crate) const NAME_SET_WAIT: Duration = Duration::from_secs(4);
+
+/// The subnet of a namespace whose record has not been read yet: holds no address.
+const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 32) {
+    Ok(n) => n,
+    Err(_) => panic!("a /32 is a valid prefix"),
+};
+
+/// One namespace this agent is (or was) a member of.
+pub(crate) struct Namespace {
+    pub(crate) name: String,
+    pub(crate) device: String,
+    pub(crate) mode: Mode,
+    /// Router and hybrid modes: the LAN bridge, and the links this namespace set up.
+    pub(crate) bridge: Option<String>,
+    pub(crate) lan: Option<crate::lan::Lan>,
+    /// The TAP; `None` once the namespace was left.
+    pub(crate) tap: Option<AsyncFd<SyncDevice>>,
+    pub(crate) switch: Switch<PeerHandle>,
+    /// The DHT state: address, names, resolution, group.
+    pub(crate) membership: Membership,
+    /// Members of the broadcast group (read from the DHT).
+    pub(crate) group: Vec<PeerId>,
+    /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
+    pub(crate) dhcp: Option<dhcp::Server>,
+    /// The default gateway DHCP hands out, if configured.
+    pub(crate) gateway: Option<Ipv4Addr>,
+    /// The virtual DNS service.
+    pub(crate) dns: service::Service<Client>,
+    pub(crate) tap_errors: u64,
+    /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
+    pub(crate) live: bool,
+    /// Why it was left, if it failed.
+    pub(crate) error: Option<String>,
+}
+
+impl Namespace {
+    /// Whether this agent is a member now (not left).
+    pub(crate) fn active(&self) -> bool {
+        self.tap.is_some()
+    }
+
+    /// Writes `frame` to the device; a failure is counted.
+    pub(crate) fn write(&mut self, frame: &[u8]) {
+        let sent = self
+            .tap
+            .as_ref()
+            .is_some_and(|t| t.get_ref().send(frame).is_ok());
+        if !sent {
+            self.tap_errors += 1;
+        }
+    }
+}
+
+/// A `hyphae name set` waiting for its claim.
+pub(crate) struct NameWaiter {
+    pub(crate) ns: usize,
+    pub(crate) name: String,
+    /// The name before, restored if the new one is another member's.
+    pub(crate) previous: Option<String>,
+    pub(crate) reply: tokio::sync::oneshot::Sender<serde_json::Value>,
+    pub(crate) deadline: Instant,
+}
+
+pub(crate) struct Agent {
+    pub(crate) config_path: PathBuf,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) listen: SocketAddr,
+    pub(crate) remote_mac: [u8; 6],
+    pub(crate) identity: Identity,
+    pub(crate) overlay: Overlay,
+    /// DHT operations in flight: the namespace and the membership token they answer.
+    pub(crate) ops: HashMap<OpId, (usize, Token)>,
+    /// Why the agent must stop (a static address owned by another member).
+    pub(crate) fatal: Option<String>,
+    pub(crate) node: Node,
+    pub(crate) namespaces: Vec<Namespace>,
+    pub(crate) underlay: Underlay,
+    pub(crate) rx: Vec<u8>,
+    pub(crate) tx: Vec<u8>,
+    pub(crate) reply: Vec<u8>,
+    /// Frames whose address resolved, to go through their switch again.
+    pub(crate) replays: Vec<(usize, Vec<Vec<u8>>)>,
+    /// Where DHCP replies, DNS answers and service-stack packets are framed.
+    pub(crate) service_buf: Vec<u8>,
+    /// Queries forwarded to the namespaces' resolvers leave and come back here.
+    pub(crate) resolver_socket: Option<tokio::net::UdpSocket>,
+    /// `hyphae name set` calls waiting for their claim.
+    pub(crate) name_waiters: Vec<NameWaiter>,
+    /// TEMPORARY until the node and the overlay say when they need time: both run every
+    /// TICK.
+    pub(crate) next_tick: Instant,
+}
+
+/// What woke the loop.
+enum Wake {
+    Stop,
+    Underlay(std::io::Result<()>),
+    Tap(usize),
+    Overlay(hyphae_overlay::swarm::OverlayEvent),
+    Resolver(usize, SocketAddr),
+    Timer,
+    Call(Call),
+}
+
+impl Agent {
+    pub(crate) fn start(
+        config: Config,
+        identity: Identity,
+        socket: std::net::UdpSocket,
+    ) -> Result<Self> {
+        let bootstrap: Vec<_> = config
+            .namespaces
+            .iter()
+            .flat_map(|n| n.bootstrap.iter().cloned())
+            .collect();
+        let options = OverlayOptions {
+            mdns: config.agent.mdns,
+            ..OverlayOptions::default()
+        };
+        let overlay = Overlay::new(
+            &identity,
+            tcp_multiaddr(config.agent.listen),
+            bootstrap,
+            options,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let own = Identity::from_seed(identity.seed());
+        let node = Node::new(identity);
+        let underlay = Underlay::new(socket)?;
+        let mut agent = Self {
+            config_path: config.path.clone(),
+            state_dir: config.agent.state_dir.clone(),
+            listen: config.agent.listen,
+            // IPOP 4.1: one FE:FD MAC per agent stands for every remote member; hybrid
+            // agents sharing a LAN each have their own.
+            remote_mac: setup::stable_mac(
+                hyphae_vswitch::REMOTE_MAC_PREFIX,
+                &own.peer_id(),
+                "remote",
+            ),
+            identity: own,
+            overlay,
+            ops: HashMap::new(),
+            fatal: None,
+            node,
+            namespaces: Vec::new(),
+            underlay,
+            rx: vec![0; BUF_LEN],
+            tx: vec![0; BUF_LEN],
+            reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
+            replays: Vec::new(),
+            service_buf: vec![0; BUF_LEN],
+            resolver_socket: None,
+            name_waiters: Vec::new(),
+            next_tick: Instant::now(),
+        };
+        if config.namespaces.iter().any(|n| !n.resolvers.is_empty()) {
+            agent.resolver_socket = Some(setup::bind_resolver_socket()?);
+        }
+        let now = Instant::now();
+        for ns in &config.namespaces {
+            agent.add_namespace(ns, now)?;
+        }
+        if config.namespaces.is_empty() {
+            tracing::warn!("no [[namespace]] in the config: the agent has nothing to carry");
+        }
+        tracing::info!(id = %agent.node.peer_id(), listen = %config.agent.listen, "agent started");
+        Ok(agent)
+    }
+
+    /// Creates the namespace's TAP, tunnels, switch, services and DHT state.
+    pub(crate) fn add_namespace(
+        &mut self,
+        ns: &crate::config::Namespace,
+        now: Instant,
+    ) -> Result<()> {
+        let me = self.identity.peer_id();
+        // Locally administered, unicast: 0x02 in the first byte.
+        let device_mac = setup::stable_mac([0x02, 0x48], &me, &ns.name);
+        let tap_name = crate::lan::tap_name(ns);
+        // Router and hybrid TAPs are bridge ports: their own MAC is never addressed.
+        let tap_mac = match ns.mode {
+            Mode::Interface => device_mac,
+            Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &ns.name),
+        };
+        let tap = setup::create_tap(ns, &tap_name, tap_mac)?;
+        let lan = match ns.mode {
+            Mode::Interface => None,
+            Mode::Router | Mode::Hybrid => Some(crate::lan::attach(ns, &tap_name, device_mac)?),
+        };
+        if let (Mode::Hybrid, Address::Static(a), Some(subnet)) = (ns.mode, ns.address, ns.subnet) {
+            crate::lan::set_address(&ns.device, a, subnet.prefix_len())?;
+        }
+        // SAFETY: the SyncDevice owns its fd and moves into the AsyncFd, which keeps it
+        // open for as long as it is registered.
+        let tap = unsafe { AsyncFd::register(tap) }
+            .map_err(|e| anyhow::anyhow!("registering the TAP: {e}"))?;
+        let keys = NamespaceKeys::derive(&ns.name, &ns.secret);
+        // Members hear of our address once it is won, static or not.
+        let id = self.node.add_namespace(keys.clone(), Vec::new());
+        if id.0 != self.namespaces.len() {
+            bail!(
+                "internal: the node numbered namespace '{}' {}, not {}",
+                ns.name,
+                id.0,
+                self.namespaces.len()
+            );
+        }
+        for &peer in &ns.peers {
+            self.node.add_static_peer(id, peer, now);
+        }
+        // A bootstrap agent is usually a member too: a tunnel with it gives every member
+        // one it can relay through when two members cannot reach each other.
+        for endpoint in ns.bootstrap.iter().filter_map(tunnel_endpoint) {
+            if endpoint != self.listen && !ns.peers.contains(&endpoint) {
+                self.node.add_static_peer(id, endpoint, now);
+            }
+        }
+        let previous = std::fs::read_to_string(self.state_file(&ns.name))
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        let mut membership = Membership::new(
+            membership::Config {
+                name: ns.name.clone(),
+                keys,
+                subnet: ns.subnet,
+                reserved: ns.reserved.clone(),
+                address: ns.address,
+                lease: ns.lease,
+                hostname: ns.hostname.clone(),
+                previous,
+            },
+            Identity::from_seed(self.identity.seed()),
+            setup::os_seed()?,
+            now,
+            unix_now(),
+        );
+        membership.set_endpoints(self.endpoints());
+        let mut dns = service::Service::new(ns.resolvers.clone(), ns.mtu, setup::os_seed()?);
+        if let Some(subnet) = ns.subnet {
+            dns.set_zone(&ns.name, subnet);
+        }
+        self.namespaces.push(Namespace {
+            name: ns.name.clone(),
+            device: ns.device.clone(),
+            mode: ns.mode,
+            bridge: ns.bridge.clone(),
+            lan,
+            tap: Some(tap),
+            switch: Switch::new(hyphae_vswitch::Config {
+                mode: ns.mode,
+                // The device has a static address from the start when the subnet is known
+                // (see `create_tap`); any other is set once won.
+                address: ns
+                    .address
+                    .fixed()
+                    .filter(|_| ns.subnet.is_some())
+                    .unwrap_or(Ipv4Addr::UNSPECIFIED),
+                // Until the namespace record is read, nothing is in the subnet.
+                subnet: ns.subnet.unwrap_or(NO_SUBNET),
+                device_mac,
+                remote_mac: self.remote_mac,
+                probe_timeout: ns.probe_timeout,
+                lan_timeout: ns.lan_timeout,
+                broadcast_rate: ns.broadcast_rate,
+                // A router's LAN hosts and a DHCP host get their addresses from the agent.
+                dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
+            }),
+            membership,
+            group: Vec::new(),
+            dhcp: None,
+            gateway: ns.gateway,
+            dns,
+            tap_errors: 0,
+            live: false,
+            error: None,
+        });
+        tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
+            subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
+        Ok(())
+    }
+
+    /// Where the last address won in namespace `name` is kept.
+    pub(crate) fn state_file(&self, name: &str) -> PathBuf {
+        self.state_dir.join(format!("{name}.address"))
+    }
+
+    /// `hyphae join`: the namespace `name` was added to the config file; bring it up.
+    pub(crate) fn join(&mut self, name: &str, now: Instant) -> Result<(), String> {
+        let config = Config::load(&self.config_path).map_err(|e| format!("{e:#}"))?;
+        let Some(ns) = config.namespaces.iter().find(|n| n.name == name) else {
+            return Err(format!(
+                "namespace '{name}' is not in {}",
+                self.config_path.display()
+            ));
+        };
+        if let Some(i) = self.active(name) {
+            return Err(format!(
+                "already a member of '{name}' (device {})",
+                self.namespaces[i].device
+            ));
+        }
+        if let Some(other) = self
+            .namespaces
+            .iter()
+            .find(|n| n.active() && n.device == ns.device)
+        {
+            return Err(format!(
+                "device {} is already used by namespace '{}'",
+                ns.device, other.name
+            ));
+        }
+        if !ns.resolvers.is_empty() && self.resolver_socket.is_none() {
+            self.resolver_socket =
+                Some(setup::bind_resolver_socket().map_err(|e| format!("{e:#}"))?);
+        }
+        self.add_namespace(ns, now).map_err(|e| format!("{e:#}"))?;
+        if let Some(n) = self.namespaces.last_mut() {
+            n.live = true;
+            if self.overlay.is_joined() {
+                n.membership.start(now);
+            }
+        }
+        for addr in &ns.bootstrap {
+            self.overlay.dial(addr.clone());
+        }
+        Ok(())
+    }
+
+    /// The index of the namespace `name` this agent is a member of now.
+    pub(crate) fn active(&self, name: &str) -> Option<usize> {
+        self.namespaces
+            .iter()
+            .position(|n| n.name == name && n.active())
+    }
+
+    /// `hyphae leave`: release the namespace's addresses, drop its tunnels and its TAP.
+    pub(crate) fn leave(&mut self, name: &str, now: Instant) -> Result<usize, String> {
+        let Some(i) = self.active(name) else {
+            return Err(format!("not a member of '{name}'"));
+        };
+        Ok(self.drop_namespace(i, now))
+    }
+
+    pub(crate) fn drop_namespace(&mut self, i: usize, now: Instant) -> usize {
+        let n = &mut self.namespaces[i];
+        let released = n.membership.leave();
+        self.node.remove_namespace(now, NamespaceId(i));
+        // Dropping the TAP removes the device (and the hybrid veth goes with its links).
+        n.tap = None;
+        n.lan = None;
+        n.group.clear();
+        tracing::info!(namespace = %n.name, "namespace left");
+        released
+    }
+
+    pub(crate) async fn run(mut self, listener: UnixListener) -> Result<()> {
+        let (ctl_tx, mut ctl_rx) = mpsc::channel::<Call>(16);
+        tokio::spawn(crate::control_server::serve(listener, ctl_tx));
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        loop {
+            let deadline = self.poll_timeout();
+            let wake = tokio::select! {
+                _ = sigterm.recv() => Wake::Stop,
+                _ = sigint.recv() => Wake::Stop,
+                ready = self.underlay.readable() => Wake::Underlay(ready),
+                i = crate::datapath::any_readable(&self.namespaces) => Wake::Tap(i),
+                event = self.overlay.next_event() => Wake::Overlay(event),
+                Some((len, from)) = crate::services::recv_resolver(self.resolver_socket.as_ref(), &mut self.service_buf) => {
+                    Wake::Resolver(len, from)
+                }
+                () = sleep_until(deadline) => Wake::Timer,
+                Some(call) = ctl_rx.recv() => Wake::Call(call),
+            };
+            // The one clock reading of this turn: every core sees the same `now`.
+            let now = Instant::now();
+            match wake {
+                Wake::Stop => break,
+                Wake::Underlay(ready) => {
+                    ready?;
+                    self.drain_underlay(now).await;
+                    // A router asks its LAN for hosts members sent to: send the probes now.
+                    for i in 0..self.namespaces.len() {
+                        if self.namespaces[i].mode == Mode::Router && self.namespaces[i].active() {
+                            self.flush_switch(i, now);
+                        }
+                    }
+                }
+                Wake::Tap(i) => self.drain_tap(i, now).await,
+                Wake::Overlay(event) => self.handle_overlay(now, event),
+                Wake::Resolver(len, from) => self.resolver_answer(now, len, from),
+                Wake::Timer => {}
+                Wake::Call(call) => self.handle_call(now, call),
+            }
+            self.handle_timeout(now);
+            self.flush(now).await;
+            if let Some(reason) = self.fatal.take() {
+                bail!(reason);
+            }
+        }
+        self.release_held().await;
+        tracing::info!("stopping: removing devices");
+        Ok(())
+    }
+
+    /// The earliest deadline of any core: the loop sleeps until then at most.
+    fn poll_timeout(&self) -> Option<Instant> {
+        let mut deadlines = vec![Some(self.next_tick)];
+        for n in self.namespaces.iter().filter(|n| n.active()) {
+            deadlines.push(n.switch.poll_timeout());
+            deadlines.push(n.membership.poll_timeout());
+            deadlines.push(n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout));
+            deadlines.push(n.dns.poll_timeout());
+        }
+        deadlines.extend(self.name_waiters.iter().map(|w| Some(w.deadline)));
+        deadlines.into_iter().flatten().min()
+    }
+
+    /// Runs the timers of every core whose deadline has come.
+    fn handle_timeout(&mut self, now: Instant) {
+        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
+        if due(Some(self.next_tick)) {
+            self.node.handle_timeout(now);
+            self.overlay.handle_timeout(now);
+            self.next_tick = now + hyphae_overlay::node::TICK;
+        }
+        let unix = unix_now();
+        for i in 0..self.namespaces.len() {
+            let n = &mut self.namespaces[i];
+            if !n.active() {
+                continue;
+            }
+            if due(n.switch.poll_timeout()) {
+                n.switch.handle_timeout(now);
+                self.flush_switch(i, now);
+            }
+            let n = &mut self.namespaces[i];
+            if due(n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout)) {
+                if let Some(server) = n.dhcp.as_mut() {
+                    server.handle_timeout(now);
+                }
+                self.drain_dhcp(i, now);
+            }
+            let n = &mut self.namespaces[i];
+            if due(n.dns.poll_timeout()) {
+                n.dns
+                    .handle_timeout(now, &crate::services::HeldBy(&n.membership));
+            }
+            if due(n.membership.poll_timeout()) {
+                n.membership.handle_timeout(now, unix);
+            }
+        }
+        // `hyphae name set` calls whose claim has not been decided yet.
+        let (late, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.name_waiters)
+            .into_iter()
+            .partition(|w| now >= w.deadline);
+        self.name_waiters = waiting;
+        for w in late {
+            let message = format!(
+                "name '{}' set; its claim is still running (see `hyphae status`)",
+                w.name
+            );
+            let _ = w
+                .reply
+                .send(serde_json::json!({ "ok": true, "message": message }));
+        }
+    }
+
+    /// Carries out what the cores asked for until none asks for more: frames that waited,
+    /// the node's datagrams and events, the memberships' DHT operations and events, the
+    /// DNS services' reads and answers.
+    async fn flush(&mut self, now: Instant) {
+        // Bounded: a core whose deadline stayed in the past would otherwise spin here.
+        for _ in 0..16 {
+            self.flush_node(now).await;
+            let mut busy = false;
+            for i in 0..self.namespaces.len() {
+                busy |= self.flush_namespace(i, now);
+            }
+            // Timers a core set to `now` while handling the above run at once.
+            if self.poll_timeout().is_some_and(|t| t <= now) {
+                self.handle_timeout(now);
+                busy = true;
+            }
+            if !busy && self.replays.is_empty() {
+                return;
+            }
+        }
+        tracing::debug!("the cores still had work after 16 rounds; the next turn goes on");
+    }
+
+    /// Namespace `i` cannot be joined as configured: one joined with `hyphae join` is left
+    /// (the error shows in its status); one from the config at start stops the agent.
+    pub(crate) fn conflict(&mut self, i: usize, reason: String, now: Instant) {
+        if self.namespaces[i].live {
+            tracing::error!(namespace = %self.namespaces[i].name, "{reason}");
+            self.drop_namespace(i, now);
+            self.namespaces[i].error = Some(reason);
+        } else {
+            self.fatal = Some(reason);
+        }
+    }
+
+    /// Gives this member's address to the device, the switch and the tunnels.
+    pub(crate) fn set_address(&mut self, i: usize, address: Ipv4Addr, now: Instant) {
+        let n = &mut self.namespaces[i];
+        if n.switch.config().address != address {
+            let prefix = n.switch.config().subnet.prefix_len();
+            let result = match n.mode {
+                Mode::Hybrid => crate::lan::set_address(&n.device, address, prefix),
+                Mode::Interface | Mode::Router => match n.tap.as_ref() {
+                    Some(t) => t
+                        .get_ref()
+                        .set_network_address(address, prefix, None)
+                        .map_err(anyhow::Error::from),
+                    None => Ok(()),
+                },
+            };
+            if let Err(e) = result {
+                tracing::error!(device = %n.device, error = %e, "cannot set the address");
+            }
+            n.switch.set_address(address);
+        }
+        let addresses = n.membership.addresses();
+        self.node.set_addresses(now, NamespaceId(i), addresses);
+    }
+
+    /// Where members reach this agent's tunnels: its listen address, or (listening on all
+    /// addresses) every address the overlay listens on, with the tunnel port.
+    pub(crate) fn endpoints(&self) -> Vec<SocketAddr> {
+        if !self.listen.ip().is_unspecified() {
+            return vec![self.listen];
+        }
+        self.overlay
+            .listen_ips()
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, self.listen.port()))
+            .collect()
+    }
+
+    /// On the way out: give our addresses and names back so others can take them now, not
+    /// after the lease (waits at most a few seconds for the replicas).
+    async fn release_held(&mut self) {
+        let mut waiting = 0;
+        for n in &mut self.namespaces {
+            n.membership.release_held();
+            while let Some((_, request)) = n.membership.poll_request() {
+                if let membership::Request::Release { key } = request {
+                    self.overlay.release(key);
+                    waiting += 1;
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while waiting > 0 {
+            let timer = Some(tokio::time::Instant::now() + hyphae_overlay::node::TICK);
+            tokio::select! {
+                event = self.overlay.next_event() => {
+                    if let hyphae_overlay::swarm::OverlayEvent::Released { .. } = event {
+                        waiting -= 1;
+                    }
+                }
+                () = sleep_until(timer.map(|t| t.min(deadline)).map(tokio::time::Instant::into_std)) => {
+                    self.overlay.handle_timeout(Instant::now());
+                }
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Seconds since the Unix epoch: records carry expiry times on the wall clock.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

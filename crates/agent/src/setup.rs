@@ -1,0 +1,206 @@
+//! Process setup for `hyphae up`: privileges, the identity, the sockets and devices the
+//! driver owns. Everything here runs once (or once per namespace) and reports problems as
+//! one-line errors a person can act on.
+
+use std::io::{self, ErrorKind};
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use hyphae_overlay::Identity;
+use tokio::net::UnixListener;
+use tun_rs::SyncDevice;
+
+use crate::config::{Address, Config, Mode, Namespace};
+
+/// Underlay socket buffers: room for a few milliseconds of traffic at 10 Gb/s.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// The name of the identity key file in the state directory.
+pub const IDENTITY_FILE: &str = "identity.key";
+
+/// Runs the agent in the foreground until SIGTERM or SIGINT.
+pub fn up(config: Config) -> Result<()> {
+    require_net_admin()?;
+    // Bind first: a failed start should leave nothing behind, not even a new identity.
+    let socket = bind_underlay(config.agent.listen)?;
+    let identity = load_or_create_identity(&config.agent.state_dir)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async move {
+        let listener = bind_control(&config.agent.control_socket)?;
+        let result = crate::driver::Agent::start(config.clone(), identity, socket)?
+            .run(listener)
+            .await;
+        let _ = std::fs::remove_file(&config.agent.control_socket);
+        result
+    })
+}
+
+/// 32 bytes from the operating system's RNG: the seed of a core's RNG.
+pub(crate) fn os_seed() -> Result<[u8; 32]> {
+    let mut seed = [0u8; 32];
+    getrandom::getrandom(&mut seed).map_err(|e| anyhow::anyhow!("random number generator: {e}"))?;
+    Ok(seed)
+}
+
+/// `CAP_NET_ADMIN` is what creating TAP devices and setting their addresses needs.
+fn require_net_admin() -> Result<()> {
+    const CAP_NET_ADMIN: u32 = 12;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if eff & (1 << CAP_NET_ADMIN) == 0 {
+        bail!("hyphae up needs root (CAP_NET_ADMIN) to create TAP devices; run it with sudo");
+    }
+    Ok(())
+}
+
+/// Loads the identity key from the state directory, creating both on first start.
+pub fn load_or_create_identity(state_dir: &Path) -> Result<Identity> {
+    let path = state_dir.join(IDENTITY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Identity::from_text(&text).with_context(|| {
+            format!(
+                "{} is not a hyphae identity key (move it away to create a new identity)",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(state_dir)
+                .with_context(|| format!("cannot create state_dir {}", state_dir.display()))?;
+            let identity = Identity::from_seed(os_seed()?);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            io::Write::write_all(&mut file, identity.to_text().as_bytes())?;
+            tracing::info!(path = %path.display(), id = %identity.peer_id(), "created identity");
+            Ok(identity)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+pub(crate) fn bind_underlay(listen: SocketAddr) -> Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(listen),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
+    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    socket.bind(&listen.into()).map_err(|e| match e.kind() {
+        ErrorKind::AddrInUse => anyhow::anyhow!(
+            "listen address {listen} is already in use (another hyphae agent, or set [agent] listen)"
+        ),
+        ErrorKind::AddrNotAvailable => {
+            anyhow::anyhow!("listen address {listen} is not an address of this host")
+        }
+        _ => anyhow::anyhow!("cannot listen on {listen}: {e}"),
+    })?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+fn bind_control(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!(
+                "another hyphae agent is running: its control socket {} answers",
+                path.display()
+            );
+        }
+        // A stale socket from an agent that was killed.
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("cannot create control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+pub(crate) fn create_tap(ns: &Namespace, name: &str, mac: [u8; 6]) -> Result<SyncDevice> {
+    let mut builder = tun_rs::DeviceBuilder::new()
+        .name(name)
+        .layer(tun_rs::Layer::L2)
+        .mac_addr(mac)
+        .mtu(ns.mtu)
+        .enable(true);
+    // An `auto` address is set once it is won; a static one once the subnet is known. Only
+    // an interface-mode TAP carries the address (router: none; hybrid: the veth does).
+    if let (Mode::Interface, Address::Static(a), Some(subnet)) = (ns.mode, ns.address, ns.subnet) {
+        builder = builder.ipv4(a, subnet.prefix_len(), None);
+    }
+    let device = builder.build_sync().map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) | Some(libc::EEXIST) => anyhow::anyhow!(
+            "namespace '{}': device {name} already exists and is in use; pick another `device`",
+            ns.name,
+        ),
+        _ => anyhow::anyhow!("namespace '{}': cannot create TAP {name}: {e}", ns.name),
+    })?;
+    // The overlay carries IPv4; keep the kernel's IPv6 chatter (router solicitations, DAD)
+    // off the device. Best effort: IPv6 may be disabled host-wide already.
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+    device
+        .set_nonblocking(true)
+        .context("setting the TAP non-blocking")?;
+    Ok(device)
+}
+
+/// A MAC that stays the same across restarts (LAN hosts' ARP caches stay right) and differs
+/// between agents: `first` plus four bytes of a hash of the agent's identity and `label`.
+pub(crate) fn stable_mac(first: [u8; 2], id: &hyphae_overlay::PeerId, label: &str) -> [u8; 6] {
+    use blake2::{Blake2s256, Digest};
+    let h = Blake2s256::new()
+        .chain_update(id.as_bytes())
+        .chain_update(label.as_bytes())
+        .finalize();
+    [first[0], first[1], h[0], h[1], h[2], h[3]]
+}
+
+/// The socket queries to the configured resolvers leave from: IPv6 and IPv4 if the host
+/// has IPv6, IPv4 only otherwise; an ephemeral port.
+pub(crate) fn bind_resolver_socket() -> Result<tokio::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let dual = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).and_then(|s| {
+        s.set_only_v6(false)?;
+        s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)).into())?;
+        Ok(s)
+    });
+    let socket = match dual {
+        Ok(s) => s,
+        Err(_) => {
+            let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+            s.bind(&SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)).into())?;
+            s
+        }
+    };
+    socket.set_nonblocking(true)?;
+    tokio::net::UdpSocket::from_std(socket.into()).context("registering the resolver socket")
+}
+
+/// The default config path.
+pub fn default_config_path() -> PathBuf {
+    PathBuf::from("/etc/hyphae/hyphae.toml")
+}

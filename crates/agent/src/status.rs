@@ -1,0 +1,190 @@
+//! `hyphae status`: the agent's state as the control protocol's [`Status`]
+//! (docs/CONTROL.md).
+
+use hyphae_overlay::{DropReason as NodeDrop, PeerDropReason};
+use hyphae_vswitch::DropReason as SwitchDrop;
+
+use crate::config::Mode;
+use crate::control::{
+    self, NamespaceStatus, OverlayStatus, PeerStatus, RelayStatus, Status, STATUS_VERSION,
+};
+use crate::driver::Agent;
+
+impl Agent {
+    pub(crate) fn status(&self) -> Status {
+        let mut namespaces: Vec<NamespaceStatus> = self
+            .namespaces
+            .iter()
+            .map(|p| {
+                let m = &p.membership;
+                let c = p.switch.counters();
+                let cfg = p.switch.config();
+                NamespaceStatus {
+                    name: p.name.clone(),
+                    mode: match p.mode {
+                        Mode::Interface => "interface".into(),
+                        Mode::Router => "router".into(),
+                        Mode::Hybrid => "hybrid".into(),
+                    },
+                    bridge: p.bridge.clone(),
+                    lan_hosts: p.switch.lan_hosts().iter().map(|a| a.to_string()).collect(),
+                    addresses: m.addresses().iter().map(|a| a.to_string()).collect(),
+                    hosted_conflicts: m.hosted_conflicts(),
+                    group_members: p.group.len(),
+                    broadcasts_out: c.broadcasts_out,
+                    broadcasts_in: c.broadcasts_in,
+                    arp_probes: c.arp_probes,
+                    dhcp_requests: c.dhcp_requests,
+                    dhcp_replies: p.dhcp.as_ref().map_or(0, |d| d.stats().replies),
+                    dhcp_naks: p.dhcp.as_ref().map_or(0, |d| d.stats().naks),
+                    dhcp_malformed: p.dhcp.as_ref().map_or(0, |d| d.stats().malformed),
+                    hostname: m.hostname().map(str::to_string),
+                    name_error: m.name_error().map(str::to_string),
+                    names: m
+                        .held_names()
+                        .into_iter()
+                        .map(|(n, a)| (n, a.to_string()))
+                        .collect(),
+                    dns: {
+                        let (agent, zone, tcp) = p.dns.stats();
+                        control::DnsStatus {
+                            address: m
+                                .subnet()
+                                .map(|s| hyphae_vswitch::service_address(s).to_string())
+                                .unwrap_or_default(),
+                            resolvers: p.dns.resolvers().iter().map(|r| r.to_string()).collect(),
+                            udp_queries: agent.udp_queries,
+                            tcp_queries: agent.tcp_queries,
+                            tcp_connections: tcp.connections,
+                            answered: zone.answered,
+                            nxdomain: zone.nxdomain,
+                            forwarded: zone.forwarded,
+                            refused: zone.refused,
+                            servfail: agent.servfail,
+                            errors: zone.errors,
+                            dropped: zone.dropped,
+                            rate_limited: zone.rate_limited,
+                            lookups: agent.lookups,
+                            not_ready: agent.not_ready,
+                            name_conflicts: m.name_conflicts(),
+                        }
+                    },
+                    device: p.device.clone(),
+                    address: if cfg.address.is_unspecified() {
+                        String::new()
+                    } else {
+                        cfg.address.to_string()
+                    },
+                    address_claimed: m.owned().is_some(),
+                    subnet: m.subnet().map(|s| s.to_string()).unwrap_or_default(),
+                    error: p.error.clone(),
+                    lookups: m.lookups(),
+                    unresolved_drops: m.unresolved_drops(),
+                    to_peers: c.to_peer,
+                    to_device: c.to_tap,
+                    arp_replies: c.arp_replies,
+                    drops: SwitchDrop::ALL
+                        .iter()
+                        .map(|r| (r.as_str().to_string(), c.drops(*r)))
+                        .chain([("device_write".to_string(), p.tap_errors)])
+                        .collect(),
+                    peers: Vec::new(),
+                }
+            })
+            .collect();
+        for p in self.node.peers() {
+            let Some(ns) = namespaces.get_mut(p.ns.0) else {
+                continue;
+            };
+            let relay_addresses = p
+                .relayed_via
+                .and_then(|via| self.node.peers().find(|r| r.ns == p.ns && r.id == via))
+                .map(|r| r.addresses.iter().map(|a| a.to_string()).collect())
+                .unwrap_or_default();
+            ns.peers.push(PeerStatus {
+                identity: p.id.to_string(),
+                endpoint: p.endpoint.to_string(),
+                path: if p.relayed_via.is_some() {
+                    "relayed".into()
+                } else {
+                    "direct".into()
+                },
+                relay: p.relayed_via.map(|id| id.to_string()),
+                relay_addresses,
+                rtt_ms: p.rtt.map(|d| d.as_secs_f64() * 1000.0),
+                addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
+                handshake_age_secs: p.handshake_age.map(|d| d.as_secs_f64()),
+                rx_packets: p.stats.rx_packets,
+                rx_bytes: p.stats.rx_bytes,
+                tx_packets: p.stats.tx_packets,
+                tx_bytes: p.stats.tx_bytes,
+                drops: PeerDropReason::ALL
+                    .iter()
+                    .map(|r| (r.as_str().to_string(), p.stats.drops(*r)))
+                    .collect(),
+            });
+        }
+        // Left namespaces are not shown, unless the last one of a name failed.
+        let mut i = 0;
+        namespaces.retain(|_| {
+            let n = &self.namespaces[i];
+            let keep = n.active()
+                || (n.error.is_some()
+                    && !self.namespaces[i + 1..].iter().any(|q| q.name == n.name));
+            i += 1;
+            keep
+        });
+        Status {
+            version: STATUS_VERSION,
+            identity: self.node.peer_id().to_string(),
+            listen: self.listen.to_string(),
+            drops: NodeDrop::ALL
+                .iter()
+                .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
+                .chain([("send_error".to_string(), self.underlay.send_errors)])
+                .collect(),
+            overlay: OverlayStatus {
+                peer_id: self.overlay.local_id().to_string(),
+                listen: self
+                    .overlay
+                    .listen_addrs()
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect(),
+                joined: self.overlay.is_joined(),
+                connected: self.overlay.connected(),
+                stored_records: self.overlay.stored_records(),
+                rejected_requests: self.overlay.store_stats().rejected,
+                bad_envelopes: self.overlay.stats().bad_envelopes,
+                late_grants_released: self.overlay.stats().late_grants_released,
+                relays: self
+                    .overlay
+                    .relays()
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect(),
+                relayed_peers: self
+                    .overlay
+                    .relayed_peers()
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect(),
+                relayed_connections: self.overlay.stats().relayed_connections,
+                hole_punches: self.overlay.stats().hole_punches,
+                hole_punch_failures: self.overlay.stats().hole_punch_failures,
+                circuits_relayed: self.overlay.stats().circuits_relayed,
+                mdns_discovered: self.overlay.stats().mdns_discovered,
+            },
+            relay: {
+                let r = self.node.relay_stats();
+                RelayStatus {
+                    sessions: r.sessions,
+                    packets: r.packets,
+                    bytes: r.bytes,
+                    refused: r.refused,
+                }
+            },
+            namespaces,
+        }
+    }
+}

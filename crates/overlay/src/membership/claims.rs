@@ -1,0 +1,387 @@
+//! Address leases: this member's own address (static, `auto` or from its host's DHCP
+//! client), its router LAN hosts' addresses, and the addresses its virtual DHCP server
+//! hands out.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use super::{
+    holder_name, Address, Event, Membership, Purpose, Request, Token, AUTO_PAUSE, CLAIM_RETRY,
+    CONFLICT_RETRY, MAX_AUTO_TRIES,
+};
+use crate::records::Envelope;
+use crate::swarm::ClaimResult;
+
+/// This member's own address lease.
+#[derive(Debug, Default)]
+pub(super) struct Own {
+    pub(super) owned: Option<Ipv4Addr>,
+    /// The address a claim in flight is for.
+    pub(super) claiming: Option<Ipv4Addr>,
+    /// The first claim of a static address decides whether it can be this member's.
+    confirmed: bool,
+    /// `auto` candidates found taken.
+    tried: HashSet<Ipv4Addr>,
+    pub(super) next: Option<Instant>,
+    /// The address held last (before a restart, or before it was lost): tried first.
+    previous: Option<Ipv4Addr>,
+}
+
+impl Own {
+    pub(super) fn new(previous: Option<Ipv4Addr>) -> Self {
+        Self {
+            previous,
+            ..Self::default()
+        }
+    }
+}
+
+/// The lease on one LAN host's (or DHCP client's) address.
+#[derive(Debug, Default)]
+pub(super) struct Hosted {
+    pub(super) owned: bool,
+    pub(super) claiming: Option<Token>,
+    pub(super) next: Option<Instant>,
+}
+
+/// A claim for a DHCP client: the client, the address, and whether only it will do.
+#[derive(Debug, Clone)]
+pub(super) struct DhcpClaim {
+    client: Vec<u8>,
+    address: Ipv4Addr,
+    exact: bool,
+}
+
+impl Membership {
+    /// Claims (or renews) the own address when due.
+    pub(super) fn run_own(&mut self, now: Instant) {
+        if self.own.claiming.is_some() || self.own.next.is_none_or(|t| now < t) {
+            return;
+        }
+        if self.own.owned.is_none() && matches!(self.wanted, Address::None | Address::Dhcp) {
+            // Nothing of its own to claim: a DHCP address is claimed when the host asks.
+            self.own.next = None;
+            return;
+        }
+        let Some(candidate) = self.own.owned.or_else(|| self.candidate()) else {
+            tracing::warn!(namespace = %self.name, "no free address found; retrying in 10 s");
+            self.own.tried.clear();
+            self.own.next = Some(now + AUTO_PAUSE);
+            return;
+        };
+        match self.seal_address(candidate, now) {
+            Some(envelope) => {
+                let key = self.keys.address_key(candidate);
+                self.start_op(Request::Claim { key, envelope }, Purpose::Own(candidate));
+                self.own.claiming = Some(candidate);
+                self.own.next = None;
+            }
+            None => self.own.next = Some(now + CLAIM_RETRY),
+        }
+    }
+
+    /// The address to claim next: the static one, else the one held last, else a random
+    /// free one.
+    fn candidate(&mut self) -> Option<Ipv4Addr> {
+        if let Address::Static(a) = self.wanted {
+            return Some(a);
+        }
+        if self.own.tried.len() >= MAX_AUTO_TRIES {
+            return None;
+        }
+        let previous = self
+            .own
+            .previous
+            .filter(|a| self.usable(*a) && !self.own.tried.contains(a));
+        if previous.is_some() {
+            return previous;
+        }
+        let tried = std::mem::take(&mut self.own.tried);
+        let free = self.random_free(&tried);
+        self.own.tried = tried;
+        free
+    }
+
+    pub(super) fn own_claimed(&mut self, now: Instant, address: Ipv4Addr, result: &ClaimResult) {
+        self.own.claiming = None;
+        match result {
+            ClaimResult::Won => {
+                self.own.next = Some(self.renewal(address, now));
+                self.own.confirmed = true;
+                if self.own.owned == Some(address) {
+                    return;
+                }
+                self.own.owned = Some(address);
+                self.own.previous = Some(address);
+                self.bind_own_name(now);
+                tracing::info!(namespace = %self.name, %address, "address claimed");
+                self.events.push_back(Event::Persist(address));
+                self.events.push_back(Event::AddressWon(address));
+            }
+            ClaimResult::Lost(Some(holder)) => {
+                let holder = holder_name(holder);
+                match self.wanted {
+                    Address::Static(a) if !self.own.confirmed => {
+                        self.events.push_back(Event::Conflict(format!(
+                            "namespace '{}': address {a} is owned by member {holder}; choose another address or use address = \"auto\"",
+                            self.name
+                        )));
+                    }
+                    Address::Static(a) => {
+                        tracing::error!(namespace = %self.name, address = %a, %holder,
+                            "another member took our address; retrying");
+                        self.own.next = Some(now + CLAIM_RETRY);
+                    }
+                    Address::Auto | Address::None | Address::Dhcp => {
+                        tracing::debug!(namespace = %self.name, %address, %holder, "address taken");
+                        if self.own.owned == Some(address) {
+                            tracing::error!(namespace = %self.name, %address, %holder,
+                                "lost our address to another member; claiming a new one");
+                            self.own.owned = None;
+                            // Its names go (the hostname comes back with the next address).
+                            self.unbind_address(address);
+                        }
+                        self.own.tried.insert(address);
+                        self.own.next = Some(now);
+                    }
+                }
+            }
+            ClaimResult::Lost(None) => {
+                tracing::debug!(namespace = %self.name, %address, "claim unanswered; retrying");
+                self.own.next = Some(now + CLAIM_RETRY);
+            }
+        }
+    }
+
+    /// Router mode: `address` appeared on the LAN; claim it for this member.
+    pub fn add_hosted(&mut self, address: Ipv4Addr, now: Instant) {
+        if self.left || self.hosted.contains_key(&address) {
+            return;
+        }
+        if !self.usable(address) {
+            tracing::warn!(namespace = %self.name, %address,
+                "a LAN host uses an address that is not a usable namespace address; not claimed");
+            return;
+        }
+        tracing::info!(namespace = %self.name, %address, "LAN host found; claiming its address");
+        self.hosted.insert(
+            address,
+            Hosted {
+                next: Some(now),
+                ..Hosted::default()
+            },
+        );
+    }
+
+    /// Router mode: the LAN host at `address` went away; give its address back. Returns
+    /// whether this member's addresses changed.
+    pub fn remove_hosted(&mut self, address: Ipv4Addr) -> bool {
+        let Some(h) = self.hosted.remove(&address) else {
+            return false;
+        };
+        tracing::info!(namespace = %self.name, %address, "LAN host gone; releasing its address");
+        self.unbind_address(address);
+        if h.owned {
+            self.request(Request::Release {
+                key: self.keys.address_key(address),
+            });
+        }
+        h.owned
+    }
+
+    /// Claims (and renews) the hosts' addresses that are due.
+    pub(super) fn run_hosted(&mut self, now: Instant) {
+        let due: Vec<Ipv4Addr> = self
+            .hosted
+            .iter()
+            .filter(|(_, h)| h.claiming.is_none() && h.next.is_some_and(|t| now >= t))
+            .map(|(a, _)| *a)
+            .collect();
+        for address in due {
+            let token = self.seal_address(address, now).map(|envelope| {
+                let key = self.keys.address_key(address);
+                self.start_op(Request::Claim { key, envelope }, Purpose::Hosted(address))
+            });
+            if let Some(h) = self.hosted.get_mut(&address) {
+                h.next = None;
+                match token {
+                    Some(token) => h.claiming = Some(token),
+                    None => h.next = Some(now + CLAIM_RETRY),
+                }
+            }
+        }
+    }
+
+    pub(super) fn hosted_claimed(
+        &mut self,
+        now: Instant,
+        token: Token,
+        address: Ipv4Addr,
+        result: &ClaimResult,
+    ) {
+        let renew_at = self.renewal(address, now);
+        // A host that left (and maybe came back) while the claim was out: not this claim's.
+        let Some(h) = self
+            .hosted
+            .get_mut(&address)
+            .filter(|h| h.claiming == Some(token))
+        else {
+            return;
+        };
+        h.claiming = None;
+        let was = h.owned;
+        match result {
+            ClaimResult::Won => {
+                h.owned = true;
+                h.next = Some(renew_at);
+                if !was {
+                    tracing::info!(namespace = %self.name, %address, "LAN host's address claimed");
+                }
+            }
+            ClaimResult::Lost(Some(holder)) => {
+                let holder = holder_name(holder);
+                tracing::error!(namespace = %self.name, %address, %holder,
+                    "a LAN host uses an address another member owns; it is not reachable through the overlay");
+                self.hosted_conflicts += 1;
+                h.owned = false;
+                h.next = Some(now + CONFLICT_RETRY);
+            }
+            ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
+        }
+        let owned = h.owned;
+        if was && !owned {
+            // Its names stood for an address that is someone else's now.
+            self.unbind_address(address);
+        }
+        if was != owned {
+            self.events.push_back(Event::AddressesChanged);
+        }
+    }
+
+    /// Claims an address in the DHT for a DHCP client: `hint` if usable, else (unless
+    /// `exact`) a free one. The outcome comes back as [`Event::Dhcp`].
+    pub fn claim_for_dhcp(
+        &mut self,
+        now: Instant,
+        client: Vec<u8>,
+        hint: Option<Ipv4Addr>,
+        exact: bool,
+    ) {
+        if self.left || !self.settings.known {
+            self.events.push_back(Event::Dhcp {
+                client,
+                address: None,
+            });
+            return;
+        }
+        let tried = self.dhcp_tried.remove(&client).unwrap_or_default();
+        let hint = hint.filter(|a| !tried.contains(a) && self.usable(*a));
+        let candidate = match hint {
+            Some(a) => Some(a),
+            None if exact || tried.len() >= MAX_AUTO_TRIES => None,
+            None => self.random_free(&tried),
+        };
+        let envelope = candidate.and_then(|a| Some((a, self.seal_address(a, now)?)));
+        let Some((address, envelope)) = envelope else {
+            self.events.push_back(Event::Dhcp {
+                client,
+                address: None,
+            });
+            return;
+        };
+        self.dhcp_tried.insert(client.clone(), tried);
+        let key = self.keys.address_key(address);
+        let claim = DhcpClaim {
+            client,
+            address,
+            exact,
+        };
+        self.start_op(Request::Claim { key, envelope }, Purpose::Dhcp(claim));
+    }
+
+    pub(super) fn dhcp_claimed(&mut self, now: Instant, claim: DhcpClaim, result: &ClaimResult) {
+        let DhcpClaim {
+            client,
+            address,
+            exact,
+        } = claim;
+        match result {
+            ClaimResult::Won => {
+                self.dhcp_tried.remove(&client);
+                let renew_at = self.renewal(address, now);
+                if self.host_uses_dhcp() {
+                    self.own.owned = Some(address);
+                    self.own.confirmed = true;
+                    self.own.next = Some(renew_at);
+                    self.bind_own_name(now);
+                } else {
+                    self.hosted.insert(
+                        address,
+                        Hosted {
+                            owned: true,
+                            claiming: None,
+                            next: Some(renew_at),
+                        },
+                    );
+                }
+                tracing::info!(namespace = %self.name, %address, "address claimed for a DHCP client");
+                self.events.push_back(Event::Dhcp {
+                    client,
+                    address: Some(address),
+                });
+            }
+            ClaimResult::Lost(_) if exact => {
+                self.dhcp_tried.remove(&client);
+                self.events.push_back(Event::Dhcp {
+                    client,
+                    address: None,
+                });
+            }
+            ClaimResult::Lost(_) => {
+                // Taken: another address for the same client.
+                self.dhcp_tried
+                    .entry(client.clone())
+                    .or_default()
+                    .insert(address);
+                self.claim_for_dhcp(now, client, None, false);
+            }
+        }
+    }
+
+    /// A DHCP lease ended (released, declined, expired): give its address back. Returns
+    /// whether this member's addresses changed.
+    pub fn release_dhcp(&mut self, address: Ipv4Addr) -> bool {
+        if self.host_uses_dhcp() && self.own.owned == Some(address) {
+            self.unbind_address(address);
+            self.own.owned = None;
+            self.own.next = None;
+            self.request(Request::Release {
+                key: self.keys.address_key(address),
+            });
+            tracing::info!(namespace = %self.name, %address, "DHCP lease ended; address released");
+            return true;
+        }
+        self.remove_hosted(address)
+    }
+
+    /// An address record: where to reach this member (and the name held for the address),
+    /// until the lease ends.
+    pub(super) fn seal_address(&mut self, address: Ipv4Addr, now: Instant) -> Option<Envelope> {
+        // This seal carries the current name.
+        self.reseal.remove(&address);
+        let name = self.name_for(address).map(str::to_string);
+        let key = self.keys.address_key(address);
+        self.seal_member(&key, now, name)
+    }
+
+    /// When the record of `address`, just won, is next claimed: at once if a name was won
+    /// while that claim was out (its seal lacks it), else after a third of the lease.
+    pub(super) fn renewal(&self, address: Ipv4Addr, now: Instant) -> Instant {
+        if self.reseal.contains(&address) {
+            now
+        } else {
+            now + self.lease / 3
+        }
+    }
+}

@@ -1,0 +1,685 @@
+//! One namespace's side of the DHT, as a sans-IO state machine: the namespace record (its
+//! settings), this member's own address, the addresses it holds for LAN hosts (router
+//! mode) and DHCP clients, the names it holds in the namespace zone, the resolution of
+//! other members' addresses (with the frames that wait for it), and the broadcast group.
+//!
+//! It never touches the swarm, a clock, the OS's RNG or a file. The driver:
+//!
+//! 1. builds it with [`Membership::new`] (a seed for its RNG, the time now in both clocks);
+//! 2. feeds inputs: [`Membership::start`] once the overlay has joined, the results of the
+//!    DHT operations it asked for ([`Membership::handle_claimed`],
+//!    [`Membership::handle_got`], [`Membership::handle_members`], by [`Token`]), what the
+//!    host and LAN do ([`Membership::hold`], [`Membership::add_hosted`],
+//!    [`Membership::claim_for_dhcp`], ...), and [`Membership::handle_timeout`] whenever
+//!    [`Membership::poll_timeout`] is due;
+//! 3. after every input, starts each operation [`Membership::poll_request`] returns and
+//!    acts on each [`Event`] of [`Membership::poll_event`] (configure an address, tell the
+//!    tunnels, answer a DHCP client, remember the address won, ...).
+//!
+//! The namespace record holds the subnet, the lease time and the reserved addresses. It is
+//! a lease like any other key, sealed and signed by the member that holds it: every member
+//! that knows the settings claims it (one wins, the others read it), so it lives as long as
+//! any member does. A member configured without a subnet reads it before claiming an
+//! address; one configured with a different subnet gets a [`Event::Conflict`] naming the
+//! keeper.
+
+mod claims;
+mod group;
+mod names;
+mod resolve;
+mod settings;
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // a base instant for the virtual clock
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use ipnet::Ipv4Net;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::records::{Envelope, MemberInfo, RecordKey};
+use crate::swarm::ClaimResult;
+use crate::{Identity, NamespaceKeys, PeerId};
+
+pub use resolve::{
+    Pending, Resolved, MAX_PENDING_FRAMES, MAX_PENDING_TARGETS, NEGATIVE_TTL, PENDING_TIMEOUT,
+    RESOLVED_TTL,
+};
+pub use settings::{check_address, Settings, MAX_LEASE_SECS, MIN_LEASE_SECS};
+
+use claims::{DhcpClaim, Hosted, Own};
+use group::Group;
+use names::NameLease;
+use resolve::Resolver;
+use settings::SettingsState;
+
+/// Retry delay after a claim that no replica answered.
+const CLAIM_RETRY: Duration = Duration::from_secs(2);
+
+/// Candidates an `auto` claim tries before pausing.
+const MAX_AUTO_TRIES: usize = 64;
+
+/// After an `auto` claim ran out of candidates, the next try comes this much later.
+const AUTO_PAUSE: Duration = Duration::from_secs(10);
+
+/// How often the broadcast group is read again (members that joined since).
+pub const GROUP_REFRESH: Duration = Duration::from_secs(15);
+
+/// A LAN host's address or a name another member holds is claimed again this much later.
+const CONFLICT_RETRY: Duration = Duration::from_secs(30);
+
+/// A new DHT peer may be a replica of our keys: renewals are brought this close.
+const RENEW_SOON: Duration = Duration::from_millis(300);
+
+/// Which address this member wants for itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address {
+    /// This address, claimed in the DHT (the first claim lost is a conflict).
+    Static(Ipv4Addr),
+    /// Any free address of the subnet, claimed in the DHT.
+    Auto,
+    /// None of its own (router mode: it claims its LAN hosts' addresses).
+    None,
+    /// Whatever the host's DHCP client obtains from the agent's virtual DHCP server.
+    Dhcp,
+}
+
+impl Address {
+    /// The static address, if any.
+    pub fn fixed(self) -> Option<Ipv4Addr> {
+        match self {
+            Address::Static(a) => Some(a),
+            Address::Auto | Address::None | Address::Dhcp => None,
+        }
+    }
+}
+
+/// What a namespace's membership starts from.
+#[derive(Clone)]
+pub struct Config {
+    /// Namespace name.
+    pub name: String,
+    /// Its keys.
+    pub keys: NamespaceKeys,
+    /// The subnet, if configured (else it is read from the namespace record).
+    pub subnet: Option<Ipv4Net>,
+    /// Addresses no member may claim (with `subnet`, part of the record this member proposes).
+    pub reserved: Vec<Ipv4Addr>,
+    /// The address this member wants.
+    pub address: Address,
+    /// Address lease time (with `subnet`, part of the record this member proposes).
+    pub lease: Duration,
+    /// The name of this member's own address, if configured.
+    pub hostname: Option<String>,
+    /// The address this member held last (kept by the driver in its state directory):
+    /// an `auto` claim tries it first.
+    pub previous: Option<Ipv4Addr>,
+}
+
+/// Names one DHT operation this membership asked for, until its result comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Token(u64);
+
+/// A DHT operation for the driver to start.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// Claim (or renew) `key` with `envelope`: answered by [`Membership::handle_claimed`].
+    Claim {
+        /// The key.
+        key: RecordKey,
+        /// The sealed, signed value.
+        envelope: Envelope,
+    },
+    /// Read `key`: answered by [`Membership::handle_got`].
+    Get {
+        /// The key.
+        key: RecordKey,
+    },
+    /// Give `key` back: nothing comes back.
+    Release {
+        /// The key.
+        key: RecordKey,
+    },
+    /// Add this member to the group at `key`: nothing comes back.
+    Announce {
+        /// The group key.
+        key: RecordKey,
+        /// The sealed, signed entry.
+        envelope: Envelope,
+    },
+    /// Read the group at `key`: answered by [`Membership::handle_members`].
+    Members {
+        /// The group key.
+        key: RecordKey,
+    },
+}
+
+/// What the driver must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// This member now holds `address` as its own: configure the device and switch.
+    AddressWon(Ipv4Addr),
+    /// The set of addresses this member holds changed (LAN hosts, a DHCP lease ended):
+    /// announce [`Membership::addresses`] to the tunnels.
+    AddressesChanged,
+    /// Remember `address` as the last one won (an `auto` member takes it again after a
+    /// restart if it is free).
+    Persist(Ipv4Addr),
+    /// This member cannot be part of the namespace as configured (a static address
+    /// another member owns, a subnet that contradicts the namespace record).
+    Conflict(String),
+    /// The subnet was learned from the namespace record: configure it.
+    SubnetLearned(Ipv4Net),
+    /// A claim for a DHCP client ended: the address won, or `None` (refused).
+    Dhcp {
+        /// The client id, as given to [`Membership::claim_for_dhcp`].
+        client: Vec<u8>,
+        /// The address, if won.
+        address: Option<Ipv4Addr>,
+    },
+    /// A name claim ended: held, or held by another member (why, in words).
+    Name {
+        /// The name.
+        name: String,
+        /// The outcome.
+        result: Result<(), String>,
+    },
+    /// Another member owns an address frames wait for.
+    Resolved(Resolved),
+    /// The broadcast group was read: the members other than this one and where to
+    /// reach them.
+    Group(Vec<(PeerId, SocketAddr)>),
+    /// A [`Membership::read_name`] finished: the address `host` stands for, if anyone
+    /// holds the name.
+    NameRead {
+        /// The name.
+        host: String,
+        /// Its address.
+        address: Option<Ipv4Addr>,
+    },
+    /// A [`Membership::read_holder`] finished: whether someone holds `address` (`None`:
+    /// nobody), and the name it carries.
+    HolderRead {
+        /// The address.
+        address: Ipv4Addr,
+        /// Its holder's name for it, if someone holds it.
+        holder: Option<Option<String>>,
+    },
+}
+
+/// Why an operation was started, to route its result.
+#[derive(Debug, Clone)]
+enum Purpose {
+    SettingsClaim,
+    SettingsGet,
+    Own(Ipv4Addr),
+    Hosted(Ipv4Addr),
+    Dhcp(DhcpClaim),
+    Name { name: String, sealed: Ipv4Addr },
+    Resolve(Ipv4Addr),
+    ReadName(String),
+    ReadHolder(Ipv4Addr),
+    GroupRead,
+}
+
+/// Monotonic time paired with wall-clock seconds: records carry Unix expiry times.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    at: Instant,
+    unix: u64,
+}
+
+impl Clock {
+    fn unix(&self, now: Instant) -> u64 {
+        self.unix + now.saturating_duration_since(self.at).as_secs()
+    }
+}
+
+/// One namespace's DHT state.
+pub struct Membership {
+    name: String,
+    keys: NamespaceKeys,
+    identity: Identity,
+    rng: StdRng,
+    clock: Clock,
+    /// Where members reach this agent's tunnels (sealed into address records).
+    endpoints: Vec<SocketAddr>,
+    subnet: Option<Ipv4Net>,
+    reserved: Vec<Ipv4Addr>,
+    wanted: Address,
+    lease: Duration,
+    settings: SettingsState,
+    own: Own,
+    hosted: BTreeMap<Ipv4Addr, Hosted>,
+    hosted_conflicts: u64,
+    /// Addresses already found taken, per DHCP client.
+    dhcp_tried: HashMap<Vec<u8>, HashSet<Ipv4Addr>>,
+    hostname: Option<String>,
+    names: BTreeMap<String, NameLease>,
+    name_error: Option<String>,
+    name_conflicts: u64,
+    /// Addresses whose record must be sealed again (a name was won while a claim that
+    /// did not carry it was in flight).
+    reseal: HashSet<Ipv4Addr>,
+    resolver: Resolver,
+    group: Group,
+    left: bool,
+    next_token: u64,
+    ops: HashMap<Token, Purpose>,
+    requests: VecDeque<(Token, Request)>,
+    events: VecDeque<Event>,
+}
+
+impl Membership {
+    /// The DHT state of the namespace `config` describes, for the member `identity`.
+    /// `seed` seeds the RNG that picks `auto` addresses and record nonces (seed it from
+    /// the OS); `now` and `unix` are the same instant on the monotonic and the wall clock.
+    pub fn new(
+        config: Config,
+        identity: Identity,
+        seed: [u8; 32],
+        now: Instant,
+        unix: u64,
+    ) -> Self {
+        Self {
+            settings: SettingsState::new(config.subnet.map(|subnet| Settings {
+                subnet,
+                lease_secs: config.lease.as_secs(),
+                reserved: config.reserved.clone(),
+            })),
+            name: config.name,
+            keys: config.keys,
+            identity,
+            rng: StdRng::from_seed(seed),
+            clock: Clock { at: now, unix },
+            endpoints: Vec::new(),
+            subnet: config.subnet,
+            reserved: config.reserved,
+            wanted: config.address,
+            lease: config.lease,
+            own: Own::new(config.previous),
+            hosted: BTreeMap::new(),
+            hosted_conflicts: 0,
+            dhcp_tried: HashMap::new(),
+            hostname: config.hostname,
+            names: BTreeMap::new(),
+            name_error: None,
+            name_conflicts: 0,
+            reseal: HashSet::new(),
+            resolver: Resolver::default(),
+            group: Group::default(),
+            left: false,
+            next_token: 0,
+            ops: HashMap::new(),
+            requests: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Namespace name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The namespace's keys.
+    pub fn keys(&self) -> &NamespaceKeys {
+        &self.keys
+    }
+
+    /// The namespace subnet, once known (configured, or read from the record).
+    pub fn subnet(&self) -> Option<Ipv4Net> {
+        self.subnet
+    }
+
+    /// The address lease time (the namespace record's, once read).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The address this member holds as its own.
+    pub fn owned(&self) -> Option<Ipv4Addr> {
+        self.own.owned
+    }
+
+    /// Whether this member's own address comes from its host's DHCP client.
+    pub fn host_uses_dhcp(&self) -> bool {
+        self.wanted == Address::Dhcp
+    }
+
+    /// Whether the namespace was left: nothing is claimed or resolved any more.
+    pub fn has_left(&self) -> bool {
+        self.left
+    }
+
+    /// Who keeps the namespace record, once known (`None`: this member, or not read yet).
+    pub fn settings_keeper(&self) -> Option<PeerId> {
+        self.settings.keeper
+    }
+
+    /// LAN host addresses found owned by another member (router mode).
+    pub fn hosted_conflicts(&self) -> u64 {
+        self.hosted_conflicts
+    }
+
+    /// The name of this member's own address (`hostname`, or `hyphae name set`).
+    pub fn hostname(&self) -> Option<&str> {
+        self.hostname.as_deref()
+    }
+
+    /// Why this member's own name is not held, if it is not.
+    pub fn name_error(&self) -> Option<&str> {
+        self.name_error.as_deref()
+    }
+
+    /// Name claims lost to another member (own names and DHCP clients').
+    pub fn name_conflicts(&self) -> u64 {
+        self.name_conflicts
+    }
+
+    /// Lookups started for addresses frames waited for.
+    pub fn lookups(&self) -> u64 {
+        self.resolver.lookups
+    }
+
+    /// Frames dropped because their address did not resolve in time.
+    pub fn unresolved_drops(&self) -> u64 {
+        self.resolver.unresolved_drops
+    }
+
+    /// Where members reach this agent's tunnels, sealed into the address records from
+    /// the next claim on.
+    pub fn set_endpoints(&mut self, endpoints: Vec<SocketAddr>) {
+        self.endpoints = endpoints;
+    }
+
+    /// Every address this member holds a lease on: its own and (router mode, DHCP) its
+    /// hosts'.
+    pub fn addresses(&self) -> Vec<Ipv4Addr> {
+        self.own
+            .owned
+            .into_iter()
+            .chain(self.hosted.iter().filter(|(_, h)| h.owned).map(|(a, _)| *a))
+            .collect()
+    }
+
+    /// Whether this member holds the lease on `address` (its own or a host's).
+    pub fn holds(&self, address: Ipv4Addr) -> bool {
+        self.own.owned == Some(address) || self.hosted.get(&address).is_some_and(|h| h.owned)
+    }
+
+    /// The next DHT operation to start.
+    pub fn poll_request(&mut self) -> Option<(Token, Request)> {
+        self.requests.pop_front()
+    }
+
+    /// The next thing the driver must act on.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Membership::handle_timeout`] next has work: a claim, renewal, read or
+    /// group refresh that is due, or frames whose wait ends.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.left {
+            return None;
+        }
+        let mut due = [
+            self.settings.next.filter(|_| !self.settings.busy),
+            self.resolver.poll_timeout(),
+            if self.settings.known {
+                self.group.poll_timeout()
+            } else {
+                None
+            },
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let mut earliest = |t: Option<Instant>| {
+            if let Some(t) = t {
+                due = Some(due.map_or(t, |d| d.min(t)));
+            }
+        };
+        if self.settings.known {
+            earliest(self.own.next.filter(|_| self.own.claiming.is_none()));
+            for h in self.hosted.values().filter(|h| h.claiming.is_none()) {
+                earliest(h.next);
+            }
+            for n in self.names.values().filter(|n| n.claiming.is_none()) {
+                earliest(n.next);
+            }
+        }
+        due
+    }
+
+    /// Starts with the namespace record, then the first claim (call once the overlay has
+    /// joined; again after a `hyphae join`).
+    pub fn start(&mut self, now: Instant) {
+        if self.left {
+            return;
+        }
+        self.settings.start(now);
+        let claims_own = !matches!(self.wanted, Address::None | Address::Dhcp);
+        if self.own.claiming.is_none() && self.own.next.is_none() && claims_own {
+            self.own.next = Some(now);
+        }
+        self.group.start(now);
+    }
+
+    /// Renews soon: a new DHT peer may be a replica of our keys and must learn the leases
+    /// before someone else asks it.
+    pub fn renew_soon(&mut self, now: Instant) {
+        if self.left {
+            return;
+        }
+        let soon = now + RENEW_SOON;
+        let bring = |t: &mut Option<Instant>| *t = Some(t.map_or(soon, |t| t.min(soon)));
+        self.settings.renew_soon(now, soon);
+        if self.own.owned.is_some() {
+            bring(&mut self.own.next);
+        }
+        for h in self.hosted.values_mut().filter(|h| h.owned) {
+            bring(&mut h.next);
+        }
+        for n in self.names.values_mut().filter(|n| n.owned) {
+            bring(&mut n.next);
+        }
+        self.group.renew_soon(soon);
+    }
+
+    /// Claims, renews and reads what is due; ends waits that are over. `unix` is the wall
+    /// clock at `now` (records carry Unix expiry times).
+    pub fn handle_timeout(&mut self, now: Instant, unix: u64) {
+        self.clock = Clock { at: now, unix };
+        self.resolver.expire(now);
+        if self.left {
+            return;
+        }
+        self.run_settings(now);
+        if self.settings.known {
+            self.run_hosted(now);
+            self.run_names(now);
+            self.run_group(now);
+            self.run_own(now);
+        }
+    }
+
+    /// A claim this membership asked for was decided.
+    pub fn handle_claimed(&mut self, now: Instant, token: Token, result: &ClaimResult) {
+        let Some(purpose) = self.ops.remove(&token) else {
+            return;
+        };
+        match purpose {
+            Purpose::SettingsClaim => self.settings_claimed(now, result),
+            Purpose::Own(address) => self.own_claimed(now, address, result),
+            Purpose::Hosted(address) => self.hosted_claimed(now, token, address, result),
+            Purpose::Dhcp(claim) => self.dhcp_claimed(now, claim, result),
+            Purpose::Name { name, sealed } => self.name_claimed(now, token, name, sealed, result),
+            Purpose::SettingsGet
+            | Purpose::Resolve(_)
+            | Purpose::ReadName(_)
+            | Purpose::ReadHolder(_)
+            | Purpose::GroupRead => {}
+        }
+    }
+
+    /// A read this membership asked for finished: the envelopes the replicas returned.
+    pub fn handle_got(&mut self, now: Instant, token: Token, envelopes: &[Envelope]) {
+        match self.ops.remove(&token) {
+            Some(Purpose::SettingsGet) => self.settings_got(now, envelopes),
+            Some(Purpose::Resolve(target)) => self.resolved(now, target, envelopes),
+            Some(Purpose::ReadName(host)) => self.name_read(now, host, envelopes),
+            Some(Purpose::ReadHolder(address)) => self.holder_read(now, address, envelopes),
+            _ => {}
+        }
+    }
+
+    /// A group read this membership asked for finished.
+    pub fn handle_members(&mut self, now: Instant, token: Token, envelopes: &[Envelope]) {
+        if let Some(Purpose::GroupRead) = self.ops.remove(&token) {
+            self.group_read(now, envelopes);
+        }
+    }
+
+    /// Leaves the namespace: releases the addresses and names (and the namespace record,
+    /// if this member keeps it) and stops claiming and resolving. Returns the releases
+    /// started.
+    pub fn leave(&mut self) -> usize {
+        let mut released = self.release_held();
+        self.names.clear();
+        self.own = Own::new(None);
+        self.hosted.clear();
+        self.group = Group::default();
+        if self.settings.known && self.settings.keeper.is_none() {
+            self.request(Request::Release {
+                key: self.keys.settings_key(),
+            });
+            released += 1;
+        }
+        self.settings = SettingsState::new(None);
+        self.left = true;
+        self.resolver.clear();
+        self.ops.clear();
+        released
+    }
+
+    /// Gives back every address and name this member holds (on the way out: others may
+    /// take them now, not after the lease). Returns the releases started.
+    pub fn release_held(&mut self) -> usize {
+        let keys: Vec<RecordKey> = self
+            .addresses()
+            .into_iter()
+            .map(|a| self.keys.address_key(a))
+            .chain(
+                self.names
+                    .iter()
+                    .filter(|(_, n)| n.owned)
+                    .map(|(name, _)| self.keys.name_key(name)),
+            )
+            .collect();
+        let released = keys.len();
+        for key in keys {
+            self.request(Request::Release { key });
+        }
+        released
+    }
+
+    /// Queues `request`; returns its token.
+    fn request(&mut self, request: Request) -> Token {
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        self.requests.push_back((token, request));
+        token
+    }
+
+    /// Queues an operation whose result comes back, routed to `purpose`.
+    fn start_op(&mut self, request: Request, purpose: Purpose) -> Token {
+        let token = self.request(request);
+        self.ops.insert(token, purpose);
+        token
+    }
+
+    /// Seals and signs `plaintext` for `key`, valid for one lease.
+    fn seal_record(&mut self, key: &RecordKey, now: Instant, plaintext: &[u8]) -> Option<Envelope> {
+        let expires = self.clock.unix(now) + self.lease.as_secs();
+        Envelope::seal(
+            &self.keys,
+            &self.identity,
+            key,
+            expires,
+            plaintext,
+            &mut self.rng,
+        )
+        .map_err(|e| tracing::warn!(namespace = %self.name, error = %e, "cannot seal a record"))
+        .ok()
+    }
+
+    /// A member record for `key`: where to reach this member, and `name`.
+    fn seal_member(
+        &mut self,
+        key: &RecordKey,
+        now: Instant,
+        name: Option<String>,
+    ) -> Option<Envelope> {
+        let info = MemberInfo {
+            endpoints: self.endpoints.clone(),
+            name,
+        };
+        self.seal_record(key, now, &crate::records::encode(&info))
+    }
+
+    /// Opens the first envelope of `envelopes` that reads as a `T` for `key`: its owner
+    /// and value.
+    fn read_first<T: for<'de> serde::Deserialize<'de>>(
+        &self,
+        key: &RecordKey,
+        now: Instant,
+        envelopes: &[Envelope],
+    ) -> Option<(PeerId, T)> {
+        let unix = self.clock.unix(now);
+        envelopes.iter().find_map(|e| {
+            let (owner, value) = e.read::<T>(&self.keys, key, unix).ok()?;
+            Some((PeerId::from_bytes(owner).ok()?, value))
+        })
+    }
+
+    /// Whether `auto`, a DHCP client or a LAN host may take `a`: in the subnet, not its
+    /// network, broadcast or service address (where the virtual DHCP/DNS server answers),
+    /// and not reserved. A static address is the operator's choice and only checked
+    /// against the subnet and the reserved list.
+    fn usable(&self, a: Ipv4Addr) -> bool {
+        self.subnet.is_some_and(|s| {
+            s.contains(&a)
+                && a != s.network()
+                && a != s.broadcast()
+                && a != hyphae_vswitch::service_address(s)
+                && !self.reserved.contains(&a)
+        })
+    }
+
+    /// A random usable address not in `tried`.
+    fn random_free(&mut self, tried: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+        use rand::Rng as _;
+        let subnet = self.subnet?;
+        let hosts = (1u64 << (32 - subnet.prefix_len())).saturating_sub(2);
+        let base = u32::from(subnet.network());
+        for _ in 0..1000 {
+            let index = 1 + self.rng.next_u64() % hosts.max(1);
+            let a = Ipv4Addr::from(base.wrapping_add(index as u32));
+            if self.usable(a) && !tried.contains(&a) {
+                return Some(a);
+            }
+        }
+        None
+    }
+}
+
+/// A member named in a refusal, in words.
+fn holder_name(holder: &crate::records::OwnerKey) -> String {
+    PeerId::from_bytes(*holder)
+        .map(|p| p.to_string())
+        .unwrap_or_else(|_| "an unknown member".into())
+}

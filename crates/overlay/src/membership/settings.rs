@@ -1,0 +1,242 @@
+//! The namespace record: the subnet, lease time and reserved addresses every member
+//! shares, claimed by whoever knows them and read by the others.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use super::{Address, Event, Membership, Purpose, Request, CLAIM_RETRY};
+use crate::records::{encode, Envelope};
+use crate::swarm::ClaimResult;
+use crate::PeerId;
+
+/// The shortest lease a namespace may have: renewals come every third of it, and a
+/// replica must hear one before the lease lapses.
+pub const MIN_LEASE_SECS: u64 = 6;
+
+/// The longest lease a namespace record may carry (a replica keeps nothing longer).
+pub const MAX_LEASE_SECS: u64 = 24 * 3600;
+
+/// Reserved addresses a record may list.
+const MAX_RESERVED: usize = 1024;
+
+/// A namespace's settings, as its record holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    /// The namespace subnet.
+    pub subnet: Ipv4Net,
+    /// Address lease time, seconds.
+    pub lease_secs: u64,
+    /// Addresses no member may claim.
+    pub reserved: Vec<Ipv4Addr>,
+}
+
+impl Settings {
+    /// Checks a record read from the DHT (it was sealed by a member, but may be nonsense).
+    fn validate(&self) -> Result<(), String> {
+        if self.subnet != self.subnet.trunc() || self.subnet.prefix_len() > 30 {
+            return Err(format!("bad subnet {}", self.subnet));
+        }
+        if !(MIN_LEASE_SECS..=MAX_LEASE_SECS).contains(&self.lease_secs) {
+            return Err(format!("bad lease time {}", self.lease_secs));
+        }
+        if self.reserved.len() > MAX_RESERVED {
+            return Err("too many reserved addresses".into());
+        }
+        Ok(())
+    }
+}
+
+/// Whether `address` can be a member's address in `subnet`: inside it, and not its
+/// network, broadcast or service address. Says why not, in words.
+pub fn check_address(address: Ipv4Addr, subnet: Ipv4Net) -> Result<(), String> {
+    if !subnet.contains(&address) {
+        return Err(format!("address {address} is outside the subnet {subnet}"));
+    }
+    if address == subnet.network() || address == subnet.broadcast() {
+        return Err(format!(
+            "address {address} is the network or broadcast address of {subnet}"
+        ));
+    }
+    if address == hyphae_vswitch::service_address(subnet) {
+        return Err(format!(
+            "address {address} is the namespace's service address (its virtual DHCP and DNS server answer there); choose another"
+        ));
+    }
+    Ok(())
+}
+
+/// The namespace record's state in one member.
+#[derive(Debug)]
+pub(super) struct SettingsState {
+    /// The settings this member puts in the record (configured, or learned).
+    proposed: Option<Settings>,
+    /// Whether the record was won or read: address claims wait for it.
+    pub(super) known: bool,
+    /// A claim or read in flight.
+    pub(super) busy: bool,
+    /// The next claim reads instead (another member keeps the record).
+    read_next: bool,
+    pub(super) next: Option<Instant>,
+    /// Who keeps the record, once known; `None` while this member keeps it.
+    pub(super) keeper: Option<PeerId>,
+}
+
+impl SettingsState {
+    pub(super) fn new(proposed: Option<Settings>) -> Self {
+        Self {
+            proposed,
+            known: false,
+            busy: false,
+            read_next: false,
+            next: None,
+            keeper: None,
+        }
+    }
+
+    pub(super) fn start(&mut self, now: Instant) {
+        if !self.busy && self.next.is_none() {
+            self.next = Some(now);
+        }
+    }
+
+    pub(super) fn renew_soon(&mut self, now: Instant, soon: Instant) {
+        // A new peer may be the first that holds the record.
+        if !self.known && !self.busy {
+            self.next = Some(now);
+        }
+        // The keeper renews it too: the new peer may be one of its replicas.
+        if self.known && self.keeper.is_none() && !self.busy {
+            self.next = Some(self.next.map_or(soon, |t| t.min(soon)));
+        }
+    }
+}
+
+impl Membership {
+    /// Claims (or reads) the namespace record when due.
+    pub(super) fn run_settings(&mut self, now: Instant) {
+        if self.settings.busy || self.settings.next.is_none_or(|t| now < t) {
+            return;
+        }
+        self.settings.next = None;
+        let key = self.keys.settings_key();
+        let proposed = self
+            .settings
+            .proposed
+            .clone()
+            .filter(|_| !self.settings.read_next);
+        let Some(settings) = proposed else {
+            self.settings.read_next = false;
+            self.settings.busy = true;
+            self.start_op(Request::Get { key }, Purpose::SettingsGet);
+            return;
+        };
+        match self.seal_record(&key, now, &encode(&settings)) {
+            Some(envelope) => {
+                self.settings.busy = true;
+                self.start_op(Request::Claim { key, envelope }, Purpose::SettingsClaim);
+            }
+            None => self.settings.next = Some(now + CLAIM_RETRY),
+        }
+    }
+
+    pub(super) fn settings_claimed(&mut self, now: Instant, result: &ClaimResult) {
+        self.settings.busy = false;
+        match result {
+            ClaimResult::Won => {
+                if !self.settings.known {
+                    if let Some(settings) = &self.settings.proposed {
+                        tracing::info!(namespace = %self.name, subnet = %settings.subnet,
+                            "namespace record created");
+                    }
+                }
+                self.settings.known = true;
+                self.settings.keeper = None;
+                self.settings.next = Some(now + self.lease / 3);
+            }
+            // Another member keeps it: read what it says.
+            ClaimResult::Lost(Some(_)) => {
+                self.settings.read_next = true;
+                self.settings.next = Some(now);
+            }
+            ClaimResult::Lost(None) => self.settings.next = Some(now + CLAIM_RETRY),
+        }
+    }
+
+    pub(super) fn settings_got(&mut self, now: Instant, envelopes: &[Envelope]) {
+        self.settings.busy = false;
+        let key = self.keys.settings_key();
+        let unix = self.clock.unix(now);
+        let found = envelopes.iter().find_map(|e| {
+            let (owner, settings) = e.read::<Settings>(&self.keys, &key, unix).ok()?;
+            settings.validate().ok()?;
+            Some((settings, PeerId::from_bytes(owner).ok()?))
+        });
+        match found {
+            Some((settings, keeper)) => {
+                self.adopt(settings, keeper);
+                self.settings.next = Some(now + self.lease / 3);
+            }
+            None => {
+                if self.settings.proposed.is_none() {
+                    tracing::info!(namespace = %self.name,
+                        "no namespace record yet (no member with a `subnet` reachable); retrying");
+                }
+                self.settings.next = Some(now + CLAIM_RETRY);
+            }
+        }
+    }
+
+    /// The namespace record's settings are the namespace's: adopt them (or refuse them, the
+    /// first time, if they contradict this member's configuration).
+    fn adopt(&mut self, settings: Settings, keeper: PeerId) {
+        if !self.settings.known {
+            if let Err(reason) = self.check_settings(&settings, keeper) {
+                self.events.push_back(Event::Conflict(reason));
+                return;
+            }
+            tracing::info!(namespace = %self.name, subnet = %settings.subnet,
+                lease_secs = settings.lease_secs, %keeper, "namespace record read");
+        } else if self.subnet != Some(settings.subnet) {
+            tracing::error!(namespace = %self.name, subnet = %settings.subnet, %keeper,
+                "the namespace record changed its subnet; keeping ours");
+            return;
+        }
+        if self.subnet.is_none() {
+            self.events.push_back(Event::SubnetLearned(settings.subnet));
+        }
+        self.subnet = Some(settings.subnet);
+        self.lease = Duration::from_secs(settings.lease_secs);
+        self.reserved = settings.reserved.clone();
+        self.settings.keeper = Some(keeper);
+        self.settings.known = true;
+        // Members that learned the settings keep the record alive too.
+        self.settings.proposed = Some(settings);
+    }
+
+    /// Why the record's `settings` cannot be this member's, if they cannot.
+    fn check_settings(&self, settings: &Settings, keeper: PeerId) -> Result<(), String> {
+        if let Some(mine) = &self.settings.proposed {
+            if mine.subnet != settings.subnet {
+                return Err(format!(
+                    "namespace '{}': its subnet is {} (namespace record kept by member {keeper}), but this config says {}; fix `subnet` or remove it",
+                    self.name, settings.subnet, mine.subnet
+                ));
+            }
+        }
+        if let Address::Static(a) = self.wanted {
+            let problem = check_address(a, settings.subnet).err().or_else(|| {
+                settings
+                    .reserved
+                    .contains(&a)
+                    .then(|| format!("address {a} is reserved in this namespace"))
+            });
+            if let Some(problem) = problem {
+                return Err(format!("namespace '{}': {problem}", self.name));
+            }
+        }
+        Ok(())
+    }
+}
