@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use base64::Engine as _;
 use clap::{Parser, Subcommand};
-use hyphae_agent::{config, control, demo, join, setup};
+use hyphae_agent::{config, control, join, setup};
 
 /// hyphae: a userspace overlay VPN. One flat private subnet for every member of a namespace.
 #[derive(Parser)]
@@ -62,8 +62,6 @@ enum Cmd {
     },
     /// Print a new random namespace secret (base64 of 32 bytes).
     Secret,
-    /// Build 3 hosts in network namespaces, run agents, ping across, clean up (needs root).
-    Demo,
 }
 
 #[derive(Subcommand)]
@@ -142,6 +140,5 @@ fn execute(cmd: Cmd) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Demo => demo::demo(),
     }
 }

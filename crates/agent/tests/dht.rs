@@ -1,3 +1,4 @@
+#![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! End-to-end tests of the overlay: agents that know only a bootstrap address join the
 //! namespace, win unique `auto` addresses in the DHT, find each other by virtual address,
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyphae_agent::control::Status;
-use hyphae_agent::testbed::{join_config, require_root, AgentHandle, Host, Testbed};
+use hyphae_testbed::{join_config, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.202.0.0/24";
@@ -541,7 +542,7 @@ fn join_and_leave_with_the_cli() {
     // h2 runs an agent with no namespace; `join` adds one to it.
     let h2 = bed.add_host("h2", underlay(2)).unwrap();
     let a2 = bed
-        .start_agent(&h2, &hyphae_agent::testbed::agent_section(&h2))
+        .start_agent(&h2, &hyphae_testbed::agent_section(&h2))
         .unwrap();
     let join_args = [
         "join",
@@ -576,7 +577,7 @@ fn join_and_leave_with_the_cli() {
     // h3 has no agent: a join with the wrong subnet starts one, which is refused.
     let h3 = bed.add_host("h3", underlay(3)).unwrap();
     let c3 = h3.dir.join("hyphae.toml");
-    std::fs::write(&c3, hyphae_agent::testbed::agent_section(&h3)).unwrap();
+    std::fs::write(&c3, hyphae_testbed::agent_section(&h3)).unwrap();
     let mut wrong = join_args.to_vec();
     wrong.extend_from_slice(&["--subnet", "10.99.0.0/24"]);
     let (ok, text) = cli(&mut bed, &h3, &wrong, &c3);

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyphae_agent::control::Status;
-use hyphae_agent::testbed::{agent_config, require_root, AgentHandle, Host, Testbed};
+use hyphae_testbed::{agent_config, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
@@ -252,7 +252,7 @@ fn three_hosts_ping_transfer_and_stay_encrypted() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let sums = hyphae_agent::testbed::run(
+    let sums = hyphae_testbed::run(
         "sha256sum",
         &[&data.display().to_string(), &out_path.display().to_string()],
     )

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyphae_agent::control::{NamespaceStatus, Status};
-use hyphae_agent::testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
+use hyphae_testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";

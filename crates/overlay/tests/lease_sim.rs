@@ -1,7 +1,8 @@
 //! The lease protocol at scale, on a virtual clock: many members claim addresses at once over
 //! a simulated network with random latency and loss, in a pool just big enough for all of
 //! them. Deterministic: a seed and the code fix every run.
-#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+#![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};

@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 //! Two and three `Node`s wired back to back in memory: everything a tunnel does, without a
 //! socket.
 

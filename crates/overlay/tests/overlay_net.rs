@@ -1,5 +1,6 @@
 //! Real libp2p swarms on loopback TCP, many in one process: record claims, reads, isolation.
-#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+#![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

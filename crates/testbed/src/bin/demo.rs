@@ -1,26 +1,68 @@
-//! `hyphae demo`: three hosts in network namespaces on one underlay bridge, each running
+//! `hyphae-demo`: three hosts in network namespaces on one underlay bridge, each running
 //! `hyphae up` in interface mode. The first starts the overlay; the others know only its
 //! `host:port` and get `auto` addresses from the DHT. Every pair pings over the virtual
 //! addresses (each first packet is a DHT lookup), then by name through the virtual DNS
 //! (each host's resolver points at the namespace's service address), one agent's status is
 //! shown, and everything is removed again.
+//!
+//! Usage: `hyphae-demo [PATH_TO_HYPHAE]` as root. Without the argument the `hyphae` binary is
+//! `$HYPHAE_BIN`, else the `hyphae` beside this program (both land in one cargo target
+//! directory). `scripts/demo` builds both and runs it.
+
 #![allow(clippy::print_stdout)] // the demo prints what it shows
 
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
 
-use crate::testbed::{join_config, Testbed};
+use hyphae_testbed::{join_config, Testbed};
+
+fn main() -> ExitCode {
+    match demo() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "hyphae-demo: error: {}",
+                format!("{e:#}").replace('\n', " ")
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The `hyphae` binary the agents run: the first argument, `$HYPHAE_BIN`, or the `hyphae`
+/// next to this executable.
+fn hyphae_binary() -> Result<PathBuf> {
+    let bin = match std::env::args_os()
+        .nth(1)
+        .or_else(|| std::env::var_os("HYPHAE_BIN"))
+    {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()
+            .context("locating hyphae-demo")?
+            .with_file_name("hyphae"),
+    };
+    if !bin.is_file() {
+        bail!(
+            "no hyphae binary at {}: build it (cargo build --bin hyphae) and pass its path",
+            bin.display()
+        );
+    }
+    // Absolute, so nothing the testbed starts depends on the working directory.
+    std::path::absolute(&bin).with_context(|| format!("resolving {}", bin.display()))
+}
 
 /// Runs the demo, printing what it does.
-pub fn demo() -> Result<()> {
+fn demo() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        bail!("hyphae demo creates network namespaces and TAP devices: run it as root (sudo)");
+        bail!("hyphae-demo creates network namespaces and TAP devices: run it as root (sudo)");
     }
-    let bin = std::env::current_exe().context("locating the hyphae binary")?;
+    let bin = hyphae_binary()?;
     let mut bed = Testbed::new("demo", &bin)?;
     let mut secret = [0u8; 32];
     getrandom::getrandom(&mut secret).map_err(|e| anyhow::anyhow!("random secret: {e}"))?;

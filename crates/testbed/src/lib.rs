@@ -1,5 +1,6 @@
-//! Throwaway hosts in Linux network namespaces, for the demo, the end-to-end tests and the
-//! throughput benchmark.
+//! Throwaway hosts in Linux network namespaces, for the end-to-end tests of
+//! `crates/agent/tests` and the demo (`hyphae-demo`, run by `scripts/demo`). Dev-only: the
+//! shipped `hyphae` binary carries none of it.
 //!
 //! A [`Testbed`] is one underlay: a bridge inside its own "switch" namespace, and hosts, each
 //! a namespace with an `eth0` veth plugged into that bridge. Names carry the process id and
@@ -279,7 +280,11 @@ impl Testbed {
     }
 
     /// `hyphae status --json` of an agent, parsed.
-    pub fn status(&self, host: &Host, agent: &AgentHandle) -> Result<crate::control::Status> {
+    pub fn status(
+        &self,
+        host: &Host,
+        agent: &AgentHandle,
+    ) -> Result<hyphae_agent::control::Status> {
         let out = self.ns(
             &host.ns,
             &self.bin.display().to_string(),

@@ -1,0 +1,101 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The configurations in the top-level `examples/` are what users copy: every one must load
+//! with the agent's own loader and say what its name promises. No root needed.
+//!
+//! Each example names its secret files under /etc/hyphae; the test loads a copy whose
+//! `secret_file` lines point at a secret of its own, and nothing else changed.
+
+use std::path::{Path, PathBuf};
+
+use hyphae_agent::config::{Address, Config, Mode};
+
+/// Every example and the mode of each of its namespaces, in order.
+const EXPECTED: &[(&str, &[Mode])] = &[
+    ("interface-host.toml", &[Mode::Interface]),
+    ("router-site.toml", &[Mode::Router]),
+    ("hybrid-host.toml", &[Mode::Hybrid]),
+    ("two-namespaces.toml", &[Mode::Interface, Mode::Interface]),
+];
+
+fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// `text` with every `secret_file = "..."` (and its comment) replaced by `secret`.
+fn with_secret(text: &str, secret: &Path) -> String {
+    text.lines()
+        .map(|line| {
+            if line.trim_start().starts_with("secret_file") {
+                format!("secret_file = \"{}\"", secret.display())
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn load(name: &str) -> Config {
+    // One directory per test thread: tests run in parallel and load the same files.
+    let dir = std::env::temp_dir().join(format!(
+        "hyphae-examples-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("namespace.secret");
+    std::fs::write(&secret, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n").unwrap();
+    let text = std::fs::read_to_string(examples_dir().join(name)).unwrap();
+    let copy = dir.join(name);
+    std::fs::write(&copy, with_secret(&text, &secret)).unwrap();
+    Config::load(&copy).unwrap_or_else(|e| panic!("examples/{name} does not load: {e:#}"))
+}
+
+#[test]
+fn every_example_is_listed_here() {
+    let mut found: Vec<String> = std::fs::read_dir(examples_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".toml"))
+        .collect();
+    found.sort();
+    let mut listed: Vec<String> = EXPECTED.iter().map(|(n, _)| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(found, listed, "examples/*.toml and EXPECTED must match");
+}
+
+#[test]
+fn every_example_loads_with_its_modes() {
+    for (name, modes) in EXPECTED {
+        let config = load(name);
+        let got: Vec<Mode> = config.namespaces.iter().map(|ns| ns.mode).collect();
+        assert_eq!(&got, modes, "examples/{name}");
+    }
+}
+
+#[test]
+fn examples_say_what_their_comments_say() {
+    let router = load("router-site.toml");
+    let ns = &router.namespaces[0];
+    assert_eq!(ns.address, Address::None);
+    assert!(ns.bridge.is_some() && ns.uplink.is_some());
+
+    let hybrid = load("hybrid-host.toml");
+    assert!(hybrid.agent.mdns);
+    assert!(hybrid.namespaces[0].bridge.is_some());
+
+    let interface = load("interface-host.toml");
+    let ns = &interface.namespaces[0];
+    assert_eq!(ns.address, Address::Auto);
+    // A joiner: the subnet comes from the namespace record.
+    assert!(ns.subnet.is_none() && !ns.bootstrap.is_empty());
+
+    let two = load("two-namespaces.toml");
+    let [lab, home] = &two.namespaces[..] else {
+        panic!("two namespaces");
+    };
+    assert_ne!(lab.device, home.device);
+    // The first member of "home" starts it: a subnet and no bootstrap.
+    assert!(home.subnet.is_some() && home.bootstrap.is_empty());
+    assert!(matches!(home.address, Address::Static(_)));
+}
