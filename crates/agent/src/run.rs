@@ -300,7 +300,11 @@ impl Agent {
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
         let own = Identity::from_seed(identity.seed());
-        let node = Node::new(identity);
+        // The node's randomness (relay session ids) is an input; the agent draws it here.
+        let mut node_seed = [0u8; 32];
+        getrandom::getrandom(&mut node_seed)
+            .map_err(|e| anyhow::anyhow!("random seed for the tunnel node: {e}"))?;
+        let node = Node::new(identity, node_seed);
         let underlay = Underlay::new(socket)?;
         let mut agent = Self {
             config_path: config.path.clone(),
