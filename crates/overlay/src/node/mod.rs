@@ -615,3 +615,146 @@ impl std::fmt::Debug for Node {
 fn test_epoch() -> Instant {
     Instant::now()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{emit_init_prefix, emit_relay_header, Hello, WG_INIT_LEN};
+
+    const SECRET: &[u8] = b"correct horse battery staple";
+
+    fn node(seed: u8) -> (Node, NamespaceId) {
+        let mut node = Node::new(Identity::from_seed([seed; 32]), [seed; 32]);
+        let ns = node.add_namespace(
+            NamespaceKeys::derive("lab", SECRET),
+            vec![Ipv4Addr::new(10, 201, 0, seed)],
+        );
+        (node, ns)
+    }
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// Moves datagrams between `a` (at port 1) and `b` (at port 2) until both are quiet.
+    fn pump(a: &mut Node, b: &mut Node, now: Instant) {
+        let mut out = vec![0u8; 65536];
+        for _ in 0..50 {
+            let mut moved = false;
+            while let Some((_, d)) = a.poll_transmit() {
+                moved = true;
+                b.handle_datagram(now, addr(1), &d, &mut out);
+            }
+            while let Some((_, d)) = b.poll_transmit() {
+                moved = true;
+                a.handle_datagram(now, addr(2), &d, &mut out);
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn an_idle_node_has_no_timeout() {
+        let (mut n, _) = node(1);
+        assert_eq!(n.poll_timeout(), None);
+        n.handle_timeout(test_epoch());
+        assert_eq!(n.poll_timeout(), None, "running the timers arms nothing");
+    }
+
+    #[test]
+    fn a_pending_hello_is_a_timeout_and_backs_off() {
+        let t0 = test_epoch();
+        let (mut n, ns) = node(1);
+        n.add_static_peer(ns, addr(2), t0);
+        assert_eq!(n.poll_timeout(), Some(t0), "the first hello is due at once");
+        n.handle_timeout(t0);
+        assert!(n.poll_transmit().is_some(), "hello sent");
+        assert_eq!(n.poll_timeout(), Some(t0 + HELLO_INTERVAL));
+        let t1 = t0 + HELLO_INTERVAL;
+        n.handle_timeout(t1);
+        assert_eq!(
+            n.poll_timeout(),
+            Some(t1 + HELLO_INTERVAL * 2),
+            "an endpoint that never answers is asked less often"
+        );
+    }
+
+    #[test]
+    fn a_tunnel_needs_the_tick() {
+        let t0 = test_epoch();
+        let (mut a, ns) = node(1);
+        let (mut b, _) = node(2);
+        a.add_static_peer(ns, addr(2), t0);
+        a.handle_timeout(t0);
+        pump(&mut a, &mut b, t0);
+        assert!(a.peers().next().is_some_and(|p| p.handshake_age.is_some()));
+        // b opened its tunnel on a's hello and never ran its timers: they start with it.
+        assert_eq!(b.poll_timeout(), Some(t0 + TICK));
+        let t1 = t0 + Duration::from_millis(100);
+        a.handle_timeout(t1);
+        let next = a.poll_timeout().unwrap();
+        assert!(next > t1 && next <= t1 + TICK, "{:?}", next - t1);
+        // The configured endpoint's member is live: its hello waits, the tick does not.
+        assert!(a.poll_hello_timeout().unwrap() > t1 + TICK);
+    }
+
+    /// One datagram of each kind that cannot reach a tunnel, and the reason it is counted
+    /// under.
+    #[test]
+    fn every_early_drop_is_counted_under_its_reason() {
+        let t0 = test_epoch();
+        let (mut n, _) = node(1);
+        let keys = NamespaceKeys::derive("lab", SECRET);
+        let stranger = NamespaceKeys::derive("lab", b"another namespace secret");
+        let member = Identity::from_seed([2; 32]).peer_id();
+        let mut forged = Hello::emit(&keys, &member, false);
+        forged[20] ^= 1;
+        let mut init = vec![0u8; INIT_PREFIX_LEN + WG_INIT_LEN];
+        emit_init_prefix(&mut init, &stranger);
+        init[INIT_PREFIX_LEN] = 1;
+        let mut relayed = vec![0u8; RELAY_HEADER_LEN + 32];
+        emit_relay_header(&mut relayed, 77);
+        relayed[RELAY_HEADER_LEN] = 4;
+        let mut data = vec![0u8; 48];
+        data[0] = 4;
+        let mut bare = vec![0u8; WG_INIT_LEN];
+        bare[0] = 1;
+        let cases: [(&[u8], DropReason); 8] = [
+            (&[], DropReason::Malformed),
+            (&[0xff, 1, 2], DropReason::Malformed),
+            (&bare, DropReason::Malformed),
+            (&forged, DropReason::BadMac),
+            (
+                &Hello::emit(&stranger, &member, false),
+                DropReason::UnknownNamespace,
+            ),
+            (&init, DropReason::UnknownNamespace),
+            (&data, DropReason::UnknownSession),
+            (&relayed, DropReason::UnknownSession),
+        ];
+        let mut out = vec![0u8; 256];
+        for (d, why) in cases {
+            let before = n.drops(why);
+            assert_eq!(
+                n.handle_datagram(t0, addr(2), d, &mut out),
+                Received::Dropped(why),
+                "{d:?}"
+            );
+            assert_eq!(n.drops(why), before + 1);
+        }
+        assert_eq!(
+            n.handle_datagram(
+                t0,
+                addr(2),
+                &Hello::emit(&keys, &n.peer_id(), false),
+                &mut out
+            ),
+            Received::Dropped(DropReason::BadIdentity),
+            "our own identity"
+        );
+        assert_eq!(n.peers().count(), 0);
+        assert!(n.poll_transmit().is_none(), "strangers get nothing back");
+    }
+}

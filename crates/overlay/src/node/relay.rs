@@ -326,3 +326,28 @@ impl Node {
         self.send_control(handle, &packet, Some(route));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Identity;
+
+    #[test]
+    fn session_ids_come_from_the_seed_and_skip_ids_in_use() {
+        let ids = |seed: [u8; 32]| {
+            let mut n = Node::new(Identity::from_seed([1; 32]), seed);
+            (0..4).map(|_| n.new_session_id()).collect::<Vec<_>>()
+        };
+        assert_eq!(ids([7; 32]), ids([7; 32]), "a seed reproduces a run");
+        assert_ne!(ids([7; 32]), ids([8; 32]));
+
+        let first = ids([7; 32])[0];
+        let mut n = Node::new(Identity::from_seed([1; 32]), [7; 32]);
+        n.relayed.insert(first, PeerHandle(0));
+        assert_ne!(
+            n.new_session_id(),
+            first,
+            "a session id in use is not handed out"
+        );
+    }
+}
