@@ -18,7 +18,7 @@ use rand::Rng;
 use super::peer::{PathAction, Relay, Route};
 use super::stats::{DropReason, PeerDropReason};
 use super::{Node, PeerHandle, Received};
-use crate::wire::{Control, ParseError, TunnelMessage};
+use crate::wire::{Control, ParseError, TunnelMessage, RELAY_HEADER_LEN};
 use crate::PeerId;
 
 /// A member that has not answered on its path for this long is reached through a relay.
@@ -77,7 +77,7 @@ impl Node {
                 s.last_used = now;
             }
             self.relay_stats.packets += 1;
-            self.relay_stats.bytes += (bytes.len() - crate::wire::RELAY_HEADER_LEN) as u64;
+            self.relay_stats.bytes += bytes.len().saturating_sub(RELAY_HEADER_LEN) as u64;
             self.queue_transmit(to, bytes.to_vec());
             return Received::Consumed;
         }
