@@ -700,6 +700,60 @@ mod tests {
         assert!(a.poll_hello_timeout().unwrap() > t1 + TICK);
     }
 
+    /// A driver that sleeps until `poll_timeout` never spins: after every timeout the next
+    /// deadline lies ahead, while the tunnel is up, after the member vanished (hellos back
+    /// off), and after its tunnel was dropped for silence.
+    #[test]
+    fn the_next_timeout_always_lies_ahead() {
+        let t0 = test_epoch();
+        let (mut a, ns) = node(1);
+        let (mut b, _) = node(2);
+        a.add_static_peer(ns, addr(2), t0);
+        let mut now = t0;
+        let mut steps = 0;
+        let mut b_up = true;
+        while now < t0 + Duration::from_secs(300) {
+            a.handle_timeout(now);
+            if b_up {
+                b.handle_timeout(now);
+                pump(&mut a, &mut b, now);
+            } else {
+                while a.poll_transmit().is_some() {}
+            }
+            // b goes away after a minute; a keeps sending it packets.
+            if b_up && now >= t0 + Duration::from_secs(60) {
+                b_up = false;
+            }
+            if !b_up {
+                let peer = a.peers().next().map(|p| p.handle);
+                if let Some(peer) = peer {
+                    let packet = [
+                        0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 201, 0, 1, 10, 201, 0, 2,
+                    ];
+                    a.send(peer, &packet, &mut vec![0u8; 256]);
+                }
+            }
+            let next = [a.poll_timeout(), b_up.then(|| b.poll_timeout()).flatten()]
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("a configured endpoint always has a deadline");
+            assert!(
+                next > now,
+                "deadline {:?} not ahead at step {steps}",
+                now - next
+            );
+            now = next;
+            steps += 1;
+        }
+        assert!(
+            std::iter::from_fn(|| a.poll_event())
+                .any(|e| matches!(e, Event::PeerUnreachable { .. })),
+            "the vanished member's tunnel was dropped"
+        );
+        assert!(steps <= 300 * 4 + 10, "{steps} steps for 300 s");
+    }
+
     /// One datagram of each kind that cannot reach a tunnel, and the reason it is counted
     /// under.
     #[test]
