@@ -1,8 +1,10 @@
 //! The tunnel endpoint of one agent: every member it talks to, in every namespace.
 //!
-//! A [`Node`] owns no socket, reads no clock and draws no randomness of its own: it is built
-//! from an identity and a seed ([`Node::new`]), and a seed plus a sequence of inputs
-//! reproduces a run.
+//! A [`Node`] owns no socket. Its own logic reads no clock (every input carries `now`) and
+//! draws randomness only from the generator seeded in [`Node::new`]. boringtun's `Tunn`
+//! inside each tunnel is the exception: it reads the system clock for its timers and
+//! handshake timestamps and the OS generator for ephemeral keys, which is why
+//! [`Node::handle_timeout`] must run every [`TICK`] while a tunnel exists.
 //!
 //! # Call order
 //!
@@ -27,12 +29,12 @@
 //! One WireGuard tunnel (boringtun's `Tunn`: Noise_IKpsk2, replay window, rekeying, cookies)
 //! exists per (namespace, member) pair, with the namespace's pre-shared key, so a packet can
 //! only ever be delivered into the namespace whose key decrypted it. Tunnels are opened only
-//! after a hello authenticated with the namespace key ([`hello`]); the member's source
+//! after a hello authenticated with the namespace key (`hello.rs`); the member's source
 //! addresses are checked against the addresses it announced over that tunnel. Each tunnel's
-//! state and path decisions live in its [`peer::Peer`].
+//! state and path decisions live in its `Peer` (`peer.rs`).
 //!
 //! When a member does not answer on its direct path (a NAT, a firewall), the node asks
-//! another member that both can reach to relay ([`relay`]): the relay forwards the two
+//! another member that both can reach to relay (`relay.rs`): the relay forwards the two
 //! members' end-to-end encrypted datagrams verbatim for one session, and both ends keep
 //! probing the direct path (once a second) and return to it as soon as a probe is answered
 //! on it.
