@@ -28,8 +28,8 @@ fn frame() -> Vec<u8> {
 fn tunnel() -> (Node, Node, hyphae_overlay::PeerHandle) {
     let now = Instant::now();
     let keys = NamespaceKeys::derive("bench", b"a benchmark namespace secret");
-    let mut a = Node::new(Identity::from_seed([1; 32]));
-    let mut b = Node::new(Identity::from_seed([2; 32]));
+    let mut a = Node::new(Identity::from_seed([1; 32]), [1; 32]);
+    let mut b = Node::new(Identity::from_seed([2; 32]), [2; 32]);
     let ns = a.add_namespace(keys.clone(), vec![Ipv4Addr::new(10, 201, 0, 1)]);
     b.add_namespace(keys, vec![Ipv4Addr::new(10, 201, 0, 2)]);
     let (aa, ba) = (

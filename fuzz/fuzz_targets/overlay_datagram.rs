@@ -5,13 +5,13 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
-use hyphae_overlay::wire::{parse_relay, Announce, Control, Hello};
+use hyphae_overlay::wire::{parse_relay, Announce, Control, Datagram, Hello};
 use hyphae_overlay::{Identity, NamespaceKeys, Node};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let keys = NamespaceKeys::derive("lab", b"a fuzzing namespace secret");
-    let mut node = Node::new(Identity::from_seed([9; 32]));
+    let mut node = Node::new(Identity::from_seed([9; 32]), [9; 32]);
     node.add_namespace(keys.clone(), vec![Ipv4Addr::new(10, 201, 0, 1)]);
     let from = SocketAddr::from(([10, 200, 0, 2], 7400));
     let mut out = vec![0u8; data.len().max(64)];
@@ -22,4 +22,5 @@ fuzz_target!(|data: &[u8]| {
     let _ = Announce::parse(data);
     let _ = Control::parse(data);
     let _ = parse_relay(data);
+    let _ = Datagram::parse(data);
 });

@@ -130,8 +130,7 @@ pub(crate) struct Agent {
     pub(crate) resolver_socket: Option<tokio::net::UdpSocket>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
-    /// TEMPORARY until the node and the overlay say when they need time: both run every
-    /// TICK.
+    /// TEMPORARY until the overlay says when it needs time: it runs every TICK.
     pub(crate) next_tick: Instant,
 }
 
@@ -169,7 +168,7 @@ impl Agent {
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
         let own = Identity::from_seed(identity.seed());
-        let node = Node::new(identity);
+        let node = Node::new(identity, setup::os_seed()?);
         let underlay = Underlay::new(socket)?;
         let mut agent = Self {
             config_path: config.path.clone(),
@@ -450,7 +449,7 @@ impl Agent {
 
     /// The earliest deadline of any core: the loop sleeps until then at most.
     fn poll_timeout(&self) -> Option<Instant> {
-        let mut deadlines = vec![Some(self.next_tick)];
+        let mut deadlines = vec![self.node.poll_timeout(), Some(self.next_tick)];
         for n in self.namespaces.iter().filter(|n| n.active()) {
             deadlines.push(n.switch.poll_timeout());
             deadlines.push(n.membership.poll_timeout());
@@ -464,8 +463,10 @@ impl Agent {
     /// Runs the timers of every core whose deadline has come.
     fn handle_timeout(&mut self, now: Instant) {
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
-        if due(Some(self.next_tick)) {
+        if due(self.node.poll_timeout()) {
             self.node.handle_timeout(now);
+        }
+        if due(Some(self.next_tick)) {
             self.overlay.handle_timeout(now);
             self.next_tick = now + hyphae_overlay::node::TICK;
         }

@@ -22,6 +22,10 @@
 //! with protocol 253 (RFC 3692, experimentation), which no host behind a TAP can send
 //! through a switch: a 4-byte magic, then the message ([`Control`]).
 //!
+//! A node parses each datagram once, with [`Datagram::parse`]: the kind byte and the
+//! fields that tell where the datagram goes (namespace tag, receiver index, relay session).
+//! The WireGuard messages themselves are boringtun's to parse and authenticate.
+//!
 //! No-panic contract: every parser checks lengths before reading.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -78,24 +82,138 @@ const FLAG_HAVE_YOURS: u8 = 1;
 /// Most addresses one announcement may carry.
 pub const MAX_ANNOUNCED: usize = 64;
 
-/// Receiver index of a WireGuard response, cookie or data message: the response carries
-/// the sender's index first (bytes 4..8) and ours at 8..12; cookie and data carry ours at 4..8.
-pub fn receiver_index(datagram: &[u8]) -> Option<u32> {
-    let at = if *datagram.first()? == KIND_WG_RESPONSE {
-        8
-    } else {
-        4
-    };
-    let b = datagram.get(at..at + 4)?;
-    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+/// Why a datagram did not parse. The node counts every one as
+/// [`DropReason::Malformed`](crate::DropReason::Malformed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Zero bytes.
+    #[error("empty datagram")]
+    Empty,
+    /// A kind byte no member sends (a relayed datagram carries only tunnel messages).
+    #[error("unknown datagram kind {0:#04x}")]
+    UnknownKind(u8),
+    /// A WireGuard initiation without the namespace prefix.
+    #[error("bare WireGuard initiation")]
+    BareInitiation,
+    /// Shorter than its kind's fixed header.
+    #[error("truncated datagram of kind {0:#04x}")]
+    Truncated(u8),
+    /// A hello of the wrong length or version.
+    #[error("malformed hello")]
+    Hello,
+    /// A relay header of an unknown version.
+    #[error("relay header of unknown version")]
+    RelayVersion,
 }
 
-/// Namespace tag of a wrapped initiation or a hello.
-pub fn tag(datagram: &[u8]) -> Option<[u8; TAG_LEN]> {
-    let b = datagram.get(4..4 + TAG_LEN)?;
-    let mut t = [0u8; TAG_LEN];
-    t.copy_from_slice(b);
-    Some(t)
+/// Every datagram a node accepts at its underlay port, parsed once: the fields that tell
+/// where it goes (namespace tag, receiver index, relay session) are read here and nowhere
+/// else. The WireGuard messages themselves are boringtun's to parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Datagram<'a> {
+    /// A hello, not yet authenticated: check `bytes` with [`Hello::verify`].
+    Hello {
+        /// Its fields.
+        hello: Hello,
+        /// The whole datagram, which the MAC covers.
+        bytes: &'a [u8],
+    },
+    /// A tunnel message sent directly.
+    Tunnel(TunnelMessage<'a>),
+    /// A datagram through a relay.
+    Relayed {
+        /// The relay session.
+        session: u32,
+        /// The whole datagram, header included: a relay forwards it verbatim.
+        bytes: &'a [u8],
+        /// What it carries, for the end of the session. A relay forwards what it cannot
+        /// read: only the ends hold the keys that give it meaning.
+        inner: Result<TunnelMessage<'a>, ParseError>,
+    },
+}
+
+/// A message of a tunnel, as it may travel directly or through a relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelMessage<'a> {
+    /// A handshake initiation wrapped with the namespace tag.
+    Init {
+        /// The namespace tag.
+        tag: [u8; TAG_LEN],
+        /// The WireGuard initiation after the prefix.
+        message: &'a [u8],
+    },
+    /// A WireGuard handshake response, cookie reply or transport data message.
+    WireGuard {
+        /// [`KIND_WG_RESPONSE`], [`KIND_WG_COOKIE`] or [`KIND_WG_DATA`].
+        kind: u8,
+        /// Our index of the tunnel (the receiver index).
+        receiver: u32,
+        /// The whole message.
+        message: &'a [u8],
+    },
+}
+
+impl<'a> Datagram<'a> {
+    /// Parses a datagram from the underlay; after this, nothing reads a header again.
+    pub fn parse(datagram: &'a [u8]) -> Result<Self, ParseError> {
+        match *datagram.first().ok_or(ParseError::Empty)? {
+            KIND_HELLO => match Hello::parse(datagram) {
+                Ok(hello) => Ok(Datagram::Hello {
+                    hello,
+                    bytes: datagram,
+                }),
+                Err(_) => Err(ParseError::Hello),
+            },
+            KIND_RELAY => {
+                let (session, inner) =
+                    parse_relay(datagram).ok_or(if datagram.len() < RELAY_HEADER_LEN {
+                        ParseError::Truncated(KIND_RELAY)
+                    } else {
+                        ParseError::RelayVersion
+                    })?;
+                Ok(Datagram::Relayed {
+                    session,
+                    bytes: datagram,
+                    inner: TunnelMessage::parse(inner),
+                })
+            }
+            _ => TunnelMessage::parse(datagram).map(Datagram::Tunnel),
+        }
+    }
+}
+
+impl<'a> TunnelMessage<'a> {
+    /// Parses a tunnel message (a datagram that is neither a hello nor relayed).
+    pub fn parse(datagram: &'a [u8]) -> Result<Self, ParseError> {
+        let kind = *datagram.first().ok_or(ParseError::Empty)?;
+        match kind {
+            KIND_INIT => {
+                let tag = datagram
+                    .get(4..INIT_PREFIX_LEN)
+                    .and_then(|b| <[u8; TAG_LEN]>::try_from(b).ok())
+                    .ok_or(ParseError::Truncated(kind))?;
+                Ok(TunnelMessage::Init {
+                    tag,
+                    message: &datagram[INIT_PREFIX_LEN..],
+                })
+            }
+            KIND_WG_RESPONSE | KIND_WG_COOKIE | KIND_WG_DATA => {
+                // The response carries the sender's index first (bytes 4..8) and ours at
+                // 8..12; cookie and data carry ours at 4..8.
+                let at = if kind == KIND_WG_RESPONSE { 8 } else { 4 };
+                let b = datagram
+                    .get(at..at + 4)
+                    .ok_or(ParseError::Truncated(kind))?;
+                Ok(TunnelMessage::WireGuard {
+                    kind,
+                    receiver: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                    message: datagram,
+                })
+            }
+            KIND_WG_INIT => Err(ParseError::BareInitiation),
+            other => Err(ParseError::UnknownKind(other)),
+        }
+    }
 }
 
 /// A parsed, not yet authenticated hello.
@@ -126,7 +244,8 @@ impl Hello {
         }
         let mut peer = [0u8; 32];
         peer.copy_from_slice(&datagram[12..44]);
-        let tag = tag(datagram).ok_or(HelloError::Malformed)?;
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&datagram[4..4 + TAG_LEN]);
         Ok(Self {
             tag,
             reply: datagram[2] & FLAG_REPLY != 0,
@@ -479,5 +598,136 @@ mod tests {
         }
         d[1] = 9;
         assert_eq!(parse_relay(&d), None);
+    }
+
+    /// One captured datagram of every kind (a real hello; the WireGuard messages with
+    /// their fixed headers and filler), parsed once, and every truncation of each.
+    #[test]
+    fn datagram_parse_of_every_kind() {
+        let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        let me = Identity::from_seed([3; 32]).peer_id();
+        let hello = Hello::emit(&keys, &me, false);
+        match Datagram::parse(&hello) {
+            Ok(Datagram::Hello { hello: h, bytes }) => {
+                assert!(!h.reply);
+                assert_eq!(h.tag, keys.tag());
+                assert_eq!(bytes, &hello[..]);
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let mut init = vec![0u8; INIT_PREFIX_LEN + WG_INIT_LEN];
+        emit_init_prefix(&mut init, &keys);
+        init[INIT_PREFIX_LEN] = KIND_WG_INIT;
+        assert_eq!(
+            Datagram::parse(&init),
+            Ok(Datagram::Tunnel(TunnelMessage::Init {
+                tag: keys.tag(),
+                message: &init[INIT_PREFIX_LEN..],
+            }))
+        );
+
+        // Data and cookie carry our index at 4..8, a response at 8..12 (little-endian).
+        let data = [4, 0, 0, 0, 0x01, 0x02, 0, 0, 9, 9, 9, 9];
+        let response = [2, 0, 0, 0, 7, 7, 7, 7, 0x01, 0x03, 0, 0];
+        let cookie = [3, 0, 0, 0, 0x01, 0x04, 0, 0];
+        for (d, kind, receiver) in [
+            (&data[..], KIND_WG_DATA, 0x0201),
+            (&response[..], KIND_WG_RESPONSE, 0x0301),
+            (&cookie[..], KIND_WG_COOKIE, 0x0401),
+        ] {
+            assert_eq!(
+                Datagram::parse(d),
+                Ok(Datagram::Tunnel(TunnelMessage::WireGuard {
+                    kind,
+                    receiver,
+                    message: d,
+                }))
+            );
+        }
+
+        let mut relayed = vec![0u8; RELAY_HEADER_LEN + data.len()];
+        emit_relay_header(&mut relayed, 0xdead_beef);
+        relayed[RELAY_HEADER_LEN..].copy_from_slice(&data);
+        assert_eq!(
+            Datagram::parse(&relayed),
+            Ok(Datagram::Relayed {
+                session: 0xdead_beef,
+                bytes: &relayed,
+                inner: Ok(TunnelMessage::WireGuard {
+                    kind: KIND_WG_DATA,
+                    receiver: 0x0201,
+                    message: &relayed[RELAY_HEADER_LEN..],
+                }),
+            })
+        );
+
+        // Truncations: never a panic, always a reason.
+        for d in [&hello[..], &init, &data, &response, &cookie, &relayed] {
+            assert!(Datagram::parse(d).is_ok());
+            for n in 0..d.len() {
+                let _ = Datagram::parse(&d[..n]);
+            }
+        }
+        assert_eq!(Datagram::parse(&[]), Err(ParseError::Empty));
+        assert_eq!(Datagram::parse(&hello[..59]), Err(ParseError::Hello));
+        assert_eq!(
+            Datagram::parse(&init[..11]),
+            Err(ParseError::Truncated(KIND_INIT))
+        );
+        assert_eq!(
+            Datagram::parse(&data[..7]),
+            Err(ParseError::Truncated(KIND_WG_DATA))
+        );
+        assert_eq!(
+            Datagram::parse(&response[..11]),
+            Err(ParseError::Truncated(KIND_WG_RESPONSE))
+        );
+        assert_eq!(
+            Datagram::parse(&relayed[..7]),
+            Err(ParseError::Truncated(KIND_RELAY))
+        );
+    }
+
+    #[test]
+    fn datagram_parse_refuses_what_no_member_sends() {
+        let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        let mut bare = vec![0u8; WG_INIT_LEN];
+        bare[0] = KIND_WG_INIT;
+        assert_eq!(Datagram::parse(&bare), Err(ParseError::BareInitiation));
+        assert_eq!(Datagram::parse(&[0]), Err(ParseError::UnknownKind(0)));
+        assert_eq!(
+            Datagram::parse(&[0xff; 64]),
+            Err(ParseError::UnknownKind(0xff))
+        );
+        let mut hello = Hello::emit(&keys, &Identity::from_seed([3; 32]).peer_id(), true);
+        hello[1] = VERSION + 1;
+        assert_eq!(Datagram::parse(&hello), Err(ParseError::Hello));
+
+        // A relay header of another version is refused; what a relayed datagram carries is
+        // parsed for its ends, but a relay forwards it all the same.
+        let mut relayed = vec![0u8; RELAY_HEADER_LEN];
+        emit_relay_header(&mut relayed, 1);
+        relayed[1] = VERSION + 1;
+        assert_eq!(Datagram::parse(&relayed), Err(ParseError::RelayVersion));
+        for (inner, why) in [
+            (&[][..], ParseError::Empty),
+            (&hello[..], ParseError::UnknownKind(KIND_HELLO)),
+            (&bare[..], ParseError::BareInitiation),
+            (
+                &[KIND_RELAY, VERSION, 0, 0, 0, 0, 0, 1][..],
+                ParseError::UnknownKind(KIND_RELAY),
+            ),
+        ] {
+            let mut d = vec![0u8; RELAY_HEADER_LEN];
+            emit_relay_header(&mut d, 5);
+            d.extend_from_slice(inner);
+            match Datagram::parse(&d) {
+                Ok(Datagram::Relayed {
+                    session: 5, inner, ..
+                }) => assert_eq!(inner, Err(why)),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

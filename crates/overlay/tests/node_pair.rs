@@ -17,7 +17,7 @@ struct Host {
 }
 
 fn host(seed: u8, port: u16, secret: &[u8], vip: Ipv4Addr) -> Host {
-    let mut node = Node::new(Identity::from_seed([seed; 32]));
+    let mut node = Node::new(Identity::from_seed([seed; 32]), [seed; 32]);
     node.add_namespace(NamespaceKeys::derive("lab", secret), vec![vip]);
     Host {
         node,

@@ -1,0 +1,252 @@
+//! Hellos and address announcements.
+//!
+//! A hello, authenticated with the namespace key, is how two members that know only each
+//! other's underlay address (a configured endpoint, or one found in the DHT) learn each
+//! other's identity and open their tunnels. A hello request also tells a member that we
+//! have no working tunnel with it (we restarted), so its initiator starts a fresh handshake.
+//!
+//! Once a tunnel exists, each member announces the addresses it owns through it, again
+//! every [`ANNOUNCE_INTERVAL`], and at once when they change.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::peer::{Peer, Route, PEER_SILENT_AFTER};
+use super::stats::DropReason;
+use super::{Event, NamespaceId, Node, PeerHandle, Received};
+use crate::wire::{Announce, Hello, HelloError};
+use crate::PeerId;
+
+/// Hello retry interval to a configured endpoint with no tunnel yet.
+pub const HELLO_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Re-announce addresses this often, so a member that missed one catches up.
+pub const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(20);
+
+/// Longest interval between hellos to a configured endpoint that never answers.
+const MAX_HELLO_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A member endpoint from the configuration, hello'd until a member answers from it.
+pub(super) struct StaticPeer {
+    pub(super) ns: NamespaceId,
+    pub(super) endpoint: SocketAddr,
+    next_hello: Instant,
+    /// Doubles while the endpoint does not answer, up to [`MAX_HELLO_INTERVAL`].
+    interval: Duration,
+    /// The tunnel a hello reply from this endpoint led to.
+    pub(super) peer: Option<PeerHandle>,
+}
+
+impl StaticPeer {
+    /// An endpoint to hello from `now` on.
+    pub(super) fn new(now: Instant, ns: NamespaceId, endpoint: SocketAddr) -> Self {
+        Self {
+            ns,
+            endpoint,
+            next_hello: now,
+            interval: HELLO_INTERVAL,
+            peer: None,
+        }
+    }
+}
+
+impl Node {
+    /// Handles a hello (`bytes` is the whole datagram, which its MAC covers).
+    pub(super) fn handle_hello(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        hello: Hello,
+        bytes: &[u8],
+    ) -> Received {
+        let Some(ns) = self.namespace_by_tag(&hello.tag) else {
+            return Received::Dropped(DropReason::UnknownNamespace);
+        };
+        let keys = &self.namespaces[ns.0].keys;
+        match Hello::verify(bytes, keys) {
+            Ok(()) => {}
+            Err(HelloError::BadMac) => return Received::Dropped(DropReason::BadMac),
+            Err(HelloError::Malformed) => return Received::Dropped(DropReason::Malformed),
+        }
+        let Ok(id) = PeerId::from_bytes(hello.peer) else {
+            return Received::Dropped(DropReason::BadIdentity);
+        };
+        if id == self.peer_id() {
+            return Received::Dropped(DropReason::BadIdentity);
+        }
+        if !hello.reply {
+            let reply = Hello::emit(keys, &self.peer_id(), true);
+            self.queue_transmit(from, reply.to_vec());
+        }
+        let handle = match self.by_id.get(&(ns, id)).copied() {
+            Some(handle) => {
+                // A hello can be replayed, so it never moves the endpoint: the handshake it
+                // may start goes to where the hello came from, and only the member's
+                // authenticated answer moves the endpoint there.
+                if !hello.reply {
+                    if let Some(peer) = self.peer_mut(handle) {
+                        // A hello request means the member has no working tunnel with us
+                        // (it restarted, or lost us): it no longer has our addresses, and if
+                        // we are the initiator, a fresh handshake is ours to start.
+                        peer.have_their_announce = false;
+                        self.restart_handshake(now, handle, Route::Direct(from));
+                    }
+                }
+                handle
+            }
+            None => match self.open_tunnel(now, ns, id, from) {
+                Ok(handle) => {
+                    if self.peer_mut(handle).is_some_and(|p| p.initiator) {
+                        self.announce(now, handle);
+                    }
+                    handle
+                }
+                Err(reason) => return Received::Dropped(reason),
+            },
+        };
+        if hello.reply {
+            for sp in &mut self.static_peers {
+                if sp.ns == ns && sp.endpoint == from {
+                    sp.peer = Some(handle);
+                    sp.interval = HELLO_INTERVAL;
+                }
+            }
+        }
+        Received::Consumed
+    }
+
+    /// Queues a hello request to `to` in `ns`.
+    pub(super) fn send_hello(&mut self, ns: NamespaceId, to: SocketAddr) {
+        let hello = Hello::emit(&self.namespaces[ns.0].keys, &self.peer_id(), false);
+        self.queue_transmit(to, hello.to_vec());
+    }
+
+    /// Starts a fresh handshake with a member that lost its tunnel, if we are the initiator
+    /// (at most once per [`HELLO_INTERVAL`]); our announcement follows once it completes.
+    ///
+    /// Only one side ever initiates a fresh tunnel: boringtun forgets its own initiation
+    /// when it answers a crossing one, so two members initiating at once can leave both
+    /// waiting as responders.
+    pub(super) fn restart_handshake(&mut self, now: Instant, handle: PeerHandle, route: Route) {
+        let mut buf = std::mem::take(&mut self.scratch);
+        if let Some(peer) = self.peer_mut(handle) {
+            if peer.should_restart_handshake(now) {
+                let ns = peer.ns;
+                if let Some(len) = peer.format_initiation(&mut buf) {
+                    let t = self.frame_outgoing(ns, route, &mut buf, len);
+                    self.queue_transmit(t.to, buf[t.range].to_vec());
+                }
+            }
+        }
+        self.scratch = buf;
+    }
+
+    /// The member behind `handle` announced its addresses.
+    pub(super) fn handle_announce(
+        &mut self,
+        now: Instant,
+        handle: PeerHandle,
+        announce: Announce,
+    ) -> Received {
+        let Some(peer) = self.peer_mut(handle) else {
+            return Received::Consumed;
+        };
+        let ns = peer.ns;
+        if peer.handle_announce(&announce.addresses) {
+            self.events.push_back(Event::PeerAddresses {
+                ns,
+                peer: handle,
+                addresses: announce.addresses,
+            });
+        }
+        if !announce.have_yours {
+            self.announce(now, handle);
+        }
+        Received::Consumed
+    }
+
+    /// Sends our addresses to `handle` through its tunnel (a handshake first, if needed).
+    pub(super) fn announce(&mut self, now: Instant, handle: PeerHandle) {
+        let Some(peer) = self.peer(handle) else {
+            return;
+        };
+        let packet = Announce {
+            have_yours: peer.have_their_announce,
+            addresses: self.namespaces[peer.ns.0].addresses.clone(),
+        }
+        .emit();
+        self.send_control(handle, &packet, None);
+        if let Some(peer) = self.peer_mut(handle) {
+            peer.next_announce = now + ANNOUNCE_INTERVAL;
+        }
+    }
+
+    /// Periodic announcements to members, and hellos to configured endpoints that have no
+    /// live tunnel.
+    pub(super) fn run_hellos(&mut self, now: Instant) {
+        let due: Vec<PeerHandle> = self
+            .handles()
+            .filter(|&h| self.peer(h).is_some_and(|p| now >= p.next_announce))
+            .collect();
+        for handle in due {
+            let Some(peer) = self.peer_mut(handle) else {
+                continue;
+            };
+            if peer.initiator || peer.has_session() {
+                self.announce(now, handle);
+            } else {
+                // A responder never starts a fresh tunnel (see `restart_handshake`): it asks
+                // the initiator with a hello.
+                peer.next_announce = now + ANNOUNCE_INTERVAL;
+                let (ns, to) = (peer.ns, peer.endpoint);
+                self.send_hello(ns, to);
+            }
+        }
+
+        for i in 0..self.static_peers.len() {
+            let sp = &self.static_peers[i];
+            let live = self
+                .static_peer_live_until(sp)
+                .is_some_and(|until| now < until);
+            if now < sp.next_hello || live {
+                continue;
+            }
+            let (ns, endpoint) = (sp.ns, sp.endpoint);
+            self.send_hello(ns, endpoint);
+            let sp = &mut self.static_peers[i];
+            sp.next_hello = now + sp.interval;
+            // An endpoint that never answers (down, or not a member) is asked less often.
+            if sp.peer.is_none() {
+                sp.interval = (sp.interval * 2).min(MAX_HELLO_INTERVAL);
+            }
+        }
+    }
+
+    /// The earliest instant a configured endpoint may need a hello: when its next hello
+    /// is due, or, while its member is live, when the member falls silent.
+    pub(super) fn poll_hello_timeout(&self) -> Option<Instant> {
+        self.static_peers
+            .iter()
+            .map(|sp| match self.static_peer_live_until(sp) {
+                Some(until) => sp.next_hello.max(until),
+                None => sp.next_hello,
+            })
+            .min()
+    }
+
+    /// A configured endpoint needs no hello while the member its hello reply came from (or
+    /// a member at that endpoint) has a completed handshake and was heard recently: the
+    /// instant that stops being true, if a member has a session (it is live before it).
+    fn static_peer_live_until(&self, sp: &StaticPeer) -> Option<Instant> {
+        let until = |p: &Peer| p.has_session().then_some(p.last_heard + PEER_SILENT_AFTER);
+        if let Some(p) = sp.peer.and_then(|h| self.peer(h)) {
+            return until(p);
+        }
+        self.peers
+            .iter()
+            .flatten()
+            .filter(|p| p.ns == sp.ns && p.endpoint == sp.endpoint)
+            .filter_map(until)
+            .max()
+    }
+}

@@ -1,0 +1,613 @@
+//! One tunnel to one member in one namespace: its WireGuard state (boringtun's `Tunn`), the
+//! path its datagrams take (direct, or through a relay while the direct path is silent),
+//! path probes and round trip, liveness, and what the member announced.
+//!
+//! A [`Peer`] decides; the [`Node`](super::Node) carries out what needs other tunnels (a
+//! relay request goes through another member) or the transmit queue.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use boringtun::noise::errors::WireGuardError;
+use boringtun::noise::{Tunn, TunnResult};
+
+use super::hello::{ANNOUNCE_INTERVAL, HELLO_INTERVAL};
+use super::relay::{RELAY_AFTER, RELAY_RETRY};
+use super::stats::{DropReason, PeerDropReason, PeerStats};
+use super::{NamespaceId, PeerHandle, Received, SEND_HEADROOM};
+use crate::wire::{self, is_control, WG_DATA_OVERHEAD};
+use crate::PeerId;
+
+/// WireGuard persistent keepalive, seconds: keeps NAT mappings open and proves liveness.
+pub const KEEPALIVE_SECS: u16 = 25;
+
+/// A member we sent packets to and heard nothing from for this long is gone. A live one
+/// answers data within WireGuard's keepalive timeout (10 s) even when it has nothing to say.
+pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(15);
+
+/// A configured endpoint is hello'd again when nothing was heard from it for this long
+/// (twice the keepalive, plus slack): the member behind it may have restarted with no
+/// memory of us.
+pub const PEER_SILENT_AFTER: Duration = Duration::from_secs(60);
+
+/// A hello request restarts the handshake only with a member silent for this long: a
+/// restarted member stops sending authenticated packets at once, a live one does not.
+pub const RESTART_AFTER_SILENCE: Duration = Duration::from_secs(2);
+
+/// While relayed, the direct path is probed this often.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The round trip of each live tunnel's current path is measured this often.
+pub const RTT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Probes awaiting an answer, per tunnel.
+const MAX_PROBES: usize = 4;
+
+/// Where a datagram goes, or came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// The member's own endpoint.
+    Direct(SocketAddr),
+    /// Through a relay at `via`, in `session`.
+    Relay { via: SocketAddr, session: u32 },
+}
+
+impl Route {
+    /// The underlay address the datagram came from or goes to.
+    pub(super) fn addr(self) -> SocketAddr {
+        match self {
+            Route::Direct(a) | Route::Relay { via: a, .. } => a,
+        }
+    }
+
+    pub(super) fn source_ip(self) -> IpAddr {
+        self.addr().ip()
+    }
+
+    pub(super) fn is_direct(self) -> bool {
+        matches!(self, Route::Direct(_))
+    }
+}
+
+/// A relay session carrying one member's traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Relay {
+    pub(super) via: PeerHandle,
+    pub(super) session: u32,
+    /// The member's endpoint as the relay sees it: behind a NAT, its public mapping, which
+    /// the direct probes try too (UDP hole punching: both ends probe at once).
+    pub(super) observed: SocketAddr,
+}
+
+/// What a tunnel's path needs from the node at a timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PathAction {
+    /// Ask a member we reach directly to relay; `attempt` picks the candidate.
+    RequestRelay { attempt: u32 },
+    /// While relayed: probe the direct path, at the endpoint we know and at the one the
+    /// relay observed.
+    ProbeDirect {
+        known: SocketAddr,
+        observed: Option<SocketAddr>,
+    },
+    /// Measure the round trip of the current path.
+    ProbeRtt,
+}
+
+/// The state of one tunnel.
+pub(super) struct Peer {
+    pub(super) ns: NamespaceId,
+    pub(super) id: PeerId,
+    pub(super) tunn: Tunn,
+    /// The direct path (WireGuard roaming: the last address an authenticated packet came
+    /// from directly).
+    pub(super) endpoint: SocketAddr,
+    /// The relay session for this member, once one was offered.
+    pub(super) relay: Option<Relay>,
+    /// Sending through `relay`: the direct path did not answer.
+    pub(super) relayed: bool,
+    /// When we first sent this member something it has not answered yet.
+    pub(super) unanswered_since: Option<Instant>,
+    next_relay_request: Instant,
+    relay_requests: u32,
+    /// Next direct-path probe (while relayed) or round-trip probe.
+    next_probe: Instant,
+    next_rtt_probe: Instant,
+    probes: VecDeque<(u32, Instant)>,
+    pub(super) rtt: Option<Duration>,
+    pub(super) addresses: Vec<Ipv4Addr>,
+    pub(super) have_their_announce: bool,
+    /// We initiate handshakes with this member: the side with the lower X25519 key.
+    pub(super) initiator: bool,
+    /// Send our announcement once the handshake in flight completes.
+    pub(super) announce_pending: bool,
+    /// Last time a hello request made us restart the handshake.
+    last_forced: Option<Instant>,
+    pub(super) next_announce: Instant,
+    pub(super) last_heard: Instant,
+    /// `stats.tx_packets` at the previous timeout, to tell whether we are sending.
+    tx_seen: u64,
+    pub(super) stats: PeerStats,
+}
+
+impl Peer {
+    /// A tunnel opened at `now`, not yet handshaken.
+    pub(super) fn new(
+        now: Instant,
+        ns: NamespaceId,
+        id: PeerId,
+        tunn: Tunn,
+        endpoint: SocketAddr,
+        initiator: bool,
+    ) -> Self {
+        Self {
+            ns,
+            id,
+            tunn,
+            endpoint,
+            relay: None,
+            relayed: false,
+            unanswered_since: None,
+            next_relay_request: now,
+            relay_requests: 0,
+            next_probe: now,
+            next_rtt_probe: now + RTT_INTERVAL,
+            probes: VecDeque::new(),
+            rtt: None,
+            addresses: Vec::new(),
+            have_their_announce: false,
+            initiator,
+            announce_pending: false,
+            last_forced: None,
+            // A responder whose initiator has not completed a handshake a second from now
+            // asks it again (the timer path sends a hello rather than initiating).
+            next_announce: now
+                + if initiator {
+                    ANNOUNCE_INTERVAL
+                } else {
+                    HELLO_INTERVAL
+                },
+            last_heard: now,
+            tx_seen: 0,
+            stats: PeerStats::default(),
+        }
+    }
+
+    /// A handshake completed and its session has not expired.
+    pub(super) fn has_session(&self) -> bool {
+        self.tunn.stats().0.is_some()
+    }
+
+    /// With a session, and heard from recently.
+    pub(super) fn is_live(&self, now: Instant) -> bool {
+        self.has_session() && now.saturating_duration_since(self.last_heard) < PEER_SILENT_AFTER
+    }
+
+    /// Reached directly, with a session, and heard recently: fit to relay through.
+    pub(super) fn is_direct_and_live(&self, now: Instant) -> bool {
+        !self.relayed && self.is_live(now)
+    }
+
+    /// The relay carrying our datagrams now, if the direct path is not in use.
+    pub(super) fn relayed_via(&self) -> Option<Relay> {
+        self.relay.filter(|_| self.relayed)
+    }
+
+    /// Where datagrams go now: through the relay (found at `relay_endpoint`) while
+    /// relayed, else direct.
+    pub(super) fn route(&self, relay_endpoint: Option<SocketAddr>) -> Route {
+        match (self.relayed_via(), relay_endpoint) {
+            (Some(r), Some(via)) => Route::Relay {
+                via,
+                session: r.session,
+            },
+            _ => Route::Direct(self.endpoint),
+        }
+    }
+
+    /// Encrypts `packet` into `out[SEND_HEADROOM..]`; the length of the WireGuard message
+    /// written there. Without a session the packet is queued in the tunnel and an
+    /// initiation is written instead.
+    pub(super) fn encapsulate(&mut self, packet: &[u8], out: &mut [u8]) -> Option<usize> {
+        let needed = SEND_HEADROOM + (packet.len() + WG_DATA_OVERHEAD).max(wire::WG_INIT_LEN);
+        if out.len() < needed {
+            self.stats.count_drop(PeerDropReason::TooLarge);
+            return None;
+        }
+        let len = match self.tunn.encapsulate(packet, &mut out[SEND_HEADROOM..]) {
+            TunnResult::WriteToNetwork(d) => d.len(),
+            _ => return None,
+        };
+        if !is_control(packet) {
+            self.stats.tx_packets += 1;
+            self.stats.tx_bytes += packet.len() as u64;
+        }
+        Some(len)
+    }
+
+    /// Writes a fresh handshake initiation into `out[SEND_HEADROOM..]`; its length.
+    pub(super) fn format_initiation(&mut self, out: &mut [u8]) -> Option<usize> {
+        match self
+            .tunn
+            .format_handshake_initiation(&mut out[SEND_HEADROOM..], true)
+        {
+            TunnResult::WriteToNetwork(d) => Some(d.len()),
+            _ => None,
+        }
+    }
+
+    /// A decrypted host packet from `src`: counted and delivered if the member owns `src`.
+    pub(super) fn accept_packet(
+        &mut self,
+        src: Ipv4Addr,
+        len: usize,
+    ) -> Result<(), PeerDropReason> {
+        if !self.addresses.contains(&src) {
+            return Err(PeerDropReason::SpoofedSource);
+        }
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += len as u64;
+        Ok(())
+    }
+
+    /// Something the member's keys produced arrived by `route`: it is alive, and a direct
+    /// packet moves its endpoint (WireGuard roaming).
+    pub(super) fn heard(&mut self, now: Instant, route: Route) {
+        if let Route::Direct(from) = route {
+            self.endpoint = from;
+        }
+        self.last_heard = now;
+        self.unanswered_since = None;
+    }
+
+    /// Notes whether we sent since the last timeout; true once the member has not answered
+    /// for [`UNREACHABLE_AFTER`].
+    pub(super) fn is_unreachable(&mut self, now: Instant) -> bool {
+        if self.stats.tx_packets > self.tx_seen && self.unanswered_since.is_none() {
+            self.unanswered_since = Some(now);
+        }
+        self.tx_seen = self.stats.tx_packets;
+        self.unanswered_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= UNREACHABLE_AFTER)
+    }
+
+    /// The path's timers: a member silent on its path for [`RELAY_AFTER`] goes back to the
+    /// relay it had, or asks for one (every [`RELAY_RETRY`]); a relayed one has its direct
+    /// path probed; a live one has its round trip measured.
+    pub(super) fn poll_path(&mut self, now: Instant) -> Option<PathAction> {
+        let silent = self
+            .unanswered_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= RELAY_AFTER);
+        if silent {
+            if self.relay.is_some() && !self.relayed {
+                // The direct path stopped answering: back to the relay we had.
+                tracing::info!(peer = ?self.id, "direct path silent: relaying");
+                self.relayed = true;
+                self.unanswered_since = Some(now);
+                self.next_probe = now + PROBE_INTERVAL;
+            } else if now >= self.next_relay_request {
+                self.next_relay_request = now + RELAY_RETRY;
+                self.relay_requests = self.relay_requests.wrapping_add(1);
+                return Some(PathAction::RequestRelay {
+                    attempt: self.relay_requests,
+                });
+            }
+            return None;
+        }
+        if !self.has_session() {
+            return None;
+        }
+        if self.relayed && now >= self.next_probe {
+            self.next_probe = now + PROBE_INTERVAL;
+            let observed = self.relay.map(|r| r.observed);
+            Some(PathAction::ProbeDirect {
+                known: self.endpoint,
+                observed: observed.filter(|o| *o != self.endpoint),
+            })
+        } else if now >= self.next_rtt_probe
+            && now.saturating_duration_since(self.last_heard) < PEER_SILENT_AFTER
+        {
+            self.next_rtt_probe = now + RTT_INTERVAL;
+            Some(PathAction::ProbeRtt)
+        } else {
+            None
+        }
+    }
+
+    /// A probe with `nonce` leaves now; the oldest unanswered one is forgotten.
+    pub(super) fn start_probe(&mut self, now: Instant, nonce: u32) {
+        if self.probes.len() >= MAX_PROBES {
+            self.probes.pop_front();
+        }
+        self.probes.push_back((nonce, now));
+    }
+
+    /// The answer to probe `nonce` came by `route`: the round trip of the current path,
+    /// and a working direct path ends the relay.
+    pub(super) fn handle_probe_ack(&mut self, now: Instant, route: Route, nonce: u32) {
+        let Some(i) = self.probes.iter().position(|(n, _)| *n == nonce) else {
+            return;
+        };
+        let Some((_, sent)) = self.probes.remove(i) else {
+            return;
+        };
+        let direct = route.is_direct();
+        // The round trip shown is the current path's (a late relayed answer is not it).
+        if direct || self.relayed {
+            self.rtt = Some(now.saturating_duration_since(sent));
+        }
+        if direct && self.relayed {
+            tracing::info!(peer = ?self.id, "direct path answers: leaving the relay");
+            self.relayed = false;
+        }
+    }
+
+    /// Whether a hello request should make us start a fresh handshake: only the initiator
+    /// does, at most once per [`HELLO_INTERVAL`], and not with a member that still sends us
+    /// authenticated packets (a hello that crossed our handshake, or a replay). When it
+    /// should, our announcement is sent once the handshake completes.
+    pub(super) fn should_restart_handshake(&mut self, now: Instant) -> bool {
+        let recent = self
+            .last_forced
+            .is_some_and(|t| now.saturating_duration_since(t) < HELLO_INTERVAL);
+        let alive = self.has_session()
+            && now.saturating_duration_since(self.last_heard) < RESTART_AFTER_SILENCE;
+        if self.initiator && !recent && !alive {
+            self.last_forced = Some(now);
+            self.announce_pending = true;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Sends through `relay` from now on; the session it replaces, if another.
+    pub(super) fn use_relay(&mut self, now: Instant, relay: Relay) -> Option<u32> {
+        let old = self.relay.replace(relay);
+        self.relayed = true;
+        self.next_probe = now;
+        old.map(|r| r.session).filter(|s| *s != relay.session)
+    }
+
+    /// The member relaying for us through `via` is gone: back to the direct path (a relay
+    /// is asked again if it stays silent). The session it carried, if it did.
+    pub(super) fn forget_relay_via(&mut self, via: PeerHandle) -> Option<u32> {
+        if self.relay.is_none_or(|r| r.via != via) {
+            return None;
+        }
+        self.relayed = false;
+        self.relay.take().map(|r| r.session)
+    }
+
+    /// The member announced `addresses`; true if they changed.
+    pub(super) fn handle_announce(&mut self, addresses: &[Ipv4Addr]) -> bool {
+        self.have_their_announce = true;
+        if self.addresses == addresses {
+            return false;
+        }
+        tracing::info!(peer = ?self.id, ?addresses, "member addresses");
+        self.addresses = addresses.to_vec();
+        true
+    }
+}
+
+/// What a boringtun error means for the datagram that caused it.
+pub(super) fn tunnel_error(handle: PeerHandle, e: WireGuardError) -> Received {
+    tracing::debug!(?handle, error = ?e, "tunnel error");
+    match e {
+        WireGuardError::InvalidAeadTag => Received::PeerDropped(handle, PeerDropReason::Decrypt),
+        WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => {
+            Received::PeerDropped(handle, PeerDropReason::Replay)
+        }
+        WireGuardError::InvalidPacket => Received::PeerDropped(handle, PeerDropReason::BadPayload),
+        WireGuardError::WrongIndex
+        | WireGuardError::NoCurrentSession
+        | WireGuardError::ConnectionExpired => Received::Dropped(DropReason::UnknownSession),
+        _ => Received::Dropped(DropReason::Handshake),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::test_epoch;
+    use crate::Identity;
+
+    fn peer(now: Instant, initiator: bool) -> Peer {
+        let me = Identity::from_seed([1; 32]);
+        let them = Identity::from_seed([2; 32]);
+        let tunn = Tunn::new(
+            me.x25519(),
+            x25519_dalek::PublicKey::from(&them.x25519()),
+            Some([7; 32]),
+            Some(KEEPALIVE_SECS),
+            0,
+            None,
+        );
+        let endpoint = SocketAddr::from(([192, 0, 2, 1], 7400));
+        Peer::new(
+            now,
+            NamespaceId(0),
+            them.peer_id(),
+            tunn,
+            endpoint,
+            initiator,
+        )
+    }
+
+    const OBSERVED: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9)), 40000);
+    const RELAY_AT: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 3)), 7400);
+
+    fn relay(session: u32) -> Relay {
+        Relay {
+            via: PeerHandle(5),
+            session,
+            observed: OBSERVED,
+        }
+    }
+
+    #[test]
+    fn route_is_direct_until_relayed_and_relayed_only_with_a_reachable_relay() {
+        let now = test_epoch();
+        let mut p = peer(now, true);
+        assert_eq!(p.route(Some(RELAY_AT)), Route::Direct(p.endpoint));
+        assert_eq!(p.use_relay(now, relay(9)), None);
+        assert_eq!(
+            p.route(Some(RELAY_AT)),
+            Route::Relay {
+                via: RELAY_AT,
+                session: 9
+            }
+        );
+        // The relay's tunnel is gone: direct is all that is left.
+        assert_eq!(p.route(None), Route::Direct(p.endpoint));
+        // A new session replaces the old one, which the node forgets.
+        assert_eq!(p.use_relay(now, relay(10)), Some(9));
+        assert_eq!(p.use_relay(now, relay(10)), None);
+        assert_eq!(p.forget_relay_via(PeerHandle(6)), None);
+        assert_eq!(p.forget_relay_via(PeerHandle(5)), Some(10));
+        assert_eq!(p.route(Some(RELAY_AT)), Route::Direct(p.endpoint));
+    }
+
+    #[test]
+    fn silence_asks_for_a_relay_once_per_retry_then_falls_back_to_the_known_relay() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        p.unanswered_since = Some(t0);
+        assert_eq!(p.poll_path(t0 + RELAY_AFTER / 2), None, "not silent yet");
+        let t = t0 + RELAY_AFTER;
+        assert_eq!(
+            p.poll_path(t),
+            Some(PathAction::RequestRelay { attempt: 1 })
+        );
+        assert_eq!(p.poll_path(t), None, "one request per retry interval");
+        assert_eq!(
+            p.poll_path(t + RELAY_RETRY),
+            Some(PathAction::RequestRelay { attempt: 2 }),
+            "the next attempt asks the next candidate"
+        );
+
+        // It had a relay and went direct; the direct path went silent: back to the relay,
+        // with no request.
+        let mut p = peer(t0, true);
+        p.use_relay(t0, relay(3));
+        p.relayed = false;
+        p.unanswered_since = Some(t0);
+        assert_eq!(p.poll_path(t), None);
+        assert!(p.relayed);
+        assert_eq!(p.unanswered_since, Some(t), "the relay gets its own chance");
+    }
+
+    #[test]
+    fn no_probes_without_a_session() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        p.use_relay(t0, relay(3));
+        assert_eq!(p.poll_path(t0 + RTT_INTERVAL), None);
+    }
+
+    #[test]
+    fn a_direct_probe_answer_ends_the_relay_and_measures_the_round_trip() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        p.use_relay(t0, relay(3));
+        let via = Route::Relay {
+            via: RELAY_AT,
+            session: 3,
+        };
+        p.start_probe(t0, 1);
+        p.start_probe(t0, 2);
+        // An answer to a probe never sent changes nothing.
+        p.handle_probe_ack(t0, Route::Direct(p.endpoint), 99);
+        assert!(p.relayed);
+        // Answered through the relay: the relayed round trip, still relayed.
+        p.handle_probe_ack(t0 + Duration::from_millis(80), via, 1);
+        assert_eq!(p.rtt, Some(Duration::from_millis(80)));
+        assert!(p.relayed);
+        // Answered directly: direct again.
+        p.handle_probe_ack(t0 + Duration::from_millis(20), Route::Direct(OBSERVED), 2);
+        assert_eq!(p.rtt, Some(Duration::from_millis(20)));
+        assert!(!p.relayed);
+        // A late relayed answer does not overwrite the direct round trip.
+        p.start_probe(t0, 3);
+        p.handle_probe_ack(t0 + Duration::from_millis(500), via, 3);
+        assert_eq!(p.rtt, Some(Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn only_the_newest_probes_are_remembered() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        for nonce in 0..MAX_PROBES as u32 + 1 {
+            p.start_probe(t0, nonce);
+        }
+        p.handle_probe_ack(t0 + Duration::from_millis(5), Route::Direct(p.endpoint), 0);
+        assert_eq!(p.rtt, None, "the oldest probe was forgotten");
+        p.handle_probe_ack(t0 + Duration::from_millis(5), Route::Direct(p.endpoint), 1);
+        assert_eq!(p.rtt, Some(Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn unreachable_after_sending_into_silence() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        assert!(!p.is_unreachable(t0));
+        assert_eq!(p.unanswered_since, None, "nothing sent, nothing expected");
+        p.stats.tx_packets += 1;
+        assert!(!p.is_unreachable(t0));
+        assert_eq!(p.unanswered_since, Some(t0));
+        assert!(!p.is_unreachable(t0 + UNREACHABLE_AFTER / 2));
+        p.heard(t0 + UNREACHABLE_AFTER / 2, Route::Direct(OBSERVED));
+        assert_eq!(p.endpoint, OBSERVED, "an authenticated direct packet roams");
+        assert!(!p.is_unreachable(t0 + UNREACHABLE_AFTER));
+        p.stats.tx_packets += 1;
+        let t1 = t0 + UNREACHABLE_AFTER;
+        assert!(!p.is_unreachable(t1));
+        assert!(p.is_unreachable(t1 + UNREACHABLE_AFTER));
+    }
+
+    #[test]
+    fn a_relayed_packet_does_not_move_the_endpoint() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        let before = p.endpoint;
+        p.heard(
+            t0,
+            Route::Relay {
+                via: RELAY_AT,
+                session: 1,
+            },
+        );
+        assert_eq!(p.endpoint, before);
+    }
+
+    #[test]
+    fn only_a_silent_initiator_restarts_and_at_most_once_per_hello_interval() {
+        let t0 = test_epoch();
+        let mut responder = peer(t0, false);
+        assert!(!responder.should_restart_handshake(t0));
+        let mut p = peer(t0, true);
+        assert!(p.should_restart_handshake(t0));
+        assert!(p.announce_pending);
+        assert!(!p.should_restart_handshake(t0 + HELLO_INTERVAL / 2));
+        assert!(p.should_restart_handshake(t0 + HELLO_INTERVAL));
+    }
+
+    #[test]
+    fn spoofed_sources_are_refused() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        assert!(!p.handle_announce(&[]), "no addresses, no change");
+        assert!(p.have_their_announce);
+        let mine = Ipv4Addr::new(10, 201, 0, 2);
+        assert!(p.handle_announce(&[mine]));
+        assert!(!p.handle_announce(&[mine]));
+        assert_eq!(p.accept_packet(mine, 84), Ok(()));
+        assert_eq!(
+            p.accept_packet(Ipv4Addr::new(10, 201, 0, 99), 84),
+            Err(PeerDropReason::SpoofedSource)
+        );
+        assert_eq!((p.stats.rx_packets, p.stats.rx_bytes), (1, 84));
+    }
+}
