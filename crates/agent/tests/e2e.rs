@@ -138,6 +138,7 @@ fn three_hosts_ping_transfer_and_stay_encrypted() {
                 "-i",
                 "br0",
                 "-U",
+                "--immediate-mode",
                 "-n",
                 "-s",
                 "512",
@@ -190,7 +191,9 @@ fn three_hosts_ping_transfer_and_stay_encrypted() {
         "the marker did not arrive through the overlay"
     );
     assert!(wait_for_file_containing(&received, control.as_bytes()));
-    std::thread::sleep(Duration::from_millis(300));
+    // tcpdump -U writes each packet as it takes it: wait until the control (sent after the
+    // marker) is in the file, so a busy machine cannot stop the capture before it.
+    wait_for_file_containing(&pcap, control.as_bytes());
     net.bed.signal(tcpdump, libc::SIGINT).expect("stop tcpdump");
     let capture = std::fs::read(&pcap).expect("pcap");
     assert!(
