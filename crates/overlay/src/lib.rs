@@ -8,6 +8,7 @@ mod identity;
 mod keys;
 pub mod lease;
 pub mod node;
+pub mod quorum;
 pub mod records;
 pub mod swarm;
 pub mod wire;
