@@ -2,7 +2,7 @@
 //! members (WireGuard's Noise_IKpsk2 through boringtun, one tunnel per member and namespace,
 //! keyed by the namespace secret), and the libp2p control plane that finds members: a
 //! Kademlia DHT whose replicas keep each namespace's sealed, signed records as leases won by
-//! a majority ([`records`], [`lease`], [`swarm`]).
+//! a majority ([`records`], [`lease`], [`quorum`], [`swarm`]).
 
 mod identity;
 mod keys;
