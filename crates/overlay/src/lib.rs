@@ -2,13 +2,14 @@
 //! members (WireGuard's Noise_IKpsk2 through boringtun, one tunnel per member and namespace,
 //! keyed by the namespace secret), and the libp2p control plane that finds members: a
 //! Kademlia DHT whose replicas keep each namespace's sealed, signed records as leases won by
-//! a majority ([`records`], [`lease`], [`swarm`]).
+//! a majority ([`records`], [`lease`], [`quorum`], [`swarm`]).
 
 mod identity;
 mod keys;
 pub mod lease;
 pub mod membership;
 pub mod node;
+pub mod quorum;
 pub mod records;
 pub mod swarm;
 pub mod wire;

@@ -9,8 +9,9 @@
 //! - **identify** tells us where peers listen, which feeds Kademlia's routing table.
 //! - **request-response** (`/hyphae/records/1`) carries [`RecordRequest`]s to the replicas,
 //!   each answered by the replica's [`RecordStore`] (compare-and-set leases on sealed, signed
-//!   values, see [`crate::records`]), and claims are decided by [`crate::lease::Claim`]: a
-//!   strict majority of the replicas must grant.
+//!   values, see [`crate::records`]). What to ask and when an operation is done is decided by
+//!   the pure [`crate::quorum::Table`]: this module feeds it lookups and answers and sends
+//!   what it returns.
 //!
 //! - **circuit relay v2**: every agent with a reachable listen address serves as a relay
 //!   for the control plane, and reserves a slot at up to [`RELAY_RESERVATIONS`] members it
@@ -25,35 +26,38 @@
 //! A bootstrap address is a plain multiaddr without a peer id: whoever answers there becomes
 //! our first routing-table entry, and a Kademlia bootstrap query fills in the rest.
 //!
-//! This is I/O glue, so unlike the rest of the crate it reads the clocks itself.
-#![allow(clippy::disallowed_methods)]
+//! This is I/O glue, so unlike the rest of the crate it reads the clocks itself, in one
+//! place (`clocks()`) at the top of each entry: [`Overlay::new`], each swarm event in
+//! [`Overlay::next_event`], and [`Overlay::handle_timeout`] (whose caller passes `now`; it
+//! reads the wall clock). Everything below an entry takes the time as input. The driver
+//! calls [`Overlay::handle_timeout`] by [`Overlay::poll_timeout`] (or more often).
+
+mod addr;
+mod behaviour;
+mod relays;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use libp2p::core::transport::ListenerId;
 use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
-use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
-use libp2p::swarm::behaviour::toggle::Toggle;
-use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
-use libp2p::{dcutr, identify, kad, mdns, noise, relay, tcp, yamux, StreamProtocol, Swarm};
+use libp2p::request_response::{self, OutboundRequestId};
+use libp2p::swarm::{ConnectionId, SwarmEvent};
+use libp2p::{dcutr, identify, kad, mdns, relay, Swarm};
 
-use crate::lease::{self, Claim, Outcome};
-use crate::records::{
-    Envelope, OwnerKey, RecordKey, RecordRequest, RecordResponse, RecordStore, StoreStats,
-};
+use crate::quorum::{self, Kind};
+use crate::records::{Envelope, RecordKey, RecordRequest, RecordResponse, RecordStore, StoreStats};
 use crate::Identity;
+use addr::{ip_of, is_loopback, is_unspecified, without_p2p};
+use behaviour::{Behaviour, BehaviourEvent};
+use relays::Relays;
 
+pub use crate::quorum::{ClaimResult, OpId, REPLICAS, REQUEST_TIMEOUT};
+pub use addr::{is_relayed, network_id, owner_key, tcp_multiaddr, tunnel_endpoint};
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
-
-/// Replicas per key: a claim needs a strict majority of them.
-pub const REPLICAS: usize = 5;
-
-/// How long a replica has to answer one request.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL};
 
 /// How long a Kademlia lookup may take.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,29 +71,14 @@ pub const KAD_PROTOCOL: &str = "/hyphae/kad/1";
 /// The record protocol's name.
 pub const RECORDS_PROTOCOL: &str = "/hyphae/records/1";
 
-/// Members an agent keeps a relay reservation at.
-pub const RELAY_RESERVATIONS: usize = 2;
-
-/// How often missing relay reservations are sought again.
-pub const RESERVE_INTERVAL: Duration = Duration::from_secs(10);
-
-/// How long a member that refused a reservation (or dropped it unconfirmed) is not asked.
-pub const RESERVE_BACKOFF: Duration = Duration::from_secs(300);
+/// How often the replica store forgets expired records: every read checks expiry already,
+/// so the sweep only frees memory, and a driver that sleeps until
+/// [`Overlay::poll_timeout`] still runs it this often.
+pub const STORE_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long an agent with mDNS and no bootstrap address listens for members on its LAN
 /// before it starts an overlay of its own.
 pub const MDNS_WAIT: Duration = Duration::from_secs(2);
-
-#[derive(NetworkBehaviour)]
-struct Behaviour {
-    kad: kad::Behaviour<kad::store::MemoryStore>,
-    identify: identify::Behaviour,
-    records: request_response::json::Behaviour<RecordRequest, RecordResponse>,
-    relay: relay::Behaviour,
-    relay_client: relay::client::Behaviour,
-    dcutr: dcutr::Behaviour,
-    mdns: Toggle<mdns::tokio::Behaviour>,
-}
 
 /// How the swarm finds members besides its bootstrap addresses, and how long it keeps
 /// connections.
@@ -108,20 +97,6 @@ impl Default for OverlayOptions {
             idle_timeout: Duration::from_secs(60),
         }
     }
-}
-
-/// Names one operation (claim, get or release) until its event arrives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OpId(u64);
-
-/// How a claim ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimResult {
-    /// A majority of the replicas granted the lease.
-    Won,
-    /// Another member holds the key (most refusing replicas named it), or the replicas
-    /// refused without naming anyone (`None`: full, or unreachable).
-    Lost(Option<OwnerKey>),
 }
 
 /// What the overlay reports to its driver.
@@ -208,57 +183,17 @@ pub struct OverlayStats {
     pub mdns_discovered: u64,
 }
 
-enum Stage {
-    /// Waiting for the Kademlia lookup of the replicas.
-    Lookup,
-    Claim(Claim<RecordKey, OwnerKey, NetworkId>),
-    Get {
-        asked: usize,
-        answers: Vec<Option<Envelope>>,
-        deadline: Instant,
-    },
-    /// A release or a group announcement: counting answers.
-    Release {
-        asked: usize,
-        answered: usize,
-        deadline: Instant,
-    },
-    Members {
-        asked: usize,
-        answered: usize,
-        envelopes: Vec<Envelope>,
-        deadline: Instant,
-    },
-}
-
-enum Kind {
-    Claim(Envelope),
-    Get,
-    Release,
-    Join(Envelope),
-    Members,
-}
-
-struct Op {
-    key: RecordKey,
-    kind: Kind,
-    stage: Stage,
-    /// Peers the replica lookup queried.
-    queried: u32,
-}
-
 /// The agent's libp2p swarm and its replica store.
 pub struct Overlay {
     swarm: Swarm<Behaviour>,
     local: NetworkId,
     store: RecordStore,
-    ops: HashMap<OpId, Op>,
+    /// When the store next forgets expired records.
+    next_sweep: Instant,
+    quorum: quorum::Table,
     lookups: HashMap<kad::QueryId, OpId>,
     requests: HashMap<OutboundRequestId, (OpId, NetworkId)>,
-    /// Lost claims with replicas yet to answer: a late grant is released at once.
-    lost_claims: HashMap<OpId, Claim<RecordKey, OwnerKey, NetworkId>>,
     events: VecDeque<OverlayEvent>,
-    next_op: u64,
     bootstrap: Vec<Multiaddr>,
     next_redial: Instant,
     joined: bool,
@@ -270,16 +205,7 @@ pub struct Overlay {
     /// Peers connected over loopback: their loopback listen addresses are theirs (another
     /// host's `127.0.0.1` would be ours).
     over_loopback: HashSet<NetworkId>,
-    /// Members we hold an outbound direct connection to, and the address we dialled:
-    /// relay candidates, since we reached them.
-    dialled: HashMap<NetworkId, Multiaddr>,
-    /// Relay reservations, pending or held, by relay.
-    reservations: HashMap<NetworkId, ListenerId>,
-    /// Relays whose reservation is confirmed.
-    reserved: HashSet<NetworkId>,
-    /// Members that refused a reservation, and until when they are not asked again.
-    refused_relays: HashMap<NetworkId, Instant>,
-    next_reserve: Instant,
+    relays: Relays,
     /// With mDNS and no bootstrap address: when to stop waiting for LAN members.
     mdns_wait: Option<Instant>,
     stats: OverlayStats,
@@ -308,48 +234,9 @@ impl Overlay {
         bootstrap: Vec<Multiaddr>,
         options: OverlayOptions,
     ) -> Result<Self, OverlayError> {
-        let keypair = libp2p::identity::Keypair::ed25519_from_bytes(identity.seed())
-            .map_err(|e| OverlayError::Identity(e.to_string()))?;
-        let local = keypair.public().to_peer_id();
-        let make = move |key: &libp2p::identity::Keypair, relay_client| {
-            make_behaviour(key, relay_client, options)
-        };
-        let build = |e: &dyn std::fmt::Display| OverlayError::Build(e.to_string());
-        let builder = libp2p::SwarmBuilder::with_existing_identity(keypair).with_tokio();
-        let swarm_config =
-            |c: libp2p::swarm::Config| c.with_idle_connection_timeout(options.idle_timeout);
-        let mut swarm = if is_memory(&listen) {
-            // In-process simulations: no sockets, so hundreds of members fit in one process.
-            builder
-                .with_other_transport(|key| {
-                    use libp2p::core::Transport as _;
-                    Ok(libp2p::core::transport::MemoryTransport::default()
-                        .upgrade(libp2p::core::upgrade::Version::V1)
-                        .authenticate(noise::Config::new(key)?)
-                        .multiplex(yamux::Config::default()))
-                })
-                .map_err(|e| build(&e))?
-                .with_relay_client(noise::Config::new, yamux::Config::default)
-                .map_err(|e| build(&e))?
-                .with_behaviour(make)
-                .map_err(|e| build(&e))?
-                .with_swarm_config(swarm_config)
-                .build()
-        } else {
-            builder
-                .with_tcp(
-                    tcp::Config::default().nodelay(true),
-                    noise::Config::new,
-                    yamux::Config::default,
-                )
-                .map_err(|e| build(&e))?
-                .with_relay_client(noise::Config::new, yamux::Config::default)
-                .map_err(|e| build(&e))?
-                .with_behaviour(make)
-                .map_err(|e| build(&e))?
-                .with_swarm_config(swarm_config)
-                .build()
-        };
+        let (now, _) = clocks();
+        let mut swarm = behaviour::build(identity, &listen, options)?;
+        let local = *swarm.local_peer_id();
         swarm
             .listen_on(listen.clone())
             .map_err(|e| OverlayError::Listen(listen, e.to_string()))?;
@@ -357,37 +244,32 @@ impl Overlay {
             swarm,
             local,
             store: RecordStore::default(),
-            ops: HashMap::new(),
+            next_sweep: now + STORE_SWEEP_INTERVAL,
+            quorum: quorum::Table::default(),
             lookups: HashMap::new(),
             requests: HashMap::new(),
-            lost_claims: HashMap::new(),
             events: VecDeque::new(),
-            next_op: 0,
             joined: bootstrap.is_empty(),
             bootstrap,
-            next_redial: Instant::now(),
+            next_redial: now,
             bootstrapping: false,
             listen_addrs: Vec::new(),
             connected: HashSet::new(),
             connections: HashMap::new(),
             over_loopback: HashSet::new(),
-            dialled: HashMap::new(),
-            reservations: HashMap::new(),
-            reserved: HashSet::new(),
-            refused_relays: HashMap::new(),
-            next_reserve: Instant::now() + RESERVE_INTERVAL,
+            relays: Relays::new(now),
             mdns_wait: None,
             stats: OverlayStats::default(),
         };
         if overlay.joined && options.mdns {
             // Members on the LAN may answer: join their overlay rather than start one.
             overlay.joined = false;
-            overlay.mdns_wait = Some(Instant::now() + MDNS_WAIT);
+            overlay.mdns_wait = Some(now + MDNS_WAIT);
         }
         if overlay.joined {
             overlay.events.push_back(OverlayEvent::Joined);
         }
-        overlay.redial(Instant::now());
+        overlay.redial(now);
         Ok(overlay)
     }
 
@@ -408,14 +290,17 @@ impl Overlay {
 
     /// Counters.
     pub fn stats(&self) -> OverlayStats {
-        self.stats
+        let quorum = self.quorum.stats();
+        OverlayStats {
+            bad_envelopes: quorum.bad_envelopes,
+            late_grants_released: quorum.late_grants_released,
+            ..self.stats
+        }
     }
 
     /// The relays holding a reservation for this agent.
     pub fn relays(&self) -> Vec<NetworkId> {
-        let mut relays: Vec<NetworkId> = self.reserved.iter().copied().collect();
-        relays.sort();
-        relays
+        self.relays.reserved()
     }
 
     /// Peers connected only through relays.
@@ -507,23 +392,13 @@ impl Overlay {
     }
 
     fn start(&mut self, key: RecordKey, kind: Kind) -> OpId {
-        let op = OpId(self.next_op);
-        self.next_op += 1;
+        let op = self.quorum.start(key, kind);
         let query = self
             .swarm
             .behaviour_mut()
             .kad
             .get_closest_peers(key.to_vec());
         self.lookups.insert(query, op);
-        self.ops.insert(
-            op,
-            Op {
-                key,
-                kind,
-                stage: Stage::Lookup,
-                queried: 0,
-            },
-        );
         op
     }
 
@@ -534,14 +409,17 @@ impl Overlay {
                 return event;
             }
             let event = self.swarm.select_next_some().await;
-            self.handle_swarm_event(event);
+            let (now, wall) = clocks();
+            self.handle_swarm_event(now, wall, event);
         }
     }
 
     /// Runs timers: request deadlines, redials of the bootstrap addresses, record expiry,
     /// relay reservations, the end of the wait for mDNS.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let (_, wall) = clocks();
         self.store.expire(now);
+        self.next_sweep = now + STORE_SWEEP_INTERVAL;
         self.redial(now);
         self.reserve(now);
         if self.mdns_wait.is_some_and(|t| now >= t) {
@@ -552,19 +430,27 @@ impl Overlay {
                 self.events.push_back(OverlayEvent::Joined);
             }
         }
-        let ids: Vec<OpId> = self.ops.keys().copied().collect();
-        for id in ids {
-            // Reads and releases end at their deadline in `check_done`; claims keep their
-            // own.
-            if let Some(Op {
-                stage: Stage::Claim(claim),
-                ..
-            }) = self.ops.get_mut(&id)
-            {
-                claim.handle_timeout(now);
-            }
-            self.check_done(id, now);
-        }
+        self.quorum.handle_timeout(now);
+        self.flush_quorum(now, wall);
+    }
+
+    /// When [`Overlay::handle_timeout`] wants to run next: the earliest operation deadline,
+    /// bootstrap redial, relay reservation round, end of the mDNS wait or store sweep.
+    /// libp2p's own timers (lookups, requests, idle connections) run inside the swarm,
+    /// driven by [`Overlay::next_event`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let redial =
+            (self.connected.is_empty() && !self.bootstrap.is_empty()).then_some(self.next_redial);
+        [
+            self.quorum.poll_timeout(),
+            redial,
+            self.relays.poll_timeout(),
+            self.mdns_wait,
+            Some(self.next_sweep),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn redial(&mut self, now: Instant) {
@@ -580,35 +466,18 @@ impl Overlay {
     /// Keeps up to [`RELAY_RESERVATIONS`] relay reservations, at members we dialled
     /// ourselves (bootstrap members first, as we dialled them first).
     fn reserve(&mut self, now: Instant) {
-        if now < self.next_reserve || self.reservations.len() >= RELAY_RESERVATIONS {
-            return;
-        }
-        self.next_reserve = now + RESERVE_INTERVAL;
-        self.refused_relays.retain(|_, until| *until > now);
-        let mut candidates: Vec<(NetworkId, Multiaddr)> = self
-            .dialled
-            .iter()
-            .filter(|(p, _)| {
-                !self.reservations.contains_key(p) && !self.refused_relays.contains_key(p)
-            })
-            .map(|(p, a)| (*p, a.clone()))
-            .collect();
-        candidates.sort_by_key(|(_, a)| !self.bootstrap.contains(a));
-        let wanted = RELAY_RESERVATIONS - self.reservations.len();
-        for (relay, addr) in candidates.into_iter().take(wanted) {
-            let circuit = addr.with(Protocol::P2p(relay)).with(Protocol::P2pCircuit);
+        for (relay, circuit) in self.relays.poll_reserve(now, &self.bootstrap) {
             match self.swarm.listen_on(circuit.clone()) {
                 Ok(listener) => {
                     tracing::debug!(%circuit, "asking for a relay reservation");
-                    self.reservations.insert(relay, listener);
+                    self.relays.handle_listening(relay, listener);
                 }
                 Err(e) => tracing::debug!(%circuit, error = %e, "cannot reserve"),
             }
         }
     }
 
-    fn handle_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
-        let now = Instant::now();
+    fn handle_swarm_event(&mut self, now: Instant, wall: u64, event: SwarmEvent<BehaviourEvent>) {
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::debug!(%address, "overlay listening");
@@ -636,18 +505,8 @@ impl Overlay {
                 reason,
                 ..
             } => {
-                let relay = self
-                    .reservations
-                    .iter()
-                    .find(|(_, l)| **l == listener_id)
-                    .map(|(r, _)| *r);
-                if let Some(relay) = relay {
+                if let Some(relay) = self.relays.handle_listener_closed(now, listener_id) {
                     tracing::debug!(%relay, ?reason, "relay reservation ended");
-                    self.reservations.remove(&relay);
-                    if !self.reserved.remove(&relay) {
-                        // Refused, or lost before it was granted: ask others first.
-                        self.refused_relays.insert(relay, now + RESERVE_BACKOFF);
-                    }
                 }
             }
             SwarmEvent::ConnectionEstablished {
@@ -667,10 +526,7 @@ impl Overlay {
                     tracing::debug!(peer = %peer_id, "relayed connection");
                 } else if let ConnectedPoint::Dialer { address, .. } = endpoint {
                     let address = without_p2p(address);
-                    self.dialled.insert(peer_id, address.clone());
-                    if self.reservations.len() < RELAY_RESERVATIONS {
-                        self.next_reserve = now;
-                    }
+                    self.relays.handle_dialled(now, peer_id, address.clone());
                     self.swarm
                         .behaviour_mut()
                         .kad
@@ -690,7 +546,7 @@ impl Overlay {
                 if num_established == 0 {
                     self.connected.remove(&peer_id);
                     self.over_loopback.remove(&peer_id);
-                    self.dialled.remove(&peer_id);
+                    self.relays.handle_disconnected(&peer_id);
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::RelayClient(event)) => match event {
@@ -702,7 +558,7 @@ impl Overlay {
                     if !renewal {
                         tracing::info!(relay = %relay_peer_id, "relay reservation accepted");
                     }
-                    self.reserved.insert(relay_peer_id);
+                    self.relays.handle_accepted(relay_peer_id);
                 }
                 other => tracing::debug!(?other, "relay client"),
             },
@@ -756,15 +612,15 @@ impl Overlay {
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
                 }
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Kad(event)) => self.handle_kad(event, now),
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(event)) => self.handle_kad(now, wall, event),
             SwarmEvent::Behaviour(BehaviourEvent::Records(event)) => {
-                self.handle_records(event, now)
+                self.handle_records(now, wall, event)
             }
             _ => {}
         }
     }
 
-    fn handle_kad(&mut self, event: kad::Event, now: Instant) {
+    fn handle_kad(&mut self, now: Instant, wall: u64, event: kad::Event) {
         match event {
             kad::Event::OutboundQueryProgressed {
                 id,
@@ -781,11 +637,8 @@ impl Overlay {
                         Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
                     };
                     if let Some(op) = self.lookups.remove(&id) {
-                        if let Some(o) = self.ops.get_mut(&op) {
-                            o.queried = stats.num_successes();
-                        }
                         let peers = peers.into_iter().map(|p| p.peer_id).collect();
-                        self.replicas_found(op, peers, now);
+                        self.replicas_found(now, wall, op, peers, stats.num_successes());
                     }
                 }
                 kad::QueryResult::Bootstrap(_) if step.last && !self.joined => {
@@ -809,102 +662,43 @@ impl Overlay {
         }
     }
 
-    /// The replica set: the [`REPLICAS`] closest to the key among the peers the lookup
-    /// found and this agent.
-    fn replicas_found(&mut self, id: OpId, mut peers: Vec<NetworkId>, now: Instant) {
-        let Some(op) = self.ops.get(&id) else {
-            return;
-        };
-        let target = kad::KBucketKey::new(op.key.to_vec());
-        peers.push(self.local);
-        peers.sort_by_key(|p| kad::KBucketKey::from(*p).distance(&target));
-        peers.dedup();
-        peers.truncate(REPLICAS);
-        let key = op.key;
-        let (asked, deadline, k) = (peers.len(), now + REQUEST_TIMEOUT, key.to_vec());
-        // Every replica gets the same request (a claim's set is the one its lease picked).
-        let (stage, request) = match &op.kind {
-            Kind::Claim(envelope) => {
-                let Some(owner) = envelope.owner() else {
-                    self.ops.remove(&id);
-                    return;
-                };
-                let (claim, _) = Claim::new(
-                    now,
-                    key,
-                    owner,
-                    Duration::ZERO,
-                    peers.clone(),
-                    REQUEST_TIMEOUT,
-                );
-                let request = RecordRequest::Claim {
-                    key: k,
-                    envelope: envelope.clone(),
-                };
-                (Stage::Claim(claim), request)
-            }
-            Kind::Get => (
-                Stage::Get {
-                    asked,
-                    answers: Vec::new(),
-                    deadline,
-                },
-                RecordRequest::Get { key: k },
-            ),
-            Kind::Release => (
-                Stage::Release {
-                    asked,
-                    answered: 0,
-                    deadline,
-                },
-                RecordRequest::Release { key: k },
-            ),
-            Kind::Join(envelope) => (
-                Stage::Release {
-                    asked,
-                    answered: 0,
-                    deadline,
-                },
-                RecordRequest::Join {
-                    key: k,
-                    envelope: envelope.clone(),
-                },
-            ),
-            Kind::Members => (
-                Stage::Members {
-                    asked,
-                    answered: 0,
-                    envelopes: Vec::new(),
-                    deadline,
-                },
-                RecordRequest::Members { key: k },
-            ),
-        };
-        let requests = peers.into_iter().map(|p| (p, request.clone()));
-        if let Some(op) = self.ops.get_mut(&id) {
-            op.stage = stage;
-        }
+    /// Sends `op`'s requests to the replicas among `found` (and this agent), answering its
+    /// own from the local store.
+    fn replicas_found(
+        &mut self,
+        now: Instant,
+        wall: u64,
+        op: OpId,
+        found: Vec<NetworkId>,
+        queried: u32,
+    ) {
+        let requests = self
+            .quorum
+            .handle_replicas(now, op, found, self.local, queried);
         for (replica, request) in requests {
             if replica == self.local {
                 let own = owner_key(&self.local);
-                let response = self.store.handle(now, wall_clock(), own, request);
-                self.handle_answer(id, replica, Some(response), now);
+                let response = self.store.handle(now, wall, own, request);
+                self.quorum
+                    .handle_answer(now, wall, op, replica, Some(response));
+                self.flush_quorum(now, wall);
             } else {
                 let rid = self
                     .swarm
                     .behaviour_mut()
                     .records
                     .send_request(&replica, request);
-                self.requests.insert(rid, (id, replica));
+                self.requests.insert(rid, (op, replica));
             }
         }
-        self.check_done(id, now);
+        self.flush_quorum(now, wall);
     }
 
     fn handle_records(
         &mut self,
-        event: request_response::Event<RecordRequest, RecordResponse>,
         now: Instant,
+        wall: u64,
+        event: request_response::Event<RecordRequest, RecordResponse>,
     ) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
@@ -912,7 +706,7 @@ impl Overlay {
                     request, channel, ..
                 } => {
                     let requester = owner_key(&peer);
-                    let response = self.store.handle(now, wall_clock(), requester, request);
+                    let response = self.store.handle(now, wall, requester, request);
                     let _ = self
                         .swarm
                         .behaviour_mut()
@@ -924,8 +718,9 @@ impl Overlay {
                     response,
                 } => {
                     if let Some((op, replica)) = self.requests.remove(&request_id) {
-                        self.handle_answer(op, replica, Some(response), now);
-                        self.check_done(op, now);
+                        self.quorum
+                            .handle_answer(now, wall, op, replica, Some(response));
+                        self.flush_quorum(now, wall);
                     }
                 }
             },
@@ -935,177 +730,30 @@ impl Overlay {
                 self.stats.request_failures += 1;
                 if let Some((op, replica)) = self.requests.remove(&request_id) {
                     tracing::debug!(%replica, %error, "record request failed");
-                    self.handle_answer(op, replica, None, now);
-                    self.check_done(op, now);
+                    self.quorum.handle_answer(now, wall, op, replica, None);
+                    self.flush_quorum(now, wall);
                 }
             }
             _ => {}
         }
     }
 
-    fn handle_answer(
-        &mut self,
-        id: OpId,
-        replica: NetworkId,
-        response: Option<RecordResponse>,
-        now: Instant,
-    ) {
-        // No answer counts as a refusal.
-        let answer = response
-            .as_ref()
-            .and_then(RecordResponse::to_lease)
-            .unwrap_or(lease::Response::Full);
-        if let Some(claim) = self.lost_claims.get_mut(&id) {
-            let releases = claim.handle_response(replica, answer);
-            let key = *claim.key();
-            if claim.unanswered() == 0 {
-                self.lost_claims.remove(&id);
-            }
-            for (replica, _) in releases {
-                self.stats.late_grants_released += 1;
-                self.send_release(replica, key, now);
-            }
-            return;
+    /// Sends the releases the quorum table asks for and passes its events on.
+    fn flush_quorum(&mut self, now: Instant, wall: u64) {
+        while let Some((replica, key)) = self.quorum.poll_release() {
+            self.send_release(now, wall, replica, key);
         }
-        let Some(op) = self.ops.get_mut(&id) else {
-            return;
-        };
-        match &mut op.stage {
-            Stage::Claim(claim) => {
-                // Decided claims are not in `ops`: nothing comes back to release here.
-                let _ = claim.handle_response(replica, answer);
-            }
-            Stage::Get { answers, .. } => {
-                let envelope = match response {
-                    Some(RecordResponse::Value { envelope }) => envelope,
-                    _ => None,
-                };
-                let envelope = envelope.filter(|e| {
-                    let ok = e.verify(&op.key, wall_clock()).is_ok();
-                    if !ok {
-                        self.stats.bad_envelopes += 1;
-                    }
-                    ok
-                });
-                answers.push(envelope);
-            }
-            Stage::Release { answered, .. } => *answered += 1,
-            Stage::Members {
-                answered,
-                envelopes,
-                ..
-            } => {
-                *answered += 1;
-                let Some(RecordResponse::Members { envelopes: got }) = response else {
-                    return;
-                };
-                for e in got.into_iter().take(crate::records::MAX_GROUP_MEMBERS) {
-                    if e.verify(&op.key, wall_clock()).is_err() {
-                        self.stats.bad_envelopes += 1;
-                        continue;
-                    }
-                    match envelopes.iter_mut().find(|k| k.owner == e.owner) {
-                        Some(k) if k.expires < e.expires => *k = e,
-                        Some(_) => {}
-                        None => envelopes.push(e),
-                    }
-                }
-            }
-            Stage::Lookup => {}
+        while let Some(event) = self.quorum.poll_event() {
+            self.events.push_back(event);
         }
-    }
-
-    fn check_done(&mut self, id: OpId, now: Instant) {
-        let Some(op) = self.ops.get(&id) else {
-            return;
-        };
-        let (key, queried) = (op.key, op.queried);
-        let event = match &op.stage {
-            Stage::Lookup => return,
-            Stage::Claim(claim) => {
-                let Some(outcome) = claim.outcome() else {
-                    return;
-                };
-                let replicas = claim.replica_count();
-                let (result, releases) = match outcome {
-                    Outcome::Won => (ClaimResult::Won, Vec::new()),
-                    Outcome::Lost { holder, release_to } => {
-                        (ClaimResult::Lost(*holder), release_to.clone())
-                    }
-                };
-                for replica in releases {
-                    self.send_release(replica, key, now);
-                }
-                OverlayEvent::Claimed {
-                    op: id,
-                    key,
-                    result,
-                    replicas,
-                    queried,
-                }
-            }
-            Stage::Get {
-                asked,
-                answers,
-                deadline,
-            } => {
-                if answers.len() < *asked && now < *deadline {
-                    return;
-                }
-                OverlayEvent::Got {
-                    op: id,
-                    key,
-                    envelopes: rank(answers),
-                    queried,
-                }
-            }
-            Stage::Release {
-                asked,
-                answered,
-                deadline,
-            } => {
-                if answered < asked && now < *deadline {
-                    return;
-                }
-                match op.kind {
-                    Kind::Join(_) => OverlayEvent::Announced { op: id },
-                    _ => OverlayEvent::Released { op: id },
-                }
-            }
-            Stage::Members {
-                asked,
-                answered,
-                envelopes,
-                deadline,
-            } => {
-                if answered < asked && now < *deadline {
-                    return;
-                }
-                OverlayEvent::Members {
-                    op: id,
-                    key,
-                    envelopes: envelopes.clone(),
-                }
-            }
-        };
-        if let Some(Op {
-            stage: Stage::Claim(claim),
-            ..
-        }) = self.ops.remove(&id)
-        {
-            if matches!(claim.outcome(), Some(Outcome::Lost { .. })) && claim.unanswered() > 0 {
-                self.lost_claims.insert(id, claim);
-            }
-        }
-        self.events.push_back(event);
     }
 
     /// Gives a lease on `key` back to `replica` (this agent's own store, or a peer's).
-    fn send_release(&mut self, replica: NetworkId, key: RecordKey, now: Instant) {
+    fn send_release(&mut self, now: Instant, wall: u64, replica: NetworkId, key: RecordKey) {
         let request = RecordRequest::Release { key: key.to_vec() };
         if replica == self.local {
             let own = owner_key(&self.local);
-            self.store.handle(now, wall_clock(), own, request);
+            self.store.handle(now, wall, own, request);
         } else {
             self.swarm
                 .behaviour_mut()
@@ -1115,157 +763,19 @@ impl Overlay {
     }
 }
 
-/// The behaviours of one agent's swarm.
-fn make_behaviour(
-    key: &libp2p::identity::Keypair,
-    relay_client: relay::client::Behaviour,
-    options: OverlayOptions,
-) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
-    let mut cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
-    cfg.set_query_timeout(LOOKUP_TIMEOUT);
-    cfg.set_record_filtering(kad::StoreInserts::FilterBoth);
-    let peer = key.public().to_peer_id();
-    let mut kad = kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), cfg);
-    // Every agent serves the DHT: there is no AutoNAT here to confirm that.
-    kad.set_mode(Some(kad::Mode::Server));
-    let identify = identify::Behaviour::new(
-        identify::Config::new("/hyphae/1".into(), key.public()).with_push_listen_addr_updates(true),
-    );
-    let records = request_response::json::Behaviour::new(
-        [(StreamProtocol::new(RECORDS_PROTOCOL), ProtocolSupport::Full)],
-        request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
-    );
-    let relay = relay::Behaviour::new(
-        peer,
-        relay::Config {
-            max_reservations: 1024,
-            max_circuits: 64,
-            max_circuits_per_peer: 8,
-            ..Default::default()
-        },
-    );
-    let mdns = match options.mdns {
-        true => Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?),
-        false => None,
-    };
-    Ok(Behaviour {
-        kad,
-        identify,
-        records,
-        relay,
-        relay_client,
-        dcutr: dcutr::Behaviour::new(peer),
-        mdns: mdns.into(),
-    })
-}
-
-/// Distinct envelopes, the one most replicas returned first (then the latest expiry).
-fn rank(answers: &[Option<Envelope>]) -> Vec<Envelope> {
-    let mut counted: Vec<(usize, Envelope)> = Vec::new();
-    for e in answers.iter().flatten() {
-        match counted.iter_mut().find(|(_, c)| c.owner == e.owner) {
-            Some((n, c)) => {
-                *n += 1;
-                if e.expires > c.expires {
-                    *c = e.clone();
-                }
-            }
-            None => counted.push((1, e.clone())),
-        }
-    }
-    counted.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.expires.cmp(&a.1.expires)));
-    counted.into_iter().map(|(_, e)| e).collect()
-}
-
-fn without_p2p(mut addr: Multiaddr) -> Multiaddr {
-    if matches!(addr.iter().last(), Some(Protocol::P2p(_))) {
-        addr.pop();
-    }
-    addr
-}
-
-fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
-    addr.iter().find_map(|p| match p {
-        Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
-        Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
-        _ => None,
-    })
-}
-
-fn is_loopback(addr: &Multiaddr) -> bool {
-    ip_of(addr).is_some_and(|ip| ip.is_loopback())
-}
-
-fn is_memory(addr: &Multiaddr) -> bool {
-    matches!(addr.iter().next(), Some(Protocol::Memory(_)))
-}
-
-fn is_unspecified(addr: &Multiaddr) -> bool {
-    ip_of(addr).is_some_and(|ip| ip.is_unspecified())
-}
-
-/// Whether `addr` goes through a relay (`.../p2p-circuit/...`).
-pub fn is_relayed(addr: &Multiaddr) -> bool {
-    addr.iter().any(|p| p == Protocol::P2pCircuit)
-}
-
-/// The TCP multiaddr of a socket address.
-pub fn tcp_multiaddr(addr: SocketAddr) -> Multiaddr {
-    Multiaddr::empty()
-        .with(match addr.ip() {
-            IpAddr::V4(ip) => Protocol::Ip4(ip),
-            IpAddr::V6(ip) => Protocol::Ip6(ip),
-        })
-        .with(Protocol::Tcp(addr.port()))
-}
-
-/// The tunnel endpoint of an agent listening at a TCP multiaddr (`/ip4/A/tcp/P...`): hyphae
-/// agents carry tunnels on the same port number over UDP. `None` for other addresses,
-/// relayed ones included (their IP is the relay's).
-pub fn tunnel_endpoint(addr: &Multiaddr) -> Option<SocketAddr> {
-    if is_relayed(addr) {
-        return None;
-    }
-    let mut it = addr.iter();
-    let ip = match it.next()? {
-        Protocol::Ip4(ip) => IpAddr::V4(ip),
-        Protocol::Ip6(ip) => IpAddr::V6(ip),
-        _ => return None,
-    };
-    match it.next()? {
-        Protocol::Tcp(port) => Some(SocketAddr::new(ip, port)),
-        _ => None,
-    }
-}
-
-/// The Ed25519 key behind a libp2p peer id (hyphae agents use Ed25519 identities, whose
-/// peer ids embed the key).
-pub fn owner_key(id: &NetworkId) -> Option<OwnerKey> {
-    let hash: &libp2p::multihash::Multihash<64> = id.as_ref();
-    if hash.code() != 0 {
-        return None;
-    }
-    let key = libp2p::identity::PublicKey::try_decode_protobuf(hash.digest()).ok()?;
-    Some(key.try_into_ed25519().ok()?.to_bytes())
-}
-
-/// The libp2p peer id of an Ed25519 key.
-pub fn network_id(owner: &OwnerKey) -> Option<NetworkId> {
-    let key = libp2p::identity::ed25519::PublicKey::try_from_bytes(owner).ok()?;
-    Some(libp2p::identity::PublicKey::from(key).to_peer_id())
-}
-
-/// Unix seconds: envelopes expire on the wall clock, which members share, not on a
-/// monotonic clock, which they do not.
+/// The glue's clocks, read only here and only at the top of an entry (see the module
+/// doc): the monotonic one for deadlines, and Unix seconds because envelopes expire on the
+/// wall clock, which members share, not on a monotonic clock, which they do not.
 #[allow(clippy::disallowed_methods)]
-fn wall_clock() -> u64 {
+fn clocks() -> (Instant, u64) {
+    (Instant::now(), unix_now())
+}
+
+/// The current wall clock, Unix seconds (for sealing envelopes).
+#[allow(clippy::disallowed_methods)]
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// The current wall clock, Unix seconds (for sealing envelopes).
-pub fn unix_now() -> u64 {
-    wall_clock()
 }

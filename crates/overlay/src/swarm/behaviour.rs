@@ -1,0 +1,121 @@
+//! The libp2p behaviours of one agent's swarm, and the swarm built from them.
+
+use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::{dcutr, identify, kad, mdns, noise, relay, tcp, yamux, StreamProtocol, Swarm};
+
+use super::addr::is_memory;
+use super::{
+    Multiaddr, OverlayError, OverlayOptions, KAD_PROTOCOL, LOOKUP_TIMEOUT, RECORDS_PROTOCOL,
+    REQUEST_TIMEOUT,
+};
+use crate::records::{RecordRequest, RecordResponse};
+use crate::Identity;
+
+/// Everything one agent's swarm speaks (see the parent module's doc).
+#[derive(NetworkBehaviour)]
+pub(super) struct Behaviour {
+    pub(super) kad: kad::Behaviour<kad::store::MemoryStore>,
+    pub(super) identify: identify::Behaviour,
+    pub(super) records: request_response::json::Behaviour<RecordRequest, RecordResponse>,
+    pub(super) relay: relay::Behaviour,
+    pub(super) relay_client: relay::client::Behaviour,
+    pub(super) dcutr: dcutr::Behaviour,
+    pub(super) mdns: Toggle<mdns::tokio::Behaviour>,
+}
+
+/// The swarm of the agent with `identity`, on TCP, or in memory for a `/memory/...` `listen`
+/// address; not listening yet.
+pub(super) fn build(
+    identity: &Identity,
+    listen: &Multiaddr,
+    options: OverlayOptions,
+) -> Result<Swarm<Behaviour>, OverlayError> {
+    let keypair = libp2p::identity::Keypair::ed25519_from_bytes(identity.seed())
+        .map_err(|e| OverlayError::Identity(e.to_string()))?;
+    let make = move |key: &libp2p::identity::Keypair, relay_client| {
+        make_behaviour(key, relay_client, options)
+    };
+    let build = |e: &dyn std::fmt::Display| OverlayError::Build(e.to_string());
+    let builder = libp2p::SwarmBuilder::with_existing_identity(keypair).with_tokio();
+    let swarm_config =
+        |c: libp2p::swarm::Config| c.with_idle_connection_timeout(options.idle_timeout);
+    let swarm = if is_memory(listen) {
+        // In-process simulations: no sockets, so hundreds of members fit in one process.
+        builder
+            .with_other_transport(|key| {
+                use libp2p::core::Transport as _;
+                Ok(libp2p::core::transport::MemoryTransport::default()
+                    .upgrade(libp2p::core::upgrade::Version::V1)
+                    .authenticate(noise::Config::new(key)?)
+                    .multiplex(yamux::Config::default()))
+            })
+            .map_err(|e| build(&e))?
+            .with_relay_client(noise::Config::new, yamux::Config::default)
+            .map_err(|e| build(&e))?
+            .with_behaviour(make)
+            .map_err(|e| build(&e))?
+            .with_swarm_config(swarm_config)
+            .build()
+    } else {
+        builder
+            .with_tcp(
+                tcp::Config::default().nodelay(true),
+                noise::Config::new,
+                yamux::Config::default,
+            )
+            .map_err(|e| build(&e))?
+            .with_relay_client(noise::Config::new, yamux::Config::default)
+            .map_err(|e| build(&e))?
+            .with_behaviour(make)
+            .map_err(|e| build(&e))?
+            .with_swarm_config(swarm_config)
+            .build()
+    };
+    Ok(swarm)
+}
+
+/// The behaviours of one agent's swarm.
+fn make_behaviour(
+    key: &libp2p::identity::Keypair,
+    relay_client: relay::client::Behaviour,
+    options: OverlayOptions,
+) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
+    let mut cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+    cfg.set_query_timeout(LOOKUP_TIMEOUT);
+    cfg.set_record_filtering(kad::StoreInserts::FilterBoth);
+    let peer = key.public().to_peer_id();
+    let mut kad = kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), cfg);
+    // Every agent serves the DHT: there is no AutoNAT here to confirm that.
+    kad.set_mode(Some(kad::Mode::Server));
+    let identify = identify::Behaviour::new(
+        identify::Config::new("/hyphae/1".into(), key.public()).with_push_listen_addr_updates(true),
+    );
+    let records = request_response::json::Behaviour::new(
+        [(StreamProtocol::new(RECORDS_PROTOCOL), ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
+    );
+    let relay = relay::Behaviour::new(
+        peer,
+        relay::Config {
+            max_reservations: 1024,
+            max_circuits: 64,
+            max_circuits_per_peer: 8,
+            ..Default::default()
+        },
+    );
+    let mdns = match options.mdns {
+        true => Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?),
+        false => None,
+    };
+    Ok(Behaviour {
+        kad,
+        identify,
+        records,
+        relay,
+        relay_client,
+        dcutr: dcutr::Behaviour::new(peer),
+        mdns: mdns.into(),
+    })
+}
