@@ -130,8 +130,6 @@ pub(crate) struct Agent {
     pub(crate) resolver_socket: Option<tokio::net::UdpSocket>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
-    /// TEMPORARY until the overlay says when it needs time: it runs every TICK.
-    pub(crate) next_tick: Instant,
 }
 
 /// What woke the loop.
@@ -195,7 +193,6 @@ impl Agent {
             service_buf: vec![0; BUF_LEN],
             resolver_socket: None,
             name_waiters: Vec::new(),
-            next_tick: Instant::now(),
         };
         if config.namespaces.iter().any(|n| !n.resolvers.is_empty()) {
             agent.resolver_socket = Some(setup::bind_resolver_socket()?);
@@ -449,7 +446,7 @@ impl Agent {
 
     /// The earliest deadline of any core: the loop sleeps until then at most.
     fn poll_timeout(&self) -> Option<Instant> {
-        let mut deadlines = vec![self.node.poll_timeout(), Some(self.next_tick)];
+        let mut deadlines = vec![self.node.poll_timeout(), self.overlay.poll_timeout()];
         for n in self.namespaces.iter().filter(|n| n.active()) {
             deadlines.push(n.switch.poll_timeout());
             deadlines.push(n.membership.poll_timeout());
@@ -466,9 +463,8 @@ impl Agent {
         if due(self.node.poll_timeout()) {
             self.node.handle_timeout(now);
         }
-        if due(Some(self.next_tick)) {
+        if due(self.overlay.poll_timeout()) {
             self.overlay.handle_timeout(now);
-            self.next_tick = now + hyphae_overlay::node::TICK;
         }
         let unix = unix_now();
         for i in 0..self.namespaces.len() {
@@ -599,7 +595,10 @@ impl Agent {
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
         while waiting > 0 {
-            let timer = Some(tokio::time::Instant::now() + hyphae_overlay::node::TICK);
+            let timer = self
+                .overlay
+                .poll_timeout()
+                .map(tokio::time::Instant::from_std);
             tokio::select! {
                 event = self.overlay.next_event() => {
                     if let hyphae_overlay::swarm::OverlayEvent::Released { .. } = event {

@@ -499,7 +499,8 @@ mod tests {
     }
 
     fn seal(n: u16, key: &RecordKey, expires: u64) -> Envelope {
-        Envelope::seal(&keys(), &member(n), key, expires, b"value").unwrap()
+        let mut rng: rand::rngs::StdRng = rand::SeedableRng::from_seed([n as u8; 32]);
+        Envelope::seal(&keys(), &member(n), key, expires, b"value", &mut rng).unwrap()
     }
 
     fn held_by(n: u16) -> Option<RecordResponse> {

@@ -157,7 +157,9 @@ fn envelope(keys: &NamespaceKeys, who: &Identity, key: &RecordKey, port: u16) ->
         name: None,
     };
     let mut rng: rand::rngs::StdRng = rand::SeedableRng::from_seed([port as u8; 32]);
-    Envelope::seal(keys, who, key, unix_now() + 60, &encode(&info), &mut rng).unwrap()
+    // Valid for an hour: these tests claim once and never renew, so on a slow, busy machine
+    // (the 200-member test can take minutes) no lease may lapse before it is checked.
+    Envelope::seal(keys, who, key, unix_now() + 3600, &encode(&info), &mut rng).unwrap()
 }
 
 fn rt() -> tokio::runtime::Runtime {
