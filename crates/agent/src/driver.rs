@@ -256,7 +256,7 @@ impl Agent {
                 self.node.add_static_peer(id, endpoint, now);
             }
         }
-        let previous = std::fs::read_to_string(self.state_file(&ns.name))
+        let previous = std::fs::read_to_string(state_file(&self.state_dir, &ns.name))
             .ok()
             .and_then(|t| t.trim().parse().ok());
         let mut membership = Membership::new(
@@ -318,11 +318,6 @@ impl Agent {
         tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
             subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
         Ok(())
-    }
-
-    /// Where the last address won in namespace `name` is kept.
-    pub(crate) fn state_file(&self, name: &str) -> PathBuf {
-        self.state_dir.join(format!("{name}.address"))
     }
 
     /// `hyphae join`: the namespace `name` was added to the config file; bring it up.
@@ -612,6 +607,11 @@ impl Agent {
             }
         }
     }
+}
+
+/// Where the last address won in namespace `name` is kept.
+pub(crate) fn state_file(state_dir: &std::path::Path, name: &str) -> PathBuf {
+    state_dir.join(format!("{name}.address"))
 }
 
 /// Sleeps until `deadline`, or forever without one.
