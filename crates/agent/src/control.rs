@@ -240,8 +240,12 @@ pub struct DnsStatus {
     pub errors: u64,
     /// Queries dropped unread.
     pub dropped: u64,
-    /// Queries dropped over the rate limit.
+    /// UDP queries over their source's rate (`dns_rate`): truncated plus dropped.
     pub rate_limited: u64,
+    /// Of those, answered empty and truncated (TC), so the client retries over TCP.
+    pub rate_limited_truncated: u64,
+    /// Of those, dropped.
+    pub rate_limited_dropped: u64,
     /// DHT reads started for queries.
     pub lookups: u64,
     /// Queries and service packets that came before the namespace's subnet was known.
