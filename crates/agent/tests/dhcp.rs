@@ -6,7 +6,8 @@
 //! PTRs at the service address (UDP and TCP), names outside the zone are forwarded to a
 //! real resolver (dnsmasq) or refused; `getent` resolves through the resolver DHCP set up;
 //! `hyphae name set` claims a name or reports the clash. A client behind ISC `dhcrelay`
-//! gets its address from a router agent through the relay.
+//! gets its address from a router agent through the relay; `dig` over its `dns_rate` is
+//! sent to TCP by truncated answers and still gets every answer.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -574,4 +575,64 @@ fn dhcp_through_a_relay_agent() {
     );
     // The router holds the client's address in the DHT, as for a LAN host of its own.
     assert!(st.addresses.contains(&got.to_string()), "{st:?}");
+}
+
+/// Per-source DNS limits as a real client meets them: `dig` asking 100 times in a row,
+/// far over `dns_rate`, gets truncated answers it retries over TCP and drops it retries
+/// after its timeout, and in the end every answer; the agent counts both.
+#[test]
+fn over_its_dns_rate_a_real_client_is_sent_to_tcp() {
+    require_root();
+    let mut bed = Testbed::new("rl", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
+    let a = bed.add_host("a", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&a),
+        namespace(
+            &secret,
+            None,
+            "address = \"10.201.0.10\"\nhostname = \"alpha\"\ndns_rate = 20\n"
+        )
+    );
+    let aa = bed.start_agent(&a, &cfg).unwrap();
+    eventually("alpha resolves", Duration::from_secs(20), || {
+        answers(&bed, &a, &["alpha.lab"], "10.201.0.10")
+    });
+    // Past the burst the answer above took, the bucket is full again.
+    std::thread::sleep(Duration::from_secs(2));
+    let batch = a.dir.join("queries");
+    std::fs::write(&batch, "alpha.lab A\n".repeat(100)).unwrap();
+    let batch = batch.display().to_string();
+    let out = bed
+        .ns_output(
+            &a.ns,
+            "dig",
+            &[
+                &format!("@{SERVICE}"),
+                "+short",
+                "+time=1",
+                "+tries=4",
+                "-f",
+                &batch,
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answered = text.lines().filter(|l| l.trim() == "10.201.0.10").count();
+    assert_eq!(answered, 100, "every query answered in the end: {text}");
+    let dns = ns_status(&bed, &a, &aa).dns;
+    assert!(
+        dns.rate_limited_truncated > 0 && dns.rate_limited_dropped > 0,
+        "{dns:?}"
+    );
+    assert_eq!(
+        dns.rate_limited,
+        dns.rate_limited_truncated + dns.rate_limited_dropped
+    );
+    assert!(
+        dns.tcp_queries >= dns.rate_limited_truncated,
+        "each truncated answer was asked again over TCP: {dns:?}"
+    );
 }
