@@ -34,6 +34,7 @@ fuzz_target!(|data: &[u8]| {
             zone: "lab.".parse().expect("zone"),
             subnet: "10.201.0.0/16".parse().expect("subnet"),
             forward,
+            rate: 0,
         });
         if let Answer::Lookup(_) = s.handle(data, &One { known: false }) {
             assert!(!matches!(

@@ -92,6 +92,8 @@ struct NamespaceSection {
     hostname: Option<String>,
     #[serde(default)]
     resolvers: Vec<String>,
+    #[serde(default = "default_dns_rate")]
+    dns_rate: u32,
     #[serde(default)]
     gateway: Option<String>,
     #[serde(default, rename = "peer")]
@@ -112,6 +114,10 @@ fn default_lan_timeout_secs() -> u64 {
 
 fn default_broadcast_rate() -> u32 {
     200
+}
+
+fn default_dns_rate() -> u32 {
+    hyphae_dhcp_dns::limit::DEFAULT_RATE
 }
 
 fn default_lease_secs() -> u64 {
@@ -198,6 +204,9 @@ pub struct Namespace {
     pub hostname: Option<String>,
     /// Where the virtual DNS server forwards names outside the zone; none: REFUSED.
     pub resolvers: Vec<SocketAddr>,
+    /// UDP queries per second (and burst) each source may send the virtual DNS server;
+    /// 0: no limit.
+    pub dns_rate: u32,
     /// The default gateway the virtual DHCP server hands out (option 3), if any.
     pub gateway: Option<Ipv4Addr>,
 }
@@ -443,6 +452,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         reserved,
         hostname,
         resolvers,
+        dns_rate: s.dns_rate,
         gateway,
     })
 }
@@ -655,6 +665,9 @@ endpoint = "10.200.0.3"
         assert_eq!(ns.uplink.as_deref(), Some("eth1"));
         assert_eq!(ns.lan_timeout, Duration::from_secs(30));
         assert_eq!(ns.broadcast_rate, 200);
+        assert_eq!(ns.dns_rate, 1000);
+        let c = load(&router.replace("mode = ", "dns_rate = 0\nmode = "), s).unwrap();
+        assert_eq!(c.namespaces[0].dns_rate, 0, "no limit");
         // A router has no address of its own, and needs a bridge.
         let with_address = router.replace("mode = ", "address = \"10.201.0.5\"\nmode = ");
         assert!(err(&with_address, s).contains("has none of its own; remove `address`"));

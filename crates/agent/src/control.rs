@@ -161,6 +161,16 @@ pub struct NamespaceStatus {
     /// DHCP requests that did not parse.
     #[serde(default)]
     pub dhcp_malformed: u64,
+    /// DHCP requests that came through a relay agent (non-zero `giaddr`).
+    #[serde(default)]
+    pub dhcp_relayed: u64,
+    /// Relayed DHCP requests dropped: the relay's link (`giaddr`, or the link-selection
+    /// sub-option) is outside the namespace subnet.
+    #[serde(default)]
+    pub dhcp_relay_outside_subnet: u64,
+    /// DHCP offers not taken up in time: their addresses were released.
+    #[serde(default)]
+    pub dhcp_offers_lapsed: u64,
     /// This member's own name (`hostname`), held or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
@@ -230,8 +240,12 @@ pub struct DnsStatus {
     pub errors: u64,
     /// Queries dropped unread.
     pub dropped: u64,
-    /// Queries dropped over the rate limit.
+    /// UDP queries over their source's rate (`dns_rate`): truncated plus dropped.
     pub rate_limited: u64,
+    /// Of those, answered empty and truncated (TC), so the client retries over TCP.
+    pub rate_limited_truncated: u64,
+    /// Of those, dropped.
+    pub rate_limited_dropped: u64,
     /// DHT reads started for queries.
     pub lookups: u64,
     /// Queries and service packets that came before the namespace's subnet was known.

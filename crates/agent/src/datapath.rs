@@ -94,10 +94,15 @@ impl Agent {
                 }
             }
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], now).await,
-            Action::Dhcp { payload } => self.handle_dhcp(i, &frame[payload], now),
+            Action::Dhcp { payload, mac } => self.handle_dhcp(i, &frame[payload], mac, now),
             Action::Dns { payload, client } => {
-                n.dns
-                    .handle_udp_query(now, &frame[payload], client, &HeldBy(&n.membership));
+                n.dns.handle_udp_query(
+                    now,
+                    &frame[payload],
+                    client.ip,
+                    client,
+                    &HeldBy(&n.membership),
+                );
             }
             Action::Service { packet, mac } => {
                 n.dns

@@ -276,7 +276,8 @@ impl Agent {
             unix_now(),
         );
         membership.set_endpoints(self.endpoints());
-        let mut dns = service::Service::new(ns.resolvers.clone(), ns.mtu, setup::os_seed()?);
+        let mut dns = service::Service::new(ns.resolvers.clone(), ns.mtu, setup::os_seed()?)
+            .with_rate(ns.dns_rate);
         if let Some(subnet) = ns.subnet {
             dns.set_zone(&ns.name, subnet);
         }

@@ -31,8 +31,15 @@ impl Held for HeldBy<'_> {
 }
 
 impl Agent {
-    /// A DHCP request from the host or the LAN, for the namespace's virtual DHCP server.
-    pub(crate) fn handle_dhcp(&mut self, i: usize, payload: &[u8], now: Instant) {
+    /// A DHCP request from the host or the LAN (a client's, or a relay agent's from `mac`),
+    /// for the namespace's virtual DHCP server.
+    pub(crate) fn handle_dhcp(
+        &mut self,
+        i: usize,
+        payload: &[u8],
+        mac: hyphae_vswitch::Mac,
+        now: Instant,
+    ) {
         let n = &mut self.namespaces[i];
         let m = &n.membership;
         let Some(subnet) = m.subnet() else {
@@ -52,7 +59,7 @@ impl Agent {
         };
         n.dhcp
             .get_or_insert_with(|| dhcp::Server::new(settings))
-            .handle(payload, now);
+            .handle(payload, mac, now);
         self.drain_dhcp(i, now);
     }
 
@@ -63,11 +70,13 @@ impl Agent {
         while let Some(output) = n.dhcp.as_mut().and_then(dhcp::Server::poll_output) {
             match output {
                 dhcp::Output::Reply(r) => {
-                    let mac = if r.broadcast { [0xff; 6] } else { r.chaddr };
-                    if let Some(len) =
-                        n.switch
-                            .emit_dhcp_reply(&mut self.service_buf, mac, r.dst, &r.bytes)
-                    {
+                    if let Some(len) = n.switch.emit_dhcp_reply(
+                        &mut self.service_buf,
+                        r.mac,
+                        r.dst,
+                        r.port,
+                        &r.bytes,
+                    ) {
                         n.write(&self.service_buf[..len]);
                     }
                 }

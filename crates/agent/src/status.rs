@@ -38,6 +38,12 @@ impl Agent {
                     dhcp_replies: p.dhcp.as_ref().map_or(0, |d| d.stats().replies),
                     dhcp_naks: p.dhcp.as_ref().map_or(0, |d| d.stats().naks),
                     dhcp_malformed: p.dhcp.as_ref().map_or(0, |d| d.stats().malformed),
+                    dhcp_relayed: p.dhcp.as_ref().map_or(0, |d| d.stats().relayed),
+                    dhcp_relay_outside_subnet: p
+                        .dhcp
+                        .as_ref()
+                        .map_or(0, |d| d.stats().relay_outside_subnet),
+                    dhcp_offers_lapsed: p.dhcp.as_ref().map_or(0, |d| d.stats().offers_lapsed),
                     hostname: m.hostname().map(str::to_string),
                     name_error: m.name_error().map(str::to_string),
                     names: m
@@ -63,7 +69,9 @@ impl Agent {
                             servfail: agent.servfail,
                             errors: zone.errors,
                             dropped: zone.dropped,
-                            rate_limited: zone.rate_limited,
+                            rate_limited: zone.rate_limited_truncated + zone.rate_limited_dropped,
+                            rate_limited_truncated: zone.rate_limited_truncated,
+                            rate_limited_dropped: zone.rate_limited_dropped,
                             lookups: agent.lookups,
                             not_ready: agent.not_ready,
                             name_conflicts: m.name_conflicts(),

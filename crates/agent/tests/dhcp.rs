@@ -5,7 +5,9 @@
 //! and are reachable at it; `dig` resolves members' names, IPOP's automatic names and
 //! PTRs at the service address (UDP and TCP), names outside the zone are forwarded to a
 //! real resolver (dnsmasq) or refused; `getent` resolves through the resolver DHCP set up;
-//! `hyphae name set` claims a name or reports the clash.
+//! `hyphae name set` claims a name or reports the clash. A client behind ISC `dhcrelay`
+//! gets its address from a router agent through the relay; `dig` over its `dns_rate` is
+//! sent to TCP by truncated answers and still gets every answer.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -233,18 +235,7 @@ fn dhcp_and_dns_with_real_clients() {
     let l = bed
         .add_lan_host(&lan, "l", "", hyphae_agent::config::DEFAULT_MTU)
         .unwrap();
-    let script = l.dir.join("udhcpc.sh");
-    let env_file = l.dir.join("udhcpc.env");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in\n  bound|renew)\n    ip addr flush dev \"$interface\"\n    ip addr add \"$ip/$mask\" dev \"$interface\"\n    env > {}\n    ;;\n  deconfig) ip addr flush dev \"$interface\" ;;\nesac\n",
-            env_file.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (script, env_file) = udhcpc_script(&l);
     let out = bed
         .ns_output(
             &l.ns,
@@ -263,7 +254,7 @@ fn dhcp_and_dns_with_real_clients() {
                 "-T",
                 "1",
                 "-s",
-                &script.display().to_string(),
+                &script,
             ],
         )
         .unwrap();
@@ -445,4 +436,203 @@ fn dhcp_and_dns_with_real_clients() {
     );
     // The static member was never disturbed.
     assert!(ns_status(&bed, &a, &aa).address_claimed);
+}
+
+/// A writable `udhcpc` script that sets the address it is given and saves its environment.
+fn udhcpc_script(host: &Host) -> (String, std::path::PathBuf) {
+    let script = host.dir.join("udhcpc.sh");
+    let env_file = host.dir.join("udhcpc.env");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  bound|renew)\n    ip addr flush dev \"$interface\"\n    ip addr add \"$ip/$mask\" dev \"$interface\"\n    env > {}\n    ;;\n  deconfig) ip addr flush dev \"$interface\" ;;\nesac\n",
+            env_file.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script.display().to_string(), env_file)
+}
+
+/// RFC 2131 4.1 through a real relay agent: ISC `dhcrelay` sits between a client LAN and
+/// the router's bridge LAN, adds option 82 (`-a`) and forwards to the service address; the
+/// router's agent answers the relay at `giaddr`:67 with option 82 echoed (dhcrelay finds the
+/// client's interface by it), and busybox `udhcpc` behind the relay gets an address.
+#[test]
+fn dhcp_through_a_relay_agent() {
+    require_root();
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v dhcrelay"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "dhcrelay is not installed: it comes with Debian's isc-dhcp-relay (scripts/deps installs it)"
+    );
+    let mut bed = Testbed::new("dr", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
+
+    // The router, first member of the namespace, bridging its LAN.
+    let lan = bed.add_lan("rlan").unwrap();
+    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&r),
+        namespace(
+            &secret,
+            None,
+            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
+        )
+    );
+    let ra = bed.start_agent(&r, &cfg).unwrap();
+
+    // The relay: its server side on the router's LAN, its client side (giaddr) on a LAN
+    // of its own, both inside the namespace subnet.
+    let relay = bed
+        .add_lan_host(
+            &lan,
+            "relay",
+            "10.201.0.2/24",
+            hyphae_agent::config::DEFAULT_MTU,
+        )
+        .unwrap();
+    let clients = bed.add_lan("clan").unwrap();
+    bed.plug(&clients, &relay.ns, "eth1", 1500).unwrap();
+    bed.ns(
+        &relay.ns,
+        "ip",
+        &["addr", "add", "10.201.50.1/24", "brd", "+", "dev", "eth1"],
+    )
+    .unwrap();
+    let pid_file = relay.dir.join("dhcrelay.pid").display().to_string();
+    let relay_log = relay.dir.join("dhcrelay.log");
+    let relay_pid = bed
+        .spawn(
+            &relay.ns,
+            "dhcrelay",
+            &[
+                "-4", "-d", "-a", "-iu", "eth0", "-id", "eth1", "-pf", &pid_file, SERVICE,
+            ],
+            &relay_log,
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        bed.is_running(relay_pid),
+        "dhcrelay exited: {}",
+        std::fs::read_to_string(&relay_log).unwrap_or_default()
+    );
+
+    // A client behind the relay.
+    let c = bed.add_lan_host(&clients, "c", "", 1500).unwrap();
+    let (script, env_file) = udhcpc_script(&c);
+    let out = bed
+        .ns_output(
+            &c.ns,
+            "busybox",
+            &[
+                "udhcpc",
+                "-x",
+                "hostname:echo",
+                "-i",
+                "eth0",
+                "-f",
+                "-q",
+                "-n",
+                "-t",
+                "20",
+                "-T",
+                "1",
+                "-s",
+                &script,
+            ],
+        )
+        .unwrap();
+    let relay_said = std::fs::read_to_string(&relay_log).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "udhcpc through the relay: {}{}\ndhcrelay: {relay_said}\nrouter: {:?}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        ns_status(&bed, &r, &ra)
+    );
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    assert!(env.contains("domain=lab"), "{env}");
+    assert!(env.contains(&format!("serverid={SERVICE}")), "{env}");
+    let got = address_on(&bed, &c, "eth0", Duration::from_secs(5));
+    assert!(
+        SUBNET.parse::<ipnet::Ipv4Net>().unwrap().contains(&got),
+        "{got}"
+    );
+    assert_ne!(got, Ipv4Addr::new(10, 201, 0, 2), "the relay's own address");
+    let st = ns_status(&bed, &r, &ra);
+    assert!(
+        st.dhcp_relayed >= 2 && st.dhcp_relay_outside_subnet == 0,
+        "DISCOVER and REQUEST came through the relay: {st:?}"
+    );
+    // The router holds the client's address in the DHT, as for a LAN host of its own.
+    assert!(st.addresses.contains(&got.to_string()), "{st:?}");
+}
+
+/// Per-source DNS limits as a real client meets them: `dig` asking 100 times in a row,
+/// far over `dns_rate`, gets truncated answers it retries over TCP and drops it retries
+/// after its timeout, and in the end every answer; the agent counts both.
+#[test]
+fn over_its_dns_rate_a_real_client_is_sent_to_tcp() {
+    require_root();
+    let mut bed = Testbed::new("rl", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
+    let a = bed.add_host("a", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&a),
+        namespace(
+            &secret,
+            None,
+            "address = \"10.201.0.10\"\nhostname = \"alpha\"\ndns_rate = 20\n"
+        )
+    );
+    let aa = bed.start_agent(&a, &cfg).unwrap();
+    eventually("alpha resolves", Duration::from_secs(20), || {
+        answers(&bed, &a, &["alpha.lab"], "10.201.0.10")
+    });
+    // Past the burst the answer above took, the bucket is full again.
+    std::thread::sleep(Duration::from_secs(2));
+    let batch = a.dir.join("queries");
+    std::fs::write(&batch, "alpha.lab A\n".repeat(100)).unwrap();
+    let batch = batch.display().to_string();
+    let out = bed
+        .ns_output(
+            &a.ns,
+            "dig",
+            &[
+                &format!("@{SERVICE}"),
+                "+short",
+                "+time=1",
+                "+tries=4",
+                "-f",
+                &batch,
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answered = text.lines().filter(|l| l.trim() == "10.201.0.10").count();
+    assert_eq!(answered, 100, "every query answered in the end: {text}");
+    let dns = ns_status(&bed, &a, &aa).dns;
+    assert!(
+        dns.rate_limited_truncated > 0 && dns.rate_limited_dropped > 0,
+        "{dns:?}"
+    );
+    assert_eq!(
+        dns.rate_limited,
+        dns.rate_limited_truncated + dns.rate_limited_dropped
+    );
+    assert!(
+        dns.tcp_queries >= dns.rate_limited_truncated,
+        "each truncated answer was asked again over TCP: {dns:?}"
+    );
 }

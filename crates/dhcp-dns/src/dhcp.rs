@@ -7,6 +7,12 @@
 //! The DHCP lease and the DHT lease move together: a renewal asks for [`Output::Renew`], a
 //! release, a decline and an expiry for [`Output::Release`].
 //!
+//! Requests relayed by a DHCP relay agent (non-zero `giaddr`, RFC 2131 4.1) are answered
+//! to the relay at `giaddr`, port 67, through the link-layer address they came from, with
+//! the Relay Agent Information option (82, RFC 3046) echoed unchanged; the relay's link
+//! (`giaddr`, or the link-selection sub-option of RFC 3527) must lie in the namespace
+//! subnet, the only one this server hands out.
+//!
 //! Call order: feed each request to [`Server::handle`] and the passage of time to
 //! [`Server::handle_timeout`]; drain [`Server::poll_output`] after each.
 
@@ -23,6 +29,23 @@ pub const MAX_CLIENTS: usize = 4096;
 
 /// Declined addresses remembered (not offered again).
 const MAX_DECLINED: usize = 256;
+
+/// How long an OFFER holds its address (and its DHT claim) for a client that has not taken
+/// it up. RFC 2131 4.1's retransmission backoff (4, 8, 16, 32 s): a client still without an
+/// answer 60 s after its REQUEST has given this offer up and starts over with a DISCOVER.
+pub const OFFER_LIFETIME: Duration = Duration::from_secs(60);
+
+/// The UDP port of DHCP servers and relay agents (RFC 2131 4.1).
+pub const SERVER_PORT: u16 = 67;
+
+/// The UDP port of DHCP clients.
+pub const CLIENT_PORT: u16 = 68;
+
+/// The Relay Agent Information option (RFC 3046).
+const AGENT_INFORMATION: u8 = 82;
+
+/// Its link-selection sub-option (RFC 3527): the client's subnet, when `giaddr` is not on it.
+const LINK_SELECTION: u8 = 5;
 
 /// What a namespace's DHCP replies say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,15 +68,19 @@ pub struct Settings {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClientId(pub Vec<u8>);
 
-/// A reply to put on the wire: the vswitch frames it as UDP 67 -> 68.
+/// A reply to put on the wire: the vswitch frames it as UDP from port 67 to `port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     /// The encoded DHCP message.
     pub bytes: Vec<u8>,
-    /// The client's hardware address (Ethernet destination unless `broadcast`).
-    pub chaddr: [u8; 6],
-    /// IPv4 destination: the client's address, or 255.255.255.255 when `broadcast`.
+    /// Ethernet destination: the client's hardware address, or the relay agent's (the
+    /// sender of a relayed request), or all ones when `broadcast`.
+    pub mac: [u8; 6],
+    /// IPv4 destination: the client's address, the relay agent's (`giaddr`), or
+    /// 255.255.255.255 when `broadcast`.
     pub dst: Ipv4Addr,
+    /// UDP destination port: [`CLIENT_PORT`], or [`SERVER_PORT`] for a relay agent.
+    pub port: u16,
     /// Broadcast at both layers (the client has no address yet and asked for it, or a NAK).
     pub broadcast: bool,
 }
@@ -102,18 +129,44 @@ pub struct Stats {
     pub naks: u64,
     /// DECLINEs received.
     pub declines: u64,
+    /// Requests that came through a relay agent (non-zero `giaddr`).
+    pub relayed: u64,
+    /// Relayed requests dropped because the relay's link (`giaddr` or RFC 3527 link
+    /// selection) is outside the namespace subnet.
+    pub relay_outside_subnet: u64,
+    /// OFFERs not taken up within [`OFFER_LIFETIME`]: their addresses were released.
+    pub offers_lapsed: u64,
 }
 
 #[derive(Debug, Clone)]
 struct Binding {
     address: Ipv4Addr,
     expires: Instant,
+    /// Offered and not yet acknowledged: it lapses after [`OFFER_LIFETIME`], not a lease.
+    offered: bool,
+}
+
+/// A request as received: the message and what the server keeps beside it.
+#[derive(Debug, Clone)]
+struct Request {
+    message: Message,
+    /// Every instance of option 82 as it came (code and length included), echoed in the
+    /// replies unchanged (RFC 3046 2.2); empty if none.
+    agent_information: Vec<u8>,
+    /// The link-layer sender: the client, or the relay agent that forwarded the request.
+    sender: [u8; 6],
+}
+
+impl Request {
+    fn relayed(&self) -> bool {
+        !self.message.giaddr().is_unspecified()
+    }
 }
 
 /// A request waiting for its claim.
 #[derive(Debug, Clone)]
 struct Pending {
-    request: Message,
+    request: Request,
     answer: MessageType,
 }
 
@@ -161,41 +214,62 @@ impl Server {
         self.bindings.values().map(|b| b.expires).min()
     }
 
-    /// Leases that ran out without renewal: their addresses are released.
+    /// Leases that ran out without renewal, and offers not taken up: their addresses are
+    /// released.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let out = &mut self.out;
+        let (out, stats) = (&mut self.out, &mut self.stats);
         self.bindings.retain(|_, b| {
             let keep = b.expires > now;
             if !keep {
+                if b.offered {
+                    stats.offers_lapsed += 1;
+                }
                 out.push_back(Output::Release(b.address));
             }
             keep
         });
     }
 
-    /// Handles one DHCP message (a UDP payload sent to port 67).
-    pub fn handle(&mut self, payload: &[u8], now: Instant) {
-        let Some(clean) = only_options_we_read(payload) else {
+    /// Handles one DHCP message (a UDP payload sent to port 67) that `sender` (the Ethernet
+    /// source: the client, or a relay agent) put on the link.
+    pub fn handle(&mut self, payload: &[u8], sender: [u8; 6], now: Instant) {
+        let Some((clean, agent_information)) = only_options_we_read(payload) else {
             self.stats.malformed += 1;
             return;
         };
-        let Ok(request) = Message::decode(&mut Decoder::new(&clean)) else {
+        let Ok(message) = Message::decode(&mut Decoder::new(&clean)) else {
             self.stats.malformed += 1;
             return;
         };
-        if request.opcode() != Opcode::BootRequest
-            || request.htype() != HType::Eth
-            || request.hlen() != 6
+        if message.opcode() != Opcode::BootRequest
+            || message.htype() != HType::Eth
+            || message.hlen() != 6
         {
             self.stats.ignored += 1;
             return;
         }
-        let client = client_id(&request);
-        match request.opts().msg_type() {
-            Some(MessageType::Discover) => self.discover(client, request),
+        let request = Request {
+            message,
+            agent_information,
+            sender,
+        };
+        if request.relayed() {
+            self.stats.relayed += 1;
+        }
+        // RFC 3527 3: the link selection names the client's subnet when present; else
+        // `giaddr` does (RFC 2131 4.3.1). This server hands out one subnet only.
+        let link = link_selection(&request.agent_information)
+            .or_else(|| request.relayed().then(|| request.message.giaddr()));
+        if link.is_some_and(|l| !self.settings.subnet.contains(&l)) {
+            self.stats.relay_outside_subnet += 1;
+            return;
+        }
+        let client = client_id(&request.message);
+        match request.message.opts().msg_type() {
+            Some(MessageType::Discover) => self.discover(client, request, now),
             Some(MessageType::Request) => self.request(client, request, now),
-            Some(MessageType::Release) => self.release(&client, &request),
-            Some(MessageType::Decline) => self.decline(&client, &request),
+            Some(MessageType::Release) => self.release(&client, &request.message),
+            Some(MessageType::Decline) => self.decline(&client, &request.message),
             Some(MessageType::Inform) => self.inform(&request),
             _ => self.stats.ignored += 1,
         }
@@ -213,14 +287,22 @@ impl Server {
             self.nak(&p.request);
             return;
         }
+        // An OFFER holds the address only while the client may still take it up.
+        let offered = p.answer == MessageType::Offer;
+        let hold = if offered {
+            OFFER_LIFETIME.min(self.settings.lease)
+        } else {
+            self.settings.lease
+        };
         self.bindings.insert(
             client.clone(),
             Binding {
                 address,
-                expires: now + self.settings.lease,
+                expires: now + hold,
+                offered,
             },
         );
-        self.hostname(&p.request, address);
+        self.hostname(&p.request.message, address);
         self.reply(&p.request, p.answer, address);
     }
 
@@ -234,8 +316,13 @@ impl Server {
         }
     }
 
-    fn discover(&mut self, client: ClientId, request: Message) {
-        if let Some(b) = self.bindings.get(&client) {
+    fn discover(&mut self, client: ClientId, request: Request, now: Instant) {
+        let offer_lifetime = OFFER_LIFETIME.min(self.settings.lease);
+        if let Some(b) = self.bindings.get_mut(&client) {
+            if b.offered {
+                // Offered again: the client may take it up for another offer lifetime.
+                b.expires = b.expires.max(now + offer_lifetime);
+            }
             let address = b.address;
             self.reply(&request, MessageType::Offer, address);
             return;
@@ -247,7 +334,7 @@ impl Server {
             self.stats.full += 1;
             return;
         }
-        let hint = requested_address(&request).filter(|a| self.usable(*a));
+        let hint = requested_address(&request.message).filter(|a| self.usable(*a));
         self.pending.insert(
             client.clone(),
             Pending {
@@ -262,19 +349,18 @@ impl Server {
         });
     }
 
-    fn request(&mut self, client: ClientId, request: Message, now: Instant) {
+    fn request(&mut self, client: ClientId, request: Request, now: Instant) {
+        let m = &request.message;
         // SELECTING with another server's identifier: the client chose someone else.
-        if let Some(DhcpOption::ServerIdentifier(id)) =
-            request.opts().get(OptionCode::ServerIdentifier)
-        {
+        if let Some(DhcpOption::ServerIdentifier(id)) = m.opts().get(OptionCode::ServerIdentifier) {
             if *id != self.settings.server {
                 self.pending.remove(&client);
                 self.stats.ignored += 1;
                 return;
             }
         }
-        let wanted = requested_address(&request).or_else(|| {
-            let c = request.ciaddr();
+        let wanted = requested_address(m).or_else(|| {
+            let c = m.ciaddr();
             (!c.is_unspecified()).then_some(c)
         });
         let Some(wanted) = wanted else {
@@ -285,8 +371,9 @@ impl Server {
             if b.address == wanted {
                 // Selecting what we offered, renewing, rebinding or rebooting: one answer.
                 b.expires = now + self.settings.lease;
+                b.offered = false;
                 self.out.push_back(Output::Renew(wanted));
-                self.hostname(&request, wanted);
+                self.hostname(&request.message, wanted);
                 self.reply(&request, MessageType::Ack, wanted);
             } else {
                 self.nak(&request);
@@ -350,7 +437,7 @@ impl Server {
         }
     }
 
-    fn inform(&mut self, request: &Message) {
+    fn inform(&mut self, request: &Request) {
         // The client has an address already and wants the other settings.
         self.reply(request, MessageType::Ack, Ipv4Addr::UNSPECIFIED);
     }
@@ -373,16 +460,21 @@ impl Server {
         }
     }
 
-    fn nak(&mut self, request: &Message) {
+    fn nak(&mut self, request: &Request) {
         self.stats.naks += 1;
-        let mut m = self.base(request, MessageType::Nak);
+        let mut m = self.base(&request.message, MessageType::Nak);
         m.set_ciaddr(Ipv4Addr::UNSPECIFIED);
+        if request.relayed() {
+            // RFC 2131 4.3.2: through a relay, the broadcast bit tells it to broadcast the
+            // NAK on the client's link.
+            m.set_flags(m.flags().set_broadcast());
+        }
         self.send(&m, request, true, Ipv4Addr::BROADCAST);
     }
 
-    fn reply(&mut self, request: &Message, kind: MessageType, address: Ipv4Addr) {
+    fn reply(&mut self, request: &Request, kind: MessageType, address: Ipv4Addr) {
         let s = &self.settings;
-        let mut m = self.base(request, kind);
+        let mut m = self.base(&request.message, kind);
         m.set_yiaddr(address);
         let opts = m.opts_mut();
         if kind != MessageType::Ack || !address.is_unspecified() {
@@ -403,11 +495,11 @@ impl Server {
             opts.insert(DhcpOption::Router(vec![r]));
         }
         // RFC 2131 4.1: to the address the client has, else as it asked, else unicast to
-        // the address offered at its hardware address.
-        let ciaddr = request.ciaddr();
+        // the address offered at its hardware address (a relay is `send`'s business).
+        let ciaddr = request.message.ciaddr();
         let (broadcast, dst) = if !ciaddr.is_unspecified() {
             (false, ciaddr)
-        } else if request.flags().broadcast() {
+        } else if request.message.flags().broadcast() {
             (true, Ipv4Addr::BROADCAST)
         } else {
             (false, address)
@@ -430,20 +522,47 @@ impl Server {
         m
     }
 
-    fn send(&mut self, m: &Message, request: &Message, broadcast: bool, dst: Ipv4Addr) {
+    /// Encodes `m` and queues it: to the relay agent if `request` came through one (RFC
+    /// 2131 4.1: `giaddr`, port 67, whatever the client asked), else as `broadcast` and
+    /// `dst` say.
+    fn send(&mut self, m: &Message, request: &Request, broadcast: bool, dst: Ipv4Addr) {
         let mut bytes = Vec::with_capacity(300);
-        if m.encode(&mut Encoder::new(&mut bytes)).is_err() {
-            // Every field above is in range; an encoding failure is a bug, not input.
+        if m.encode(&mut Encoder::new(&mut bytes)).is_err() || bytes.last() != Some(&255) {
+            // Every field above is in range and options end with End; a failure is a bug,
+            // not input.
             self.stats.ignored += 1;
             return;
         }
+        // RFC 3046 2.2: option 82 echoed as it came, the last option before End.
+        let end = bytes.len() - 1;
+        bytes.splice(end..end, request.agent_information.iter().copied());
         self.stats.replies += 1;
-        self.out.push_back(Output::Reply(Reply {
-            bytes,
-            chaddr: mac_of(request),
-            dst: if broadcast { Ipv4Addr::BROADCAST } else { dst },
-            broadcast,
-        }));
+        let reply = if request.relayed() {
+            Reply {
+                bytes,
+                mac: request.sender,
+                dst: request.message.giaddr(),
+                port: SERVER_PORT,
+                broadcast: false,
+            }
+        } else if broadcast {
+            Reply {
+                bytes,
+                mac: [0xff; 6],
+                dst: Ipv4Addr::BROADCAST,
+                port: CLIENT_PORT,
+                broadcast,
+            }
+        } else {
+            Reply {
+                bytes,
+                mac: mac_of(&request.message),
+                dst,
+                port: CLIENT_PORT,
+                broadcast,
+            }
+        };
+        self.out.push_back(Output::Reply(reply));
     }
 }
 
@@ -462,15 +581,18 @@ const READ: [(u8, Option<usize>); 6] = [
 ];
 
 /// The request with every option this server does not read removed, after checking that
-/// each option fits the packet; `None` if it does not. `dhcproto` 0.15 asserts the lengths
-/// of some options it decodes (rapid commit, client FQDN, bulk lease query...) with
-/// `debug_assert!` or subtracts without checking, which a hostile client could turn into a
-/// panic in a debug build; only what is read here reaches it (found by the fuzz target).
-fn only_options_we_read(payload: &[u8]) -> Option<Vec<u8>> {
+/// each option fits the packet, and beside it every instance of option 82 as it came;
+/// `None` if an option does not fit. `dhcproto` 0.15 asserts the lengths of some options it
+/// decodes (rapid commit, client FQDN, bulk lease query...) with `debug_assert!` or
+/// subtracts without checking, which a hostile client could turn into a panic in a debug
+/// build; only what is read here reaches it (found by the fuzz target). Option 82 is kept
+/// as bytes, so that it is echoed unchanged whatever its sub-options.
+fn only_options_we_read(payload: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     if payload.len() < OPTIONS_AT || payload[OPTIONS_AT - 4..OPTIONS_AT] != MAGIC_COOKIE {
         return None;
     }
     let mut out = payload[..OPTIONS_AT].to_vec();
+    let mut agent_information = Vec::new();
     let mut i = OPTIONS_AT;
     while let Some(&code) = payload.get(i) {
         match code {
@@ -479,6 +601,9 @@ fn only_options_we_read(payload: &[u8]) -> Option<Vec<u8>> {
             _ => {
                 let len = usize::from(*payload.get(i + 1)?);
                 let option = payload.get(i..i + 2 + len)?;
+                if code == AGENT_INFORMATION {
+                    agent_information.extend_from_slice(option);
+                }
                 let wanted = READ.iter().find(|(c, _)| *c == code);
                 if let Some((_, want)) = wanted {
                     if len == 0 || want.is_some_and(|w| w != len) {
@@ -491,7 +616,29 @@ fn only_options_we_read(payload: &[u8]) -> Option<Vec<u8>> {
         }
     }
     out.push(255);
-    Some(out)
+    Some((out, agent_information))
+}
+
+/// The link-selection sub-option (RFC 3527) of option 82, given as its instances on the
+/// wire (`code len data`, concatenated as RFC 3396 says). A sub-option that does not fit
+/// is not read.
+fn link_selection(agent_information: &[u8]) -> Option<Ipv4Addr> {
+    let mut data = Vec::new();
+    let mut i = 0;
+    while let Some(len) = agent_information.get(i + 1) {
+        data.extend_from_slice(agent_information.get(i + 2..i + 2 + usize::from(*len))?);
+        i += 2 + usize::from(*len);
+    }
+    let mut i = 0;
+    while let (Some(&code), Some(&len)) = (data.get(i), data.get(i + 1)) {
+        let value = data.get(i + 2..i + 2 + usize::from(len))?;
+        if code == LINK_SELECTION {
+            let octets: [u8; 4] = value.try_into().ok()?;
+            return Some(Ipv4Addr::from(octets));
+        }
+        i += 2 + usize::from(len);
+    }
+    None
 }
 
 /// Option 61 if present, else the hardware address.
@@ -588,6 +735,7 @@ mod tests {
         let mut s = Server::new(settings());
         s.handle(
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            MAC,
             t,
         );
         assert_eq!(
@@ -601,6 +749,7 @@ mod tests {
         // A retransmitted DISCOVER while the claim runs starts nothing new.
         s.handle(
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            MAC,
             t,
         );
         assert!(outputs(&mut s).is_empty());
@@ -612,7 +761,7 @@ mod tests {
             (offer.yiaddr(), offer.xid(), offer.opcode()),
             (a, 0x1234, Opcode::BootReply)
         );
-        assert_eq!((r.dst, r.broadcast, r.chaddr), (a, false, MAC));
+        assert_eq!((r.dst, r.broadcast, r.mac), (a, false, MAC));
         let o = offer.opts();
         assert_eq!(
             o.get(OptionCode::SubnetMask),
@@ -646,7 +795,7 @@ mod tests {
                 DhcpOption::Hostname("Web-1".into()),
             ],
         );
-        s.handle(&req, t);
+        s.handle(&req, MAC, t);
         let out = outputs(&mut s);
         let (_, ack) = only_reply(&out);
         assert_eq!(
@@ -668,13 +817,14 @@ mod tests {
         let a = Ipv4Addr::new(10, 201, 0, 20);
         s.handle(
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            MAC,
             t,
         );
         s.allocated(&client(), a, t);
         outputs(&mut s);
         // RENEWING: unicast from the address it holds.
         let later = t + Duration::from_secs(300);
-        s.handle(&request(MessageType::Request, a, vec![]), later);
+        s.handle(&request(MessageType::Request, a, vec![]), MAC, later);
         let out = outputs(&mut s);
         let (r, ack) = only_reply(&out);
         assert_eq!(
@@ -693,11 +843,12 @@ mod tests {
         // RELEASE frees both leases.
         s.handle(
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            MAC,
             t,
         );
         s.allocated(&client(), a, t);
         outputs(&mut s);
-        s.handle(&request(MessageType::Release, a, vec![]), t);
+        s.handle(&request(MessageType::Release, a, vec![]), MAC, t);
         assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
         assert_eq!(s.lease_of(&client()), None);
     }
@@ -712,7 +863,7 @@ mod tests {
             Ipv4Addr::UNSPECIFIED,
             vec![DhcpOption::RequestedIpAddress(a)],
         );
-        s.handle(&reboot, t);
+        s.handle(&reboot, MAC, t);
         assert_eq!(
             outputs(&mut s),
             vec![Output::Claim {
@@ -726,7 +877,7 @@ mod tests {
         assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
         assert!(r.broadcast && r.dst == Ipv4Addr::BROADCAST);
         // Asked again and free this time: ACKed.
-        s.handle(&reboot, t);
+        s.handle(&reboot, MAC, t);
         outputs(&mut s);
         s.allocated(&client(), a, t);
         let (_, ack) = only_reply(&outputs(&mut s));
@@ -740,7 +891,7 @@ mod tests {
             Ipv4Addr::UNSPECIFIED,
             vec![DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 201, 3, 4))],
         );
-        s.handle(&other, t);
+        s.handle(&other, MAC, t);
         let (_, nak) = only_reply(&outputs(&mut s));
         assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
         // Unusable requests are refused without a claim.
@@ -756,6 +907,7 @@ mod tests {
                     Ipv4Addr::UNSPECIFIED,
                     vec![DhcpOption::RequestedIpAddress(bad)],
                 ),
+                MAC,
                 t,
             );
             let (_, nak) = only_reply(&outputs(&mut s));
@@ -780,6 +932,7 @@ mod tests {
                     DhcpOption::RequestedIpAddress(a),
                 ],
             ),
+            MAC,
             t,
         );
         assert!(
@@ -791,6 +944,7 @@ mod tests {
         // DECLINE: the address is in use on the LAN; it is released and never offered again.
         s.handle(
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            MAC,
             t,
         );
         s.allocated(&client(), a, t);
@@ -801,11 +955,13 @@ mod tests {
                 Ipv4Addr::UNSPECIFIED,
                 vec![DhcpOption::RequestedIpAddress(a)],
             ),
+            MAC,
             t,
         );
         assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
         s.handle(
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            MAC,
             t,
         );
         outputs(&mut s);
@@ -816,7 +972,7 @@ mod tests {
 
         // INFORM: settings only, to the address the client has; the gateway is there.
         let b = Ipv4Addr::new(10, 201, 0, 40);
-        s.handle(&request(MessageType::Inform, b, vec![]), t);
+        s.handle(&request(MessageType::Inform, b, vec![]), MAC, t);
         let (r, ack) = only_reply(&outputs(&mut s));
         assert_eq!(
             (ack.opts().msg_type(), ack.yiaddr(), r.dst),
@@ -842,7 +998,7 @@ mod tests {
         m.set_flags(Flags::default().set_broadcast());
         let mut buf = Vec::new();
         m.encode(&mut Encoder::new(&mut buf)).unwrap();
-        s.handle(&buf, t);
+        s.handle(&buf, MAC, t);
         outputs(&mut s);
         s.allocated(&client(), Ipv4Addr::new(10, 201, 0, 50), t);
         let out = outputs(&mut s);
@@ -852,6 +1008,257 @@ mod tests {
             !out.iter().any(|o| matches!(o, Output::Hostname { .. })),
             "not a DNS label"
         );
+    }
+
+    const RELAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
+    const GIADDR: Ipv4Addr = Ipv4Addr::new(10, 201, 50, 1);
+
+    /// A request as a relay agent forwards it: `giaddr` set, `agent_information` (option 82
+    /// as bytes on the wire) appended last, as RFC 3046 2.1 has it.
+    fn relayed(
+        kind: MessageType,
+        giaddr: Ipv4Addr,
+        opts: Vec<DhcpOption>,
+        agent_information: &[u8],
+    ) -> Vec<u8> {
+        let mut m = Message::decode(&mut Decoder::new(&request(
+            kind,
+            Ipv4Addr::UNSPECIFIED,
+            opts,
+        )))
+        .unwrap();
+        m.set_giaddr(giaddr).set_hops(1);
+        let mut buf = Vec::new();
+        m.encode(&mut Encoder::new(&mut buf)).unwrap();
+        let end = buf.len() - 1;
+        buf.splice(end..end, agent_information.iter().copied());
+        buf
+    }
+
+    /// Option 82 with a circuit id (1) and a remote id (2), as ISC dhcrelay -a sends them.
+    const AGENT_INFORMATION: [u8; 14] = [82, 12, 1, 4, b'e', b't', b'h', b'0', 2, 4, 2, 0, 0, 9];
+
+    /// The options of an encoded reply, as (code, bytes) on the wire, End excluded.
+    fn raw_options(bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut i = OPTIONS_AT;
+        while let Some(&code) = bytes.get(i) {
+            match code {
+                0 => i += 1,
+                255 => break,
+                _ => {
+                    let len = usize::from(bytes[i + 1]);
+                    out.push((code, bytes[i..i + 2 + len].to_vec()));
+                    i += 2 + len;
+                }
+            }
+        }
+        out
+    }
+
+    /// RFC 2131 4.1 and RFC 3046 2.2: a relayed request is answered to the relay at
+    /// `giaddr`, port 67, through the MAC it came from (whatever the client's broadcast
+    /// flag), with option 82 echoed unchanged as the last option; a NAK through a relay
+    /// carries the broadcast bit (RFC 2131 4.3.2).
+    #[test]
+    fn relayed_requests_are_answered_to_the_relay_with_option_82_echoed() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        s.handle(
+            &relayed(MessageType::Discover, GIADDR, vec![], &AGENT_INFORMATION),
+            RELAY_MAC,
+            t,
+        );
+        assert!(matches!(
+            &outputs(&mut s)[..],
+            [Output::Claim { exact: false, .. }]
+        ));
+        let a = Ipv4Addr::new(10, 201, 7, 7);
+        s.allocated(&client(), a, t);
+        let (r, offer) = only_reply(&outputs(&mut s));
+        assert_eq!(
+            (r.mac, r.dst, r.port, r.broadcast),
+            (RELAY_MAC, GIADDR, SERVER_PORT, false)
+        );
+        assert_eq!(
+            (offer.opts().msg_type(), offer.yiaddr(), offer.giaddr()),
+            (Some(MessageType::Offer), a, GIADDR)
+        );
+        assert_eq!(offer.chaddr().get(..6), Some(&MAC[..]), "the client's");
+        let options = raw_options(&r.bytes);
+        assert_eq!(
+            options.last(),
+            Some(&(82, AGENT_INFORMATION.to_vec())),
+            "{options:?}"
+        );
+
+        // SELECTING through the relay, broadcast flag set: still to the relay.
+        let mut m = Message::decode(&mut Decoder::new(&relayed(
+            MessageType::Request,
+            GIADDR,
+            vec![
+                DhcpOption::ServerIdentifier(SERVER),
+                DhcpOption::RequestedIpAddress(a),
+            ],
+            &AGENT_INFORMATION,
+        )))
+        .unwrap();
+        m.set_flags(Flags::default().set_broadcast());
+        let mut select = Vec::new();
+        m.encode(&mut Encoder::new(&mut select)).unwrap();
+        let end = select.len() - 1;
+        select.splice(end..end, AGENT_INFORMATION);
+        s.handle(&select, RELAY_MAC, t);
+        let (r, ack) = only_reply(&outputs(&mut s));
+        assert_eq!(
+            (ack.opts().msg_type(), r.dst, r.port, r.mac, r.broadcast),
+            (
+                Some(MessageType::Ack),
+                GIADDR,
+                SERVER_PORT,
+                RELAY_MAC,
+                false
+            )
+        );
+        assert_eq!(
+            raw_options(&r.bytes).last(),
+            Some(&(82, AGENT_INFORMATION.to_vec()))
+        );
+
+        // A relayed request for an address it cannot have: NAK to the relay, broadcast bit.
+        s.handle(
+            &relayed(
+                MessageType::Request,
+                GIADDR,
+                vec![DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 201, 7, 8))],
+                &[],
+            ),
+            RELAY_MAC,
+            t,
+        );
+        let (r, nak) = only_reply(&outputs(&mut s));
+        assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
+        assert!(nak.flags().broadcast());
+        assert_eq!((r.dst, r.port, r.mac), (GIADDR, SERVER_PORT, RELAY_MAC));
+        assert!(
+            raw_options(&r.bytes).iter().all(|(c, _)| *c != 82),
+            "no option 82 came, none goes"
+        );
+        assert_eq!(s.stats().relayed, 3);
+
+        // A direct client's reply is unchanged: to port 68 at its own MAC.
+        let mut s = Server::new(settings());
+        s.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            RELAY_MAC,
+            t,
+        );
+        s.allocated(&client(), a, t);
+        let (r, _) = only_reply(&outputs(&mut s));
+        assert_eq!((r.mac, r.dst, r.port), (MAC, a, CLIENT_PORT));
+        assert_eq!(s.stats().relayed, 0);
+    }
+
+    /// A relay's link must be the namespace subnet: `giaddr`, or the RFC 3527 link
+    /// selection when present (then `giaddr` may be anywhere the relay is reachable).
+    #[test]
+    fn a_relay_link_outside_the_subnet_is_dropped_and_counted() {
+        let t = Instant::now();
+        let outside = Ipv4Addr::new(192, 168, 9, 1);
+        let link = |a: Ipv4Addr| {
+            let o = a.octets();
+            vec![82, 6, LINK_SELECTION, 4, o[0], o[1], o[2], o[3]]
+        };
+        for (giaddr, info, answered) in [
+            (outside, vec![], false),
+            (GIADDR, link(outside), false),
+            (outside, link(GIADDR), true),
+            (GIADDR, link(GIADDR), true),
+        ] {
+            let mut s = Server::new(settings());
+            s.handle(
+                &relayed(MessageType::Discover, giaddr, vec![], &info),
+                RELAY_MAC,
+                t,
+            );
+            let out = outputs(&mut s);
+            assert_eq!(
+                (out.len(), s.stats().relay_outside_subnet),
+                (usize::from(answered), u64::from(!answered)),
+                "giaddr {giaddr}, option 82 {info:?}: {out:?}"
+            );
+            if answered {
+                s.allocated(&client(), Ipv4Addr::new(10, 201, 7, 7), t);
+                let (r, _) = only_reply(&outputs(&mut s));
+                assert_eq!(
+                    (r.dst, r.port),
+                    (giaddr, SERVER_PORT),
+                    "replies go to giaddr"
+                );
+            }
+        }
+        // Link selection on its own (no giaddr) is held to the subnet too.
+        let mut s = Server::new(settings());
+        s.handle(
+            &relayed(
+                MessageType::Discover,
+                Ipv4Addr::UNSPECIFIED,
+                vec![],
+                &link(outside),
+            ),
+            MAC,
+            t,
+        );
+        assert!(outputs(&mut s).is_empty());
+        assert_eq!(s.stats().relay_outside_subnet, 1);
+    }
+
+    /// An OFFER never taken up holds its address (and DHT claim) for [`OFFER_LIFETIME`],
+    /// not a lease; one taken up holds it for the lease.
+    #[test]
+    fn an_offer_not_taken_up_lapses_and_releases_its_claim() {
+        let t = Instant::now();
+        let mut s = Server::new(settings());
+        let a = Ipv4Addr::new(10, 201, 7, 7);
+        let discover = relayed(MessageType::Discover, GIADDR, vec![], &AGENT_INFORMATION);
+        s.handle(&discover, RELAY_MAC, t);
+        s.allocated(&client(), a, t);
+        outputs(&mut s);
+        assert_eq!(s.poll_timeout(), Some(t + OFFER_LIFETIME));
+        // A DISCOVER again later: the same offer, for another offer lifetime.
+        let later = t + Duration::from_secs(30);
+        s.handle(&discover, RELAY_MAC, later);
+        let (_, offer) = only_reply(&outputs(&mut s));
+        assert_eq!(offer.yiaddr(), a);
+        assert_eq!(s.poll_timeout(), Some(later + OFFER_LIFETIME));
+        s.handle_timeout(later + OFFER_LIFETIME - Duration::from_secs(1));
+        assert!(outputs(&mut s).is_empty());
+        s.handle_timeout(later + OFFER_LIFETIME);
+        assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
+        assert_eq!((s.lease_of(&client()), s.stats().offers_lapsed), (None, 1));
+
+        // Taken up: the lease's lifetime, not the offer's.
+        s.handle(&discover, RELAY_MAC, t);
+        s.allocated(&client(), a, t);
+        outputs(&mut s);
+        s.handle(
+            &relayed(
+                MessageType::Request,
+                GIADDR,
+                vec![
+                    DhcpOption::ServerIdentifier(SERVER),
+                    DhcpOption::RequestedIpAddress(a),
+                ],
+                &[],
+            ),
+            RELAY_MAC,
+            t,
+        );
+        outputs(&mut s);
+        s.handle_timeout(t + OFFER_LIFETIME);
+        assert!(outputs(&mut s).is_empty());
+        assert_eq!(s.lease_of(&client()), Some(a));
+        assert_eq!(s.poll_timeout(), Some(t + Duration::from_secs(600)));
     }
 
     /// The fuzz target's first find: a bulk-lease-query option of the wrong length made
@@ -869,17 +1276,17 @@ mod tests {
                 80, 1, 0, 81, 1, 0, 157, 1, 7, 158, 1, 7, 159, 1, 7, 160, 1, 7,
             ],
         );
-        s.handle(&r, t);
+        s.handle(&r, MAC, t);
         assert!(matches!(s.poll_output(), Some(Output::Claim { .. })));
         // An option running past the end is malformed; so is a message type of 2 bytes.
         let mut cut = request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]);
         cut.truncate(cut.len() - 1);
         cut.extend_from_slice(&[61, 200, 1]);
-        s.handle(&cut, t);
+        s.handle(&cut, MAC, t);
         let mut long = request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]);
         let at = long.iter().position(|&b| b == 53).unwrap();
         long.splice(at..at + 3, [53, 2, 1, 1]);
-        s.handle(&long, t);
+        s.handle(&long, MAC, t);
         assert_eq!(s.stats().malformed, 2);
     }
 
@@ -902,13 +1309,13 @@ mod tests {
         ];
         for r in &reqs {
             for n in 0..=r.len() {
-                s.handle(&r[..n], t);
+                s.handle(&r[..n], MAC, t);
             }
             for i in 0..r.len() {
                 for v in [0u8, 1, 0x35, 0xff] {
                     let mut c = r.clone();
                     c[i] = v;
-                    s.handle(&c, t);
+                    s.handle(&c, MAC, t);
                 }
             }
         }

@@ -19,6 +19,8 @@ use hickory_proto::rr::rdata::{A, PTR, SOA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use ipnet::Ipv4Net;
 
+use crate::limit::{PerSource, Verdict};
+
 /// TTL of the answers (names move with their owners' leases).
 pub const TTL: u32 = 60;
 
@@ -60,6 +62,8 @@ pub struct Settings {
     /// Whether queries outside the zone are forwarded (resolvers configured); otherwise
     /// they are refused.
     pub forward: bool,
+    /// Queries per second each source address may send (also its burst); 0: no limit.
+    pub rate: u32,
 }
 
 /// What to do with a query.
@@ -91,13 +95,11 @@ pub struct Stats {
     pub errors: u64,
     /// Queries dropped unread.
     pub dropped: u64,
-    /// Queries dropped over the rate limit ([`Server::admit`]).
-    pub rate_limited: u64,
+    /// Queries over their source's rate answered truncated ([`Server::admit`]).
+    pub rate_limited_truncated: u64,
+    /// Queries over their source's rate dropped.
+    pub rate_limited_dropped: u64,
 }
-
-/// Queries a namespace's server takes per second (and in a burst); beyond, they are
-/// dropped (counted): a flood must not turn into a flood of DHT reads.
-pub const MAX_QUERIES_PER_SEC: u32 = 500;
 
 /// One namespace's DNS server.
 #[derive(Debug)]
@@ -105,9 +107,7 @@ pub struct Server {
     settings: Settings,
     zone: Name,
     stats: Stats,
-    /// Tokens left, and when they were last refilled.
-    tokens: f64,
-    refilled: Option<Instant>,
+    limit: PerSource,
 }
 
 impl Server {
@@ -115,30 +115,24 @@ impl Server {
     pub fn new(settings: Settings) -> Self {
         let zone = settings.zone.to_lowercase();
         Self {
-            settings,
             zone,
             stats: Stats::default(),
-            tokens: f64::from(MAX_QUERIES_PER_SEC),
-            refilled: None,
+            limit: PerSource::new(settings.rate),
+            settings,
         }
     }
 
-    /// Whether a new query (not one handed back after a lookup) may be served now; one
-    /// refused is counted as rate limited.
-    pub fn admit(&mut self, now: Instant) -> bool {
-        let rate = f64::from(MAX_QUERIES_PER_SEC);
-        if let Some(last) = self.refilled {
-            let elapsed = now.saturating_duration_since(last).as_secs_f64();
-            self.tokens = (self.tokens + elapsed * rate).min(rate);
+    /// Whether a new UDP query (not one handed back after a lookup) from `source` is
+    /// answered, slips (answer it with [`truncated_answer`]) or is dropped, by its source's
+    /// rate ([`crate::limit`]); what is not answered is counted.
+    pub fn admit(&mut self, source: Ipv4Addr, now: Instant) -> Verdict {
+        let verdict = self.limit.handle_query(source, now);
+        match verdict {
+            Verdict::Answer => {}
+            Verdict::Truncate => self.stats.rate_limited_truncated += 1,
+            Verdict::Drop => self.stats.rate_limited_dropped += 1,
         }
-        self.refilled = Some(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            self.stats.rate_limited += 1;
-            false
-        }
+        verdict
     }
 
     /// Whether queries outside the zone are forwarded.
@@ -361,6 +355,23 @@ pub fn truncated(response: &[u8]) -> Option<Vec<u8>> {
     cut.to_vec().ok()
 }
 
+/// An empty answer to `query` with the TC bit set, for a query over its source's rate
+/// (RFC 1035 4.2.1: the client asks again over TCP); `None` if the query is unreadable or
+/// not a query.
+pub fn truncated_answer(query: &[u8]) -> Option<Vec<u8>> {
+    let request = Message::from_vec(query).ok()?;
+    if request.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    let mut response = Message::response(request.metadata.id, request.metadata.op_code);
+    response.metadata.recursion_desired = request.metadata.recursion_desired;
+    response.metadata.truncation = true;
+    for q in request.queries {
+        response.add_query(q);
+    }
+    response.to_vec().ok()
+}
+
 /// IPOP's automatic name of an address: `C` and the last three octets, three digits each.
 pub fn automatic_name(a: Ipv4Addr) -> String {
     let o = a.octets();
@@ -505,6 +516,7 @@ mod tests {
             zone: Name::from_ascii("Lab.").unwrap(),
             subnet: "10.250.0.0/16".parse().unwrap(),
             forward,
+            rate: 500,
         })
     }
 
@@ -700,16 +712,52 @@ mod tests {
     }
 
     #[test]
-    fn a_flood_is_cut_to_the_rate_limit() {
+    fn a_flood_is_cut_to_its_sources_rate_and_counted_by_reason() {
         let mut s = server(false);
         let t = Instant::now();
-        let admitted = (0..2 * MAX_QUERIES_PER_SEC).filter(|_| s.admit(t)).count();
-        assert_eq!(admitted, MAX_QUERIES_PER_SEC as usize);
-        assert_eq!(s.stats().rate_limited, u64::from(MAX_QUERIES_PER_SEC));
+        let noisy = Ipv4Addr::new(10, 250, 0, 66);
+        let verdicts: Vec<_> = (0..2000).map(|_| s.admit(noisy, t)).collect();
+        let answered = verdicts.iter().filter(|v| **v == Verdict::Answer).count();
+        assert_eq!(answered, 500);
+        let st = s.stats();
+        assert_eq!(
+            (st.rate_limited_truncated, st.rate_limited_dropped),
+            (750, 750)
+        );
+        // Another source has its own bucket.
+        assert_eq!(s.admit(Ipv4Addr::new(10, 250, 0, 7), t), Verdict::Answer);
         // A tenth of a second later, a tenth of the rate is back.
         let later = t + std::time::Duration::from_millis(100);
-        let again = (0..MAX_QUERIES_PER_SEC).filter(|_| s.admit(later)).count();
-        assert_eq!(again, MAX_QUERIES_PER_SEC as usize / 10);
+        let again = (0..500)
+            .filter(|_| s.admit(noisy, later) == Verdict::Answer)
+            .count();
+        assert_eq!(again, 50);
+    }
+
+    #[test]
+    fn a_truncated_answer_is_empty_with_tc_and_the_question() {
+        let mut q = Message::query();
+        q.metadata.id = 0x4242;
+        q.metadata.recursion_desired = true;
+        q.add_query(Query::query(
+            Name::from_ascii("web.lab.").unwrap(),
+            RecordType::A,
+        ));
+        let r = Message::from_vec(&truncated_answer(&q.to_vec().unwrap()).unwrap()).unwrap();
+        assert_eq!(
+            (
+                r.metadata.id,
+                r.metadata.message_type,
+                r.metadata.truncation,
+                r.metadata.recursion_desired
+            ),
+            (0x4242, MessageType::Response, true, true)
+        );
+        assert_eq!(r.queries, q.queries);
+        assert!(r.answers.is_empty());
+        assert_eq!(truncated_answer(b"junk"), None);
+        let answer = r.to_vec().unwrap();
+        assert_eq!(truncated_answer(&answer), None, "an answer is not a query");
     }
 
     #[test]

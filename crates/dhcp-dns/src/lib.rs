@@ -9,6 +9,8 @@
 //!   automatic names, reverse names; forwarding or REFUSED outside it.
 //! - [`forward`]: queries outside the zone to the configured resolvers, answers matched by
 //!   resolver, id and question.
+//! - [`limit`]: per-source rate limits on queries, slipping truncated answers as
+//!   response-rate-limiting resolvers do.
 //! - [`service`]: the DNS service of one namespace as the agent runs it: the zone over a
 //!   cache of DHT reads, queries that wait for reads, forwarding, UDP and TCP askers.
 //! - [`tcp`]: DNS over TCP (RFC 7766) at the service address, a sans-I/O smoltcp stack that
@@ -17,5 +19,6 @@
 pub mod dhcp;
 pub mod dns;
 pub mod forward;
+pub mod limit;
 pub mod service;
 pub mod tcp;

@@ -20,6 +20,7 @@ use ipnet::Ipv4Net;
 
 use crate::dns::{self, Answer, Holder, Missing, Names};
 use crate::forward::Forwarder;
+use crate::limit::{self, Verdict};
 use crate::tcp;
 
 /// An Ethernet address: where the service stack's packets go.
@@ -107,6 +108,8 @@ pub struct Service<C> {
     mtu: u16,
     /// Seeds the service stack (TCP initial sequence numbers).
     tcp_seed: u64,
+    /// UDP queries per second per source (0: no limit).
+    rate: u32,
     zone: Option<Zone>,
     server: Option<dns::Server>,
     tcp: Option<tcp::Endpoint>,
@@ -137,6 +140,7 @@ impl<C: Copy> Service<C> {
             forwarder: Forwarder::new(resolvers, forward_seed),
             mtu,
             tcp_seed: u64::from_le_bytes(tcp_seed),
+            rate: limit::DEFAULT_RATE,
             zone: None,
             server: None,
             tcp: None,
@@ -149,6 +153,13 @@ impl<C: Copy> Service<C> {
             udp_answers: VecDeque::new(),
             stats: Stats::default(),
         }
+    }
+
+    /// The same service with UDP queries limited to `rate` a second per source address
+    /// (also the burst; 0: no limit) instead of [`limit::DEFAULT_RATE`].
+    pub fn with_rate(mut self, rate: u32) -> Self {
+        self.rate = rate;
+        self
     }
 
     /// The namespace `name` with `subnet`: queries are answered from now on (before, they
@@ -184,6 +195,7 @@ impl<C: Copy> Service<C> {
                 zone: name,
                 subnet: zone.subnet,
                 forward: !self.forwarder.resolvers().is_empty(),
+                rate: self.rate,
             }));
             self.tcp = Some(
                 tcp::Endpoint::with_seed(
@@ -198,10 +210,30 @@ impl<C: Copy> Service<C> {
         self.server.as_mut()
     }
 
-    /// A query over UDP from `client`.
-    pub fn handle_udp_query(&mut self, now: Instant, query: &[u8], client: C, held: &impl Held) {
+    /// A query over UDP from `client`, whose source address is `source` (what its rate
+    /// limit counts).
+    pub fn handle_udp_query(
+        &mut self,
+        now: Instant,
+        query: &[u8],
+        source: Ipv4Addr,
+        client: C,
+        held: &impl Held,
+    ) {
         self.stats.udp_queries += 1;
-        self.new_query(query.to_vec(), Asker::Udp(client), now, held);
+        let Some(server) = self.ready(now) else {
+            self.stats.not_ready += 1;
+            return;
+        };
+        match server.admit(source, now) {
+            Verdict::Answer => self.answer(query.to_vec(), Asker::Udp(client), now, held),
+            Verdict::Truncate => {
+                if let Some(answer) = dns::truncated_answer(query) {
+                    self.udp_answers.push_back((client, answer));
+                }
+            }
+            Verdict::Drop => {}
+        }
     }
 
     /// A packet for the service stack (DNS over TCP, ping) from `mac`.
@@ -230,23 +262,15 @@ impl<C: Copy> Service<C> {
         self.drain_tcp(now, held);
     }
 
+    /// Queries over TCP are not rate limited per query: each connection cost its client a
+    /// handshake (no spoofed sources), and the stack bounds them ([`tcp::MAX_CONNECTIONS`]
+    /// connections, [`tcp::MAX_PIPELINED`] unanswered queries each, then flow control),
+    /// which is also where a client that
+    /// was sent a truncated answer over UDP gets its whole answer.
     fn drain_tcp(&mut self, now: Instant, held: &impl Held) {
         while let Some((conn, query)) = self.tcp.as_mut().and_then(tcp::Endpoint::poll_query) {
             self.stats.tcp_queries += 1;
-            self.new_query(query, Asker::Tcp(conn), now, held);
-        }
-    }
-
-    fn new_query(&mut self, query: Vec<u8>, asker: Asker<C>, now: Instant, held: &impl Held) {
-        let Some(server) = self.ready(now) else {
-            self.stats.not_ready += 1;
-            self.unanswered(asker, now);
-            return;
-        };
-        if server.admit(now) {
-            self.answer(query, asker, now, held);
-        } else {
-            self.unanswered(asker, now);
+            self.answer(query, Asker::Tcp(conn), now, held);
         }
     }
 
@@ -492,5 +516,78 @@ impl<H: Held> Names for View<'_, H> {
             Some((h, until)) if self.now < *until => Ok(h.clone()),
             _ => Err(Missing::Address(address)),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests start the clock
+mod tests {
+    use super::*;
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+
+    /// This member holds `web`.
+    struct Web;
+
+    impl Held for Web {
+        fn address_for(&self, host: &str) -> Option<Ipv4Addr> {
+            (host == "web").then_some(Ipv4Addr::new(10, 201, 0, 7))
+        }
+
+        fn holder_of(&self, _: Ipv4Addr) -> Option<Option<String>> {
+            None
+        }
+    }
+
+    fn query(id: u16) -> Vec<u8> {
+        let mut q = Message::query();
+        q.metadata.id = id;
+        q.metadata.recursion_desired = true;
+        q.add_query(Query::query(
+            Name::from_ascii("web.lab.").unwrap(),
+            RecordType::A,
+        ));
+        q.to_vec().unwrap()
+    }
+
+    /// RRL per source: a host flooding the service is held to its own rate (every second
+    /// query over it truncated, the rest dropped), and a quiet host asking at the same time
+    /// gets every answer, complete.
+    #[test]
+    fn one_noisy_source_does_not_starve_a_quiet_one() {
+        let t = Instant::now();
+        let subnet: Ipv4Net = "10.201.0.0/16".parse().unwrap();
+        let mut s: Service<u16> = Service::new(Vec::new(), 1420, [7; 32]).with_rate(100);
+        s.set_zone("lab", subnet);
+        let (noisy, quiet) = (Ipv4Addr::new(10, 201, 0, 66), Ipv4Addr::new(10, 201, 0, 9));
+        let (mut full, mut cut, mut quiet_answers) = (0usize, 0usize, 0);
+        // One second of traffic: 2000 queries from the noisy host, 50 from the quiet one.
+        for i in 0..2000u16 {
+            let now = t + Duration::from_micros(500 * u64::from(i));
+            s.handle_udp_query(now, &query(i), noisy, 1, &Web);
+            if i % 40 == 0 {
+                s.handle_udp_query(now, &query(i), quiet, 2, &Web);
+            }
+            while let Some((client, answer)) = s.poll_udp_answer() {
+                let m = Message::from_vec(&answer).unwrap();
+                match (client, m.metadata.truncation) {
+                    (2, false) if m.answers.len() == 1 => quiet_answers += 1,
+                    (1, false) => full += 1,
+                    (1, true) => cut += 1,
+                    other => panic!("{other:?}: {m:?}"),
+                }
+            }
+        }
+        assert_eq!(quiet_answers, 50, "the quiet host got every answer");
+        // The noisy host: its burst and rate (100 + 100 over the second, give or take the
+        // last refill), every second query over that truncated.
+        assert!((195..=200).contains(&full), "{full}");
+        let over = 2000 - full;
+        assert_eq!(cut, over.div_ceil(2));
+        let (_, zone, _) = s.stats();
+        assert_eq!(
+            (zone.rate_limited_truncated, zone.rate_limited_dropped),
+            (cut as u64, (over - cut) as u64)
+        );
     }
 }

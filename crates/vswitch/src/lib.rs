@@ -149,10 +149,13 @@ pub enum Action<P> {
         /// Where the IPv4 packet lies in the frame.
         packet: Range<usize>,
     },
-    /// A DHCP request for the agent's virtual DHCP server.
+    /// A DHCP request for the agent's virtual DHCP server: broadcast by a client, or
+    /// unicast to the service address by a relay agent.
     Dhcp {
         /// Where the DHCP message (the UDP payload) lies in the frame.
         payload: Range<usize>,
+        /// The sender's MAC: a relayed request's reply goes back through it.
+        mac: Mac,
     },
     /// A DNS query over UDP to the service address, for the agent's virtual DNS server.
     Dns {
@@ -669,6 +672,7 @@ impl<P: Copy + Eq> Switch<P> {
                         let at = packet.end - ip.payload().len();
                         return Action::Dhcp {
                             payload: at + udp.start..at + udp.end,
+                            mac: eth.src(),
                         };
                     }
                 }
@@ -899,20 +903,22 @@ impl<P: Copy + Eq> Switch<P> {
         Some(total)
     }
 
-    /// Frames a reply of the virtual DHCP server (UDP 67 -> 68, from the service address
-    /// and the remote MAC) into `buf`; returns its length, or `None` if it does not fit.
+    /// Frames a reply of the virtual DHCP server (UDP from port 67 to `dst_port`: 68 for a
+    /// client, 67 for a relay agent; from the service address and the remote MAC) into
+    /// `buf`; returns its length, or `None` if it does not fit.
     pub fn emit_dhcp_reply(
         &self,
         buf: &mut [u8],
         dst_mac: Mac,
         dst: Ipv4Addr,
+        dst_port: u16,
         payload: &[u8],
     ) -> Option<usize> {
         emit_udp(
             buf,
             (dst_mac, self.config.remote_mac),
             (service_address(self.config.subnet), dst),
-            (67, 68),
+            (67, dst_port),
             payload,
         )
     }
@@ -1547,10 +1553,10 @@ mod tests {
         f.extend_from_slice(&[0, 0, 0, 0, 255, 255, 255, 255]);
         f.extend_from_slice(&[0, 68, 0, 67, 0, 13, 0, 0, b'd', b'h', b'c', b'p', b'!']);
         let mut reply = [0u8; 64];
-        let Action::Dhcp { payload } = sw.handle_tap_frame(&f, t0(), &mut reply) else {
+        let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&f, t0(), &mut reply) else {
             panic!("not intercepted")
         };
-        assert_eq!(&f[payload], b"dhcp!");
+        assert_eq!((&f[payload], mac), (&b"dhcp!"[..], DEVICE_MAC));
         assert_eq!(sw.counters().dhcp_requests, 1);
         // Not from this host's device (hybrid): not ours to answer.
         f[6..12].copy_from_slice(&LAN_B);
@@ -1567,7 +1573,13 @@ mod tests {
         // The reply leaves from the service address and the remote MAC.
         let mut buf = [0u8; 128];
         let len = sw
-            .emit_dhcp_reply(&mut buf, DEVICE_MAC, Ipv4Addr::new(10, 201, 0, 9), b"offer")
+            .emit_dhcp_reply(
+                &mut buf,
+                DEVICE_MAC,
+                Ipv4Addr::new(10, 201, 0, 9),
+                68,
+                b"offer",
+            )
             .unwrap();
         let eth = EthernetFrame::new_checked(&buf[..len]).unwrap();
         assert_eq!((eth.dst(), eth.src()), (DEVICE_MAC, REMOTE_MAC));
@@ -1576,6 +1588,10 @@ mod tests {
             (ip.src(), ip.dst()),
             (Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 9))
         );
+        assert_eq!(
+            udp_parts(ip.payload()).map(|(s, d, p)| (s, d, &ip.payload()[p])),
+            Some((67, 68, &b"offer"[..]))
+        );
         // With DHCP off, the same request is just a broadcast.
         let mut off = with_mode(Mode::Interface);
         f[6..12].copy_from_slice(&DEVICE_MAC);
@@ -1583,6 +1599,43 @@ mod tests {
             off.handle_tap_frame(&f, t0(), &mut reply),
             Action::Drop(_) | Action::Broadcast { .. }
         ));
+    }
+
+    /// RFC 2131 4.1: a relay agent on a router's LAN unicasts what it relays to the service
+    /// address, from port 67; it reaches the DHCP server with the relay's MAC, and the
+    /// reply goes back to it, to port 67.
+    #[test]
+    fn relayed_dhcp_is_intercepted_with_the_relays_mac() {
+        let mut sw = with_mode(Mode::Router);
+        sw.config.dhcp = true;
+        let relay = Ipv4Addr::new(10, 201, 0, 2);
+        let mut f = [0u8; 128];
+        let len = emit_udp(
+            &mut f,
+            (REMOTE_MAC, LAN_A),
+            (relay, Ipv4Addr::new(10, 201, 0, 1)),
+            (67, 67),
+            b"relayed",
+        )
+        .unwrap();
+        let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&f[..len], t0(), &mut [0u8; 64])
+        else {
+            panic!("not intercepted")
+        };
+        assert_eq!((&f[payload], mac), (&b"relayed"[..], LAN_A));
+        let mut buf = [0u8; 128];
+        let giaddr = Ipv4Addr::new(10, 201, 50, 1);
+        let len = sw
+            .emit_dhcp_reply(&mut buf, LAN_A, giaddr, 67, b"offer")
+            .unwrap();
+        let eth = EthernetFrame::new_checked(&buf[..len]).unwrap();
+        assert_eq!((eth.dst(), eth.src()), (LAN_A, REMOTE_MAC));
+        let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+        assert_eq!(ip.dst(), giaddr);
+        assert_eq!(
+            udp_parts(ip.payload()).map(|(s, d, _)| (s, d)),
+            Some((67, 67))
+        );
     }
 
     /// Every prefix and every single-byte corruption of real frames is handled without panic.
