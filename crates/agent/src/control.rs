@@ -68,7 +68,8 @@ pub struct OverlayStatus {
     pub peer_id: String,
     /// libp2p listen addresses.
     pub listen: Vec<String>,
-    /// Whether the first bootstrap finished.
+    /// Whether the first bootstrap finished (or no contact answered and the agent started
+    /// the overlay alone).
     pub joined: bool,
     /// Overlay peers connected.
     pub connected: usize,

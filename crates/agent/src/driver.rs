@@ -43,6 +43,12 @@ pub(crate) const BUF_LEN: usize = 65536 + 64;
 /// How long a `hyphae name set` waits for its claim before answering "still running".
 pub(crate) const NAME_SET_WAIT: Duration = Duration::from_secs(4);
 
+/// With only `[[namespace.peer]]` contacts (no `bootstrap`): how long the agent waits for
+/// one of them to answer before it starts the overlay alone. A member that is up answers a
+/// TCP dial within a round trip (a refused port at once), so the wait only delays the first
+/// member up; the same wait as for mDNS answers (`swarm::MDNS_WAIT`).
+const STATIC_PEER_WAIT: Duration = Duration::from_secs(2);
+
 /// The subnet of a namespace whose record has not been read yet: holds no address.
 const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 32) {
     Ok(n) => n,
@@ -132,6 +138,11 @@ pub(crate) struct Agent {
     pub(crate) name_waiters: Vec<NameWaiter>,
     /// TEMPORARY until the overlay says when it needs time: it runs every TICK.
     pub(crate) next_tick: Instant,
+    /// Contacts are static peers only: when to start the overlay alone if none answered.
+    pub(crate) alone_at: Option<Instant>,
+    /// No static peer answered in time: the memberships run on an overlay of this agent
+    /// alone, which a peer joins when it answers later (the swarm then bootstraps).
+    pub(crate) alone: bool,
 }
 
 /// What woke the loop.
@@ -151,11 +162,23 @@ impl Agent {
         identity: Identity,
         socket: std::net::UdpSocket,
     ) -> Result<Self> {
-        let bootstrap: Vec<_> = config
+        let mut bootstrap: Vec<_> = config
             .namespaces
             .iter()
             .flat_map(|n| n.bootstrap.iter().cloned())
             .collect();
+        // Static peers are members too: dialled as bootstrap contacts (their TCP port is
+        // their tunnel port), so agents that list only each other share one DHT and one
+        // of two equal static addresses is refused.
+        let only_static = bootstrap.is_empty();
+        for peer in config.namespaces.iter().flat_map(|n| &n.peers) {
+            let addr = tcp_multiaddr(*peer);
+            if *peer != config.agent.listen && !bootstrap.contains(&addr) {
+                bootstrap.push(addr);
+            }
+        }
+        let alone_at =
+            (only_static && !bootstrap.is_empty()).then(|| Instant::now() + STATIC_PEER_WAIT);
         let options = OverlayOptions {
             mdns: config.agent.mdns,
             ..OverlayOptions::default()
@@ -196,6 +219,8 @@ impl Agent {
             resolver_socket: None,
             name_waiters: Vec::new(),
             next_tick: Instant::now(),
+            alone_at,
+            alone: false,
         };
         if config.namespaces.iter().any(|n| !n.resolvers.is_empty()) {
             agent.resolver_socket = Some(setup::bind_resolver_socket()?);
@@ -358,16 +383,39 @@ impl Agent {
                 Some(setup::bind_resolver_socket().map_err(|e| format!("{e:#}"))?);
         }
         self.add_namespace(ns, now).map_err(|e| format!("{e:#}"))?;
+        let ready = self.overlay_ready();
         if let Some(n) = self.namespaces.last_mut() {
             n.live = true;
-            if self.overlay.is_joined() {
+            if ready {
                 n.membership.start(now);
             }
         }
         for addr in &ns.bootstrap {
             self.overlay.dial(addr.clone());
         }
+        for &peer in ns.peers.iter().filter(|&&p| p != self.listen) {
+            self.overlay.dial(tcp_multiaddr(peer));
+        }
         Ok(())
+    }
+
+    /// Whether the memberships run: the overlay was joined, or started alone.
+    pub(crate) fn overlay_ready(&self) -> bool {
+        self.overlay.is_joined() || self.alone
+    }
+
+    /// No static peer answered within [`STATIC_PEER_WAIT`]: start the overlay alone, as a
+    /// first member does. One that answers while the swarm bootstraps is waited for.
+    fn start_alone(&mut self, now: Instant) {
+        self.alone_at = None;
+        if self.overlay_ready() || self.overlay.connected() > 0 {
+            return;
+        }
+        tracing::info!("no static peer answered: starting the overlay alone");
+        self.alone = true;
+        for n in self.namespaces.iter_mut().filter(|n| n.active()) {
+            n.membership.start(now);
+        }
     }
 
     /// The index of the namespace `name` this agent is a member of now.
@@ -449,7 +497,11 @@ impl Agent {
 
     /// The earliest deadline of any core: the loop sleeps until then at most.
     fn poll_timeout(&self) -> Option<Instant> {
-        let mut deadlines = vec![self.node.poll_timeout(), Some(self.next_tick)];
+        let mut deadlines = vec![
+            self.node.poll_timeout(),
+            Some(self.next_tick),
+            self.alone_at,
+        ];
         for n in self.namespaces.iter().filter(|n| n.active()) {
             deadlines.push(n.switch.poll_timeout());
             deadlines.push(n.membership.poll_timeout());
@@ -469,6 +521,9 @@ impl Agent {
         if due(Some(self.next_tick)) {
             self.overlay.handle_timeout(now);
             self.next_tick = now + hyphae_overlay::node::TICK;
+        }
+        if due(self.alone_at) {
+            self.start_alone(now);
         }
         let unix = unix_now();
         for i in 0..self.namespaces.len() {

@@ -151,7 +151,7 @@ impl Agent {
                     .iter()
                     .map(|a| a.to_string())
                     .collect(),
-                joined: self.overlay.is_joined(),
+                joined: self.overlay_ready(),
                 connected: self.overlay.connected(),
                 stored_records: self.overlay.stored_records(),
                 rejected_requests: self.overlay.store_stats().rejected,

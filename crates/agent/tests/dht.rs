@@ -612,3 +612,91 @@ fn join_and_leave_with_the_cli() {
     bed.wait_for_ping(&first.host, second_address, Duration::from_secs(20))
         .unwrap();
 }
+
+/// Waits (up to `within`) for an agent to exit; returns its log. Panics if it still runs.
+fn exit_log(bed: &mut Testbed, host: &Host, agent: &AgentHandle, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    while bed.is_running(agent.pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !bed.is_running(agent.pid),
+        "{} still runs: {:?}\n{}",
+        host.name,
+        bed.status(host, agent),
+        std::fs::read_to_string(&agent.log).unwrap_or_default()
+    );
+    std::fs::read_to_string(&agent.log).unwrap()
+}
+
+/// Agents that list only each other as `[[namespace.peer]]` (no `bootstrap`) join one DHT:
+/// with different static addresses they reach each other, and of two with the same static
+/// address the second is refused, naming the first.
+#[test]
+fn static_peers_share_one_dht() {
+    require_root();
+    let mut bed = Testbed::new("static", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let vip = |i: u8| Ipv4Addr::new(10, 202, 0, 10 + i);
+    let hosts: Vec<Host> = (1..=4)
+        .map(|i| bed.add_host(&format!("h{i}"), underlay(i)).unwrap())
+        .collect();
+    let static_config = |me: usize, address: Ipv4Addr, peer: usize| {
+        hyphae_testbed::agent_config(
+            &hosts[me],
+            "lab",
+            &secret,
+            SUBNET,
+            address,
+            &[hosts[peer].underlay],
+        )
+    };
+
+    // h1 and h2, different addresses: one DHT (each connected to the other), pings pass.
+    let a1 = bed
+        .start_agent(&hosts[0], &static_config(0, vip(1), 1))
+        .unwrap();
+    let a2 = bed
+        .start_agent(&hosts[1], &static_config(1, vip(2), 0))
+        .unwrap();
+    let first = Member {
+        host: hosts[0].clone(),
+        agent: a1,
+    };
+    let second = Member {
+        host: hosts[1].clone(),
+        agent: a2,
+    };
+    assert_eq!(claimed_address(&bed, &first), vip(1));
+    assert_eq!(claimed_address(&bed, &second), vip(2));
+    bed.wait_for_ping(&first.host, vip(2), Duration::from_secs(10))
+        .unwrap();
+    bed.wait_for_ping(&second.host, vip(1), Duration::from_secs(10))
+        .unwrap();
+    for m in [&first, &second] {
+        let s = status(&bed, m);
+        assert!(s.overlay.joined && s.overlay.connected >= 1, "{s:?}");
+    }
+
+    // h3 and h4 list each other with the same address: h3 (first) holds it, h4 is refused
+    // with h3's name.
+    let a3 = bed
+        .start_agent(&hosts[2], &static_config(2, vip(30), 3))
+        .unwrap();
+    let third = Member {
+        host: hosts[2].clone(),
+        agent: a3,
+    };
+    assert_eq!(claimed_address(&bed, &third), vip(30));
+    let owner = status(&bed, &third).identity;
+    let log = match bed.start_agent(&hosts[3], &static_config(3, vip(30), 2)) {
+        Ok(agent) => exit_log(&mut bed, &hosts[3], &agent, Duration::from_secs(20)),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        log.contains("is owned by member") && log.contains(&owner),
+        "refusal should name the owner {owner}: {log}"
+    );
+    assert!(bed.is_running(third.agent.pid), "the owner h3 stopped");
+    assert_eq!(claimed_address(&bed, &third), vip(30));
+}
