@@ -41,7 +41,7 @@ fn claimed_address(bed: &Testbed, m: &Member) -> Ipv4Addr {
 
 fn secret(dir: &Path) -> PathBuf {
     let path = dir.join("lab.secret");
-    std::fs::write(&path, "the overlay test namespace secret\n").unwrap();
+    hyphae_testbed::write_secret(&path, "the overlay test namespace secret\n").unwrap();
     path
 }
 
