@@ -81,6 +81,8 @@ pub(crate) struct Namespace {
     pub(crate) live: bool,
     /// Why it was left, if it failed.
     pub(crate) error: Option<String>,
+    /// The members last written to its members file (see [`remembered_members`]).
+    pub(crate) remembered: Vec<(PeerId, SocketAddr)>,
 }
 
 impl Namespace {
@@ -277,6 +279,15 @@ impl Agent {
         for &peer in &ns.peers {
             self.node.add_static_peer(id, peer, now);
         }
+        // Members known before a restart still have tunnels with us that we forgot: a
+        // hello makes them start fresh ones at once rather than after theirs time out. They
+        // are dialled too, but not waited for (they may be gone).
+        for endpoint in remembered_members(&self.state_dir, &ns.name) {
+            if endpoint != self.listen && !ns.peers.contains(&endpoint) {
+                self.node.add_static_peer(id, endpoint, now);
+                self.overlay.dial(tcp_multiaddr(endpoint));
+            }
+        }
         // A bootstrap agent is usually a member too: a tunnel with it gives every member
         // one it can relay through when two members cannot reach each other.
         for endpoint in ns.bootstrap.iter().filter_map(tunnel_endpoint) {
@@ -342,10 +353,39 @@ impl Agent {
             tap_errors: 0,
             live: false,
             error: None,
+            remembered: Vec::new(),
         });
         tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
             subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
         Ok(())
+    }
+
+    /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
+    /// restart contacts them at once (see [`remembered_members`]).
+    pub(crate) fn remember_members(&mut self, i: usize) {
+        let mut members: Vec<(PeerId, SocketAddr)> = self
+            .node
+            .peers()
+            .filter(|p| p.ns == NamespaceId(i) && p.handshake_age.is_some())
+            .map(|p| (p.id, p.endpoint))
+            .collect();
+        members.sort();
+        let n = &mut self.namespaces[i];
+        // Nobody reachable now says nothing about who comes back: keep the last list.
+        if members.is_empty() || members == n.remembered {
+            return;
+        }
+        let text: String = members
+            .iter()
+            .map(|(id, endpoint)| format!("{id} {endpoint}\n"))
+            .collect();
+        let path = members_file(&self.state_dir, &n.name);
+        let tmp = path.with_extension("members.new");
+        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), error = %e, "cannot remember the members");
+        }
+        n.remembered = members;
     }
 
     /// Where the last address won in namespace `name` is kept.
@@ -521,6 +561,11 @@ impl Agent {
         if due(Some(self.next_tick)) {
             self.overlay.handle_timeout(now);
             self.next_tick = now + hyphae_overlay::node::TICK;
+            for i in 0..self.namespaces.len() {
+                if self.namespaces[i].active() {
+                    self.remember_members(i);
+                }
+            }
         }
         if due(self.alone_at) {
             self.start_alone(now);
@@ -668,6 +713,22 @@ impl Agent {
             }
         }
     }
+}
+
+/// Where the members an agent had tunnels with in namespace `name` are kept: one
+/// `identity endpoint` a line.
+fn members_file(state_dir: &std::path::Path, name: &str) -> PathBuf {
+    state_dir.join(format!("{name}.members"))
+}
+
+/// The tunnel endpoints of the members this agent had tunnels with in namespace `name`
+/// when it last ran (their identities are there for the operator: a hello tells them
+/// anew); lines that do not parse are skipped.
+pub(crate) fn remembered_members(state_dir: &std::path::Path, name: &str) -> Vec<SocketAddr> {
+    let text = std::fs::read_to_string(members_file(state_dir, name)).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .collect()
 }
 
 /// Sleeps until `deadline`, or forever without one.

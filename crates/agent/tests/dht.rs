@@ -700,3 +700,74 @@ fn static_peers_share_one_dht() {
     assert!(bed.is_running(third.agent.pid), "the owner h3 stopped");
     assert_eq!(claimed_address(&bed, &third), vip(30));
 }
+
+/// The first member (no bootstrap) is killed (no goodbye) and restarted: it contacts the
+/// members it remembers, they start fresh tunnels with it at once, and pings pass again
+/// within seconds rather than after their old tunnels time out.
+#[test]
+fn a_restarted_first_member_is_reachable_again_quickly() {
+    require_root();
+    let mut bed = Testbed::new("restart", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = bed.add_host("h1", underlay(1)).unwrap();
+    let cfg1 = config(&h1, &secret, "10.202.0.10", None);
+    let a1 = bed.start_agent(&h1, &cfg1).unwrap();
+    let first = Member {
+        host: h1.clone(),
+        agent: a1,
+    };
+    let h2 = bed.add_host("h2", underlay(2)).unwrap();
+    let a2 = bed
+        .start_agent(&h2, &config(&h2, &secret, "auto", Some(underlay(1))))
+        .unwrap();
+    let second = Member {
+        host: h2,
+        agent: a2,
+    };
+    // h3 joins through h2: h1 is nothing it was configured with, only a tunnel.
+    let h3 = bed.add_host("h3", underlay(3)).unwrap();
+    let a3 = bed
+        .start_agent(&h3, &config(&h3, &secret, "auto", Some(underlay(2))))
+        .unwrap();
+    let third = Member {
+        host: h3,
+        agent: a3,
+    };
+    let taken = claimed_address(&bed, &first);
+    let other = claimed_address(&bed, &second);
+    claimed_address(&bed, &third);
+    for from in [&second, &third] {
+        bed.wait_for_ping(&from.host, taken, Duration::from_secs(10))
+            .unwrap();
+    }
+    bed.wait_for_ping(&first.host, other, Duration::from_secs(10))
+        .unwrap();
+    let members = h1.dir.join("state").join("lab.members");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let knows_all = |t: String| [2, 3].iter().all(|&i| t.contains(&underlay(i).to_string()));
+    while !std::fs::read_to_string(&members).is_ok_and(knows_all) {
+        assert!(Instant::now() < deadline, "h1 never wrote down its members");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    bed.signal(first.agent.pid, libc::SIGKILL).unwrap();
+    let restarted_at = Instant::now();
+    let again = bed.start_agent(&h1, &cfg1).unwrap();
+    let first = Member {
+        host: h1,
+        agent: again,
+    };
+    bed.wait_for_ping(&second.host, taken, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}; status: {:?}", status(&bed, &second)));
+    let to_first = restarted_at.elapsed();
+    bed.wait_for_ping(&first.host, other, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}; status: {:?}", status(&bed, &first)));
+    let from_first = restarted_at.elapsed();
+    bed.wait_for_ping(&third.host, taken, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}; status: {:?}", status(&bed, &third)));
+    let from_third = restarted_at.elapsed();
+    println!(
+        "restart of the first member: h2 -> h1 pings again after {to_first:?}, h1 -> h2 after \
+         {from_first:?}, h3 (no configured link to h1) -> h1 after {from_third:?}"
+    );
+}

@@ -31,10 +31,6 @@ pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(15);
 /// memory of us.
 pub const PEER_SILENT_AFTER: Duration = Duration::from_secs(60);
 
-/// A hello request restarts the handshake only with a member silent for this long: a
-/// restarted member stops sending authenticated packets at once, a live one does not.
-pub const RESTART_AFTER_SILENCE: Duration = Duration::from_secs(2);
-
 /// A probe sent because a member stopped answering must be answered within this long, or
 /// the path is silent. A working path answers within a round trip; one slower than a
 /// second is no path for interactive traffic either.
@@ -373,16 +369,18 @@ impl Peer {
     }
 
     /// Whether a hello request should make us start a fresh handshake: only the initiator
-    /// does, at most once per [`HELLO_INTERVAL`], and not with a member that still sends us
-    /// authenticated packets (a hello that crossed our handshake, or a replay). When it
-    /// should, our announcement is sent once the handshake completes.
+    /// does, at most once per [`HELLO_INTERVAL`]. When it should, our announcement is sent
+    /// once the handshake completes.
+    ///
+    /// Even with a member heard a moment ago: a member killed and restarted at once sends
+    /// its hello while we still hear its last packets, and waiting for silence kept it
+    /// unreachable for seconds. A replayed hello costs at most one handshake per interval,
+    /// and the old session carries traffic until the new one completes.
     pub(super) fn should_restart_handshake(&mut self, now: Instant) -> bool {
         let recent = self
             .last_forced
             .is_some_and(|t| now.saturating_duration_since(t) < HELLO_INTERVAL);
-        let alive = self.has_session()
-            && now.saturating_duration_since(self.last_heard) < RESTART_AFTER_SILENCE;
-        if self.initiator && !recent && !alive {
+        if self.initiator && !recent {
             self.last_forced = Some(now);
             self.announce_pending = true;
             true
@@ -683,7 +681,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_silent_initiator_restarts_and_at_most_once_per_hello_interval() {
+    fn only_the_initiator_restarts_and_at_most_once_per_hello_interval() {
         let t0 = test_epoch();
         let mut responder = peer(t0, false);
         assert!(!responder.should_restart_handshake(t0));
@@ -692,6 +690,11 @@ mod tests {
         assert!(p.announce_pending);
         assert!(!p.should_restart_handshake(t0 + HELLO_INTERVAL / 2));
         assert!(p.should_restart_handshake(t0 + HELLO_INTERVAL));
+        // A member heard a moment ago that asks (it was killed and restarted at once): a
+        // fresh handshake now, not once its old session has gone quiet.
+        let mut p = handshaken(t0);
+        p.heard(t0, Route::Direct(p.endpoint));
+        assert!(p.should_restart_handshake(t0 + Duration::from_millis(100)));
     }
 
     #[test]
