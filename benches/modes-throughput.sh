@@ -46,7 +46,7 @@ newswitch u
 newswitch lan1
 newswitch lan2
 secret=$dir/lab.secret
-echo "a namespace secret for the benchmark" >"$secret"
+(umask 077; echo "a namespace secret for the benchmark" >"$secret")
 agent() { # NAME UNDERLAY-IP NAMESPACE-LINES
     mkdir -p "$dir/$1"
     cat >"$dir/$1/hyphae.toml" <<EOF

@@ -62,7 +62,7 @@ inA ip link set vx0 up
 inB ip link set vx0 up
 
 # (c) hyphae
-"$HYPHAE_BIN" secret >"$dir/lab.secret"
+(umask 077; "$HYPHAE_BIN" secret >"$dir/lab.secret")
 for side in A B; do
     if [ $side = A ]; then me=1; peer=2; else me=2; peer=1; fi
     cat >"$dir/$side.toml" <<EOF

@@ -25,6 +25,9 @@ pub const DEFAULT_LEASE_SECS: u64 = 600;
 /// Shortest lease: renewals go out every third of it.
 pub use hyphae_overlay::membership::MIN_LEASE_SECS;
 
+/// Longest lease: replicas refuse records that live longer.
+pub use hyphae_overlay::membership::MAX_LEASE_SECS;
+
 /// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
 const MAX_DEVICE_NAME: usize = 15;
 
@@ -393,6 +396,12 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
             s.lease_secs
         );
     }
+    if s.lease_secs > MAX_LEASE_SECS {
+        bail!(
+            "lease_secs {} is longer than replicas accept: use at most {MAX_LEASE_SECS}",
+            s.lease_secs
+        );
+    }
     let bootstrap = s
         .bootstrap
         .iter()
@@ -503,13 +512,27 @@ pub fn parse_bootstrap(text: &str) -> Result<Multiaddr> {
 }
 
 fn read_secret(path: &Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).with_context(|| {
+    use std::os::unix::fs::PermissionsExt as _;
+    let file = std::fs::File::open(path).with_context(|| {
         format!(
-            "cannot read secret_file {} (create one with `hyphae secret > {}`)",
+            "cannot read secret_file {} (create one with `(umask 077; hyphae secret > {})`)",
             path.display(),
             path.display()
         )
     })?;
+    // Anyone who can read the secret can join the namespace: like ssh with its private
+    // keys, refuse one that other users can read rather than use it.
+    let mode = file.metadata()?.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "secret_file {} is accessible by group or others (mode {mode:03o}); run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        );
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut bytes)
+        .with_context(|| format!("cannot read secret_file {}", path.display()))?;
     let end = bytes
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())
@@ -517,7 +540,7 @@ fn read_secret(path: &Path) -> Result<Vec<u8>> {
     let secret = bytes[..end].to_vec();
     if secret.is_empty() {
         bail!(
-            "secret_file {} is empty (create one with `hyphae secret > {}`)",
+            "secret_file {} is empty (create one with `(umask 077; hyphae secret > {})`)",
             path.display(),
             path.display()
         );
@@ -568,6 +591,8 @@ mod tests {
         let _ = std::fs::remove_file(&secret_path);
         if let Some(s) = secret {
             std::fs::write(&secret_path, s)?;
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&secret_path, std::fs::Permissions::from_mode(0o600))?;
         }
         let cfg = dir.join("c.toml");
         std::fs::write(
@@ -724,6 +749,45 @@ endpoint = "10.200.0.3"
         for e in [err(GOOD, None), err(&GOOD.replace("name = ", "nmae = "), s)] {
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    #[test]
+    fn a_secret_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("hyphae-cfg-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("lab.secret");
+        std::fs::write(&secret, "0123456789abcdef\n").unwrap();
+        let cfg = dir.join("c.toml");
+        std::fs::write(&cfg, GOOD.replace("SECRET", &secret.display().to_string())).unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o620] {
+            std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = format!("{:#}", Config::load(&cfg).unwrap_err());
+            assert!(
+                e.contains(&secret.display().to_string())
+                    && e.contains(&format!("mode {mode:03o}"))
+                    && e.contains("chmod 600"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+        for mode in [0o600, 0o400] {
+            std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert!(Config::load(&cfg).is_ok(), "mode {mode:o}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn lease_secs_must_be_what_replicas_accept() {
+        let s = Some("0123456789abcdef");
+        let lease =
+            |secs: u64| GOOD.replace("address = ", &format!("lease_secs = {secs}\naddress = "));
+        assert!(err(&lease(MIN_LEASE_SECS - 1), s).contains("too short"));
+        let e = err(&lease(MAX_LEASE_SECS + 1), s);
+        assert!(e.contains(&format!("at most {MAX_LEASE_SECS}")), "{e}");
+        let c = load(&lease(MAX_LEASE_SECS), s).unwrap();
+        assert_eq!(c.namespaces[0].lease, Duration::from_secs(MAX_LEASE_SECS));
     }
 
     #[test]

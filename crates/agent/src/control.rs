@@ -68,7 +68,8 @@ pub struct OverlayStatus {
     pub peer_id: String,
     /// libp2p listen addresses.
     pub listen: Vec<String>,
-    /// Whether the first bootstrap finished.
+    /// Whether the first bootstrap finished (or no contact answered and the agent started
+    /// the overlay alone).
     pub joined: bool,
     /// Overlay peers connected.
     pub connected: usize,
@@ -190,6 +191,10 @@ pub struct NamespaceStatus {
     pub address: String,
     /// Whether the address is held in the DHT (lease won and renewed).
     pub address_claimed: bool,
+    /// Why no address is held yet (no namespace record, no free address, claim
+    /// unanswered, owned by another member), while none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_error: Option<String>,
     /// Namespace subnet; empty until the namespace record is read.
     pub subnet: String,
     /// Why the namespace was left (a conflict with the namespace's records); only a

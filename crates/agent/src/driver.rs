@@ -43,6 +43,12 @@ pub(crate) const BUF_LEN: usize = 65536 + 64;
 /// How long a `hyphae name set` waits for its claim before answering "still running".
 pub(crate) const NAME_SET_WAIT: Duration = Duration::from_secs(4);
 
+/// With only `[[namespace.peer]]` contacts (no `bootstrap`): how long the agent waits for
+/// one of them to answer before it starts the overlay alone. A member that is up answers a
+/// TCP dial within a round trip (a refused port at once), so the wait only delays the first
+/// member up; the same wait as for mDNS answers (`swarm::MDNS_WAIT`).
+const STATIC_PEER_WAIT: Duration = Duration::from_secs(2);
+
 /// The subnet of a namespace whose record has not been read yet: holds no address.
 const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 32) {
     Ok(n) => n,
@@ -75,6 +81,8 @@ pub(crate) struct Namespace {
     pub(crate) live: bool,
     /// Why it was left, if it failed.
     pub(crate) error: Option<String>,
+    /// The members last written to its members file (see [`remembered_members`]).
+    pub(crate) remembered: Vec<(PeerId, SocketAddr)>,
 }
 
 impl Namespace {
@@ -130,6 +138,11 @@ pub(crate) struct Agent {
     pub(crate) resolver_socket: Option<tokio::net::UdpSocket>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
+    /// Contacts are static peers only: when to start the overlay alone if none answered.
+    pub(crate) alone_at: Option<Instant>,
+    /// No static peer answered in time: the memberships run on an overlay of this agent
+    /// alone, which a peer joins when it answers later (the swarm then bootstraps).
+    pub(crate) alone: bool,
 }
 
 /// What woke the loop.
@@ -149,11 +162,23 @@ impl Agent {
         identity: Identity,
         socket: std::net::UdpSocket,
     ) -> Result<Self> {
-        let bootstrap: Vec<_> = config
+        let mut bootstrap: Vec<_> = config
             .namespaces
             .iter()
             .flat_map(|n| n.bootstrap.iter().cloned())
             .collect();
+        // Static peers are members too: dialled as bootstrap contacts (their TCP port is
+        // their tunnel port), so agents that list only each other share one DHT and one
+        // of two equal static addresses is refused.
+        let only_static = bootstrap.is_empty();
+        for peer in config.namespaces.iter().flat_map(|n| &n.peers) {
+            let addr = tcp_multiaddr(*peer);
+            if *peer != config.agent.listen && !bootstrap.contains(&addr) {
+                bootstrap.push(addr);
+            }
+        }
+        let alone_at =
+            (only_static && !bootstrap.is_empty()).then(|| Instant::now() + STATIC_PEER_WAIT);
         let options = OverlayOptions {
             mdns: config.agent.mdns,
             ..OverlayOptions::default()
@@ -193,6 +218,8 @@ impl Agent {
             service_buf: vec![0; BUF_LEN],
             resolver_socket: None,
             name_waiters: Vec::new(),
+            alone_at,
+            alone: false,
         };
         if config.namespaces.iter().any(|n| !n.resolvers.is_empty()) {
             agent.resolver_socket = Some(setup::bind_resolver_socket()?);
@@ -248,6 +275,15 @@ impl Agent {
         }
         for &peer in &ns.peers {
             self.node.add_static_peer(id, peer, now);
+        }
+        // Members known before a restart still have tunnels with us that we forgot: a
+        // hello makes them start fresh ones at once rather than after theirs time out. They
+        // are dialled too, but not waited for (they may be gone).
+        for endpoint in remembered_members(&self.state_dir, &ns.name) {
+            if endpoint != self.listen && !ns.peers.contains(&endpoint) {
+                self.node.add_static_peer(id, endpoint, now);
+                self.overlay.dial(tcp_multiaddr(endpoint));
+            }
         }
         // A bootstrap agent is usually a member too: a tunnel with it gives every member
         // one it can relay through when two members cannot reach each other.
@@ -315,10 +351,39 @@ impl Agent {
             tap_errors: 0,
             live: false,
             error: None,
+            remembered: Vec::new(),
         });
         tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
             subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
         Ok(())
+    }
+
+    /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
+    /// restart contacts them at once (see [`remembered_members`]).
+    pub(crate) fn remember_members(&mut self, i: usize) {
+        let mut members: Vec<(PeerId, SocketAddr)> = self
+            .node
+            .peers()
+            .filter(|p| p.ns == NamespaceId(i) && p.handshake_age.is_some())
+            .map(|p| (p.id, p.endpoint))
+            .collect();
+        members.sort();
+        let n = &mut self.namespaces[i];
+        // Nobody reachable now says nothing about who comes back: keep the last list.
+        if members.is_empty() || members == n.remembered {
+            return;
+        }
+        let text: String = members
+            .iter()
+            .map(|(id, endpoint)| format!("{id} {endpoint}\n"))
+            .collect();
+        let path = members_file(&self.state_dir, &n.name);
+        let tmp = path.with_extension("members.new");
+        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), error = %e, "cannot remember the members");
+        }
+        n.remembered = members;
     }
 
     /// `hyphae join`: the namespace `name` was added to the config file; bring it up.
@@ -351,16 +416,39 @@ impl Agent {
                 Some(setup::bind_resolver_socket().map_err(|e| format!("{e:#}"))?);
         }
         self.add_namespace(ns, now).map_err(|e| format!("{e:#}"))?;
+        let ready = self.overlay_ready();
         if let Some(n) = self.namespaces.last_mut() {
             n.live = true;
-            if self.overlay.is_joined() {
+            if ready {
                 n.membership.start(now);
             }
         }
         for addr in &ns.bootstrap {
             self.overlay.dial(addr.clone());
         }
+        for &peer in ns.peers.iter().filter(|&&p| p != self.listen) {
+            self.overlay.dial(tcp_multiaddr(peer));
+        }
         Ok(())
+    }
+
+    /// Whether the memberships run: the overlay was joined, or started alone.
+    pub(crate) fn overlay_ready(&self) -> bool {
+        self.overlay.is_joined() || self.alone
+    }
+
+    /// No static peer answered within [`STATIC_PEER_WAIT`]: start the overlay alone, as a
+    /// first member does. One that answers while the swarm bootstraps is waited for.
+    fn start_alone(&mut self, now: Instant) {
+        self.alone_at = None;
+        if self.overlay_ready() || self.overlay.connected() > 0 {
+            return;
+        }
+        tracing::info!("no static peer answered: starting the overlay alone");
+        self.alone = true;
+        for n in self.namespaces.iter_mut().filter(|n| n.active()) {
+            n.membership.start(now);
+        }
     }
 
     /// The index of the namespace `name` this agent is a member of now.
@@ -442,7 +530,11 @@ impl Agent {
 
     /// The earliest deadline of any core: the loop sleeps until then at most.
     fn poll_timeout(&self) -> Option<Instant> {
-        let mut deadlines = vec![self.node.poll_timeout(), self.overlay.poll_timeout()];
+        let mut deadlines = vec![
+            self.node.poll_timeout(),
+            self.overlay.poll_timeout(),
+            self.alone_at,
+        ];
         for n in self.namespaces.iter().filter(|n| n.active()) {
             deadlines.push(n.switch.poll_timeout());
             deadlines.push(n.membership.poll_timeout());
@@ -458,9 +550,18 @@ impl Agent {
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
         if due(self.node.poll_timeout()) {
             self.node.handle_timeout(now);
+            // The node ticks while it has tunnels: note who is reachable, for a restart.
+            for i in 0..self.namespaces.len() {
+                if self.namespaces[i].active() {
+                    self.remember_members(i);
+                }
+            }
         }
         if due(self.overlay.poll_timeout()) {
             self.overlay.handle_timeout(now);
+        }
+        if due(self.alone_at) {
+            self.start_alone(now);
         }
         let unix = unix_now();
         for i in 0..self.namespaces.len() {
@@ -613,6 +714,22 @@ impl Agent {
 /// Where the last address won in namespace `name` is kept.
 pub(crate) fn state_file(state_dir: &std::path::Path, name: &str) -> PathBuf {
     state_dir.join(format!("{name}.address"))
+}
+
+/// Where the members an agent had tunnels with in namespace `name` are kept: one
+/// `identity endpoint` a line.
+fn members_file(state_dir: &std::path::Path, name: &str) -> PathBuf {
+    state_dir.join(format!("{name}.members"))
+}
+
+/// The tunnel endpoints of the members this agent had tunnels with in namespace `name`
+/// when it last ran (their identities are there for the operator: a hello tells them
+/// anew); lines that do not parse are skipped.
+pub(crate) fn remembered_members(state_dir: &std::path::Path, name: &str) -> Vec<SocketAddr> {
+    let text = std::fs::read_to_string(members_file(state_dir, name)).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .collect()
 }
 
 /// Sleeps until `deadline`, or forever without one.

@@ -335,11 +335,8 @@ fn log_path(config: &Config) -> PathBuf {
 /// directory's log) and waits for its control socket.
 fn start_agent(config: &Config) -> Result<Child> {
     let exe = std::env::current_exe().context("cannot find the hyphae binary")?;
-    std::fs::create_dir_all(&config.agent.state_dir)
-        .with_context(|| format!("cannot create {}", config.agent.state_dir.display()))?;
     let log_file = log_path(config);
-    let log = std::fs::File::create(&log_file)
-        .with_context(|| format!("cannot write {}", log_file.display()))?;
+    let log = create_log(&config.agent.state_dir, &log_file)?;
     let mut child = Command::new(exe)
         .arg("up")
         .arg("-c")
@@ -362,6 +359,29 @@ fn start_agent(config: &Config) -> Result<Child> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(child)
+}
+
+/// Creates the state directory (0700) and the agent's log in it (0600, emptied): the
+/// directory holds the identity key, and the log names members and addresses. Modes left
+/// by an older start are corrected.
+fn create_log(state_dir: &Path, log_file: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .and_then(|()| std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700)))
+        .with_context(|| format!("cannot create {}", state_dir.display()))?;
+    let log = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(log_file)
+        .with_context(|| format!("cannot write {}", log_file.display()))?;
+    log.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot write {}", log_file.display()))?;
+    Ok(log)
 }
 
 fn last_line(log: &Path) -> String {
@@ -406,4 +426,29 @@ fn wait_joined(
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_state_dir_and_the_log_are_the_agents_only() {
+        let dir = std::env::temp_dir().join(format!("hyphae-join-{}", std::process::id()));
+        let state = dir.join("state");
+        let log = state.join("hyphae.log");
+        create_log(&state, &log).unwrap();
+        assert_eq!((mode(&state), mode(&log)), (0o700, 0o600));
+        // Left open by an older start: corrected.
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o644)).unwrap();
+        create_log(&state, &log).unwrap();
+        assert_eq!((mode(&state), mode(&log)), (0o700, 0o600));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

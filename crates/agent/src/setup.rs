@@ -4,7 +4,7 @@
 
 use std::io::{self, ErrorKind};
 use std::net::SocketAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -134,10 +134,15 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
         // A stale socket from an agent that was killed.
         let _ = std::fs::remove_file(path);
     }
-    let listener = UnixListener::bind(path)
-        .with_context(|| format!("cannot create control socket {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    // The socket is created 0600 (root's only): with a chmod after bind, another user could
+    // connect in between. The umask is process-wide, but no other thread creates files
+    // while the agent starts.
+    // SAFETY: umask(2) has no preconditions.
+    let previous = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(previous) };
+    bound.with_context(|| format!("cannot create control socket {}", path.display()))
 }
 
 pub(crate) fn create_tap(ns: &Namespace, name: &str, mac: [u8; 6]) -> Result<SyncDevice> {
@@ -203,4 +208,24 @@ pub(crate) fn bind_resolver_socket() -> Result<tokio::net::UdpSocket> {
 /// The default config path.
 pub fn default_config_path() -> PathBuf {
     PathBuf::from("/etc/hyphae/hyphae.toml")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn the_control_socket_is_created_for_its_owner_only() {
+        let dir = std::env::temp_dir().join(format!("hyphae-ctl-{}", std::process::id()));
+        let path = dir.join("run").join("hyphae.sock");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _listener = runtime.block_on(async { bind_control(&path) }).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -84,6 +84,7 @@ impl Agent {
                         cfg.address.to_string()
                     },
                     address_claimed: m.owned().is_some(),
+                    address_error: m.address_error().map(|e| e.to_string()),
                     subnet: m.subnet().map(|s| s.to_string()).unwrap_or_default(),
                     error: p.error.clone(),
                     lookups: m.lookups(),
@@ -159,7 +160,7 @@ impl Agent {
                     .iter()
                     .map(|a| a.to_string())
                     .collect(),
-                joined: self.overlay.is_joined(),
+                joined: self.overlay_ready(),
                 connected: self.overlay.connected(),
                 stored_records: self.overlay.stored_records(),
                 rejected_requests: self.overlay.store_stats().rejected,

@@ -125,7 +125,7 @@ fn dhcp_and_dns_with_real_clients() {
     require_root();
     let mut bed = Testbed::new("dh", Path::new(BIN)).expect("testbed");
     let secret = bed.dir().join("lab.secret");
-    std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
 
     // A static member named "alpha" starts the overlay. It forwards names outside the
     // zone to a real resolver, dnsmasq, on its host's loopback.

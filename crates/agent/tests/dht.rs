@@ -41,7 +41,7 @@ fn claimed_address(bed: &Testbed, m: &Member) -> Ipv4Addr {
 
 fn secret(dir: &Path) -> PathBuf {
     let path = dir.join("lab.secret");
-    std::fs::write(&path, "the overlay test namespace secret\n").unwrap();
+    hyphae_testbed::write_secret(&path, "the overlay test namespace secret\n").unwrap();
     path
 }
 
@@ -624,4 +624,163 @@ fn join_and_leave_with_the_cli() {
     assert_eq!(joined_address(&text), second_address, "{text}");
     bed.wait_for_ping(&first.host, second_address, Duration::from_secs(20))
         .unwrap();
+}
+
+/// Waits (up to `within`) for an agent to exit; returns its log. Panics if it still runs.
+fn exit_log(bed: &mut Testbed, host: &Host, agent: &AgentHandle, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    while bed.is_running(agent.pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !bed.is_running(agent.pid),
+        "{} still runs: {:?}\n{}",
+        host.name,
+        bed.status(host, agent),
+        std::fs::read_to_string(&agent.log).unwrap_or_default()
+    );
+    std::fs::read_to_string(&agent.log).unwrap()
+}
+
+/// Agents that list only each other as `[[namespace.peer]]` (no `bootstrap`) join one DHT:
+/// with different static addresses they reach each other, and of two with the same static
+/// address the second is refused, naming the first.
+#[test]
+fn static_peers_share_one_dht() {
+    require_root();
+    let mut bed = Testbed::new("static", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let vip = |i: u8| Ipv4Addr::new(10, 202, 0, 10 + i);
+    let hosts: Vec<Host> = (1..=4)
+        .map(|i| bed.add_host(&format!("h{i}"), underlay(i)).unwrap())
+        .collect();
+    let static_config = |me: usize, address: Ipv4Addr, peer: usize| {
+        hyphae_testbed::agent_config(
+            &hosts[me],
+            "lab",
+            &secret,
+            SUBNET,
+            address,
+            &[hosts[peer].underlay],
+        )
+    };
+
+    // h1 and h2, different addresses: one DHT (each connected to the other), pings pass.
+    let a1 = bed
+        .start_agent(&hosts[0], &static_config(0, vip(1), 1))
+        .unwrap();
+    let a2 = bed
+        .start_agent(&hosts[1], &static_config(1, vip(2), 0))
+        .unwrap();
+    let first = Member {
+        host: hosts[0].clone(),
+        agent: a1,
+    };
+    let second = Member {
+        host: hosts[1].clone(),
+        agent: a2,
+    };
+    assert_eq!(claimed_address(&bed, &first), vip(1));
+    assert_eq!(claimed_address(&bed, &second), vip(2));
+    bed.wait_for_ping(&first.host, vip(2), Duration::from_secs(10))
+        .unwrap();
+    bed.wait_for_ping(&second.host, vip(1), Duration::from_secs(10))
+        .unwrap();
+    for m in [&first, &second] {
+        let s = status(&bed, m);
+        assert!(s.overlay.joined && s.overlay.connected >= 1, "{s:?}");
+    }
+
+    // h3 and h4 list each other with the same address: h3 (first) holds it, h4 is refused
+    // with h3's name.
+    let a3 = bed
+        .start_agent(&hosts[2], &static_config(2, vip(30), 3))
+        .unwrap();
+    let third = Member {
+        host: hosts[2].clone(),
+        agent: a3,
+    };
+    assert_eq!(claimed_address(&bed, &third), vip(30));
+    let owner = status(&bed, &third).identity;
+    let log = match bed.start_agent(&hosts[3], &static_config(3, vip(30), 2)) {
+        Ok(agent) => exit_log(&mut bed, &hosts[3], &agent, Duration::from_secs(20)),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        log.contains("is owned by member") && log.contains(&owner),
+        "refusal should name the owner {owner}: {log}"
+    );
+    assert!(bed.is_running(third.agent.pid), "the owner h3 stopped");
+    assert_eq!(claimed_address(&bed, &third), vip(30));
+}
+
+/// The first member (no bootstrap) is killed (no goodbye) and restarted: it contacts the
+/// members it remembers, they start fresh tunnels with it at once, and pings pass again
+/// within seconds rather than after their old tunnels time out.
+#[test]
+fn a_restarted_first_member_is_reachable_again_quickly() {
+    require_root();
+    let mut bed = Testbed::new("restart", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = bed.add_host("h1", underlay(1)).unwrap();
+    let cfg1 = config(&h1, &secret, "10.202.0.10", None);
+    let a1 = bed.start_agent(&h1, &cfg1).unwrap();
+    let first = Member {
+        host: h1.clone(),
+        agent: a1,
+    };
+    let h2 = bed.add_host("h2", underlay(2)).unwrap();
+    let a2 = bed
+        .start_agent(&h2, &config(&h2, &secret, "auto", Some(underlay(1))))
+        .unwrap();
+    let second = Member {
+        host: h2,
+        agent: a2,
+    };
+    // h3 joins through h2: h1 is nothing it was configured with, only a tunnel.
+    let h3 = bed.add_host("h3", underlay(3)).unwrap();
+    let a3 = bed
+        .start_agent(&h3, &config(&h3, &secret, "auto", Some(underlay(2))))
+        .unwrap();
+    let third = Member {
+        host: h3,
+        agent: a3,
+    };
+    let taken = claimed_address(&bed, &first);
+    let other = claimed_address(&bed, &second);
+    claimed_address(&bed, &third);
+    for from in [&second, &third] {
+        bed.wait_for_ping(&from.host, taken, Duration::from_secs(10))
+            .unwrap();
+    }
+    bed.wait_for_ping(&first.host, other, Duration::from_secs(10))
+        .unwrap();
+    let members = h1.dir.join("state").join("lab.members");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let knows_all = |t: String| [2, 3].iter().all(|&i| t.contains(&underlay(i).to_string()));
+    while !std::fs::read_to_string(&members).is_ok_and(knows_all) {
+        assert!(Instant::now() < deadline, "h1 never wrote down its members");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    bed.signal(first.agent.pid, libc::SIGKILL).unwrap();
+    let restarted_at = Instant::now();
+    let again = bed.start_agent(&h1, &cfg1).unwrap();
+    let first = Member {
+        host: h1,
+        agent: again,
+    };
+    bed.wait_for_ping(&second.host, taken, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}; status: {:?}", status(&bed, &second)));
+    let to_first = restarted_at.elapsed();
+    bed.wait_for_ping(&first.host, other, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}; status: {:?}", status(&bed, &first)));
+    let from_first = restarted_at.elapsed();
+    bed.wait_for_ping(&third.host, taken, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}; status: {:?}", status(&bed, &third)));
+    let from_third = restarted_at.elapsed();
+    println!(
+        "restart of the first member: h2 -> h1 pings again after {to_first:?}, h1 -> h2 after \
+         {from_first:?}, h3 (no configured link to h1) -> h1 after {from_third:?}"
+    );
 }

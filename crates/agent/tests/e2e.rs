@@ -33,7 +33,7 @@ struct Net {
 
 fn write_secret(dir: &Path, name: &str, value: &str) -> PathBuf {
     let path = dir.join(name);
-    std::fs::write(&path, value).expect("write secret");
+    hyphae_testbed::write_secret(&path, value).expect("write secret");
     path
 }
 
@@ -564,7 +564,9 @@ fn bad_config_is_one_clear_line() {
         );
     }
 
-    // Not root: the same good config, run as nobody with no capabilities.
+    // Not root: the same good config, run as nobody with no capabilities (the secret is
+    // nobody's, as it would be the agent user's).
+    std::os::unix::fs::chown(&secret, Some(65534), Some(65534)).expect("chown");
     let path = dir.join("c.toml");
     std::fs::write(
         &path,

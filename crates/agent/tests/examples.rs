@@ -44,7 +44,8 @@ fn load(name: &str) -> Config {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let secret = dir.join("namespace.secret");
-    std::fs::write(&secret, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n").unwrap();
+    hyphae_testbed::write_secret(&secret, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n")
+        .unwrap();
     let text = std::fs::read_to_string(examples_dir().join(name)).unwrap();
     let copy = dir.join(name);
     std::fs::write(&copy, with_secret(&text, &secret)).unwrap();

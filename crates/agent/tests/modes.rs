@@ -70,7 +70,7 @@ fn build(label: &str) -> Site {
     require_root();
     let mut bed = Testbed::new(label, Path::new(BIN)).expect("testbed");
     let secret: PathBuf = bed.dir().join("lab.secret");
-    std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
 
     // The interface host starts the overlay; everyone bootstraps from it.
     let ih = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();

@@ -477,6 +477,20 @@ pub fn require_root() {
     );
 }
 
+/// Writes a namespace secret file readable by its owner only (the agent refuses others).
+pub fn write_secret(path: &Path, secret: &str) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let _ = fs::remove_file(path);
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(secret.as_bytes()))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// The `[agent]` section of a testbed host's `hyphae.toml`.
 pub fn agent_section(host: &Host) -> String {
     format!(

@@ -26,6 +26,39 @@ pub(super) struct Own {
     pub(super) next: Option<Instant>,
     /// The address held last (before a restart, or before it was lost): tried first.
     previous: Option<Ipv4Addr>,
+    /// Why the last attempt to hold an address failed (cleared when one is won).
+    error: Option<AddressError>,
+}
+
+/// Why this member holds no address of its own (yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddressError {
+    /// No member holding the namespace record (its subnet) answered yet.
+    NoNamespaceRecord,
+    /// Every `auto` candidate tried was taken (or the subnet is full); retried later.
+    NoFreeAddress,
+    /// The replicas refused without naming a holder (unreachable, or full); retried.
+    Unanswered(Ipv4Addr),
+    /// Another member holds the address (`holder` is its peer id).
+    OwnedBy { address: Ipv4Addr, holder: String },
+}
+
+impl std::fmt::Display for AddressError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoNamespaceRecord => {
+                f.write_str("no namespace record yet (no member with a `subnet` reachable)")
+            }
+            Self::NoFreeAddress => f.write_str("no free address found; retrying"),
+            Self::Unanswered(a) => {
+                write!(
+                    f,
+                    "claim of {a} unanswered or refused by the replicas; retrying"
+                )
+            }
+            Self::OwnedBy { address, holder } => write!(f, "{address} is owned by member {holder}"),
+        }
+    }
 }
 
 impl Own {
@@ -66,6 +99,7 @@ impl Membership {
         }
         let Some(candidate) = self.own.owned.or_else(|| self.candidate()) else {
             tracing::warn!(namespace = %self.name, "no free address found; retrying in 10 s");
+            self.own.error = Some(AddressError::NoFreeAddress);
             self.own.tried.clear();
             self.own.next = Some(now + AUTO_PAUSE);
             return;
@@ -109,6 +143,7 @@ impl Membership {
             ClaimResult::Won => {
                 self.own.next = Some(self.renewal(address, now));
                 self.own.confirmed = true;
+                self.own.error = None;
                 if self.own.owned == Some(address) {
                     return;
                 }
@@ -121,6 +156,12 @@ impl Membership {
             }
             ClaimResult::Lost(Some(holder)) => {
                 let holder = holder_name(holder);
+                if self.own.owned.is_none() || self.own.owned == Some(address) {
+                    self.address_failed(AddressError::OwnedBy {
+                        address,
+                        holder: holder.clone(),
+                    });
+                }
                 match self.wanted {
                     Address::Static(a) if !self.own.confirmed => {
                         self.events.push_back(Event::Conflict(format!(
@@ -149,8 +190,25 @@ impl Membership {
             }
             ClaimResult::Lost(None) => {
                 tracing::debug!(namespace = %self.name, %address, "claim unanswered; retrying");
+                if self.own.owned.is_none() {
+                    self.address_failed(AddressError::Unanswered(address));
+                }
                 self.own.next = Some(now + CLAIM_RETRY);
             }
+        }
+    }
+
+    /// Why this member holds no address of its own, while it holds none.
+    pub fn address_error(&self) -> Option<&AddressError> {
+        self.own.error.as_ref().filter(|_| self.own.owned.is_none())
+    }
+
+    /// Records why the own address was not won; says so at info level when the reason
+    /// changes (a retry every few seconds for the same reason is not news).
+    pub(super) fn address_failed(&mut self, error: AddressError) {
+        if self.own.error.as_ref() != Some(&error) {
+            tracing::info!(namespace = %self.name, reason = %error, "address not claimed");
+            self.own.error = Some(error);
         }
     }
 

@@ -24,6 +24,7 @@
 //! keeper.
 
 mod claims;
+pub use claims::AddressError;
 mod group;
 mod names;
 mod resolve;

@@ -180,7 +180,11 @@ impl Membership {
                 self.settings.next = Some(now + self.lease / 3);
             }
             None => {
-                if self.settings.proposed.is_none() {
+                let claims_own = !matches!(self.wanted, Address::None | Address::Dhcp);
+                if self.settings.proposed.is_none() && claims_own {
+                    // Said once at info level, and in the status.
+                    self.address_failed(super::AddressError::NoNamespaceRecord);
+                } else if self.settings.proposed.is_none() {
                     tracing::info!(namespace = %self.name,
                         "no namespace record yet (no member with a `subnet` reachable); retrying");
                 }

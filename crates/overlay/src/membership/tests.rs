@@ -784,3 +784,77 @@ fn runs_are_reproducible_from_a_seed() {
     assert_eq!(run(), run());
     assert!(run().is_some());
 }
+
+#[test]
+fn an_address_not_won_says_why() {
+    let mut net = Net::new();
+    // No member holds the namespace record yet: nothing to claim in.
+    let mut c = config(Address::Auto);
+    c.subnet = None;
+    let lonely = net.add(c, 9);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(
+        net.members[lonely].address_error(),
+        Some(&AddressError::NoNamespaceRecord)
+    );
+
+    // Owned by another member: named.
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].address_error(), None);
+    let b = net.add(config(Address::Static(ip(10))), 2);
+    net.run_for(Duration::from_secs(1));
+    let owned_by = AddressError::OwnedBy {
+        address: ip(10),
+        holder: net.id(a).to_string(),
+    };
+    assert_eq!(net.members[b].address_error(), Some(&owned_by));
+    assert!(owned_by.to_string().contains(&net.id(a).to_string()));
+
+    // Unanswered: retried, and forgotten once won.
+    let mut net = Net::new();
+    net.mute.push(keys().address_key(ip(10)));
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    net.mute.clear();
+    let token = net.members[a]
+        .ops
+        .iter()
+        .find(|(_, p)| matches!(p, Purpose::Own(_)))
+        .map(|(t, _)| *t)
+        .unwrap();
+    net.members[a].handle_claimed(net.now, token, &ClaimResult::Lost(None));
+    assert_eq!(
+        net.members[a].address_error(),
+        Some(&AddressError::Unanswered(ip(10)))
+    );
+    net.run_for(CLAIM_RETRY + Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+    assert_eq!(net.members[a].address_error(), None);
+
+    // Every usable address is taken: no free address.
+    let mut net = Net::new();
+    let small: Ipv4Net = "10.201.0.0/28".parse().unwrap();
+    let service = hyphae_vswitch::service_address(small);
+    let all_but_10: Vec<Ipv4Addr> = (1..=14)
+        .map(ip)
+        .filter(|&a| a != ip(10) && a != service)
+        .collect();
+    let mut c = config(Address::Static(ip(10)));
+    c.subnet = Some(small);
+    c.reserved = all_but_10.clone();
+    let a = net.add(c, 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+    let mut c = config(Address::Auto);
+    c.subnet = Some(small);
+    c.reserved = all_but_10;
+    let b = net.add(c, 2);
+    net.run_for(Duration::from_secs(2));
+    assert_eq!(net.members[b].owned(), None);
+    assert_eq!(
+        net.members[b].address_error(),
+        Some(&AddressError::NoFreeAddress)
+    );
+}

@@ -31,9 +31,10 @@ pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(15);
 /// memory of us.
 pub const PEER_SILENT_AFTER: Duration = Duration::from_secs(60);
 
-/// A hello request restarts the handshake only with a member silent for this long: a
-/// restarted member stops sending authenticated packets at once, a live one does not.
-pub const RESTART_AFTER_SILENCE: Duration = Duration::from_secs(2);
+/// A probe sent because a member stopped answering must be answered within this long, or
+/// the path is silent. A working path answers within a round trip; one slower than a
+/// second is no path for interactive traffic either.
+pub(super) const SILENCE_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// While relayed, the direct path is probed this often.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -109,6 +110,9 @@ pub(super) struct Peer {
     pub(super) relayed: bool,
     /// When we first sent this member something it has not answered yet.
     pub(super) unanswered_since: Option<Instant>,
+    /// When the probe asking whether the quiet path still works left, until anything of
+    /// the member's arrives.
+    silence_probe: Option<Instant>,
     next_relay_request: Instant,
     relay_requests: u32,
     /// Next direct-path probe (while relayed) or round-trip probe.
@@ -149,6 +153,7 @@ impl Peer {
             relay: None,
             relayed: false,
             unanswered_since: None,
+            silence_probe: None,
             next_relay_request: now,
             relay_requests: 0,
             next_probe: now,
@@ -259,6 +264,7 @@ impl Peer {
         }
         self.last_heard = now;
         self.unanswered_since = None;
+        self.silence_probe = None;
     }
 
     /// Notes whether we sent since the last timeout; true once the member has not answered
@@ -272,19 +278,38 @@ impl Peer {
             .is_some_and(|t| now.saturating_duration_since(t) >= UNREACHABLE_AFTER)
     }
 
-    /// The path's timers: a member silent on its path for [`RELAY_AFTER`] goes back to the
-    /// relay it had, or asks for one (every [`RELAY_RETRY`]); a relayed one has its direct
-    /// path probed; a live one has its round trip measured.
+    /// The path's timers: a member that answered nothing on its path for [`RELAY_AFTER`]
+    /// is asked with a probe; if that goes unanswered for [`SILENCE_PROBE_TIMEOUT`] the
+    /// path is silent and the member goes back to the relay it had, or asks for one (every
+    /// [`RELAY_RETRY`]). A relayed one has its direct path probed; a live one has its round
+    /// trip measured.
     pub(super) fn poll_path(&mut self, now: Instant) -> Option<PathAction> {
-        let silent = self
+        let quiet = self
             .unanswered_since
             .is_some_and(|t| now.saturating_duration_since(t) >= RELAY_AFTER);
+        // Sending and hearing nothing back is not silence by itself: one-way traffic gets
+        // no answer either (WireGuard's passive keepalive comes only after 10 s). With a
+        // session, a probe asks; without one, the handshake itself went unanswered.
+        let silent = quiet
+            && (!self.has_session()
+                || self
+                    .silence_probe
+                    .is_some_and(|t| now.saturating_duration_since(t) >= SILENCE_PROBE_TIMEOUT));
+        if quiet && !silent {
+            if self.silence_probe.is_some() {
+                return None;
+            }
+            self.silence_probe = Some(now);
+            return Some(PathAction::ProbeRtt);
+        }
         if silent {
             if self.relay.is_some() && !self.relayed {
                 // The direct path stopped answering: back to the relay we had.
                 tracing::info!(peer = ?self.id, "direct path silent: relaying");
                 self.relayed = true;
                 self.unanswered_since = Some(now);
+                // The relay is asked the same way before it is given up.
+                self.silence_probe = None;
                 self.next_probe = now + PROBE_INTERVAL;
             } else if now >= self.next_relay_request {
                 self.next_relay_request = now + RELAY_RETRY;
@@ -344,16 +369,18 @@ impl Peer {
     }
 
     /// Whether a hello request should make us start a fresh handshake: only the initiator
-    /// does, at most once per [`HELLO_INTERVAL`], and not with a member that still sends us
-    /// authenticated packets (a hello that crossed our handshake, or a replay). When it
-    /// should, our announcement is sent once the handshake completes.
+    /// does, at most once per [`HELLO_INTERVAL`]. When it should, our announcement is sent
+    /// once the handshake completes.
+    ///
+    /// Even with a member heard a moment ago: a member killed and restarted at once sends
+    /// its hello while we still hear its last packets, and waiting for silence kept it
+    /// unreachable for seconds. A replayed hello costs at most one handshake per interval,
+    /// and the old session carries traffic until the new one completes.
     pub(super) fn should_restart_handshake(&mut self, now: Instant) -> bool {
         let recent = self
             .last_forced
             .is_some_and(|t| now.saturating_duration_since(t) < HELLO_INTERVAL);
-        let alive = self.has_session()
-            && now.saturating_duration_since(self.last_heard) < RESTART_AFTER_SILENCE;
-        if self.initiator && !recent && !alive {
+        if self.initiator && !recent {
             self.last_forced = Some(now);
             self.announce_pending = true;
             true
@@ -434,6 +461,77 @@ mod tests {
             endpoint,
             initiator,
         )
+    }
+
+    /// A tunnel whose handshake with the member completed.
+    fn handshaken(now: Instant) -> Peer {
+        let mut p = peer(now, true);
+        let me = Identity::from_seed([1; 32]);
+        let them = Identity::from_seed([2; 32]);
+        let mut remote = Tunn::new(
+            them.x25519(),
+            x25519_dalek::PublicKey::from(&me.x25519()),
+            Some([7; 32]),
+            None,
+            1,
+            None,
+        );
+        let (mut a, mut b) = ([0u8; 256], [0u8; 256]);
+        let TunnResult::WriteToNetwork(init) = p.tunn.format_handshake_initiation(&mut a, false)
+        else {
+            panic!("no initiation");
+        };
+        let TunnResult::WriteToNetwork(response) = remote.decapsulate(None, init, &mut b) else {
+            panic!("no response");
+        };
+        let _ = p.tunn.decapsulate(None, response, &mut a);
+        assert!(p.has_session());
+        p
+    }
+
+    /// Runs `p` for `steps` ticks of 100 ms from `t` while we send every tick and the
+    /// member sends nothing (one-way traffic); probes are answered 20 ms later if
+    /// `answered`. Returns the time after the last tick.
+    fn one_way(p: &mut Peer, mut t: Instant, steps: u32, answered: bool) -> Instant {
+        let tick = Duration::from_millis(100);
+        for nonce in 0..steps {
+            p.stats.tx_packets += 1;
+            let _ = p.is_unreachable(t);
+            if p.poll_path(t) == Some(PathAction::ProbeRtt) {
+                p.start_probe(t, nonce);
+                if answered {
+                    let at = t + Duration::from_millis(20);
+                    p.heard(at, Route::Direct(p.endpoint));
+                    p.handle_probe_ack(at, Route::Direct(p.endpoint), nonce);
+                }
+            }
+            t += tick;
+        }
+        t
+    }
+
+    #[test]
+    fn one_way_traffic_relays_only_when_a_probe_goes_unanswered() {
+        let t0 = test_epoch();
+        let mut p = handshaken(t0);
+        // A relay is known: a silent direct path would switch to it at once.
+        p.use_relay(t0, relay(3));
+        p.relayed = false;
+        // A minute of one-way traffic with every probe answered: never relayed, and the
+        // path is asked about once per RELAY_AFTER at most, not every tick.
+        let t = one_way(&mut p, t0, 600, true);
+        assert!(!p.relayed, "relayed on one-way traffic");
+        assert!(p.rtt.is_some(), "the probes were answered");
+        // The member stops answering after one last packet: after RELAY_AFTER a probe goes
+        // out, and once it is unanswered for SILENCE_PROBE_TIMEOUT, the relay takes over.
+        p.heard(t, Route::Direct(p.endpoint));
+        let quiet = t;
+        let t = one_way(&mut p, t, 10, false);
+        assert!(!p.relayed, "not before RELAY_AFTER");
+        let steps = ((RELAY_AFTER + SILENCE_PROBE_TIMEOUT).as_millis() / 100) as u32 + 2;
+        let t = one_way(&mut p, t, steps, false);
+        assert!(p.relayed, "silent path not relayed");
+        assert!(t.saturating_duration_since(quiet) >= RELAY_AFTER + SILENCE_PROBE_TIMEOUT);
     }
 
     const OBSERVED: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9)), 40000);
@@ -583,7 +681,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_silent_initiator_restarts_and_at_most_once_per_hello_interval() {
+    fn only_the_initiator_restarts_and_at_most_once_per_hello_interval() {
         let t0 = test_epoch();
         let mut responder = peer(t0, false);
         assert!(!responder.should_restart_handshake(t0));
@@ -592,6 +690,11 @@ mod tests {
         assert!(p.announce_pending);
         assert!(!p.should_restart_handshake(t0 + HELLO_INTERVAL / 2));
         assert!(p.should_restart_handshake(t0 + HELLO_INTERVAL));
+        // A member heard a moment ago that asks (it was killed and restarted at once): a
+        // fresh handshake now, not once its old session has gone quiet.
+        let mut p = handshaken(t0);
+        p.heard(t0, Route::Direct(p.endpoint));
+        assert!(p.should_restart_handshake(t0 + Duration::from_millis(100)));
     }
 
     #[test]

@@ -67,9 +67,9 @@ fn demo() -> Result<()> {
     let mut secret = [0u8; 32];
     getrandom::getrandom(&mut secret).map_err(|e| anyhow::anyhow!("random secret: {e}"))?;
     let secret_file = bed.dir().join("demo.secret");
-    std::fs::write(
+    hyphae_testbed::write_secret(
         &secret_file,
-        base64::engine::general_purpose::STANDARD.encode(secret),
+        &base64::engine::general_purpose::STANDARD.encode(secret),
     )?;
 
     let names = ["alpha", "beta", "gamma"];
