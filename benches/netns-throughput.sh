@@ -74,7 +74,8 @@ listen = "10.210.0.$me:7400"
 name = "bench"
 secret_file = "$dir/lab.secret"
 subnet = "10.212.0.0/24"
-address = "10.212.0.$me"
+# .1 is the namespace service address (virtual DHCP/DNS): members take .11 and .12.
+address = "10.212.0.1$me"
 device = "hyphae0"
 [[namespace.peer]]
 endpoint = "10.210.0.$peer:7400"
@@ -141,10 +142,10 @@ rtt() {
 
 declare -A one four ping
 rows="raw vxlan hyphae boringtun"
-paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.2 boringtun:10.213.0.2"
+paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 boringtun:10.213.0.2"
 if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
     rows="raw vxlan hyphae hyphae-baseline boringtun"
-    paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.2 hyphae-baseline:10.212.0.2 boringtun:10.213.0.2"
+    paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 hyphae-baseline:10.212.0.12 boringtun:10.213.0.2"
 fi
 for path in $paths; do
     name=${path%%:*}
