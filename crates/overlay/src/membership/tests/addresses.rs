@@ -1,0 +1,371 @@
+//! Address leases: own, LAN hosts, DHCP, the namespace record.
+
+use super::*;
+
+#[test]
+fn a_static_claim_is_won_and_remembered() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+    assert_eq!(net.members[a].addresses(), vec![ip(10)]);
+    let events = net.take_events(a);
+    assert!(events.contains(&Event::AddressWon(ip(10))));
+    assert!(events.contains(&Event::Persist(ip(10))));
+    let key = keys().address_key(ip(10));
+    assert_eq!(net.holder(&key), Some(net.id(a).as_bytes().to_vec()));
+}
+
+#[test]
+fn a_static_address_owned_by_another_is_refused_with_the_owners_name() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    let b = net.add(config(Address::Static(ip(10))), 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[b].owned(), None);
+    let owner = net.id(a).to_string();
+    let conflict = net.take_events(b).into_iter().find_map(|e| match e {
+        Event::Conflict(c) => Some(c),
+        _ => None,
+    });
+    let conflict = conflict.expect("a conflict");
+    assert!(conflict.contains("10.201.0.10"), "{conflict}");
+    assert!(conflict.contains(&owner), "{conflict}");
+    // The first claimer keeps it.
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+}
+
+#[test]
+fn an_auto_claim_that_loses_takes_another_address() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    // b remembers 10 from an earlier life, but a holds it now.
+    let mut c = config(Address::Auto);
+    c.previous = Some(ip(10));
+    let b = net.add(c, 2);
+    net.run_for(Duration::from_secs(1));
+    let got = net.members[b].owned().expect("b holds an address");
+    assert_ne!(got, ip(10));
+    assert!(subnet().contains(&got));
+    assert_ne!(got, hyphae_vswitch::service_address(subnet()));
+    assert_eq!(net.won(b), Some(got));
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+}
+
+#[test]
+fn an_auto_member_takes_its_previous_address_when_free() {
+    let mut net = Net::new();
+    let mut c = config(Address::Auto);
+    c.previous = Some(ip(77));
+    let a = net.add(c, 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), Some(ip(77)));
+}
+
+#[test]
+fn leases_are_renewed_every_third_of_the_lease() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    let claims = net.replicas.claims;
+    let due = net.members[a].poll_timeout().unwrap();
+    // The group announcement and the record's renewal come at a third of the lease.
+    assert!(
+        due > net.now + LEASE / 3 - Duration::from_secs(2),
+        "{due:?}"
+    );
+    assert!(due <= net.now + LEASE / 3, "{due:?}");
+    net.run_for(LEASE / 3);
+    assert!(
+        net.replicas.claims >= claims + 2,
+        "address and record renewed"
+    );
+    // Ten leases later it still holds the address, and nobody else could take it.
+    net.run_for(LEASE * 10);
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+    let b = net.add(config(Address::Static(ip(10))), 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[b].owned(), None);
+}
+
+#[test]
+fn a_crashed_members_lease_lapses_and_its_address_can_be_taken() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    net.down[a] = true;
+    // Before the lease lapses, the address is still a's.
+    net.run_for(LEASE / 2);
+    let early = net.add(config(Address::Static(ip(10))), 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[early].owned(), None);
+    assert!(net.events[early]
+        .iter()
+        .any(|e| matches!(e, Event::Conflict(_))));
+    // After it, a newcomer wins it.
+    net.run_for(LEASE);
+    let late = net.add(config(Address::Static(ip(10))), 3);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[late].owned(), Some(ip(10)));
+}
+
+#[test]
+fn two_claimers_racing_for_one_address_end_with_distinct_addresses() {
+    let mut net = Net::new();
+    let mut c = config(Address::Auto);
+    c.previous = Some(ip(42));
+    let a = net.add(c.clone(), 1);
+    let b = net.add(c, 2);
+    net.run_for(Duration::from_secs(2));
+    let (x, y) = (
+        net.members[a].owned().unwrap(),
+        net.members[b].owned().unwrap(),
+    );
+    assert_ne!(x, y);
+    assert!(
+        x == ip(42) || y == ip(42),
+        "one of them got the contested address"
+    );
+    for (i, addr) in [(a, x), (b, y)] {
+        let key = keys().address_key(addr);
+        assert_eq!(net.holder(&key), Some(net.id(i).as_bytes().to_vec()));
+    }
+}
+
+#[test]
+fn a_claim_nobody_answers_is_retried() {
+    let mut net = Net::new();
+    net.mute.push(keys().address_key(ip(10)));
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), None);
+    net.mute.clear();
+    // The lost answer never comes: a claim in flight blocks its retry, so the driver's
+    // overlay answers every operation (a timeout is a `Lost(None)`).
+    let token = net.members[a]
+        .ops
+        .iter()
+        .find(|(_, p)| matches!(p, Purpose::Own(_)))
+        .map(|(t, _)| *t)
+        .unwrap();
+    net.members[a].handle_claimed(net.now, token, &ClaimResult::Lost(None));
+    net.run_for(CLAIM_RETRY + Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+}
+
+#[test]
+fn a_router_claims_and_releases_its_lan_hosts() {
+    let mut net = Net::new();
+    let r = net.add(config(Address::None), 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[r].owned(), None);
+    let now = net.now;
+    net.members[r].add_hosted(ip(20), now);
+    // Not a usable address: ignored.
+    net.members[r].add_hosted(hyphae_vswitch::service_address(subnet()), now);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[r].addresses(), vec![ip(20)]);
+    assert!(net.take_events(r).contains(&Event::AddressesChanged));
+    let key = keys().address_key(ip(20));
+    assert_eq!(net.holder(&key), Some(net.id(r).as_bytes().to_vec()));
+    // Renewed while the host is there.
+    net.run_for(LEASE * 3);
+    assert_eq!(net.holder(&key), Some(net.id(r).as_bytes().to_vec()));
+    assert!(net.members[r].remove_hosted(ip(20)));
+    net.run_for(Duration::from_secs(1));
+    assert!(net.members[r].addresses().is_empty());
+    assert_eq!(net.holder(&key), None, "released on the replicas");
+    assert!(!net.members[r].remove_hosted(ip(20)));
+}
+
+#[test]
+fn a_lan_host_whose_address_another_member_owns_is_counted_and_retried() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(20))), 1);
+    let r = net.add(config(Address::None), 2);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    net.members[r].add_hosted(ip(20), now);
+    net.run_for(Duration::from_secs(1));
+    assert!(net.members[r].addresses().is_empty());
+    assert_eq!(net.members[r].hosted_conflicts(), 1);
+    // a leaves: the router's retry (30 s later) wins it.
+    net.members[a].leave();
+    net.run_for(CONFLICT_RETRY + Duration::from_secs(1));
+    assert_eq!(net.members[r].addresses(), vec![ip(20)]);
+}
+
+fn dhcp_outcomes(events: &[Event]) -> Vec<(Vec<u8>, Option<Ipv4Addr>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Dhcp { client, address } => Some((client.clone(), *address)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn dhcp_claims_follow_the_dhcp_lease() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(30))), 1);
+    let r = net.add(config(Address::None), 2);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    // The hint is free: granted.
+    net.members[r].claim_for_dhcp(now, b"client-1".to_vec(), Some(ip(40)), false);
+    // The hint is a's: another address, since any will do.
+    net.members[r].claim_for_dhcp(now, b"client-2".to_vec(), Some(ip(30)), false);
+    // The hint is a's and only it will do (a REQUEST for it): refused.
+    net.members[r].claim_for_dhcp(now, b"client-3".to_vec(), Some(ip(30)), true);
+    net.run_for(Duration::from_secs(1));
+    let outcomes = dhcp_outcomes(&net.take_events(r));
+    assert!(outcomes.contains(&(b"client-1".to_vec(), Some(ip(40)))));
+    assert!(outcomes.contains(&(b"client-3".to_vec(), None)));
+    let other = outcomes
+        .iter()
+        .find(|(c, _)| c == b"client-2")
+        .and_then(|(_, a)| *a)
+        .unwrap();
+    assert_ne!(other, ip(30));
+    assert!(net.members[r].holds(ip(40)) && net.members[r].holds(other));
+    // Renewed as long as the DHCP lease lives.
+    net.run_for(LEASE * 2);
+    assert!(net.holder(&keys().address_key(ip(40))).is_some());
+    // The client released it: the DHT lease goes too.
+    assert!(net.members[r].release_dhcp(ip(40)));
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.holder(&keys().address_key(ip(40))), None);
+    assert!(!net.members[r].holds(ip(40)));
+    assert_eq!(net.members[a].owned(), Some(ip(30)));
+}
+
+#[test]
+fn a_dhcp_host_owns_the_address_its_client_obtained() {
+    let mut net = Net::new();
+    let d = net.add(config(Address::Dhcp), 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[d].owned(), None, "nothing until the host asks");
+    let now = net.now;
+    net.members[d].claim_for_dhcp(now, b"host".to_vec(), Some(ip(50)), false);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[d].owned(), Some(ip(50)));
+    assert!(net.members[d].release_dhcp(ip(50)));
+    assert_eq!(net.members[d].owned(), None);
+}
+
+#[test]
+fn before_the_namespace_record_is_known_dhcp_is_refused() {
+    let mut net = Net::new();
+    let mut c = config(Address::None);
+    c.subnet = None;
+    let r = net.add(c, 1);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    net.members[r].claim_for_dhcp(now, b"early".to_vec(), None, false);
+    net.settle();
+    assert_eq!(
+        dhcp_outcomes(&net.take_events(r)),
+        vec![(b"early".to_vec(), None)]
+    );
+}
+
+#[test]
+fn a_member_without_subnet_learns_it_from_the_namespace_record() {
+    let mut net = Net::new();
+    let _keeper = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    let mut c = config(Address::Auto);
+    c.subnet = None;
+    let b = net.add(c, 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[b].subnet(), Some(subnet()));
+    assert!(net.events[b].contains(&Event::SubnetLearned(subnet())));
+    assert!(net.members[b].owned().is_some());
+    // A member configured with another subnet is refused, naming the keeper.
+    let mut c = config(Address::Auto);
+    c.subnet = Some("10.99.0.0/16".parse().unwrap());
+    let x = net.add(c, 3);
+    net.run_for(Duration::from_secs(1));
+    let conflict = net.events[x].iter().find_map(|e| match e {
+        Event::Conflict(c) => Some(c.clone()),
+        _ => None,
+    });
+    assert!(conflict.unwrap().contains("10.201.0.0/24"));
+}
+
+#[test]
+fn an_address_not_won_says_why() {
+    let mut net = Net::new();
+    // No member holds the namespace record yet: nothing to claim in.
+    let mut c = config(Address::Auto);
+    c.subnet = None;
+    let lonely = net.add(c, 9);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(
+        net.members[lonely].address_error(),
+        Some(&AddressError::NoNamespaceRecord)
+    );
+
+    // Owned by another member: named.
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].address_error(), None);
+    let b = net.add(config(Address::Static(ip(10))), 2);
+    net.run_for(Duration::from_secs(1));
+    let owned_by = AddressError::OwnedBy {
+        address: ip(10),
+        holder: net.id(a).to_string(),
+    };
+    assert_eq!(net.members[b].address_error(), Some(&owned_by));
+    assert!(owned_by.to_string().contains(&net.id(a).to_string()));
+
+    // Unanswered: retried, and forgotten once won.
+    let mut net = Net::new();
+    net.mute.push(keys().address_key(ip(10)));
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    net.mute.clear();
+    let token = net.members[a]
+        .ops
+        .iter()
+        .find(|(_, p)| matches!(p, Purpose::Own(_)))
+        .map(|(t, _)| *t)
+        .unwrap();
+    net.members[a].handle_claimed(net.now, token, &ClaimResult::Lost(None));
+    assert_eq!(
+        net.members[a].address_error(),
+        Some(&AddressError::Unanswered(ip(10)))
+    );
+    net.run_for(CLAIM_RETRY + Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+    assert_eq!(net.members[a].address_error(), None);
+
+    // Every usable address is taken: no free address.
+    let mut net = Net::new();
+    let small: Ipv4Net = "10.201.0.0/28".parse().unwrap();
+    let service = hyphae_vswitch::service_address(small);
+    let all_but_10: Vec<Ipv4Addr> = (1..=14)
+        .map(ip)
+        .filter(|&a| a != ip(10) && a != service)
+        .collect();
+    let mut c = config(Address::Static(ip(10)));
+    c.subnet = Some(small);
+    c.reserved = all_but_10.clone();
+    let a = net.add(c, 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), Some(ip(10)));
+    let mut c = config(Address::Auto);
+    c.subnet = Some(small);
+    c.reserved = all_but_10;
+    let b = net.add(c, 2);
+    net.run_for(Duration::from_secs(2));
+    assert_eq!(net.members[b].owned(), None);
+    assert_eq!(
+        net.members[b].address_error(),
+        Some(&AddressError::NoFreeAddress)
+    );
+}

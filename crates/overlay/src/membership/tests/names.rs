@@ -1,0 +1,108 @@
+//! Names in the zone: held, clashing, released with their address.
+
+use super::*;
+
+fn name_results(events: &[Event]) -> Vec<(String, Result<(), String>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Name { name, result } => Some((name.clone(), result.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The name a member's address record carries (its PTR), as the replicas hold it.
+fn ptr(net: &Net, address: Ipv4Addr) -> Option<String> {
+    let key = keys().address_key(address);
+    let e = net.replicas.leases.get(&key)?;
+    let (_, info) = e.read::<MemberInfo>(&keys(), &key, net.unix()).ok()?;
+    info.name
+}
+
+#[test]
+fn names_are_held_clash_and_go_with_their_address() {
+    let mut net = Net::new();
+    let mut c = config(Address::Static(ip(10)));
+    c.hostname = Some("web".into());
+    let a = net.add(c, 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(
+        name_results(&net.take_events(a)),
+        vec![("web".into(), Ok(()))]
+    );
+    assert_eq!(net.members[a].address_for("web"), Some(ip(10)));
+    assert_eq!(net.members[a].name_for(ip(10)), Some("web"));
+    // The address record is sealed again with the name: its PTR.
+    assert_eq!(ptr(&net, ip(10)), Some("web".into()));
+    let key = keys().name_key("web");
+    let e = net.replicas.leases.get(&key).unwrap();
+    let (_, info) = e.read::<NameInfo>(&keys(), &key, net.unix()).unwrap();
+    assert_eq!(info.address, ip(10));
+
+    // Another member wanting the same name is told who holds it, and keeps its address.
+    let mut c = config(Address::Static(ip(11)));
+    c.hostname = Some("web".into());
+    let b = net.add(c, 2);
+    net.run_for(Duration::from_secs(1));
+    let results = name_results(&net.take_events(b));
+    let err = results[0].1.clone().unwrap_err();
+    assert!(err.contains(&net.id(a).to_string()), "{err}");
+    assert_eq!(net.members[b].name_error(), Some(err.as_str()));
+    assert_eq!(net.members[b].name_conflicts(), 1);
+    assert_eq!(net.members[b].owned(), Some(ip(11)));
+
+    // A new hostname replaces the old only once won.
+    let now = net.now;
+    net.members[a].set_hostname(now, Some("www".into()));
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(
+        net.members[a].held_names(),
+        vec![("www".to_string(), ip(10))]
+    );
+    assert_eq!(net.holder(&keys().name_key("web")), None);
+
+    // Leaving gives the address and the name back.
+    net.members[a].leave();
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.holder(&keys().name_key("www")), None);
+    assert_eq!(net.holder(&keys().address_key(ip(10))), None);
+    // ... and b's retry wins "web" now.
+    net.run_for(CONFLICT_RETRY);
+    assert_eq!(net.members[b].address_for("web"), Some(ip(11)));
+    assert_eq!(net.members[b].name_error(), None);
+}
+
+#[test]
+fn a_dhcp_clients_name_is_held_for_its_address_and_released_with_it() {
+    let mut net = Net::new();
+    let r = net.add(config(Address::None), 1);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    net.members[r].claim_for_dhcp(now, b"c".to_vec(), Some(ip(60)), false);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    // A name for an address this member does not hold is ignored.
+    net.members[r].name_client(now, ip(61), "ghost".into());
+    net.members[r].name_client(now, ip(60), "bravo".into());
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(
+        net.members[r].held_names(),
+        vec![("bravo".to_string(), ip(60))]
+    );
+    assert_eq!(ptr(&net, ip(60)), Some("bravo".into()));
+    // Renaming itself gives the old name back.
+    let now = net.now;
+    net.members[r].name_client(now, ip(60), "charlie".into());
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(
+        net.members[r].held_names(),
+        vec![("charlie".to_string(), ip(60))]
+    );
+    assert_eq!(net.holder(&keys().name_key("bravo")), None);
+    // The lease ends: the name goes with the address.
+    net.members[r].release_dhcp(ip(60));
+    net.run_for(Duration::from_secs(1));
+    assert!(net.members[r].held_names().is_empty());
+    assert_eq!(net.holder(&keys().name_key("charlie")), None);
+}

@@ -1,0 +1,110 @@
+//! Frames waiting for lookups, the group, leaving, reproducibility.
+
+use super::*;
+
+#[test]
+fn frames_wait_for_a_lookup_and_are_released_or_dropped() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    let b = net.add(config(Address::Static(ip(11))), 2);
+    net.run_for(Duration::from_secs(1));
+    net.take_events(a);
+    let now = net.now;
+    // a sends to b's address: frames wait, one lookup runs.
+    assert!(net.members[a].hold(now, ip(11), b"one"));
+    assert!(net.members[a].hold(now, ip(11), b"two"));
+    assert_eq!(net.members[a].lookups(), 1);
+    net.run_for(Duration::from_millis(100));
+    let resolved = net.take_events(a).into_iter().find_map(|e| match e {
+        Event::Resolved(r) => Some(r),
+        _ => None,
+    });
+    let resolved = resolved.expect("resolved");
+    assert_eq!(resolved.target, ip(11));
+    assert_eq!(resolved.member, net.id(b));
+    assert_eq!(
+        resolved.endpoints,
+        vec![SocketAddr::from(([192, 0, 2, 2], 7400))]
+    );
+    assert_eq!(
+        net.members[a].take_pending(&[ip(11)]),
+        vec![b"one".to_vec(), b"two".to_vec()]
+    );
+
+    // Nobody holds .99: its frames are dropped, and it is not looked up again at once.
+    let now = net.now;
+    assert!(net.members[a].hold(now, ip(99), b"x"));
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(net.members[a].unresolved_drops(), 1);
+    assert!(!net.members[a].hold(net.now, ip(99), b"y"));
+    assert_eq!(net.members[a].unresolved_drops(), 2);
+
+    // A lookup that never ends: the frames are dropped at the 5 s limit, not before.
+    net.mute.push(keys().address_key(ip(98)));
+    let now = net.now;
+    for i in 0..(MAX_PENDING_FRAMES + 2) {
+        let kept = net.members[a].hold(now, ip(98), &[i as u8]);
+        assert_eq!(kept, i < MAX_PENDING_FRAMES, "frame {i}");
+    }
+    let before = net.members[a].unresolved_drops();
+    net.run_for(PENDING_TIMEOUT - Duration::from_millis(10));
+    assert_eq!(net.members[a].unresolved_drops(), before);
+    net.run_for(Duration::from_millis(20));
+    assert_eq!(
+        net.members[a].unresolved_drops(),
+        before + MAX_PENDING_FRAMES as u64
+    );
+    assert!(net.members[a].take_pending(&[ip(98)]).is_empty());
+}
+
+#[test]
+fn the_group_lists_the_other_members_and_forgets_those_that_lapsed() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    let b = net.add(config(Address::Static(ip(11))), 2);
+    let c = net.add(config(Address::Static(ip(12))), 3);
+    net.run_for(Duration::from_secs(2));
+    let last_group = |net: &Net, i: usize| {
+        net.events[i].iter().rev().find_map(|e| match e {
+            Event::Group(g) => Some(g.iter().map(|(p, _)| *p).collect::<Vec<_>>()),
+            _ => None,
+        })
+    };
+    let mut seen = last_group(&net, a).unwrap();
+    seen.sort();
+    let mut others = vec![net.id(b), net.id(c)];
+    others.sort();
+    assert_eq!(seen, others);
+    // c crashes: once its entry lapses, the next read leaves it out.
+    net.down[c] = true;
+    net.run_for(LEASE + GROUP_REFRESH);
+    assert_eq!(last_group(&net, a).unwrap(), vec![net.id(b)]);
+}
+
+#[test]
+fn leaving_releases_everything_and_stops() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    // a created the namespace record and keeps it: leaving releases it too.
+    assert!(net.holder(&keys().settings_key()).is_some());
+    assert_eq!(net.members[a].leave(), 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.holder(&keys().settings_key()), None);
+    assert_eq!(net.holder(&keys().address_key(ip(10))), None);
+    assert!(net.members[a].has_left());
+    assert_eq!(net.members[a].poll_timeout(), None);
+    assert!(!net.members[a].hold(net.now, ip(11), b"x"));
+}
+
+#[test]
+fn runs_are_reproducible_from_a_seed() {
+    let run = || {
+        let mut net = Net::new();
+        let a = net.add(config(Address::Auto), 5);
+        net.run_for(Duration::from_secs(1));
+        net.members[a].owned()
+    };
+    assert_eq!(run(), run());
+    assert!(run().is_some());
+}
