@@ -236,28 +236,7 @@ fn dhcp_and_dns_with_real_clients() {
         .add_lan_host(&lan, "l", "", hyphae_agent::config::DEFAULT_MTU)
         .unwrap();
     let (script, env_file) = udhcpc_script(&l);
-    let out = bed
-        .ns_output(
-            &l.ns,
-            "busybox",
-            &[
-                "udhcpc",
-                "-x",
-                "hostname:charlie",
-                "-i",
-                "eth0",
-                "-f",
-                "-q",
-                "-n",
-                "-t",
-                "20",
-                "-T",
-                "1",
-                "-s",
-                &script,
-            ],
-        )
-        .unwrap();
+    let out = udhcpc(&bed, &l, "charlie", &script);
     assert!(
         out.status.success(),
         "udhcpc: {}{}",
@@ -439,6 +418,16 @@ fn dhcp_and_dns_with_real_clients() {
 }
 
 /// A writable `udhcpc` script that sets the address it is given and saves its environment.
+/// Runs busybox udhcpc once on `host` (asking for the name `hostname`), its lease written
+/// by `script`; up to 20 tries a second apart.
+fn udhcpc(bed: &Testbed, host: &Host, hostname: &str, script: &str) -> std::process::Output {
+    let ask = format!("hostname:{hostname}");
+    let args = [
+        "udhcpc", "-x", &ask, "-i", "eth0", "-f", "-q", "-n", "-t", "20", "-T", "1", "-s", script,
+    ];
+    bed.ns_output(&host.ns, "busybox", &args).unwrap()
+}
+
 fn udhcpc_script(host: &Host) -> (String, std::path::PathBuf) {
     let script = host.dir.join("udhcpc.sh");
     let env_file = host.dir.join("udhcpc.env");
@@ -472,7 +461,7 @@ fn dhcp_through_a_relay_agent() {
     );
     let mut bed = Testbed::new("dr", Path::new(BIN)).expect("testbed");
     let secret = bed.dir().join("lab.secret");
-    std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
 
     // The router, first member of the namespace, bridging its LAN.
     let lan = bed.add_lan("rlan").unwrap();
@@ -529,28 +518,7 @@ fn dhcp_through_a_relay_agent() {
     // A client behind the relay.
     let c = bed.add_lan_host(&clients, "c", "", 1500).unwrap();
     let (script, env_file) = udhcpc_script(&c);
-    let out = bed
-        .ns_output(
-            &c.ns,
-            "busybox",
-            &[
-                "udhcpc",
-                "-x",
-                "hostname:echo",
-                "-i",
-                "eth0",
-                "-f",
-                "-q",
-                "-n",
-                "-t",
-                "20",
-                "-T",
-                "1",
-                "-s",
-                &script,
-            ],
-        )
-        .unwrap();
+    let out = udhcpc(&bed, &c, "echo", &script);
     let relay_said = std::fs::read_to_string(&relay_log).unwrap_or_default();
     assert!(
         out.status.success(),
@@ -585,7 +553,7 @@ fn over_its_dns_rate_a_real_client_is_sent_to_tcp() {
     require_root();
     let mut bed = Testbed::new("rl", Path::new(BIN)).expect("testbed");
     let secret = bed.dir().join("lab.secret");
-    std::fs::write(&secret, "a namespace secret for tests\n").unwrap();
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
     let a = bed.add_host("a", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     let cfg = format!(
         "{}{}",

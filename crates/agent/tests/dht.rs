@@ -46,16 +46,24 @@ fn secret(dir: &Path) -> PathBuf {
 }
 
 /// Hosts h1..hN with `auto` addresses: h1 starts the overlay, the others bootstrap from it.
+/// Host `h{i}` on the underlay, with an agent claiming `address` (bootstrapping from `boot`).
+fn start_member(
+    bed: &mut Testbed,
+    secret: &Path,
+    i: u8,
+    address: &str,
+    boot: Option<Ipv4Addr>,
+) -> Member {
+    let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
+    let agent = bed
+        .start_agent(&host, &config(&host, secret, address, boot))
+        .unwrap();
+    Member { host, agent }
+}
+
 fn start_members(bed: &mut Testbed, secret: &Path, n: u8) -> Vec<Member> {
     (1..=n)
-        .map(|i| {
-            let host = bed.add_host(&format!("h{i}"), underlay(i)).unwrap();
-            let boot = (i > 1).then(|| underlay(1));
-            let agent = bed
-                .start_agent(&host, &config(&host, secret, "auto", boot))
-                .unwrap();
-            Member { host, agent }
-        })
+        .map(|i| start_member(bed, secret, i, "auto", (i > 1).then(|| underlay(1))))
         .collect()
 }
 
@@ -124,22 +132,8 @@ fn a_crashed_members_address_is_free_only_after_its_lease() {
     require_root();
     let mut bed = Testbed::new("lease", Path::new(BIN)).expect("testbed");
     let secret = secret(bed.dir());
-    let h1 = bed.add_host("h1", underlay(1)).unwrap();
-    let a1 = bed
-        .start_agent(&h1, &config(&h1, &secret, "10.202.0.10", None))
-        .unwrap();
-    let first = Member {
-        host: h1,
-        agent: a1,
-    };
-    let h2 = bed.add_host("h2", underlay(2)).unwrap();
-    let a2 = bed
-        .start_agent(&h2, &config(&h2, &secret, "auto", Some(underlay(1))))
-        .unwrap();
-    let second = Member {
-        host: h2,
-        agent: a2,
-    };
+    let first = start_member(&mut bed, &secret, 1, "10.202.0.10", None);
+    let second = start_member(&mut bed, &secret, 2, "auto", Some(underlay(1)));
     let taken = Ipv4Addr::new(10, 202, 0, 10);
     assert_eq!(claimed_address(&bed, &first), taken);
     claimed_address(&bed, &second);
@@ -722,30 +716,14 @@ fn a_restarted_first_member_is_reachable_again_quickly() {
     require_root();
     let mut bed = Testbed::new("restart", Path::new(BIN)).expect("testbed");
     let secret = secret(bed.dir());
-    let h1 = bed.add_host("h1", underlay(1)).unwrap();
-    let cfg1 = config(&h1, &secret, "10.202.0.10", None);
-    let a1 = bed.start_agent(&h1, &cfg1).unwrap();
-    let first = Member {
-        host: h1.clone(),
-        agent: a1,
-    };
-    let h2 = bed.add_host("h2", underlay(2)).unwrap();
-    let a2 = bed
-        .start_agent(&h2, &config(&h2, &secret, "auto", Some(underlay(1))))
-        .unwrap();
-    let second = Member {
-        host: h2,
-        agent: a2,
-    };
+    let first = start_member(&mut bed, &secret, 1, "10.202.0.10", None);
+    let (h1, cfg1) = (
+        first.host.clone(),
+        config(&first.host, &secret, "10.202.0.10", None),
+    );
+    let second = start_member(&mut bed, &secret, 2, "auto", Some(underlay(1)));
     // h3 joins through h2: h1 is nothing it was configured with, only a tunnel.
-    let h3 = bed.add_host("h3", underlay(3)).unwrap();
-    let a3 = bed
-        .start_agent(&h3, &config(&h3, &secret, "auto", Some(underlay(2))))
-        .unwrap();
-    let third = Member {
-        host: h3,
-        agent: a3,
-    };
+    let third = start_member(&mut bed, &secret, 3, "auto", Some(underlay(2)));
     let taken = claimed_address(&bed, &first);
     let other = claimed_address(&bed, &second);
     claimed_address(&bed, &third);
