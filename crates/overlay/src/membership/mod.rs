@@ -267,6 +267,9 @@ pub struct Membership {
     reseal: HashSet<Ipv4Addr>,
     resolver: Resolver,
     group: Group,
+    /// [`Membership::start`] was called: the overlay has joined, so claims see the
+    /// replicas a converged lookup finds. Nothing is claimed before.
+    started: bool,
     left: bool,
     next_token: u64,
     ops: HashMap<Token, Purpose>,
@@ -312,6 +315,7 @@ impl Membership {
             reseal: HashSet::new(),
             resolver: Resolver::default(),
             group: Group::default(),
+            started: false,
             left: false,
             next_token: 0,
             ops: HashMap::new(),
@@ -462,6 +466,7 @@ impl Membership {
         if self.left {
             return;
         }
+        self.started = true;
         self.settings.start(now);
         let claims_own = !matches!(self.wanted, Address::None | Address::Dhcp);
         if self.own.claiming.is_none() && self.own.next.is_none() && claims_own {
@@ -473,7 +478,9 @@ impl Membership {
     /// Renews soon: a new DHT peer may be a replica of our keys and must learn the leases
     /// before someone else asks it.
     pub fn renew_soon(&mut self, now: Instant) {
-        if self.left {
+        // Before the overlay has joined, a new peer is no reason to claim: a lookup then
+        // may find almost no replicas, and a claim they grant means nothing.
+        if self.left || !self.started {
             return;
         }
         let soon = now + RENEW_SOON;

@@ -77,8 +77,10 @@ pub(super) struct SettingsState {
     pub(super) known: bool,
     /// A claim or read in flight.
     pub(super) busy: bool,
-    /// The next claim reads instead (another member keeps the record).
-    read_next: bool,
+    /// The last read found no record: claim this member's proposal next. A member reads
+    /// before it claims, so a newcomer whose lookup found only some of the replicas never
+    /// takes over a record the others keep (their answer to the read names it).
+    claim_next: bool,
     pub(super) next: Option<Instant>,
     /// Who keeps the record, once known; `None` while this member keeps it.
     pub(super) keeper: Option<PeerId>,
@@ -90,7 +92,7 @@ impl SettingsState {
             proposed,
             known: false,
             busy: false,
-            read_next: false,
+            claim_next: false,
             next: None,
             keeper: None,
         }
@@ -122,13 +124,11 @@ impl Membership {
         }
         self.settings.next = None;
         let key = self.keys.settings_key();
-        let proposed = self
-            .settings
-            .proposed
-            .clone()
-            .filter(|_| !self.settings.read_next);
+        // The keeper renews; anyone else claims only after a read found no record.
+        let keeper = self.settings.known && self.settings.keeper.is_none();
+        let claim = keeper || std::mem::take(&mut self.settings.claim_next);
+        let proposed = self.settings.proposed.clone().filter(|_| claim);
         let Some(settings) = proposed else {
-            self.settings.read_next = false;
             self.settings.busy = true;
             self.start_op(Request::Get { key }, Purpose::SettingsGet);
             return;
@@ -157,10 +157,7 @@ impl Membership {
                 self.settings.next = Some(now + self.lease / 3);
             }
             // Another member keeps it: read what it says.
-            ClaimResult::Lost(Some(_)) => {
-                self.settings.read_next = true;
-                self.settings.next = Some(now);
-            }
+            ClaimResult::Lost(Some(_)) => self.settings.next = Some(now),
             ClaimResult::Lost(None) => self.settings.next = Some(now + CLAIM_RETRY),
         }
     }
@@ -179,12 +176,23 @@ impl Membership {
                 self.adopt(settings, keeper);
                 self.settings.next = Some(now + self.lease / 3);
             }
+            None if self.settings.proposed.is_some() => {
+                // Nobody keeps it: this member's settings become the record. A member that
+                // knew the record (its keeper is gone) takes over after a pause.
+                self.settings.claim_next = true;
+                let pause = if self.settings.known {
+                    CLAIM_RETRY
+                } else {
+                    Duration::ZERO
+                };
+                self.settings.next = Some(now + pause);
+            }
             None => {
                 let claims_own = !matches!(self.wanted, Address::None | Address::Dhcp);
-                if self.settings.proposed.is_none() && claims_own {
+                if claims_own {
                     // Said once at info level, and in the status.
                     self.address_failed(super::AddressError::NoNamespaceRecord);
-                } else if self.settings.proposed.is_none() {
+                } else {
                     tracing::info!(namespace = %self.name,
                         "no namespace record yet (no member with a `subnet` reachable); retrying");
                 }
@@ -214,7 +222,8 @@ impl Membership {
         self.subnet = Some(settings.subnet);
         self.lease = Duration::from_secs(settings.lease_secs);
         self.reserved = settings.reserved.clone();
-        self.settings.keeper = Some(keeper);
+        // A record this member sealed before a restart is still its own to renew.
+        self.settings.keeper = (keeper != self.identity.peer_id()).then_some(keeper);
         self.settings.known = true;
         // Members that learned the settings keep the record alive too.
         self.settings.proposed = Some(settings);

@@ -369,3 +369,62 @@ fn an_address_not_won_says_why() {
         Some(&AddressError::NoFreeAddress)
     );
 }
+
+#[test]
+fn nothing_is_claimed_before_the_overlay_has_joined() {
+    let net = Net::new();
+    let identity = Identity::from_seed([1; 32]);
+    let mut m = Membership::new(
+        config(Address::Auto),
+        identity,
+        [1; 32],
+        net.now,
+        net.unix(),
+    );
+    // A new DHT peer before the bootstrap finished: no claim, no deadline.
+    m.renew_soon(net.now);
+    m.handle_timeout(net.now, net.unix());
+    assert!(m.poll_request().is_none());
+    assert_eq!(m.poll_timeout(), None);
+    // Once started, the namespace record is read at once.
+    m.start(net.now);
+    assert_eq!(m.poll_timeout(), Some(net.now));
+    m.handle_timeout(net.now, net.unix());
+    assert!(matches!(m.poll_request(), Some((_, Request::Get { .. }))));
+}
+
+#[test]
+fn a_newcomer_reads_the_namespace_record_before_it_claims_one() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    // b proposes another subnet. Its lookup might find only some of the replicas (here it
+    // is driven by hand): it reads first, so it never claims the record, and the read
+    // names the keeper.
+    let mut c = config(Address::Auto);
+    c.subnet = Some("10.99.0.0/16".parse().unwrap());
+    let mut b = Membership::new(
+        c,
+        Identity::from_seed([2; 32]),
+        [2; 32],
+        net.now,
+        net.unix(),
+    );
+    b.start(net.now);
+    b.handle_timeout(net.now, net.unix());
+    let (token, request) = b.poll_request().unwrap();
+    let Request::Get { key } = request else {
+        panic!("first a read, not {request:?}");
+    };
+    assert_eq!(key, keys().settings_key());
+    let record = net.replicas.leases.get(&key).cloned().unwrap();
+    b.handle_got(net.now, token, &[record]);
+    let conflict = std::iter::from_fn(|| b.poll_event()).find_map(|e| match e {
+        Event::Conflict(c) => Some(c),
+        _ => None,
+    });
+    assert!(conflict.unwrap().contains(&net.id(a).to_string()));
+    b.handle_timeout(net.now, net.unix());
+    assert!(std::iter::from_fn(|| b.poll_request())
+        .all(|(_, r)| !matches!(r, Request::Claim { key: k, .. } if k == key)));
+}
