@@ -219,19 +219,7 @@ fn dhcp_and_dns_with_real_clients() {
     assert!(resolv.exists());
 
     // A router with a LAN host that runs busybox udhcpc.
-    let lan = bed.add_lan("lan").unwrap();
-    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 3)).unwrap();
-    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&r),
-        namespace(
-            &secret,
-            Some(a.underlay),
-            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
-        )
-    );
-    let ra = bed.start_agent(&r, &cfg).unwrap();
+    let (lan, r, ra) = start_router(&mut bed, &secret, "lan", 3, Some(a.underlay));
     let l = bed
         .add_lan_host(&lan, "l", "", hyphae_agent::config::DEFAULT_MTU)
         .unwrap();
@@ -418,6 +406,33 @@ fn dhcp_and_dns_with_real_clients() {
 }
 
 /// A writable `udhcpc` script that sets the address it is given and saves its environment.
+/// A router-mode member on underlay host `10.200.0.{underlay}`, bridging a new LAN
+/// `lan_name` (its `eth1`), bootstrapping from `boot`: the LAN, the host and the agent.
+fn start_router(
+    bed: &mut Testbed,
+    secret: &Path,
+    lan_name: &str,
+    underlay: u8,
+    boot: Option<Ipv4Addr>,
+) -> (String, Host, AgentHandle) {
+    let lan = bed.add_lan(lan_name).unwrap();
+    let r = bed
+        .add_host("r", Ipv4Addr::new(10, 200, 0, underlay))
+        .unwrap();
+    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&r),
+        namespace(
+            secret,
+            boot,
+            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
+        )
+    );
+    let agent = bed.start_agent(&r, &cfg).unwrap();
+    (lan, r, agent)
+}
+
 /// Runs busybox udhcpc once on `host` (asking for the name `hostname`), its lease written
 /// by `script`; up to 20 tries a second apart.
 fn udhcpc(bed: &Testbed, host: &Host, hostname: &str, script: &str) -> std::process::Output {
@@ -464,19 +479,7 @@ fn dhcp_through_a_relay_agent() {
     hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
 
     // The router, first member of the namespace, bridging its LAN.
-    let lan = bed.add_lan("rlan").unwrap();
-    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
-    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&r),
-        namespace(
-            &secret,
-            None,
-            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
-        )
-    );
-    let ra = bed.start_agent(&r, &cfg).unwrap();
+    let (lan, r, ra) = start_router(&mut bed, &secret, "rlan", 1, None);
 
     // The relay: its server side on the router's LAN, its client side (giaddr) on a LAN
     // of its own, both inside the namespace subnet.

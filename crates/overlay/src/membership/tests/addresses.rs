@@ -2,6 +2,24 @@
 
 use super::*;
 
+/// A member whose claim of static .10 no replica answered: the overlay reports it as
+/// `Lost(None)` (a claim in flight blocks its retry, so every operation is answered).
+fn unanswered_static_claim(net: &mut Net) -> usize {
+    net.mute.push(keys().address_key(ip(10)));
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].owned(), None);
+    net.mute.clear();
+    let token = net.members[a]
+        .ops
+        .iter()
+        .find(|(_, p)| matches!(p, Purpose::Own(_)))
+        .map(|(t, _)| *t)
+        .unwrap();
+    net.members[a].handle_claimed(net.now, token, &ClaimResult::Lost(None));
+    a
+}
+
 #[test]
 fn a_static_claim_is_won_and_remembered() {
     let mut net = Net::new();
@@ -137,20 +155,7 @@ fn two_claimers_racing_for_one_address_end_with_distinct_addresses() {
 #[test]
 fn a_claim_nobody_answers_is_retried() {
     let mut net = Net::new();
-    net.mute.push(keys().address_key(ip(10)));
-    let a = net.add(config(Address::Static(ip(10))), 1);
-    net.run_for(Duration::from_secs(1));
-    assert_eq!(net.members[a].owned(), None);
-    net.mute.clear();
-    // The lost answer never comes: a claim in flight blocks its retry, so the driver's
-    // overlay answers every operation (a timeout is a `Lost(None)`).
-    let token = net.members[a]
-        .ops
-        .iter()
-        .find(|(_, p)| matches!(p, Purpose::Own(_)))
-        .map(|(t, _)| *t)
-        .unwrap();
-    net.members[a].handle_claimed(net.now, token, &ClaimResult::Lost(None));
+    let a = unanswered_static_claim(&mut net);
     net.run_for(CLAIM_RETRY + Duration::from_secs(1));
     assert_eq!(net.members[a].owned(), Some(ip(10)));
 }
@@ -325,17 +330,7 @@ fn an_address_not_won_says_why() {
 
     // Unanswered: retried, and forgotten once won.
     let mut net = Net::new();
-    net.mute.push(keys().address_key(ip(10)));
-    let a = net.add(config(Address::Static(ip(10))), 1);
-    net.run_for(Duration::from_secs(1));
-    net.mute.clear();
-    let token = net.members[a]
-        .ops
-        .iter()
-        .find(|(_, p)| matches!(p, Purpose::Own(_)))
-        .map(|(t, _)| *t)
-        .unwrap();
-    net.members[a].handle_claimed(net.now, token, &ClaimResult::Lost(None));
+    let a = unanswered_static_claim(&mut net);
     assert_eq!(
         net.members[a].address_error(),
         Some(&AddressError::Unanswered(ip(10)))
