@@ -104,6 +104,24 @@ pub struct OverlayStatus {
     /// Members found by mDNS.
     #[serde(default)]
     pub mdns_discovered: u64,
+    /// Membership proofs (docs/SECURITY.md): peers' proofs that showed one of our
+    /// namespaces, that showed none (strangers, members of other namespaces only), and that
+    /// were refused as malformed.
+    #[serde(default)]
+    pub proofs_accepted: u64,
+    /// See `proofs_accepted`.
+    #[serde(default)]
+    pub proofs_unproven: u64,
+    /// See `proofs_accepted`.
+    #[serde(default)]
+    pub proofs_refused: u64,
+    /// Record requests refused because the asker had not proved it is a member of the
+    /// request's namespace (or this agent is not one).
+    #[serde(default)]
+    pub requests_not_member: u64,
+    /// Peers a lookup found that were left out of replica sets: they proved no membership.
+    #[serde(default)]
+    pub unproven_replicas_skipped: u64,
 }
 
 /// Relaying in [`Status`].

@@ -58,6 +58,8 @@ const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(Ipv4Addr::UNSPECIFIE
 /// One namespace this agent is (or was) a member of.
 pub(crate) struct Namespace {
     pub(crate) name: String,
+    /// Names the namespace in the control plane (its records and membership proofs).
+    pub(crate) tag: [u8; hyphae_overlay::TAG_LEN],
     pub(crate) device: String,
     pub(crate) mode: Mode,
     /// Router and hybrid modes: the LAN bridge, and the links this namespace set up.
@@ -188,6 +190,7 @@ impl Agent {
             tcp_multiaddr(config.agent.listen),
             bootstrap,
             options,
+            setup::os_seed()?,
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
         let own = Identity::from_seed(identity.seed());
@@ -263,6 +266,11 @@ impl Agent {
         let tap = unsafe { AsyncFd::register(tap) }
             .map_err(|e| anyhow::anyhow!("registering the TAP: {e}"))?;
         let keys = NamespaceKeys::derive(&ns.name, &ns.secret);
+        // Peers learn we are a member (and we which of them are) before anything is claimed.
+        // An agent that leaves stays a proven member until it restarts: it still holds
+        // the secret, and its releases must still reach the replicas.
+        self.overlay.add_namespace(&keys);
+        let tag = keys.tag();
         // Members hear of our address once it is won, static or not.
         let id = self.node.add_namespace(keys.clone(), Vec::new());
         if id.0 != self.namespaces.len() {
@@ -319,6 +327,7 @@ impl Agent {
         }
         self.namespaces.push(Namespace {
             name: ns.name.clone(),
+            tag,
             device: ns.device.clone(),
             mode: ns.mode,
             bridge: ns.bridge.clone(),
@@ -691,7 +700,7 @@ impl Agent {
             n.membership.release_held();
             while let Some((_, request)) = n.membership.poll_request() {
                 if let membership::Request::Release { key } = request {
-                    self.overlay.release(key);
+                    self.overlay.release(n.tag, key);
                     waiting += 1;
                 }
             }

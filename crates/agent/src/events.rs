@@ -62,19 +62,20 @@ impl Agent {
     /// whether there was anything.
     pub(crate) fn flush_namespace(&mut self, i: usize, now: Instant) -> bool {
         let mut any = self.flush_dns(i);
+        let ns = self.namespaces[i].tag;
         while let Some((token, request)) = self.namespaces[i].membership.poll_request() {
             any = true;
             let op = match request {
-                Request::Claim { key, envelope } => self.overlay.claim(key, envelope),
-                Request::Get { key } => self.overlay.get(key),
-                Request::Members { key } => self.overlay.members(key),
+                Request::Claim { key, envelope } => self.overlay.claim(ns, key, envelope),
+                Request::Get { key } => self.overlay.get(ns, key),
+                Request::Members { key } => self.overlay.members(ns, key),
                 // Nothing comes back that the membership waits for.
                 Request::Release { key } => {
-                    self.overlay.release(key);
+                    self.overlay.release(ns, key);
                     continue;
                 }
                 Request::Announce { key, envelope } => {
-                    self.overlay.announce(key, envelope);
+                    self.overlay.announce(ns, key, envelope);
                     continue;
                 }
             };

@@ -183,6 +183,11 @@ impl Agent {
                 hole_punch_failures: self.overlay.stats().hole_punch_failures,
                 circuits_relayed: self.overlay.stats().circuits_relayed,
                 mdns_discovered: self.overlay.stats().mdns_discovered,
+                proofs_accepted: self.overlay.stats().proofs_accepted,
+                proofs_unproven: self.overlay.stats().proofs_unproven,
+                proofs_refused: self.overlay.stats().proofs_refused,
+                requests_not_member: self.overlay.stats().requests_not_member,
+                unproven_replicas_skipped: self.overlay.stats().unproven_replicas_skipped,
             },
             relay: {
                 let r = self.node.relay_stats();

@@ -27,6 +27,9 @@ pub struct NamespaceKeys {
     pub(crate) record_salt: [u8; 32],
     /// Encrypts the values of the namespace's DHT records (ChaCha20-Poly1305).
     pub(crate) seal_key: [u8; 32],
+    /// Keys the MAC a member proves its membership with on a libp2p connection
+    /// ([`crate::proof`]).
+    pub(crate) proof_key: [u8; 32],
 }
 
 impl NamespaceKeys {
@@ -54,6 +57,7 @@ impl NamespaceKeys {
             hello_key: prf(b"hello mac"),
             record_salt: prf(b"dht record key"),
             seal_key: prf(b"dht record seal"),
+            proof_key: prf(b"member proof"),
         }
     }
 
@@ -76,6 +80,8 @@ mod tests {
         assert_ne!(a.tag, b.tag);
         assert_ne!(a.psk, c.psk);
         assert_ne!(a.psk, a.hello_key);
+        assert_ne!(a.proof_key, b.proof_key);
+        assert_ne!(a.proof_key, a.hello_key);
         let again = NamespaceKeys::derive("lab", b"0123456789abcdef");
         assert_eq!(a.psk, again.psk);
         assert_eq!(a.tag, again.tag);

@@ -9,6 +9,7 @@ mod keys;
 pub mod lease;
 pub mod membership;
 pub mod node;
+pub mod proof;
 pub mod quorum;
 pub mod records;
 pub mod swarm;

@@ -304,6 +304,17 @@ pub enum RecordRequest {
     },
 }
 
+/// A request to a replica for one namespace's records. A replica answers it only if it is
+/// a member of that namespace itself and the asker proved it is one too ([`crate::proof`]);
+/// otherwise it answers [`RecordResponse::NotMember`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopedRequest {
+    /// The namespace's tag ([`crate::NamespaceKeys::tag`]).
+    pub ns: crate::proof::NamespaceTag,
+    /// The request.
+    pub request: RecordRequest,
+}
+
 /// A replica's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RecordResponse {
@@ -334,6 +345,9 @@ pub enum RecordResponse {
         /// One envelope per member.
         envelopes: Vec<Envelope>,
     },
+    /// Not answered: the replica is not a member of the request's namespace, or the asker
+    /// has not proved it is. Counts as no answer.
+    NotMember,
 }
 
 impl RecordResponse {
@@ -351,6 +365,7 @@ impl RecordResponse {
             },
             Self::Released => lease::Response::Released,
             Self::Full
+            | Self::NotMember
             | Self::Rejected
             | Self::Value { .. }
             | Self::Joined

@@ -5,7 +5,10 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use hyphae_overlay::records::{decode, encode, Envelope, MemberInfo, RecordKey};
+use hyphae_overlay::proof::{ProofRequest, ProofResponse};
+use hyphae_overlay::records::{
+    decode, encode, Envelope, MemberInfo, RecordKey, RecordRequest, RecordResponse, ScopedRequest,
+};
 use hyphae_overlay::swarm::{owner_key, ClaimResult, Overlay, OverlayEvent, OverlayOptions};
 use hyphae_overlay::{Identity, NamespaceKeys};
 use libp2p::Multiaddr;
@@ -89,6 +92,7 @@ async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Han
         listen.parse().unwrap(),
         bootstrap.into_iter().cloned().collect(),
         OverlayOptions::default(),
+        s,
     )
     .unwrap_or_else(|e| {
         panic!(
@@ -97,6 +101,10 @@ async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Han
             std::fs::read_to_string("/proc/self/limits").unwrap()
         )
     });
+    // Every swarm here is a member of one control-plane namespace (the records' keys may
+    // come from other namespaces' keys: replicas cannot tell).
+    let ns = member_keys().tag();
+    overlay.add_namespace(&member_keys());
     let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
     let (ev_tx, mut ev_rx) = mpsc::channel(1024);
     tokio::spawn(async move {
@@ -104,9 +112,9 @@ async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Han
         loop {
             tokio::select! {
                 cmd = cmd_rx.recv() => match cmd {
-                    Some(Cmd::Claim(k, e)) => { overlay.claim(k, e); }
-                    Some(Cmd::Get(k)) => { overlay.get(k); }
-                    Some(Cmd::Release(k)) => { overlay.release(k); }
+                    Some(Cmd::Claim(k, e)) => { overlay.claim(ns, k, e); }
+                    Some(Cmd::Get(k)) => { overlay.get(ns, k); }
+                    Some(Cmd::Release(k)) => { overlay.release(ns, k); }
                     Some(Cmd::Table(reply)) => { let _ = reply.send(overlay.routing_table()); }
                     Some(Cmd::Stop) | None => return,
                 },
@@ -145,6 +153,11 @@ async fn network(n: usize, first_seed: u64) -> Vec<Handle> {
         nodes.push(spawn(first_seed + i as u64, Some(&boot)).await);
     }
     nodes
+}
+
+/// The namespace every test swarm proves it is a member of.
+fn member_keys() -> NamespaceKeys {
+    NamespaceKeys::derive("members", b"the members' secret")
 }
 
 fn unix_now() -> u64 {
@@ -458,6 +471,246 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
             percentile(&lookups, 0.5),
             percentile(&lookups, 0.99),
         );
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}
+
+/// What a hostile stranger saw of the members' record protocol.
+#[derive(Default)]
+struct Seen {
+    /// Answers members gave to the stranger's own record requests.
+    answers: Vec<RecordResponse>,
+    /// Record requests members sent it (none should come: it is no replica).
+    asked: usize,
+}
+
+/// A stranger without the namespace secret that speaks hyphae's protocols as an attacker
+/// would: it serves Kademlia honestly (to get into routing tables), answers every claim with
+/// "held by someone", every read with "nothing", every challenge with a made-up proof, and
+/// asks members for the namespace's records under its real tag (the tag is public).
+#[derive(libp2p::swarm::NetworkBehaviour)]
+struct Hostile {
+    kad: libp2p::kad::Behaviour<libp2p::kad::store::MemoryStore>,
+    identify: libp2p::identify::Behaviour,
+    records: libp2p::request_response::json::Behaviour<ScopedRequest, RecordResponse>,
+    proofs: libp2p::request_response::json::Behaviour<ProofRequest, ProofResponse>,
+}
+
+/// Starts a [`Hostile`] stranger that joins the DHT through `member`; returns its peer id,
+/// what it sees, and a sender that stops it when dropped.
+async fn spawn_hostile(
+    member: &Handle,
+    members: std::collections::HashSet<libp2p::PeerId>,
+    tag: [u8; hyphae_overlay::TAG_LEN],
+) -> (
+    libp2p::PeerId,
+    std::sync::Arc<std::sync::Mutex<Seen>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    use futures::StreamExt;
+    use libp2p::request_response::{self, Message, ProtocolSupport};
+    use libp2p::swarm::SwarmEvent;
+    use libp2p::{identify, kad, noise, tcp, yamux, StreamProtocol};
+
+    let mut swarm = libp2p::SwarmBuilder::with_new_identity()
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default(),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .unwrap()
+        .with_behaviour(|key| {
+            let peer = key.public().to_peer_id();
+            let cfg = kad::Config::new(StreamProtocol::new("/hyphae/kad/1"));
+            let mut kad =
+                kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), cfg);
+            kad.set_mode(Some(kad::Mode::Server));
+            let rr = |name: &'static str| {
+                (
+                    [(StreamProtocol::new(name), ProtocolSupport::Full)],
+                    request_response::Config::default(),
+                )
+            };
+            let (p, c) = rr("/hyphae/records/2");
+            let records = request_response::json::Behaviour::new(p, c);
+            let (p, c) = rr("/hyphae/member/1");
+            let proofs = request_response::json::Behaviour::new(p, c);
+            Hostile {
+                kad,
+                identify: identify::Behaviour::new(identify::Config::new(
+                    "/hyphae/1".into(),
+                    key.public(),
+                )),
+                records,
+                proofs,
+            }
+        })
+        .unwrap()
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
+        .build();
+    swarm
+        .listen_on("/ip4/127.0.0.1/tcp/0".parse().unwrap())
+        .unwrap();
+    let id = *swarm.local_peer_id();
+    let member_id = network_id_of(member);
+    swarm
+        .behaviour_mut()
+        .kad
+        .add_address(&member_id, member.addr.clone());
+    let _ = swarm.behaviour_mut().kad.bootstrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let seen_task = seen.clone();
+    let key =
+        NamespaceKeys::derive("lab", b"0123456789abcdef").address_key(Ipv4Addr::new(10, 1, 0, 1));
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                _ = &mut stop_rx => return,
+                e = swarm.select_next_some() => e,
+            };
+            match event {
+                SwarmEvent::ConnectionEstablished { peer_id, .. } if members.contains(&peer_id) => {
+                    // Ask the member for the namespace's records, as a member would.
+                    for request in [
+                        RecordRequest::Get { key: key.to_vec() },
+                        RecordRequest::Members { key: key.to_vec() },
+                    ] {
+                        swarm
+                            .behaviour_mut()
+                            .records
+                            .send_request(&peer_id, ScopedRequest { ns: tag, request });
+                    }
+                }
+                SwarmEvent::Behaviour(HostileEvent::Records(
+                    request_response::Event::Message { message, peer, .. },
+                )) => match message {
+                    Message::Request {
+                        request, channel, ..
+                    } => {
+                        if members.contains(&peer) {
+                            seen_task.lock().unwrap().asked += 1;
+                        }
+                        let lie = match request.request {
+                            RecordRequest::Claim { .. } | RecordRequest::Join { .. } => {
+                                RecordResponse::Held {
+                                    owner: vec![0x66; 32],
+                                    remaining_ms: 3_600_000,
+                                }
+                            }
+                            RecordRequest::Get { .. } => RecordResponse::Value { envelope: None },
+                            RecordRequest::Members { .. } => {
+                                RecordResponse::Members { envelopes: vec![] }
+                            }
+                            RecordRequest::Release { .. } => RecordResponse::Released,
+                        };
+                        let _ = swarm.behaviour_mut().records.send_response(channel, lie);
+                    }
+                    Message::Response { response, .. } => {
+                        seen_task.lock().unwrap().answers.push(response);
+                    }
+                },
+                SwarmEvent::Behaviour(HostileEvent::Proofs(request_response::Event::Message {
+                    message:
+                        Message::Request {
+                            request, channel, ..
+                        },
+                    ..
+                })) => {
+                    let answer = match request {
+                        ProofRequest::Challenge { .. } => ProofResponse::Proof {
+                            macs: vec![[0x42; 32]],
+                        },
+                        ProofRequest::Proof { .. } => ProofResponse::Ack,
+                    };
+                    let _ = swarm.behaviour_mut().proofs.send_response(channel, answer);
+                }
+                _ => {}
+            }
+        }
+    });
+    (id, seen, stop_tx)
+}
+
+/// Issue 13: ten stranger identities in the DHT that lie in every answer are never asked,
+/// so members still win and read their claims; the strangers' own requests for the
+/// namespace's records are refused.
+#[test]
+fn hostile_strangers_in_the_dht_are_never_replicas() {
+    rt().block_on(async {
+        let mut nodes = network(3, 3000).await;
+        let tag = member_keys().tag();
+        let members: std::collections::HashSet<_> = nodes.iter().map(network_id_of).collect();
+        let mut strangers = Vec::new();
+        for _ in 0..10 {
+            strangers.push(spawn_hostile(&nodes[0], members.clone(), tag).await);
+        }
+        let stranger_ids: std::collections::HashSet<_> =
+            strangers.iter().map(|(id, _, _)| *id).collect();
+        // Wait (bounded) until the strangers are in a member's routing table: a plain
+        // Kademlia replica set would now be mostly strangers.
+        let mut known = 0;
+        for _ in 0..100 {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            nodes[1].cmd.send(Cmd::Table(tx)).await.unwrap();
+            known = rx
+                .await
+                .unwrap()
+                .iter()
+                .filter(|p| stranger_ids.contains(p))
+                .count();
+            if known >= 8 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            known >= 8,
+            "only {known} strangers reached the routing table"
+        );
+
+        let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        for round in 0..6u8 {
+            let key = keys.address_key(Ipv4Addr::new(10, 1, 0, 10 + round));
+            let (claimer, reader) = (usize::from(round) % 3, usize::from(round + 1) % 3);
+            let e = envelope(
+                &keys,
+                &nodes[claimer].identity,
+                &key,
+                7400 + u16::from(round),
+            );
+            nodes[claimer].cmd.send(Cmd::Claim(key, e)).await.unwrap();
+            let (result, replicas) = loop {
+                if let OverlayEvent::Claimed {
+                    result, replicas, ..
+                } = nodes[claimer].next("a claim").await
+                {
+                    break (result, replicas);
+                }
+            };
+            assert_eq!(result, ClaimResult::Won, "round {round}");
+            assert_eq!(
+                replicas, 3,
+                "round {round}: only the three members are replicas"
+            );
+            nodes[reader].cmd.send(Cmd::Get(key)).await.unwrap();
+            let got = nodes[reader].got().await;
+            let (owner, _) = got[0].open(&keys, &key, unix_now()).unwrap();
+            assert_eq!(owner, nodes[claimer].owner());
+        }
+        let mut answers = 0;
+        for (_, seen, _) in &strangers {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.asked, 0, "a member asked a stranger for a record");
+            for a in &seen.answers {
+                assert_eq!(*a, RecordResponse::NotMember, "a stranger got an answer");
+            }
+            answers += seen.answers.len();
+        }
+        assert!(answers > 0, "the strangers' requests reached no member");
         for n in &nodes {
             let _ = n.cmd.send(Cmd::Stop).await;
         }

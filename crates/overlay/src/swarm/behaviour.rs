@@ -10,7 +10,8 @@ use super::{
     Multiaddr, OverlayError, OverlayOptions, KAD_PROTOCOL, LOOKUP_TIMEOUT, RECORDS_PROTOCOL,
     REQUEST_TIMEOUT,
 };
-use crate::records::{RecordRequest, RecordResponse};
+use crate::proof::{ProofRequest, ProofResponse, PROOF_PROTOCOL};
+use crate::records::{RecordResponse, ScopedRequest};
 use crate::Identity;
 
 /// Everything one agent's swarm speaks (see the parent module's doc).
@@ -18,7 +19,8 @@ use crate::Identity;
 pub(super) struct Behaviour {
     pub(super) kad: kad::Behaviour<kad::store::MemoryStore>,
     pub(super) identify: identify::Behaviour,
-    pub(super) records: request_response::json::Behaviour<RecordRequest, RecordResponse>,
+    pub(super) records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
+    pub(super) proofs: request_response::json::Behaviour<ProofRequest, ProofResponse>,
     pub(super) relay: relay::Behaviour,
     pub(super) relay_client: relay::client::Behaviour,
     pub(super) dcutr: dcutr::Behaviour,
@@ -96,6 +98,10 @@ fn make_behaviour(
         [(StreamProtocol::new(RECORDS_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
     );
+    let proofs = request_response::json::Behaviour::new(
+        [(StreamProtocol::new(PROOF_PROTOCOL), ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
+    );
     let relay = relay::Behaviour::new(
         peer,
         relay::Config {
@@ -113,6 +119,7 @@ fn make_behaviour(
         kad,
         identify,
         records,
+        proofs,
         relay,
         relay_client,
         dcutr: dcutr::Behaviour::new(peer),

@@ -7,11 +7,19 @@
 //!   record store is never used: inbound puts are filtered out, because a put is
 //!   last-writer-wins and checks nothing.
 //! - **identify** tells us where peers listen, which feeds Kademlia's routing table.
-//! - **request-response** (`/hyphae/records/1`) carries [`RecordRequest`]s to the replicas,
-//!   each answered by the replica's [`RecordStore`] (compare-and-set leases on sealed, signed
-//!   values, see [`crate::records`]). What to ask and when an operation is done is decided by
-//!   the pure [`crate::quorum::Table`]: this module feeds it lookups and answers and sends
-//!   what it returns.
+//! - **membership proofs** (`/hyphae/member/1`, [`crate::proof`]): both ends of every
+//!   connection challenge each other to prove, bound to their peer ids and a fresh nonce,
+//!   which of our namespaces they hold the secret of. Only proven members count.
+//! - **request-response** (`/hyphae/records/2`) carries [`RecordRequest`]s, each scoped to
+//!   one namespace, to the replicas, each answered by the replica's [`RecordStore`]
+//!   (compare-and-set leases on sealed, signed values, see [`crate::records`]). The replicas
+//!   of a key are the [`REPLICAS`] proven members of its namespace closest to it (this agent
+//!   included): the Kademlia lookup's result filtered to proven members, plus the members
+//!   we are connected to. A replica answers only askers that proved they are members of
+//!   the request's namespace, and only for namespaces it is a member of itself; a stranger
+//!   can route lookups but never holds, refuses, hides or reads a record. What to ask and
+//!   when an operation is done is decided by the pure [`crate::quorum::Table`]: this module
+//!   feeds it lookups and answers and sends what it returns.
 //!
 //! - **circuit relay v2**: every agent with a reachable listen address serves as a relay
 //!   for the control plane, and reserves a slot at up to [`RELAY_RESERVATIONS`] members it
@@ -47,11 +55,16 @@ use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::{ConnectionId, SwarmEvent};
 use libp2p::{dcutr, identify, kad, mdns, relay, Swarm};
 
+use crate::proof::{NamespaceTag, ProofRequest, ProofResponse, ProofStats, Proofs, PROOF_LEN};
 use crate::quorum::{self, Kind};
-use crate::records::{Envelope, RecordKey, RecordRequest, RecordResponse, RecordStore, StoreStats};
-use crate::Identity;
+use crate::records::{
+    Envelope, RecordKey, RecordRequest, RecordResponse, RecordStore, ScopedRequest, StoreStats,
+};
+use crate::{Identity, NamespaceKeys};
 use addr::{ip_of, is_loopback, is_unspecified, without_p2p};
 use behaviour::{Behaviour, BehaviourEvent};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use relays::Relays;
 
 pub use crate::quorum::{ClaimResult, OpId, REPLICAS, REQUEST_TIMEOUT};
@@ -69,7 +82,14 @@ pub const REDIAL_INTERVAL: Duration = Duration::from_secs(3);
 pub const KAD_PROTOCOL: &str = "/hyphae/kad/1";
 
 /// The record protocol's name.
-pub const RECORDS_PROTOCOL: &str = "/hyphae/records/1";
+pub const RECORDS_PROTOCOL: &str = "/hyphae/records/2";
+
+/// How long an operation whose lookup found peers still proving their membership waits for
+/// their proofs before it picks its replicas without them.
+pub const PROOF_WAIT: Duration = Duration::from_secs(2);
+
+/// Most record requests kept per peer while its proof is awaited (beyond: not answered).
+const MAX_DEFERRED: usize = 64;
 
 /// How often the replica store forgets expired records: every read checks expiry already,
 /// so the sweep only frees memory, and a driver that sleeps until
@@ -181,6 +201,25 @@ pub struct OverlayStats {
     pub circuits_relayed: u64,
     /// Members found by mDNS.
     pub mdns_discovered: u64,
+    /// Membership proofs that showed one of our namespaces.
+    pub proofs_accepted: u64,
+    /// Proofs that showed none of our namespaces (strangers, members of others only).
+    pub proofs_unproven: u64,
+    /// Proofs refused as malformed or unasked for.
+    pub proofs_refused: u64,
+    /// Record requests refused because the asker had not proved membership of the
+    /// request's namespace, or this agent is not a member of it.
+    pub requests_not_member: u64,
+    /// Peers in lookup results left out of replica sets because they proved no membership.
+    pub unproven_replicas_skipped: u64,
+}
+
+/// A lookup that finished while some of the peers it found were still proving membership.
+struct Awaiting {
+    ns: NamespaceTag,
+    found: Vec<NetworkId>,
+    queried: u32,
+    deadline: Instant,
 }
 
 /// The agent's libp2p swarm and its replica store.
@@ -193,6 +232,22 @@ pub struct Overlay {
     quorum: quorum::Table,
     lookups: HashMap<kad::QueryId, OpId>,
     requests: HashMap<OutboundRequestId, (OpId, NetworkId)>,
+    proofs: Proofs,
+    /// Our outstanding challenges, by request.
+    challenges: HashMap<OutboundRequestId, NetworkId>,
+    /// The namespace of each key we operate on (a late grant's release needs it).
+    key_ns: HashMap<RecordKey, NamespaceTag>,
+    op_ns: HashMap<OpId, NamespaceTag>,
+    awaiting: HashMap<OpId, Awaiting>,
+    /// Record requests from peers whose proof is still awaited.
+    deferred: HashMap<
+        NetworkId,
+        Vec<(
+            ScopedRequest,
+            request_response::ResponseChannel<RecordResponse>,
+        )>,
+    >,
+    rng: StdRng,
     events: VecDeque<OverlayEvent>,
     bootstrap: Vec<Multiaddr>,
     next_redial: Instant,
@@ -227,12 +282,14 @@ pub enum OverlayError {
 
 impl Overlay {
     /// Starts the swarm, listening on `listen` (a TCP multiaddr), and dials `bootstrap`.
-    /// It must be polled with [`Overlay::next_event`] from inside a tokio runtime.
+    /// `seed` seeds the challenge nonces (from the OS RNG). It must be polled with
+    /// [`Overlay::next_event`] from inside a tokio runtime.
     pub fn new(
         identity: &Identity,
         listen: Multiaddr,
         bootstrap: Vec<Multiaddr>,
         options: OverlayOptions,
+        seed: [u8; 32],
     ) -> Result<Self, OverlayError> {
         let (now, _) = clocks();
         let mut swarm = behaviour::build(identity, &listen, options)?;
@@ -248,6 +305,13 @@ impl Overlay {
             quorum: quorum::Table::default(),
             lookups: HashMap::new(),
             requests: HashMap::new(),
+            proofs: Proofs::new(local),
+            challenges: HashMap::new(),
+            key_ns: HashMap::new(),
+            op_ns: HashMap::new(),
+            awaiting: HashMap::new(),
+            deferred: HashMap::new(),
+            rng: StdRng::from_seed(seed),
             events: VecDeque::new(),
             joined: bootstrap.is_empty(),
             bootstrap,
@@ -291,11 +355,34 @@ impl Overlay {
     /// Counters.
     pub fn stats(&self) -> OverlayStats {
         let quorum = self.quorum.stats();
+        let ProofStats {
+            accepted,
+            unproven,
+            refused,
+        } = self.proofs.stats();
         OverlayStats {
             bad_envelopes: quorum.bad_envelopes,
             late_grants_released: quorum.late_grants_released,
+            proofs_accepted: accepted,
+            proofs_unproven: unproven,
+            proofs_refused: refused,
             ..self.stats
         }
+    }
+
+    /// Makes this agent a member of the namespace with `keys` in the control plane: it
+    /// proves so to every peer, and learns which peers are members too.
+    pub fn add_namespace(&mut self, keys: &NamespaceKeys) {
+        let rng = &mut self.rng;
+        let sent = self.proofs.add_namespace(keys, || fresh_nonce(rng));
+        for (peer, request) in sent {
+            self.send_proof_request(peer, request);
+        }
+    }
+
+    /// The connected peers that proved they are members of `tag`.
+    pub fn proven_members(&self, tag: &NamespaceTag) -> Vec<NetworkId> {
+        self.proofs.members(tag)
     }
 
     /// The relays holding a reservation for this agent.
@@ -366,33 +453,35 @@ impl Overlay {
 
     /// Claims `key` with `envelope` (whose owner is the claimer): granted only by a strict
     /// majority of the key's replicas. Also renews a lease already held.
-    pub fn claim(&mut self, key: RecordKey, envelope: Envelope) -> OpId {
-        self.start(key, Kind::Claim(envelope))
+    pub fn claim(&mut self, ns: NamespaceTag, key: RecordKey, envelope: Envelope) -> OpId {
+        self.start(ns, key, Kind::Claim(envelope))
     }
 
     /// Reads `key` from its replicas.
-    pub fn get(&mut self, key: RecordKey) -> OpId {
-        self.start(key, Kind::Get)
+    pub fn get(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
+        self.start(ns, key, Kind::Get)
     }
 
     /// Gives `key` back on its replicas (they accept it only from the owner).
-    pub fn release(&mut self, key: RecordKey) -> OpId {
-        self.start(key, Kind::Release)
+    pub fn release(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
+        self.start(ns, key, Kind::Release)
     }
 
     /// Adds this agent to the group at `key` with `envelope` (renewed by announcing again
     /// before it expires).
-    pub fn announce(&mut self, key: RecordKey, envelope: Envelope) -> OpId {
-        self.start(key, Kind::Join(envelope))
+    pub fn announce(&mut self, ns: NamespaceTag, key: RecordKey, envelope: Envelope) -> OpId {
+        self.start(ns, key, Kind::Join(envelope))
     }
 
     /// Reads every member of the group at `key`.
-    pub fn members(&mut self, key: RecordKey) -> OpId {
-        self.start(key, Kind::Members)
+    pub fn members(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
+        self.start(ns, key, Kind::Members)
     }
 
-    fn start(&mut self, key: RecordKey, kind: Kind) -> OpId {
+    fn start(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind) -> OpId {
         let op = self.quorum.start(key, kind);
+        self.key_ns.insert(key, ns);
+        self.op_ns.insert(op, ns);
         let query = self
             .swarm
             .behaviour_mut()
@@ -430,6 +519,7 @@ impl Overlay {
                 self.events.push_back(OverlayEvent::Joined);
             }
         }
+        self.check_awaiting(now, wall);
         self.quorum.handle_timeout(now);
         self.flush_quorum(now, wall);
     }
@@ -446,6 +536,7 @@ impl Overlay {
             redial,
             self.relays.poll_timeout(),
             self.mdns_wait,
+            self.awaiting.values().map(|a| a.deadline).min(),
             Some(self.next_sweep),
         ]
         .into_iter()
@@ -518,6 +609,10 @@ impl Overlay {
                 self.connected.insert(peer_id);
                 self.connections
                     .insert(connection_id, (peer_id, endpoint.is_relayed()));
+                let nonce = fresh_nonce(&mut self.rng);
+                if let Some(challenge) = self.proofs.handle_connected(peer_id, nonce) {
+                    self.send_proof_request(peer_id, challenge);
+                }
                 if is_loopback(endpoint.get_remote_address()) {
                     self.over_loopback.insert(peer_id);
                 }
@@ -547,6 +642,9 @@ impl Overlay {
                     self.connected.remove(&peer_id);
                     self.over_loopback.remove(&peer_id);
                     self.relays.handle_disconnected(&peer_id);
+                    self.proofs.handle_disconnected(&peer_id);
+                    self.deferred.remove(&peer_id);
+                    self.check_awaiting(now, wall);
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::RelayClient(event)) => match event {
@@ -616,6 +714,9 @@ impl Overlay {
             SwarmEvent::Behaviour(BehaviourEvent::Records(event)) => {
                 self.handle_records(now, wall, event)
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Proofs(event)) => {
+                self.handle_proofs(now, wall, event)
+            }
             _ => {}
         }
     }
@@ -637,8 +738,20 @@ impl Overlay {
                         Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
                     };
                     if let Some(op) = self.lookups.remove(&id) {
-                        let peers = peers.into_iter().map(|p| p.peer_id).collect();
-                        self.replicas_found(now, wall, op, peers, stats.num_successes());
+                        let found = peers.into_iter().map(|p| p.peer_id).collect();
+                        let Some(&ns) = self.op_ns.get(&op) else {
+                            return;
+                        };
+                        let deadline = now + PROOF_WAIT;
+                        let queried = stats.num_successes();
+                        let waiting = Awaiting {
+                            ns,
+                            found,
+                            queried,
+                            deadline,
+                        };
+                        self.awaiting.insert(op, waiting);
+                        self.check_awaiting(now, wall);
                     }
                 }
                 kad::QueryResult::Bootstrap(_) if step.last && !self.joined => {
@@ -662,19 +775,44 @@ impl Overlay {
         }
     }
 
-    /// Sends `op`'s requests to the replicas among `found` (and this agent), answering its
-    /// own from the local store.
-    fn replicas_found(
-        &mut self,
-        now: Instant,
-        wall: u64,
-        op: OpId,
-        found: Vec<NetworkId>,
-        queried: u32,
-    ) {
+    /// Starts the operations whose lookups finished and whose found peers all proved (or
+    /// failed to prove) membership, or waited [`PROOF_WAIT`].
+    fn check_awaiting(&mut self, now: Instant, wall: u64) {
+        let ready: Vec<OpId> = self
+            .awaiting
+            .iter()
+            .filter(|(_, a)| {
+                now >= a.deadline || !a.found.iter().any(|p| self.proofs.is_pending(p))
+            })
+            .map(|(op, _)| *op)
+            .collect();
+        for op in ready {
+            if let Some(a) = self.awaiting.remove(&op) {
+                self.replicas_found(now, wall, op, a);
+            }
+        }
+    }
+
+    /// Sends `op`'s requests to the replicas among the proven members of its namespace that
+    /// its lookup found or we are connected to (and this agent), answering its own from the
+    /// local store.
+    fn replicas_found(&mut self, now: Instant, wall: u64, op: OpId, lookup: Awaiting) {
+        let Awaiting {
+            ns, found, queried, ..
+        } = lookup;
+        let mut members = self.proofs.members(&ns);
+        for peer in found {
+            if self.proofs.is_member(&peer, &ns) {
+                members.push(peer);
+            } else {
+                self.stats.unproven_replicas_skipped += 1;
+            }
+        }
+        members.sort();
+        members.dedup();
         let requests = self
             .quorum
-            .handle_replicas(now, op, found, self.local, queried);
+            .handle_replicas(now, op, members, self.local, queried);
         for (replica, request) in requests {
             if replica == self.local {
                 let own = owner_key(&self.local);
@@ -687,7 +825,7 @@ impl Overlay {
                     .swarm
                     .behaviour_mut()
                     .records
-                    .send_request(&replica, request);
+                    .send_request(&replica, ScopedRequest { ns, request });
                 self.requests.insert(rid, (op, replica));
             }
         }
@@ -698,28 +836,32 @@ impl Overlay {
         &mut self,
         now: Instant,
         wall: u64,
-        event: request_response::Event<RecordRequest, RecordResponse>,
+        event: request_response::Event<ScopedRequest, RecordResponse>,
     ) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
                 request_response::Message::Request {
                     request, channel, ..
                 } => {
-                    let requester = owner_key(&peer);
-                    let response = self.store.handle(now, wall, requester, request);
-                    let _ = self
-                        .swarm
-                        .behaviour_mut()
-                        .records
-                        .send_response(channel, response);
+                    if self.proofs.is_pending(&peer) {
+                        // It asks before its answer to our challenge arrived: answer once
+                        // it has.
+                        let queue = self.deferred.entry(peer).or_default();
+                        if queue.len() < MAX_DEFERRED {
+                            queue.push((request, channel));
+                            return;
+                        }
+                    }
+                    self.answer_record_request(now, wall, peer, request, channel);
                 }
                 request_response::Message::Response {
                     request_id,
                     response,
                 } => {
                     if let Some((op, replica)) = self.requests.remove(&request_id) {
-                        self.quorum
-                            .handle_answer(now, wall, op, replica, Some(response));
+                        // A replica that does not count us as a member gives no answer.
+                        let response = (response != RecordResponse::NotMember).then_some(response);
+                        self.quorum.handle_answer(now, wall, op, replica, response);
                         self.flush_quorum(now, wall);
                     }
                 }
@@ -738,12 +880,119 @@ impl Overlay {
         }
     }
 
+    /// Answers a record request: only for a namespace we are a member of, and only to a
+    /// peer that proved it is one too.
+    fn answer_record_request(
+        &mut self,
+        now: Instant,
+        wall: u64,
+        peer: NetworkId,
+        scoped: ScopedRequest,
+        channel: request_response::ResponseChannel<RecordResponse>,
+    ) {
+        let response = if self.proofs.is_member(&peer, &scoped.ns) {
+            self.store
+                .handle(now, wall, owner_key(&peer), scoped.request)
+        } else {
+            self.stats.requests_not_member += 1;
+            tracing::debug!(%peer, "record request from a peer not proven a member: refused");
+            RecordResponse::NotMember
+        };
+        let _ = self
+            .swarm
+            .behaviour_mut()
+            .records
+            .send_response(channel, response);
+    }
+
+    fn send_proof_request(&mut self, peer: NetworkId, request: ProofRequest) {
+        let challenge = matches!(request, ProofRequest::Challenge { .. });
+        let rid = self
+            .swarm
+            .behaviour_mut()
+            .proofs
+            .send_request(&peer, request);
+        if challenge {
+            self.challenges.insert(rid, peer);
+        }
+    }
+
+    fn handle_proofs(
+        &mut self,
+        now: Instant,
+        wall: u64,
+        event: request_response::Event<ProofRequest, ProofResponse>,
+    ) {
+        let peer = match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => {
+                    let response = match request {
+                        ProofRequest::Challenge { nonce } => {
+                            self.proofs.handle_challenge(peer, nonce)
+                        }
+                        ProofRequest::Proof { macs } => {
+                            self.proofs.handle_proof(peer, &macs);
+                            ProofResponse::Ack
+                        }
+                    };
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .proofs
+                        .send_response(channel, response);
+                    peer
+                }
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => {
+                    if self.challenges.remove(&request_id).is_none() {
+                        return;
+                    }
+                    if let ProofResponse::Proof { macs } = response {
+                        let proven = self.proofs.handle_proof(peer, &macs);
+                        if !proven.is_empty() {
+                            tracing::debug!(%peer, namespaces = proven.len(), "member proven");
+                        }
+                    }
+                    peer
+                }
+            },
+            request_response::Event::OutboundFailure {
+                peer, request_id, ..
+            } => {
+                if self.challenges.remove(&request_id).is_none() {
+                    return;
+                }
+                self.proofs.handle_failed(&peer);
+                peer
+            }
+            _ => return,
+        };
+        if !self.proofs.is_pending(&peer) {
+            for (request, channel) in self.deferred.remove(&peer).unwrap_or_default() {
+                self.answer_record_request(now, wall, peer, request, channel);
+            }
+        }
+        self.check_awaiting(now, wall);
+    }
+
     /// Sends the releases the quorum table asks for and passes its events on.
     fn flush_quorum(&mut self, now: Instant, wall: u64) {
         while let Some((replica, key)) = self.quorum.poll_release() {
             self.send_release(now, wall, replica, key);
         }
         while let Some(event) = self.quorum.poll_event() {
+            if let OverlayEvent::Claimed { op, .. }
+            | OverlayEvent::Got { op, .. }
+            | OverlayEvent::Released { op }
+            | OverlayEvent::Announced { op }
+            | OverlayEvent::Members { op, .. } = &event
+            {
+                self.op_ns.remove(op);
+            }
             self.events.push_back(event);
         }
     }
@@ -754,13 +1003,20 @@ impl Overlay {
         if replica == self.local {
             let own = owner_key(&self.local);
             self.store.handle(now, wall, own, request);
-        } else {
+        } else if let Some(&ns) = self.key_ns.get(&key) {
             self.swarm
                 .behaviour_mut()
                 .records
-                .send_request(&replica, request);
+                .send_request(&replica, ScopedRequest { ns, request });
         }
     }
+}
+
+/// A challenge nonce.
+fn fresh_nonce(rng: &mut StdRng) -> [u8; PROOF_LEN] {
+    let mut nonce = [0u8; PROOF_LEN];
+    rng.fill_bytes(&mut nonce);
+    nonce
 }
 
 /// The glue's clocks, read only here and only at the top of an entry (see the module
