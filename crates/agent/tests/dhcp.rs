@@ -96,28 +96,7 @@ fn answers(bed: &Testbed, host: &Host, args: &[&str], expected: &str) -> Result<
 
 /// The IPv4 address on `dev` inside `host`, once one is there.
 fn address_on(bed: &Testbed, host: &Host, dev: &str, within: Duration) -> Ipv4Addr {
-    let deadline = Instant::now() + within;
-    loop {
-        let out = bed
-            .ns_output(&host.ns, "ip", &["-4", "-o", "addr", "show", "dev", dev])
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if let Some(a) = text
-            .split_whitespace()
-            .skip_while(|w| *w != "inet")
-            .nth(1)
-            .and_then(|cidr| cidr.split('/').next())
-            .and_then(|a| a.parse().ok())
-        {
-            return a;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}: no address on {dev} within {within:?}",
-            host.name
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    bed.address_on(host, dev, within).unwrap()
 }
 
 #[test]
