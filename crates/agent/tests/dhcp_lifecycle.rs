@@ -213,3 +213,146 @@ fn a_rack_powering_on_gets_200_distinct_addresses() {
     assert_eq!(st.dhcp_naks, 0, "{st:?}");
     assert!(st.dhcp_relayed >= 2 * CLIENTS, "{st:?}");
 }
+
+/// `dhclient -d` on `dev` of `host`, its log in the host's directory (returned).
+fn start_dhclient(bed: &mut Testbed, host: &Host, dev: &str) -> PathBuf {
+    bed.private_resolv_conf(host).unwrap();
+    let file = |name: &str| host.dir.join(name).display().to_string();
+    let log = host.dir.join("dhclient.log");
+    bed.spawn(
+        &host.ns,
+        "dhclient",
+        &[
+            "-d",
+            "-v",
+            "-4",
+            "-pf",
+            &file("dhclient.pid"),
+            "-lf",
+            &file("dhclient.leases"),
+            dev,
+        ],
+        &log,
+    )
+    .unwrap();
+    log
+}
+
+/// Issue 17 item 6: a router agent killed (SIGKILL, no goodbye) and restarted while its LAN
+/// client holds a lease: the client's next renewal is acknowledged with the same address,
+/// without a NAK or a new DISCOVER. The restarted agent has no DHCP state; the lease is in
+/// the DHT, owned by the router's identity (kept in its state directory), so its claim
+/// for the address the client confirms wins again.
+#[test]
+fn a_restarted_router_renews_its_clients_address() {
+    // Renewal (T1) every 6 s, rebinding at 10.5 s, expiry at 12 s.
+    let lease = 12;
+    let (mut bed, secret, a) = with_alpha("rs", lease);
+    let lan = bed.add_lan("rlan").unwrap();
+    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
+    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
+    let cfg = router_config(&r, &secret, lease);
+    let ra = bed.start_agent(&r, &cfg).unwrap();
+    wait_status(
+        &bed,
+        &r,
+        &ra,
+        "the router knows the subnet",
+        Duration::from_secs(20),
+        |s| s.subnet == SUBNET,
+    );
+    let c = bed.add_lan_host(&lan, "c", "", MTU).unwrap();
+    let log = start_dhclient(&mut bed, &c, "eth0");
+    let got = bed.address_on(&c, "eth0", Duration::from_secs(40)).unwrap();
+    let held = got.to_string();
+    wait_status(
+        &bed,
+        &r,
+        &ra,
+        "the router holds the lease",
+        Duration::from_secs(10),
+        |s| s.addresses.contains(&held),
+    );
+
+    // Killed just after the client bound: its next renewal falls on the new agent.
+    bed.signal(ra.pid, libc::SIGKILL).unwrap();
+    assert!(!bed.is_running(ra.pid), "the router agent survived SIGKILL");
+    let before = std::fs::read_to_string(&log).unwrap().len();
+    let ra = bed.start_agent(&r, &cfg).unwrap();
+    let st = wait_status(
+        &bed,
+        &r,
+        &ra,
+        "the restarted router acknowledges a renewal",
+        Duration::from_secs(30),
+        |s| s.dhcp_replies >= 1 && s.addresses.contains(&held),
+    );
+    assert_eq!(st.dhcp_naks, 0, "{st:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let after = &text[before..];
+    assert!(
+        after.contains(&format!("DHCPACK of {got}")),
+        "dhclient since the restart:\n{after}"
+    );
+    assert!(
+        !after.contains("DHCPNAK") && !after.contains("DHCPDISCOVER"),
+        "dhclient since the restart:\n{after}"
+    );
+    assert_eq!(
+        bed.address_on(&c, "eth0", Duration::from_secs(1)).unwrap(),
+        got
+    );
+    // Reachable through the restarted router.
+    bed.wait_for_ping(&a, got, Duration::from_secs(20))
+        .expect("alpha -> the client");
+}
+
+/// Issue 17 item 6: DHCP in hybrid mode. The hybrid host's own `dhclient` on its veth
+/// device (`address = "dhcp"`) gets an address from its agent, claimed in the DHT; the
+/// host reaches alpha across the overlay and a plain neighbour on its LAN over the bridge.
+/// (A hybrid agent answers only its own host's frames, DHCP included: its neighbours are
+/// not its clients.)
+#[test]
+fn a_hybrid_host_gets_its_address_by_dhcp() {
+    let lease = 30;
+    let (mut bed, secret, a) = with_alpha("hd", lease);
+    let lan = bed.add_lan("hlan").unwrap();
+    let h = bed.add_host("h", Ipv4Addr::new(10, 200, 0, 3)).unwrap();
+    bed.plug(&lan, &h.ns, "eth1", 1500).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&h),
+        namespace(
+            &secret,
+            Some(Ipv4Addr::new(10, 200, 0, 1)),
+            lease,
+            "mode = \"hybrid\"\ndevice = \"hy0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\naddress = \"dhcp\"\nprobe_timeout_ms = 400\n"
+        )
+    );
+    let ha = bed.start_agent(&h, &cfg).unwrap();
+    let neighbour = bed.add_lan_host(&lan, "n", "10.201.0.50/16", MTU).unwrap();
+    start_dhclient(&mut bed, &h, "hy0");
+    let got = bed.address_on(&h, "hy0", Duration::from_secs(40)).unwrap();
+    assert!(
+        SUBNET.parse::<ipnet::Ipv4Net>().unwrap().contains(&got),
+        "{got}"
+    );
+    let st = wait_status(
+        &bed,
+        &h,
+        &ha,
+        "the DHT lease is held",
+        Duration::from_secs(10),
+        |s| s.address_claimed && s.address == got.to_string(),
+    );
+    assert!(st.dhcp_requests >= 2 && st.dhcp_replies >= 2, "{st:?}");
+    assert_eq!(st.mode, "hybrid");
+    // Across the overlay, both ways.
+    bed.wait_for_ping(&h, ALPHA, Duration::from_secs(20))
+        .expect("hybrid host -> alpha");
+    bed.wait_for_ping(&a, got, Duration::from_secs(20))
+        .expect("alpha -> hybrid host");
+    // Over the LAN bridge to a plain neighbour.
+    bed.wait_for_ping(&neighbour, got, Duration::from_secs(10))
+        .expect("neighbour -> hybrid host");
+}
