@@ -245,8 +245,9 @@ fn start_dhclient(bed: &mut Testbed, host: &Host, dev: &str) -> PathBuf {
 /// for the address the client confirms wins again.
 #[test]
 fn a_restarted_router_renews_its_clients_address() {
-    // Renewal (T1) every 6 s, rebinding at 10.5 s, expiry at 12 s.
-    let lease = 12;
+    // Renewal (T1) after 10 s, rebinding at 17.5 s, expiry at 20 s: the restarted agent
+    // has over 15 s to answer before the client would start over.
+    let lease = 20;
     let (mut bed, secret, a) = with_alpha("rs", lease);
     let lan = bed.add_lan("rlan").unwrap();
     let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
