@@ -96,28 +96,7 @@ fn answers(bed: &Testbed, host: &Host, args: &[&str], expected: &str) -> Result<
 
 /// The IPv4 address on `dev` inside `host`, once one is there.
 fn address_on(bed: &Testbed, host: &Host, dev: &str, within: Duration) -> Ipv4Addr {
-    let deadline = Instant::now() + within;
-    loop {
-        let out = bed
-            .ns_output(&host.ns, "ip", &["-4", "-o", "addr", "show", "dev", dev])
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if let Some(a) = text
-            .split_whitespace()
-            .skip_while(|w| *w != "inet")
-            .nth(1)
-            .and_then(|cidr| cidr.split('/').next())
-            .and_then(|a| a.parse().ok())
-        {
-            return a;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}: no address on {dev} within {within:?}",
-            host.name
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    bed.address_on(host, dev, within).unwrap()
 }
 
 #[test]
@@ -462,7 +441,8 @@ fn udhcpc_script(host: &Host) -> (String, std::path::PathBuf) {
 /// RFC 2131 4.1 through a real relay agent: ISC `dhcrelay` sits between a client LAN and
 /// the router's bridge LAN, adds option 82 (`-a`) and forwards to the service address; the
 /// router's agent answers the relay at `giaddr`:67 with option 82 echoed (dhcrelay finds the
-/// client's interface by it), and busybox `udhcpc` behind the relay gets an address.
+/// client's interface by it; tcpdump sees it on the wire), and busybox `udhcpc` behind the
+/// relay gets an address.
 #[test]
 fn dhcp_through_a_relay_agent() {
     require_root();
@@ -497,6 +477,15 @@ fn dhcp_through_a_relay_agent() {
         &relay.ns,
         "ip",
         &["addr", "add", "10.201.50.1/24", "brd", "+", "dev", "eth1"],
+    )
+    .unwrap();
+    // What the relay and the router's agent say to each other, decoded by tcpdump.
+    let wire = relay.dir.join("tcpdump.log");
+    bed.spawn(
+        &relay.ns,
+        "tcpdump",
+        &["-i", "eth0", "-n", "-l", "-vv", "udp", "port", "67"],
+        &wire,
     )
     .unwrap();
     let pid_file = relay.dir.join("dhcrelay.pid").display().to_string();
@@ -546,6 +535,23 @@ fn dhcp_through_a_relay_agent() {
     );
     // The router holds the client's address in the DHT, as for a LAN host of its own.
     assert!(st.addresses.contains(&got.to_string()), "{st:?}");
+    // On the wire: the agent's replies to the relay carry the option 82 the relay added
+    // (its circuit id names the relay's client-side interface, eth1).
+    let text = std::fs::read_to_string(&wire).unwrap_or_default();
+    let replies: Vec<&str> = text
+        .split("\n    ")
+        .filter(|p| p.starts_with(&format!("{SERVICE}.67 > ")))
+        .collect();
+    assert!(
+        replies.len() >= 2,
+        "OFFER and ACK to the relay on the wire:\n{text}"
+    );
+    for r in replies {
+        assert!(
+            r.contains("Agent-Information") && r.contains("Circuit-ID") && r.contains("eth1"),
+            "a reply to the relay without its option 82:\n{r}"
+        );
+    }
 }
 
 /// Per-source DNS limits as a real client meets them: `dig` asking 100 times in a row,

@@ -548,6 +548,29 @@ pub fn join_config(
 }
 
 impl Testbed {
+    /// The IPv4 address on `dev` inside `host`, once one is there (a DHCP client's, say);
+    /// an error after `within`.
+    pub fn address_on(&self, host: &Host, dev: &str, within: Duration) -> Result<Ipv4Addr> {
+        let deadline = Instant::now() + within;
+        loop {
+            let out = self.ns_output(&host.ns, "ip", &["-4", "-o", "addr", "show", "dev", dev])?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            if let Some(a) = text
+                .split_whitespace()
+                .skip_while(|w| *w != "inet")
+                .nth(1)
+                .and_then(|cidr| cidr.split('/').next())
+                .and_then(|a| a.parse().ok())
+            {
+                return Ok(a);
+            }
+            if Instant::now() > deadline {
+                bail!("{}: no address on {dev} within {within:?}", host.name);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Waits (up to 30 s) until the agent holds its address in the DHT; returns it.
     pub fn claimed_address(&self, host: &Host, agent: &AgentHandle) -> Result<Ipv4Addr> {
         let deadline = Instant::now() + Duration::from_secs(30);

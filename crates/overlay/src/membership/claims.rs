@@ -235,6 +235,7 @@ impl Membership {
     /// Router mode: the LAN host at `address` went away; give its address back. Returns
     /// whether this member's addresses changed.
     pub fn remove_hosted(&mut self, address: Ipv4Addr) -> bool {
+        self.dhcp_clients.remove(&address);
         let Some(h) = self.hosted.remove(&address) else {
             return false;
         };
@@ -334,7 +335,12 @@ impl Membership {
             return;
         }
         let tried = self.dhcp_tried.remove(&client).unwrap_or_default();
-        let hint = hint.filter(|a| !tried.contains(a) && self.usable(*a));
+        // Not an address claimed for another of this member's clients (it would win).
+        let hint = hint.filter(|a| {
+            !tried.contains(a)
+                && self.usable(*a)
+                && self.dhcp_clients.get(a).is_none_or(|c| *c == client)
+        });
         let candidate = match hint {
             Some(a) => Some(a),
             None if exact || tried.len() >= MAX_AUTO_TRIES => None,
@@ -349,6 +355,7 @@ impl Membership {
             return;
         };
         self.dhcp_tried.insert(client.clone(), tried);
+        self.dhcp_clients.insert(address, client.clone());
         let key = self.keys.address_key(address);
         let claim = DhcpClaim {
             client,
@@ -390,6 +397,7 @@ impl Membership {
                 });
             }
             ClaimResult::Lost(_) if exact => {
+                self.forget_dhcp_client(address, &client);
                 self.dhcp_tried.remove(&client);
                 self.events.push_back(Event::Dhcp {
                     client,
@@ -398,6 +406,7 @@ impl Membership {
             }
             ClaimResult::Lost(_) => {
                 // Taken: another address for the same client.
+                self.forget_dhcp_client(address, &client);
                 self.dhcp_tried
                     .entry(client.clone())
                     .or_default()
@@ -407,9 +416,17 @@ impl Membership {
         }
     }
 
+    /// `address` is no longer claimed for `client` (if it was for another, that stands).
+    fn forget_dhcp_client(&mut self, address: Ipv4Addr, client: &[u8]) {
+        if self.dhcp_clients.get(&address).is_some_and(|c| c == client) {
+            self.dhcp_clients.remove(&address);
+        }
+    }
+
     /// A DHCP lease ended (released, declined, expired): give its address back. Returns
     /// whether this member's addresses changed.
     pub fn release_dhcp(&mut self, address: Ipv4Addr) -> bool {
+        self.dhcp_clients.remove(&address);
         if self.host_uses_dhcp() && self.own.owned == Some(address) {
             self.unbind_address(address);
             self.own.owned = None;

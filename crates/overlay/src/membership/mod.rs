@@ -258,6 +258,10 @@ pub struct Membership {
     hosted_conflicts: u64,
     /// Addresses already found taken, per DHCP client.
     dhcp_tried: HashMap<Vec<u8>, HashSet<Ipv4Addr>>,
+    /// The DHCP client each address is claimed (or held) for. This member's claim on a
+    /// key it already holds wins in the DHT, so the DHT alone cannot keep two of its own
+    /// clients apart: an address claimed for one client is never claimed for another.
+    dhcp_clients: HashMap<Ipv4Addr, Vec<u8>>,
     hostname: Option<String>,
     names: BTreeMap<String, NameLease>,
     name_error: Option<String>,
@@ -308,6 +312,7 @@ impl Membership {
             hosted: BTreeMap::new(),
             hosted_conflicts: 0,
             dhcp_tried: HashMap::new(),
+            dhcp_clients: HashMap::new(),
             hostname: config.hostname,
             names: BTreeMap::new(),
             name_error: None,
@@ -560,6 +565,7 @@ impl Membership {
         self.names.clear();
         self.own = Own::new(None);
         self.hosted.clear();
+        self.dhcp_clients.clear();
         self.group = Group::default();
         if self.settings.known && self.settings.keeper.is_none() {
             self.request(Request::Release {
@@ -668,7 +674,16 @@ impl Membership {
         })
     }
 
-    /// A random usable address not in `tried`.
+    /// Whether this member holds or claims `a` already (its own address, a LAN host's, a
+    /// DHCP client's): such an address is no candidate for another.
+    fn in_use_here(&self, a: Ipv4Addr) -> bool {
+        self.own.owned == Some(a)
+            || self.own.claiming == Some(a)
+            || self.hosted.contains_key(&a)
+            || self.dhcp_clients.contains_key(&a)
+    }
+
+    /// A random usable address not in `tried`, and not one this member holds or claims.
     fn random_free(&mut self, tried: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
         use rand::Rng as _;
         let subnet = self.subnet?;
@@ -677,7 +692,7 @@ impl Membership {
         for _ in 0..1000 {
             let index = 1 + self.rng.next_u64() % hosts.max(1);
             let a = Ipv4Addr::from(base.wrapping_add(index as u32));
-            if self.usable(a) && !tried.contains(&a) {
+            if self.usable(a) && !tried.contains(&a) && !self.in_use_here(a) {
                 return Some(a);
             }
         }

@@ -247,6 +247,58 @@ fn dhcp_claims_follow_the_dhcp_lease() {
     assert_eq!(net.members[a].owned(), Some(ip(30)));
 }
 
+/// A member's claim on a key it holds wins in the DHT, so its own DHCP clients are kept
+/// apart by the member: 200 clients claiming at once (a rack powering on, in a /24) get
+/// 200 distinct addresses, and one client's address is never granted to another.
+#[test]
+fn dhcp_clients_of_one_member_never_share_an_address() {
+    let mut net = Net::new();
+    let _a = net.add(config(Address::Static(ip(30))), 1);
+    let r = net.add(config(Address::None), 2);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    // All in flight at once, the first two asking for the same address.
+    net.members[r].claim_for_dhcp(now, b"first".to_vec(), Some(ip(40)), false);
+    net.members[r].claim_for_dhcp(now, b"second".to_vec(), Some(ip(40)), false);
+    net.members[r].claim_for_dhcp(now, b"third".to_vec(), Some(ip(40)), true);
+    for i in 0..197u32 {
+        net.members[r].claim_for_dhcp(now, i.to_be_bytes().to_vec(), None, false);
+    }
+    net.run_for(Duration::from_secs(1));
+    let outcomes = dhcp_outcomes(&net.take_events(r));
+    assert_eq!(outcomes.len(), 200);
+    assert!(outcomes.contains(&(b"first".to_vec(), Some(ip(40)))));
+    assert!(outcomes.contains(&(b"third".to_vec(), None)));
+    let granted: Vec<Ipv4Addr> = outcomes.iter().filter_map(|(_, a)| *a).collect();
+    let distinct: HashSet<Ipv4Addr> = granted.iter().copied().collect();
+    assert_eq!(granted.len(), 199);
+    assert_eq!(distinct.len(), 199, "{granted:?}");
+    assert!(!distinct.contains(&ip(30)));
+    assert!(distinct.iter().all(|a| net.members[r].holds(*a)));
+    // Held, it is still refused to another client, and granted to its own again (a
+    // client confirming its address after the member restarted asks this way).
+    let now = net.now;
+    net.members[r].claim_for_dhcp(now, b"fourth".to_vec(), Some(ip(40)), true);
+    net.members[r].claim_for_dhcp(now, b"first".to_vec(), Some(ip(40)), true);
+    net.run_for(Duration::from_secs(1));
+    let outcomes = dhcp_outcomes(&net.take_events(r));
+    assert!(
+        outcomes.contains(&(b"fourth".to_vec(), None)),
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.contains(&(b"first".to_vec(), Some(ip(40)))),
+        "{outcomes:?}"
+    );
+    // Released, it is anyone's again.
+    assert!(net.members[r].release_dhcp(ip(40)));
+    let now = net.now;
+    net.members[r].claim_for_dhcp(now, b"fourth".to_vec(), Some(ip(40)), true);
+    net.run_for(Duration::from_secs(1));
+    let outcomes = dhcp_outcomes(&net.take_events(r));
+    assert_eq!(outcomes, vec![(b"fourth".to_vec(), Some(ip(40)))]);
+}
+
 #[test]
 fn a_dhcp_host_owns_the_address_its_client_obtained() {
     let mut net = Net::new();
