@@ -109,7 +109,7 @@ wait_answer() { # FROM NAME
     echo "$1 gets no answer for $2" >&2
     exit 1
 }
-# dnsperf FROM SERVER: "qps lost% avg-latency-ms" of one run.
+# dnsperf FROM SERVER: "qps lost% noerror% avg-latency-ms" of one run.
 perf() {
     at "$1" dnsperf -s "$2" -d "$dir/queries" -l "$secs" -c "$clients" -q 200 >"$dir/perf.out" 2>&1 || true
     awk '
@@ -117,12 +117,14 @@ perf() {
         /Queries lost:/ { lost = $3 }
         /Queries per second:/ { qps = $4 }
         /Average Latency/ { lat = $4 }
-        END { if (sent == 0) { print "- - -"; exit }
-              printf "%d %.2f %.3f\n", qps, 100 * lost / sent, lat * 1000 }' "$dir/perf.out"
+        /Response codes:/ { if (match($0, /NOERROR [0-9]+ \([0-9.]+%/)) {
+                                ok = substr($0, RSTART, RLENGTH); sub(/.*\(/, "", ok); sub(/%/, "", ok) } }
+        END { if (sent == 0) { print "- - - -"; exit }
+              printf "%d %.2f %s %.3f\n", qps, 100 * lost / sent, ok == "" ? "0" : ok, lat * 1000 }' "$dir/perf.out"
 }
 row() { # LABEL FROM SERVER
-    read -r qps lost lat <<<"$(perf "$2" "$3")"
-    echo "| $1 | $qps | $lost | $lat |"
+    read -r qps lost ok lat <<<"$(perf "$2" "$3")"
+    echo "| $1 | $qps | $lost | $ok | $lat |"
     last_qps=$qps
 }
 
@@ -145,8 +147,8 @@ run_agents() { # BIN LABEL
 
 echo "dnsperf: $clients clients, ${secs}s each, up to 200 queries outstanding; names: $(cut -d' ' -f1 "$dir/queries" | tr '\n' ' ')"
 echo
-echo "| server | queries/s | lost % | avg latency ms |"
-echo "|---|---|---|---|"
+echo "| server | queries/s | lost % | NOERROR % | avg latency ms |"
+echo "|---|---|---|---|---|"
 row "dnsmasq, LAN host -> dnsmasq host" l1 10.201.0.53
 anchor=$last_qps
 if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
