@@ -9,7 +9,8 @@
 # agent, or read from the DHT once and cached), IPOP automatic names and PTRs.
 # `dns_rate = 0` on both agents: one dnsperf source offers more than the default per-source
 # limit (1000/s), and the figure asked for is that of clients under their limit.
-# Prints a Markdown table. Needs root. Usage:
+# Also the server's CPU time per answered query (user + system, from /proc: less sensitive to
+# other load on the machine than queries/s). Prints a Markdown table. Needs root. Usage:
 #   benches/dns-throughput.sh [seconds-per-run] [clients]      (default 10, 4)
 # Environment: HYPHAE_BIN (default target/release/hyphae, built if missing),
 #              HYPHAE_BASELINE_BIN (optional: another hyphae build measured in the same
@@ -93,7 +94,8 @@ C201000011.lab A
 31.0.201.10.in-addr.arpa PTR
 11.0.201.10.in-addr.arpa PTR
 EOF
-at d dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts \
+# Started by `ip netns exec` itself (not the `at` function): $! is dnsmasq's PID.
+ip netns exec "$p-d" dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts \
     --listen-address=10.201.0.53 --bind-interfaces --pid-file= --log-facility="$dir/dnsmasq.log" \
     --cache-size=1000 \
     --host-record=ione.lab,10.201.0.31 \
@@ -109,22 +111,31 @@ wait_answer() { # FROM NAME
     echo "$1 gets no answer for $2" >&2
     exit 1
 }
-# dnsperf FROM SERVER: "qps lost% noerror% avg-latency-ms" of one run.
+# CPU time (user + system) of process PID so far, in clock ticks.
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# dnsperf FROM SERVER: "qps lost% noerror% avg-latency-ms completed" of one run.
 perf() {
     at "$1" dnsperf -s "$2" -d "$dir/queries" -l "$secs" -c "$clients" -q 200 >"$dir/perf.out" 2>&1 || true
     awk '
         /Queries sent:/ { sent = $3 }
+        /Queries completed:/ { done = $3 }
         /Queries lost:/ { lost = $3 }
         /Queries per second:/ { qps = $4 }
         /Average Latency/ { lat = $4 }
         /Response codes:/ { if (match($0, /NOERROR [0-9]+ \([0-9.]+%/)) {
                                 ok = substr($0, RSTART, RLENGTH); sub(/.*\(/, "", ok); sub(/%/, "", ok) } }
-        END { if (sent == 0) { print "- - - -"; exit }
-              printf "%d %.2f %s %.3f\n", qps, 100 * lost / sent, ok == "" ? "0" : ok, lat * 1000 }' "$dir/perf.out"
+        END { if (sent == 0) { print "- - - - 0"; exit }
+              printf "%d %.2f %s %.3f %d\n", qps, 100 * lost / sent, ok == "" ? "0" : ok, lat * 1000, done }' "$dir/perf.out"
 }
-row() { # LABEL FROM SERVER
-    read -r qps lost ok lat <<<"$(perf "$2" "$3")"
-    echo "| $1 | $qps | $lost | $ok | $lat |"
+row() { # LABEL FROM SERVER [SERVER-PID]
+    local pid=${4:-} before=0 cpu="—"
+    [ -n "$pid" ] && before=$(ticks "$pid")
+    read -r qps lost ok lat done <<<"$(perf "$2" "$3")"
+    if [ -n "$pid" ] && [ "$done" -gt 0 ]; then
+        cpu=$(awk -v t="$(( $(ticks "$pid") - before ))" -v hz="$(getconf CLK_TCK)" -v n="$done" \
+            'BEGIN { printf "%.1f", t / hz * 1e6 / n }')
+    fi
+    echo "| $1 | $qps | $lost | $ok | $lat | $cpu |"
     last_qps=$qps
 }
 
@@ -138,18 +149,18 @@ run_agents() { # BIN LABEL
         wait_answer l1 "$q"
         wait_answer i1 "$q"
     done
-    row "$2, LAN host via router agent" l1 10.201.0.1
+    row "$2, LAN host via router agent" l1 10.201.0.1 "${pids[1]}"
     lan=$last_qps
-    row "$2, interface host" i1 10.201.0.1
+    row "$2, interface host" i1 10.201.0.1 "${pids[0]}"
     iface=$last_qps
     stop_agents
 }
 
 echo "dnsperf: $clients clients, ${secs}s each, up to 200 queries outstanding; names: $(cut -d' ' -f1 "$dir/queries" | tr '\n' ' ')"
 echo
-echo "| server | queries/s | lost % | NOERROR % | avg latency ms |"
-echo "|---|---|---|---|---|"
-row "dnsmasq, LAN host -> dnsmasq host" l1 10.201.0.53
+echo "| server | queries/s | lost % | NOERROR % | avg latency ms | server CPU µs/query |"
+echo "|---|---|---|---|---|---|"
+row "dnsmasq, LAN host -> dnsmasq host" l1 10.201.0.53 "${others[0]}"
 anchor=$last_qps
 if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
     run_agents "$HYPHAE_BASELINE_BIN" "baseline"
