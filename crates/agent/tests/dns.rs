@@ -4,8 +4,9 @@
 //! names and automatic names read from the DHT, and PTRs, and every one is answered while
 //! the DHT is read at most once per key (the status counter shows the cache at work); a
 //! namespace with no `resolvers` forwards to the resolver in its host's resolv.conf
-//! (dnsmasq on loopback), and an answer that resolver truncates over UDP reaches `dig` in
-//! full because the agent asked again over TCP.
+//! (dnsmasq on loopback) from a new source port and id each time (tcpdump sees them), and
+//! an answer that resolver truncates over UDP reaches `dig` in full because the agent asked
+//! again over TCP.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -224,6 +225,64 @@ fn host_resolvers_by_default_and_truncated_answers_fetched_over_tcp() {
     assert_eq!(st.dns.resolvers, ["127.0.0.1:53"], "{:?}", st.dns);
     eventually_answers(&bed, &a, &["alpha.lab"], "10.201.0.10");
     eventually_answers(&bed, &a, &["small.test"], "192.0.2.77");
+
+    // RFC 5452: each forwarded query leaves from a port of its own with an id of its own,
+    // as tcpdump on the host's loopback sees them.
+    let capture = a.dir.join("tcpdump.log");
+    bed.spawn(
+        &a.ns,
+        "tcpdump",
+        &[
+            "-i",
+            "lo",
+            "-n",
+            "-l",
+            "udp and dst host 127.0.0.1 and dst port 53",
+        ],
+        &capture,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&capture)
+        .unwrap_or_default()
+        .contains("listening on")
+    {
+        assert!(Instant::now() < deadline, "tcpdump did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..8 {
+        let name = format!("q{i}.small.test");
+        assert_eq!(short(&bed, &a, &[&name]), ["192.0.2.77"], "{name}");
+    }
+    // "IP 127.0.0.1.PORT > 127.0.0.1.53: ID+ A? qN.small.test. (..)"
+    let mut sources = std::collections::HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sources.len() < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "tcpdump saw {} of the 8 forwarded queries: {}",
+            sources.len(),
+            std::fs::read_to_string(&capture).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let text = std::fs::read_to_string(&capture).unwrap_or_default();
+        for line in text.lines().filter(|l| l.contains(".small.test.")) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let Some(at) = words.iter().position(|w| *w == "IP") else {
+                continue;
+            };
+            let port = words.get(at + 1).and_then(|s| s.rsplit('.').next());
+            let id = words.get(at + 4).map(|w| w.trim_end_matches(['+', '%']));
+            let name = words.iter().find(|w| w.ends_with(".small.test."));
+            if let (Some(port), Some(id), Some(name)) = (port, id, name) {
+                sources.insert(name.to_string(), (port.to_string(), id.to_string()));
+            }
+        }
+    }
+    let ports: std::collections::HashSet<_> = sources.values().map(|(p, _)| p).collect();
+    let ids: std::collections::HashSet<_> = sources.values().map(|(_, i)| i).collect();
+    assert_eq!(ports.len(), 8, "a source port per query: {sources:?}");
+    assert_eq!(ids.len(), 8, "an id per query: {sources:?}");
 
     // Asked directly over UDP, the resolver truncates the big answer.
     let direct = dig_at(&bed, &a, "127.0.0.1", &["+ignore", "big.outside.test"]);
