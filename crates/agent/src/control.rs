@@ -255,6 +255,10 @@ pub struct DnsStatus {
     pub nxdomain: u64,
     /// Queries sent to the resolvers.
     pub forwarded: u64,
+    /// Truncated UDP answers from the resolvers, asked again over TCP.
+    pub forwarded_truncated: u64,
+    /// Messages back from the resolvers not taken (another resolver or port, id, question).
+    pub resolver_rejected: u64,
     /// REFUSED answers (outside the zone, no resolvers).
     pub refused: u64,
     /// SERVFAIL answers (a lookup or the resolvers timed out, too many waiting).

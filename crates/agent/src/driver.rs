@@ -136,8 +136,9 @@ pub(crate) struct Agent {
     pub(crate) replays: Vec<(usize, Vec<Vec<u8>>)>,
     /// Where DHCP replies, DNS answers and service-stack packets are framed.
     pub(crate) service_buf: Vec<u8>,
-    /// Queries forwarded to the namespaces' resolvers leave and come back here.
-    pub(crate) resolver_socket: Option<tokio::net::UdpSocket>,
+    /// Answers to forwarded queries, from the tasks that send them (one per query).
+    pub(crate) resolver_tx: mpsc::Sender<crate::services::ResolverReply>,
+    resolver_rx: mpsc::Receiver<crate::services::ResolverReply>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
     /// Contacts are static peers only: when to start the overlay alone if none answered.
@@ -153,7 +154,7 @@ enum Wake {
     Underlay(std::io::Result<()>),
     Tap(usize),
     Overlay(hyphae_overlay::swarm::OverlayEvent),
-    Resolver(usize, SocketAddr),
+    Resolver(crate::services::ResolverReply),
     Timer,
     Call(Call),
 }
@@ -196,6 +197,7 @@ impl Agent {
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
         let underlay = Underlay::new(socket)?;
+        let (resolver_tx, resolver_rx) = mpsc::channel(crate::services::RESOLVER_REPLIES);
         let mut agent = Self {
             config_path: config.path.clone(),
             state_dir: config.agent.state_dir.clone(),
@@ -219,14 +221,12 @@ impl Agent {
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
             replays: Vec::new(),
             service_buf: vec![0; BUF_LEN],
-            resolver_socket: None,
+            resolver_tx,
+            resolver_rx,
             name_waiters: Vec::new(),
             alone_at,
             alone: false,
         };
-        if config.namespaces.iter().any(|n| !n.resolvers.is_empty()) {
-            agent.resolver_socket = Some(setup::bind_resolver_socket()?);
-        }
         let now = Instant::now();
         for ns in &config.namespaces {
             agent.add_namespace(ns, now)?;
@@ -420,10 +420,6 @@ impl Agent {
                 ns.device, other.name
             ));
         }
-        if !ns.resolvers.is_empty() && self.resolver_socket.is_none() {
-            self.resolver_socket =
-                Some(setup::bind_resolver_socket().map_err(|e| format!("{e:#}"))?);
-        }
         self.add_namespace(ns, now).map_err(|e| format!("{e:#}"))?;
         let ready = self.overlay_ready();
         if let Some(n) = self.namespaces.last_mut() {
@@ -500,9 +496,7 @@ impl Agent {
                 ready = self.underlay.readable() => Wake::Underlay(ready),
                 i = crate::datapath::any_readable(&self.namespaces) => Wake::Tap(i),
                 event = self.overlay.next_event() => Wake::Overlay(event),
-                Some((len, from)) = crate::services::recv_resolver(self.resolver_socket.as_ref(), &mut self.service_buf) => {
-                    Wake::Resolver(len, from)
-                }
+                Some(reply) = self.resolver_rx.recv() => Wake::Resolver(reply),
                 () = sleep_until(deadline) => Wake::Timer,
                 Some(call) = ctl_rx.recv() => Wake::Call(call),
             };
@@ -522,7 +516,7 @@ impl Agent {
                 }
                 Wake::Tap(i) => self.drain_tap(i, now).await,
                 Wake::Overlay(event) => self.handle_overlay(now, event),
-                Wake::Resolver(len, from) => self.resolver_answer(now, len, from),
+                Wake::Resolver(reply) => self.resolver_answer(now, reply),
                 Wake::Timer => {}
                 Wake::Call(call) => self.handle_call(now, call),
             }

@@ -1,16 +1,17 @@
 //! The services at the namespace's service address, as the driver runs them: the virtual
 //! DHCP server (its leases are the membership's DHT claims), the DNS service (its reads are
-//! the membership's DHT reads; its forwarded queries leave through one socket), and
+//! the membership's DHT reads; each forwarded query leaves from a socket of its own), and
 //! `hyphae name set`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
 use hyphae_dhcp_dns::service::Held;
-use hyphae_dhcp_dns::{dhcp, dns};
+use hyphae_dhcp_dns::{dhcp, dns, forward};
 use hyphae_overlay::membership::Membership;
 use hyphae_overlay::NamespaceId;
 use serde_json::json;
+use tokio::sync::mpsc;
 
 use crate::config::Mode;
 use crate::driver::{Agent, NameWaiter, NAME_SET_WAIT};
@@ -155,15 +156,9 @@ impl Agent {
                 n.write(&self.service_buf[..len]);
             }
         }
-        while let Some((to, query)) = n.dns.poll_resolver_datagram() {
+        while let Some(transmit) = n.dns.poll_transmit() {
             any = true;
-            let sent = self
-                .resolver_socket
-                .as_ref()
-                .is_some_and(|s| s.try_send_to(&query, resolver_target(s, to)).is_ok());
-            if !sent {
-                tracing::debug!(resolver = %to, "cannot send a query to the resolver");
-            }
+            tokio::spawn(ask_resolver(i, transmit, self.resolver_tx.clone()));
         }
         while let Some(missing) = n.dns.poll_lookup() {
             any = true;
@@ -175,15 +170,17 @@ impl Agent {
         any
     }
 
-    /// An answer on the forwarding socket: to the namespace whose query it answers.
-    pub(crate) fn resolver_answer(&mut self, now: Instant, len: usize, from: SocketAddr) {
-        let answer = self.service_buf[..len].to_vec();
-        for n in self.namespaces.iter_mut().filter(|n| n.active()) {
-            if n.dns.handle_resolver_answer(now, from, &answer) {
-                return;
-            }
+    /// What a resolver sent back for a query of namespace `ns`.
+    pub(crate) fn resolver_answer(&mut self, now: Instant, reply: ResolverReply) {
+        let Some(n) = self.namespaces.get_mut(reply.ns).filter(|n| n.active()) else {
+            return;
+        };
+        if !n
+            .dns
+            .handle_resolver_answer(now, reply.id, reply.tcp, reply.from, &reply.message)
+        {
+            tracing::debug!(from = %reply.from, "a resolver's answer was not taken");
         }
-        tracing::debug!(%from, "unexpected datagram on the resolver socket");
     }
 
     /// `hyphae name set`: names this member's own address in namespace `ns`. The reply
@@ -284,33 +281,91 @@ impl Agent {
     }
 }
 
-/// `to` as the resolver socket can reach it: v4-mapped on a dual-stack socket.
-fn resolver_target(socket: &tokio::net::UdpSocket, to: SocketAddr) -> SocketAddr {
-    match (socket.local_addr(), to) {
-        (Ok(SocketAddr::V6(_)), SocketAddr::V4(v4)) => {
-            SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port()))
+/// What came back from a resolver for one forwarded query.
+pub(crate) struct ResolverReply {
+    /// The namespace whose query it answers.
+    pub(crate) ns: usize,
+    /// The id of the query sent (names the socket or connection it came on).
+    pub(crate) id: [u8; 2],
+    pub(crate) tcp: bool,
+    pub(crate) from: SocketAddr,
+    pub(crate) message: Vec<u8>,
+}
+
+/// Answers taken off the resolver sockets, waiting for the loop: as many as queries may be
+/// at the resolvers at once, for a few namespaces.
+pub(crate) const RESOLVER_REPLIES: usize = 4 * forward::MAX_FORWARDS;
+
+/// Largest DNS message: a TCP message's length is 16 bits (RFC 1035 4.2.2).
+const MAX_MESSAGE: usize = 65535;
+
+/// Sends one forwarded query and hands the answer to the loop. RFC 5452 9.2: over UDP, from
+/// a socket of its own on a port the OS picks at random (Linux randomizes ephemeral ports),
+/// connected to the resolver so only its address and port get through; the first message
+/// with the query's id is passed on, the others (and anything after the resolver's
+/// timeout) are not waited for. Over TCP, one connection per query (RFC 7766 6.2.1 allows
+/// reuse; forwarded TCP is rare: truncated answers and TCP clients). Failures are left to
+/// the forwarder's timeout, which asks the next resolver.
+async fn ask_resolver(ns: usize, t: forward::Transmit, tx: mpsc::Sender<ResolverReply>) {
+    let result = tokio::time::timeout(forward::FORWARD_TIMEOUT, async {
+        if t.tcp {
+            ask_over_tcp(&t).await
+        } else {
+            ask_over_udp(&t).await
         }
-        _ => to,
+    })
+    .await;
+    match result {
+        Ok(Ok(message)) => {
+            let reply = ResolverReply {
+                ns,
+                id: t.id,
+                tcp: t.tcp,
+                from: t.to,
+                message,
+            };
+            let _ = tx.send(reply).await;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(resolver = %t.to, tcp = t.tcp, error = %e, "forwarding failed")
+        }
+        Err(_) => {
+            tracing::debug!(resolver = %t.to, tcp = t.tcp, "the resolver did not answer in time")
+        }
     }
 }
 
-/// The next datagram on the resolver socket (never, without one).
-pub(crate) async fn recv_resolver(
-    socket: Option<&tokio::net::UdpSocket>,
-    buf: &mut [u8],
-) -> Option<(usize, SocketAddr)> {
-    match socket {
-        Some(s) => s.recv_from(buf).await.ok().map(|(n, from)| {
-            // A dual-stack socket reports IPv4 senders as v4-mapped IPv6.
-            let from = match from {
-                SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
-                    Some(v4) => SocketAddr::from((v4, v6.port())),
-                    None => from,
-                },
-                v4 => v4,
-            };
-            (n, from)
-        }),
-        None => std::future::pending().await,
+async fn ask_over_udp(t: &forward::Transmit) -> std::io::Result<Vec<u8>> {
+    let any: SocketAddr = match t.to {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = tokio::net::UdpSocket::bind(any).await?;
+    socket.connect(t.to).await?;
+    socket.send(&t.query).await?;
+    let mut buf = vec![0; MAX_MESSAGE];
+    loop {
+        let len = socket.recv(&mut buf).await?;
+        // Anything else on this port is a stray or a forgery: keep waiting for ours.
+        if buf.get(..2) == Some(&t.id[..]) {
+            buf.truncate(len);
+            return Ok(buf);
+        }
     }
+}
+
+async fn ask_over_tcp(t: &forward::Transmit) -> std::io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let len = u16::try_from(t.query.len())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "query too long"))?;
+    let mut stream = tokio::net::TcpStream::connect(t.to).await?;
+    let mut out = Vec::with_capacity(2 + t.query.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&t.query);
+    stream.write_all(&out).await?;
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).await?;
+    let mut message = vec![0; usize::from(u16::from_be_bytes(len))];
+    stream.read_exact(&mut message).await?;
+    Ok(message)
 }

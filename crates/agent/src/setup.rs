@@ -184,27 +184,6 @@ pub(crate) fn stable_mac(first: [u8; 2], id: &hyphae_overlay::PeerId, label: &st
     [first[0], first[1], h[0], h[1], h[2], h[3]]
 }
 
-/// The socket queries to the configured resolvers leave from: IPv6 and IPv4 if the host
-/// has IPv6, IPv4 only otherwise; an ephemeral port.
-pub(crate) fn bind_resolver_socket() -> Result<tokio::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let dual = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).and_then(|s| {
-        s.set_only_v6(false)?;
-        s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)).into())?;
-        Ok(s)
-    });
-    let socket = match dual {
-        Ok(s) => s,
-        Err(_) => {
-            let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-            s.bind(&SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)).into())?;
-            s
-        }
-    };
-    socket.set_nonblocking(true)?;
-    tokio::net::UdpSocket::from_std(socket.into()).context("registering the resolver socket")
-}
-
 /// The default config path.
 pub fn default_config_path() -> PathBuf {
     PathBuf::from("/etc/hyphae/hyphae.toml")

@@ -65,6 +65,8 @@ impl Agent {
                             answered: zone.answered,
                             nxdomain: zone.nxdomain,
                             forwarded: zone.forwarded,
+                            forwarded_truncated: agent.forwarded_truncated,
+                            resolver_rejected: agent.resolver_rejected,
                             refused: zone.refused,
                             servfail: agent.servfail,
                             errors: zone.errors,

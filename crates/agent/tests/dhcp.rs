@@ -143,7 +143,12 @@ fn dhcp_and_dns_with_real_clients() {
     let cfg = format!(
         "{}{}",
         agent_section(&d),
-        namespace(&secret, Some(a.underlay), "address = \"dhcp\"\n")
+        // No resolvers (not the host's either): names outside the zone are REFUSED.
+        namespace(
+            &secret,
+            Some(a.underlay),
+            "address = \"dhcp\"\nresolvers = []\n"
+        )
     );
     let da = bed.start_agent(&d, &cfg).unwrap();
     let resolv = bed.private_resolv_conf(&d).unwrap();

@@ -1,12 +1,20 @@
 //! Forwarding queries outside the zone to the configured resolvers, as a state machine: the
-//! agent sends the datagrams it queues and hands back what arrives on its socket.
+//! agent sends the [`Transmit`]s it queues and hands back what arrives for each.
 //!
-//! Each query leaves with a fresh random id, goes to one resolver at a time (the next one
-//! after [`FORWARD_TIMEOUT`]), and its answer is accepted only from a configured resolver,
-//! with a pending id and the very question asked (byte for byte, so the case of the name
-//! counts too). A query that came over TCP is sent with an EDNS buffer of
-//! [`TCP_PAYLOAD`] bytes so that large answers are not truncated for a client that already
-//! moved to TCP; the OPT record is taken out of the answer again if the client sent none.
+//! RFC 5452 (resilience against forged answers): each query leaves with a fresh random id
+//! and, over UDP, from a socket of its own on a port the OS picks at random, which the agent
+//! connects to the resolver and closes after the answer. An answer is accepted only from the
+//! resolver the query was sent to (address and port), on the socket that carried the query
+//! (the agent names it by the query's id), with that id and the very question asked (byte
+//! for byte, so the case of the name counts too). Each query goes to one resolver at a time
+//! (the next one after [`FORWARD_TIMEOUT`]).
+//!
+//! TCP (RFC 7766): a query that came over TCP goes to the resolver over TCP, and a UDP
+//! answer with the TC bit set is not passed on: the query is asked again over TCP, so the
+//! asker gets the whole answer (cut to what a UDP asker said it can take, 512 bytes without
+//! EDNS, as RFC 6891 6.2.3 asks). A query that came over TCP asks for an EDNS buffer of
+//! [`TCP_PAYLOAD`] bytes; the OPT record is taken out of the answer again if the client
+//! sent none.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -24,6 +32,23 @@ pub const MAX_FORWARDS: usize = 256;
 /// The EDNS buffer size asked for on behalf of a TCP client.
 pub const TCP_PAYLOAD: u16 = 4096;
 
+/// The largest UDP answer for a client that sent no EDNS record (RFC 1035 4.2.1).
+pub const PLAIN_UDP_PAYLOAD: u16 = 512;
+
+/// A query for a resolver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// The resolver.
+    pub to: SocketAddr,
+    /// Over TCP (length-prefixed on a connection of its own), or UDP (from a socket of its
+    /// own, on a random port).
+    pub tcp: bool,
+    /// The query's id: hand it back with what arrives for this transmit.
+    pub id: [u8; 2],
+    /// The query as it goes out.
+    pub query: Vec<u8>,
+}
+
 struct Pending<A> {
     asker: A,
     /// The query as sent (our id).
@@ -34,20 +59,34 @@ struct Pending<A> {
     id: [u8; 2],
     /// Whether we added the OPT record (it is removed from the answer).
     added_edns: bool,
+    /// The largest answer the asker takes over UDP (`None`: the asker is on TCP).
+    udp_limit: Option<usize>,
+    /// Where the query is now, and over which transport.
+    to: SocketAddr,
+    tcp: bool,
     /// Resolvers tried so far.
     tries: usize,
     deadline: Instant,
 }
 
-/// Why an answer on the forwarding socket was not taken.
+/// Why an answer was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejected {
-    /// Not from a configured resolver, not a response, or unreadable.
+    /// Not from the resolver the query went to, not a response, or unreadable.
     NotAnAnswer,
-    /// No query of ours has this id.
+    /// No query of ours has this id, or it came on another query's socket.
     UnknownId,
     /// The question differs from the one asked (spoofed, or another query's answer).
     WrongQuestion,
+}
+
+/// What an accepted answer leads to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken<A> {
+    /// The answer for `A`, with its own id.
+    Answer(A, Vec<u8>),
+    /// Truncated over UDP: the query is asked again over TCP (a [`Transmit`] is queued).
+    RetryOverTcp,
 }
 
 /// The queries one namespace has at its resolvers.
@@ -55,7 +94,7 @@ pub struct Forwarder<A> {
     rng: rand::rngs::StdRng,
     resolvers: Vec<SocketAddr>,
     pending: HashMap<[u8; 2], Pending<A>>,
-    out: VecDeque<(SocketAddr, Vec<u8>)>,
+    out: VecDeque<Transmit>,
 }
 
 impl<A: Copy> Forwarder<A> {
@@ -75,6 +114,12 @@ impl<A: Copy> Forwarder<A> {
         &self.resolvers
     }
 
+    /// Stops forwarding to the resolvers `keep` says no to (e.g. the service address
+    /// itself, which would send queries round in a loop).
+    pub fn retain_resolvers(&mut self, keep: impl Fn(&SocketAddr) -> bool) {
+        self.resolvers.retain(keep);
+    }
+
     /// Sends `query` (from `asker`, over TCP if `tcp`) to the first resolver. `false` if it
     /// cannot be forwarded (no resolvers, too many pending, unreadable): answer SERVFAIL.
     pub fn forward(&mut self, query: &[u8], asker: A, tcp: bool, now: Instant) -> bool {
@@ -92,6 +137,10 @@ impl<A: Copy> Forwarder<A> {
             return false;
         };
         message.metadata.id = u16::from_be_bytes(ours);
+        let udp_limit = (!tcp).then(|| {
+            let asked = message.edns.as_ref().map_or(0, Edns::max_payload);
+            usize::from(asked.max(PLAIN_UDP_PAYLOAD))
+        });
         let added_edns = tcp && message.edns.is_none();
         if added_edns {
             let mut edns = Edns::new();
@@ -101,7 +150,12 @@ impl<A: Copy> Forwarder<A> {
         let Ok(sent) = message.to_vec() else {
             return false;
         };
-        self.out.push_back((resolver, sent.clone()));
+        self.out.push_back(Transmit {
+            to: resolver,
+            tcp,
+            id: ours,
+            query: sent.clone(),
+        });
         self.pending.insert(
             ours,
             Pending {
@@ -110,6 +164,9 @@ impl<A: Copy> Forwarder<A> {
                 question: message.queries,
                 id,
                 added_edns,
+                udp_limit,
+                to: resolver,
+                tcp,
                 tries: 1,
                 deadline: now + FORWARD_TIMEOUT,
             },
@@ -130,28 +187,53 @@ impl<A: Copy> Forwarder<A> {
         None
     }
 
-    /// A datagram from `from` on the forwarding socket: the answer to give `asker`, with
-    /// its own id, or why it is not one.
-    pub fn answer(&mut self, from: SocketAddr, datagram: &[u8]) -> Result<(A, Vec<u8>), Rejected> {
-        if !self.resolvers.contains(&from) {
-            return Err(Rejected::NotAnAnswer);
-        }
-        let mut answer = Message::from_vec(datagram).map_err(|_| Rejected::NotAnAnswer)?;
+    /// `message` arrived from `from` for the [`Transmit`] with id `sent` (over TCP if
+    /// `tcp`): the answer to give its asker, a retry over TCP, or why it is not taken.
+    pub fn answer(
+        &mut self,
+        now: Instant,
+        sent: [u8; 2],
+        tcp: bool,
+        from: SocketAddr,
+        message: &[u8],
+    ) -> Result<Taken<A>, Rejected> {
+        let mut answer = Message::from_vec(message).map_err(|_| Rejected::NotAnAnswer)?;
         if answer.metadata.message_type != hickory_proto::op::MessageType::Response {
             return Err(Rejected::NotAnAnswer);
         }
         let ours = answer.metadata.id.to_be_bytes();
-        let p = self.pending.get(&ours).ok_or(Rejected::UnknownId)?;
+        if ours != sent {
+            return Err(Rejected::UnknownId);
+        }
+        let p = self.pending.get_mut(&ours).ok_or(Rejected::UnknownId)?;
+        if from != p.to || tcp != p.tcp {
+            return Err(Rejected::NotAnAnswer);
+        }
         if !same_question(&p.question, &answer.queries) {
             return Err(Rejected::WrongQuestion);
+        }
+        if answer.metadata.truncation && !tcp {
+            // RFC 7766 5: the whole answer is there over TCP, from the same resolver.
+            p.tcp = true;
+            p.deadline = now + FORWARD_TIMEOUT;
+            self.out.push_back(Transmit {
+                to: p.to,
+                tcp: true,
+                id: ours,
+                query: p.query.clone(),
+            });
+            return Ok(Taken::RetryOverTcp);
         }
         let p = self.pending.remove(&ours).ok_or(Rejected::UnknownId)?;
         answer.metadata.id = u16::from_be_bytes(p.id);
         if p.added_edns {
             answer.edns = None;
         }
-        let bytes = answer.to_vec().map_err(|_| Rejected::NotAnAnswer)?;
-        Ok((p.asker, bytes))
+        let mut bytes = answer.to_vec().map_err(|_| Rejected::NotAnAnswer)?;
+        if p.udp_limit.is_some_and(|limit| bytes.len() > limit) {
+            bytes = crate::dns::truncated(&bytes).ok_or(Rejected::NotAnAnswer)?;
+        }
+        Ok(Taken::Answer(p.asker, bytes))
     }
 
     /// Timers: a query whose resolver did not answer in time goes to the next one; one that
@@ -172,7 +254,15 @@ impl<A: Copy> Forwarder<A> {
                 Some(&next) => {
                     p.tries += 1;
                     p.deadline = now + FORWARD_TIMEOUT;
-                    self.out.push_back((next, p.query.clone()));
+                    p.to = next;
+                    // Back to the transport the asker came over.
+                    p.tcp = p.udp_limit.is_none();
+                    self.out.push_back(Transmit {
+                        to: next,
+                        tcp: p.tcp,
+                        id,
+                        query: p.query.clone(),
+                    });
                     self.pending.insert(id, p);
                 }
                 None => {
@@ -192,8 +282,8 @@ impl<A: Copy> Forwarder<A> {
         self.pending.values().map(|p| p.deadline).min()
     }
 
-    /// The next datagram for a resolver.
-    pub fn poll_datagram(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
+    /// The next query for a resolver.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.pop_front()
     }
 }
@@ -220,6 +310,10 @@ mod tests {
     const R1: &str = "192.0.2.53:53";
     const R2: &str = "192.0.2.54:53";
 
+    fn r1() -> SocketAddr {
+        R1.parse().unwrap()
+    }
+
     fn query(name: &str, id: u16) -> Vec<u8> {
         let mut q = Message::query();
         q.metadata.id = id;
@@ -227,25 +321,40 @@ mod tests {
         q.to_vec().unwrap()
     }
 
-    /// What a resolver answers to `sent`.
-    fn resolve(sent: &[u8], rcode: ResponseCode) -> Vec<u8> {
+    /// What a resolver answers to `sent`: `records` A records, truncated (no records, TC
+    /// set) if `cut`.
+    fn resolve_with(sent: &[u8], records: u8, cut: bool) -> Vec<u8> {
         let q = Message::from_vec(sent).unwrap();
         let mut r = Message::response(q.metadata.id, OpCode::Query);
-        r.metadata.response_code = rcode;
+        r.metadata.response_code = ResponseCode::NoError;
+        r.metadata.truncation = cut;
         r.edns = q.edns.clone();
         for question in q.queries {
-            r.add_answer(Record::from_rdata(
-                question.name().clone(),
-                60,
-                RData::A(A(Ipv4Addr::new(192, 0, 2, 77))),
-            ));
+            for i in 0..if cut { 0 } else { records } {
+                r.add_answer(Record::from_rdata(
+                    question.name().clone(),
+                    60,
+                    RData::A(A(Ipv4Addr::new(192, 0, 2, i))),
+                ));
+            }
             r.add_query(question);
         }
         r.to_vec().unwrap()
     }
 
+    fn resolve(sent: &[u8]) -> Vec<u8> {
+        resolve_with(sent, 1, false)
+    }
+
     fn forwarder() -> Forwarder<u8> {
         Forwarder::new(vec![R1.parse().unwrap(), R2.parse().unwrap()], [3; 32])
+    }
+
+    fn answered(t: Result<Taken<u8>, Rejected>) -> (u8, Message) {
+        match t {
+            Ok(Taken::Answer(asker, bytes)) => (asker, Message::from_vec(&bytes).unwrap()),
+            other => panic!("not an answer: {other:?}"),
+        }
     }
 
     #[test]
@@ -253,21 +362,40 @@ mod tests {
         let mut f = forwarder();
         let t = Instant::now();
         assert!(f.forward(&query("Example.com.", 0x1234), 7, false, t));
-        let (to, sent) = f.poll_datagram().unwrap();
-        assert_eq!(to, R1.parse().unwrap());
-        let ours = Message::from_vec(&sent).unwrap();
+        let tx = f.poll_transmit().unwrap();
+        assert_eq!((tx.to, tx.tcp), (r1(), false));
+        let ours = Message::from_vec(&tx.query).unwrap();
+        assert_eq!(ours.metadata.id.to_be_bytes(), tx.id);
         assert!(ours.edns.is_none(), "a UDP query goes as it came");
-        let (asker, answer) = f
-            .answer(to, &resolve(&sent, ResponseCode::NoError))
-            .unwrap();
-        let answer = Message::from_vec(&answer).unwrap();
+        let (asker, answer) = answered(f.answer(t, tx.id, false, tx.to, &resolve(&tx.query)));
         assert_eq!((asker, answer.metadata.id), (7, 0x1234));
         assert_eq!(answer.answers.len(), 1);
         // Answered once only.
         assert_eq!(
-            f.answer(to, &resolve(&sent, ResponseCode::NoError)),
+            f.answer(t, tx.id, false, tx.to, &resolve(&tx.query)),
             Err(Rejected::UnknownId)
         );
+    }
+
+    #[test]
+    fn each_query_has_a_fresh_random_id() {
+        let mut f = forwarder();
+        let t = Instant::now();
+        let mut ids = std::collections::HashSet::new();
+        for _ in 0..100 {
+            // The same asker's id every time: ours differ anyway.
+            assert!(f.forward(&query("example.com.", 1), 1, false, t));
+            let tx = f.poll_transmit().unwrap();
+            assert!(ids.insert(tx.id), "id {:?} used twice", tx.id);
+        }
+        // Another seed, other ids: they come from the seeded RNG, not a counter.
+        let first = |seed| {
+            let mut g: Forwarder<u8> = Forwarder::new(vec![r1()], seed);
+            assert!(g.forward(&query("example.com.", 1), 1, false, t));
+            g.poll_transmit().unwrap().id
+        };
+        assert_eq!(first([3; 32]), first([3; 32]));
+        assert_ne!(first([3; 32]), first([9; 32]));
     }
 
     #[test]
@@ -275,23 +403,101 @@ mod tests {
         let mut f = forwarder();
         let t = Instant::now();
         assert!(f.forward(&query("example.com.", 1), 7, false, t));
-        let (to, sent) = f.poll_datagram().unwrap();
-        let good = resolve(&sent, ResponseCode::NoError);
-        // From someone who is not a resolver.
+        assert!(f.forward(&query("example.com.", 2), 8, false, t));
+        let tx = f.poll_transmit().unwrap();
+        let other_tx = f.poll_transmit().unwrap();
+        let good = resolve(&tx.query);
+        // From someone who is not the resolver; from the resolver's address on another
+        // port; from the second resolver, which was not asked.
+        for from in ["198.51.100.1:53", "192.0.2.53:5353", R2] {
+            assert_eq!(
+                f.answer(t, tx.id, false, from.parse().unwrap(), &good),
+                Err(Rejected::NotAnAnswer),
+                "{from}"
+            );
+        }
+        // The right answer on another query's socket (a spoofer who guessed that port).
         assert_eq!(
-            f.answer("198.51.100.1:53".parse().unwrap(), &good),
+            f.answer(t, other_tx.id, false, tx.to, &good),
+            Err(Rejected::UnknownId)
+        );
+        // Over TCP, when it went over UDP.
+        assert_eq!(
+            f.answer(t, tx.id, true, tx.to, &good),
             Err(Rejected::NotAnAnswer)
         );
         // Another question under the right id (the case of a letter is enough).
-        let mut other = Message::from_vec(&sent).unwrap();
+        let mut other = Message::from_vec(&tx.query).unwrap();
         other.queries[0] = Query::query(Name::from_ascii("EXAMPLE.com.").unwrap(), RecordType::A);
-        let other = resolve(&other.to_vec().unwrap(), ResponseCode::NoError);
-        assert_eq!(f.answer(to, &other), Err(Rejected::WrongQuestion));
+        let other = resolve(&other.to_vec().unwrap());
+        assert_eq!(
+            f.answer(t, tx.id, false, tx.to, &other),
+            Err(Rejected::WrongQuestion)
+        );
         // A query, not an answer; junk.
-        assert_eq!(f.answer(to, &sent), Err(Rejected::NotAnAnswer));
-        assert_eq!(f.answer(to, b"junk"), Err(Rejected::NotAnAnswer));
+        assert_eq!(
+            f.answer(t, tx.id, false, tx.to, &tx.query),
+            Err(Rejected::NotAnAnswer)
+        );
+        assert_eq!(
+            f.answer(t, tx.id, false, tx.to, b"junk"),
+            Err(Rejected::NotAnAnswer)
+        );
         // The real answer still gets through.
-        assert_eq!(f.answer(to, &good).map(|(a, _)| a), Ok(7));
+        assert_eq!(answered(f.answer(t, tx.id, false, tx.to, &good)).0, 7);
+    }
+
+    #[test]
+    fn a_truncated_udp_answer_is_asked_again_over_tcp() {
+        let mut f = forwarder();
+        let t = Instant::now();
+        // The client sent EDNS with a 1232-byte buffer.
+        let mut q = Message::from_vec(&query("big.example.", 0x4242)).unwrap();
+        let mut edns = Edns::new();
+        edns.set_max_payload(1232);
+        q.set_edns(edns);
+        assert!(f.forward(&q.to_vec().unwrap(), 5, false, t));
+        let udp = f.poll_transmit().unwrap();
+        assert!(!udp.tcp);
+        let cut = resolve_with(&udp.query, 0, true);
+        assert_eq!(
+            f.answer(t, udp.id, false, udp.to, &cut),
+            Ok(Taken::RetryOverTcp)
+        );
+        let tcp = f.poll_transmit().unwrap();
+        assert_eq!((tcp.to, tcp.tcp, tcp.id), (udp.to, true, udp.id));
+        assert_eq!(tcp.query, udp.query);
+        // A second truncated copy over UDP is no longer taken: the query is on TCP now.
+        assert_eq!(
+            f.answer(t, udp.id, false, udp.to, &cut),
+            Err(Rejected::NotAnAnswer)
+        );
+        // 60 records (about 1 kB) over TCP: the client gets them all, with its id.
+        let full = resolve_with(&tcp.query, 60, false);
+        let (asker, answer) = answered(f.answer(t, tcp.id, true, tcp.to, &full));
+        assert_eq!((asker, answer.metadata.id), (5, 0x4242));
+        assert_eq!(answer.answers.len(), 60);
+        assert!(!answer.metadata.truncation);
+    }
+
+    #[test]
+    fn a_client_without_edns_gets_at_most_512_bytes_over_udp() {
+        let mut f = forwarder();
+        let t = Instant::now();
+        assert!(f.forward(&query("big.example.", 0x99), 5, false, t));
+        let udp = f.poll_transmit().unwrap();
+        assert_eq!(
+            f.answer(t, udp.id, false, udp.to, &resolve_with(&udp.query, 0, true)),
+            Ok(Taken::RetryOverTcp)
+        );
+        let tcp = f.poll_transmit().unwrap();
+        let full = resolve_with(&tcp.query, 60, false);
+        assert!(full.len() > 512);
+        let (_, answer) = answered(f.answer(t, tcp.id, true, tcp.to, &full));
+        // Too large for it: header and question with TC, and it asks us over TCP.
+        assert!(answer.metadata.truncation);
+        assert!(answer.answers.is_empty());
+        assert_eq!(answer.queries.len(), 1);
     }
 
     #[test]
@@ -299,31 +505,53 @@ mod tests {
         let mut f = forwarder();
         let t = Instant::now();
         assert!(f.forward(&query("example.com.", 0xabcd), 3, false, t));
-        let (_, first) = f.poll_datagram().unwrap();
+        let first = f.poll_transmit().unwrap();
         assert!(f.handle_timeout(t + FORWARD_TIMEOUT / 2).is_empty());
         assert!(f.handle_timeout(t + FORWARD_TIMEOUT).is_empty());
-        let (to, second) = f.poll_datagram().unwrap();
-        assert_eq!((to, &second), (R2.parse().unwrap(), &first));
+        let second = f.poll_transmit().unwrap();
+        assert_eq!(
+            (second.to, &second.query, second.tcp),
+            (R2.parse().unwrap(), &first.query, false)
+        );
+        // The first resolver's late answer is no longer taken: the query is at the second.
+        assert_eq!(
+            f.answer(t, first.id, false, first.to, &resolve(&first.query)),
+            Err(Rejected::NotAnAnswer)
+        );
         // The second resolver may answer; or, silent too, the query fails.
         let failed = f.handle_timeout(t + 2 * FORWARD_TIMEOUT);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].0, 3);
         assert_eq!(Message::from_vec(&failed[0].1).unwrap().metadata.id, 0xabcd);
-        assert!(f.poll_datagram().is_none());
+        assert!(f.poll_transmit().is_none());
     }
 
     #[test]
-    fn tcp_clients_get_large_answers_without_an_opt_they_never_sent() {
+    fn tcp_clients_go_over_tcp_with_large_answers_and_no_opt_they_never_sent() {
         let mut f = forwarder();
         let t = Instant::now();
         assert!(f.forward(&query("big.example.", 9), 1, true, t));
-        let (to, sent) = f.poll_datagram().unwrap();
-        let ours = Message::from_vec(&sent).unwrap();
+        let tx = f.poll_transmit().unwrap();
+        assert!(tx.tcp, "a TCP asker's query goes over TCP");
+        let ours = Message::from_vec(&tx.query).unwrap();
         assert_eq!(ours.edns.as_ref().map(Edns::max_payload), Some(TCP_PAYLOAD));
-        let (_, answer) = f
-            .answer(to, &resolve(&sent, ResponseCode::NoError))
-            .unwrap();
-        assert!(Message::from_vec(&answer).unwrap().edns.is_none());
+        let (_, answer) =
+            answered(f.answer(t, tx.id, true, tx.to, &resolve_with(&tx.query, 60, false)));
+        assert!(answer.edns.is_none());
+        assert_eq!(answer.answers.len(), 60, "never cut for a TCP asker");
+        // The next resolver is asked over TCP too.
+        assert!(f.forward(&query("big.example.", 10), 1, true, t));
+        let _ = f.poll_transmit().unwrap();
+        assert!(f.handle_timeout(t + FORWARD_TIMEOUT).is_empty());
+        let next = f.poll_transmit().unwrap();
+        assert_eq!((next.to, next.tcp), (R2.parse().unwrap(), true));
+    }
+
+    #[test]
+    fn the_service_address_is_never_a_resolver() {
+        let mut f = forwarder();
+        f.retain_resolvers(|r| r.ip() != "192.0.2.53".parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(f.resolvers(), &[R2.parse::<SocketAddr>().unwrap()]);
     }
 
     #[test]

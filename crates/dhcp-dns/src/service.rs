@@ -7,7 +7,7 @@
 //! resolver datagrams, the results of the reads [`Service::poll_lookup`] asks for
 //! ([`Service::handle_lookup`]) and [`Service::handle_timeout`] when
 //! [`Service::poll_timeout`] is due; after each, it sends what [`Service::poll_udp_answer`],
-//! [`Service::poll_service_packet`] and [`Service::poll_resolver_datagram`] return and
+//! [`Service::poll_service_packet`] and [`Service::poll_transmit`] return and
 //! starts the reads of [`Service::poll_lookup`]. What this member holds itself comes from
 //! a [`Held`] passed with each input. `C` is how the driver names a UDP client (its MAC,
 //! address and port).
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ipnet::Ipv4Net;
 
 use crate::dns::{self, Answer, Holder, Missing, Names};
-use crate::forward::Forwarder;
+use crate::forward::{Forwarder, Taken, Transmit};
 use crate::limit::{self, Verdict};
 use crate::tcp;
 
@@ -84,6 +84,11 @@ pub struct Stats {
     pub servfail: u64,
     /// Answers from the resolvers passed back.
     pub forwarded_answers: u64,
+    /// Truncated UDP answers from the resolvers, asked again over TCP.
+    pub forwarded_truncated: u64,
+    /// Messages that came back for forwarded queries and were not taken (wrong resolver,
+    /// id or question).
+    pub resolver_rejected: u64,
     /// Queries and service packets dropped before the namespace's subnet was known.
     pub not_ready: u64,
 }
@@ -165,6 +170,9 @@ impl<C: Copy> Service<C> {
     /// The namespace `name` with `subnet`: queries are answered from now on (before, they
     /// are dropped and counted `not_ready`).
     pub fn set_zone(&mut self, name: &str, subnet: Ipv4Net) {
+        // Queries to the service address itself would come straight back here.
+        let own = std::net::IpAddr::V4(service_address(subnet));
+        self.forwarder.retain_resolvers(|r| r.ip() != own);
         self.zone = Some(Zone {
             name: name.to_string(),
             subnet,
@@ -371,21 +379,31 @@ impl<C: Copy> Service<C> {
         }
     }
 
-    /// A datagram on the forwarding socket; returns false if it answers none of this
-    /// namespace's queries (not from a resolver, unknown id, another question).
+    /// A message from resolver `from` for the query [`Service::poll_transmit`] gave with
+    /// id `sent` (over TCP if `tcp`); returns false if it is not taken (not from that
+    /// resolver, another id, another question: counted).
     pub fn handle_resolver_answer(
         &mut self,
         now: Instant,
+        sent: [u8; 2],
+        tcp: bool,
         from: SocketAddr,
-        datagram: &[u8],
+        message: &[u8],
     ) -> bool {
-        match self.forwarder.answer(from, datagram) {
-            Ok((asker, answer)) => {
+        match self.forwarder.answer(now, sent, tcp, from, message) {
+            Ok(Taken::Answer(asker, answer)) => {
                 self.stats.forwarded_answers += 1;
                 self.send(asker, answer, now);
                 true
             }
-            Err(_) => false,
+            Ok(Taken::RetryOverTcp) => {
+                self.stats.forwarded_truncated += 1;
+                true
+            }
+            Err(_) => {
+                self.stats.resolver_rejected += 1;
+                false
+            }
         }
     }
 
@@ -468,9 +486,10 @@ impl<C: Copy> Service<C> {
         }
     }
 
-    /// The next query for a resolver.
-    pub fn poll_resolver_datagram(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
-        self.forwarder.poll_datagram()
+    /// The next query for a resolver: send it from a socket (or TCP connection) of its
+    /// own and hand what comes back to [`Service::handle_resolver_answer`].
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.forwarder.poll_transmit()
     }
 }
 
