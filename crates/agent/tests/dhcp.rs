@@ -493,6 +493,11 @@ fn dhcp_through_a_relay_agent() {
         &wire,
     )
     .unwrap();
+    // Capturing before the first DISCOVER (tcpdump is slow to start on a busy machine).
+    eventually("tcpdump listening", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&wire).unwrap_or_default();
+        text.contains("listening on").then_some(()).ok_or(text)
+    });
     let pid_file = relay.dir.join("dhcrelay.pid").display().to_string();
     let relay_log = relay.dir.join("dhcrelay.log");
     let relay_pid = bed
@@ -542,15 +547,21 @@ fn dhcp_through_a_relay_agent() {
     assert!(st.addresses.contains(&got.to_string()), "{st:?}");
     // On the wire: the agent's replies to the relay carry the option 82 the relay added
     // (its circuit id names the relay's client-side interface, eth1).
+    let replies_in = |text: &str| {
+        text.split("\n    ")
+            .filter(|p| p.starts_with(&format!("{SERVICE}.67 > ")))
+            .count()
+    };
+    // tcpdump may still be decoding the last reply.
+    eventually("OFFER and ACK to the relay on the wire", Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&wire).unwrap_or_default();
+        (replies_in(&text) >= 2).then_some(()).ok_or(text)
+    });
     let text = std::fs::read_to_string(&wire).unwrap_or_default();
     let replies: Vec<&str> = text
         .split("\n    ")
         .filter(|p| p.starts_with(&format!("{SERVICE}.67 > ")))
         .collect();
-    assert!(
-        replies.len() >= 2,
-        "OFFER and ACK to the relay on the wire:\n{text}"
-    );
     for r in replies {
         assert!(
             r.contains("Agent-Information") && r.contains("Circuit-ID") && r.contains("eth1"),
