@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Result};
 
 use crate::config::{Config, Mode};
+use hyphae_overlay::swarm::Multiaddr;
 
 /// How long a bootstrap member gets to answer.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -107,9 +108,11 @@ pub fn run(config_path: &Path) -> Result<()> {
     }
     report(udp_offload());
     report(af_xdp(caps));
-    if let Some(config) = &config {
-        report(listen_port(config));
-        for c in bootstrap_members(config) {
+    // The network checks need only these few keys: they run even when the config as a
+    // whole does not load (a wrong secret says nothing about the port).
+    if let Some(net) = config.as_ref().map(Network::of).or_else(|| Network::read(config_path)) {
+        report(listen_port(&net));
+        for c in bootstrap_members(&net) {
             report(c);
         }
     }
@@ -348,16 +351,62 @@ fn af_xdp(caps: u64) -> Check {
     check("af_xdp", Outcome::Pass("AF_XDP sockets and CAP_BPF".into()))
 }
 
+/// What the network checks need from the config.
+struct Network {
+    listen: SocketAddr,
+    control_socket: PathBuf,
+    bootstrap: Vec<Multiaddr>,
+}
+
+impl Network {
+    fn of(config: &Config) -> Self {
+        Self {
+            listen: config.agent.listen,
+            control_socket: config.agent.control_socket.clone(),
+            bootstrap: config
+                .namespaces
+                .iter()
+                .flat_map(|n| n.bootstrap.iter().cloned())
+                .collect(),
+        }
+    }
+
+    /// The keys read one by one, with the loader's defaults; `None` if the file is not
+    /// TOML or its listen address is bad (the config check said so).
+    fn read(path: &Path) -> Option<Self> {
+        let doc = std::fs::read_to_string(path).ok()?.parse::<toml::Table>().ok()?;
+        let agent = doc.get("agent").and_then(toml::Value::as_table);
+        let key = |k: &str| agent.and_then(|a| a.get(k)).and_then(toml::Value::as_str);
+        let default_listen = format!("0.0.0.0:{}", crate::config::DEFAULT_PORT);
+        let listen = crate::config::resolve(key("listen").unwrap_or(&default_listen)).ok()?;
+        let control_socket = PathBuf::from(key("control_socket").unwrap_or("/run/hyphae/hyphae.sock"));
+        let bootstrap = doc
+            .get("namespace")
+            .and_then(toml::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.get("bootstrap")?.as_array())
+            .flatten()
+            .filter_map(|b| crate::config::parse_bootstrap(b.as_str()?).ok())
+            .collect();
+        Some(Self {
+            listen,
+            control_socket,
+            bootstrap,
+        })
+    }
+}
+
 /// The listen port is free (or held by this config's running agent) on UDP and TCP.
-fn listen_port(config: &Config) -> Check {
-    let listen = config.agent.listen;
+fn listen_port(net: &Network) -> Check {
+    let listen = net.listen;
     let name = format!("listen {listen}");
-    if std::os::unix::net::UnixStream::connect(&config.agent.control_socket).is_ok() {
+    if std::os::unix::net::UnixStream::connect(&net.control_socket).is_ok() {
         return check(
             name,
             Outcome::Pass(format!(
                 "held by the running agent (control socket {})",
-                config.agent.control_socket.display()
+                net.control_socket.display()
             )),
         );
     }
@@ -379,19 +428,18 @@ fn listen_port(config: &Config) -> Check {
 }
 
 /// Every bootstrap member answers on its overlay (TCP) port from here.
-fn bootstrap_members(config: &Config) -> Vec<Check> {
-    let mut checks = Vec::new();
-    for n in &config.namespaces {
-        for addr in &n.bootstrap {
+fn bootstrap_members(net: &Network) -> Vec<Check> {
+    net.bootstrap
+        .iter()
+        .map(|addr| {
             let name = format!("bootstrap {addr}");
             let Some(endpoint) = hyphae_overlay::swarm::tunnel_endpoint(addr) else {
-                checks.push(check(
+                return check(
                     name,
                     Outcome::Pass("not a direct address (relayed or DNS): not dialled".into()),
-                ));
-                continue;
+                );
             };
-            checks.push(match dial(endpoint) {
+            match dial(endpoint) {
                 Ok(()) => check(name, Outcome::Pass(format!("{endpoint} answers on TCP"))),
                 Err(e) => check(
                     name,
@@ -403,10 +451,9 @@ fn bootstrap_members(config: &Config) -> Vec<Check> {
                         ),
                     ),
                 ),
-            });
-        }
-    }
-    checks
+            }
+        })
+        .collect()
 }
 
 fn dial(endpoint: SocketAddr) -> std::io::Result<()> {
