@@ -235,3 +235,80 @@ fn doctor_names_each_failure_with_its_fix_and_passes_once_fixed() {
         "{report}"
     );
 }
+
+/// The steps a `hyphae join` reported: its stderr lines that start with "join lab: ".
+fn steps(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("join lab: "))
+        .collect()
+}
+
+#[test]
+fn join_reports_its_progress_as_lines_or_on_a_terminal() {
+    require_root();
+    let mut bed = Testbed::new("prg", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    write_secret(&secret, "the progress test namespace secret").unwrap();
+    let h1 = bed.add_host("h1", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let a1 = bed
+        .start_agent(&h1, &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600))
+        .unwrap();
+    bed.claimed_address(&h1, &a1).unwrap();
+    let bootstrap = h1.underlay.to_string();
+    let join = |host: &Host| -> Vec<String> {
+        let config = host.dir.join("hyphae.toml");
+        std::fs::write(&config, agent_section(host)).unwrap();
+        vec![
+            "join".into(),
+            "lab".into(),
+            "--secret-file".into(),
+            secret.display().to_string(),
+            "--bootstrap".into(),
+            bootstrap.clone(),
+            "-c".into(),
+            config.display().to_string(),
+        ]
+    };
+
+    // Not a terminal: each step once, as a plain line, in order.
+    let h2 = bed.add_host("h2", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
+    let args = join(&h2);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = bed.ns_output(&h2.ns, BIN, &args).unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    if let Some(pid) = stdout.split("(pid ").nth(1).and_then(|t| t.split(')').next()) {
+        bed.adopt(pid.parse().unwrap());
+    }
+    let got = steps(&stderr);
+    assert_eq!(got.first(), Some(&"starting the agent"), "{stderr}");
+    assert!(got.iter().any(|s| s.starts_with("first member reached")), "{stderr}");
+    let mut unique = got.clone();
+    unique.dedup();
+    assert_eq!(unique, got, "a step repeated: {stderr}");
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    assert!(stdout.starts_with("joined 'lab': address 10.204.0."), "{stdout}");
+
+    // On a terminal (util-linux `script` gives it one): one line, redrawn in place.
+    let h3 = bed.add_host("h3", Ipv4Addr::new(10, 200, 0, 3)).unwrap();
+    let args = join(&h3);
+    let command = std::iter::once(BIN.to_string())
+        .chain(args)
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = bed
+        .ns_output(&h3.ns, "script", &["-qec", &command, "/dev/null"])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    if let Some(pid) = text.split("(pid ").nth(1).and_then(|t| t.split(')').next()) {
+        bed.adopt(pid.parse().unwrap());
+    }
+    assert!(text.contains("\r\x1b[2K"), "{text:?}");
+    assert!(text.contains("join lab: starting the agent"), "{text:?}");
+    assert!(text.contains("joined 'lab': address 10.204.0."), "{text:?}");
+}
