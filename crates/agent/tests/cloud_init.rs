@@ -174,6 +174,45 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// examples/cloud-init/ holds the user-data of every provider, as `hyphae cloud-init`
+/// prints it today for these flags (and an example secret).
+#[test]
+fn the_examples_are_what_the_command_prints() {
+    let dir = scratch("examples");
+    let secret = dir.join("lab.secret");
+    write_secret(&secret, "example secret: make your own with hyphae secret\n").unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cloud-init");
+    let zeros = "0".repeat(64);
+    for &(provider, _) in PROVIDERS {
+        let out = hyphae(&[
+            "cloud-init",
+            "--namespace",
+            "lab",
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--bootstrap",
+            "203.0.113.7:7400",
+            "--provider",
+            provider,
+            "--install",
+            "https://example.com/hyphae_0.1.0_amd64.deb",
+            "--sha256",
+            &zeros,
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let path = examples.join(format!("{provider}.yaml"));
+        let example = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            example,
+            String::from_utf8_lossy(&out.stdout),
+            "{} is stale: regenerate it (examples/cloud-init/README.md)",
+            path.display()
+        );
+        assert!(schema_check(&path).status.success(), "{}", path.display());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `nsenter` into the VM's mount, UTS and network namespaces (those of its agent).
 fn in_vm(pid: u32, program: &str, args: &[&str]) -> Output {
     let target = pid.to_string();
