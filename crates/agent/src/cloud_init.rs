@@ -262,7 +262,10 @@ fn tap_mtu(underlay_mtu: u16) -> Result<u16> {
     let overhead = u16::try_from(TUNNEL_OVERHEAD).unwrap_or(u16::MAX);
     match underlay_mtu.checked_sub(overhead) {
         Some(mtu) if mtu >= 576 => Ok(mtu),
-        _ => bail!("underlay MTU {underlay_mtu} is too small (at least {})", 576 + overhead),
+        _ => bail!(
+            "underlay MTU {underlay_mtu} is too small (at least {})",
+            576 + overhead
+        ),
     }
 }
 
@@ -415,7 +418,14 @@ fn boot_script(args: &CloudInitArgs, install: &Install, underlay_mtu: u16) -> Ve
     let mut lines = vec!["set -eu".to_string()];
     match install {
         Install::Download { url, sha256, deb } => {
-            lines.push(if *deb { "f=$(mktemp --suffix=.deb)" } else { "f=$(mktemp)" }.into());
+            lines.push(
+                if *deb {
+                    "f=$(mktemp --suffix=.deb)"
+                } else {
+                    "f=$(mktemp)"
+                }
+                .into(),
+            );
             lines.push(format!(
                 "curl -fsSL --retry 5 -o \"$f\" {u} || wget -q -O \"$f\" {u}",
                 u = sh(url)
@@ -503,13 +513,19 @@ mod tests {
         );
         assert!(Install::parse("hyphae", None).is_err());
         assert!(Install::parse("/opt/hyphae", Some(&sum)).is_err());
-        assert_eq!(Install::parse("/opt/hyphae", None).unwrap().binary(), "/opt/hyphae");
+        assert_eq!(
+            Install::parse("/opt/hyphae", None).unwrap().binary(),
+            "/opt/hyphae"
+        );
     }
 
     #[test]
     fn the_tap_mtu_leaves_room_for_the_tunnel() {
         assert_eq!(tap_mtu(1500).unwrap(), hyphae_overlay::DEFAULT_MTU);
-        assert_eq!(tap_mtu(1460).unwrap(), 1460 - hyphae_overlay::DEFAULT_MTU.abs_diff(1500));
+        assert_eq!(
+            tap_mtu(1460).unwrap(),
+            1460 - hyphae_overlay::DEFAULT_MTU.abs_diff(1500)
+        );
         assert!(tap_mtu(600).is_err());
     }
 

@@ -110,7 +110,11 @@ pub fn run(config_path: &Path) -> Result<()> {
     report(af_xdp(caps));
     // The network checks need only these few keys: they run even when the config as a
     // whole does not load (a wrong secret says nothing about the port).
-    if let Some(net) = config.as_ref().map(Network::of).or_else(|| Network::read(config_path)) {
+    if let Some(net) = config
+        .as_ref()
+        .map(Network::of)
+        .or_else(|| Network::read(config_path))
+    {
         report(listen_port(&net));
         for c in bootstrap_members(&net) {
             report(c);
@@ -183,12 +187,19 @@ fn secret_file(path: &Path) -> Check {
             ),
         );
     }
-    check(name, Outcome::Pass(format!("mode {mode:04o}, owner {euid}")))
+    check(
+        name,
+        Outcome::Pass(format!("mode {mode:04o}, owner {euid}")),
+    )
 }
 
 fn tun_device() -> Check {
     let path = "/dev/net/tun";
-    match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
         Ok(_) => check("tun", Outcome::Pass(format!("{path} opens"))),
         Err(e) => check(
             "tun",
@@ -212,11 +223,14 @@ fn effective_caps() -> u64 {
 }
 
 fn capabilities(caps: u64) -> Check {
-    let missing: Vec<&str> = [(CAP_NET_ADMIN, "CAP_NET_ADMIN"), (CAP_NET_RAW, "CAP_NET_RAW")]
-        .into_iter()
-        .filter(|(bit, _)| caps & (1 << bit) == 0)
-        .map(|(_, name)| name)
-        .collect();
+    let missing: Vec<&str> = [
+        (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+        (CAP_NET_RAW, "CAP_NET_RAW"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| caps & (1 << bit) == 0)
+    .map(|(_, name)| name)
+    .collect();
     if missing.is_empty() {
         check(
             "capabilities",
@@ -251,10 +265,13 @@ fn forwarding(config: &Config) -> Check {
             Outcome::Pass("not needed: no namespace routes through this host".into()),
         );
     }
-    let on = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
-        .is_ok_and(|v| v.trim() == "1");
+    let on =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").is_ok_and(|v| v.trim() == "1");
     if on {
-        check("ip forwarding", Outcome::Pass("net.ipv4.ip_forward = 1".into()))
+        check(
+            "ip forwarding",
+            Outcome::Pass("net.ipv4.ip_forward = 1".into()),
+        )
     } else {
         check(
             "ip forwarding",
@@ -374,12 +391,16 @@ impl Network {
     /// The keys read one by one, with the loader's defaults; `None` if the file is not
     /// TOML or its listen address is bad (the config check said so).
     fn read(path: &Path) -> Option<Self> {
-        let doc = std::fs::read_to_string(path).ok()?.parse::<toml::Table>().ok()?;
+        let doc = std::fs::read_to_string(path)
+            .ok()?
+            .parse::<toml::Table>()
+            .ok()?;
         let agent = doc.get("agent").and_then(toml::Value::as_table);
         let key = |k: &str| agent.and_then(|a| a.get(k)).and_then(toml::Value::as_str);
         let default_listen = format!("0.0.0.0:{}", crate::config::DEFAULT_PORT);
         let listen = crate::config::resolve(key("listen").unwrap_or(&default_listen)).ok()?;
-        let control_socket = PathBuf::from(key("control_socket").unwrap_or("/run/hyphae/hyphae.sock"));
+        let control_socket =
+            PathBuf::from(key("control_socket").unwrap_or("/run/hyphae/hyphae.sock"));
         let bootstrap = doc
             .get("namespace")
             .and_then(toml::Value::as_array)
@@ -502,7 +523,10 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let line = secret_file(&path).to_string();
         assert!(line.starts_with("FAIL  secret"), "{line}");
-        assert!(line.contains(&format!("fix: chmod 600 {}", path.display())), "{line}");
+        assert!(
+            line.contains(&format!("fix: chmod 600 {}", path.display())),
+            "{line}"
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(secret_file(&path).outcome, Outcome::Pass(_)));
         let missing = secret_file(&dir.join("none")).to_string();

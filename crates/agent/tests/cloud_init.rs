@@ -56,7 +56,11 @@ fn parse_yaml(path: &Path) -> serde_json::Value {
         .arg(path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -76,8 +80,18 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
     write_secret(&secret, SECRET).unwrap();
     let sum = "0123456789abcdef".repeat(4);
     let installs: [&[&str]; 3] = [
-        &["--install", "https://example.org/hyphae_0.1.0_amd64.deb", "--sha256", &sum],
-        &["--install", "https://example.org/hyphae-x86_64", "--sha256", &sum],
+        &[
+            "--install",
+            "https://example.org/hyphae_0.1.0_amd64.deb",
+            "--sha256",
+            &sum,
+        ],
+        &[
+            "--install",
+            "https://example.org/hyphae-x86_64",
+            "--sha256",
+            &sum,
+        ],
         &["--install", "/opt/hyphae/bin/hyphae"],
     ];
     for &(provider, mtu) in PROVIDERS {
@@ -95,7 +109,11 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
             ];
             args.extend_from_slice(install);
             let out = hyphae(&args);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let path = dir.join(format!("{provider}.yaml"));
             std::fs::write(&path, &out.stdout).unwrap();
             let check = schema_check(&path);
@@ -108,7 +126,10 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
 
             let doc = parse_yaml(&path);
             let s = file(&doc, "/etc/hyphae/lab.secret");
-            assert_eq!((&s["permissions"], &s["owner"], &s["encoding"]), (&"0600".into(), &"root:root".into(), &"b64".into()));
+            assert_eq!(
+                (&s["permissions"], &s["owner"], &s["encoding"]),
+                (&"0600".into(), &"root:root".into(), &"b64".into())
+            );
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(s["content"].as_str().unwrap())
                 .unwrap();
@@ -116,16 +137,19 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
             // The config, pointed at a local secret, loads with the agent's own loader.
             let c = file(&doc, "/etc/hyphae/hyphae.toml");
             assert_eq!(c["permissions"], "0600");
-            let text = c["content"].as_str().unwrap().replace(
-                "/etc/hyphae/lab.secret",
-                secret.to_str().unwrap(),
-            );
+            let text = c["content"]
+                .as_str()
+                .unwrap()
+                .replace("/etc/hyphae/lab.secret", secret.to_str().unwrap());
             let config_path = dir.join("hyphae.toml");
             std::fs::write(&config_path, text).unwrap();
             let config = Config::load(&config_path).unwrap();
             assert_eq!(config.namespaces[0].mtu, mtu, "{provider}");
             assert_eq!(config.agent.state_dir, Path::new("/var/lib/hyphae"));
-            assert_eq!(config.agent.control_socket, Path::new("/run/hyphae/hyphae.sock"));
+            assert_eq!(
+                config.agent.control_socket,
+                Path::new("/run/hyphae/hyphae.sock")
+            );
             // A package brings its own unit; anything else gets dist/hyphae.service with
             // its binary's path.
             let has_unit = doc["write_files"]
@@ -142,7 +166,9 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
                 .collect();
             assert_eq!(runcmd[0], "set -eu");
             if install.len() == 4 {
-                assert!(runcmd.iter().any(|l| l.contains(&sum) && l.contains("sha256sum -c")));
+                assert!(runcmd
+                    .iter()
+                    .any(|l| l.contains(&sum) && l.contains("sha256sum -c")));
             }
         }
     }
@@ -180,7 +206,11 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
 fn the_examples_are_what_the_command_prints() {
     let dir = scratch("examples");
     let secret = dir.join("lab.secret");
-    write_secret(&secret, "example secret: make your own with hyphae secret\n").unwrap();
+    write_secret(
+        &secret,
+        "example secret: make your own with hyphae secret\n",
+    )
+    .unwrap();
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cloud-init");
     let zeros = "0".repeat(64);
     for &(provider, _) in PROVIDERS {
@@ -199,7 +229,11 @@ fn the_examples_are_what_the_command_prints() {
             "--sha256",
             &zeros,
         ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let path = examples.join(format!("{provider}.yaml"));
         let example = std::fs::read_to_string(&path).unwrap();
         assert_eq!(
@@ -274,7 +308,15 @@ fn serve(bed: &mut Testbed, host: &Host) -> String {
     bed.spawn(
         &host.ns,
         "/usr/bin/python3",
-        &["-m", "http.server", "8080", "--bind", &ip, "--directory", &www_arg],
+        &[
+            "-m",
+            "http.server",
+            "8080",
+            "--bind",
+            &ip,
+            "--directory",
+            &www_arg,
+        ],
         &log,
     )
     .unwrap();
@@ -289,15 +331,26 @@ fn a_vm_booted_with_the_user_data_joins_a_running_namespace() {
     write_secret(&secret, SECRET).unwrap();
     let h1 = bed.add_host("h1", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     let a1 = bed
-        .start_agent(&h1, &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600))
+        .start_agent(
+            &h1,
+            &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600),
+        )
         .unwrap();
     let first = bed.claimed_address(&h1, &a1).unwrap();
     let url = serve(&mut bed, &h1);
     let vm = bed.add_host("vm", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
     // The package server answers before the VM boots.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !bed.ns_output(&vm.ns, "curl", &["-fsI", &url]).unwrap().status.success() {
-        assert!(Instant::now() < deadline, "the HTTP server in h1 did not start");
+    while !bed
+        .ns_output(&vm.ns, "curl", &["-fsI", &url])
+        .unwrap()
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the HTTP server in h1 did not start"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 
@@ -317,7 +370,11 @@ fn a_vm_booted_with_the_user_data_joins_a_running_namespace() {
         "--sha256",
         &sha256(Path::new(BIN)),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let user_data = vm.dir.join("user-data");
     std::fs::write(&user_data, &out.stdout).unwrap();
     let boot = vm.dir.join("first-boot.sh");
@@ -372,8 +429,10 @@ fn a_vm_booted_with_the_user_data_joins_a_running_namespace() {
     assert_ne!(address, first);
     // The instance's name (generic: its host name) named the member.
     assert_eq!(ns.hostname.as_deref(), Some("cloud-vm"), "{ns:?}");
-    bed.wait_for_ping(&vm, first, Duration::from_secs(20)).unwrap();
-    bed.wait_for_ping(&h1, address, Duration::from_secs(20)).unwrap();
+    bed.wait_for_ping(&vm, first, Duration::from_secs(20))
+        .unwrap();
+    bed.wait_for_ping(&h1, address, Duration::from_secs(20))
+        .unwrap();
 
     // The secret is root's only inside the VM, and nothing landed on the real host.
     let stat = in_vm(pid, "stat", &["-c", "%a %U", "/etc/hyphae/lab.secret"]);
@@ -381,6 +440,12 @@ fn a_vm_booted_with_the_user_data_joins_a_running_namespace() {
     let log = in_vm(pid, "stat", &["-c", "%a", "/var/log/hyphae.log"]);
     assert_eq!(String::from_utf8_lossy(&log.stdout).trim(), "600");
     let cmp = in_vm(pid, "cmp", &["/usr/local/bin/hyphae", BIN]);
-    assert!(cmp.status.success(), "the installed binary is not the served one");
-    assert_eq!(Path::new("/etc/hyphae/lab.secret").exists(), host_secret_before);
+    assert!(
+        cmp.status.success(),
+        "the installed binary is not the served one"
+    );
+    assert_eq!(
+        Path::new("/etc/hyphae/lab.secret").exists(),
+        host_secret_before
+    );
 }

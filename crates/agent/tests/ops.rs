@@ -57,7 +57,10 @@ fn the_unit_passes_systemd_analyze_verify() {
         .replace("NoNewPrivileges=yes", "NoNewPrivilege=yes");
     let out = verify(&dir, "bad.service", &bad);
     let said = String::from_utf8_lossy(&out.stderr);
-    assert!(said.contains("protect system value") && said.contains("NoNewPrivilege"), "{said}");
+    assert!(
+        said.contains("protect system value") && said.contains("NoNewPrivilege"),
+        "{said}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -90,7 +93,10 @@ fn ready_is_notified_once_the_address_is_held() {
     write_secret(&secret, "the readiness test namespace secret").unwrap();
     let h1 = bed.add_host("h1", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     let a1 = bed
-        .start_agent(&h1, &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600))
+        .start_agent(
+            &h1,
+            &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600),
+        )
         .unwrap();
     bed.claimed_address(&h1, &a1).unwrap();
 
@@ -131,9 +137,15 @@ fn ready_is_notified_once_the_address_is_held() {
     );
     // Before it: what the agent waited for; at it, the address was held.
     assert!(ready.unwrap() >= 1, "{got:?}");
-    assert!(got[0].starts_with("STATUS=") && !got[0].contains("ready"), "{got:?}");
+    assert!(
+        got[0].starts_with("STATUS=") && !got[0].contains("ready"),
+        "{got:?}"
+    );
     assert_eq!(held_at_ready, Some(true));
-    assert!(got[ready.unwrap()].contains("STATUS=ready: lab 10.204.0."), "{got:?}");
+    assert!(
+        got[ready.unwrap()].contains("STATUS=ready: lab 10.204.0."),
+        "{got:?}"
+    );
 
     // Stopping is announced.
     bed.signal(pid, libc::SIGTERM).unwrap();
@@ -170,7 +182,10 @@ fn doctor_names_each_failure_with_its_fix_and_passes_once_fixed() {
     write_secret(&secret, "the doctor test namespace secret").unwrap();
     let h1 = bed.add_host("h1", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     let a1 = bed
-        .start_agent(&h1, &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600))
+        .start_agent(
+            &h1,
+            &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600),
+        )
         .unwrap();
     bed.claimed_address(&h1, &a1).unwrap();
 
@@ -205,10 +220,19 @@ fn doctor_names_each_failure_with_its_fix_and_passes_once_fixed() {
     };
     assert!(!ok, "{report}");
     let s = line(&report, "FAIL  secret");
-    assert!(s.contains("mode 0644") && s.contains(&format!("fix: chmod 600 {}", secret.display())), "{s}");
-    assert!(line(&report, "FAIL  config").contains("fix: edit"), "{report}");
+    assert!(
+        s.contains("mode 0644") && s.contains(&format!("fix: chmod 600 {}", secret.display())),
+        "{s}"
+    );
+    assert!(
+        line(&report, "FAIL  config").contains("fix: edit"),
+        "{report}"
+    );
     let l = line(&report, &format!("FAIL  listen {}:7400", h2.underlay));
-    assert!(l.contains("UDP") && l.contains("fix: stop what holds it"), "{l}");
+    assert!(
+        l.contains("UDP") && l.contains("fix: stop what holds it"),
+        "{l}"
+    );
     let b = line(&report, &format!("FAIL  bootstrap /ip4/{nobody}/tcp/7400"));
     assert!(b.contains("fix: check the member runs"), "{b}");
     for ok_line in ["ok    tun:", "ok    capabilities:"] {
@@ -226,7 +250,10 @@ fn doctor_names_each_failure_with_its_fix_and_passes_once_fixed() {
     line(&report, "ok    secret");
     line(&report, "ok    config");
     line(&report, &format!("ok    listen {}:7400: free", h2.underlay));
-    line(&report, &format!("ok    bootstrap /ip4/{}/tcp/7400", h1.underlay));
+    line(
+        &report,
+        &format!("ok    bootstrap /ip4/{}/tcp/7400", h1.underlay),
+    );
     // Every line is a check's: ok, warn (an optional speed-up) or FAIL.
     assert!(
         report
@@ -251,7 +278,10 @@ fn join_reports_its_progress_as_lines_or_on_a_terminal() {
     write_secret(&secret, "the progress test namespace secret").unwrap();
     let h1 = bed.add_host("h1", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     let a1 = bed
-        .start_agent(&h1, &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600))
+        .start_agent(
+            &h1,
+            &join_config(&h1, "lab", &secret, SUBNET, "auto", None, 600),
+        )
         .unwrap();
     bed.claimed_address(&h1, &a1).unwrap();
     let bootstrap = h1.underlay.to_string();
@@ -280,17 +310,27 @@ fn join_reports_its_progress_as_lines_or_on_a_terminal() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stdout}{stderr}");
-    if let Some(pid) = stdout.split("(pid ").nth(1).and_then(|t| t.split(')').next()) {
+    if let Some(pid) = stdout
+        .split("(pid ")
+        .nth(1)
+        .and_then(|t| t.split(')').next())
+    {
         bed.adopt(pid.parse().unwrap());
     }
     let got = steps(&stderr);
     assert_eq!(got.first(), Some(&"starting the agent"), "{stderr}");
-    assert!(got.iter().any(|s| s.starts_with("first member reached")), "{stderr}");
+    assert!(
+        got.iter().any(|s| s.starts_with("first member reached")),
+        "{stderr}"
+    );
     let mut unique = got.clone();
     unique.dedup();
     assert_eq!(unique, got, "a step repeated: {stderr}");
     assert!(!stderr.contains('\r'), "{stderr:?}");
-    assert!(stdout.starts_with("joined 'lab': address 10.204.0."), "{stdout}");
+    assert!(
+        stdout.starts_with("joined 'lab': address 10.204.0."),
+        "{stdout}"
+    );
 
     // On a terminal (util-linux `script` gives it one): one line, redrawn in place.
     let h3 = bed.add_host("h3", Ipv4Addr::new(10, 200, 0, 3)).unwrap();
