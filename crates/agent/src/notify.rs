@@ -26,10 +26,7 @@ pub(crate) struct Progress<'a> {
 /// What the agent waits for, as one `STATUS=` line, and whether it is ready.
 pub(crate) fn readiness(overlay_ready: bool, namespaces: &[Progress<'_>]) -> (bool, String) {
     if !overlay_ready {
-        return (
-            false,
-            "joining the overlay (reaching a bootstrap member)".into(),
-        );
+        return (false, "joining the overlay (reaching a member)".into());
     }
     let mut held = Vec::new();
     for n in namespaces {

@@ -60,7 +60,7 @@ pub(crate) fn join_step(status: &Status, namespace: &str) -> String {
     };
     if !status.overlay.joined {
         return match status.overlay.connected {
-            0 => "reaching a bootstrap member".into(),
+            0 => "joining the overlay (reaching a member)".into(),
             n => format!("first member reached ({n} connected); joining the overlay"),
         };
     }
