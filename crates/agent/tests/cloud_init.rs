@@ -258,17 +258,20 @@ fn in_vm(pid: u32, program: &str, args: &[&str]) -> Output {
 }
 
 /// What a first boot does with the user-data, in the VM's own mount and UTS namespaces:
-/// /etc, /var, /usr/local and /run become copy-on-write (tmpfs over the real ones), the host
+/// /etc, /var and /usr/local become copy-on-write (tmpfs over the real ones), /run empty, the host
 /// name is the instance's, cloud-init's own `write_files` writes the files, and its runcmd
 /// script (built by cloud-init's `shellify`, as `cc_runcmd` does) runs under /bin/sh.
 const FIRST_BOOT: &str = r#"set -eu
 scratch=$1 userdata=$2
-for d in /etc /var /usr/local /run; do
+for d in /etc /var /usr/local; do
   t=$(mktemp -d -p "$scratch")
   mount -t tmpfs tmpfs "$t"
   mkdir "$t/u" "$t/w"
   mount -t overlay overlay -o "lowerdir=$d,upperdir=$t/u,workdir=$t/w" "$d"
 done
+# A booting VM's /run is empty: no /run/systemd/system, so the runcmd starts the agent
+# itself and never reaches the host's systemd.
+mount -t tmpfs tmpfs /run
 hostname cloud-vm
 mkdir -p /var/lib/cloud/instance/scripts
 /usr/bin/python3 - "$userdata" <<'EOF'
