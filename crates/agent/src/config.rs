@@ -586,7 +586,7 @@ fn read_secret(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// `host:port`, `host` (default port) or `[v6]:port`, resolved once.
-fn resolve(endpoint: &str) -> Result<SocketAddr> {
+pub(crate) fn resolve(endpoint: &str) -> Result<SocketAddr> {
     if let Ok(addr) = endpoint.parse::<SocketAddr>() {
         return Ok(addr);
     }

@@ -146,6 +146,8 @@ pub(crate) struct Agent {
     /// No static peer answered in time: the memberships run on an overlay of this agent
     /// alone, which a peer joins when it answers later (the swarm then bootstraps).
     pub(crate) alone: bool,
+    /// Readiness and status for a service manager (`$NOTIFY_SOCKET`).
+    pub(crate) notifier: crate::notify::Notifier,
 }
 
 /// What woke the loop.
@@ -226,6 +228,7 @@ impl Agent {
             name_waiters: Vec::new(),
             alone_at,
             alone: false,
+            notifier: crate::notify::Notifier::from_env(),
         };
         let now = Instant::now();
         for ns in &config.namespaces {
@@ -525,10 +528,33 @@ impl Agent {
             if let Some(reason) = self.fatal.take() {
                 bail!(reason);
             }
+            self.notify_progress(now);
         }
+        self.notifier.stopping();
         self.release_held().await;
         tracing::info!("stopping: removing devices");
         Ok(())
+    }
+
+    /// Tells a service manager what the agent waits for, and when every namespace holds
+    /// its address, that it is ready.
+    fn notify_progress(&mut self, now: Instant) {
+        if !self.notifier.due(now) {
+            return;
+        }
+        let progress: Vec<_> = self
+            .namespaces
+            .iter()
+            .filter(|n| n.active())
+            .map(|n| crate::notify::Progress {
+                name: &n.name,
+                own_address: n.mode != Mode::Router && !n.membership.host_uses_dhcp(),
+                subnet_known: n.membership.subnet().is_some(),
+                held: n.membership.owned(),
+            })
+            .collect();
+        let readiness = crate::notify::readiness(self.overlay_ready(), &progress);
+        self.notifier.update(readiness);
     }
 
     /// The earliest deadline of any core: the loop sleeps until then at most.

@@ -19,6 +19,7 @@ use toml_edit::{value, Array, ArrayOfTables, DocumentMut, Item, Table};
 
 use crate::config::Config;
 use crate::control::{self, Request, Status};
+use crate::progress::{join_step, Progress};
 
 /// How long `hyphae join` waits for the new member's address.
 pub const JOIN_WAIT: Duration = Duration::from_secs(30);
@@ -97,28 +98,58 @@ pub fn join(args: &JoinArgs) -> Result<()> {
     let config = write_checked(&args.config, &doc.to_string())?;
 
     let socket = config.agent.control_socket.clone();
+    let mut progress = Progress::new(format!("join {}", args.namespace));
     let mut started: Option<Child> = None;
-    if agent_running(&socket) {
-        let reply = control::request(
-            &socket,
-            &Request::Join {
-                namespace: args.namespace.clone(),
-            },
-        )?;
-        if let Err(e) = check_reply(&reply) {
-            restore(&args.config, &old);
-            bail!("the agent refused: {e}");
+    let service = how_to_start(
+        agent_running(&socket),
+        systemd_running(),
+        unit_installed(),
+        args.config == crate::setup::default_config_path(),
+    );
+    match service {
+        Start::AskAgent => {
+            progress.step("asking the running agent");
+            let reply = control::request(
+                &socket,
+                &Request::Join {
+                    namespace: args.namespace.clone(),
+                },
+            )?;
+            if let Err(e) = check_reply(&reply) {
+                progress.finish();
+                restore(&args.config, &old);
+                bail!("the agent refused: {e}");
+            }
         }
-    } else {
-        match start_agent(&config) {
-            Ok(child) => started = Some(child),
-            Err(e) => {
+        Start::Systemd => {
+            progress.step("starting the hyphae service");
+            if let Err(e) = start_service() {
+                progress.finish();
                 restore(&args.config, &old);
                 return Err(e);
             }
         }
+        Start::Spawn => {
+            progress.step("starting the agent");
+            match start_agent(&config) {
+                Ok(child) => started = Some(child),
+                Err(e) => {
+                    progress.finish();
+                    restore(&args.config, &old);
+                    return Err(e);
+                }
+            }
+        }
     }
-    match wait_joined(&socket, &args.namespace, started.as_mut(), &config) {
+    let joined = wait_joined(
+        &socket,
+        &args.namespace,
+        started.as_mut(),
+        &config,
+        &mut progress,
+    );
+    progress.finish();
+    match joined {
         Ok(Some((address, device))) => {
             println!("joined '{}': address {address} on {device}", args.namespace);
         }
@@ -137,6 +168,8 @@ pub fn join(args: &JoinArgs) -> Result<()> {
             child.id(),
             log_path(&config).display()
         );
+    } else if service == Start::Systemd {
+        println!("started the hyphae service (enabled at boot); its log: journalctl -u hyphae");
     }
     Ok(())
 }
@@ -394,14 +427,16 @@ fn last_line(log: &Path) -> String {
 }
 
 /// Polls the agent until the namespace has an address (`Some((address, device))`), the
-/// wait is over (`None`), or it failed.
+/// wait is over (`None`), or it failed; reports each step on the way.
 fn wait_joined(
     socket: &Path,
     namespace: &str,
     mut started: Option<&mut Child>,
     config: &Config,
+    progress: &mut Progress,
 ) -> Result<Option<(String, String)>> {
     let deadline = Instant::now() + JOIN_WAIT;
+    let mut reached = false;
     while Instant::now() < deadline {
         if let Some(child) = started.as_deref_mut() {
             if let Some(status) = child.try_wait()? {
@@ -413,6 +448,14 @@ fn wait_joined(
         }
         if let Ok(reply) = control::request(socket, &Request::Status) {
             if let Ok(status) = serde_json::from_str::<Status>(&reply) {
+                if !reached && status.overlay.connected > 0 {
+                    reached = true;
+                    progress.step(&format!(
+                        "first member reached ({} connected)",
+                        status.overlay.connected
+                    ));
+                }
+                progress.step(&join_step(&status, namespace));
                 if let Some(ns) = status.namespaces.iter().find(|n| n.name == namespace) {
                     if let Some(e) = &ns.error {
                         bail!("{e}");
@@ -422,10 +465,66 @@ fn wait_joined(
                     }
                 }
             }
+        } else {
+            progress.step("waiting for the agent's control socket");
         }
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(None)
+}
+
+/// How `hyphae join` brings the namespace up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// An agent runs (as a service or not): hand it the namespace.
+    AskAgent,
+    /// None runs, and the installed systemd unit runs this config: start the service.
+    Systemd,
+    /// None runs and no service would: start `hyphae up` in the background.
+    Spawn,
+}
+
+/// The service is used only for the config its unit runs (the default path): a join with
+/// another `--config` would otherwise start a service that never reads it.
+fn how_to_start(running: bool, systemd: bool, unit: bool, units_config: bool) -> Start {
+    match (running, systemd && unit && units_config) {
+        (true, _) => Start::AskAgent,
+        (false, true) => Start::Systemd,
+        (false, false) => Start::Spawn,
+    }
+}
+
+/// Whether systemd is the init system (what `sd_booted(3)` checks).
+fn systemd_running() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
+/// Whether a `hyphae.service` unit is installed (by the package or the cloud-init user-data).
+fn unit_installed() -> bool {
+    [
+        "/etc/systemd/system/hyphae.service",
+        "/usr/lib/systemd/system/hyphae.service",
+        "/lib/systemd/system/hyphae.service",
+    ]
+    .iter()
+    .any(|p| Path::new(p).is_file())
+}
+
+/// `systemctl enable --now --no-block hyphae.service`: started at once and at every boot;
+/// `--no-block` because readiness waits for every namespace, which the join reports itself.
+fn start_service() -> Result<()> {
+    let out = Command::new("systemctl")
+        .args(["enable", "--now", "--no-block", "hyphae.service"])
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run systemctl")?;
+    if !out.status.success() {
+        bail!(
+            "systemctl enable --now hyphae.service failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -435,6 +534,19 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_running_agent_comes_first_then_the_service_for_its_own_config() {
+        // Whatever else holds: a running agent takes the namespace over its socket.
+        for systemd in [false, true] {
+            assert_eq!(how_to_start(true, systemd, true, true), Start::AskAgent);
+        }
+        assert_eq!(how_to_start(false, true, true, true), Start::Systemd);
+        // No systemd, no unit, or a config the unit does not run: a background agent.
+        assert_eq!(how_to_start(false, false, true, true), Start::Spawn);
+        assert_eq!(how_to_start(false, true, false, true), Start::Spawn);
+        assert_eq!(how_to_start(false, true, true, false), Start::Spawn);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use base64::Engine as _;
 use clap::{Parser, Subcommand};
-use hyphae_agent::{config, control, join, setup};
+use hyphae_agent::{cloud_init, config, control, doctor, join, setup};
 
 /// hyphae: a userspace overlay VPN. One flat private subnet for every member of a namespace.
 #[derive(Parser)]
@@ -62,6 +62,16 @@ enum Cmd {
     },
     /// Print a new random namespace secret (base64 of 32 bytes).
     Secret,
+    /// Print `#cloud-config` user-data that installs hyphae on a new VM, writes its config
+    /// and the namespace secret (0600), and starts it, joining the namespace on first boot.
+    CloudInit(cloud_init::CloudInitArgs),
+    /// Check this host for what the agent needs, one line per check with a fix for each
+    /// failure; exit status 0 only when none failed.
+    Doctor {
+        /// Config file.
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -130,6 +140,8 @@ fn execute(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::CloudInit(args) => cloud_init::print(&args),
+        Cmd::Doctor { config } => doctor::run(&config),
         Cmd::Secret => {
             let mut secret = [0u8; 32];
             getrandom::getrandom(&mut secret)
