@@ -1240,7 +1240,9 @@ mod tests {
         ));
         sw.set_peer_addresses(3, &[Ipv4Addr::new(10, 201, 0, 2)]);
         let mut reply = [0u8; 64];
-        let Action::ToTap { len } = sw.handle_tap_frame(&mut ARP_REQUEST.to_vec(), t0(), &mut reply) else {
+        let Action::ToTap { len } =
+            sw.handle_tap_frame(&mut ARP_REQUEST.to_vec(), t0(), &mut reply)
+        else {
             panic!("no ARP reply")
         };
         assert_eq!(&reply[..len], &ARP_REPLY[..]);
@@ -1563,7 +1565,8 @@ mod tests {
             )
             .unwrap();
             let mut reply = [0u8; 64];
-            let Action::Dns { payload, client } = sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
+            let Action::Dns { payload, client } =
+                sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
             else {
                 panic!("{mode:?}: not intercepted")
             };
@@ -1597,7 +1600,8 @@ mod tests {
                 b"x",
             )
             .unwrap();
-            let Action::Service { packet, mac } = sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
+            let Action::Service { packet, mac } =
+                sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
             else {
                 panic!("{mode:?}: not for the service stack")
             };
@@ -1727,7 +1731,8 @@ mod tests {
             b"relayed",
         )
         .unwrap();
-        let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&mut f[..len], t0(), &mut [0u8; 64])
+        let Action::Dhcp { payload, mac } =
+            sw.handle_tap_frame(&mut f[..len], t0(), &mut [0u8; 64])
         else {
             panic!("not intercepted")
         };

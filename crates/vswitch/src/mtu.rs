@@ -210,7 +210,16 @@ pub fn emit_frag_needed(
     let sum = ipv4_header_checksum(&ip[..IPV4_MIN_HEADER_LEN]);
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
     let icmp = &mut ip[IPV4_MIN_HEADER_LEN..];
-    icmp[..ICMP_HEADER_LEN].copy_from_slice(&[ICMP_UNREACHABLE, ICMP_FRAG_NEEDED, 0, 0, 0, 0, 0, 0]);
+    icmp[..ICMP_HEADER_LEN].copy_from_slice(&[
+        ICMP_UNREACHABLE,
+        ICMP_FRAG_NEEDED,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]);
     icmp[6..8].copy_from_slice(&mtu.to_be_bytes());
     icmp[ICMP_HEADER_LEN..].copy_from_slice(quote);
     let sum = ipv4_header_checksum(icmp);

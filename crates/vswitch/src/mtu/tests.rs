@@ -72,11 +72,17 @@ fn a_syn_mss_is_clamped_with_a_correct_checksum() {
     assert_eq!(mss_of(&p), 1460);
     assert!(clamp_mss(&mut p, 1380));
     assert_eq!(mss_of(&p), 1380);
-    assert!(tcp_checksum_ok(&p), "incremental update must match a full sum");
+    assert!(
+        tcp_checksum_ok(&p),
+        "incremental update must match a full sum"
+    );
     // Everything but the MSS value and the checksum is untouched.
     let orig = syn_packet();
     let diff: Vec<usize> = (0..p.len()).filter(|&i| p[i] != orig[i]).collect();
-    assert!(diff.iter().all(|&i| [36, 37, 42, 43].contains(&i)), "{diff:?}");
+    assert!(
+        diff.iter().all(|&i| [36, 37, 42, 43].contains(&i)),
+        "{diff:?}"
+    );
 }
 
 #[test]
@@ -134,7 +140,13 @@ fn malformed_tcp_options_are_left_alone_without_panics() {
         let mut cut = p[..n].to_vec();
         let _ = clamp_mss(&mut cut, 1000);
         let _ = Fragments::new(&cut, 576);
-        let _ = emit_frag_needed(&mut [0u8; FRAG_NEEDED_MAX_LEN], ([2; 6], [4; 6]), Ipv4Addr::LOCALHOST, 1420, &cut);
+        let _ = emit_frag_needed(
+            &mut [0u8; FRAG_NEEDED_MAX_LEN],
+            ([2; 6], [4; 6]),
+            Ipv4Addr::LOCALHOST,
+            1420,
+            &cut,
+        );
     }
 }
 
@@ -180,7 +192,11 @@ fn reassemble(frags: &[Vec<u8>]) -> (Vec<u8>, Vec<u8>) {
     for (i, f) in frags.iter().enumerate() {
         let ihl = usize::from(f[0] & 0x0f) * 4;
         assert_eq!(usize::from(be16(f, 2)), f.len(), "total length");
-        assert_eq!(fold_sum(&[&f[..ihl]]), 0xffff, "header checksum of fragment {i}");
+        assert_eq!(
+            fold_sum(&[&f[..ihl]]),
+            0xffff,
+            "header checksum of fragment {i}"
+        );
         assert_eq!(be16(f, 4), 0x1234, "identification kept");
         let word = be16(f, 6);
         let offset = usize::from(word & 0x1fff) * 8;
@@ -200,7 +216,13 @@ fn reassemble(frags: &[Vec<u8>]) -> (Vec<u8>, Vec<u8>) {
 
 #[test]
 fn fragments_reassemble_to_the_original() {
-    for (total, mtu) in [(1500, 1420), (1500, 576), (1421, 1420), (4001, 1000), (1029, 68)] {
+    for (total, mtu) in [
+        (1500, 1420),
+        (1500, 576),
+        (1421, 1420),
+        (4001, 1000),
+        (1029, 68),
+    ] {
         let p = udp_packet(total, &[], false);
         let frags = fragments(&p, mtu);
         assert!(frags.len() >= 2, "{total}/{mtu}");
@@ -248,15 +270,31 @@ fn a_fragment_of_a_fragment_keeps_its_place_and_mf() {
 
 #[test]
 fn df_malformed_and_tiny_mtus_are_refused() {
-    assert!(Fragments::new(&udp_packet(1500, &[], true), 1420).is_none(), "DF");
-    assert!(Fragments::new(&udp_packet(1500, &[], false), 27).is_none(), "MTU < 28");
+    assert!(
+        Fragments::new(&udp_packet(1500, &[], true), 1420).is_none(),
+        "DF"
+    );
+    assert!(
+        Fragments::new(&udp_packet(1500, &[], false), 27).is_none(),
+        "MTU < 28"
+    );
     let mut bad = udp_packet(1500, &[0x82, 9, 0, 0], false);
-    assert!(Fragments::new(&bad, 1420).is_none(), "option past the header");
+    assert!(
+        Fragments::new(&bad, 1420).is_none(),
+        "option past the header"
+    );
     bad[2..4].copy_from_slice(&2000u16.to_be_bytes());
-    assert!(Fragments::new(&bad, 1420).is_none(), "total length past the buffer");
+    assert!(
+        Fragments::new(&bad, 1420).is_none(),
+        "total length past the buffer"
+    );
     let whole = udp_packet(1500, &[], false);
     let mut f = Fragments::new(&whole, 1420).unwrap();
-    assert_eq!(f.next_into(&mut [0u8; 100]), None, "a short buffer is refused");
+    assert_eq!(
+        f.next_into(&mut [0u8; 100]),
+        None,
+        "a short buffer is refused"
+    );
 }
 
 #[test]
@@ -269,7 +307,10 @@ fn frag_needed_quotes_the_header_and_carries_the_mtu() {
     let len = emit_frag_needed(&mut buf, (host, agent), service, 1420, &p).unwrap();
     assert_eq!(len, 14 + 20 + 8 + 20 + 8);
     let f = &buf[..len];
-    assert_eq!((&f[0..6], &f[6..12], be16(f, 12)), (&host[..], &agent[..], 0x0800));
+    assert_eq!(
+        (&f[0..6], &f[6..12], be16(f, 12)),
+        (&host[..], &agent[..], 0x0800)
+    );
     let ip = &f[14..];
     assert_eq!(fold_sum(&[&ip[..20]]), 0xffff, "IPv4 header checksum");
     assert_eq!(usize::from(be16(ip, 2)), len - 14);
@@ -278,7 +319,11 @@ fn frag_needed_quotes_the_header_and_carries_the_mtu() {
     assert_eq!(ip[16..20], [10, 201, 0, 11], "to the sender");
     let icmp = &ip[20..];
     assert_eq!(fold_sum(&[icmp]), 0xffff, "ICMP checksum");
-    assert_eq!((icmp[0], icmp[1]), (3, 4), "unreachable, fragmentation needed");
+    assert_eq!(
+        (icmp[0], icmp[1]),
+        (3, 4),
+        "unreachable, fragmentation needed"
+    );
     assert_eq!(be16(icmp, 6), 1420, "next-hop MTU (RFC 1191)");
     assert_eq!(icmp[8..], p[..28], "the header and 8 bytes of the original");
 }
@@ -291,7 +336,10 @@ fn frag_needed_is_never_sent_about_icmp_errors_or_to_broadcasts() {
     icmp_error[9] = IPPROTO_ICMP;
     icmp_error[20] = 3;
     let src = Ipv4Addr::new(10, 201, 0, 1);
-    assert_eq!(emit_frag_needed(&mut buf, macs, src, 1420, &icmp_error), None);
+    assert_eq!(
+        emit_frag_needed(&mut buf, macs, src, 1420, &icmp_error),
+        None
+    );
     icmp_error[20] = 8; // an echo request does get one
     assert!(emit_frag_needed(&mut buf, macs, src, 1420, &icmp_error).is_some());
     let from_nowhere = {
@@ -299,9 +347,16 @@ fn frag_needed_is_never_sent_about_icmp_errors_or_to_broadcasts() {
         p[12..16].copy_from_slice(&[0, 0, 0, 0]);
         p
     };
-    assert_eq!(emit_frag_needed(&mut buf, macs, src, 1420, &from_nowhere), None);
+    assert_eq!(
+        emit_frag_needed(&mut buf, macs, src, 1420, &from_nowhere),
+        None
+    );
     let p = udp_packet(1500, &[], true);
-    assert_eq!(emit_frag_needed(&mut buf[..60], macs, src, 1420, &p), None, "short buffer");
+    assert_eq!(
+        emit_frag_needed(&mut buf[..60], macs, src, 1420, &p),
+        None,
+        "short buffer"
+    );
 }
 
 mod switch {
@@ -377,7 +432,10 @@ mod switch {
         let mut reply = [0u8; crate::MIN_REPLY_BUF];
         let mut f = frame(&syn_packet());
         let action = sw.handle_tap_frame(&mut f, Instant::now(), &mut reply);
-        assert!(matches!(action, Action::ToPeer { peer: 7, .. }), "{action:?}");
+        assert!(
+            matches!(action, Action::ToPeer { peer: 7, .. }),
+            "{action:?}"
+        );
         assert_eq!(mss_of(&f[14..]), 1380);
         assert!(tcp_checksum_ok(&f[14..]));
         // The member's SYN-ACK to the LAN host (known once it sent).
