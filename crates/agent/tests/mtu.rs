@@ -1,10 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Plain hosts keep their default MTU (issue 17, item 7), end to end: a LAN host at MTU 1500
-//! behind a router agent, and a hybrid host whose LAN is at 1500, reach an interface host
-//! over a 1420-byte tunnel with the kernel's own TCP, ping and socat. The agent clamps the
-//! MSS of SYNs, answers DF packets that do not fit with ICMP "fragmentation needed"
-//! (mtu 1420), and fragments the rest; the kernels at both ends do PMTU discovery and
-//! reassembly.
+//! behind a router agent and a hybrid host whose LAN (and device) is at 1500 talk over a
+//! 1420-byte tunnel with the kernel's own TCP, ping and socat. Both ends advertise an MSS
+//! of 1460, so nothing fits unless the agents clamp it; they also answer DF packets that do
+//! not fit with ICMP "fragmentation needed" (mtu 1420) and fragment the rest, and the
+//! kernels at both ends do PMTU discovery and reassembly. An interface host starts the
+//! overlay.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -37,8 +38,6 @@ fn namespace(secret: &Path, bootstrap: Option<Ipv4Addr>) -> String {
 
 struct Site {
     bed: Testbed,
-    /// The interface host (10.201.0.31): the far end of every test.
-    iface: Host,
     router: (Host, AgentHandle),
     /// A plain host at MTU 1500 on the router's LAN (10.201.0.11).
     lan_host: Host,
@@ -53,6 +52,7 @@ fn build(label: &str) -> Site {
     let secret: PathBuf = bed.dir().join("lab.secret");
     hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
 
+    // The interface host (10.201.0.31) starts the overlay; the others bootstrap from it.
     let iface = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     let cfg = format!(
         "{}{}mode = \"interface\"\ndevice = \"hyphae0\"\naddress = \"{}\"\n",
@@ -91,7 +91,6 @@ fn build(label: &str) -> Site {
     let ha = bed.start_agent(&hh, &cfg).unwrap();
     Site {
         bed,
-        iface,
         router: (rh, ra),
         lan_host,
         hybrid: (hh, ha),
@@ -131,9 +130,9 @@ impl Site {
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 
-    /// Sends `mb` MB of pseudo-random bytes from `from` to the interface host over TCP
-    /// (socat at both ends) and checks they arrive whole (sha256sum).
-    fn bulk_tcp(&mut self, from: &Host, mb: usize, port: u16) {
+    /// Sends `mb` MB of pseudo-random bytes from `from` to `to` at `addr` over TCP (socat
+    /// at both ends) and checks they arrive whole (sha256sum).
+    fn bulk_tcp(&mut self, from: &Host, (to, addr): (&Host, Ipv4Addr), mb: usize, port: u16) {
         let data = from.dir.join("bulk.in");
         let mut bytes = vec![0u8; mb * 1000 * 1000];
         let mut x: u64 = 0x9e3779b97f4a7c15 ^ u64::from(port);
@@ -145,13 +144,12 @@ impl Site {
         }
         std::fs::write(&data, &bytes).expect("data");
         drop(bytes);
-        let out_path = self.iface.dir.join(format!("bulk-{port}.out"));
+        let out_path = to.dir.join(format!("bulk-{port}.out"));
         let log = self.bed.dir().join(format!("socat-{port}.log"));
-        let iface_ns = self.iface.ns.clone();
         let receiver = self
             .bed
             .spawn(
-                &iface_ns,
+                &to.ns,
                 "socat",
                 &[
                     "-u",
@@ -167,11 +165,11 @@ impl Site {
                 &from.ns,
                 "timeout",
                 &[
-                    "120",
+                    "60",
                     "socat",
                     "-u",
                     &format!("OPEN:{}", data.display()),
-                    &format!("TCP:{}:{port},retry=20,interval=0.2", vip(31)),
+                    &format!("TCP:{addr}:{port},retry=20,interval=0.2"),
                 ],
             )
             .expect("sender");
@@ -211,66 +209,84 @@ impl Site {
 
 /// What a host at MTU 1500 sees of a 1420-byte tunnel: TCP with a clamped MSS,
 /// fragmentation of non-DF packets, a "fragmentation needed" answer to a DF one, and PMTU
-/// discovery after it. `agent` is the agent whose switch carries the host's frames;
-/// the transfer uses TCP `port`.
-fn full_size_traffic_works(site: &mut Site, host: &Host, agent: &(Host, AgentHandle), port: u16) {
+/// discovery after it, from `host` to `to` at `addr`. `agent` is the agent whose switch
+/// carries the host's frames; the transfer uses TCP `port`.
+fn full_size_traffic_works(
+    site: &mut Site,
+    host: &Host,
+    agent: &(Host, AgentHandle),
+    (to, addr): (&Host, Ipv4Addr),
+    port: u16,
+) {
     site.bed
-        .wait_for_ping(host, vip(31), Duration::from_secs(60))
+        .wait_for_ping(host, addr, Duration::from_secs(60))
         .expect("the overlay carries small packets");
 
     // Bulk TCP first, while the host knows no smaller path MTU (afterwards its SYNs would
     // advertise the learned one): its SYN's MSS 1460 is clamped to 1380, every segment fits.
     let before = site.ns_status(agent).mss_clamped;
-    site.bulk_tcp(host, 20, port);
+    site.bulk_tcp(host, (to, addr), 20, port);
     let s = site.ns_status(agent);
     assert!(s.mss_clamped > before, "no SYN clamped");
     assert_eq!(s.drops.get("too_big"), Some(&0));
 
     // No DF: the agent fragments, the far kernel reassembles (and fragments its reply).
-    let out = site.ping(host, &["-M", "dont", "-s", FULL_PING], vip(31));
+    let out = site.ping(host, &["-M", "dont", "-s", FULL_PING], addr);
     assert!(out.contains("3 received"), "{}: {out}", host.name);
     let s = site.ns_status(agent);
     assert!(s.fragmented >= 3, "fragmented {}", s.fragmented);
 
     // DF, full size: the agent answers "fragmentation needed" with the tunnel's MTU (from
     // the service address, which the host's reverse-path filter accepts)...
-    let out = site.ping(host, &["-M", "do", "-s", FULL_PING], vip(31));
+    let out = site.ping(host, &["-M", "do", "-s", FULL_PING], addr);
     assert!(out.contains("mtu = 1420"), "{}: {out}", host.name);
     assert!(site.ns_status(agent).frag_needed >= 1);
     // ... the host's PMTU cache has learned it ...
     let route = site
         .bed
-        .ns(&host.ns, "ip", &["route", "get", &vip(31).to_string()])
+        .ns(&host.ns, "ip", &["route", "get", &addr.to_string()])
         .expect("ip route get");
     let route = String::from_utf8_lossy(&route.stdout);
     assert!(route.contains("mtu 1420"), "{}: {route}", host.name);
     // ... and a full-size ping as Linux sends it by default (PMTU discovery on) gets through.
-    let out = site.ping(host, &["-M", "want", "-s", FULL_PING], vip(31));
+    let out = site.ping(host, &["-M", "want", "-s", FULL_PING], addr);
     assert!(out.contains("3 received"), "{}: {out}", host.name);
 }
 
 #[test]
-fn plain_hosts_at_mtu_1500_reach_the_overlay_through_a_router_and_a_hybrid_host() {
+fn plain_hosts_at_mtu_1500_talk_across_the_overlay_through_a_router_and_a_hybrid_host() {
     let mut site = build("mt");
-    let (rh, hh) = (site.router.0.clone(), site.hybrid.0.clone());
+    let (rh, hh, l1) = (
+        site.router.0.clone(),
+        site.hybrid.0.clone(),
+        site.lan_host.clone(),
+    );
 
-    // Router: the TAP joins the bridge at the LAN's MTU, so the bridge stays at 1500.
-    assert_eq!(site.mtu(&rh.ns, "hyr0"), LAN_MTU);
-    assert_eq!(site.mtu(&rh.ns, "brlan"), LAN_MTU);
-    assert_eq!(site.mtu(&rh.ns, "eth1"), LAN_MTU);
-    let (lan_host, router) = (site.lan_host.clone(), site.router.clone());
-    full_size_traffic_works(&mut site, &lan_host, &router, 5001);
-
-    // Hybrid: the TAP and the host's veth take the LAN's MTU too ...
-    assert_eq!(site.mtu(&hh.ns, "hy0t"), LAN_MTU);
-    assert_eq!(site.mtu(&hh.ns, "hy0"), LAN_MTU);
-    assert_eq!(site.mtu(&hh.ns, "brlan"), LAN_MTU);
-    // ... so a plain neighbour at 1500 reaches the hybrid host's address at full size with
-    // DF (the bridge and veth carry it; no agent involved) ...
+    // The TAPs join their bridges at the LAN's MTU, so the bridges stay at 1500; the hybrid
+    // host's own device takes it too.
+    for (ns, link) in [
+        (&rh.ns, "hyr0"),
+        (&rh.ns, "brlan"),
+        (&rh.ns, "eth1"),
+        (&hh.ns, "hy0t"),
+        (&hh.ns, "hy0"),
+        (&hh.ns, "brlan"),
+    ] {
+        assert_eq!(site.mtu(ns, link), LAN_MTU, "{link}");
+    }
+    // A plain neighbour at 1500 reaches the hybrid host's address at full size with DF (the
+    // bridge and the veth carry it; no agent is involved).
     let neighbour = site.neighbour.clone();
+    site.bed
+        .wait_for_ping(&neighbour, vip(21), Duration::from_secs(30))
+        .expect("neighbour");
     let out = site.ping(&neighbour, &["-M", "do", "-s", FULL_PING], vip(21));
     assert!(out.contains("3 received"), "neighbour: {out}");
-    // ... and the hybrid host's own full-size traffic to the overlay is fitted by its agent.
+
+    // The router's LAN host to the hybrid host, through the router's agent ...
+    let router = site.router.clone();
+    full_size_traffic_works(&mut site, &l1, &router, (&hh, vip(21)), 5001);
+    // ... and back, through the hybrid host's agent.
     let hybrid = site.hybrid.clone();
-    full_size_traffic_works(&mut site, &hh, &hybrid, 5002);
+    full_size_traffic_works(&mut site, &hh, &hybrid, (&l1, vip(11)), 5002);
 }
