@@ -499,11 +499,20 @@ impl<P: Copy + Eq> Switch<P> {
         now: Instant,
         reply: &mut [u8],
     ) -> Action<P> {
-        let action = match self.classify_tap_frame(frame, now, reply) {
-            Action::ToPeer { peer, packet } => self.fit(frame, Some(peer), packet, reply),
-            Action::Broadcast { packet } => self.fit(frame, None, packet, reply),
-            action => action,
-        };
+        let mut action = self.classify_tap_frame(frame, now, reply);
+        if let Action::ToPeer { packet, .. } | Action::Broadcast { packet } = &action {
+            let mtu = self.config.tunnel_mtu;
+            if frame
+                .get(packet.clone())
+                .is_none_or(|p| mtu::needs_fitting(p, mtu))
+            {
+                action = match action {
+                    Action::ToPeer { peer, packet } => self.fit(frame, Some(peer), packet, reply),
+                    Action::Broadcast { packet } => self.fit(frame, None, packet, reply),
+                    other => other,
+                };
+            }
+        }
         match &action {
             Action::ToPeer { .. } => self.counters.to_peer += 1,
             Action::Broadcast { .. } => self.counters.broadcasts_out += 1,
@@ -529,6 +538,7 @@ impl<P: Copy + Eq> Switch<P> {
     /// the tunnel: clamps a SYN's MSS, and if it is still too large asks for fragments, or
     /// with DF set answers with ICMP "fragmentation needed" from the service address (an
     /// on-link address of the LAN, so the host's reverse-path filter takes it).
+    #[inline(never)]
     fn fit(
         &mut self,
         frame: &mut [u8],
@@ -555,7 +565,8 @@ impl<P: Copy + Eq> Switch<P> {
             }
             return Action::Fragment { peer, packet, mtu };
         }
-        if peer.is_none() {
+        // No ICMP error for a broadcast, nor from an address the host cannot have on link.
+        if peer.is_none() || self.service().is_unspecified() {
             return Action::Drop(DropReason::TooBig);
         }
         let src_mac = match EthernetFrame::new_checked(&frame[..]) {

@@ -82,6 +82,21 @@ fn checksum_update(sum: u16, old: u16, new: u16) -> u16 {
     !(acc as u16)
 }
 
+/// Whether the IPv4 `packet` needs fitting for `mtu`: larger than it, or possibly a TCP SYN
+/// whose MSS to clamp. The common packet costs a few comparisons.
+#[inline]
+pub fn needs_fitting(packet: &[u8], mtu: u16) -> bool {
+    const SYN: u8 = 0x02;
+    if packet.len() > usize::from(mtu) {
+        return true;
+    }
+    if packet.get(9) != Some(&IPPROTO_TCP) {
+        return false;
+    }
+    let ihl = usize::from(packet[0] & 0x0f) * 4;
+    packet.get(ihl + 13).is_some_and(|flags| flags & SYN != 0)
+}
+
 /// Lowers the MSS option of a TCP SYN in the IPv4 `packet` to `mss` if it is larger, fixing
 /// the TCP checksum incrementally (RFC 1624). Returns whether the packet changed. Anything
 /// else (not TCP, not a SYN, a later fragment, malformed options, no MSS option) is left
