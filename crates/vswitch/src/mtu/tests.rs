@@ -93,7 +93,7 @@ fn an_mss_at_an_odd_offset_is_clamped_with_a_correct_checksum() {
     let opts = [1, 2, 4, 0x05, 0xb4, 1, 1, 1];
     p.truncate(ihl + 20);
     p.extend_from_slice(&opts);
-    p[ihl + 12] = ((20 + opts.len()) / 4 << 4) as u8;
+    p[ihl + 12] = (((20 + opts.len()) / 4) << 4) as u8;
     let len = p.len() as u16;
     p[2..4].copy_from_slice(&len.to_be_bytes());
     let mut p = with_tcp_checksum(p);
@@ -364,6 +364,12 @@ mod switch {
     use crate::{Action, Config, DropReason, Mode, Switch};
     use std::time::Instant;
 
+    /// The virtual clock's origin (the switch only compares instants it is given).
+    fn t0() -> Instant {
+        #[allow(clippy::disallowed_methods)]
+        Instant::now()
+    }
+
     const HOST_MAC: Mac = [2, 0, 0, 0, 0, 11];
     const REMOTE_MAC: Mac = [0xfe, 0xfd, 1, 2, 3, 4];
 
@@ -390,7 +396,7 @@ mod switch {
         let mut sw = router();
         let mut reply = [0u8; crate::MIN_REPLY_BUF];
         let mut f = frame(&udp_packet(1500, &[], true));
-        let Action::ToTap { len } = sw.handle_tap_frame(&mut f, Instant::now(), &mut reply) else {
+        let Action::ToTap { len } = sw.handle_tap_frame(&mut f, t0(), &mut reply) else {
             panic!("expected an ICMP error");
         };
         let ip = &reply[14..len];
@@ -407,7 +413,7 @@ mod switch {
         let mut reply = [0u8; crate::MIN_REPLY_BUF];
         let mut f = frame(&udp_packet(1500, &[], false));
         assert_eq!(
-            sw.handle_tap_frame(&mut f, Instant::now(), &mut reply),
+            sw.handle_tap_frame(&mut f, t0(), &mut reply),
             Action::Fragment {
                 peer: Some(7),
                 packet: 14..1514,
@@ -418,7 +424,7 @@ mod switch {
         // A packet that fits goes whole.
         let mut f = frame(&udp_packet(1420, &[], true));
         assert_eq!(
-            sw.handle_tap_frame(&mut f, Instant::now(), &mut reply),
+            sw.handle_tap_frame(&mut f, t0(), &mut reply),
             Action::ToPeer {
                 peer: 7,
                 packet: 14..1434
@@ -431,7 +437,7 @@ mod switch {
         let mut sw = router();
         let mut reply = [0u8; crate::MIN_REPLY_BUF];
         let mut f = frame(&syn_packet());
-        let action = sw.handle_tap_frame(&mut f, Instant::now(), &mut reply);
+        let action = sw.handle_tap_frame(&mut f, t0(), &mut reply);
         assert!(
             matches!(action, Action::ToPeer { peer: 7, .. }),
             "{action:?}"
@@ -445,7 +451,7 @@ mod switch {
         let back = with_tcp_checksum(back);
         let mut buf = vec![0u8; crate::HEADROOM + back.len()];
         buf[crate::HEADROOM..].copy_from_slice(&back);
-        let action = sw.handle_peer_packet(&mut buf, back.len(), Instant::now());
+        let action = sw.handle_peer_packet(&mut buf, back.len(), t0());
         assert!(matches!(action, Action::ToTap { .. }), "{action:?}");
         assert_eq!(mss_of(&buf[14..]), 1380);
         assert!(tcp_checksum_ok(&buf[14..]));
@@ -460,7 +466,7 @@ mod switch {
         p[16..20].copy_from_slice(&[10, 201, 255, 255]);
         let mut f = frame(&p);
         f[..6].copy_from_slice(&[0xff; 6]);
-        let now = Instant::now();
+        let now = t0();
         assert_eq!(
             sw.handle_tap_frame(&mut f, now, &mut reply),
             Action::Drop(DropReason::TooBig)
