@@ -31,6 +31,11 @@
 //! sends it to every member of the namespace); one arriving from a member is framed for the
 //! device unless it came from this LAN. Both directions pass a token bucket
 //! (`broadcast_rate`), so a storm costs a counted drop, not the agent.
+//!
+//! Packets larger than the tunnel (`tunnel_mtu`, from a LAN at a larger MTU): a TCP SYN's
+//! MSS is clamped in place (both directions), a DF packet is answered with ICMP
+//! "fragmentation needed" ([`Action::ToTap`]), any other becomes [`Action::Fragment`]; see
+//! [`mtu`].
 
 pub mod mtu;
 pub mod wire;
