@@ -218,6 +218,15 @@ fn full_size_traffic_works(
     (to, addr): (&Host, Ipv4Addr),
     port: u16,
 ) {
+    // Strict reverse-path filtering (RFC 3704), as many distributions ship it: the ICMP
+    // error below must pass it.
+    site.bed
+        .ns(
+            &host.ns,
+            "sysctl",
+            &["-qw", "net.ipv4.conf.all.rp_filter=1"],
+        )
+        .expect("rp_filter");
     site.bed
         .wait_for_ping(host, addr, Duration::from_secs(60))
         .expect("the overlay carries small packets");
@@ -240,6 +249,7 @@ fn full_size_traffic_works(
     // the service address, which the host's reverse-path filter accepts)...
     let out = site.ping(host, &["-M", "do", "-s", FULL_PING], addr);
     assert!(out.contains("mtu = 1420"), "{}: {out}", host.name);
+    assert!(out.contains("From 10.201.0.1 "), "{}: {out}", host.name);
     assert!(site.ns_status(agent).frag_needed >= 1);
     // ... the host's PMTU cache has learned it ...
     let route = site
