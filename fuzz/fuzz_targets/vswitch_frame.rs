@@ -21,8 +21,9 @@ fuzz_target!(|data: &[u8]| {
         config.dhcp = true;
         let mut sw: Switch<u8> = Switch::new(config);
         sw.set_peer_addresses(1, &[Ipv4Addr::new(10, 201, 0, 2)]);
-        let mut reply = [0u8; 64];
-        let _ = sw.handle_tap_frame(data, now, &mut reply);
+        let mut reply = [0u8; hyphae_vswitch::MIN_REPLY_BUF];
+        let mut frame = data.to_vec();
+        let _ = sw.handle_tap_frame(&mut frame, now, &mut reply);
         let mut buf = vec![0u8; HEADROOM + data.len()];
         buf[HEADROOM..].copy_from_slice(data);
         let _ = sw.handle_peer_packet(&mut buf, data.len(), now);

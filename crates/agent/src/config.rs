@@ -16,8 +16,12 @@ use serde::Deserialize;
 /// Default underlay UDP port.
 pub const DEFAULT_PORT: u16 = 7400;
 
-/// Default TAP MTU (1420): see [`hyphae_overlay::DEFAULT_MTU`] for how it is derived.
+/// Default namespace (tunnel) MTU, 1420: see [`hyphae_overlay::DEFAULT_MTU`] for how it is
+/// derived.
 pub use hyphae_overlay::DEFAULT_MTU;
+
+// The switch's default (it does not depend on the overlay) is the same figure.
+const _: () = assert!(hyphae_vswitch::DEFAULT_TUNNEL_MTU == DEFAULT_MTU);
 
 /// Default address lease time: a crashed member's address is free again after this long.
 pub const DEFAULT_LEASE_SECS: u64 = 600;

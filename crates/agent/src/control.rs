@@ -229,6 +229,15 @@ pub struct NamespaceStatus {
     pub to_device: u64,
     /// Proxy ARP replies.
     pub arp_replies: u64,
+    /// TCP SYNs whose MSS the switch lowered to fit the tunnel.
+    #[serde(default)]
+    pub mss_clamped: u64,
+    /// Packets larger than the tunnel MTU sent to members in fragments.
+    #[serde(default)]
+    pub fragmented: u64,
+    /// ICMP "fragmentation needed" sent for packets larger than the tunnel MTU with DF set.
+    #[serde(default)]
+    pub frag_needed: u64,
     /// Frames the switch dropped, by reason.
     pub drops: BTreeMap<String, u64>,
     /// The members this agent has a tunnel with.
@@ -446,6 +455,12 @@ pub fn render(status: &Status) -> String {
             "  switch: {} to members, {} to device, {} ARP replies\n",
             ns.to_peers, ns.to_device, ns.arp_replies
         );
+        if ns.mss_clamped + ns.fragmented + ns.frag_needed > 0 {
+            out += &format!(
+                "  larger than the tunnel: {} MSS clamped, {} fragmented, {} fragmentation needed\n",
+                ns.mss_clamped, ns.fragmented, ns.frag_needed
+            );
+        }
         let d = nonzero(&ns.drops);
         if !d.is_empty() {
             out += &format!("  switch drops: {d}\n");

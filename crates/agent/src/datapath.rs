@@ -8,7 +8,8 @@ use std::io::ErrorKind;
 use std::task::Poll;
 use std::time::Instant;
 
-use hyphae_overlay::{Event, NamespaceId, Received};
+use hyphae_overlay::{Event, NamespaceId, PeerHandle, Received};
+use hyphae_vswitch::mtu::Fragments;
 use hyphae_vswitch::{Action, HEADROOM};
 use tokio::io::Interest;
 
@@ -76,15 +77,15 @@ impl Agent {
                     break;
                 }
             };
-            self.switch_frame(i, &rx[..n], now).await;
+            self.switch_frame(i, &mut rx[..n], now).await;
         }
         self.rx = rx;
         self.underlay.flush().await;
     }
 
     /// One frame from TAP `i`: to a member, an ARP reply back to the TAP, or held while
-    /// its destination resolves.
-    pub(crate) async fn switch_frame(&mut self, i: usize, frame: &[u8], now: Instant) {
+    /// its destination resolves. The switch may rewrite it (a TCP SYN's MSS).
+    pub(crate) async fn switch_frame(&mut self, i: usize, frame: &mut [u8], now: Instant) {
         let n = &mut self.namespaces[i];
         let action = n.switch.handle_tap_frame(frame, now, &mut self.reply);
         match action {
@@ -94,6 +95,9 @@ impl Agent {
                 }
             }
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], now).await,
+            Action::Fragment { peer, packet, mtu } => {
+                self.send_fragments(i, peer, &frame[packet], mtu, now).await;
+            }
             Action::Dhcp { payload, mac } => self.handle_dhcp(i, &frame[payload], mac, now),
             Action::Dns { payload, client } => {
                 n.dns.handle_udp_query(
@@ -118,6 +122,33 @@ impl Agent {
         if self.namespaces[i].mode != Mode::Interface {
             self.flush_switch(i, now);
         }
+    }
+
+    /// A packet larger than the tunnel MTU, in fragments: to `peer`, or to every member.
+    async fn send_fragments(
+        &mut self,
+        i: usize,
+        peer: Option<PeerHandle>,
+        packet: &[u8],
+        mtu: u16,
+        now: Instant,
+    ) {
+        let Some(mut fragments) = Fragments::new(packet, mtu) else {
+            return;
+        };
+        // The buffer leaves `self` while fragments are sent, as the receive buffer does.
+        let mut buf = std::mem::take(&mut self.fragment);
+        while let Some(len) = fragments.next_into(&mut buf) {
+            match peer {
+                Some(peer) => {
+                    if let Some(t) = self.node.send(peer, &buf[..len], &mut self.tx) {
+                        self.underlay.push(t.to, &self.tx[t.range]).await;
+                    }
+                }
+                None => self.broadcast(i, &buf[..len], now).await,
+            }
+        }
+        self.fragment = buf;
     }
 
     /// A broadcast or multicast packet from the host or the LAN: to every member of the
@@ -160,8 +191,8 @@ impl Agent {
 
     /// Frames that waited for a member's addresses go through the switch again.
     async fn replay(&mut self, i: usize, frames: Vec<Vec<u8>>, now: Instant) {
-        for frame in frames {
-            self.switch_frame(i, &frame, now).await;
+        for mut frame in frames {
+            self.switch_frame(i, &mut frame, now).await;
         }
         self.underlay.flush().await;
     }

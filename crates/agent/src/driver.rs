@@ -132,6 +132,8 @@ pub(crate) struct Agent {
     pub(crate) rx: Vec<u8>,
     pub(crate) tx: Vec<u8>,
     pub(crate) reply: Vec<u8>,
+    /// Where a packet too large for the tunnel is cut into fragments, one at a time.
+    pub(crate) fragment: Vec<u8>,
     /// Frames whose address resolved, to go through their switch again.
     pub(crate) replays: Vec<(usize, Vec<Vec<u8>>)>,
     /// Where DHCP replies, DNS answers and service-stack packets are framed.
@@ -221,6 +223,7 @@ impl Agent {
             rx: vec![0; BUF_LEN],
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
+            fragment: vec![0; BUF_LEN],
             replays: Vec::new(),
             service_buf: vec![0; BUF_LEN],
             resolver_tx,
@@ -354,6 +357,7 @@ impl Agent {
                 broadcast_rate: ns.broadcast_rate,
                 // A router's LAN hosts and a DHCP host get their addresses from the agent.
                 dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
+                tunnel_mtu: ns.mtu,
             }),
             membership,
             group: Vec::new(),

@@ -40,6 +40,11 @@ pub fn tap_name(ns: &Namespace) -> String {
 
 /// Puts the TAP `tap` on the namespace's bridge (created if missing), enslaves the uplink,
 /// and in hybrid mode creates the host's veth (with `device_mac`) with its peer on the bridge.
+///
+/// The TAP and the veth take the LAN's MTU, not the namespace's: a bridge drops a frame
+/// larger than the port it leaves by, so a bridge port at 1420 would silently lose a 1500-byte
+/// host's full-size frames. The switch fits what is larger than the tunnel (see
+/// `hyphae_vswitch::mtu`).
 pub fn attach(ns: &Namespace, tap: &str, device_mac: [u8; 6]) -> Result<Lan> {
     let Some(bridge) = ns.bridge.as_deref() else {
         bail!("namespace '{}': mode needs `bridge`", ns.name);
@@ -55,12 +60,22 @@ pub fn attach(ns: &Namespace, tap: &str, device_mac: [u8; 6]) -> Result<Lan> {
         );
     }
     ip(&["link", "set", bridge, "up"])?;
-    ip(&["link", "set", tap, "master", bridge, "up"])
-        .with_context(|| format!("namespace '{}': cannot put {tap} on {bridge}", ns.name))?;
     if let Some(uplink) = ns.uplink.as_deref() {
         if !exists(uplink) {
             bail!("namespace '{}': uplink {uplink} does not exist", ns.name);
         }
+    }
+    // The uplink's MTU, or the bridge's before the TAP joins (a bridge has its smallest
+    // port's MTU, or 1500 with none).
+    let lan_mtu = mtu_of(ns.uplink.as_deref().unwrap_or(bridge))?;
+    if lan_mtu < ns.mtu {
+        tracing::warn!(namespace = %ns.name, lan_mtu, mtu = ns.mtu,
+            "the LAN's MTU is below the namespace MTU: set `mtu` to at most the LAN's");
+    }
+    let lan_mtu = lan_mtu.to_string();
+    ip(&["link", "set", tap, "mtu", &lan_mtu, "master", bridge, "up"])
+        .with_context(|| format!("namespace '{}': cannot put {tap} on {bridge}", ns.name))?;
+    if let Some(uplink) = ns.uplink.as_deref() {
         ip(&["link", "set", uplink, "master", bridge, "up"])
             .with_context(|| format!("namespace '{}': cannot put {uplink} on {bridge}", ns.name))?;
     }
@@ -85,8 +100,10 @@ pub fn attach(ns: &Namespace, tap: &str, device_mac: [u8; 6]) -> Result<Lan> {
             format!("/proc/sys/net/ipv6/conf/{device}/disable_ipv6"),
             "1",
         );
-        ip(&["link", "set", &peer, "master", bridge, "up"])?;
-        ip(&["link", "set", device, "mtu", &ns.mtu.to_string(), "up"])?;
+        ip(&[
+            "link", "set", &peer, "mtu", &lan_mtu, "master", bridge, "up",
+        ])?;
+        ip(&["link", "set", device, "mtu", &lan_mtu, "up"])?;
     }
     Ok(lan)
 }
@@ -103,6 +120,16 @@ pub fn set_address(device: &str, address: Ipv4Addr, prefix: u8) -> Result<()> {
         "dev",
         device,
     ])
+}
+
+/// The MTU of `link`, from sysfs.
+fn mtu_of(link: &str) -> Result<u16> {
+    let path = format!("/sys/class/net/{link}/mtu");
+    std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {path}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{path} does not hold an MTU"))
 }
 
 fn exists(link: &str) -> bool {

@@ -94,6 +94,9 @@ impl Agent {
                     to_peers: c.to_peer,
                     to_device: c.to_tap,
                     arp_replies: c.arp_replies,
+                    mss_clamped: c.mss_clamped,
+                    fragmented: c.fragmented,
+                    frag_needed: c.frag_needed,
                     drops: SwitchDrop::ALL
                         .iter()
                         .map(|r| (r.as_str().to_string(), c.drops(*r)))

@@ -15,7 +15,7 @@ use hyphae_testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
-/// LAN hosts in router and hybrid modes use the namespace MTU (see README).
+/// LAN hosts here use the namespace MTU; hosts that keep 1500 are `tests/mtu.rs`'s.
 const MTU: u16 = hyphae_agent::config::DEFAULT_MTU;
 
 fn vip(last: u8) -> Ipv4Addr {

@@ -31,7 +31,13 @@
 //! sends it to every member of the namespace); one arriving from a member is framed for the
 //! device unless it came from this LAN. Both directions pass a token bucket
 //! (`broadcast_rate`), so a storm costs a counted drop, not the agent.
+//!
+//! Packets larger than the tunnel (`tunnel_mtu`, from a LAN at a larger MTU): a TCP SYN's
+//! MSS is clamped in place (both directions), a DF packet is answered with ICMP
+//! "fragmentation needed" ([`Action::ToTap`]), any other becomes [`Action::Fragment`]; see
+//! [`mtu`].
 
+pub mod mtu;
 pub mod wire;
 
 #[cfg(test)]
@@ -57,8 +63,14 @@ use wire::{
 pub const HEADROOM: usize = ETH_HEADER_LEN;
 
 /// Smallest reply buffer [`Switch::handle_tap_frame`] and [`Switch::poll_transmit`] may be
-/// given.
-pub const MIN_REPLY_BUF: usize = ETH_HEADER_LEN + ARP_LEN;
+/// given: room for an ICMP "fragmentation needed" quoting the largest IPv4 header (an ARP
+/// reply is shorter).
+pub const MIN_REPLY_BUF: usize = mtu::FRAG_NEEDED_MAX_LEN;
+
+/// The namespace MTU the agent uses by default, [`Config::interface`]'s: equal to
+/// `hyphae_overlay::DEFAULT_MTU` (1420, a full packet in a 1500-byte underlay datagram),
+/// which the agent checks at compile time; vswitch does not depend on the overlay.
+pub const DEFAULT_TUNNEL_MTU: u16 = 1420;
 
 /// Most LAN hosts one switch keeps track of; beyond, new ones are not learned (counted).
 pub const MAX_LAN_HOSTS: usize = 4096;
@@ -115,6 +127,10 @@ pub struct Config {
     /// subnet's [`service_address`] (the DHCP server's identifier and the DNS server) is
     /// always answered: ARP for it at once, and packets to it go to the agent.
     pub dhcp: bool,
+    /// The largest IPv4 packet a tunnel carries (the namespace MTU). Larger packets from the
+    /// device are fragmented, or answered with ICMP "fragmentation needed" if they have DF
+    /// set; TCP SYNs both ways have their MSS clamped to fit it (see [`mtu`]).
+    pub tunnel_mtu: u16,
 }
 
 impl Config {
@@ -130,6 +146,7 @@ impl Config {
             lan_timeout: Duration::from_secs(30),
             broadcast_rate: 200,
             dhcp: false,
+            tunnel_mtu: DEFAULT_TUNNEL_MTU,
         }
     }
 }
@@ -148,6 +165,17 @@ pub enum Action<P> {
     Broadcast {
         /// Where the IPv4 packet lies in the frame.
         packet: Range<usize>,
+    },
+    /// The IPv4 packet at `packet` is larger than the tunnel MTU and may be fragmented: send
+    /// each of its [`mtu::Fragments`] for `mtu` as [`Action::ToPeer`] (to `peer`) or
+    /// [`Action::Broadcast`] (`peer` is `None`) would send the whole packet.
+    Fragment {
+        /// The member that owns the destination address; `None`: every member.
+        peer: Option<P>,
+        /// Where the IPv4 packet lies in the frame.
+        packet: Range<usize>,
+        /// The tunnel MTU to fragment for.
+        mtu: u16,
     },
     /// A DHCP request for the agent's virtual DHCP server: broadcast by a client, or
     /// unicast to the service address by a relay agent.
@@ -237,11 +265,14 @@ pub enum DropReason {
     ArpProbing,
     /// A broadcast from a member whose source is on this LAN (the LAN delivered it).
     BroadcastFromLan,
+    /// Larger than the tunnel MTU with DF set, and no ICMP error may answer it (a broadcast,
+    /// or an ICMP error itself: RFC 1122 3.2.2).
+    TooBig,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 12] = [
+    pub const ALL: [DropReason; 13] = [
         DropReason::Malformed,
         DropReason::UnsupportedProtocol,
         DropReason::ArpIgnored,
@@ -254,6 +285,7 @@ impl DropReason {
         DropReason::OtherHost,
         DropReason::ArpProbing,
         DropReason::BroadcastFromLan,
+        DropReason::TooBig,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -271,6 +303,7 @@ impl DropReason {
             DropReason::OtherHost => "other_host",
             DropReason::ArpProbing => "arp_probing",
             DropReason::BroadcastFromLan => "broadcast_from_lan",
+            DropReason::TooBig => "too_big",
         }
     }
 
@@ -304,6 +337,12 @@ pub struct Counters {
     pub service_packets: u64,
     /// LAN hosts not learned because the table was full.
     pub lan_table_full: u64,
+    /// TCP SYNs whose MSS was lowered to fit the tunnel (both directions).
+    pub mss_clamped: u64,
+    /// Packets larger than the tunnel MTU sent in fragments.
+    pub fragmented: u64,
+    /// ICMP "fragmentation needed" sent back for packets larger than the tunnel MTU with DF.
+    pub frag_needed: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -457,20 +496,97 @@ impl<P: Copy + Eq> Switch<P> {
     }
 
     /// Handles a frame the kernel wrote to the TAP at `now`. A reply, if any, is built in
-    /// `reply`, which must be at least [`MIN_REPLY_BUF`] long.
-    pub fn handle_tap_frame(&mut self, frame: &[u8], now: Instant, reply: &mut [u8]) -> Action<P> {
-        let action = self.classify_tap_frame(frame, now, reply);
+    /// `reply`, which must be at least [`MIN_REPLY_BUF`] long. A TCP SYN's MSS is clamped
+    /// to the tunnel in `frame` itself.
+    pub fn handle_tap_frame(
+        &mut self,
+        frame: &mut [u8],
+        now: Instant,
+        reply: &mut [u8],
+    ) -> Action<P> {
+        let mut action = self.classify_tap_frame(frame, now, reply);
+        if let Action::ToPeer { packet, .. } | Action::Broadcast { packet } = &action {
+            let mtu = self.config.tunnel_mtu;
+            if frame
+                .get(packet.clone())
+                .is_none_or(|p| mtu::needs_fitting(p, mtu))
+            {
+                action = match action {
+                    Action::ToPeer { peer, packet } => self.fit(frame, Some(peer), packet, reply),
+                    Action::Broadcast { packet } => self.fit(frame, None, packet, reply),
+                    other => other,
+                };
+            }
+        }
         match &action {
             Action::ToPeer { .. } => self.counters.to_peer += 1,
             Action::Broadcast { .. } => self.counters.broadcasts_out += 1,
+            Action::Fragment { peer, .. } => {
+                self.counters.fragmented += 1;
+                match peer {
+                    Some(_) => self.counters.to_peer += 1,
+                    None => self.counters.broadcasts_out += 1,
+                }
+            }
             Action::Dhcp { .. } => self.counters.dhcp_requests += 1,
             Action::Dns { .. } => self.counters.dns_queries += 1,
             Action::Service { .. } => self.counters.service_packets += 1,
-            Action::ToTap { .. } => self.counters.arp_replies += 1,
+            // Counted where they are built: ARP replies and ICMP errors.
+            Action::ToTap { .. } => {}
             Action::Resolve { .. } => self.counters.resolves += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
         }
         action
+    }
+
+    /// Fits the IPv4 packet at `packet` of `frame`, bound for `peer` (or every member), into
+    /// the tunnel: clamps a SYN's MSS, and if it is still too large asks for fragments, or
+    /// with DF set answers with ICMP "fragmentation needed" from the service address (an
+    /// on-link address of the LAN, so the host's reverse-path filter takes it).
+    #[inline(never)]
+    fn fit(
+        &mut self,
+        frame: &mut [u8],
+        peer: Option<P>,
+        packet: Range<usize>,
+        reply: &mut [u8],
+    ) -> Action<P> {
+        let mtu = self.config.tunnel_mtu;
+        let Some(ip) = frame.get_mut(packet.clone()) else {
+            return Action::Drop(DropReason::Malformed);
+        };
+        if mtu::clamp_mss(ip, mtu.saturating_sub(mtu::TCP_IPV4_HEADERS)) {
+            self.counters.mss_clamped += 1;
+        }
+        if ip.len() <= usize::from(mtu) {
+            return match peer {
+                Some(peer) => Action::ToPeer { peer, packet },
+                None => Action::Broadcast { packet },
+            };
+        }
+        if mtu::ipv4_flags(ip) & mtu::IPV4_DF == 0 {
+            if mtu::Fragments::new(ip, mtu).is_none() {
+                return Action::Drop(DropReason::Malformed);
+            }
+            return Action::Fragment { peer, packet, mtu };
+        }
+        // No ICMP error for a broadcast, nor from an address the host cannot have on link.
+        if peer.is_none() || self.service().is_unspecified() {
+            return Action::Drop(DropReason::TooBig);
+        }
+        let src_mac = match EthernetFrame::new_checked(&frame[..]) {
+            Ok(eth) => eth.src(),
+            Err(_) => return Action::Drop(DropReason::Malformed),
+        };
+        let ip = &frame[packet];
+        let macs = (src_mac, self.config.remote_mac);
+        match mtu::emit_frag_needed(reply, macs, self.service(), mtu, ip) {
+            Some(len) => {
+                self.counters.frag_needed += 1;
+                Action::ToTap { len }
+            }
+            None => Action::Drop(DropReason::TooBig),
+        }
     }
 
     /// Changes the host's own address (an address won after start, or moved).
@@ -504,7 +620,8 @@ impl<P: Copy + Eq> Switch<P> {
     /// Builds the next frame the switch wants on the TAP into `buf` (at least
     /// [`MIN_REPLY_BUF`] long) and returns its length.
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<usize> {
-        if buf.len() < MIN_REPLY_BUF {
+        // Only ARP is written here.
+        if buf.len() < ETH_HEADER_LEN + ARP_LEN {
             return None;
         }
         let emit = self.emits.pop_front()?;
@@ -751,7 +868,7 @@ impl<P: Copy + Eq> Switch<P> {
             }
             return Action::Drop(DropReason::ArpProbing);
         }
-        if reply.len() < MIN_REPLY_BUF {
+        if reply.len() < ETH_HEADER_LEN + ARP_LEN {
             return Action::Drop(DropReason::Malformed);
         }
         let len = emit_arp_reply(
@@ -761,6 +878,7 @@ impl<P: Copy + Eq> Switch<P> {
             arp.sender_mac(),
             arp.sender_ip(),
         );
+        self.counters.arp_replies += 1;
         Action::ToTap { len }
     }
 
@@ -775,6 +893,7 @@ impl<P: Copy + Eq> Switch<P> {
             Action::ToPeer { .. }
             | Action::Resolve { .. }
             | Action::Broadcast { .. }
+            | Action::Fragment { .. }
             | Action::Dhcp { .. }
             | Action::Dns { .. }
             | Action::Service { .. } => {}
@@ -823,6 +942,12 @@ impl<P: Copy + Eq> Switch<P> {
         } else {
             return Action::Drop(DropReason::NotForUs);
         };
+        // A member's SYN may come from an agent that does not clamp (or a larger tunnel MTU):
+        // clamping here too keeps the LAN host's segments back to it within the tunnel.
+        let mss = self.config.tunnel_mtu.saturating_sub(mtu::TCP_IPV4_HEADERS);
+        if mtu::clamp_mss(&mut buf[HEADROOM..frame_len], mss) {
+            self.counters.mss_clamped += 1;
+        }
         emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV4);
         Action::ToTap { len: frame_len }
     }
@@ -990,7 +1115,7 @@ mod tests {
         let mut sw = switch();
         let mut reply = [0u8; 64];
         let Action::ToTap { len } =
-            sw.handle_tap_frame(&arp_request([10, 201, 0, 2]), t0(), &mut reply)
+            sw.handle_tap_frame(&mut arp_request([10, 201, 0, 2]), t0(), &mut reply)
         else {
             panic!("expected a reply")
         };
@@ -1010,7 +1135,7 @@ mod tests {
         let mut sw = switch();
         let mut reply = [0u8; 64];
         // (c) no member owns it
-        let unknown = sw.handle_tap_frame(&arp_request([10, 201, 0, 9]), t0(), &mut reply);
+        let unknown = sw.handle_tap_frame(&mut arp_request([10, 201, 0, 9]), t0(), &mut reply);
         assert_eq!(
             unknown,
             Action::Resolve {
@@ -1018,10 +1143,10 @@ mod tests {
             }
         );
         // (b) our own address (the kernel's duplicate-address probe)
-        let own = sw.handle_tap_frame(&arp_request([10, 201, 0, 1]), t0(), &mut reply);
+        let own = sw.handle_tap_frame(&mut arp_request([10, 201, 0, 1]), t0(), &mut reply);
         assert_eq!(own, Action::Drop(DropReason::ArpIgnored));
         // (a) outside the namespace
-        let outside = sw.handle_tap_frame(&arp_request([192, 168, 1, 1]), t0(), &mut reply);
+        let outside = sw.handle_tap_frame(&mut arp_request([192, 168, 1, 1]), t0(), &mut reply);
         assert_eq!(outside, Action::Drop(DropReason::ArpIgnored));
         assert_eq!(sw.counters().drops(DropReason::ArpIgnored), 2);
         assert_eq!(sw.counters().resolves, 1);
@@ -1030,8 +1155,8 @@ mod tests {
     #[test]
     fn ipv4_goes_to_the_owner_without_link_padding() {
         let mut sw = switch();
-        let frame = icmp_frame([10, 201, 0, 2]);
-        let action = sw.handle_tap_frame(&frame, t0(), &mut [0u8; 64]);
+        let mut frame = icmp_frame([10, 201, 0, 2]);
+        let action = sw.handle_tap_frame(&mut frame, t0(), &mut [0u8; 64]);
         assert_eq!(
             action,
             Action::ToPeer {
@@ -1040,21 +1165,21 @@ mod tests {
             }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([10, 201, 0, 3]), t0(), &mut [0u8; 64]),
+            sw.handle_tap_frame(&mut icmp_frame([10, 201, 0, 3]), t0(), &mut [0u8; 64]),
             Action::Resolve {
                 target: Ipv4Addr::new(10, 201, 0, 3)
             }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([10, 201, 255, 255]), t0(), &mut [0u8; 64]),
+            sw.handle_tap_frame(&mut icmp_frame([10, 201, 255, 255]), t0(), &mut [0u8; 64]),
             Action::Broadcast { packet: 14..42 }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([224, 0, 0, 251]), t0(), &mut [0u8; 64]),
+            sw.handle_tap_frame(&mut icmp_frame([224, 0, 0, 251]), t0(), &mut [0u8; 64]),
             Action::Broadcast { packet: 14..42 }
         );
         assert_eq!(
-            sw.handle_tap_frame(&icmp_frame([8, 8, 8, 8]), t0(), &mut [0u8; 64]),
+            sw.handle_tap_frame(&mut icmp_frame([8, 8, 8, 8]), t0(), &mut [0u8; 64]),
             Action::Drop(DropReason::OutsideSubnet)
         );
     }
@@ -1131,12 +1256,14 @@ mod tests {
         ));
         sw.set_peer_addresses(3, &[Ipv4Addr::new(10, 201, 0, 2)]);
         let mut reply = [0u8; 64];
-        let Action::ToTap { len } = sw.handle_tap_frame(&ARP_REQUEST, t0(), &mut reply) else {
+        let Action::ToTap { len } =
+            sw.handle_tap_frame(&mut ARP_REQUEST.to_vec(), t0(), &mut reply)
+        else {
             panic!("no ARP reply")
         };
         assert_eq!(&reply[..len], &ARP_REPLY[..]);
         assert_eq!(
-            sw.handle_tap_frame(&ECHO_REQUEST, t0(), &mut reply),
+            sw.handle_tap_frame(&mut ECHO_REQUEST.to_vec(), t0(), &mut reply),
             Action::ToPeer {
                 peer: 3,
                 packet: 14..98
@@ -1210,9 +1337,9 @@ mod tests {
         let mut sw = with_mode(Mode::Router);
         let mut reply = [0u8; 64];
         // Host A asks for remote member .2: answered with the remote MAC; A is learned.
-        let a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
+        let mut a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
         assert!(matches!(
-            sw.handle_tap_frame(&a, t0(), &mut reply),
+            sw.handle_tap_frame(&mut a, t0(), &mut reply),
             Action::ToTap { .. }
         ));
         assert_eq!(
@@ -1220,9 +1347,9 @@ mod tests {
             Some(Event::LanHostUp(Ipv4Addr::new(10, 201, 0, 10)))
         );
         // Host B asks for A: A is on the LAN, so the switch stays silent (rule b).
-        let b = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 10]);
+        let mut b = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 10]);
         assert_eq!(
-            sw.handle_tap_frame(&b, t0(), &mut reply),
+            sw.handle_tap_frame(&mut b, t0(), &mut reply),
             Action::Drop(DropReason::LanLocal)
         );
         assert_eq!(
@@ -1231,15 +1358,15 @@ mod tests {
         );
         assert_eq!(sw.poll_event(), None);
         // LAN unicast flooded to the TAP is the bridge's business.
-        let lan = ipv4_from(LAN_A, LAN_B, [10, 201, 0, 10], [10, 201, 0, 11]);
+        let mut lan = ipv4_from(LAN_A, LAN_B, [10, 201, 0, 10], [10, 201, 0, 11]);
         assert_eq!(
-            sw.handle_tap_frame(&lan, t0(), &mut reply),
+            sw.handle_tap_frame(&mut lan, t0(), &mut reply),
             Action::Drop(DropReason::LanLocal)
         );
         // To the remote MAC: carried to the member.
-        let out = ipv4_from(LAN_A, REMOTE_MAC, [10, 201, 0, 10], [10, 201, 0, 2]);
+        let mut out = ipv4_from(LAN_A, REMOTE_MAC, [10, 201, 0, 10], [10, 201, 0, 2]);
         assert!(matches!(
-            sw.handle_tap_frame(&out, t0(), &mut reply),
+            sw.handle_tap_frame(&mut out, t0(), &mut reply),
             Action::ToPeer { peer: 7, .. }
         ));
         // From a member to A: framed to A's MAC.
@@ -1269,8 +1396,8 @@ mod tests {
     #[test]
     fn router_probes_a_silent_host_then_forgets_it() {
         let mut sw = with_mode(Mode::Router);
-        let a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
-        let _ = sw.handle_tap_frame(&a, t0(), &mut [0u8; 64]);
+        let mut a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
+        let _ = sw.handle_tap_frame(&mut a, t0(), &mut [0u8; 64]);
         let _ = sw.poll_event();
         let timeout = sw.config().lan_timeout;
         let mut buf = [0u8; 64];
@@ -1289,11 +1416,11 @@ mod tests {
         );
         assert!(sw.lan_hosts().is_empty());
         // A host that answers a probe stays.
-        let _ = sw.handle_tap_frame(&a, t, &mut [0u8; 64]);
+        let _ = sw.handle_tap_frame(&mut a, t, &mut [0u8; 64]);
         let _ = sw.poll_event();
         sw.handle_timeout(t + timeout);
-        let reply = arp_from(LAN_A, [10, 201, 0, 10], 2, [0, 0, 0, 0]);
-        let _ = sw.handle_tap_frame(&reply, t + timeout, &mut [0u8; 64]);
+        let mut reply = arp_from(LAN_A, [10, 201, 0, 10], 2, [0, 0, 0, 0]);
+        let _ = sw.handle_tap_frame(&mut reply, t + timeout, &mut [0u8; 64]);
         sw.handle_timeout(t + timeout + Duration::from_secs(5));
         assert_eq!(sw.lan_hosts(), vec![Ipv4Addr::new(10, 201, 0, 10)]);
     }
@@ -1305,14 +1432,14 @@ mod tests {
         let mut buf = [0u8; 64];
         // Another hybrid agent on this LAN writes a remote member's packet for its own
         // host, flooded here: that address is not on the LAN.
-        let flooded = ipv4_from(
+        let mut flooded = ipv4_from(
             [0xfe, 0xfd, 9, 9, 9, 9],
             LAN_B,
             [10, 201, 0, 2],
             [10, 201, 0, 11],
         );
         assert_eq!(
-            sw.handle_tap_frame(&flooded, t0(), &mut reply),
+            sw.handle_tap_frame(&mut flooded, t0(), &mut reply),
             Action::Drop(DropReason::OtherHost)
         );
         assert!(
@@ -1320,20 +1447,20 @@ mod tests {
             "learned a remote member as local"
         );
         // Another LAN host's frames are not ours (but are learned).
-        let other = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 2]);
+        let mut other = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 2]);
         assert_eq!(
-            sw.handle_tap_frame(&other, t0(), &mut reply),
+            sw.handle_tap_frame(&mut other, t0(), &mut reply),
             Action::Drop(DropReason::OtherHost)
         );
         assert_eq!(sw.poll_event(), None, "hybrid claims nothing for the LAN");
         // The host asks for remote .2: the LAN is probed first.
-        let ask = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 2]);
+        let mut ask = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 2]);
         assert_eq!(
-            sw.handle_tap_frame(&ask, t0(), &mut reply),
+            sw.handle_tap_frame(&mut ask, t0(), &mut reply),
             Action::Drop(DropReason::ArpProbing)
         );
         assert_eq!(
-            sw.handle_tap_frame(&ask, t0(), &mut reply),
+            sw.handle_tap_frame(&mut ask, t0(), &mut reply),
             Action::Drop(DropReason::ArpProbing)
         );
         let len = sw.poll_transmit(&mut buf).unwrap();
@@ -1354,7 +1481,7 @@ mod tests {
         assert_eq!(&buf[0..6], &DEVICE_MAC);
         // Now confirmed remote: answered at once.
         assert!(matches!(
-            sw.handle_tap_frame(&ask, t0() + timeout, &mut reply),
+            sw.handle_tap_frame(&mut ask, t0() + timeout, &mut reply),
             Action::ToTap { .. }
         ));
 
@@ -1363,13 +1490,13 @@ mod tests {
             7,
             &[Ipv4Addr::new(10, 201, 0, 2), Ipv4Addr::new(10, 201, 0, 3)],
         );
-        let ask3 = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 3]);
+        let mut ask3 = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 3]);
         assert_eq!(
-            sw.handle_tap_frame(&ask3, t0(), &mut reply),
+            sw.handle_tap_frame(&mut ask3, t0(), &mut reply),
             Action::Drop(DropReason::ArpProbing)
         );
-        let local = arp_from(LAN_A, [10, 201, 0, 3], 2, [0, 0, 0, 0]);
-        let _ = sw.handle_tap_frame(&local, t0(), &mut reply);
+        let mut local = arp_from(LAN_A, [10, 201, 0, 3], 2, [0, 0, 0, 0]);
+        let _ = sw.handle_tap_frame(&mut local, t0(), &mut reply);
         sw.handle_timeout(t0() + timeout);
         while sw.poll_transmit(&mut buf).is_some() {
             assert_ne!(
@@ -1378,7 +1505,7 @@ mod tests {
             );
         }
         assert_eq!(
-            sw.handle_tap_frame(&ask3, t0() + timeout, &mut reply),
+            sw.handle_tap_frame(&mut ask3, t0() + timeout, &mut reply),
             Action::Drop(DropReason::LanLocal)
         );
         // Frames for the host come framed to its device.
@@ -1391,29 +1518,29 @@ mod tests {
     fn broadcast_goes_to_members_within_the_rate_and_is_filtered_on_arrival() {
         let mut sw = with_mode(Mode::Router);
         let mut reply = [0u8; 64];
-        let bcast = ipv4_from(LAN_A, BROADCAST_MAC, [10, 201, 0, 10], [10, 201, 255, 255]);
+        let mut bcast = ipv4_from(LAN_A, BROADCAST_MAC, [10, 201, 0, 10], [10, 201, 255, 255]);
         // The bucket holds 10: the 11th in the same instant is dropped, and it refills.
         for _ in 0..10 {
             assert_eq!(
-                sw.handle_tap_frame(&bcast, t0(), &mut reply),
+                sw.handle_tap_frame(&mut bcast, t0(), &mut reply),
                 Action::Broadcast { packet: 14..42 }
             );
         }
         assert_eq!(
-            sw.handle_tap_frame(&bcast, t0(), &mut reply),
+            sw.handle_tap_frame(&mut bcast, t0(), &mut reply),
             Action::Drop(DropReason::BroadcastRateLimited)
         );
         let later = t0() + Duration::from_millis(200);
         assert!(matches!(
-            sw.handle_tap_frame(&bcast, later, &mut reply),
+            sw.handle_tap_frame(&mut bcast, later, &mut reply),
             Action::Broadcast { .. }
         ));
         assert_eq!(sw.counters().broadcasts_out, 11);
         assert_eq!(sw.counters().drops(DropReason::BroadcastRateLimited), 1);
         // A spoofed source outside the namespace is not carried.
-        let spoofed = ipv4_from(LAN_B, BROADCAST_MAC, [192, 168, 0, 9], [255, 255, 255, 255]);
+        let mut spoofed = ipv4_from(LAN_B, BROADCAST_MAC, [192, 168, 0, 9], [255, 255, 255, 255]);
         assert_eq!(
-            sw.handle_tap_frame(&spoofed, later, &mut reply),
+            sw.handle_tap_frame(&mut spoofed, later, &mut reply),
             Action::Drop(DropReason::OutsideSubnet)
         );
         // From a member: the whole LAN hears it (multicast to its group MAC) ...
@@ -1454,7 +1581,8 @@ mod tests {
             )
             .unwrap();
             let mut reply = [0u8; 64];
-            let Action::Dns { payload, client } = sw.handle_tap_frame(&f[..len], t0(), &mut reply)
+            let Action::Dns { payload, client } =
+                sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
             else {
                 panic!("{mode:?}: not intercepted")
             };
@@ -1488,7 +1616,8 @@ mod tests {
                 b"x",
             )
             .unwrap();
-            let Action::Service { packet, mac } = sw.handle_tap_frame(&f[..len], t0(), &mut reply)
+            let Action::Service { packet, mac } =
+                sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
             else {
                 panic!("{mode:?}: not for the service stack")
             };
@@ -1507,7 +1636,7 @@ mod tests {
             )
             .unwrap();
             assert_eq!(
-                sw.handle_tap_frame(&f[..len], t0(), &mut reply),
+                sw.handle_tap_frame(&mut f[..len], t0(), &mut reply),
                 Action::Drop(DropReason::OutsideSubnet)
             );
             assert_eq!(
@@ -1515,10 +1644,10 @@ mod tests {
                 (1, 1)
             );
             // ARP for the service address is answered in every mode, DHCP on or off.
-            let ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
+            let mut ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
             assert!(
                 matches!(
-                    sw.handle_tap_frame(&ask, t0(), &mut reply),
+                    sw.handle_tap_frame(&mut ask, t0(), &mut reply),
                     Action::ToTap { .. }
                 ),
                 "{mode:?}"
@@ -1536,7 +1665,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            sw.handle_tap_frame(&f[..len], t0(), &mut [0u8; 64]),
+            sw.handle_tap_frame(&mut f[..len], t0(), &mut [0u8; 64]),
             Action::Drop(DropReason::LanLocal)
         );
     }
@@ -1553,7 +1682,7 @@ mod tests {
         f.extend_from_slice(&[0, 0, 0, 0, 255, 255, 255, 255]);
         f.extend_from_slice(&[0, 68, 0, 67, 0, 13, 0, 0, b'd', b'h', b'c', b'p', b'!']);
         let mut reply = [0u8; 64];
-        let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&f, t0(), &mut reply) else {
+        let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&mut f, t0(), &mut reply) else {
             panic!("not intercepted")
         };
         assert_eq!((&f[payload], mac), (&b"dhcp!"[..], DEVICE_MAC));
@@ -1561,13 +1690,13 @@ mod tests {
         // Not from this host's device (hybrid): not ours to answer.
         f[6..12].copy_from_slice(&LAN_B);
         assert_eq!(
-            sw.handle_tap_frame(&f, t0(), &mut reply),
+            sw.handle_tap_frame(&mut f, t0(), &mut reply),
             Action::Drop(DropReason::OtherHost)
         );
         // ARP for the service address: answered at once, no LAN probe.
-        let ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
+        let mut ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
         assert!(matches!(
-            sw.handle_tap_frame(&ask, t0(), &mut reply),
+            sw.handle_tap_frame(&mut ask, t0(), &mut reply),
             Action::ToTap { .. }
         ));
         // The reply leaves from the service address and the remote MAC.
@@ -1596,7 +1725,7 @@ mod tests {
         let mut off = with_mode(Mode::Interface);
         f[6..12].copy_from_slice(&DEVICE_MAC);
         assert!(matches!(
-            off.handle_tap_frame(&f, t0(), &mut reply),
+            off.handle_tap_frame(&mut f, t0(), &mut reply),
             Action::Drop(_) | Action::Broadcast { .. }
         ));
     }
@@ -1618,7 +1747,8 @@ mod tests {
             b"relayed",
         )
         .unwrap();
-        let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&f[..len], t0(), &mut [0u8; 64])
+        let Action::Dhcp { payload, mac } =
+            sw.handle_tap_frame(&mut f[..len], t0(), &mut [0u8; 64])
         else {
             panic!("not intercepted")
         };
@@ -1651,13 +1781,13 @@ mod tests {
         sw.config.dhcp = true;
         let mut reply = [0u8; 64];
         let mut buf = [0u8; 256];
-        for frame in [
+        for mut frame in [
             arp_request([10, 201, 0, 2]),
             icmp_frame([10, 201, 0, 2]),
             crate::captured::ECHO_REQUEST.to_vec(),
         ] {
             for n in 0..=frame.len() {
-                let _ = sw.handle_tap_frame(&frame[..n], t0(), &mut reply);
+                let _ = sw.handle_tap_frame(&mut frame[..n], t0(), &mut reply);
                 let m = n.min(buf.len() - HEADROOM);
                 buf[HEADROOM..HEADROOM + m].copy_from_slice(&frame[..m]);
                 let _ = sw.handle_peer_packet(&mut buf, n, t0());
@@ -1666,7 +1796,7 @@ mod tests {
                 for v in [0u8, 0x0f, 0x45, 0xff] {
                     let mut f = frame.clone();
                     f[i] = v;
-                    let _ = sw.handle_tap_frame(&f, t0(), &mut reply);
+                    let _ = sw.handle_tap_frame(&mut f, t0(), &mut reply);
                 }
             }
         }

@@ -328,8 +328,9 @@ pub fn emit_udp(
     Some(total)
 }
 
-/// RFC 1071 checksum of an IPv4 header whose checksum field is zero.
-fn ipv4_header_checksum(header: &[u8]) -> u16 {
+/// RFC 1071 checksum of `header` (an IPv4 header or ICMP message) whose checksum field is
+/// zero.
+pub(crate) fn ipv4_header_checksum(header: &[u8]) -> u16 {
     let mut sum: u32 = header
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
