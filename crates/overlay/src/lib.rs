@@ -10,6 +10,7 @@ pub mod lease;
 pub mod membership;
 pub mod node;
 pub mod quorum;
+pub mod quota;
 pub mod records;
 pub mod swarm;
 pub mod wire;

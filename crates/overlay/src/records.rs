@@ -29,6 +29,10 @@ use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 use crate::lease::{self, Replica};
+use crate::quota::{
+    RateLimiter, Refusal, Refusals, MAX_GROUPS_PER_OWNER, MAX_RECORDS_PER_OWNER,
+    MAX_RECORDS_PER_REQUESTER,
+};
 use crate::{Identity, NamespaceKeys};
 
 /// A record's key in the DHT.
@@ -318,8 +322,14 @@ pub enum RecordResponse {
     },
     /// Released (or was not held by the releaser).
     Released,
-    /// The replica holds too many records to take a new key.
+    /// The replica holds too many records to take a new key (what replicas before
+    /// [`RecordResponse::Refused`] answered).
     Full,
+    /// The replica would accept the request but a quota or rate limit stops it.
+    Refused {
+        /// Which limit.
+        reason: Refusal,
+    },
     /// The current value of a key, if held.
     Value {
         /// The holder's envelope.
@@ -351,6 +361,7 @@ impl RecordResponse {
             },
             Self::Released => lease::Response::Released,
             Self::Full
+            | Self::Refused { .. }
             | Self::Rejected
             | Self::Value { .. }
             | Self::Joined
@@ -368,18 +379,73 @@ pub struct StoreStats {
     pub granted: u64,
     /// Claims refused because another owner holds the key.
     pub held: u64,
+    /// Requests refused by a quota or rate limit, by reason ([`crate::quota`]).
+    pub refusals: Refusals,
 }
 
-/// The records this agent keeps as a replica, for every namespace (it reads none of them).
+/// A record kept: the owner's envelope, and the peer that placed it (for its quota).
+struct Stored {
+    envelope: Envelope,
+    via: OwnerKey,
+}
+
+/// One member's entry in a group.
+struct Entry {
+    envelope: Envelope,
+    until: Instant,
+    via: OwnerKey,
+}
+
+/// Who stands for a requester without an Ed25519 peer id in quotas and rates: all such
+/// peers share one allowance.
+const ANONYMOUS: OwnerKey = [0; 32];
+
+/// The records this agent keeps as a replica, for every namespace (it reads none of them),
+/// within the quotas of [`crate::quota`]: per owner, per requesting peer, per group and in
+/// total, and a request rate per peer.
 #[derive(Default)]
 pub struct RecordStore {
     leases: Replica<RecordKey, OwnerKey>,
-    values: HashMap<RecordKey, Envelope>,
-    groups: HashMap<RecordKey, HashMap<OwnerKey, (Envelope, Instant)>>,
+    values: HashMap<RecordKey, Stored>,
+    groups: HashMap<RecordKey, HashMap<OwnerKey, Entry>>,
+    /// Records held per owner, and per placing peer (counted over `values`).
+    per_owner: HashMap<OwnerKey, usize>,
+    per_requester: HashMap<OwnerKey, usize>,
+    /// Group entries held per owner, and per placing peer (counted over `groups`).
+    groups_per_owner: HashMap<OwnerKey, usize>,
+    groups_per_requester: HashMap<OwnerKey, usize>,
+    rates: RateLimiter,
+    /// This agent's own key: its own requests are not rate limited.
+    local: Option<OwnerKey>,
     stats: StoreStats,
 }
 
+fn bump(counts: &mut HashMap<OwnerKey, usize>, who: OwnerKey) {
+    *counts.entry(who).or_default() += 1;
+}
+
+fn drop_one(counts: &mut HashMap<OwnerKey, usize>, who: &OwnerKey) {
+    if let Some(n) = counts.get_mut(who) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(who);
+        }
+    }
+}
+
+fn count(counts: &HashMap<OwnerKey, usize>, who: &OwnerKey) -> usize {
+    counts.get(who).copied().unwrap_or(0)
+}
+
 impl RecordStore {
+    /// The store of the agent whose key is `local` (its own requests skip the rate limit).
+    pub fn new(local: Option<OwnerKey>) -> Self {
+        Self {
+            local,
+            ..Self::default()
+        }
+    }
+
     /// Answers `request` from the peer whose Ed25519 key is `requester` (authenticated by
     /// its connection). `now_unix` is the wall clock, for envelope expiry.
     pub fn handle(
@@ -389,6 +455,11 @@ impl RecordStore {
         requester: Option<OwnerKey>,
         request: RecordRequest,
     ) -> RecordResponse {
+        let via = requester.unwrap_or(ANONYMOUS);
+        let own = requester.is_some() && requester == self.local;
+        if !own && !self.rates.allow(now, via) {
+            return self.refuse(Refusal::RateLimited);
+        }
         match request {
             RecordRequest::Claim { key, envelope } => {
                 let Ok(key) = RecordKey::try_from(key.as_slice()) else {
@@ -403,13 +474,26 @@ impl RecordStore {
                     }
                 };
                 let ttl = Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
+                // A renewal (or a new value for a key the owner already holds here) costs
+                // no quota; a new record does.
+                let renewal = self.values.get(&key).is_some_and(|s| {
+                    s.envelope.owner() == Some(owner) && self.leases.holder(now, &key).is_some()
+                });
+                if !renewal {
+                    if count(&self.per_owner, &owner) >= MAX_RECORDS_PER_OWNER {
+                        return self.refuse(Refusal::OwnerQuota);
+                    }
+                    if count(&self.per_requester, &via) >= MAX_RECORDS_PER_REQUESTER {
+                        return self.refuse(Refusal::RequesterQuota);
+                    }
+                }
                 match self
                     .leases
                     .handle(now, lease::Request::Claim { key, owner, ttl })
                 {
                     lease::Response::Granted => {
                         self.stats.granted += 1;
-                        self.values.insert(key, envelope);
+                        self.insert_value(key, Stored { envelope, via });
                         RecordResponse::Granted
                     }
                     lease::Response::Held { owner, remaining } => {
@@ -419,7 +503,7 @@ impl RecordStore {
                             remaining_ms: remaining.as_millis() as u64,
                         }
                     }
-                    lease::Response::Full => RecordResponse::Full,
+                    lease::Response::Full => self.refuse(Refusal::StoreFull),
                     lease::Response::Released => RecordResponse::Rejected,
                 }
             }
@@ -432,7 +516,7 @@ impl RecordStore {
                 self.leases
                     .handle(now, lease::Request::Release { key, owner });
                 if self.leases.holder(now, &key).is_none() {
-                    self.values.remove(&key);
+                    self.remove_value(&key);
                 }
                 RecordResponse::Released
             }
@@ -445,7 +529,7 @@ impl RecordStore {
                     .leases
                     .holder(now, &key)
                     .and_then(|_| self.values.get(&key))
-                    .cloned();
+                    .map(|s| s.envelope.clone());
                 RecordResponse::Value { envelope }
             }
             RecordRequest::Join { key, envelope } => {
@@ -458,18 +542,31 @@ impl RecordStore {
                     return RecordResponse::Rejected;
                 };
                 let until = now + Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
-                let group = self.groups.entry(key).or_default();
-                group.retain(|_, (_, t)| *t > now);
-                let full = group.len() >= MAX_GROUP_MEMBERS;
-                if !group.contains_key(&owner)
-                    && (full || self.group_entries() >= MAX_GROUP_ENTRIES)
-                {
-                    return RecordResponse::Full;
+                self.expire_group(now, &key);
+                let group = self.groups.get(&key);
+                if !group.is_some_and(|g| g.contains_key(&owner)) {
+                    if group.map_or(0, HashMap::len) >= MAX_GROUP_MEMBERS
+                        || self.group_entries() >= MAX_GROUP_ENTRIES
+                    {
+                        return self.refuse(Refusal::GroupFull);
+                    }
+                    if count(&self.groups_per_owner, &owner) >= MAX_GROUPS_PER_OWNER
+                        || count(&self.groups_per_requester, &via) >= MAX_GROUPS_PER_OWNER
+                    {
+                        return self.refuse(Refusal::GroupQuota);
+                    }
                 }
-                self.groups
-                    .entry(key)
-                    .or_default()
-                    .insert(owner, (envelope, until));
+                let entry = Entry {
+                    envelope,
+                    until,
+                    via,
+                };
+                if let Some(old) = self.groups.entry(key).or_default().insert(owner, entry) {
+                    drop_one(&mut self.groups_per_owner, &owner);
+                    drop_one(&mut self.groups_per_requester, &old.via);
+                }
+                bump(&mut self.groups_per_owner, owner);
+                bump(&mut self.groups_per_requester, via);
                 RecordResponse::Joined
             }
             RecordRequest::Members { key } => {
@@ -482,8 +579,8 @@ impl RecordStore {
                     .get(&key)
                     .map(|g| {
                         g.values()
-                            .filter(|(_, t)| *t > now)
-                            .map(|(e, _)| e.clone())
+                            .filter(|e| e.until > now)
+                            .map(|e| e.envelope.clone())
                             .collect()
                     })
                     .unwrap_or_default();
@@ -492,15 +589,84 @@ impl RecordStore {
         }
     }
 
-    /// Forgets expired records.
+    /// Forgets expired records, and peers whose request rate is back to a full burst.
     pub fn expire(&mut self, now: Instant) {
         self.leases.expire(now);
         let leases = &self.leases;
         self.values.retain(|k, _| leases.holder(now, k).is_some());
         for group in self.groups.values_mut() {
-            group.retain(|_, (_, t)| *t > now);
+            group.retain(|_, e| e.until > now);
         }
         self.groups.retain(|_, g| !g.is_empty());
+        self.recount();
+        self.rates.forget_idle(now);
+    }
+
+    /// Counts the records and group entries per owner and per placing peer afresh.
+    fn recount(&mut self) {
+        self.per_owner.clear();
+        self.per_requester.clear();
+        for stored in self.values.values() {
+            if let Some(owner) = stored.envelope.owner() {
+                bump(&mut self.per_owner, owner);
+            }
+            bump(&mut self.per_requester, stored.via);
+        }
+        self.groups_per_owner.clear();
+        self.groups_per_requester.clear();
+        for (owner, entry) in self.groups.values().flatten() {
+            bump(&mut self.groups_per_owner, *owner);
+            bump(&mut self.groups_per_requester, entry.via);
+        }
+    }
+
+    /// Drops the lapsed entries of the group at `key`.
+    fn expire_group(&mut self, now: Instant, key: &RecordKey) {
+        let Some(group) = self.groups.get_mut(key) else {
+            return;
+        };
+        let lapsed: Vec<OwnerKey> = group
+            .iter()
+            .filter(|(_, e)| e.until <= now)
+            .map(|(o, _)| *o)
+            .collect();
+        for owner in lapsed {
+            if let Some(old) = group.remove(&owner) {
+                drop_one(&mut self.groups_per_owner, &owner);
+                drop_one(&mut self.groups_per_requester, &old.via);
+            }
+        }
+        if group.is_empty() {
+            self.groups.remove(key);
+        }
+    }
+
+    fn insert_value(&mut self, key: RecordKey, stored: Stored) {
+        self.remove_value(&key);
+        if let Some(owner) = stored.envelope.owner() {
+            bump(&mut self.per_owner, owner);
+        }
+        bump(&mut self.per_requester, stored.via);
+        self.values.insert(key, stored);
+    }
+
+    fn remove_value(&mut self, key: &RecordKey) {
+        if let Some(old) = self.values.remove(key) {
+            if let Some(owner) = old.envelope.owner() {
+                drop_one(&mut self.per_owner, &owner);
+            }
+            drop_one(&mut self.per_requester, &old.via);
+        }
+    }
+
+    fn refuse(&mut self, reason: Refusal) -> RecordResponse {
+        self.stats.refusals.count(reason);
+        RecordResponse::Refused { reason }
+    }
+
+    /// Records held for `owner`.
+    pub fn records_of(&self, owner: &OwnerKey) -> usize {
+        count(&self.per_owner, owner)
     }
 
     /// Group entries kept, over all groups.
@@ -749,6 +915,227 @@ mod tests {
         );
         store.expire(later);
         assert!(store.is_empty());
+    }
+
+    /// A claim of record `i` by `who`, valid for an hour from `NOW`.
+    fn claim_of(who: &Identity, i: u32) -> RecordRequest {
+        let k = keys(b"0123456789abcdef");
+        let mut key = [7u8; 32];
+        key[..4].copy_from_slice(&i.to_be_bytes());
+        let envelope = Envelope::seal(&k, who, &key, NOW + 3600, &info(), &mut rng()).unwrap();
+        RecordRequest::Claim {
+            key: key.to_vec(),
+            envelope,
+        }
+    }
+
+    /// The instant of the `i`th request of a steady sender, within every rate limit.
+    fn paced(t: Instant, i: usize) -> Instant {
+        t + Duration::from_millis(10 * i as u64)
+    }
+
+    #[test]
+    fn one_owner_cannot_fill_the_store() {
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let stranger = member(66);
+        let via = Some(*stranger.peer_id().as_bytes());
+        for i in 0..MAX_RECORDS_PER_OWNER {
+            let r = store.handle(paced(t, i), NOW, via, claim_of(&stranger, i as u32));
+            assert_eq!(r, RecordResponse::Granted, "record {i}");
+        }
+        let at = paced(t, MAX_RECORDS_PER_OWNER);
+        let over = store.handle(at, NOW, via, claim_of(&stranger, u32::MAX));
+        assert_eq!(
+            over,
+            RecordResponse::Refused {
+                reason: Refusal::OwnerQuota
+            }
+        );
+        assert_eq!(store.len(), MAX_RECORDS_PER_OWNER);
+        assert_eq!(store.stats().refusals.get(Refusal::OwnerQuota), 1);
+        // Renewing a record it holds costs no quota.
+        assert_eq!(
+            store.handle(at, NOW, via, claim_of(&stranger, 0)),
+            RecordResponse::Granted
+        );
+        // An honest member still claims; releasing frees the stranger's quota.
+        let honest = member(1);
+        let hv = Some(*honest.peer_id().as_bytes());
+        assert_eq!(
+            store.handle(at, NOW, hv, claim_of(&honest, u32::MAX)),
+            RecordResponse::Granted
+        );
+        let mut key = [7u8; 32];
+        key[..4].copy_from_slice(&0u32.to_be_bytes());
+        store.handle(at, NOW, via, RecordRequest::Release { key: key.to_vec() });
+        assert_eq!(
+            store.records_of(stranger.peer_id().as_bytes()),
+            MAX_RECORDS_PER_OWNER - 1
+        );
+        assert_eq!(
+            store.handle(at, NOW, via, claim_of(&stranger, u32::MAX - 1)),
+            RecordResponse::Granted
+        );
+        // Counts survive a sweep unchanged, and fall to zero when the leases lapse.
+        store.expire(at);
+        assert_eq!(
+            store.records_of(stranger.peer_id().as_bytes()),
+            MAX_RECORDS_PER_OWNER
+        );
+        store.expire(at + Duration::from_secs(3601));
+        assert!(store.is_empty());
+        assert_eq!(store.records_of(stranger.peer_id().as_bytes()), 0);
+    }
+
+    #[test]
+    fn one_peer_cannot_place_records_under_many_owner_keys() {
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let relay = Some([42u8; 32]);
+        for i in 0..MAX_RECORDS_PER_REQUESTER {
+            // A throwaway owner key per record.
+            let owner = Identity::from_seed(
+                ((i as u64) << 8 | 0x5a)
+                    .to_be_bytes()
+                    .repeat(4)
+                    .try_into()
+                    .unwrap(),
+            );
+            let r = store.handle(paced(t, i), NOW, relay, claim_of(&owner, i as u32));
+            assert_eq!(r, RecordResponse::Granted, "record {i}");
+        }
+        let at = paced(t, MAX_RECORDS_PER_REQUESTER);
+        assert_eq!(
+            store.handle(at, NOW, relay, claim_of(&member(3), u32::MAX)),
+            RecordResponse::Refused {
+                reason: Refusal::RequesterQuota
+            }
+        );
+        assert_eq!(store.stats().refusals.get(Refusal::RequesterQuota), 1);
+        // Another peer is not affected.
+        assert_eq!(
+            store.handle(at, NOW, Some([43; 32]), claim_of(&member(3), u32::MAX)),
+            RecordResponse::Granted
+        );
+    }
+
+    #[test]
+    fn requests_over_the_rate_are_refused_but_the_agents_own_are_not() {
+        let t = Instant::now();
+        let local = *member(1).peer_id().as_bytes();
+        let mut store = RecordStore::new(Some(local));
+        let get = || RecordRequest::Get { key: vec![1; 32] };
+        let flooder = Some([9u8; 32]);
+        let answered = (0..crate::quota::REQUEST_BURST + 100)
+            .filter(|_| {
+                store.handle(t, NOW, flooder, get())
+                    != RecordResponse::Refused {
+                        reason: Refusal::RateLimited,
+                    }
+            })
+            .count();
+        assert_eq!(answered, crate::quota::REQUEST_BURST as usize);
+        assert_eq!(store.stats().refusals.get(Refusal::RateLimited), 100);
+        // Another peer, and the agent itself, still get answers.
+        assert_eq!(
+            store.handle(t, NOW, Some([8; 32]), get()),
+            RecordResponse::Value { envelope: None }
+        );
+        for _ in 0..crate::quota::REQUEST_BURST + 100 {
+            assert_eq!(
+                store.handle(t, NOW, Some(local), get()),
+                RecordResponse::Value { envelope: None }
+            );
+        }
+        // A second later the flooder has its rate again.
+        assert_eq!(
+            store.handle(t + Duration::from_secs(1), NOW, flooder, get()),
+            RecordResponse::Value { envelope: None }
+        );
+    }
+
+    #[test]
+    fn group_joins_are_bounded_per_group_per_owner_and_per_peer() {
+        let t = Instant::now();
+        let k = keys(b"0123456789abcdef");
+        let mut store = RecordStore::default();
+        let join = |who: &Identity, group: u32| {
+            let mut key = [3u8; 32];
+            key[..4].copy_from_slice(&group.to_be_bytes());
+            let envelope = Envelope::seal(&k, who, &key, NOW + 3600, &info(), &mut rng()).unwrap();
+            RecordRequest::Join {
+                key: key.to_vec(),
+                envelope,
+            }
+        };
+        // One stranger joining group after group: stopped at MAX_GROUPS_PER_OWNER.
+        let stranger = member(66);
+        let via = Some(*stranger.peer_id().as_bytes());
+        let mut i = 0;
+        let mut step = || {
+            i += 1;
+            paced(t, i)
+        };
+        for g in 0..MAX_GROUPS_PER_OWNER as u32 {
+            assert_eq!(
+                store.handle(step(), NOW, via, join(&stranger, g)),
+                RecordResponse::Joined
+            );
+        }
+        let refused = RecordResponse::Refused {
+            reason: Refusal::GroupQuota,
+        };
+        assert_eq!(
+            store.handle(step(), NOW, via, join(&stranger, 5000)),
+            refused
+        );
+        // Renewing a group it is in is fine.
+        assert_eq!(
+            store.handle(step(), NOW, via, join(&stranger, 0)),
+            RecordResponse::Joined
+        );
+        // Many owner keys through one peer: the peer's count stops them.
+        let other = member(67);
+        assert_eq!(store.handle(step(), NOW, via, join(&other, 9000)), refused);
+        assert_eq!(store.stats().refusals.get(Refusal::GroupQuota), 2);
+        // One group holds at most MAX_GROUP_MEMBERS members, each from its own peer.
+        for m in 0..MAX_GROUP_MEMBERS as u32 {
+            let who = Identity::from_seed(
+                ((m as u64) << 8 | 0x77)
+                    .to_be_bytes()
+                    .repeat(4)
+                    .try_into()
+                    .unwrap(),
+            );
+            let v = Some(*who.peer_id().as_bytes());
+            assert_eq!(
+                store.handle(step(), NOW, v, join(&who, 100_000)),
+                RecordResponse::Joined
+            );
+        }
+        let late = member(68);
+        assert_eq!(
+            store.handle(
+                step(),
+                NOW,
+                Some(*late.peer_id().as_bytes()),
+                join(&late, 100_000)
+            ),
+            RecordResponse::Refused {
+                reason: Refusal::GroupFull
+            }
+        );
+        assert_eq!(
+            store.group_entries(),
+            MAX_GROUPS_PER_OWNER + MAX_GROUP_MEMBERS
+        );
+        store.expire(t + Duration::from_secs(3700));
+        assert_eq!(store.group_entries(), 0);
+        assert_eq!(
+            store.handle(step(), NOW, via, join(&stranger, 5000)),
+            RecordResponse::Joined
+        );
     }
 
     #[test]

@@ -243,7 +243,7 @@ impl Overlay {
         let mut overlay = Self {
             swarm,
             local,
-            store: RecordStore::default(),
+            store: RecordStore::new(owner_key(&local)),
             next_sweep: now + STORE_SWEEP_INTERVAL,
             quorum: quorum::Table::default(),
             lookups: HashMap::new(),
