@@ -34,6 +34,8 @@
 
 mod addr;
 mod behaviour;
+mod guard;
+mod hygiene;
 mod relays;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -44,18 +46,25 @@ use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId};
-use libp2p::swarm::{ConnectionId, SwarmEvent};
-use libp2p::{dcutr, identify, kad, mdns, relay, Swarm};
+use libp2p::swarm::{ConnectionId, DialError, ListenError, SwarmEvent};
+use libp2p::{connection_limits, dcutr, identify, kad, mdns, relay, Swarm};
 
 use crate::quorum::{self, Kind};
 use crate::records::{Envelope, RecordKey, RecordRequest, RecordResponse, RecordStore, StoreStats};
 use crate::Identity;
 use addr::{ip_of, is_loopback, is_unspecified, without_p2p};
 use behaviour::{Behaviour, BehaviourEvent};
+use guard::PerIpExceeded;
+use hygiene::Hygiene;
 use relays::Relays;
 
 pub use crate::quorum::{ClaimResult, OpId, REPLICAS, REQUEST_TIMEOUT};
 pub use addr::{is_relayed, network_id, owner_key, tcp_multiaddr, tunnel_endpoint};
+pub use guard::{
+    MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTIONS_PER_PEER, MAX_PENDING_INCOMING,
+    MAX_PENDING_OUTGOING, MAX_RELAY_CIRCUITS, MAX_RELAY_CIRCUITS_PER_PEER, MAX_RELAY_RESERVATIONS,
+    MAX_RELAY_RESERVATIONS_PER_PEER,
+};
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
 pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL};
 
@@ -181,6 +190,20 @@ pub struct OverlayStats {
     pub circuits_relayed: u64,
     /// Members found by mDNS.
     pub mdns_discovered: u64,
+    /// Inbound connections refused by libp2p's connection limits (total, pending, per
+    /// peer).
+    pub connections_refused: u64,
+    /// Inbound connections refused because their address had [`MAX_CONNECTIONS_PER_IP`].
+    pub connections_refused_per_ip: u64,
+    /// Dials of our own refused by the connection limits.
+    pub dials_refused: u64,
+    /// Relay reservations refused (limits, rates, [`guard`]'s membership gate).
+    pub relay_reservations_refused: u64,
+    /// Relay circuits refused.
+    pub relay_circuits_refused: u64,
+    /// Peer addresses not kept (loopback from another host, link-local, namespace
+    /// subnets; see [`hygiene`]).
+    pub addresses_filtered: u64,
 }
 
 /// The agent's libp2p swarm and its replica store.
@@ -208,6 +231,10 @@ pub struct Overlay {
     relays: Relays,
     /// With mDNS and no bootstrap address: when to stop waiting for LAN members.
     mdns_wait: Option<Instant>,
+    /// Which addresses may enter the DHT as underlay addresses.
+    hygiene: Hygiene,
+    /// The agent listens on loopback alone: its loopback addresses are its underlay.
+    listens_on_loopback: bool,
     stats: OverlayStats,
 }
 
@@ -237,6 +264,7 @@ impl Overlay {
         let (now, _) = clocks();
         let mut swarm = behaviour::build(identity, &listen, options)?;
         let local = *swarm.local_peer_id();
+        let listens_on_loopback = is_loopback(&listen);
         swarm
             .listen_on(listen.clone())
             .map_err(|e| OverlayError::Listen(listen, e.to_string()))?;
@@ -259,6 +287,8 @@ impl Overlay {
             over_loopback: HashSet::new(),
             relays: Relays::new(now),
             mdns_wait: None,
+            hygiene: Hygiene::default(),
+            listens_on_loopback,
             stats: OverlayStats::default(),
         };
         if overlay.joined && options.mdns {
@@ -340,10 +370,69 @@ impl Overlay {
         self.store.len()
     }
 
+    /// Every refusal counted, by reason: the replica store's quotas and rates
+    /// ([`crate::quota::Refusal`]), connections over the limits, relay reservations and
+    /// circuits refused, peer addresses filtered out of the DHT.
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        let s = &self.stats;
+        let mut all: Vec<(&'static str, u64)> = self
+            .store
+            .stats()
+            .refusals
+            .iter()
+            .map(|(reason, n)| (reason.as_str(), n))
+            .collect();
+        all.extend([
+            ("connections", s.connections_refused),
+            ("connections_per_ip", s.connections_refused_per_ip),
+            ("dials", s.dials_refused),
+            ("relay_reservations", s.relay_reservations_refused),
+            ("relay_circuits", s.relay_circuits_refused),
+            ("addresses_filtered", s.addresses_filtered),
+        ]);
+        all
+    }
+
+    /// Keeps every address in `net` (a namespace subnet) out of the DHT: not announced
+    /// as this agent's, not kept for any peer, not a tunnel endpoint. Addresses already
+    /// announced or kept in it are withdrawn.
+    pub fn exclude_network(&mut self, net: ipnet::IpNet) {
+        if !self.hygiene.exclude(net) {
+            return;
+        }
+        let loopback_ok = self.listens_on_loopback;
+        let external: Vec<Multiaddr> = self.swarm.external_addresses().cloned().collect();
+        for addr in external {
+            if !self.hygiene.allows(&addr, loopback_ok) {
+                self.swarm.remove_external_address(&addr);
+            }
+        }
+        let mut stale = Vec::new();
+        for bucket in self.swarm.behaviour_mut().kad.kbuckets() {
+            for entry in bucket.iter() {
+                for addr in entry.node.value.iter() {
+                    if ip_of(addr).is_some_and(|ip| net.contains(&ip)) {
+                        stale.push((*entry.node.key.preimage(), addr.clone()));
+                    }
+                }
+            }
+        }
+        for (peer, addr) in stale {
+            self.stats.addresses_filtered += 1;
+            self.swarm.behaviour_mut().kad.remove_address(&peer, &addr);
+        }
+    }
+
     /// The addresses this agent listens on (interface addresses, once known), as IP
-    /// addresses; loopback only if there is nothing else.
+    /// addresses; loopback only if there is nothing else. Never one in an excluded
+    /// network ([`Overlay::exclude_network`]): a TAP address is no tunnel endpoint.
     pub fn listen_ips(&self) -> Vec<IpAddr> {
-        let ips: Vec<IpAddr> = self.listen_addrs.iter().filter_map(ip_of).collect();
+        let ips: Vec<IpAddr> = self
+            .listen_addrs
+            .iter()
+            .filter(|a| is_loopback(a) || self.hygiene.allows(a, false))
+            .filter_map(ip_of)
+            .collect();
         let outside: Vec<IpAddr> = ips.iter().copied().filter(|ip| !ip.is_loopback()).collect();
         if outside.is_empty() {
             ips
@@ -484,10 +573,13 @@ impl Overlay {
                 if is_relayed(&address) {
                     return;
                 }
-                if !is_loopback(&address) && !is_unspecified(&address) {
+                if !is_unspecified(&address)
+                    && self.hygiene.allows(&address, self.listens_on_loopback)
+                {
                     // Agents listen where members can reach them (they announce the same
-                    // addresses as tunnel endpoints): confirmed, so the relay server gives
-                    // it to the members it serves.
+                    // addresses as tunnel endpoints): confirmed, so identify announces it
+                    // and the relay server gives it to the members it serves. Loopback
+                    // only when the agent listens on loopback alone; never a TAP address.
                     self.swarm.add_external_address(address.clone());
                 }
                 if !self.listen_addrs.contains(&address) {
@@ -526,15 +618,47 @@ impl Overlay {
                     tracing::debug!(peer = %peer_id, "relayed connection");
                 } else if let ConnectedPoint::Dialer { address, .. } = endpoint {
                     let address = without_p2p(address);
-                    self.relays.handle_dialled(now, peer_id, address.clone());
-                    self.swarm
-                        .behaviour_mut()
-                        .kad
-                        .add_address(&peer_id, address);
+                    // Kademlia keeps the address it dialled by itself: an address another
+                    // peer handed out that leads into a namespace is dropped again.
+                    if self.hygiene.allows(&address, true) {
+                        self.relays.handle_dialled(now, peer_id, address.clone());
+                        self.swarm
+                            .behaviour_mut()
+                            .kad
+                            .add_address(&peer_id, address);
+                    } else {
+                        self.stats.addresses_filtered += 1;
+                        self.swarm
+                            .behaviour_mut()
+                            .kad
+                            .remove_address(&peer_id, &address);
+                    }
                 }
                 if !self.joined && !self.bootstrapping {
                     self.bootstrapping = self.swarm.behaviour_mut().kad.bootstrap().is_ok();
                 }
+            }
+            SwarmEvent::IncomingConnectionError {
+                error: ListenError::Denied { cause },
+                send_back_addr,
+                ..
+            } => {
+                if cause.downcast_ref::<PerIpExceeded>().is_some() {
+                    self.stats.connections_refused_per_ip += 1;
+                } else if cause
+                    .downcast_ref::<connection_limits::Exceeded>()
+                    .is_some()
+                {
+                    self.stats.connections_refused += 1;
+                }
+                tracing::debug!(from = %send_back_addr, %cause, "connection refused");
+            }
+            SwarmEvent::OutgoingConnectionError {
+                error: DialError::Denied { cause },
+                ..
+            } => {
+                self.stats.dials_refused += 1;
+                tracing::debug!(%cause, "dial refused");
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -569,6 +693,20 @@ impl Overlay {
                 self.stats.circuits_relayed += 1;
                 tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "relaying a circuit");
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(relay::Event::ReservationReqDenied {
+                src_peer_id,
+                ..
+            })) => {
+                self.stats.relay_reservations_refused += 1;
+                tracing::debug!(peer = %src_peer_id, "relay reservation refused");
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(relay::Event::CircuitReqDenied {
+                src_peer_id,
+                ..
+            })) => {
+                self.stats.relay_circuits_refused += 1;
+                tracing::debug!(peer = %src_peer_id, "relay circuit refused");
+            }
             SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event {
                 remote_peer_id,
                 result,
@@ -585,6 +723,10 @@ impl Overlay {
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
                 for (peer, addr) in found {
                     if peer == self.local || is_relayed(&addr) {
+                        continue;
+                    }
+                    if !self.hygiene.allows(&addr, false) {
+                        self.stats.addresses_filtered += 1;
                         continue;
                     }
                     self.swarm
@@ -605,8 +747,10 @@ impl Overlay {
             })) => {
                 let via_loopback = self.over_loopback.contains(&peer_id);
                 for addr in info.listen_addrs {
-                    // Another host's loopback address is ours, not its.
-                    if is_loopback(&addr) && !via_loopback {
+                    // Another host's loopback address is ours, not its; a namespace
+                    // address is nobody's underlay.
+                    if !self.hygiene.allows(&addr, via_loopback) {
+                        self.stats.addresses_filtered += 1;
                         continue;
                     }
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
