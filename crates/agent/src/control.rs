@@ -104,6 +104,10 @@ pub struct OverlayStatus {
     /// Members found by mDNS.
     #[serde(default)]
     pub mdns_discovered: u64,
+    /// What peers were refused, by reason: replica quotas and request rates, connections
+    /// and relay slots over their limits, peer addresses kept out of the DHT.
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
 }
 
 /// Relaying in [`Status`].
@@ -410,6 +414,10 @@ pub fn render(status: &Status) -> String {
             "relaying {} sessions for other members: {} pkts / {} B\n",
             status.relay.sessions, status.relay.packets, status.relay.bytes
         );
+    }
+    let refused = nonzero(&status.overlay.refused);
+    if !refused.is_empty() {
+        out += &format!("  refused to peers: {refused}\n");
     }
     let agent_drops = nonzero(&status.drops);
     if !agent_drops.is_empty() {

@@ -183,6 +183,12 @@ impl Agent {
                 hole_punch_failures: self.overlay.stats().hole_punch_failures,
                 circuits_relayed: self.overlay.stats().circuits_relayed,
                 mdns_discovered: self.overlay.stats().mdns_discovered,
+                refused: self
+                    .overlay
+                    .refusals()
+                    .into_iter()
+                    .map(|(reason, n)| (reason.to_string(), n))
+                    .collect(),
             },
             relay: {
                 let r = self.node.relay_stats();

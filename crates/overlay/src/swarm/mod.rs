@@ -571,6 +571,17 @@ impl Overlay {
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::debug!(%address, "overlay listening");
                 if is_relayed(&address) {
+                    // Our address through a relay: announced (identify tells only external
+                    // addresses) so members that cannot dial us reach us through it. One
+                    // circuit only: a relay hands its clients its own external addresses,
+                    // relayed ones included, and a circuit through a circuit goes nowhere.
+                    let circuits = address
+                        .iter()
+                        .filter(|p| *p == Protocol::P2pCircuit)
+                        .count();
+                    if circuits == 1 && self.hygiene.allows(&address, self.listens_on_loopback) {
+                        self.swarm.add_external_address(address);
+                    }
                     return;
                 }
                 if !is_unspecified(&address)
@@ -595,8 +606,11 @@ impl Overlay {
             SwarmEvent::ListenerClosed {
                 listener_id,
                 reason,
-                ..
+                addresses,
             } => {
+                for address in &addresses {
+                    self.swarm.remove_external_address(address);
+                }
                 if let Some(relay) = self.relays.handle_listener_closed(now, listener_id) {
                     tracing::debug!(%relay, ?reason, "relay reservation ended");
                 }
