@@ -114,6 +114,52 @@ impl Refusals {
     }
 }
 
+/// What is held per owner key and per placing peer (records, or group entries): the
+/// counts the per-owner and per-requester quotas compare against.
+#[derive(Debug, Default)]
+pub(crate) struct Holdings {
+    per_owner: HashMap<OwnerKey, usize>,
+    per_requester: HashMap<OwnerKey, usize>,
+}
+
+impl Holdings {
+    /// One more item of `owner`, placed by `via`.
+    pub(crate) fn add(&mut self, owner: OwnerKey, via: OwnerKey) {
+        *self.per_owner.entry(owner).or_default() += 1;
+        *self.per_requester.entry(via).or_default() += 1;
+    }
+
+    /// One item of `owner`, placed by `via`, gone.
+    pub(crate) fn remove(&mut self, owner: &OwnerKey, via: &OwnerKey) {
+        fn drop_one(counts: &mut HashMap<OwnerKey, usize>, who: &OwnerKey) {
+            if let Some(n) = counts.get_mut(who) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    counts.remove(who);
+                }
+            }
+        }
+        drop_one(&mut self.per_owner, owner);
+        drop_one(&mut self.per_requester, via);
+    }
+
+    /// Items held of `owner`.
+    pub(crate) fn of_owner(&self, owner: &OwnerKey) -> usize {
+        self.per_owner.get(owner).copied().unwrap_or(0)
+    }
+
+    /// Items placed by `via`.
+    pub(crate) fn of_requester(&self, via: &OwnerKey) -> usize {
+        self.per_requester.get(via).copied().unwrap_or(0)
+    }
+
+    /// Forgets every count (before counting afresh).
+    pub(crate) fn clear(&mut self) {
+        self.per_owner.clear();
+        self.per_requester.clear();
+    }
+}
+
 /// A token bucket: `burst` requests at once, refilled at `per_sec`.
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -240,5 +286,290 @@ mod tests {
         for (i, reason) in Refusal::ALL.into_iter().enumerate() {
             assert_eq!(reason as usize, i);
         }
+    }
+}
+
+/// The quotas as [`RecordStore`](crate::records::RecordStore) enforces them.
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests start the clock
+mod store_tests {
+    use super::*;
+    use crate::lease::MAX_LEASES_PER_REPLICA;
+    use crate::records::{
+        encode, Envelope, MemberInfo, RecordRequest, RecordResponse, RecordStore, MAX_GROUP_MEMBERS,
+    };
+    use crate::{Identity, NamespaceKeys};
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn keys(secret: &[u8]) -> NamespaceKeys {
+        NamespaceKeys::derive("lab", secret)
+    }
+
+    fn rng() -> rand::rngs::StdRng {
+        rand::SeedableRng::from_seed([9; 32])
+    }
+
+    fn member(seed: u8) -> Identity {
+        Identity::from_seed([seed; 32])
+    }
+
+    fn info() -> Vec<u8> {
+        encode(&MemberInfo {
+            endpoints: vec!["10.0.0.1:7400".parse().unwrap()],
+            name: None,
+        })
+    }
+
+    /// A claim of record `i` by `who`, valid for an hour from `NOW`.
+    fn claim_of(who: &Identity, i: u32) -> RecordRequest {
+        let k = keys(b"0123456789abcdef");
+        let mut key = [7u8; 32];
+        key[..4].copy_from_slice(&i.to_be_bytes());
+        let envelope = Envelope::seal(&k, who, &key, NOW + 3600, &info(), &mut rng()).unwrap();
+        RecordRequest::Claim {
+            key: key.to_vec(),
+            envelope,
+        }
+    }
+
+    /// The instant of the `i`th request of a steady sender, within every rate limit.
+    fn paced(t: Instant, i: usize) -> Instant {
+        t + Duration::from_millis(10 * i as u64)
+    }
+
+    #[test]
+    fn one_owner_cannot_fill_the_store() {
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let stranger = member(66);
+        let via = Some(*stranger.peer_id().as_bytes());
+        for i in 0..MAX_RECORDS_PER_OWNER {
+            let r = store.handle(paced(t, i), NOW, via, claim_of(&stranger, i as u32));
+            assert_eq!(r, RecordResponse::Granted, "record {i}");
+        }
+        let at = paced(t, MAX_RECORDS_PER_OWNER);
+        let over = store.handle(at, NOW, via, claim_of(&stranger, u32::MAX));
+        assert_eq!(
+            over,
+            RecordResponse::Refused {
+                reason: Refusal::OwnerQuota
+            }
+        );
+        assert_eq!(store.len(), MAX_RECORDS_PER_OWNER);
+        assert_eq!(store.stats().refusals.get(Refusal::OwnerQuota), 1);
+        // Renewing a record it holds costs no quota.
+        assert_eq!(
+            store.handle(at, NOW, via, claim_of(&stranger, 0)),
+            RecordResponse::Granted
+        );
+        // An honest member still claims; releasing frees the stranger's quota.
+        let honest = member(1);
+        let hv = Some(*honest.peer_id().as_bytes());
+        assert_eq!(
+            store.handle(at, NOW, hv, claim_of(&honest, u32::MAX)),
+            RecordResponse::Granted
+        );
+        let mut key = [7u8; 32];
+        key[..4].copy_from_slice(&0u32.to_be_bytes());
+        store.handle(at, NOW, via, RecordRequest::Release { key: key.to_vec() });
+        assert_eq!(
+            store.records_of(stranger.peer_id().as_bytes()),
+            MAX_RECORDS_PER_OWNER - 1
+        );
+        assert_eq!(
+            store.handle(at, NOW, via, claim_of(&stranger, u32::MAX - 1)),
+            RecordResponse::Granted
+        );
+        // Counts survive a sweep unchanged, and fall to zero when the leases lapse.
+        store.expire(at);
+        assert_eq!(
+            store.records_of(stranger.peer_id().as_bytes()),
+            MAX_RECORDS_PER_OWNER
+        );
+        store.expire(at + Duration::from_secs(3601));
+        assert!(store.is_empty());
+        assert_eq!(store.records_of(stranger.peer_id().as_bytes()), 0);
+    }
+
+    #[test]
+    fn one_peer_cannot_place_records_under_many_owner_keys() {
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let relay = Some([42u8; 32]);
+        for i in 0..MAX_RECORDS_PER_REQUESTER {
+            // A throwaway owner key per record.
+            let owner = Identity::from_seed(
+                ((i as u64) << 8 | 0x5a)
+                    .to_be_bytes()
+                    .repeat(4)
+                    .try_into()
+                    .unwrap(),
+            );
+            let r = store.handle(paced(t, i), NOW, relay, claim_of(&owner, i as u32));
+            assert_eq!(r, RecordResponse::Granted, "record {i}");
+        }
+        let at = paced(t, MAX_RECORDS_PER_REQUESTER);
+        assert_eq!(
+            store.handle(at, NOW, relay, claim_of(&member(3), u32::MAX)),
+            RecordResponse::Refused {
+                reason: Refusal::RequesterQuota
+            }
+        );
+        assert_eq!(store.stats().refusals.get(Refusal::RequesterQuota), 1);
+        // Another peer is not affected.
+        assert_eq!(
+            store.handle(at, NOW, Some([43; 32]), claim_of(&member(3), u32::MAX)),
+            RecordResponse::Granted
+        );
+    }
+
+    #[test]
+    fn the_store_is_full_at_its_total() {
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let owners = MAX_LEASES_PER_REPLICA / MAX_RECORDS_PER_OWNER;
+        let mut i = 0;
+        for o in 0..owners {
+            let owner = member(100 + o as u8);
+            let via = Some(*owner.peer_id().as_bytes());
+            for _ in 0..MAX_RECORDS_PER_OWNER {
+                let r = store.handle(paced(t, i), NOW, via, claim_of(&owner, i as u32));
+                assert_eq!(r, RecordResponse::Granted);
+                i += 1;
+            }
+        }
+        assert_eq!(store.len(), MAX_LEASES_PER_REPLICA);
+        let late = member(1);
+        assert_eq!(
+            store.handle(
+                paced(t, i),
+                NOW,
+                Some(*late.peer_id().as_bytes()),
+                claim_of(&late, u32::MAX)
+            ),
+            RecordResponse::Refused {
+                reason: Refusal::StoreFull
+            }
+        );
+        assert_eq!(store.stats().refusals.get(Refusal::StoreFull), 1);
+    }
+
+    #[test]
+    fn requests_over_the_rate_are_refused_but_the_agents_own_are_not() {
+        let t = Instant::now();
+        let local = *member(1).peer_id().as_bytes();
+        let mut store = RecordStore::new(Some(local));
+        let get = || RecordRequest::Get { key: vec![1; 32] };
+        let flooder = Some([9u8; 32]);
+        let answered = (0..REQUEST_BURST + 100)
+            .filter(|_| {
+                store.handle(t, NOW, flooder, get())
+                    != RecordResponse::Refused {
+                        reason: Refusal::RateLimited,
+                    }
+            })
+            .count();
+        assert_eq!(answered, REQUEST_BURST as usize);
+        assert_eq!(store.stats().refusals.get(Refusal::RateLimited), 100);
+        // Another peer, and the agent itself, still get answers.
+        assert_eq!(
+            store.handle(t, NOW, Some([8; 32]), get()),
+            RecordResponse::Value { envelope: None }
+        );
+        for _ in 0..REQUEST_BURST + 100 {
+            assert_eq!(
+                store.handle(t, NOW, Some(local), get()),
+                RecordResponse::Value { envelope: None }
+            );
+        }
+        // A second later the flooder has its rate again.
+        assert_eq!(
+            store.handle(t + Duration::from_secs(1), NOW, flooder, get()),
+            RecordResponse::Value { envelope: None }
+        );
+    }
+
+    #[test]
+    fn group_joins_are_bounded_per_group_per_owner_and_per_peer() {
+        let t = Instant::now();
+        let k = keys(b"0123456789abcdef");
+        let mut store = RecordStore::default();
+        let join = |who: &Identity, group: u32| {
+            let mut key = [3u8; 32];
+            key[..4].copy_from_slice(&group.to_be_bytes());
+            let envelope = Envelope::seal(&k, who, &key, NOW + 3600, &info(), &mut rng()).unwrap();
+            RecordRequest::Join {
+                key: key.to_vec(),
+                envelope,
+            }
+        };
+        // One stranger joining group after group: stopped at MAX_GROUPS_PER_OWNER.
+        let stranger = member(66);
+        let via = Some(*stranger.peer_id().as_bytes());
+        let mut i = 0;
+        let mut step = || {
+            i += 1;
+            paced(t, i)
+        };
+        for g in 0..MAX_GROUPS_PER_OWNER as u32 {
+            assert_eq!(
+                store.handle(step(), NOW, via, join(&stranger, g)),
+                RecordResponse::Joined
+            );
+        }
+        let refused = RecordResponse::Refused {
+            reason: Refusal::GroupQuota,
+        };
+        assert_eq!(
+            store.handle(step(), NOW, via, join(&stranger, 5000)),
+            refused
+        );
+        // Renewing a group it is in is fine.
+        assert_eq!(
+            store.handle(step(), NOW, via, join(&stranger, 0)),
+            RecordResponse::Joined
+        );
+        // Many owner keys through one peer: the peer's count stops them.
+        let other = member(67);
+        assert_eq!(store.handle(step(), NOW, via, join(&other, 9000)), refused);
+        assert_eq!(store.stats().refusals.get(Refusal::GroupQuota), 2);
+        // One group holds at most MAX_GROUP_MEMBERS members, each from its own peer.
+        for m in 0..MAX_GROUP_MEMBERS as u32 {
+            let who = Identity::from_seed(
+                ((m as u64) << 8 | 0x77)
+                    .to_be_bytes()
+                    .repeat(4)
+                    .try_into()
+                    .unwrap(),
+            );
+            let v = Some(*who.peer_id().as_bytes());
+            assert_eq!(
+                store.handle(step(), NOW, v, join(&who, 100_000)),
+                RecordResponse::Joined
+            );
+        }
+        let late = member(68);
+        assert_eq!(
+            store.handle(
+                step(),
+                NOW,
+                Some(*late.peer_id().as_bytes()),
+                join(&late, 100_000)
+            ),
+            RecordResponse::Refused {
+                reason: Refusal::GroupFull
+            }
+        );
+        assert_eq!(
+            store.group_entries(),
+            MAX_GROUPS_PER_OWNER + MAX_GROUP_MEMBERS
+        );
+        store.expire(t + Duration::from_secs(3700));
+        assert_eq!(store.group_entries(), 0);
+        assert_eq!(
+            store.handle(step(), NOW, via, join(&stranger, 5000)),
+            RecordResponse::Joined
+        );
     }
 }

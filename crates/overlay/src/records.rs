@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lease::{self, Replica};
 use crate::quota::{
-    RateLimiter, Refusal, Refusals, MAX_GROUPS_PER_OWNER, MAX_RECORDS_PER_OWNER,
+    Holdings, RateLimiter, Refusal, Refusals, MAX_GROUPS_PER_OWNER, MAX_RECORDS_PER_OWNER,
     MAX_RECORDS_PER_REQUESTER,
 };
 use crate::{Identity, NamespaceKeys};
@@ -383,9 +383,11 @@ pub struct StoreStats {
     pub refusals: Refusals,
 }
 
-/// A record kept: the owner's envelope, and the peer that placed it (for its quota).
+/// A record kept: the owner's envelope, its (verified) owner, and the peer that placed it
+/// (for the quotas).
 struct Stored {
     envelope: Envelope,
+    owner: OwnerKey,
     via: OwnerKey,
 }
 
@@ -408,33 +410,14 @@ pub struct RecordStore {
     leases: Replica<RecordKey, OwnerKey>,
     values: HashMap<RecordKey, Stored>,
     groups: HashMap<RecordKey, HashMap<OwnerKey, Entry>>,
-    /// Records held per owner, and per placing peer (counted over `values`).
-    per_owner: HashMap<OwnerKey, usize>,
-    per_requester: HashMap<OwnerKey, usize>,
-    /// Group entries held per owner, and per placing peer (counted over `groups`).
-    groups_per_owner: HashMap<OwnerKey, usize>,
-    groups_per_requester: HashMap<OwnerKey, usize>,
+    /// Records held per owner and per placing peer (counted over `values`).
+    records_held: Holdings,
+    /// Group entries held per owner and per placing peer (counted over `groups`).
+    entries_held: Holdings,
     rates: RateLimiter,
     /// This agent's own key: its own requests are not rate limited.
     local: Option<OwnerKey>,
     stats: StoreStats,
-}
-
-fn bump(counts: &mut HashMap<OwnerKey, usize>, who: OwnerKey) {
-    *counts.entry(who).or_default() += 1;
-}
-
-fn drop_one(counts: &mut HashMap<OwnerKey, usize>, who: &OwnerKey) {
-    if let Some(n) = counts.get_mut(who) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            counts.remove(who);
-        }
-    }
-}
-
-fn count(counts: &HashMap<OwnerKey, usize>, who: &OwnerKey) -> usize {
-    counts.get(who).copied().unwrap_or(0)
 }
 
 impl RecordStore {
@@ -476,14 +459,15 @@ impl RecordStore {
                 let ttl = Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
                 // A renewal (or a new value for a key the owner already holds here) costs
                 // no quota; a new record does.
-                let renewal = self.values.get(&key).is_some_and(|s| {
-                    s.envelope.owner() == Some(owner) && self.leases.holder(now, &key).is_some()
-                });
+                let renewal = self
+                    .values
+                    .get(&key)
+                    .is_some_and(|s| s.owner == owner && self.leases.holder(now, &key).is_some());
                 if !renewal {
-                    if count(&self.per_owner, &owner) >= MAX_RECORDS_PER_OWNER {
+                    if self.records_held.of_owner(&owner) >= MAX_RECORDS_PER_OWNER {
                         return self.refuse(Refusal::OwnerQuota);
                     }
-                    if count(&self.per_requester, &via) >= MAX_RECORDS_PER_REQUESTER {
+                    if self.records_held.of_requester(&via) >= MAX_RECORDS_PER_REQUESTER {
                         return self.refuse(Refusal::RequesterQuota);
                     }
                 }
@@ -493,7 +477,14 @@ impl RecordStore {
                 {
                     lease::Response::Granted => {
                         self.stats.granted += 1;
-                        self.insert_value(key, Stored { envelope, via });
+                        self.insert_value(
+                            key,
+                            Stored {
+                                envelope,
+                                owner,
+                                via,
+                            },
+                        );
                         RecordResponse::Granted
                     }
                     lease::Response::Held { owner, remaining } => {
@@ -550,8 +541,8 @@ impl RecordStore {
                     {
                         return self.refuse(Refusal::GroupFull);
                     }
-                    if count(&self.groups_per_owner, &owner) >= MAX_GROUPS_PER_OWNER
-                        || count(&self.groups_per_requester, &via) >= MAX_GROUPS_PER_OWNER
+                    if self.entries_held.of_owner(&owner) >= MAX_GROUPS_PER_OWNER
+                        || self.entries_held.of_requester(&via) >= MAX_GROUPS_PER_OWNER
                     {
                         return self.refuse(Refusal::GroupQuota);
                     }
@@ -562,11 +553,9 @@ impl RecordStore {
                     via,
                 };
                 if let Some(old) = self.groups.entry(key).or_default().insert(owner, entry) {
-                    drop_one(&mut self.groups_per_owner, &owner);
-                    drop_one(&mut self.groups_per_requester, &old.via);
+                    self.entries_held.remove(&owner, &old.via);
                 }
-                bump(&mut self.groups_per_owner, owner);
-                bump(&mut self.groups_per_requester, via);
+                self.entries_held.add(owner, via);
                 RecordResponse::Joined
             }
             RecordRequest::Members { key } => {
@@ -604,19 +593,13 @@ impl RecordStore {
 
     /// Counts the records and group entries per owner and per placing peer afresh.
     fn recount(&mut self) {
-        self.per_owner.clear();
-        self.per_requester.clear();
+        self.records_held.clear();
         for stored in self.values.values() {
-            if let Some(owner) = stored.envelope.owner() {
-                bump(&mut self.per_owner, owner);
-            }
-            bump(&mut self.per_requester, stored.via);
+            self.records_held.add(stored.owner, stored.via);
         }
-        self.groups_per_owner.clear();
-        self.groups_per_requester.clear();
+        self.entries_held.clear();
         for (owner, entry) in self.groups.values().flatten() {
-            bump(&mut self.groups_per_owner, *owner);
-            bump(&mut self.groups_per_requester, entry.via);
+            self.entries_held.add(*owner, entry.via);
         }
     }
 
@@ -632,8 +615,7 @@ impl RecordStore {
             .collect();
         for owner in lapsed {
             if let Some(old) = group.remove(&owner) {
-                drop_one(&mut self.groups_per_owner, &owner);
-                drop_one(&mut self.groups_per_requester, &old.via);
+                self.entries_held.remove(&owner, &old.via);
             }
         }
         if group.is_empty() {
@@ -643,19 +625,13 @@ impl RecordStore {
 
     fn insert_value(&mut self, key: RecordKey, stored: Stored) {
         self.remove_value(&key);
-        if let Some(owner) = stored.envelope.owner() {
-            bump(&mut self.per_owner, owner);
-        }
-        bump(&mut self.per_requester, stored.via);
+        self.records_held.add(stored.owner, stored.via);
         self.values.insert(key, stored);
     }
 
     fn remove_value(&mut self, key: &RecordKey) {
         if let Some(old) = self.values.remove(key) {
-            if let Some(owner) = old.envelope.owner() {
-                drop_one(&mut self.per_owner, &owner);
-            }
-            drop_one(&mut self.per_requester, &old.via);
+            self.records_held.remove(&old.owner, &old.via);
         }
     }
 
@@ -666,7 +642,7 @@ impl RecordStore {
 
     /// Records held for `owner`.
     pub fn records_of(&self, owner: &OwnerKey) -> usize {
-        count(&self.per_owner, owner)
+        self.records_held.of_owner(owner)
     }
 
     /// Group entries kept, over all groups.
@@ -915,227 +891,6 @@ mod tests {
         );
         store.expire(later);
         assert!(store.is_empty());
-    }
-
-    /// A claim of record `i` by `who`, valid for an hour from `NOW`.
-    fn claim_of(who: &Identity, i: u32) -> RecordRequest {
-        let k = keys(b"0123456789abcdef");
-        let mut key = [7u8; 32];
-        key[..4].copy_from_slice(&i.to_be_bytes());
-        let envelope = Envelope::seal(&k, who, &key, NOW + 3600, &info(), &mut rng()).unwrap();
-        RecordRequest::Claim {
-            key: key.to_vec(),
-            envelope,
-        }
-    }
-
-    /// The instant of the `i`th request of a steady sender, within every rate limit.
-    fn paced(t: Instant, i: usize) -> Instant {
-        t + Duration::from_millis(10 * i as u64)
-    }
-
-    #[test]
-    fn one_owner_cannot_fill_the_store() {
-        let t = Instant::now();
-        let mut store = RecordStore::default();
-        let stranger = member(66);
-        let via = Some(*stranger.peer_id().as_bytes());
-        for i in 0..MAX_RECORDS_PER_OWNER {
-            let r = store.handle(paced(t, i), NOW, via, claim_of(&stranger, i as u32));
-            assert_eq!(r, RecordResponse::Granted, "record {i}");
-        }
-        let at = paced(t, MAX_RECORDS_PER_OWNER);
-        let over = store.handle(at, NOW, via, claim_of(&stranger, u32::MAX));
-        assert_eq!(
-            over,
-            RecordResponse::Refused {
-                reason: Refusal::OwnerQuota
-            }
-        );
-        assert_eq!(store.len(), MAX_RECORDS_PER_OWNER);
-        assert_eq!(store.stats().refusals.get(Refusal::OwnerQuota), 1);
-        // Renewing a record it holds costs no quota.
-        assert_eq!(
-            store.handle(at, NOW, via, claim_of(&stranger, 0)),
-            RecordResponse::Granted
-        );
-        // An honest member still claims; releasing frees the stranger's quota.
-        let honest = member(1);
-        let hv = Some(*honest.peer_id().as_bytes());
-        assert_eq!(
-            store.handle(at, NOW, hv, claim_of(&honest, u32::MAX)),
-            RecordResponse::Granted
-        );
-        let mut key = [7u8; 32];
-        key[..4].copy_from_slice(&0u32.to_be_bytes());
-        store.handle(at, NOW, via, RecordRequest::Release { key: key.to_vec() });
-        assert_eq!(
-            store.records_of(stranger.peer_id().as_bytes()),
-            MAX_RECORDS_PER_OWNER - 1
-        );
-        assert_eq!(
-            store.handle(at, NOW, via, claim_of(&stranger, u32::MAX - 1)),
-            RecordResponse::Granted
-        );
-        // Counts survive a sweep unchanged, and fall to zero when the leases lapse.
-        store.expire(at);
-        assert_eq!(
-            store.records_of(stranger.peer_id().as_bytes()),
-            MAX_RECORDS_PER_OWNER
-        );
-        store.expire(at + Duration::from_secs(3601));
-        assert!(store.is_empty());
-        assert_eq!(store.records_of(stranger.peer_id().as_bytes()), 0);
-    }
-
-    #[test]
-    fn one_peer_cannot_place_records_under_many_owner_keys() {
-        let t = Instant::now();
-        let mut store = RecordStore::default();
-        let relay = Some([42u8; 32]);
-        for i in 0..MAX_RECORDS_PER_REQUESTER {
-            // A throwaway owner key per record.
-            let owner = Identity::from_seed(
-                ((i as u64) << 8 | 0x5a)
-                    .to_be_bytes()
-                    .repeat(4)
-                    .try_into()
-                    .unwrap(),
-            );
-            let r = store.handle(paced(t, i), NOW, relay, claim_of(&owner, i as u32));
-            assert_eq!(r, RecordResponse::Granted, "record {i}");
-        }
-        let at = paced(t, MAX_RECORDS_PER_REQUESTER);
-        assert_eq!(
-            store.handle(at, NOW, relay, claim_of(&member(3), u32::MAX)),
-            RecordResponse::Refused {
-                reason: Refusal::RequesterQuota
-            }
-        );
-        assert_eq!(store.stats().refusals.get(Refusal::RequesterQuota), 1);
-        // Another peer is not affected.
-        assert_eq!(
-            store.handle(at, NOW, Some([43; 32]), claim_of(&member(3), u32::MAX)),
-            RecordResponse::Granted
-        );
-    }
-
-    #[test]
-    fn requests_over_the_rate_are_refused_but_the_agents_own_are_not() {
-        let t = Instant::now();
-        let local = *member(1).peer_id().as_bytes();
-        let mut store = RecordStore::new(Some(local));
-        let get = || RecordRequest::Get { key: vec![1; 32] };
-        let flooder = Some([9u8; 32]);
-        let answered = (0..crate::quota::REQUEST_BURST + 100)
-            .filter(|_| {
-                store.handle(t, NOW, flooder, get())
-                    != RecordResponse::Refused {
-                        reason: Refusal::RateLimited,
-                    }
-            })
-            .count();
-        assert_eq!(answered, crate::quota::REQUEST_BURST as usize);
-        assert_eq!(store.stats().refusals.get(Refusal::RateLimited), 100);
-        // Another peer, and the agent itself, still get answers.
-        assert_eq!(
-            store.handle(t, NOW, Some([8; 32]), get()),
-            RecordResponse::Value { envelope: None }
-        );
-        for _ in 0..crate::quota::REQUEST_BURST + 100 {
-            assert_eq!(
-                store.handle(t, NOW, Some(local), get()),
-                RecordResponse::Value { envelope: None }
-            );
-        }
-        // A second later the flooder has its rate again.
-        assert_eq!(
-            store.handle(t + Duration::from_secs(1), NOW, flooder, get()),
-            RecordResponse::Value { envelope: None }
-        );
-    }
-
-    #[test]
-    fn group_joins_are_bounded_per_group_per_owner_and_per_peer() {
-        let t = Instant::now();
-        let k = keys(b"0123456789abcdef");
-        let mut store = RecordStore::default();
-        let join = |who: &Identity, group: u32| {
-            let mut key = [3u8; 32];
-            key[..4].copy_from_slice(&group.to_be_bytes());
-            let envelope = Envelope::seal(&k, who, &key, NOW + 3600, &info(), &mut rng()).unwrap();
-            RecordRequest::Join {
-                key: key.to_vec(),
-                envelope,
-            }
-        };
-        // One stranger joining group after group: stopped at MAX_GROUPS_PER_OWNER.
-        let stranger = member(66);
-        let via = Some(*stranger.peer_id().as_bytes());
-        let mut i = 0;
-        let mut step = || {
-            i += 1;
-            paced(t, i)
-        };
-        for g in 0..MAX_GROUPS_PER_OWNER as u32 {
-            assert_eq!(
-                store.handle(step(), NOW, via, join(&stranger, g)),
-                RecordResponse::Joined
-            );
-        }
-        let refused = RecordResponse::Refused {
-            reason: Refusal::GroupQuota,
-        };
-        assert_eq!(
-            store.handle(step(), NOW, via, join(&stranger, 5000)),
-            refused
-        );
-        // Renewing a group it is in is fine.
-        assert_eq!(
-            store.handle(step(), NOW, via, join(&stranger, 0)),
-            RecordResponse::Joined
-        );
-        // Many owner keys through one peer: the peer's count stops them.
-        let other = member(67);
-        assert_eq!(store.handle(step(), NOW, via, join(&other, 9000)), refused);
-        assert_eq!(store.stats().refusals.get(Refusal::GroupQuota), 2);
-        // One group holds at most MAX_GROUP_MEMBERS members, each from its own peer.
-        for m in 0..MAX_GROUP_MEMBERS as u32 {
-            let who = Identity::from_seed(
-                ((m as u64) << 8 | 0x77)
-                    .to_be_bytes()
-                    .repeat(4)
-                    .try_into()
-                    .unwrap(),
-            );
-            let v = Some(*who.peer_id().as_bytes());
-            assert_eq!(
-                store.handle(step(), NOW, v, join(&who, 100_000)),
-                RecordResponse::Joined
-            );
-        }
-        let late = member(68);
-        assert_eq!(
-            store.handle(
-                step(),
-                NOW,
-                Some(*late.peer_id().as_bytes()),
-                join(&late, 100_000)
-            ),
-            RecordResponse::Refused {
-                reason: Refusal::GroupFull
-            }
-        );
-        assert_eq!(
-            store.group_entries(),
-            MAX_GROUPS_PER_OWNER + MAX_GROUP_MEMBERS
-        );
-        store.expire(t + Duration::from_secs(3700));
-        assert_eq!(store.group_entries(), 0);
-        assert_eq!(
-            store.handle(step(), NOW, via, join(&stranger, 5000)),
-            RecordResponse::Joined
-        );
     }
 
     #[test]

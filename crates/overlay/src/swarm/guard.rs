@@ -21,7 +21,7 @@ use libp2p::swarm::{
 use libp2p::{connection_limits, relay};
 
 use super::addr::{ip_of, is_relayed};
-use super::{Multiaddr, NetworkId};
+use super::{Multiaddr, NetworkId, Overlay};
 
 /// Most established connections, over all peers.
 pub const MAX_CONNECTIONS: u32 = 512;
@@ -92,6 +92,44 @@ pub(super) fn relay_config() -> relay::Config {
         .circuit_src_rate_limiters
         .push(Box::new(|peer, _: &Multiaddr, _| allow_relay(&peer)));
     config
+}
+
+impl Overlay {
+    /// Every refusal counted, by reason: the replica store's quotas and rates
+    /// ([`crate::quota::Refusal`]), connections over the limits, relay reservations and
+    /// circuits refused, peer addresses filtered out of the DHT.
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        let s = &self.stats;
+        let mut all: Vec<(&'static str, u64)> = self
+            .store
+            .stats()
+            .refusals
+            .iter()
+            .map(|(reason, n)| (reason.as_str(), n))
+            .collect();
+        all.extend([
+            ("connections", s.connections_refused),
+            ("connections_per_ip", s.connections_refused_per_ip),
+            ("dials", s.dials_refused),
+            ("relay_reservations", s.relay_reservations_refused),
+            ("relay_circuits", s.relay_circuits_refused),
+            ("addresses_filtered", s.addresses_filtered),
+        ]);
+        all
+    }
+
+    /// Counts an inbound connection a limit refused.
+    pub(super) fn handle_refused_connection(&mut self, from: &Multiaddr, cause: &ConnectionDenied) {
+        if cause.downcast_ref::<PerIpExceeded>().is_some() {
+            self.stats.connections_refused_per_ip += 1;
+        } else if cause
+            .downcast_ref::<connection_limits::Exceeded>()
+            .is_some()
+        {
+            self.stats.connections_refused += 1;
+        }
+        tracing::debug!(%from, %cause, "connection refused");
+    }
 }
 
 /// Refused: too many connections from one IP address.

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::addr::ip_of;
-use super::Multiaddr;
+use super::{Multiaddr, Overlay};
 
 /// The networks excluded from the underlay beyond the fixed kinds: the namespace subnets.
 #[derive(Debug, Default, Clone)]
@@ -46,6 +46,38 @@ impl Hygiene {
             return loopback_ok;
         }
         is_global_enough(ip) && !self.excluded.iter().any(|net| net.contains(&ip))
+    }
+}
+
+impl Overlay {
+    /// Keeps every address in `net` (a namespace subnet) out of the DHT: not announced
+    /// as this agent's, not kept for any peer, not a tunnel endpoint. Addresses already
+    /// announced or kept in it are withdrawn.
+    pub fn exclude_network(&mut self, net: ipnet::IpNet) {
+        if !self.hygiene.exclude(net) {
+            return;
+        }
+        let loopback_ok = self.listens_on_loopback;
+        let external: Vec<Multiaddr> = self.swarm.external_addresses().cloned().collect();
+        for addr in external {
+            if !self.hygiene.allows(&addr, loopback_ok) {
+                self.swarm.remove_external_address(&addr);
+            }
+        }
+        let mut stale = Vec::new();
+        for bucket in self.swarm.behaviour_mut().kad.kbuckets() {
+            for entry in bucket.iter() {
+                for addr in entry.node.value.iter() {
+                    if ip_of(addr).is_some_and(|ip| net.contains(&ip)) {
+                        stale.push((*entry.node.key.preimage(), addr.clone()));
+                    }
+                }
+            }
+        }
+        for (peer, addr) in stale {
+            self.stats.addresses_filtered += 1;
+            self.swarm.behaviour_mut().kad.remove_address(&peer, &addr);
+        }
     }
 }
 

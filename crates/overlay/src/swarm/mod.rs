@@ -47,14 +47,13 @@ use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::{ConnectionId, DialError, ListenError, SwarmEvent};
-use libp2p::{connection_limits, dcutr, identify, kad, mdns, relay, Swarm};
+use libp2p::{dcutr, identify, kad, mdns, relay, Swarm};
 
 use crate::quorum::{self, Kind};
 use crate::records::{Envelope, RecordKey, RecordRequest, RecordResponse, RecordStore, StoreStats};
 use crate::Identity;
 use addr::{ip_of, is_loopback, is_unspecified, without_p2p};
 use behaviour::{Behaviour, BehaviourEvent};
-use guard::PerIpExceeded;
 use hygiene::Hygiene;
 use relays::Relays;
 
@@ -370,59 +369,6 @@ impl Overlay {
         self.store.len()
     }
 
-    /// Every refusal counted, by reason: the replica store's quotas and rates
-    /// ([`crate::quota::Refusal`]), connections over the limits, relay reservations and
-    /// circuits refused, peer addresses filtered out of the DHT.
-    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
-        let s = &self.stats;
-        let mut all: Vec<(&'static str, u64)> = self
-            .store
-            .stats()
-            .refusals
-            .iter()
-            .map(|(reason, n)| (reason.as_str(), n))
-            .collect();
-        all.extend([
-            ("connections", s.connections_refused),
-            ("connections_per_ip", s.connections_refused_per_ip),
-            ("dials", s.dials_refused),
-            ("relay_reservations", s.relay_reservations_refused),
-            ("relay_circuits", s.relay_circuits_refused),
-            ("addresses_filtered", s.addresses_filtered),
-        ]);
-        all
-    }
-
-    /// Keeps every address in `net` (a namespace subnet) out of the DHT: not announced
-    /// as this agent's, not kept for any peer, not a tunnel endpoint. Addresses already
-    /// announced or kept in it are withdrawn.
-    pub fn exclude_network(&mut self, net: ipnet::IpNet) {
-        if !self.hygiene.exclude(net) {
-            return;
-        }
-        let loopback_ok = self.listens_on_loopback;
-        let external: Vec<Multiaddr> = self.swarm.external_addresses().cloned().collect();
-        for addr in external {
-            if !self.hygiene.allows(&addr, loopback_ok) {
-                self.swarm.remove_external_address(&addr);
-            }
-        }
-        let mut stale = Vec::new();
-        for bucket in self.swarm.behaviour_mut().kad.kbuckets() {
-            for entry in bucket.iter() {
-                for addr in entry.node.value.iter() {
-                    if ip_of(addr).is_some_and(|ip| net.contains(&ip)) {
-                        stale.push((*entry.node.key.preimage(), addr.clone()));
-                    }
-                }
-            }
-        }
-        for (peer, addr) in stale {
-            self.stats.addresses_filtered += 1;
-            self.swarm.behaviour_mut().kad.remove_address(&peer, &addr);
-        }
-    }
-
     /// The addresses this agent listens on (interface addresses, once known), as IP
     /// addresses; loopback only if there is nothing else. Never one in an excluded
     /// network ([`Overlay::exclude_network`]): a TAP address is no tunnel endpoint.
@@ -656,17 +602,7 @@ impl Overlay {
                 error: ListenError::Denied { cause },
                 send_back_addr,
                 ..
-            } => {
-                if cause.downcast_ref::<PerIpExceeded>().is_some() {
-                    self.stats.connections_refused_per_ip += 1;
-                } else if cause
-                    .downcast_ref::<connection_limits::Exceeded>()
-                    .is_some()
-                {
-                    self.stats.connections_refused += 1;
-                }
-                tracing::debug!(from = %send_back_addr, %cause, "connection refused");
-            }
+            } => self.handle_refused_connection(&send_back_addr, &cause),
             SwarmEvent::OutgoingConnectionError {
                 error: DialError::Denied { cause },
                 ..
