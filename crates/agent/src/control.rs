@@ -122,6 +122,10 @@ pub struct OverlayStatus {
     /// Peers a lookup found that were left out of replica sets: they proved no membership.
     #[serde(default)]
     pub unproven_replicas_skipped: u64,
+    /// What peers were refused, by reason: replica quotas and request rates, connections
+    /// and relay slots over their limits, peer addresses kept out of the DHT.
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
 }
 
 /// Relaying in [`Status`].
@@ -441,6 +445,10 @@ pub fn render(status: &Status) -> String {
             "relaying {} sessions for other members: {} pkts / {} B\n",
             status.relay.sessions, status.relay.packets, status.relay.bytes
         );
+    }
+    let refused = nonzero(&status.overlay.refused);
+    if !refused.is_empty() {
+        out += &format!("  refused to peers: {refused}\n");
     }
     let agent_drops = nonzero(&status.drops);
     if !agent_drops.is_empty() {

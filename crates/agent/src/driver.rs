@@ -190,7 +190,7 @@ impl Agent {
             mdns: config.agent.mdns,
             ..OverlayOptions::default()
         };
-        let overlay = Overlay::new(
+        let mut overlay = Overlay::new(
             &identity,
             tcp_multiaddr(config.agent.listen),
             bootstrap,
@@ -198,6 +198,11 @@ impl Agent {
             setup::os_seed()?,
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // A namespace address is never an underlay address (the TAP's, when listening on
+        // 0.0.0.0): keep them out of the DHT. Subnets learned later are added then.
+        for subnet in config.namespaces.iter().filter_map(|n| n.subnet) {
+            overlay.exclude_network(subnet.into());
+        }
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
         let underlay = Underlay::new(socket)?;

@@ -105,6 +105,7 @@ impl Agent {
             }
             Event::Conflict(reason) => self.conflict(i, reason, now),
             Event::SubnetLearned(subnet) => {
+                self.overlay.exclude_network(subnet.into());
                 n.switch.set_subnet(subnet);
                 n.dns.set_zone(&n.name, subnet);
                 // Members announced before the subnet was known: route them now.

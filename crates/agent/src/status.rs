@@ -193,6 +193,12 @@ impl Agent {
                 proofs_refused: self.overlay.stats().proofs_refused,
                 requests_not_member: self.overlay.stats().requests_not_member,
                 unproven_replicas_skipped: self.overlay.stats().unproven_replicas_skipped,
+                refused: self
+                    .overlay
+                    .refusals()
+                    .into_iter()
+                    .map(|(reason, n)| (reason.to_string(), n))
+                    .collect(),
             },
             relay: {
                 let r = self.node.relay_stats();

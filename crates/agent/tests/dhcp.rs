@@ -553,10 +553,14 @@ fn dhcp_through_a_relay_agent() {
             .count()
     };
     // tcpdump may still be decoding the last reply.
-    eventually("OFFER and ACK to the relay on the wire", Duration::from_secs(5), || {
-        let text = std::fs::read_to_string(&wire).unwrap_or_default();
-        (replies_in(&text) >= 2).then_some(()).ok_or(text)
-    });
+    eventually(
+        "OFFER and ACK to the relay on the wire",
+        Duration::from_secs(5),
+        || {
+            let text = std::fs::read_to_string(&wire).unwrap_or_default();
+            (replies_in(&text) >= 2).then_some(()).ok_or(text)
+        },
+    );
     let text = std::fs::read_to_string(&wire).unwrap_or_default();
     let replies: Vec<&str> = text
         .split("\n    ")

@@ -11,6 +11,7 @@ pub mod membership;
 pub mod node;
 pub mod proof;
 pub mod quorum;
+pub mod quota;
 pub mod records;
 pub mod swarm;
 pub mod wire;

@@ -29,6 +29,10 @@ use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 use crate::lease::{self, Replica};
+use crate::quota::{
+    Holdings, RateLimiter, Refusal, Refusals, MAX_GROUPS_PER_OWNER, MAX_RECORDS_PER_OWNER,
+    MAX_RECORDS_PER_REQUESTER,
+};
 use crate::{Identity, NamespaceKeys};
 
 /// A record's key in the DHT.
@@ -329,8 +333,14 @@ pub enum RecordResponse {
     },
     /// Released (or was not held by the releaser).
     Released,
-    /// The replica holds too many records to take a new key.
+    /// The replica holds too many records to take a new key (what replicas before
+    /// [`RecordResponse::Refused`] answered).
     Full,
+    /// The replica would accept the request but a quota or rate limit stops it.
+    Refused {
+        /// Which limit.
+        reason: Refusal,
+    },
     /// The current value of a key, if held.
     Value {
         /// The holder's envelope.
@@ -366,6 +376,7 @@ impl RecordResponse {
             Self::Released => lease::Response::Released,
             Self::Full
             | Self::NotMember
+            | Self::Refused { .. }
             | Self::Rejected
             | Self::Value { .. }
             | Self::Joined
@@ -383,18 +394,56 @@ pub struct StoreStats {
     pub granted: u64,
     /// Claims refused because another owner holds the key.
     pub held: u64,
+    /// Requests refused by a quota or rate limit, by reason ([`crate::quota`]).
+    pub refusals: Refusals,
 }
 
-/// The records this agent keeps as a replica, for every namespace (it reads none of them).
+/// A record kept: the owner's envelope, its (verified) owner, and the peer that placed it
+/// (for the quotas).
+struct Stored {
+    envelope: Envelope,
+    owner: OwnerKey,
+    via: OwnerKey,
+}
+
+/// One member's entry in a group.
+struct Entry {
+    envelope: Envelope,
+    until: Instant,
+    via: OwnerKey,
+}
+
+/// Who stands for a requester without an Ed25519 peer id in quotas and rates: all such
+/// peers share one allowance.
+const ANONYMOUS: OwnerKey = [0; 32];
+
+/// The records this agent keeps as a replica, for every namespace (it reads none of them),
+/// within the quotas of [`crate::quota`]: per owner, per requesting peer, per group and in
+/// total, and a request rate per peer.
 #[derive(Default)]
 pub struct RecordStore {
     leases: Replica<RecordKey, OwnerKey>,
-    values: HashMap<RecordKey, Envelope>,
-    groups: HashMap<RecordKey, HashMap<OwnerKey, (Envelope, Instant)>>,
+    values: HashMap<RecordKey, Stored>,
+    groups: HashMap<RecordKey, HashMap<OwnerKey, Entry>>,
+    /// Records held per owner and per placing peer (counted over `values`).
+    records_held: Holdings,
+    /// Group entries held per owner and per placing peer (counted over `groups`).
+    entries_held: Holdings,
+    rates: RateLimiter,
+    /// This agent's own key: its own requests are not rate limited.
+    local: Option<OwnerKey>,
     stats: StoreStats,
 }
 
 impl RecordStore {
+    /// The store of the agent whose key is `local` (its own requests skip the rate limit).
+    pub fn new(local: Option<OwnerKey>) -> Self {
+        Self {
+            local,
+            ..Self::default()
+        }
+    }
+
     /// Answers `request` from the peer whose Ed25519 key is `requester` (authenticated by
     /// its connection). `now_unix` is the wall clock, for envelope expiry.
     pub fn handle(
@@ -404,6 +453,11 @@ impl RecordStore {
         requester: Option<OwnerKey>,
         request: RecordRequest,
     ) -> RecordResponse {
+        let via = requester.unwrap_or(ANONYMOUS);
+        let own = requester.is_some() && requester == self.local;
+        if !own && !self.rates.allow(now, via) {
+            return self.refuse(Refusal::RateLimited);
+        }
         match request {
             RecordRequest::Claim { key, envelope } => {
                 let Ok(key) = RecordKey::try_from(key.as_slice()) else {
@@ -418,13 +472,34 @@ impl RecordStore {
                     }
                 };
                 let ttl = Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
+                // A renewal (or a new value for a key the owner already holds here) costs
+                // no quota; a new record does.
+                let renewal = self
+                    .values
+                    .get(&key)
+                    .is_some_and(|s| s.owner == owner && self.leases.holder(now, &key).is_some());
+                if !renewal {
+                    if self.records_held.of_owner(&owner) >= MAX_RECORDS_PER_OWNER {
+                        return self.refuse(Refusal::OwnerQuota);
+                    }
+                    if self.records_held.of_requester(&via) >= MAX_RECORDS_PER_REQUESTER {
+                        return self.refuse(Refusal::RequesterQuota);
+                    }
+                }
                 match self
                     .leases
                     .handle(now, lease::Request::Claim { key, owner, ttl })
                 {
                     lease::Response::Granted => {
                         self.stats.granted += 1;
-                        self.values.insert(key, envelope);
+                        self.insert_value(
+                            key,
+                            Stored {
+                                envelope,
+                                owner,
+                                via,
+                            },
+                        );
                         RecordResponse::Granted
                     }
                     lease::Response::Held { owner, remaining } => {
@@ -434,7 +509,7 @@ impl RecordStore {
                             remaining_ms: remaining.as_millis() as u64,
                         }
                     }
-                    lease::Response::Full => RecordResponse::Full,
+                    lease::Response::Full => self.refuse(Refusal::StoreFull),
                     lease::Response::Released => RecordResponse::Rejected,
                 }
             }
@@ -447,7 +522,7 @@ impl RecordStore {
                 self.leases
                     .handle(now, lease::Request::Release { key, owner });
                 if self.leases.holder(now, &key).is_none() {
-                    self.values.remove(&key);
+                    self.remove_value(&key);
                 }
                 RecordResponse::Released
             }
@@ -460,7 +535,7 @@ impl RecordStore {
                     .leases
                     .holder(now, &key)
                     .and_then(|_| self.values.get(&key))
-                    .cloned();
+                    .map(|s| s.envelope.clone());
                 RecordResponse::Value { envelope }
             }
             RecordRequest::Join { key, envelope } => {
@@ -473,18 +548,29 @@ impl RecordStore {
                     return RecordResponse::Rejected;
                 };
                 let until = now + Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
-                let group = self.groups.entry(key).or_default();
-                group.retain(|_, (_, t)| *t > now);
-                let full = group.len() >= MAX_GROUP_MEMBERS;
-                if !group.contains_key(&owner)
-                    && (full || self.group_entries() >= MAX_GROUP_ENTRIES)
-                {
-                    return RecordResponse::Full;
+                self.expire_group(now, &key);
+                let group = self.groups.get(&key);
+                if !group.is_some_and(|g| g.contains_key(&owner)) {
+                    if group.map_or(0, HashMap::len) >= MAX_GROUP_MEMBERS
+                        || self.group_entries() >= MAX_GROUP_ENTRIES
+                    {
+                        return self.refuse(Refusal::GroupFull);
+                    }
+                    if self.entries_held.of_owner(&owner) >= MAX_GROUPS_PER_OWNER
+                        || self.entries_held.of_requester(&via) >= MAX_GROUPS_PER_OWNER
+                    {
+                        return self.refuse(Refusal::GroupQuota);
+                    }
                 }
-                self.groups
-                    .entry(key)
-                    .or_default()
-                    .insert(owner, (envelope, until));
+                let entry = Entry {
+                    envelope,
+                    until,
+                    via,
+                };
+                if let Some(old) = self.groups.entry(key).or_default().insert(owner, entry) {
+                    self.entries_held.remove(&owner, &old.via);
+                }
+                self.entries_held.add(owner, via);
                 RecordResponse::Joined
             }
             RecordRequest::Members { key } => {
@@ -497,8 +583,8 @@ impl RecordStore {
                     .get(&key)
                     .map(|g| {
                         g.values()
-                            .filter(|(_, t)| *t > now)
-                            .map(|(e, _)| e.clone())
+                            .filter(|e| e.until > now)
+                            .map(|e| e.envelope.clone())
                             .collect()
                     })
                     .unwrap_or_default();
@@ -507,15 +593,71 @@ impl RecordStore {
         }
     }
 
-    /// Forgets expired records.
+    /// Forgets expired records, and peers whose request rate is back to a full burst.
     pub fn expire(&mut self, now: Instant) {
         self.leases.expire(now);
         let leases = &self.leases;
         self.values.retain(|k, _| leases.holder(now, k).is_some());
         for group in self.groups.values_mut() {
-            group.retain(|_, (_, t)| *t > now);
+            group.retain(|_, e| e.until > now);
         }
         self.groups.retain(|_, g| !g.is_empty());
+        self.recount();
+        self.rates.forget_idle(now);
+    }
+
+    /// Counts the records and group entries per owner and per placing peer afresh.
+    fn recount(&mut self) {
+        self.records_held.clear();
+        for stored in self.values.values() {
+            self.records_held.add(stored.owner, stored.via);
+        }
+        self.entries_held.clear();
+        for (owner, entry) in self.groups.values().flatten() {
+            self.entries_held.add(*owner, entry.via);
+        }
+    }
+
+    /// Drops the lapsed entries of the group at `key`.
+    fn expire_group(&mut self, now: Instant, key: &RecordKey) {
+        let Some(group) = self.groups.get_mut(key) else {
+            return;
+        };
+        let lapsed: Vec<OwnerKey> = group
+            .iter()
+            .filter(|(_, e)| e.until <= now)
+            .map(|(o, _)| *o)
+            .collect();
+        for owner in lapsed {
+            if let Some(old) = group.remove(&owner) {
+                self.entries_held.remove(&owner, &old.via);
+            }
+        }
+        if group.is_empty() {
+            self.groups.remove(key);
+        }
+    }
+
+    fn insert_value(&mut self, key: RecordKey, stored: Stored) {
+        self.remove_value(&key);
+        self.records_held.add(stored.owner, stored.via);
+        self.values.insert(key, stored);
+    }
+
+    fn remove_value(&mut self, key: &RecordKey) {
+        if let Some(old) = self.values.remove(key) {
+            self.records_held.remove(&old.owner, &old.via);
+        }
+    }
+
+    fn refuse(&mut self, reason: Refusal) -> RecordResponse {
+        self.stats.refusals.count(reason);
+        RecordResponse::Refused { reason }
+    }
+
+    /// Records held for `owner`.
+    pub fn records_of(&self, owner: &OwnerKey) -> usize {
+        self.records_held.of_owner(owner)
     }
 
     /// Group entries kept, over all groups.

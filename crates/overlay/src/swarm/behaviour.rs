@@ -3,9 +3,12 @@
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::NetworkBehaviour;
-use libp2p::{dcutr, identify, kad, mdns, noise, relay, tcp, yamux, StreamProtocol, Swarm};
+use libp2p::{
+    connection_limits, dcutr, identify, kad, mdns, noise, relay, tcp, yamux, StreamProtocol, Swarm,
+};
 
 use super::addr::is_memory;
+use super::guard::{self, PerIp};
 use super::{
     Multiaddr, OverlayError, OverlayOptions, KAD_PROTOCOL, LOOKUP_TIMEOUT, RECORDS_PROTOCOL,
     REQUEST_TIMEOUT,
@@ -17,6 +20,10 @@ use crate::Identity;
 /// Everything one agent's swarm speaks (see the parent module's doc).
 #[derive(NetworkBehaviour)]
 pub(super) struct Behaviour {
+    // First, so a connection over the limits is refused before any other behaviour
+    // keeps state for it.
+    pub(super) limits: connection_limits::Behaviour,
+    pub(super) per_ip: PerIp,
     pub(super) kad: kad::Behaviour<kad::store::MemoryStore>,
     pub(super) identify: identify::Behaviour,
     pub(super) records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
@@ -92,7 +99,14 @@ fn make_behaviour(
     // Every agent serves the DHT: there is no AutoNAT here to confirm that.
     kad.set_mode(Some(kad::Mode::Server));
     let identify = identify::Behaviour::new(
-        identify::Config::new("/hyphae/1".into(), key.public()).with_push_listen_addr_updates(true),
+        identify::Config::new("/hyphae/1".into(), key.public())
+            .with_push_listen_addr_updates(true)
+            // Only the external addresses the glue confirmed (see `hygiene`): a listen
+            // address on 0.0.0.0 expands to loopback and TAP addresses too.
+            .with_hide_listen_addrs(true)
+            // No cache of others' listen addresses for dials: the glue filters them into
+            // Kademlia, which is where dials look.
+            .with_cache_size(0),
     );
     let records = request_response::json::Behaviour::new(
         [(StreamProtocol::new(RECORDS_PROTOCOL), ProtocolSupport::Full)],
@@ -102,20 +116,14 @@ fn make_behaviour(
         [(StreamProtocol::new(PROOF_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
     );
-    let relay = relay::Behaviour::new(
-        peer,
-        relay::Config {
-            max_reservations: 1024,
-            max_circuits: 64,
-            max_circuits_per_peer: 8,
-            ..Default::default()
-        },
-    );
+    let relay = relay::Behaviour::new(peer, guard::relay_config());
     let mdns = match options.mdns {
         true => Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?),
         false => None,
     };
     Ok(Behaviour {
+        limits: guard::connection_limits(),
+        per_ip: PerIp::default(),
         kad,
         identify,
         records,

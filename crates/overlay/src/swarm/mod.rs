@@ -42,6 +42,8 @@
 
 mod addr;
 mod behaviour;
+mod guard;
+mod hygiene;
 mod relays;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -52,7 +54,7 @@ use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId};
-use libp2p::swarm::{ConnectionId, SwarmEvent};
+use libp2p::swarm::{ConnectionId, DialError, ListenError, SwarmEvent};
 use libp2p::{dcutr, identify, kad, mdns, relay, Swarm};
 
 use crate::proof::{NamespaceTag, ProofRequest, ProofResponse, ProofStats, Proofs, PROOF_LEN};
@@ -63,12 +65,18 @@ use crate::records::{
 use crate::{Identity, NamespaceKeys};
 use addr::{ip_of, is_loopback, is_unspecified, without_p2p};
 use behaviour::{Behaviour, BehaviourEvent};
+use hygiene::Hygiene;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use relays::Relays;
 
 pub use crate::quorum::{ClaimResult, OpId, REPLICAS, REQUEST_TIMEOUT};
 pub use addr::{is_relayed, network_id, owner_key, tcp_multiaddr, tunnel_endpoint};
+pub use guard::{
+    MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTIONS_PER_PEER, MAX_PENDING_INCOMING,
+    MAX_PENDING_OUTGOING, MAX_RELAY_CIRCUITS, MAX_RELAY_CIRCUITS_PER_PEER, MAX_RELAY_RESERVATIONS,
+    MAX_RELAY_RESERVATIONS_PER_PEER,
+};
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
 pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL};
 
@@ -212,6 +220,20 @@ pub struct OverlayStats {
     pub requests_not_member: u64,
     /// Peers in lookup results left out of replica sets because they proved no membership.
     pub unproven_replicas_skipped: u64,
+    /// Inbound connections refused by libp2p's connection limits (total, pending, per
+    /// peer).
+    pub connections_refused: u64,
+    /// Inbound connections refused because their address had [`MAX_CONNECTIONS_PER_IP`].
+    pub connections_refused_per_ip: u64,
+    /// Dials of our own refused by the connection limits.
+    pub dials_refused: u64,
+    /// Relay reservations refused (limits, rates, [`guard`]'s membership gate).
+    pub relay_reservations_refused: u64,
+    /// Relay circuits refused.
+    pub relay_circuits_refused: u64,
+    /// Peer addresses not kept (loopback from another host, link-local, namespace
+    /// subnets; see [`hygiene`]).
+    pub addresses_filtered: u64,
 }
 
 /// A lookup that finished while some of the peers it found were still proving membership.
@@ -263,6 +285,10 @@ pub struct Overlay {
     relays: Relays,
     /// With mDNS and no bootstrap address: when to stop waiting for LAN members.
     mdns_wait: Option<Instant>,
+    /// Which addresses may enter the DHT as underlay addresses.
+    hygiene: Hygiene,
+    /// The agent listens on loopback alone: its loopback addresses are its underlay.
+    listens_on_loopback: bool,
     stats: OverlayStats,
 }
 
@@ -294,13 +320,14 @@ impl Overlay {
         let (now, _) = clocks();
         let mut swarm = behaviour::build(identity, &listen, options)?;
         let local = *swarm.local_peer_id();
+        let listens_on_loopback = is_loopback(&listen);
         swarm
             .listen_on(listen.clone())
             .map_err(|e| OverlayError::Listen(listen, e.to_string()))?;
         let mut overlay = Self {
             swarm,
             local,
-            store: RecordStore::default(),
+            store: RecordStore::new(owner_key(&local)),
             next_sweep: now + STORE_SWEEP_INTERVAL,
             quorum: quorum::Table::default(),
             lookups: HashMap::new(),
@@ -323,6 +350,8 @@ impl Overlay {
             over_loopback: HashSet::new(),
             relays: Relays::new(now),
             mdns_wait: None,
+            hygiene: Hygiene::default(),
+            listens_on_loopback,
             stats: OverlayStats::default(),
         };
         if overlay.joined && options.mdns {
@@ -428,9 +457,15 @@ impl Overlay {
     }
 
     /// The addresses this agent listens on (interface addresses, once known), as IP
-    /// addresses; loopback only if there is nothing else.
+    /// addresses; loopback only if there is nothing else. Never one in an excluded
+    /// network ([`Overlay::exclude_network`]): a TAP address is no tunnel endpoint.
     pub fn listen_ips(&self) -> Vec<IpAddr> {
-        let ips: Vec<IpAddr> = self.listen_addrs.iter().filter_map(ip_of).collect();
+        let ips: Vec<IpAddr> = self
+            .listen_addrs
+            .iter()
+            .filter(|a| is_loopback(a) || self.hygiene.allows(a, false))
+            .filter_map(ip_of)
+            .collect();
         let outside: Vec<IpAddr> = ips.iter().copied().filter(|ip| !ip.is_loopback()).collect();
         if outside.is_empty() {
             ips
@@ -573,12 +608,26 @@ impl Overlay {
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::debug!(%address, "overlay listening");
                 if is_relayed(&address) {
+                    // Our address through a relay: announced (identify tells only external
+                    // addresses) so members that cannot dial us reach us through it. One
+                    // circuit only: a relay hands its clients its own external addresses,
+                    // relayed ones included, and a circuit through a circuit goes nowhere.
+                    let circuits = address
+                        .iter()
+                        .filter(|p| *p == Protocol::P2pCircuit)
+                        .count();
+                    if circuits == 1 && self.hygiene.allows(&address, self.listens_on_loopback) {
+                        self.swarm.add_external_address(address);
+                    }
                     return;
                 }
-                if !is_loopback(&address) && !is_unspecified(&address) {
+                if !is_unspecified(&address)
+                    && self.hygiene.allows(&address, self.listens_on_loopback)
+                {
                     // Agents listen where members can reach them (they announce the same
-                    // addresses as tunnel endpoints): confirmed, so the relay server gives
-                    // it to the members it serves.
+                    // addresses as tunnel endpoints): confirmed, so identify announces it
+                    // and the relay server gives it to the members it serves. Loopback
+                    // only when the agent listens on loopback alone; never a TAP address.
                     self.swarm.add_external_address(address.clone());
                 }
                 if !self.listen_addrs.contains(&address) {
@@ -594,8 +643,11 @@ impl Overlay {
             SwarmEvent::ListenerClosed {
                 listener_id,
                 reason,
-                ..
+                addresses,
             } => {
+                for address in &addresses {
+                    self.swarm.remove_external_address(address);
+                }
                 if let Some(relay) = self.relays.handle_listener_closed(now, listener_id) {
                     tracing::debug!(%relay, ?reason, "relay reservation ended");
                 }
@@ -621,15 +673,37 @@ impl Overlay {
                     tracing::debug!(peer = %peer_id, "relayed connection");
                 } else if let ConnectedPoint::Dialer { address, .. } = endpoint {
                     let address = without_p2p(address);
-                    self.relays.handle_dialled(now, peer_id, address.clone());
-                    self.swarm
-                        .behaviour_mut()
-                        .kad
-                        .add_address(&peer_id, address);
+                    // Kademlia keeps the address it dialled by itself: an address another
+                    // peer handed out that leads into a namespace is dropped again.
+                    if self.hygiene.allows(&address, true) {
+                        self.relays.handle_dialled(now, peer_id, address.clone());
+                        self.swarm
+                            .behaviour_mut()
+                            .kad
+                            .add_address(&peer_id, address);
+                    } else {
+                        self.stats.addresses_filtered += 1;
+                        self.swarm
+                            .behaviour_mut()
+                            .kad
+                            .remove_address(&peer_id, &address);
+                    }
                 }
                 if !self.joined && !self.bootstrapping {
                     self.bootstrapping = self.swarm.behaviour_mut().kad.bootstrap().is_ok();
                 }
+            }
+            SwarmEvent::IncomingConnectionError {
+                error: ListenError::Denied { cause },
+                send_back_addr,
+                ..
+            } => self.handle_refused_connection(&send_back_addr, &cause),
+            SwarmEvent::OutgoingConnectionError {
+                error: DialError::Denied { cause },
+                ..
+            } => {
+                self.stats.dials_refused += 1;
+                tracing::debug!(%cause, "dial refused");
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -667,6 +741,20 @@ impl Overlay {
                 self.stats.circuits_relayed += 1;
                 tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "relaying a circuit");
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(relay::Event::ReservationReqDenied {
+                src_peer_id,
+                ..
+            })) => {
+                self.stats.relay_reservations_refused += 1;
+                tracing::debug!(peer = %src_peer_id, "relay reservation refused");
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(relay::Event::CircuitReqDenied {
+                src_peer_id,
+                ..
+            })) => {
+                self.stats.relay_circuits_refused += 1;
+                tracing::debug!(peer = %src_peer_id, "relay circuit refused");
+            }
             SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event {
                 remote_peer_id,
                 result,
@@ -683,6 +771,10 @@ impl Overlay {
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
                 for (peer, addr) in found {
                     if peer == self.local || is_relayed(&addr) {
+                        continue;
+                    }
+                    if !self.hygiene.allows(&addr, false) {
+                        self.stats.addresses_filtered += 1;
                         continue;
                     }
                     self.swarm
@@ -703,8 +795,10 @@ impl Overlay {
             })) => {
                 let via_loopback = self.over_loopback.contains(&peer_id);
                 for addr in info.listen_addrs {
-                    // Another host's loopback address is ours, not its.
-                    if is_loopback(&addr) && !via_loopback {
+                    // Another host's loopback address is ours, not its; a namespace
+                    // address is nobody's underlay.
+                    if !self.hygiene.allows(&addr, via_loopback) {
+                        self.stats.addresses_filtered += 1;
                         continue;
                     }
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
