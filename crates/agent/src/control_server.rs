@@ -18,6 +18,14 @@ pub(crate) struct Call {
     reply: oneshot::Sender<serde_json::Value>,
 }
 
+impl Call {
+    /// A request for the agent's loop, and where its reply will come.
+    pub(crate) fn new(request: Request) -> (Self, oneshot::Receiver<serde_json::Value>) {
+        let (reply, rx) = oneshot::channel();
+        (Self { request, reply }, rx)
+    }
+}
+
 /// How long a client may take to send its request line.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -45,8 +53,8 @@ pub(crate) async fn serve(listener: UnixListener, agent: mpsc::Sender<Call>) {
             }
             let reply = match serde_json::from_str::<Request>(&line) {
                 Ok(request) => {
-                    let (tx, rx) = oneshot::channel();
-                    if agent.send(Call { request, reply: tx }).await.is_err() {
+                    let (call, rx) = Call::new(request);
+                    if agent.send(call).await.is_err() {
                         return;
                     }
                     match rx.await {

@@ -478,8 +478,17 @@ impl Agent {
         released
     }
 
-    pub(crate) async fn run(mut self, listener: UnixListener) -> Result<()> {
+    /// Runs until SIGTERM or SIGINT, answering the control socket on `listener` and, if
+    /// given, HTTP (`/metrics`, the topology page) on `web`.
+    pub(crate) async fn run(
+        mut self,
+        listener: UnixListener,
+        web: Option<tokio::net::TcpListener>,
+    ) -> Result<()> {
         let (ctl_tx, mut ctl_rx) = mpsc::channel::<Call>(16);
+        if let Some(web) = web {
+            tokio::spawn(crate::web::serve(web, ctl_tx.clone()));
+        }
         tokio::spawn(crate::control_server::serve(listener, ctl_tx));
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
