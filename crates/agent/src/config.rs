@@ -672,12 +672,20 @@ endpoint = "10.200.0.3"
     fn metrics_listen_on_loopback_unless_remote_is_allowed() {
         let s = Some("0123456789abcdef");
         assert_eq!(load(GOOD, s).unwrap().agent.metrics, None);
-        let with = |extra: &str| GOOD.replace("[[namespace]]\n", &format!("{extra}\n[[namespace]]\n"));
+        let with =
+            |extra: &str| GOOD.replace("[[namespace]]\n", &format!("{extra}\n[[namespace]]\n"));
         let c = load(&with("metrics = \"127.0.0.1:9400\""), s).unwrap();
         assert_eq!(c.agent.metrics, Some("127.0.0.1:9400".parse().unwrap()));
         let e = err(&with("metrics = \"0.0.0.0:9400\""), s);
-        assert!(e.contains("[agent] metrics") && e.contains("metrics_remote"), "{e}");
-        let c = load(&with("metrics = \"0.0.0.0:9400\"\nmetrics_remote = true"), s).unwrap();
+        assert!(
+            e.contains("[agent] metrics") && e.contains("metrics_remote"),
+            "{e}"
+        );
+        let c = load(
+            &with("metrics = \"0.0.0.0:9400\"\nmetrics_remote = true"),
+            s,
+        )
+        .unwrap();
         assert_eq!(c.agent.metrics, Some("0.0.0.0:9400".parse().unwrap()));
         let e = err(&with("metrics = \"localhost\""), s);
         assert!(e.contains("not an ip:port"), "{e}");

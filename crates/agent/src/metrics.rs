@@ -156,9 +156,7 @@ impl Families {
             }
         };
         let values: Vec<&str> = labels.iter().map(|(_, v)| v.as_str()).collect();
-        family
-            .get_metric_with_label_values(&values)?
-            .inc_by(value);
+        family.get_metric_with_label_values(&values)?.inc_by(value);
         Ok(())
     }
 
@@ -236,6 +234,8 @@ mod tests {
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert!(samples.iter().all(|l| !l.starts_with("hyphae_version")));
-        assert!(samples.iter().all(|l| !l.contains("_ms") && !l.contains("_secs")));
+        assert!(samples
+            .iter()
+            .all(|l| !l.contains("_ms") && !l.contains("_secs")));
     }
 }

@@ -21,7 +21,12 @@ struct Namespace {
     /// This member: its address (empty while claiming) and name.
     address: String,
     hostname: Option<String>,
+    /// Members with a live tunnel: a session younger than [`SESSION_LIFETIME_SECS`] and
+    /// at least one address announced.
     members: Vec<Member>,
+    /// The other tunnels: a member just found (no handshake yet), one that left (it
+    /// announced no address), or one silent since its session expired.
+    connecting: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -56,9 +61,26 @@ impl From<&NamespaceStatus> for Namespace {
             subnet: ns.subnet.clone(),
             address: ns.address.clone(),
             hostname: ns.hostname.clone().filter(|_| ns.name_error.is_none()),
-            members: ns.peers.iter().map(Member::from).collect(),
+            members: ns
+                .peers
+                .iter()
+                .filter(|p| is_live(p))
+                .map(Member::from)
+                .collect(),
+            connecting: ns.peers.iter().filter(|p| !is_live(p)).count(),
         }
     }
+}
+
+/// WireGuard's Reject-After-Time (boringtun `REJECT_AFTER_TIME`): a session this old carries
+/// nothing, and a live member (keepalives every 25 s) has rekeyed well before.
+const SESSION_LIFETIME_SECS: f64 = 180.0;
+
+/// Whether a tunnel stands for a member that is there now (see [`Namespace::members`]).
+fn is_live(p: &PeerStatus) -> bool {
+    p.handshake_age_secs
+        .is_some_and(|age| age < SESSION_LIFETIME_SECS)
+        && !p.addresses.is_empty()
 }
 
 impl From<&PeerStatus> for Member {

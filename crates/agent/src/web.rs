@@ -229,7 +229,10 @@ mod tests {
             Ok((Method::Head, "/topology.json"))
         );
         assert_eq!(ok("POST / HTTP/1.1\r\n\r\n"), Err("405 Method Not Allowed"));
-        assert_eq!(ok("GET / SPDY/3\r\n\r\n"), Err("505 HTTP Version Not Supported"));
+        assert_eq!(
+            ok("GET / SPDY/3\r\n\r\n"),
+            Err("505 HTTP Version Not Supported")
+        );
         assert_eq!(ok("GET /\r\n\r\n"), Err("400 Bad Request"));
         assert_eq!(ok("GET / HTTP/1.1 x\r\n\r\n"), Err("400 Bad Request"));
         assert_eq!(ok(""), Err("400 Bad Request"));
