@@ -74,8 +74,11 @@ impl Agent {
     pub(crate) fn handle_call(&mut self, now: Instant, call: Call) {
         let Call { request, reply } = call;
         let answer = match request {
-            Request::Status => serde_json::to_value(self.status())
-                .unwrap_or_else(|e| json!({ "error": format!("status: {e}") })),
+            Request::Status => {
+                self.refresh_member_names(now);
+                serde_json::to_value(self.status())
+                    .unwrap_or_else(|e| json!({ "error": format!("status: {e}") }))
+            }
             Request::Join { namespace } => match self.join(&namespace, now) {
                 Ok(()) => json!({ "ok": true }),
                 Err(e) => json!({ "error": e }),

@@ -83,6 +83,9 @@ pub(crate) struct Namespace {
     pub(crate) error: Option<String>,
     /// The members last written to its members file (see [`remembered_members`]).
     pub(crate) remembered: Vec<(PeerId, SocketAddr)>,
+    /// The host names of the members' addresses, as last read from the DHT, and when the
+    /// read started (for status; see `status::MEMBER_NAME_REFRESH`).
+    pub(crate) member_names: HashMap<Ipv4Addr, (Option<String>, Instant)>,
 }
 
 impl Namespace {
@@ -352,6 +355,7 @@ impl Agent {
             live: false,
             error: None,
             remembered: Vec::new(),
+            member_names: HashMap::new(),
         });
         tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
             subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");

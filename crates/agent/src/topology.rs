@@ -33,6 +33,8 @@ struct Namespace {
 struct Member {
     identity: String,
     addresses: Vec<String>,
+    /// Its host name in the namespace zone, if it has one.
+    name: Option<String>,
     /// `direct` or `relayed`.
     path: String,
     /// With `relayed`: the relaying member's address, or its identity if unknown.
@@ -94,6 +96,7 @@ impl From<&PeerStatus> for Member {
         Self {
             identity: p.identity.clone(),
             addresses: p.addresses.clone(),
+            name: p.name.clone(),
             path: p.path.clone(),
             via,
             endpoint: p.endpoint.clone(),
