@@ -70,17 +70,12 @@ async fn connection(mut stream: TcpStream, agent: &mpsc::Sender<Call>) {
         Ok(Some(head)) => head,
         Ok(None) | Err(_) => return,
     };
-    let reply = match parse_request_line(&head) {
-        Err(reply) => reply,
-        Ok((method, path)) => {
-            let mut reply = route(path, agent).await;
-            if method == Method::Head {
-                reply.body.clear();
-            }
-            reply
-        }
+    let (reply, with_body) = match parse_request_line(&head) {
+        Err(reply) => (reply, true),
+        Ok((method, path)) => (route(path, agent).await, method == Method::Get),
     };
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, write_reply(&mut stream, reply)).await;
+    let write = write_reply(&mut stream, reply, with_body);
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, write).await;
 }
 
 /// Reads until the blank line that ends the head; `None` if the client closes first or the
@@ -195,7 +190,8 @@ async fn status(agent: &mpsc::Sender<Call>) -> Result<Status, Reply> {
     serde_json::from_value(value).map_err(|e| unavailable(&format!("status: {e}")))
 }
 
-async fn write_reply(stream: &mut TcpStream, reply: Reply) -> std::io::Result<()> {
+/// Writes `reply`; a HEAD request gets the head alone (with the body's length).
+async fn write_reply(stream: &mut TcpStream, reply: Reply, with_body: bool) -> std::io::Result<()> {
     // The page's script and style are inline; nothing else may load or be sent anywhere.
     let head = format!(
         "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
@@ -207,7 +203,9 @@ async fn write_reply(stream: &mut TcpStream, reply: Reply) -> std::io::Result<()
         reply.body.len()
     );
     stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&reply.body).await?;
+    if with_body {
+        stream.write_all(&reply.body).await?;
+    }
     stream.shutdown().await
 }
 

@@ -240,6 +240,12 @@ fn metrics_cover_every_status_number_and_pass_promtool() {
     // Anything but GET/HEAD of a known path is refused; a huge request head is not read.
     let url = format!("http://{METRICS}/");
     assert_eq!(http(&bed, &a.host, &["-X", "POST", &url]).0, 405);
+    let (code, head) = http(&bed, &a.host, &["-I", &format!("{url}metrics")]);
+    assert_eq!(code, 200, "{head}");
+    assert!(
+        head.contains("version=0.0.4") && !head.contains("hyphae_"),
+        "{head}"
+    );
     assert_eq!(http(&bed, &a.host, &[&format!("{url}nothing")]).0, 404);
     let big = format!("X-Big: {}", "a".repeat(20_000));
     assert_eq!(
