@@ -31,14 +31,18 @@ pub fn up(config: Config) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async move {
-        let web = match config.agent.metrics {
-            Some(address) => Some(bind_web(address).await?),
-            None => None,
-        };
+        // The control socket first: "another agent is running" is the error that says most.
         let listener = bind_control(&config.agent.control_socket)?;
-        let result = crate::driver::Agent::start(config.clone(), identity, socket)?
-            .run(listener, web)
-            .await;
+        let result = async {
+            let web = match config.agent.metrics {
+                Some(address) => Some(bind_web(address).await?),
+                None => None,
+            };
+            crate::driver::Agent::start(config.clone(), identity, socket)?
+                .run(listener, web)
+                .await
+        }
+        .await;
         let _ = std::fs::remove_file(&config.agent.control_socket);
         result
     })
