@@ -51,6 +51,8 @@ struct AgentSection {
     control_socket: PathBuf,
     listen: String,
     mdns: bool,
+    metrics: Option<String>,
+    metrics_remote: bool,
 }
 
 impl Default for AgentSection {
@@ -60,6 +62,8 @@ impl Default for AgentSection {
             control_socket: PathBuf::from("/run/hyphae/hyphae.sock"),
             listen: format!("0.0.0.0:{DEFAULT_PORT}"),
             mdns: false,
+            metrics: None,
+            metrics_remote: false,
         }
     }
 }
@@ -163,6 +167,8 @@ pub struct Agent {
     pub listen: SocketAddr,
     /// Find members on the same LAN by mDNS (no bootstrap address needed).
     pub mdns: bool,
+    /// Where `/metrics` and the topology page are served (TCP); `None`: nowhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// How a namespace attaches to the host (IPOP Sec. 3): interface, router or hybrid.
@@ -254,6 +260,13 @@ impl Config {
         let file = parse_file(path)?;
         let listen = resolve(&file.agent.listen)
             .with_context(|| format!("config {}: [agent] listen", path.display()))?;
+        let metrics = match &file.agent.metrics {
+            Some(text) => Some(
+                metrics_address(text, file.agent.metrics_remote)
+                    .with_context(|| format!("config {}: [agent] metrics", path.display()))?,
+            ),
+            None => None,
+        };
         let mut namespaces: Vec<Namespace> = Vec::new();
         for section in file.namespaces {
             let name = section.name.clone();
@@ -284,10 +297,26 @@ impl Config {
                 control_socket: file.agent.control_socket,
                 listen,
                 mdns: file.agent.mdns,
+                metrics,
             },
             namespaces,
         })
     }
+}
+
+/// The metrics listener: an `ip:port`, on loopback unless `remote` is set, since the page
+/// and the metrics show member identities, underlay endpoints and virtual addresses.
+fn metrics_address(text: &str, remote: bool) -> Result<SocketAddr> {
+    let address: SocketAddr = text
+        .parse()
+        .map_err(|_| anyhow::anyhow!("'{text}' is not an ip:port such as 127.0.0.1:9400"))?;
+    if !address.ip().is_loopback() && !remote {
+        bail!(
+            "{address} is reachable from other hosts and shows members' identities and \
+             endpoints; use 127.0.0.1, or set metrics_remote = true to serve it there"
+        );
+    }
+    Ok(address)
 }
 
 /// `mdns`: members may be found on the LAN, so the subnet may come from them.
@@ -670,6 +699,29 @@ endpoint = "10.200.0.3"
         assert_eq!(ns.address, Address::Static(Ipv4Addr::new(10, 201, 0, 5)));
         assert!(ns.bootstrap.is_empty());
         assert_eq!(ns.lease, Duration::from_secs(DEFAULT_LEASE_SECS));
+    }
+
+    #[test]
+    fn metrics_listen_on_loopback_unless_remote_is_allowed() {
+        let s = Some("0123456789abcdef");
+        assert_eq!(load(GOOD, s).unwrap().agent.metrics, None);
+        let with =
+            |extra: &str| GOOD.replace("[[namespace]]\n", &format!("{extra}\n[[namespace]]\n"));
+        let c = load(&with("metrics = \"127.0.0.1:9400\""), s).unwrap();
+        assert_eq!(c.agent.metrics, Some("127.0.0.1:9400".parse().unwrap()));
+        let e = err(&with("metrics = \"0.0.0.0:9400\""), s);
+        assert!(
+            e.contains("[agent] metrics") && e.contains("metrics_remote"),
+            "{e}"
+        );
+        let c = load(
+            &with("metrics = \"0.0.0.0:9400\"\nmetrics_remote = true"),
+            s,
+        )
+        .unwrap();
+        assert_eq!(c.agent.metrics, Some("0.0.0.0:9400".parse().unwrap()));
+        let e = err(&with("metrics = \"localhost\""), s);
+        assert!(e.contains("not an ip:port"), "{e}");
     }
 
     #[test]

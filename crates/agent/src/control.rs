@@ -311,6 +311,11 @@ pub struct PeerStatus {
     pub rtt_ms: Option<f64>,
     /// Virtual addresses it announced.
     pub addresses: Vec<String>,
+    /// The host name its first address carries in the namespace zone (`NAME.NAMESPACE`),
+    /// as last read from the DHT (at most a minute ago); none if it has none or it is
+    /// being read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Seconds since the last completed handshake; null before the first.
     pub handshake_age_secs: Option<f64>,
     /// Packets received and delivered.

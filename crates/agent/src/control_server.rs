@@ -18,6 +18,14 @@ pub(crate) struct Call {
     reply: oneshot::Sender<serde_json::Value>,
 }
 
+impl Call {
+    /// A request for the agent's loop, and where its reply will come.
+    pub(crate) fn new(request: Request) -> (Self, oneshot::Receiver<serde_json::Value>) {
+        let (reply, rx) = oneshot::channel();
+        (Self { request, reply }, rx)
+    }
+}
+
 /// How long a client may take to send its request line.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -45,8 +53,8 @@ pub(crate) async fn serve(listener: UnixListener, agent: mpsc::Sender<Call>) {
             }
             let reply = match serde_json::from_str::<Request>(&line) {
                 Ok(request) => {
-                    let (tx, rx) = oneshot::channel();
-                    if agent.send(Call { request, reply: tx }).await.is_err() {
+                    let (call, rx) = Call::new(request);
+                    if agent.send(call).await.is_err() {
                         return;
                     }
                     match rx.await {
@@ -66,8 +74,11 @@ impl Agent {
     pub(crate) fn handle_call(&mut self, now: Instant, call: Call) {
         let Call { request, reply } = call;
         let answer = match request {
-            Request::Status => serde_json::to_value(self.status())
-                .unwrap_or_else(|e| json!({ "error": format!("status: {e}") })),
+            Request::Status => {
+                self.refresh_member_names(now);
+                serde_json::to_value(self.status())
+                    .unwrap_or_else(|e| json!({ "error": format!("status: {e}") }))
+            }
             Request::Join { namespace } => match self.join(&namespace, now) {
                 Ok(()) => json!({ "ok": true }),
                 Err(e) => json!({ "error": e }),

@@ -85,6 +85,9 @@ pub(crate) struct Namespace {
     pub(crate) error: Option<String>,
     /// The members last written to its members file (see [`remembered_members`]).
     pub(crate) remembered: Vec<(PeerId, SocketAddr)>,
+    /// The host names of the members' addresses, as last read from the DHT, and when the
+    /// read started (for status; see `status::MEMBER_NAME_REFRESH`).
+    pub(crate) member_names: HashMap<Ipv4Addr, (Option<String>, Instant)>,
 }
 
 impl Namespace {
@@ -373,6 +376,7 @@ impl Agent {
             live: false,
             error: None,
             remembered: Vec::new(),
+            member_names: HashMap::new(),
         });
         tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
             subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
@@ -495,8 +499,17 @@ impl Agent {
         released
     }
 
-    pub(crate) async fn run(mut self, listener: UnixListener) -> Result<()> {
+    /// Runs until SIGTERM or SIGINT, answering the control socket on `listener` and, if
+    /// given, HTTP (`/metrics`, the topology page) on `web`.
+    pub(crate) async fn run(
+        mut self,
+        listener: UnixListener,
+        web: Option<tokio::net::TcpListener>,
+    ) -> Result<()> {
         let (ctl_tx, mut ctl_rx) = mpsc::channel::<Call>(16);
+        if let Some(web) = web {
+            tokio::spawn(crate::web::serve(web, ctl_tx.clone()));
+        }
         tokio::spawn(crate::control_server::serve(listener, ctl_tx));
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;

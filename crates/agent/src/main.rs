@@ -4,14 +4,22 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use base64::Engine as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use hyphae_agent::{cloud_init, config, control, doctor, join, setup};
 
 /// hyphae: a userspace overlay VPN. One flat private subnet for every member of a namespace.
+///
+/// `hyphae up` runs the agent (as root, or under the systemd unit): it reads
+/// /etc/hyphae/hyphae.toml unless -c names another file, bridges a TAP device per namespace
+/// into an encrypted overlay, and finds the other members through a Kademlia DHT. The other
+/// commands talk to the running agent over its control socket. The configuration keys are
+/// described in the README; examples are in /usr/share/doc/hyphae/examples.
+///
+/// HYPHAE_LOG sets the log filter (tracing env-filter syntax, default `info`).
 #[derive(Parser)]
-#[command(version, about)]
+#[command(name = "hyphae", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -71,6 +79,18 @@ enum Cmd {
         /// Config file.
         #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
+    },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), generated from these commands: `hyphae man | man -l -`.
+    Man {
+        /// Write every page instead (hyphae.1 and one per subcommand, hyphae-up.1, ...)
+        /// into this directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -142,6 +162,18 @@ fn execute(cmd: Cmd) -> Result<()> {
         }
         Cmd::CloudInit(args) => cloud_init::print(&args),
         Cmd::Doctor { config } => doctor::run(&config),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "hyphae", &mut std::io::stdout());
+            Ok(())
+        }
+        // Without `help`, as clap_mangen::generate_to leaves it out of the pages it writes.
+        Cmd::Man { dir: None } => {
+            clap_mangen::Man::new(Cli::command().disable_help_subcommand(true))
+                .render(&mut std::io::stdout())
+                .context("writing the manual page")
+        }
+        Cmd::Man { dir: Some(dir) } => clap_mangen::generate_to(Cli::command(), &dir)
+            .with_context(|| format!("writing the manual pages to {}", dir.display())),
         Cmd::Secret => {
             let mut secret = [0u8; 32];
             getrandom::getrandom(&mut secret)

@@ -31,10 +31,18 @@ pub fn up(config: Config) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async move {
+        // The control socket first: "another agent is running" is the error that says most.
         let listener = bind_control(&config.agent.control_socket)?;
-        let result = crate::driver::Agent::start(config.clone(), identity, socket)?
-            .run(listener)
-            .await;
+        let result = async {
+            let web = match config.agent.metrics {
+                Some(address) => Some(bind_web(address).await?),
+                None => None,
+            };
+            crate::driver::Agent::start(config.clone(), identity, socket)?
+                .run(listener, web)
+                .await
+        }
+        .await;
         let _ = std::fs::remove_file(&config.agent.control_socket);
         result
     })
@@ -91,6 +99,20 @@ pub fn load_or_create_identity(state_dir: &Path) -> Result<Identity> {
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
+}
+
+/// The listener of `[agent] metrics`.
+async fn bind_web(address: SocketAddr) -> Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::AddrInUse => {
+                anyhow::anyhow!("[agent] metrics: {address} is already in use; pick another port")
+            }
+            _ => anyhow::anyhow!("[agent] metrics: cannot listen on {address}: {e}"),
+        })?;
+    tracing::info!(%address, "serving /metrics and the topology page");
+    Ok(listener)
 }
 
 pub(crate) fn bind_underlay(listen: SocketAddr) -> Result<std::net::UdpSocket> {

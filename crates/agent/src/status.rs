@@ -1,6 +1,10 @@
 //! `hyphae status`: the agent's state as the control protocol's [`Status`]
 //! (docs/CONTROL.md).
 
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
 use hyphae_overlay::{DropReason as NodeDrop, PeerDropReason};
 use hyphae_vswitch::DropReason as SwitchDrop;
 
@@ -10,7 +14,41 @@ use crate::control::{
 };
 use crate::driver::Agent;
 
+/// How often the host name of a member's address is read again from the DHT for status.
+/// Names change rarely; a minute keeps the reads to one per member per minute.
+const MEMBER_NAME_REFRESH: Duration = Duration::from_secs(60);
+
 impl Agent {
+    /// Starts DHT reads of the host names of the members' first addresses not read within
+    /// [`MEMBER_NAME_REFRESH`]; the answers (`HolderRead`) show from the next status on.
+    /// Names of addresses no tunnel has any more are forgotten, so the map stays as small
+    /// as the tunnels.
+    pub(crate) fn refresh_member_names(&mut self, now: Instant) {
+        let mut current: Vec<HashSet<Ipv4Addr>> = vec![HashSet::new(); self.namespaces.len()];
+        for p in self.node.peers() {
+            let (Some(n), Some(&address)) = (self.namespaces.get_mut(p.ns.0), p.addresses.first())
+            else {
+                continue;
+            };
+            current[p.ns.0].insert(address);
+            let due = n.member_names.get(&address).is_none_or(|(_, read)| {
+                now.saturating_duration_since(*read) >= MEMBER_NAME_REFRESH
+            });
+            if due && n.active() {
+                // The name known so far stays until the answer replaces it.
+                let known = n
+                    .member_names
+                    .get(&address)
+                    .and_then(|(name, _)| name.clone());
+                n.member_names.insert(address, (known, now));
+                n.membership.read_holder(address);
+            }
+        }
+        for (n, current) in self.namespaces.iter_mut().zip(&current) {
+            n.member_names.retain(|a, _| current.contains(a));
+        }
+    }
+
     pub(crate) fn status(&self) -> Status {
         let mut namespaces: Vec<NamespaceStatus> = self
             .namespaces
@@ -127,6 +165,12 @@ impl Agent {
                 relay_addresses,
                 rtt_ms: p.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
+                name: p.addresses.first().and_then(|a| {
+                    self.namespaces[p.ns.0]
+                        .member_names
+                        .get(a)
+                        .and_then(|(name, _)| name.clone())
+                }),
                 handshake_age_secs: p.handshake_age.map(|d| d.as_secs_f64()),
                 rx_packets: p.stats.rx_packets,
                 rx_bytes: p.stats.rx_bytes,

@@ -1,0 +1,241 @@
+//! `/metrics`: every number of `hyphae status --json` in the Prometheus text format.
+//!
+//! The metrics are derived from the status JSON itself, so a counter added to the status
+//! is exported without touching this file. The naming rule (README, "Metrics"):
+//!
+//! - a field's path becomes the name: `overlay.connected` → `hyphae_overlay_connected`,
+//!   `namespaces[].dns.udp_queries` → `hyphae_namespace_dns_udp_queries_total`, a member's
+//!   `namespaces[].peers[].rx_bytes` → `hyphae_peer_rx_bytes_total`;
+//! - counters end in `_total`; the few gauges ([`GAUGES`], and every boolean as 0 or 1)
+//!   do not; `_ms` and `_secs` fields are converted to `_seconds`;
+//! - a `drops` map is one counter `..._drops_total` with a `reason` label;
+//! - labels: `namespace` (the namespace name) and, on members, `member` (its identity).
+//!   Both are bounded: namespaces by the config, members by the namespace subnet and the
+//!   tunnel limit. Nothing is labelled by flow, client address or DNS name.
+
+use std::collections::BTreeMap;
+
+use prometheus::{GaugeVec, IntCounterVec, Opts, Registry, TextEncoder};
+use serde_json::{Map, Value};
+
+use crate::control::Status;
+
+/// Status fields that are levels, not counts (paths as in docs/CONTROL.md). A new gauge
+/// in the status must be added here, or it is exported as a counter.
+const GAUGES: &[&str] = &[
+    "relay.sessions",
+    "overlay.connected",
+    "overlay.stored_records",
+    "namespaces[].group_members",
+    "namespaces[].peers[].rtt_ms",
+    "namespaces[].peers[].handshake_age_secs",
+];
+
+/// Status fields that are not measurements: the schema version.
+const SKIPPED: &[&str] = &["version"];
+
+/// Encodes `status` in the Prometheus text format (version 0.0.4).
+pub(crate) fn encode(status: &Status) -> prometheus::Result<String> {
+    let value = serde_json::to_value(status).map_err(|e| prometheus::Error::Msg(e.to_string()))?;
+    let mut families = Families::default();
+    if let Value::Object(top) = &value {
+        families.walk(
+            &Scope {
+                path: String::new(),
+                name: "hyphae".into(),
+                labels: Vec::new(),
+            },
+            top,
+        )?;
+    }
+    let mut text = String::new();
+    TextEncoder::new().encode_utf8(&families.registry.gather(), &mut text)?;
+    Ok(text)
+}
+
+/// Where in the status a walk is: the JSON path, the metric name so far, the labels.
+struct Scope {
+    path: String,
+    name: String,
+    labels: Vec<(&'static str, String)>,
+}
+
+impl Scope {
+    fn field(&self, key: &str) -> (String, String) {
+        let path = if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        };
+        (path, format!("{}_{key}", self.name))
+    }
+
+    fn enter(&self, path: String, name: &str, label: Option<(&'static str, String)>) -> Scope {
+        let mut labels = self.labels.clone();
+        labels.extend(label);
+        Scope {
+            path,
+            name: name.to_string(),
+            labels,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Families {
+    registry: Registry,
+    counters: BTreeMap<String, IntCounterVec>,
+    gauges: BTreeMap<String, GaugeVec>,
+}
+
+impl Families {
+    fn walk(&mut self, scope: &Scope, object: &Map<String, Value>) -> prometheus::Result<()> {
+        for (key, value) in object {
+            let (path, name) = scope.field(key);
+            if SKIPPED.contains(&path.as_str()) {
+                continue;
+            }
+            match value {
+                Value::Number(n) => {
+                    if GAUGES.contains(&path.as_str()) {
+                        let (name, factor) = seconds(&name);
+                        let v = n.as_f64().unwrap_or(0.0) * factor;
+                        self.gauge(&name, &path, &scope.labels, v)?;
+                    } else {
+                        self.counter(&name, &path, &scope.labels, n.as_u64().unwrap_or(0))?;
+                    }
+                }
+                Value::Bool(b) => {
+                    self.gauge(&name, &path, &scope.labels, if *b { 1.0 } else { 0.0 })?;
+                }
+                Value::Object(drops) if key == "drops" => {
+                    for (reason, count) in drops {
+                        let mut labels = scope.labels.clone();
+                        labels.push(("reason", reason.clone()));
+                        let count = count.as_u64().unwrap_or(0);
+                        self.counter(&name, &path, &labels, count)?;
+                    }
+                }
+                Value::Object(inner) => self.walk(&scope.enter(path, &name, None), inner)?,
+                Value::Array(items) if key == "namespaces" || key == "peers" => {
+                    let (label, id_field, prefix) = if key == "namespaces" {
+                        ("namespace", "name", "hyphae_namespace")
+                    } else {
+                        ("member", "identity", "hyphae_peer")
+                    };
+                    for item in items {
+                        let Value::Object(item) = item else { continue };
+                        let id = item.get(id_field).and_then(Value::as_str).unwrap_or("");
+                        let inner =
+                            scope.enter(format!("{path}[]"), prefix, Some((label, id.into())));
+                        self.walk(&inner, item)?;
+                    }
+                }
+                // Names, addresses, identities: text, not measurements.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn counter(
+        &mut self,
+        name: &str,
+        path: &str,
+        labels: &[(&'static str, String)],
+        value: u64,
+    ) -> prometheus::Result<()> {
+        let name = format!("{name}_total");
+        let family = match self.counters.get(&name) {
+            Some(family) => family,
+            None => {
+                let names: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+                let family = IntCounterVec::new(Opts::new(name.as_str(), help(path)), &names)?;
+                self.registry.register(Box::new(family.clone()))?;
+                self.counters.entry(name).or_insert(family)
+            }
+        };
+        let values: Vec<&str> = labels.iter().map(|(_, v)| v.as_str()).collect();
+        family.get_metric_with_label_values(&values)?.inc_by(value);
+        Ok(())
+    }
+
+    fn gauge(
+        &mut self,
+        name: &str,
+        path: &str,
+        labels: &[(&'static str, String)],
+        value: f64,
+    ) -> prometheus::Result<()> {
+        let family = match self.gauges.get(name) {
+            Some(family) => family,
+            None => {
+                let names: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+                let family = GaugeVec::new(Opts::new(name, help(path)), &names)?;
+                self.registry.register(Box::new(family.clone()))?;
+                self.gauges.entry(name.to_string()).or_insert(family)
+            }
+        };
+        let values: Vec<&str> = labels.iter().map(|(_, v)| v.as_str()).collect();
+        family.get_metric_with_label_values(&values)?.set(value);
+        Ok(())
+    }
+}
+
+/// The help line: where the number comes from, whose meaning docs/CONTROL.md gives.
+fn help(path: &str) -> String {
+    format!("`{path}` of hyphae status --json (docs/CONTROL.md)")
+}
+
+/// Prometheus measures time in seconds: `rtt_ms` becomes `rtt_seconds`, times 1/1000.
+fn seconds(name: &str) -> (String, f64) {
+    if let Some(base) = name.strip_suffix("_ms") {
+        (format!("{base}_seconds"), 0.001)
+    } else if let Some(base) = name.strip_suffix("_secs") {
+        (format!("{base}_seconds"), 1.0)
+    } else {
+        (name.to_string(), 1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of docs/CONTROL.md, with two namespaces.
+    fn status() -> Status {
+        let doc = include_str!("../../../docs/CONTROL.md");
+        let start = doc.find("```json\n{\n  \"version\"").unwrap() + "```json\n".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let mut status: Status = serde_json::from_str(&doc[start..end]).unwrap();
+        let mut second = status.namespaces[0].clone();
+        second.name = "lab2".into();
+        status.namespaces.push(second);
+        status
+    }
+
+    #[test]
+    fn names_units_and_labels() {
+        let text = encode(&status()).unwrap();
+        for line in [
+            "# TYPE hyphae_overlay_connected gauge",
+            "hyphae_overlay_connected 2",
+            "# TYPE hyphae_relay_bytes_total counter",
+            "hyphae_drops_total{reason=\"bad_mac\"} 0",
+            "hyphae_namespace_dns_udp_queries_total{namespace=\"lab\"} 12",
+            "hyphae_namespace_dns_udp_queries_total{namespace=\"lab2\"} 12",
+            "hyphae_namespace_address_claimed{namespace=\"lab\"} 1",
+            "hyphae_namespace_drops_total{namespace=\"lab\",reason=\"no_route\"} 0",
+            "hyphae_peer_rx_bytes_total{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab\"} 672",
+            "hyphae_peer_rtt_seconds{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab\"} 0.00041",
+            "hyphae_peer_handshake_age_seconds{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab2\"} 3.2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+        }
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(samples.iter().all(|l| !l.starts_with("hyphae_version")));
+        assert!(samples
+            .iter()
+            .all(|l| !l.contains("_ms") && !l.contains("_secs")));
+    }
+}

@@ -1,0 +1,117 @@
+//! `/topology.json`: what the live topology page shows, taken from the agent's status.
+//! The page (topology.html) polls it every second.
+
+use serde::Serialize;
+
+use crate::control::{NamespaceStatus, PeerStatus, Status};
+
+/// Every namespace with this member and the members it has a tunnel with.
+#[derive(Debug, Serialize)]
+pub(crate) struct Topology {
+    /// This agent's identity.
+    identity: String,
+    namespaces: Vec<Namespace>,
+}
+
+#[derive(Debug, Serialize)]
+struct Namespace {
+    name: String,
+    mode: String,
+    subnet: String,
+    /// This member: its address (empty while claiming) and name.
+    address: String,
+    hostname: Option<String>,
+    /// Members with a live tunnel: a session younger than [`SESSION_LIFETIME_SECS`] and
+    /// at least one address announced.
+    members: Vec<Member>,
+    /// The other tunnels: a member just found (no handshake yet), one that left (it
+    /// announced no address), or one silent since its session expired.
+    connecting: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Member {
+    identity: String,
+    addresses: Vec<String>,
+    /// Its host name in the namespace zone, if it has one.
+    name: Option<String>,
+    /// `direct` or `relayed`.
+    path: String,
+    /// With `relayed`: the relaying member's address, or its identity if unknown.
+    via: Option<String>,
+    endpoint: String,
+    rtt_ms: Option<f64>,
+    rx_bytes: u64,
+    tx_bytes: u64,
+    handshake_age_secs: Option<f64>,
+}
+
+impl From<&Status> for Topology {
+    fn from(status: &Status) -> Self {
+        Self {
+            identity: status.identity.clone(),
+            namespaces: status.namespaces.iter().map(Namespace::from).collect(),
+        }
+    }
+}
+
+impl From<&NamespaceStatus> for Namespace {
+    fn from(ns: &NamespaceStatus) -> Self {
+        Self {
+            name: ns.name.clone(),
+            mode: ns.mode.clone(),
+            subnet: ns.subnet.clone(),
+            address: ns.address.clone(),
+            hostname: ns.hostname.clone().filter(|_| ns.name_error.is_none()),
+            members: ns
+                .peers
+                .iter()
+                .filter(|p| is_live(p))
+                .map(Member::from)
+                .collect(),
+            connecting: ns.peers.iter().filter(|p| !is_live(p)).count(),
+        }
+    }
+}
+
+/// WireGuard's Reject-After-Time (boringtun `REJECT_AFTER_TIME`): a session this old carries
+/// nothing, and a live member (keepalives every 25 s) has rekeyed well before.
+const SESSION_LIFETIME_SECS: f64 = 180.0;
+
+/// Whether a tunnel stands for a member that is there now (see [`Namespace::members`]).
+fn is_live(p: &PeerStatus) -> bool {
+    p.handshake_age_secs
+        .is_some_and(|age| age < SESSION_LIFETIME_SECS)
+        && !p.addresses.is_empty()
+}
+
+impl From<&PeerStatus> for Member {
+    fn from(p: &PeerStatus) -> Self {
+        let via = p.relay.as_ref().filter(|_| p.path == "relayed").map(|id| {
+            p.relay_addresses
+                .first()
+                .cloned()
+                .unwrap_or_else(|| id.clone())
+        });
+        Self {
+            identity: p.identity.clone(),
+            addresses: p.addresses.clone(),
+            name: p.name.clone(),
+            path: p.path.clone(),
+            via,
+            endpoint: p.endpoint.clone(),
+            rtt_ms: p.rtt_ms,
+            rx_bytes: p.rx_bytes,
+            tx_bytes: p.tx_bytes,
+            handshake_age_secs: p.handshake_age_secs,
+        }
+    }
+}
+
+impl Topology {
+    /// The JSON the page reads.
+    pub(crate) fn to_json(&self) -> String {
+        // Plain strings, numbers and options: serializing cannot fail.
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
