@@ -234,8 +234,12 @@ mod tests {
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert!(samples.iter().all(|l| !l.starts_with("hyphae_version")));
-        assert!(samples
-            .iter()
-            .all(|l| !l.contains("_ms") && !l.contains("_secs")));
+        // Times are in seconds: no metric is named in milliseconds or `secs` (a name like
+        // `mss_clamped` is not a time).
+        let name = |l: &&str| l.split(['{', ' ']).next().unwrap_or_default().to_string();
+        assert!(samples.iter().map(name).all(|n| {
+            let n = n.strip_suffix("_total").unwrap_or(&n);
+            !n.ends_with("_ms") && !n.ends_with("_secs")
+        }));
     }
 }
