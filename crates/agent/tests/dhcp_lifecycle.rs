@@ -27,21 +27,12 @@ const ALPHA: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 10);
 const MTU: u16 = hyphae_agent::config::DEFAULT_MTU;
 
 fn namespace(secret: &Path, bootstrap: Option<Ipv4Addr>, lease_secs: u64, lines: &str) -> String {
-    let mut c = format!(
-        "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\nsubnet = \"{SUBNET}\"\nlease_secs = {lease_secs}\n{lines}",
-        secret.display()
-    );
-    if let Some(b) = bootstrap {
-        c += &format!("bootstrap = [\"{b}:7400\"]\n");
-    }
-    c
+    let lines = format!("lease_secs = {lease_secs}\n{lines}");
+    hyphae_testbed::lab_namespace(secret, SUBNET, bootstrap, &lines)
 }
 
 fn ns_status(bed: &Testbed, host: &Host, agent: &AgentHandle) -> NamespaceStatus {
-    bed.status(host, agent)
-        .expect("status")
-        .namespaces
-        .remove(0)
+    bed.namespace_status(host, agent).expect("status")
 }
 
 /// A testbed with its secret and the static member alpha (10.200.0.1), which starts the

@@ -20,21 +20,11 @@ const SUBNET: &str = "10.201.0.0/16";
 const SERVICE: &str = "10.201.0.1";
 
 fn namespace(secret: &Path, bootstrap: Option<Ipv4Addr>, lines: &str) -> String {
-    let mut c = format!(
-        "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\nsubnet = \"{SUBNET}\"\n{lines}",
-        secret.display()
-    );
-    if let Some(b) = bootstrap {
-        c += &format!("bootstrap = [\"{b}:7400\"]\n");
-    }
-    c
+    hyphae_testbed::lab_namespace(secret, SUBNET, bootstrap, lines)
 }
 
 fn ns_status(bed: &Testbed, host: &Host, agent: &AgentHandle) -> NamespaceStatus {
-    bed.status(host, agent)
-        .expect("status")
-        .namespaces
-        .remove(0)
+    bed.namespace_status(host, agent).expect("status")
 }
 
 /// `dig @server ARGS` inside `host`: its output.

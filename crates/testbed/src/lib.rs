@@ -279,6 +279,19 @@ impl Testbed {
         }
     }
 
+    /// The status of an agent's first (or only) namespace.
+    pub fn namespace_status(
+        &self,
+        host: &Host,
+        agent: &AgentHandle,
+    ) -> Result<hyphae_agent::control::NamespaceStatus> {
+        self.status(host, agent)?
+            .namespaces
+            .into_iter()
+            .next()
+            .context("the agent is in no namespace")
+    }
+
     /// `hyphae status --json` of an agent, parsed.
     pub fn status(
         &self,
@@ -498,6 +511,24 @@ pub fn agent_section(host: &Host) -> String {
         dir = host.dir.display(),
         ip = host.underlay,
     )
+}
+
+/// A `[[namespace]]` section named `lab` in `subnet`, with `bootstrap` (a member's underlay
+/// address) if given, then `lines` (more keys of the section).
+pub fn lab_namespace(
+    secret_file: &Path,
+    subnet: &str,
+    bootstrap: Option<Ipv4Addr>,
+    lines: &str,
+) -> String {
+    let mut c = format!(
+        "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\nsubnet = \"{subnet}\"\n{lines}",
+        secret_file.display()
+    );
+    if let Some(b) = bootstrap {
+        c += &format!("bootstrap = [\"{b}:7400\"]\n");
+    }
+    c
 }
 
 /// The `[agent]` section of a testbed host and the start of its `[[namespace]]`.
