@@ -83,7 +83,7 @@ pub(crate) struct Namespace {
     pub(crate) live: bool,
     /// Why it was left, if it failed.
     pub(crate) error: Option<String>,
-    /// The members last written to its members file (see [`remembered_members`]).
+    /// The members last written to its members file (see [`setup::remembered_members`]).
     pub(crate) remembered: Vec<(PeerId, SocketAddr)>,
     /// The host names of the members' addresses, as last read from the DHT, and when the
     /// read started (for status; see `status::MEMBER_NAME_REFRESH`).
@@ -301,7 +301,7 @@ impl Agent {
         // Members known before a restart still have tunnels with us that we forgot: a
         // hello makes them start fresh ones at once rather than after theirs time out. They
         // are dialled too, but not waited for (they may be gone).
-        for endpoint in remembered_members(&self.state_dir, &ns.name) {
+        for endpoint in setup::remembered_members(&self.state_dir, &ns.name) {
             if endpoint != self.listen && !ns.peers.contains(&endpoint) {
                 self.node.add_static_peer(id, endpoint, now);
                 self.overlay.dial(tcp_multiaddr(endpoint));
@@ -314,7 +314,7 @@ impl Agent {
                 self.node.add_static_peer(id, endpoint, now);
             }
         }
-        let previous = std::fs::read_to_string(state_file(&self.state_dir, &ns.name))
+        let previous = std::fs::read_to_string(setup::state_file(&self.state_dir, &ns.name))
             .ok()
             .and_then(|t| t.trim().parse().ok());
         let mut membership = Membership::new(
@@ -384,7 +384,7 @@ impl Agent {
     }
 
     /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
-    /// restart contacts them at once (see [`remembered_members`]).
+    /// restart contacts them at once (see [`setup::remembered_members`]).
     pub(crate) fn remember_members(&mut self, i: usize) {
         let mut members: Vec<(PeerId, SocketAddr)> = self
             .node
@@ -402,7 +402,7 @@ impl Agent {
             .iter()
             .map(|(id, endpoint)| format!("{id} {endpoint}\n"))
             .collect();
-        let path = members_file(&self.state_dir, &n.name);
+        let path = setup::members_file(&self.state_dir, &n.name);
         let tmp = path.with_extension("members.new");
         let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
@@ -766,27 +766,6 @@ impl Agent {
             }
         }
     }
-}
-
-/// Where the last address won in namespace `name` is kept.
-pub(crate) fn state_file(state_dir: &std::path::Path, name: &str) -> PathBuf {
-    state_dir.join(format!("{name}.address"))
-}
-
-/// Where the members an agent had tunnels with in namespace `name` are kept: one
-/// `identity endpoint` a line.
-fn members_file(state_dir: &std::path::Path, name: &str) -> PathBuf {
-    state_dir.join(format!("{name}.members"))
-}
-
-/// The tunnel endpoints of the members this agent had tunnels with in namespace `name`
-/// when it last ran (their identities are there for the operator: a hello tells them
-/// anew); lines that do not parse are skipped.
-pub(crate) fn remembered_members(state_dir: &std::path::Path, name: &str) -> Vec<SocketAddr> {
-    let text = std::fs::read_to_string(members_file(state_dir, name)).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| line.split_whitespace().nth(1)?.parse().ok())
-        .collect()
 }
 
 /// Sleeps until `deadline`, or forever without one.

@@ -98,7 +98,7 @@ impl Agent {
                 self.node.set_addresses(now, NamespaceId(i), addresses);
             }
             Event::Persist(address) => {
-                let path = crate::driver::state_file(&self.state_dir, &n.name);
+                let path = crate::setup::state_file(&self.state_dir, &n.name);
                 if let Err(e) = std::fs::write(&path, format!("{address}\n")) {
                     tracing::debug!(path = %path.display(), error = %e, "cannot remember the address");
                 }

@@ -211,6 +211,27 @@ pub fn default_config_path() -> PathBuf {
     PathBuf::from("/etc/hyphae/hyphae.toml")
 }
 
+/// Where the last address won in namespace `name` is kept.
+pub(crate) fn state_file(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir.join(format!("{name}.address"))
+}
+
+/// Where the members an agent had tunnels with in namespace `name` are kept: one
+/// `identity endpoint` a line.
+pub(crate) fn members_file(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir.join(format!("{name}.members"))
+}
+
+/// The tunnel endpoints of the members this agent had tunnels with in namespace `name`
+/// when it last ran (their identities are there for the operator: a hello tells them
+/// anew); lines that do not parse are skipped.
+pub(crate) fn remembered_members(state_dir: &Path, name: &str) -> Vec<SocketAddr> {
+    let text = std::fs::read_to_string(members_file(state_dir, name)).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

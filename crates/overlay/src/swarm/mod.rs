@@ -44,7 +44,10 @@ mod addr;
 mod behaviour;
 mod guard;
 mod hygiene;
+mod members;
 mod relays;
+mod requests;
+mod stats;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
@@ -57,17 +60,16 @@ use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::{ConnectionId, DialError, ListenError, SwarmEvent};
 use libp2p::{dcutr, identify, kad, mdns, relay, Swarm};
 
-use crate::proof::{NamespaceTag, ProofRequest, ProofResponse, ProofStats, Proofs, PROOF_LEN};
-use crate::quorum::{self, Kind};
-use crate::records::{
-    Envelope, RecordKey, RecordRequest, RecordResponse, RecordStore, ScopedRequest, StoreStats,
-};
-use crate::{Identity, NamespaceKeys};
+use crate::proof::{NamespaceTag, ProofStats, Proofs};
+use crate::quorum;
+use crate::records::{Envelope, RecordKey, RecordResponse, RecordStore, ScopedRequest, StoreStats};
+use crate::Identity;
 use addr::{ip_of, is_loopback, is_unspecified, without_p2p};
 use behaviour::{Behaviour, BehaviourEvent};
 use hygiene::Hygiene;
+use members::{fresh_nonce, Awaiting};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use relays::Relays;
 
 pub use crate::quorum::{ClaimResult, OpId, REPLICAS, REQUEST_TIMEOUT};
@@ -79,6 +81,7 @@ pub use guard::{
 };
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
 pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL};
+pub use stats::OverlayStats;
 
 /// How long a Kademlia lookup may take.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -186,62 +189,6 @@ pub enum OverlayEvent {
         /// Valid envelopes.
         envelopes: Vec<Envelope>,
     },
-}
-
-/// Counters for status.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OverlayStats {
-    /// Envelopes from replicas that failed verification (bad signature, expired, malformed).
-    pub bad_envelopes: u64,
-    /// Requests to replicas that failed (unreachable, timed out).
-    pub request_failures: u64,
-    /// Grants that reached a claim already lost, given straight back.
-    pub late_grants_released: u64,
-    /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
-    pub refused_puts: u64,
-    /// Connections opened through a relay (either direction).
-    pub relayed_connections: u64,
-    /// Relayed connections that dcutr upgraded to direct ones.
-    pub hole_punches: u64,
-    /// dcutr attempts that failed (the connection stays relayed).
-    pub hole_punch_failures: u64,
-    /// Circuits this agent relays for others, opened since start.
-    pub circuits_relayed: u64,
-    /// Members found by mDNS.
-    pub mdns_discovered: u64,
-    /// Membership proofs that showed one of our namespaces.
-    pub proofs_accepted: u64,
-    /// Proofs that showed none of our namespaces (strangers, members of others only).
-    pub proofs_unproven: u64,
-    /// Proofs refused as malformed or unasked for.
-    pub proofs_refused: u64,
-    /// Record requests refused because the asker had not proved membership of the
-    /// request's namespace, or this agent is not a member of it.
-    pub requests_not_member: u64,
-    /// Peers in lookup results left out of replica sets because they proved no membership.
-    pub unproven_replicas_skipped: u64,
-    /// Inbound connections refused by libp2p's connection limits (total, pending, per
-    /// peer).
-    pub connections_refused: u64,
-    /// Inbound connections refused because their address had [`MAX_CONNECTIONS_PER_IP`].
-    pub connections_refused_per_ip: u64,
-    /// Dials of our own refused by the connection limits.
-    pub dials_refused: u64,
-    /// Relay reservations refused (limits, rates, [`guard`]'s membership gate).
-    pub relay_reservations_refused: u64,
-    /// Relay circuits refused.
-    pub relay_circuits_refused: u64,
-    /// Peer addresses not kept (loopback from another host, link-local, namespace
-    /// subnets; see [`hygiene`]).
-    pub addresses_filtered: u64,
-}
-
-/// A lookup that finished while some of the peers it found were still proving membership.
-struct Awaiting {
-    ns: NamespaceTag,
-    found: Vec<NetworkId>,
-    queried: u32,
-    deadline: Instant,
 }
 
 /// The agent's libp2p swarm and its replica store.
@@ -399,21 +346,6 @@ impl Overlay {
         }
     }
 
-    /// Makes this agent a member of the namespace with `keys` in the control plane: it
-    /// proves so to every peer, and learns which peers are members too.
-    pub fn add_namespace(&mut self, keys: &NamespaceKeys) {
-        let rng = &mut self.rng;
-        let sent = self.proofs.add_namespace(keys, || fresh_nonce(rng));
-        for (peer, request) in sent {
-            self.send_proof_request(peer, request);
-        }
-    }
-
-    /// The connected peers that proved they are members of `tag`.
-    pub fn proven_members(&self, tag: &NamespaceTag) -> Vec<NetworkId> {
-        self.proofs.members(tag)
-    }
-
     /// The relays holding a reservation for this agent.
     pub fn relays(&self) -> Vec<NetworkId> {
         self.relays.reserved()
@@ -484,46 +416,6 @@ impl Overlay {
         if let Err(e) = self.swarm.dial(addr.clone()) {
             tracing::debug!(%addr, error = %e, "dial failed");
         }
-    }
-
-    /// Claims `key` with `envelope` (whose owner is the claimer): granted only by a strict
-    /// majority of the key's replicas. Also renews a lease already held.
-    pub fn claim(&mut self, ns: NamespaceTag, key: RecordKey, envelope: Envelope) -> OpId {
-        self.start(ns, key, Kind::Claim(envelope))
-    }
-
-    /// Reads `key` from its replicas.
-    pub fn get(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
-        self.start(ns, key, Kind::Get)
-    }
-
-    /// Gives `key` back on its replicas (they accept it only from the owner).
-    pub fn release(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
-        self.start(ns, key, Kind::Release)
-    }
-
-    /// Adds this agent to the group at `key` with `envelope` (renewed by announcing again
-    /// before it expires).
-    pub fn announce(&mut self, ns: NamespaceTag, key: RecordKey, envelope: Envelope) -> OpId {
-        self.start(ns, key, Kind::Join(envelope))
-    }
-
-    /// Reads every member of the group at `key`.
-    pub fn members(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
-        self.start(ns, key, Kind::Members)
-    }
-
-    fn start(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind) -> OpId {
-        let op = self.quorum.start(key, kind);
-        self.key_ns.insert(key, ns);
-        self.op_ns.insert(op, ns);
-        let query = self
-            .swarm
-            .behaviour_mut()
-            .kad
-            .get_closest_peers(key.to_vec());
-        self.lookups.insert(query, op);
-        op
     }
 
     /// The next event; drives the swarm meanwhile. Cancel-safe.
@@ -868,249 +760,6 @@ impl Overlay {
             _ => {}
         }
     }
-
-    /// Starts the operations whose lookups finished and whose found peers all proved (or
-    /// failed to prove) membership, or waited [`PROOF_WAIT`].
-    fn check_awaiting(&mut self, now: Instant, wall: u64) {
-        let ready: Vec<OpId> = self
-            .awaiting
-            .iter()
-            .filter(|(_, a)| {
-                now >= a.deadline || !a.found.iter().any(|p| self.proofs.is_pending(p))
-            })
-            .map(|(op, _)| *op)
-            .collect();
-        for op in ready {
-            if let Some(a) = self.awaiting.remove(&op) {
-                self.replicas_found(now, wall, op, a);
-            }
-        }
-    }
-
-    /// Sends `op`'s requests to the replicas among the proven members of its namespace that
-    /// its lookup found or we are connected to (and this agent), answering its own from the
-    /// local store.
-    fn replicas_found(&mut self, now: Instant, wall: u64, op: OpId, lookup: Awaiting) {
-        let Awaiting {
-            ns, found, queried, ..
-        } = lookup;
-        let mut members = self.proofs.members(&ns);
-        for peer in found {
-            if self.proofs.is_member(&peer, &ns) {
-                members.push(peer);
-            } else {
-                self.stats.unproven_replicas_skipped += 1;
-            }
-        }
-        members.sort();
-        members.dedup();
-        let requests = self
-            .quorum
-            .handle_replicas(now, op, members, self.local, queried);
-        for (replica, request) in requests {
-            if replica == self.local {
-                let own = owner_key(&self.local);
-                let response = self.store.handle(now, wall, own, request);
-                self.quorum
-                    .handle_answer(now, wall, op, replica, Some(response));
-                self.flush_quorum(now, wall);
-            } else {
-                let rid = self
-                    .swarm
-                    .behaviour_mut()
-                    .records
-                    .send_request(&replica, ScopedRequest { ns, request });
-                self.requests.insert(rid, (op, replica));
-            }
-        }
-        self.flush_quorum(now, wall);
-    }
-
-    fn handle_records(
-        &mut self,
-        now: Instant,
-        wall: u64,
-        event: request_response::Event<ScopedRequest, RecordResponse>,
-    ) {
-        match event {
-            request_response::Event::Message { peer, message, .. } => match message {
-                request_response::Message::Request {
-                    request, channel, ..
-                } => {
-                    if self.proofs.is_pending(&peer) {
-                        // It asks before its answer to our challenge arrived: answer once
-                        // it has.
-                        let queue = self.deferred.entry(peer).or_default();
-                        if queue.len() < MAX_DEFERRED {
-                            queue.push((request, channel));
-                            return;
-                        }
-                    }
-                    self.answer_record_request(now, wall, peer, request, channel);
-                }
-                request_response::Message::Response {
-                    request_id,
-                    response,
-                } => {
-                    if let Some((op, replica)) = self.requests.remove(&request_id) {
-                        // A replica that does not count us as a member gives no answer.
-                        let response = (response != RecordResponse::NotMember).then_some(response);
-                        self.quorum.handle_answer(now, wall, op, replica, response);
-                        self.flush_quorum(now, wall);
-                    }
-                }
-            },
-            request_response::Event::OutboundFailure {
-                request_id, error, ..
-            } => {
-                self.stats.request_failures += 1;
-                if let Some((op, replica)) = self.requests.remove(&request_id) {
-                    tracing::debug!(%replica, %error, "record request failed");
-                    self.quorum.handle_answer(now, wall, op, replica, None);
-                    self.flush_quorum(now, wall);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Answers a record request: only for a namespace we are a member of, and only to a
-    /// peer that proved it is one too.
-    fn answer_record_request(
-        &mut self,
-        now: Instant,
-        wall: u64,
-        peer: NetworkId,
-        scoped: ScopedRequest,
-        channel: request_response::ResponseChannel<RecordResponse>,
-    ) {
-        let response = if self.proofs.is_member(&peer, &scoped.ns) {
-            self.store
-                .handle(now, wall, owner_key(&peer), scoped.request)
-        } else {
-            self.stats.requests_not_member += 1;
-            tracing::debug!(%peer, "record request from a peer not proven a member: refused");
-            RecordResponse::NotMember
-        };
-        let _ = self
-            .swarm
-            .behaviour_mut()
-            .records
-            .send_response(channel, response);
-    }
-
-    fn send_proof_request(&mut self, peer: NetworkId, request: ProofRequest) {
-        let challenge = matches!(request, ProofRequest::Challenge { .. });
-        let rid = self
-            .swarm
-            .behaviour_mut()
-            .proofs
-            .send_request(&peer, request);
-        if challenge {
-            self.challenges.insert(rid, peer);
-        }
-    }
-
-    fn handle_proofs(
-        &mut self,
-        now: Instant,
-        wall: u64,
-        event: request_response::Event<ProofRequest, ProofResponse>,
-    ) {
-        let peer = match event {
-            request_response::Event::Message { peer, message, .. } => match message {
-                request_response::Message::Request {
-                    request, channel, ..
-                } => {
-                    let response = match request {
-                        ProofRequest::Challenge { nonce } => {
-                            self.proofs.handle_challenge(peer, nonce)
-                        }
-                        ProofRequest::Proof { macs } => {
-                            self.proofs.handle_proof(peer, &macs);
-                            ProofResponse::Ack
-                        }
-                    };
-                    let _ = self
-                        .swarm
-                        .behaviour_mut()
-                        .proofs
-                        .send_response(channel, response);
-                    peer
-                }
-                request_response::Message::Response {
-                    request_id,
-                    response,
-                } => {
-                    if self.challenges.remove(&request_id).is_none() {
-                        return;
-                    }
-                    if let ProofResponse::Proof { macs } = response {
-                        let proven = self.proofs.handle_proof(peer, &macs);
-                        if !proven.is_empty() {
-                            tracing::debug!(%peer, namespaces = proven.len(), "member proven");
-                        }
-                    }
-                    peer
-                }
-            },
-            request_response::Event::OutboundFailure {
-                peer, request_id, ..
-            } => {
-                if self.challenges.remove(&request_id).is_none() {
-                    return;
-                }
-                self.proofs.handle_failed(&peer);
-                peer
-            }
-            _ => return,
-        };
-        if !self.proofs.is_pending(&peer) {
-            for (request, channel) in self.deferred.remove(&peer).unwrap_or_default() {
-                self.answer_record_request(now, wall, peer, request, channel);
-            }
-        }
-        self.check_awaiting(now, wall);
-    }
-
-    /// Sends the releases the quorum table asks for and passes its events on.
-    fn flush_quorum(&mut self, now: Instant, wall: u64) {
-        while let Some((replica, key)) = self.quorum.poll_release() {
-            self.send_release(now, wall, replica, key);
-        }
-        while let Some(event) = self.quorum.poll_event() {
-            if let OverlayEvent::Claimed { op, .. }
-            | OverlayEvent::Got { op, .. }
-            | OverlayEvent::Released { op }
-            | OverlayEvent::Announced { op }
-            | OverlayEvent::Members { op, .. } = &event
-            {
-                self.op_ns.remove(op);
-            }
-            self.events.push_back(event);
-        }
-    }
-
-    /// Gives a lease on `key` back to `replica` (this agent's own store, or a peer's).
-    fn send_release(&mut self, now: Instant, wall: u64, replica: NetworkId, key: RecordKey) {
-        let request = RecordRequest::Release { key: key.to_vec() };
-        if replica == self.local {
-            let own = owner_key(&self.local);
-            self.store.handle(now, wall, own, request);
-        } else if let Some(&ns) = self.key_ns.get(&key) {
-            self.swarm
-                .behaviour_mut()
-                .records
-                .send_request(&replica, ScopedRequest { ns, request });
-        }
-    }
-}
-
-/// A challenge nonce.
-fn fresh_nonce(rng: &mut StdRng) -> [u8; PROOF_LEN] {
-    let mut nonce = [0u8; PROOF_LEN];
-    rng.fill_bytes(&mut nonce);
-    nonce
 }
 
 /// The glue's clocks, read only here and only at the top of an entry (see the module

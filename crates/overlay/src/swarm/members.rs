@@ -1,0 +1,177 @@
+//! Which peers are members: the membership proofs on every connection
+//! ([`crate::proof`]), and the replica sets they decide (the proven members of a key's
+//! namespace closest to it).
+
+use std::time::Instant;
+
+use libp2p::request_response;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::{owner_key, NetworkId, OpId, Overlay};
+use crate::proof::{NamespaceTag, ProofRequest, ProofResponse, PROOF_LEN};
+use crate::records::ScopedRequest;
+use crate::NamespaceKeys;
+
+/// A lookup that finished while some of the peers it found were still proving membership.
+pub(super) struct Awaiting {
+    pub(super) ns: NamespaceTag,
+    pub(super) found: Vec<NetworkId>,
+    pub(super) queried: u32,
+    pub(super) deadline: Instant,
+}
+
+impl Overlay {
+    /// Makes this agent a member of the namespace with `keys` in the control plane: it
+    /// proves so to every peer, and learns which peers are members too.
+    pub fn add_namespace(&mut self, keys: &NamespaceKeys) {
+        let rng = &mut self.rng;
+        let sent = self.proofs.add_namespace(keys, || fresh_nonce(rng));
+        for (peer, request) in sent {
+            self.send_proof_request(peer, request);
+        }
+    }
+
+    /// The connected peers that proved they are members of `tag`.
+    pub fn proven_members(&self, tag: &NamespaceTag) -> Vec<NetworkId> {
+        self.proofs.members(tag)
+    }
+
+    /// Starts the operations whose lookups finished and whose found peers all proved (or
+    /// failed to prove) membership, or waited [`PROOF_WAIT`].
+    pub(super) fn check_awaiting(&mut self, now: Instant, wall: u64) {
+        let ready: Vec<OpId> = self
+            .awaiting
+            .iter()
+            .filter(|(_, a)| {
+                now >= a.deadline || !a.found.iter().any(|p| self.proofs.is_pending(p))
+            })
+            .map(|(op, _)| *op)
+            .collect();
+        for op in ready {
+            if let Some(a) = self.awaiting.remove(&op) {
+                self.replicas_found(now, wall, op, a);
+            }
+        }
+    }
+
+    /// Sends `op`'s requests to the replicas among the proven members of its namespace that
+    /// its lookup found or we are connected to (and this agent), answering its own from the
+    /// local store.
+    pub(super) fn replicas_found(&mut self, now: Instant, wall: u64, op: OpId, lookup: Awaiting) {
+        let Awaiting {
+            ns, found, queried, ..
+        } = lookup;
+        let mut members = self.proofs.members(&ns);
+        for peer in found {
+            if self.proofs.is_member(&peer, &ns) {
+                members.push(peer);
+            } else {
+                self.stats.unproven_replicas_skipped += 1;
+            }
+        }
+        members.sort();
+        members.dedup();
+        let requests = self
+            .quorum
+            .handle_replicas(now, op, members, self.local, queried);
+        for (replica, request) in requests {
+            if replica == self.local {
+                let own = owner_key(&self.local);
+                let response = self.store.handle(now, wall, own, request);
+                self.quorum
+                    .handle_answer(now, wall, op, replica, Some(response));
+                self.flush_quorum(now, wall);
+            } else {
+                let rid = self
+                    .swarm
+                    .behaviour_mut()
+                    .records
+                    .send_request(&replica, ScopedRequest { ns, request });
+                self.requests.insert(rid, (op, replica));
+            }
+        }
+        self.flush_quorum(now, wall);
+    }
+
+    pub(super) fn send_proof_request(&mut self, peer: NetworkId, request: ProofRequest) {
+        let challenge = matches!(request, ProofRequest::Challenge { .. });
+        let rid = self
+            .swarm
+            .behaviour_mut()
+            .proofs
+            .send_request(&peer, request);
+        if challenge {
+            self.challenges.insert(rid, peer);
+        }
+    }
+
+    pub(super) fn handle_proofs(
+        &mut self,
+        now: Instant,
+        wall: u64,
+        event: request_response::Event<ProofRequest, ProofResponse>,
+    ) {
+        let peer = match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => {
+                    let response = match request {
+                        ProofRequest::Challenge { nonce } => {
+                            self.proofs.handle_challenge(peer, nonce)
+                        }
+                        ProofRequest::Proof { macs } => {
+                            self.proofs.handle_proof(peer, &macs);
+                            ProofResponse::Ack
+                        }
+                    };
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .proofs
+                        .send_response(channel, response);
+                    peer
+                }
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => {
+                    if self.challenges.remove(&request_id).is_none() {
+                        return;
+                    }
+                    if let ProofResponse::Proof { macs } = response {
+                        let proven = self.proofs.handle_proof(peer, &macs);
+                        if !proven.is_empty() {
+                            tracing::debug!(%peer, namespaces = proven.len(), "member proven");
+                        }
+                    }
+                    peer
+                }
+            },
+            request_response::Event::OutboundFailure {
+                peer, request_id, ..
+            } => {
+                if self.challenges.remove(&request_id).is_none() {
+                    return;
+                }
+                self.proofs.handle_failed(&peer);
+                peer
+            }
+            _ => return,
+        };
+        if !self.proofs.is_pending(&peer) {
+            for (request, channel) in self.deferred.remove(&peer).unwrap_or_default() {
+                self.answer_record_request(now, wall, peer, request, channel);
+            }
+        }
+        self.check_awaiting(now, wall);
+    }
+}
+
+/// A challenge nonce.
+pub(super) fn fresh_nonce(rng: &mut StdRng) -> [u8; PROOF_LEN] {
+    let mut nonce = [0u8; PROOF_LEN];
+    rng.fill_bytes(&mut nonce);
+    nonce
+}

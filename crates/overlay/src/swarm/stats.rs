@@ -1,0 +1,49 @@
+//! The control plane's counters, for `hyphae status`.
+
+/// Counters for status.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OverlayStats {
+    /// Envelopes from replicas that failed verification (bad signature, expired, malformed).
+    pub bad_envelopes: u64,
+    /// Requests to replicas that failed (unreachable, timed out).
+    pub request_failures: u64,
+    /// Grants that reached a claim already lost, given straight back.
+    pub late_grants_released: u64,
+    /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
+    pub refused_puts: u64,
+    /// Connections opened through a relay (either direction).
+    pub relayed_connections: u64,
+    /// Relayed connections that dcutr upgraded to direct ones.
+    pub hole_punches: u64,
+    /// dcutr attempts that failed (the connection stays relayed).
+    pub hole_punch_failures: u64,
+    /// Circuits this agent relays for others, opened since start.
+    pub circuits_relayed: u64,
+    /// Members found by mDNS.
+    pub mdns_discovered: u64,
+    /// Membership proofs that showed one of our namespaces.
+    pub proofs_accepted: u64,
+    /// Proofs that showed none of our namespaces (strangers, members of others only).
+    pub proofs_unproven: u64,
+    /// Proofs refused as malformed or unasked for.
+    pub proofs_refused: u64,
+    /// Record requests refused because the asker had not proved membership of the
+    /// request's namespace, or this agent is not a member of it.
+    pub requests_not_member: u64,
+    /// Peers in lookup results left out of replica sets because they proved no membership.
+    pub unproven_replicas_skipped: u64,
+    /// Inbound connections refused by libp2p's connection limits (total, pending, per
+    /// peer).
+    pub connections_refused: u64,
+    /// Inbound connections refused because their address had [`MAX_CONNECTIONS_PER_IP`].
+    pub connections_refused_per_ip: u64,
+    /// Dials of our own refused by the connection limits.
+    pub dials_refused: u64,
+    /// Relay reservations refused (limits, rates, [`guard`]'s membership gate).
+    pub relay_reservations_refused: u64,
+    /// Relay circuits refused.
+    pub relay_circuits_refused: u64,
+    /// Peer addresses not kept (loopback from another host, link-local, namespace
+    /// subnets; see [`hygiene`]).
+    pub addresses_filtered: u64,
+}
