@@ -32,11 +32,6 @@ impl Overlay {
         }
     }
 
-    /// The connected peers that proved they are members of `tag`.
-    pub fn proven_members(&self, tag: &NamespaceTag) -> Vec<NetworkId> {
-        self.proofs.members(tag)
-    }
-
     /// Starts the operations whose lookups finished and whose found peers all proved (or
     /// failed to prove) membership, or waited [`PROOF_WAIT`].
     pub(super) fn check_awaiting(&mut self, now: Instant, wall: u64) {
