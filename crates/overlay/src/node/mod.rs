@@ -16,6 +16,7 @@
 //!    - the registry calls ([`Node::add_namespace`], [`Node::add_member`],
 //!      [`Node::add_static_peer`], [`Node::set_addresses`], ...) as the configuration and
 //!      the DHT change;
+//!    - [`Node::handle_underlay_change`] when our own source address toward members changed;
 //!    - [`Node::handle_timeout`] once the instant [`Node::poll_timeout`] returned is reached.
 //! 2. After each input, drain the outputs: [`Node::poll_transmit`] until `None` (datagrams
 //!    to send), and [`Node::poll_event`] until `None` (address changes, lost members).
@@ -38,10 +39,15 @@
 //! members' end-to-end encrypted datagrams verbatim for one session, and both ends keep
 //! probing the direct path (once a second) and return to it as soon as a probe is answered
 //! on it.
+//!
+//! When our own underlay address changes, members are told at once with authenticated
+//! probes from the new address (`roam.rs`); a member's endpoint follows the last address an
+//! authenticated packet came from directly, as in WireGuard.
 
 mod hello;
 mod peer;
 mod relay;
+mod roam;
 mod stats;
 mod tunnel;
 
@@ -60,7 +66,8 @@ use crate::{Identity, PeerId};
 
 pub use hello::{ANNOUNCE_INTERVAL, HELLO_INTERVAL};
 pub use peer::{
-    KEEPALIVE_SECS, PEER_SILENT_AFTER, PROBE_INTERVAL, RTT_INTERVAL, UNREACHABLE_AFTER,
+    KEEPALIVE_SECS, PEER_SILENT_AFTER, PROBE_INTERVAL, ROAM_PROBES, ROAM_PROBE_INTERVAL,
+    RTT_INTERVAL, UNREACHABLE_AFTER,
 };
 pub use relay::{MAX_RELAY_SESSIONS, RELAY_AFTER, RELAY_IDLE, RELAY_RETRY};
 pub use stats::{DropReason, PeerDropReason, PeerStats, RelayStats};
@@ -201,6 +208,8 @@ pub struct Node {
     /// Sessions others relay for us, by session id: the member at the other end.
     relayed: HashMap<u32, PeerHandle>,
     relay_stats: RelayStats,
+    /// Times our underlay address changed under open tunnels (see `roam.rs`).
+    underlay_changes: u64,
     next_nonce: u32,
     /// When the tunnels' timers are due next ([`TICK`] after the last run); `None` while
     /// there is no tunnel.
@@ -230,6 +239,7 @@ impl Node {
             relays: HashMap::new(),
             relayed: HashMap::new(),
             relay_stats: RelayStats::default(),
+            underlay_changes: 0,
             next_nonce: 0,
             next_tick: None,
             transmits: VecDeque::new(),
@@ -397,12 +407,13 @@ impl Node {
 
     /// The earliest instant at which [`Node::handle_timeout`] has work: the tunnels' tick
     /// while any tunnel exists, a hello due to a configured endpoint, a relay session going
-    /// idle. `None` when nothing is armed. It may lie in the past: then the work is due.
+    /// idle, a roaming probe due. `None` when nothing is armed. It may lie in the past: then the work is due.
     pub fn poll_timeout(&self) -> Option<Instant> {
         [
             self.next_tick,
             self.poll_hello_timeout(),
             self.poll_relay_timeout(),
+            self.poll_roam_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -456,6 +467,7 @@ impl Node {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire_silent(now);
         self.run_paths(now);
+        self.run_roams(now);
         self.run_tunnel_timers();
         self.run_hellos(now);
         self.next_tick = self.peers.iter().any(Option::is_some).then_some(now + TICK);

@@ -45,6 +45,21 @@ pub const RTT_INTERVAL: Duration = Duration::from_secs(10);
 /// Probes awaiting an answer, per tunnel.
 const MAX_PROBES: usize = 4;
 
+/// After our own underlay address changed, a member that has not answered our roaming
+/// probe yet is probed again this often...
+pub const ROAM_PROBE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// ...this many times in all (the first at once): two seconds, twice the one-second target
+/// for traffic to come back, before the path's own silence detection takes over.
+pub const ROAM_PROBES: u32 = 10;
+
+/// Probes telling a member that our underlay address changed, until one is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Roam {
+    next: Instant,
+    left: u32,
+}
+
 /// Where a datagram goes, or came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Route {
@@ -120,6 +135,8 @@ pub(super) struct Peer {
     next_rtt_probe: Instant,
     probes: VecDeque<(u32, Instant)>,
     pub(super) rtt: Option<Duration>,
+    /// Our underlay address changed and the member has not answered from it yet.
+    roam: Option<Roam>,
     pub(super) addresses: Vec<Ipv4Addr>,
     pub(super) have_their_announce: bool,
     /// We initiate handshakes with this member: the side with the lower X25519 key.
@@ -160,6 +177,7 @@ impl Peer {
             next_rtt_probe: now + RTT_INTERVAL,
             probes: VecDeque::new(),
             rtt: None,
+            roam: None,
             addresses: Vec::new(),
             have_their_announce: false,
             initiator,
@@ -260,7 +278,11 @@ impl Peer {
     /// packet moves its endpoint (WireGuard roaming).
     pub(super) fn heard(&mut self, now: Instant, route: Route) {
         if let Route::Direct(from) = route {
-            self.endpoint = from;
+            if from != self.endpoint {
+                tracing::info!(peer = ?self.id, old = %self.endpoint, new = %from, "member endpoint moved");
+                self.stats.endpoint_changes += 1;
+                self.endpoint = from;
+            }
         }
         self.last_heard = now;
         self.unanswered_since = None;
@@ -366,6 +388,46 @@ impl Peer {
             tracing::info!(peer = ?self.id, "direct path answers: leaving the relay");
             self.relayed = false;
         }
+        // The member answered the address our probe came from: it knows where we are now.
+        if direct {
+            self.roam = None;
+        }
+    }
+
+    /// Our underlay address changed: the member must hear from the new one. A member with
+    /// a session is probed on the direct path from `now` on (see [`Peer::poll_roam`]);
+    /// false if it has none (its handshake, or a hello, has to tell it instead).
+    pub(super) fn start_roam(&mut self, now: Instant) -> bool {
+        if !self.has_session() {
+            return false;
+        }
+        self.roam = Some(Roam {
+            next: now,
+            left: ROAM_PROBES,
+        });
+        true
+    }
+
+    /// Whether a roaming probe is due now (our address changed and the member has not
+    /// answered one yet): at most [`ROAM_PROBES`], [`ROAM_PROBE_INTERVAL`] apart.
+    pub(super) fn poll_roam(&mut self, now: Instant) -> bool {
+        let Some(roam) = self.roam.as_mut() else {
+            return false;
+        };
+        if now < roam.next {
+            return false;
+        }
+        roam.left -= 1;
+        roam.next = now + ROAM_PROBE_INTERVAL;
+        if roam.left == 0 {
+            self.roam = None;
+        }
+        true
+    }
+
+    /// When the next roaming probe is due, if one is.
+    pub(super) fn roam_timeout(&self) -> Option<Instant> {
+        self.roam.map(|r| r.next)
     }
 
     /// Whether a hello request should make us start a fresh handshake: only the initiator

@@ -316,7 +316,7 @@ impl Node {
     }
 
     /// Sends a probe to `handle` by `route`.
-    fn probe(&mut self, now: Instant, handle: PeerHandle, route: Route) {
+    pub(super) fn probe(&mut self, now: Instant, handle: PeerHandle, route: Route) {
         self.next_nonce = self.next_nonce.wrapping_add(1);
         let nonce = self.next_nonce;
         if let Some(peer) = self.peer_mut(handle) {

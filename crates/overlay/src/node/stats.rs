@@ -112,6 +112,9 @@ pub struct PeerStats {
     pub tx_packets: u64,
     /// Bytes of packets sent to the member.
     pub tx_bytes: u64,
+    /// Times the member's direct endpoint moved (it roamed: an authenticated packet came
+    /// from another underlay address).
+    pub endpoint_changes: u64,
     drops: [u64; PeerDropReason::ALL.len()],
 }
 
