@@ -57,6 +57,10 @@ pub struct Status {
     pub overlay: OverlayStatus,
     /// Traffic this agent relays for members that cannot reach each other directly.
     pub relay: RelayStatus,
+    /// Times this agent's own underlay source address toward its members changed under
+    /// open tunnels (each time the members were told at once).
+    #[serde(default)]
+    pub underlay_changes: u64,
     /// One entry per namespace.
     pub namespaces: Vec<NamespaceStatus>,
 }
@@ -326,6 +330,9 @@ pub struct PeerStatus {
     pub tx_packets: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
+    /// Times the member's endpoint moved (it roamed).
+    #[serde(default)]
+    pub endpoint_changes: u64,
     /// Packets of this tunnel dropped, by reason.
     pub drops: BTreeMap<String, u64>,
 }
@@ -455,6 +462,12 @@ pub fn render(status: &Status) -> String {
     if !refused.is_empty() {
         out += &format!("  refused to peers: {refused}\n");
     }
+    if status.underlay_changes > 0 {
+        out += &format!(
+            "underlay address changed {} times (members told at once)\n",
+            status.underlay_changes
+        );
+    }
     let agent_drops = nonzero(&status.drops);
     if !agent_drops.is_empty() {
         out += &format!("  dropped before any tunnel: {agent_drops}\n");
@@ -511,10 +524,13 @@ pub fn render(status: &Status) -> String {
                 .map_or("no handshake yet".to_string(), |s| {
                     format!("handshake {s:.0}s ago")
                 });
-            let path = match &p.relay {
+            let mut path = match &p.relay {
                 Some(via) if p.path == "relayed" => format!("  relayed via {}", short(via)),
                 _ => String::new(),
             };
+            if p.endpoint_changes > 0 {
+                path += &format!("  endpoint moved {} times", p.endpoint_changes);
+            }
             out += &format!(
                 "  member {}  {}  endpoint {}  {}{path}\n",
                 if p.addresses.is_empty() {

@@ -132,6 +132,10 @@ pub(crate) struct Agent {
     pub(crate) node: Node,
     pub(crate) namespaces: Vec<Namespace>,
     pub(crate) underlay: Underlay,
+    /// Address and route changes, when listening on all addresses (roaming).
+    pub(crate) netwatch: Option<crate::netwatch::NetWatch>,
+    /// Our source address toward each member, to tell which a change concerns.
+    pub(crate) sources: crate::netwatch::Sources,
     pub(crate) rx: Vec<u8>,
     pub(crate) tx: Vec<u8>,
     pub(crate) reply: Vec<u8>,
@@ -159,6 +163,7 @@ pub(crate) struct Agent {
 enum Wake {
     Stop,
     Underlay(std::io::Result<()>),
+    NetChange,
     Tap(usize),
     Overlay(hyphae_overlay::swarm::OverlayEvent),
     Resolver(crate::services::ResolverReply),
@@ -209,6 +214,14 @@ impl Agent {
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
         let underlay = Underlay::new(socket)?;
+        // Bound to one address, the source never changes: nothing to roam.
+        let netwatch = if config.agent.listen.ip().is_unspecified() {
+            crate::netwatch::NetWatch::new()
+                .map_err(|e| tracing::warn!(error = %e, "no netlink: address changes go unnoticed"))
+                .ok()
+        } else {
+            None
+        };
         let (resolver_tx, resolver_rx) = mpsc::channel(crate::services::RESOLVER_REPLIES);
         let mut agent = Self {
             config_path: config.path.clone(),
@@ -228,6 +241,8 @@ impl Agent {
             node,
             namespaces: Vec::new(),
             underlay,
+            netwatch,
+            sources: crate::netwatch::Sources::default(),
             rx: vec![0; BUF_LEN],
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
@@ -333,7 +348,7 @@ impl Agent {
             now,
             unix_now(),
         );
-        membership.set_endpoints(self.endpoints());
+        membership.set_endpoints(now, self.endpoints());
         let mut dns = service::Service::new(ns.resolvers.clone(), ns.mtu, setup::os_seed()?)
             .with_rate(ns.dns_rate);
         if let Some(subnet) = ns.subnet {
@@ -519,6 +534,7 @@ impl Agent {
                 _ = sigterm.recv() => Wake::Stop,
                 _ = sigint.recv() => Wake::Stop,
                 ready = self.underlay.readable() => Wake::Underlay(ready),
+                () = crate::netwatch::net_changed(self.netwatch.as_ref()) => Wake::NetChange,
                 i = crate::datapath::any_readable(&self.namespaces) => Wake::Tap(i),
                 event = self.overlay.next_event() => Wake::Overlay(event),
                 Some(reply) = self.resolver_rx.recv() => Wake::Resolver(reply),
@@ -539,6 +555,7 @@ impl Agent {
                         }
                     }
                 }
+                Wake::NetChange => self.handle_net_change(now),
                 Wake::Tap(i) => self.drain_tap(i, now).await,
                 Wake::Overlay(event) => self.handle_overlay(now, event),
                 Wake::Resolver(reply) => self.resolver_answer(now, reply),
@@ -607,6 +624,9 @@ impl Agent {
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
         if due(self.node.poll_timeout()) {
             self.node.handle_timeout(now);
+            if self.netwatch.is_some() {
+                self.sources.track(self.node.peers().map(|p| p.endpoint));
+            }
             // The node ticks while it has tunnels: note who is reachable, for a restart.
             for i in 0..self.namespaces.len() {
                 if self.namespaces[i].active() {

@@ -47,11 +47,12 @@ impl Agent {
                     n.membership.renew_soon(now);
                 }
             }
-            OverlayEvent::Listening { .. } => {
-                // Listening on all addresses: the records carry every one of them.
+            OverlayEvent::Listening { .. } | OverlayEvent::NotListening { .. } => {
+                // Listening on all addresses: the records carry every one of them, and are
+                // renewed when they change (the host was renumbered, or moved).
                 let endpoints = self.endpoints();
                 for n in &mut self.namespaces {
-                    n.membership.set_endpoints(endpoints.clone());
+                    n.membership.set_endpoints(now, endpoints.clone());
                 }
             }
             OverlayEvent::Released { .. } | OverlayEvent::Announced { .. } => {}

@@ -225,6 +225,8 @@ mod tests {
             "hyphae_namespace_dns_udp_queries_total{namespace=\"lab\"} 12",
             "hyphae_namespace_dns_udp_queries_total{namespace=\"lab2\"} 12",
             "hyphae_namespace_address_claimed{namespace=\"lab\"} 1",
+            "hyphae_underlay_changes_total 1",
+            "hyphae_peer_endpoint_changes_total{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab\"} 0",
             "hyphae_namespace_drops_total{namespace=\"lab\",reason=\"no_route\"} 0",
             "hyphae_peer_rx_bytes_total{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab\"} 672",
             "hyphae_peer_rtt_seconds{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab\"} 0.00041",

@@ -176,6 +176,7 @@ impl Agent {
                 rx_bytes: p.stats.rx_bytes,
                 tx_packets: p.stats.tx_packets,
                 tx_bytes: p.stats.tx_bytes,
+                endpoint_changes: p.stats.endpoint_changes,
                 drops: PeerDropReason::ALL
                     .iter()
                     .map(|r| (r.as_str().to_string(), p.stats.drops(*r)))
@@ -196,6 +197,7 @@ impl Agent {
             version: STATUS_VERSION,
             identity: self.node.peer_id().to_string(),
             listen: self.listen.to_string(),
+            underlay_changes: self.node.underlay_changes(),
             drops: NodeDrop::ALL
                 .iter()
                 .map(|r| (r.as_str().to_string(), self.node.drops(*r)))

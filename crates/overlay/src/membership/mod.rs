@@ -400,9 +400,15 @@ impl Membership {
     }
 
     /// Where members reach this agent's tunnels, sealed into the address records from
-    /// the next claim on.
-    pub fn set_endpoints(&mut self, endpoints: Vec<SocketAddr>) {
+    /// the next claim on. A change once running (the host was renumbered, or moved)
+    /// renews the records soon, so members that look us up find the new endpoints.
+    pub fn set_endpoints(&mut self, now: Instant, endpoints: Vec<SocketAddr>) {
+        if self.endpoints == endpoints {
+            return;
+        }
+        tracing::info!(namespace = %self.name, ?endpoints, "our endpoints changed");
         self.endpoints = endpoints;
+        self.renew_soon(now);
     }
 
     /// Every address this member holds a lease on: its own and (router mode, DHCP) its

@@ -8,14 +8,15 @@
 //! them through its tunnel at once, from the new address: the probe is authenticated, so
 //! the member's endpoint moves on receipt, and its answer (sent to where the probe came
 //! from) ends the probing. Unanswered, the probe is repeated every
-//! [`ROAM_PROBE_INTERVAL`], at most [`ROAM_PROBES`] times; the path's silence detection
+//! [`ROAM_PROBE_INTERVAL`](super::ROAM_PROBE_INTERVAL), at most
+//! [`ROAM_PROBES`](super::ROAM_PROBES) times; the path's silence detection
 //! and relays take over after that. A member without a session is reached through the
 //! handshake instead: the initiator starts a fresh one, the responder sends a hello, whose
 //! answer starts one from the other side.
 
 use std::time::Instant;
 
-use super::peer::{Route, ROAM_PROBES, ROAM_PROBE_INTERVAL};
+use super::peer::Route;
 use super::{Node, PeerHandle};
 
 impl Node {
@@ -79,7 +80,10 @@ mod tests {
 
     use super::*;
     use crate::keys::NamespaceKeys;
-    use crate::node::{test_epoch, DropReason, NamespaceId, PeerDropReason, Received};
+    use crate::node::{
+        test_epoch, DropReason, NamespaceId, PeerDropReason, Received, ROAM_PROBES,
+        ROAM_PROBE_INTERVAL,
+    };
     use crate::Identity;
 
     const A1: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2)), 7400);

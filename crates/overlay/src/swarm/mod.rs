@@ -138,6 +138,12 @@ pub enum OverlayEvent {
         /// The address.
         addr: Multiaddr,
     },
+    /// The swarm stopped listening on an address (listening on all addresses: the host
+    /// lost it, e.g. it was renumbered).
+    NotListening {
+        /// The address.
+        addr: Multiaddr,
+    },
     /// The first bootstrap finished (or there was nothing to bootstrap from): claims made
     /// from now on see the replicas a converged lookup finds.
     Joined,
@@ -529,8 +535,13 @@ impl Overlay {
                 }
             }
             SwarmEvent::ExpiredListenAddr { address, .. } => {
+                tracing::debug!(%address, "overlay no longer listening");
                 self.swarm.remove_external_address(&address);
-                self.listen_addrs.retain(|a| a != &address);
+                if self.listen_addrs.contains(&address) {
+                    self.listen_addrs.retain(|a| a != &address);
+                    self.events
+                        .push_back(OverlayEvent::NotListening { addr: address });
+                }
             }
             SwarmEvent::ListenerClosed {
                 listener_id,

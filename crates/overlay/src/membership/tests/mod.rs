@@ -110,7 +110,7 @@ impl Net {
     fn add(&mut self, config: Config, seed: u8) -> usize {
         let identity = Identity::from_seed([seed; 32]);
         let mut m = Membership::new(config, identity, [seed; 32], self.now, self.unix());
-        m.set_endpoints(vec![SocketAddr::from(([192, 0, 2, seed], 7400))]);
+        m.set_endpoints(self.now, vec![SocketAddr::from(([192, 0, 2, seed], 7400))]);
         m.start(self.now);
         self.members.push(m);
         self.down.push(false);

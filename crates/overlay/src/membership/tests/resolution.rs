@@ -108,3 +108,32 @@ fn runs_are_reproducible_from_a_seed() {
     assert_eq!(run(), run());
     assert!(run().is_some());
 }
+
+#[test]
+fn a_member_whose_endpoint_changed_renews_its_records_at_once() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    let b = net.add(config(Address::Static(ip(11))), 2);
+    net.run_for(Duration::from_secs(1));
+    net.take_events(a);
+    let claims = net.replicas.claims;
+    // The same endpoints again change nothing.
+    let now = net.now;
+    net.members[b].set_endpoints(now, vec![SocketAddr::from(([192, 0, 2, 2], 7400))]);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.replicas.claims, claims, "no renewal for nothing");
+    // b was renumbered: its records carry the new endpoint within a fraction of a second,
+    // not at the next renewal (half the 30 s lease).
+    let moved = SocketAddr::from(([198, 51, 100, 2], 7400));
+    let now = net.now;
+    net.members[b].set_endpoints(now, vec![moved]);
+    net.run_for(Duration::from_millis(500));
+    assert!(net.replicas.claims > claims, "renewed");
+    assert!(net.members[a].hold(net.now, ip(11), b"x"));
+    net.run_for(Duration::from_millis(100));
+    let resolved = net.take_events(a).into_iter().find_map(|e| match e {
+        Event::Resolved(r) => Some(r),
+        _ => None,
+    });
+    assert_eq!(resolved.map(|r| r.endpoints), Some(vec![moved]));
+}
