@@ -19,6 +19,13 @@ const B_VIP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 12);
 const A_UNDERLAY: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
 const B_UNDERLAY: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
 
+/// How `a` joins: interface mode, or hybrid mode on a LAN of its own.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Interface,
+    Hybrid,
+}
+
 /// Two members, `a` and `b`, each listing the other; both listen on all addresses (an
 /// agent bound to one address cannot roam off it).
 struct Pair {
@@ -28,22 +35,32 @@ struct Pair {
     agents: [AgentHandle; 2],
 }
 
-fn pair(label: &str) -> Pair {
+fn pair(label: &str, mode: Mode) -> Pair {
     require_root();
     let mut bed = Testbed::new(label, Path::new(BIN)).expect("testbed");
     let secret = bed.dir().join("lab.secret");
     hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").expect("secret");
     let a = bed.add_host("a", A_UNDERLAY).expect("host a");
     let b = bed.add_host("b", B_UNDERLAY).expect("host b");
+    if mode == Mode::Hybrid {
+        let lan = bed.add_lan("lan").expect("lan");
+        bed.plug(&lan, &a.ns, "eth1", 1500).expect("plug");
+    }
     let config = |host: &Host, vip, peer| {
         agent_config(host, "lab", &secret, SUBNET, vip, &[peer]).replace(
             &format!("listen = \"{}:7400\"", host.underlay),
             "listen = \"0.0.0.0:7400\"",
         )
     };
-    let agent_a = bed
-        .start_agent(&a, &config(&a, A_VIP, B_UNDERLAY))
-        .expect("agent a");
+    let mut config_a = config(&a, A_VIP, B_UNDERLAY);
+    if mode == Mode::Hybrid {
+        config_a = config_a.replace(
+            "mode = \"interface\"\ndevice = \"hyphae0\"\n",
+            "mode = \"hybrid\"\ndevice = \"hy0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n",
+        );
+        assert!(config_a.contains("hybrid"), "{config_a}");
+    }
+    let agent_a = bed.start_agent(&a, &config_a).expect("agent a");
     let agent_b = bed
         .start_agent(&b, &config(&b, B_VIP, A_UNDERLAY))
         .expect("agent b");
@@ -104,7 +121,16 @@ impl Pair {
 /// DHCP renumbering, or a move within the subnet: the address on `eth0` changes.
 #[test]
 fn a_member_renumbered_on_its_link_keeps_its_tunnels() {
-    let mut net = pair("rn");
+    renumber(pair("rn", Mode::Interface));
+}
+
+/// The same in hybrid mode: the agent's host is renumbered, its LAN stays.
+#[test]
+fn a_hybrid_member_renumbered_keeps_its_tunnels() {
+    renumber(pair("rh", Mode::Hybrid));
+}
+
+fn renumber(mut net: Pair) {
     assert_eq!(net.a_seen_from_b(), (format!("{A_UNDERLAY}:7400"), 0));
     net.ping_in_background();
     let ns = net.a.ns.clone();
@@ -121,7 +147,7 @@ fn a_member_renumbered_on_its_link_keeps_its_tunnels() {
 /// shared link and comes back on a link of its own behind the router.
 #[test]
 fn a_member_moved_behind_a_router_keeps_its_tunnels() {
-    let mut net = pair("rr");
+    let mut net = pair("rr", Mode::Interface);
     // The router: on the underlay at .254, and on a new link 10.77.0.0/24 to `a`.
     let router = net
         .bed
