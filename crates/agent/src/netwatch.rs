@@ -65,9 +65,9 @@ impl NetWatch {
         let mut changed = false;
         loop {
             let buf = &mut self.buf;
-            let read = self.socket.try_io(Interest::READABLE, |s| {
-                s.recv(&mut &mut buf[..], 0)
-            });
+            let read = self
+                .socket
+                .try_io(Interest::READABLE, |s| s.recv(&mut &mut buf[..], 0));
             match read {
                 Ok(n) => changed |= has_change(&self.buf[..n.min(BUF_LEN)]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return changed,
@@ -164,7 +164,6 @@ impl Sources {
         }
         moved
     }
-
 }
 
 impl Agent {

@@ -97,7 +97,12 @@ impl Pair {
         let log = self.bed.dir().join("ping.log");
         let target = A_VIP.to_string();
         self.bed
-            .spawn(&self.b.ns, "ping", &["-i", "0.05", "-W", "1", &target], &log)
+            .spawn(
+                &self.b.ns,
+                "ping",
+                &["-i", "0.05", "-W", "1", &target],
+                &log,
+            )
             .expect("ping");
     }
 
@@ -172,9 +177,14 @@ fn a_member_moved_behind_a_router_keeps_its_tunnels() {
         .expect("up");
     bed.ns(&router.ns, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])
         .expect("forwarding");
-    bed.ns(&a, "ip", &["link", "set", "eth1", "up"]).expect("up");
-    bed.ns(&b, "ip", &["route", "add", "10.77.0.0/24", "via", "10.200.0.254"])
-        .expect("route to the new subnet");
+    bed.ns(&a, "ip", &["link", "set", "eth1", "up"])
+        .expect("up");
+    bed.ns(
+        &b,
+        "ip",
+        &["route", "add", "10.77.0.0/24", "via", "10.200.0.254"],
+    )
+    .expect("route to the new subnet");
     net.ping_in_background();
     let bed = &net.bed;
     bed.ns(&a, "ip", &["addr", "del", "10.200.0.1/24", "dev", "eth0"])

@@ -42,7 +42,10 @@ impl Node {
         }
         if any {
             self.underlay_changes += 1;
-            tracing::info!(members = peers.len(), "underlay address changed: telling members");
+            tracing::info!(
+                members = peers.len(),
+                "underlay address changed: telling members"
+            );
         }
         self.run_roams(now);
     }
@@ -69,7 +72,11 @@ impl Node {
 
     /// The earliest roaming probe due.
     pub(super) fn poll_roam_timeout(&self) -> Option<Instant> {
-        self.peers.iter().flatten().filter_map(|p| p.roam_timeout()).min()
+        self.peers
+            .iter()
+            .flatten()
+            .filter_map(|p| p.roam_timeout())
+            .min()
     }
 }
 
@@ -166,7 +173,11 @@ mod tests {
         assert_eq!(a.underlay_changes(), 1);
         let probes = pump(&mut a, A2, &mut b, t1);
         assert_eq!(probes.len(), 1, "one probe, at once");
-        assert_eq!(endpoint(&b, hb), Some(A2), "the authenticated probe moved b's endpoint");
+        assert_eq!(
+            endpoint(&b, hb),
+            Some(A2),
+            "the authenticated probe moved b's endpoint"
+        );
         assert_eq!(endpoint_changes(&b, hb), 1);
         assert_eq!(
             a.poll_roam_timeout(),
@@ -175,7 +186,9 @@ mod tests {
         );
         // b's next packet goes to the new address.
         let mut out = vec![0u8; 256];
-        let t = b.send(hb, &packet(2, 1), &mut out).expect("b has a session");
+        let t = b
+            .send(hb, &packet(2, 1), &mut out)
+            .expect("b has a session");
         assert_eq!(t.to, A2);
         let mut rx = vec![0u8; 256];
         assert!(matches!(
