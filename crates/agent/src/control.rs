@@ -158,6 +158,10 @@ pub struct NamespaceStatus {
     /// Router and hybrid modes: namespace addresses seen on the LAN.
     #[serde(default)]
     pub lan_hosts: Vec<String>,
+    /// The underlay endpoints this member's address record carries, as last granted by
+    /// the replicas: where members that look its address up find it.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
     /// Every address this member holds a lease on (router mode: its LAN hosts').
     #[serde(default)]
     pub addresses: Vec<String>,

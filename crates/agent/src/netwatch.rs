@@ -181,6 +181,7 @@ impl Agent {
         let moved = self.sources.changed(members.into_iter());
         if !moved.is_empty() {
             self.node.handle_underlay_change(now, &moved);
+            self.overlay.handle_underlay_change();
         }
     }
 }

@@ -124,6 +124,11 @@ impl Agent {
                         cfg.address.to_string()
                     },
                     address_claimed: m.owned().is_some(),
+                    endpoints: m
+                        .published_endpoints()
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect(),
                     address_error: m.address_error().map(|e| e.to_string()),
                     subnet: m.subnet().map(|s| s.to_string()).unwrap_or_default(),
                     error: p.error.clone(),

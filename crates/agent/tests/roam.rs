@@ -135,7 +135,7 @@ fn a_hybrid_member_renumbered_keeps_its_tunnels() {
     renumber(pair("rh", Mode::Hybrid));
 }
 
-fn renumber(mut net: Pair) {
+fn renumber(mut net: Pair) -> Pair {
     assert_eq!(net.a_seen_from_b(), (format!("{A_UNDERLAY}:7400"), 0));
     net.ping_in_background();
     let ns = net.a.ns.clone();
@@ -146,6 +146,56 @@ fn renumber(mut net: Pair) {
         .ns(&ns, "ip", &["addr", "add", "10.200.0.21/24", "dev", "eth0"])
         .expect("add");
     net.assert_followed_to("10.200.0.21:7400");
+    net
+}
+
+/// A member that joins after the move finds `a` through the DHT at its new endpoint: the
+/// records were renewed. Had it been given the old one, its tunnel would have started
+/// there and moved (counted in `endpoint_changes`), through a relay at best.
+#[test]
+fn a_renumbered_member_is_found_at_its_new_endpoint() {
+    let mut net = renumber(pair("rf", Mode::Interface));
+    // a's address record is renewed with the new endpoint (its status says what the
+    // replicas granted last).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while net.status(0).namespaces[0].endpoints != ["10.200.0.21:7400"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a's record still says {:?}",
+            net.status(0).namespaces[0].endpoints
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let c = net
+        .bed
+        .add_host("c", Ipv4Addr::new(10, 200, 0, 3))
+        .expect("host c");
+    let secret = net.bed.dir().join("lab.secret");
+    let config = agent_config(
+        &c,
+        "lab",
+        &secret,
+        SUBNET,
+        Ipv4Addr::new(10, 201, 0, 13),
+        &[B_UNDERLAY],
+    )
+    .replace("listen = \"10.200.0.3:7400\"", "listen = \"0.0.0.0:7400\"");
+    let agent_c = net.bed.start_agent(&c, &config).expect("agent c");
+    net.bed
+        .wait_for_ping(&c, A_VIP, Duration::from_secs(30))
+        .expect("c reaches a");
+    let status = net.bed.status(&c, &agent_c).expect("status");
+    let a = status.namespaces[0]
+        .peers
+        .iter()
+        .find(|p| p.addresses.contains(&A_VIP.to_string()))
+        .expect("c has a tunnel with a");
+    assert_eq!(a.endpoint, "10.200.0.21:7400");
+    assert_eq!(a.path, "direct");
+    assert_eq!(
+        a.endpoint_changes, 0,
+        "c found a at its new endpoint at once"
+    );
 }
 
 /// A move to another subnet, reached through a router: `a` loses its address on the

@@ -109,6 +109,7 @@ impl Membership {
                 let key = self.keys.address_key(candidate);
                 self.start_op(Request::Claim { key, envelope }, Purpose::Own(candidate));
                 self.own.claiming = Some(candidate);
+                self.claim_endpoints = self.endpoints.clone();
                 self.own.next = None;
             }
             None => self.own.next = Some(now + CLAIM_RETRY),
@@ -143,6 +144,7 @@ impl Membership {
             ClaimResult::Won => {
                 self.own.next = Some(self.renewal(address, now));
                 self.own.confirmed = true;
+                self.published_endpoints = self.claim_endpoints.clone();
                 self.own.error = None;
                 if self.own.owned == Some(address) {
                     return;

@@ -248,6 +248,10 @@ pub struct Membership {
     clock: Clock,
     /// Where members reach this agent's tunnels (sealed into address records).
     endpoints: Vec<SocketAddr>,
+    /// The endpoints sealed into the own-address claim in flight, and into the last one the
+    /// replicas granted (what members that look us up find).
+    claim_endpoints: Vec<SocketAddr>,
+    published_endpoints: Vec<SocketAddr>,
     subnet: Option<Ipv4Net>,
     reserved: Vec<Ipv4Addr>,
     wanted: Address,
@@ -304,6 +308,8 @@ impl Membership {
             rng: StdRng::from_seed(seed),
             clock: Clock { at: now, unix },
             endpoints: Vec::new(),
+            claim_endpoints: Vec::new(),
+            published_endpoints: Vec::new(),
             subnet: config.subnet,
             reserved: config.reserved,
             wanted: config.address,
@@ -409,6 +415,12 @@ impl Membership {
         tracing::info!(namespace = %self.name, ?endpoints, "our endpoints changed");
         self.endpoints = endpoints;
         self.renew_soon(now);
+    }
+
+    /// The endpoints our address record carries, as last granted by the replicas: where a
+    /// member that looks our address up finds us.
+    pub fn published_endpoints(&self) -> &[SocketAddr] {
+        &self.published_endpoints
     }
 
     /// Every address this member holds a lease on: its own and (router mode, DHCP) its

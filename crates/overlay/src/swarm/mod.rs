@@ -417,6 +417,25 @@ impl Overlay {
         &self.listen_addrs
     }
 
+    /// Our underlay address changed (renumbered, moved): TCP connections made from or to
+    /// the old one are dead without knowing it (TCP finds out only after minutes of
+    /// retransmissions), and record renewals sent over them would go nowhere. Every direct
+    /// connection is closed; Kademlia dials again, from the new address, as soon as it
+    /// needs a peer, and each new peer brings the renewals forward
+    /// ([`OverlayEvent::NewPeer`]).
+    pub fn handle_underlay_change(&mut self) {
+        let direct: Vec<ConnectionId> = self
+            .connections
+            .iter()
+            .filter(|(_, (_, relayed))| !relayed)
+            .map(|(id, _)| *id)
+            .collect();
+        tracing::debug!(connections = direct.len(), "underlay changed: reconnecting");
+        for id in direct {
+            self.swarm.close_connection(id);
+        }
+    }
+
     /// Dials `addr` (e.g. a member learned out of band) and adds whoever answers.
     pub fn dial(&mut self, addr: Multiaddr) {
         if let Err(e) = self.swarm.dial(addr.clone()) {

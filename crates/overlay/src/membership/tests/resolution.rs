@@ -127,8 +127,14 @@ fn a_member_whose_endpoint_changed_renews_its_records_at_once() {
     let moved = SocketAddr::from(([198, 51, 100, 2], 7400));
     let now = net.now;
     net.members[b].set_endpoints(now, vec![moved]);
+    assert_eq!(
+        net.members[b].published_endpoints(),
+        [SocketAddr::from(([192, 0, 2, 2], 7400))],
+        "the records still say where b was"
+    );
     net.run_for(Duration::from_millis(500));
     assert!(net.replicas.claims > claims, "renewed");
+    assert_eq!(net.members[b].published_endpoints(), [moved]);
     assert!(net.members[a].hold(net.now, ip(11), b"x"));
     net.run_for(Duration::from_millis(100));
     let resolved = net.take_events(a).into_iter().find_map(|e| match e {
