@@ -144,15 +144,24 @@ impl Sources {
         &mut self,
         members: impl Iterator<Item = (PeerHandle, SocketAddr)>,
     ) -> Vec<PeerHandle> {
+        self.changed_with(members, source_toward)
+    }
+
+    /// [`Sources::changed`], with `source` standing for the kernel's choice.
+    fn changed_with<H>(
+        &mut self,
+        members: impl Iterator<Item = (H, SocketAddr)>,
+        mut source: impl FnMut(SocketAddr) -> Option<IpAddr>,
+    ) -> Vec<H> {
         let mut seen: HashMap<IpAddr, Option<IpAddr>> = HashMap::new();
         let mut moved = Vec::new();
         for (handle, endpoint) in members {
             let ip = endpoint.ip();
-            let source = *seen.entry(ip).or_insert_with(|| source_toward(endpoint));
+            let now = *seen.entry(ip).or_insert_with(|| source(endpoint));
             let known = self.by_endpoint.get(&ip).copied();
-            if let (Some(before), Some(source)) = (known, source) {
-                if before != Some(source) {
-                    tracing::info!(member = %endpoint, ?before, %source, "our source address changed");
+            if let (Some(before), Some(now)) = (known, now) {
+                if before != Some(now) {
+                    tracing::debug!(member = %endpoint, ?before, source = %now, "our source address changed");
                     moved.push(handle);
                 }
             }
@@ -205,6 +214,34 @@ mod tests {
         m.extend_from_slice(&[0; 10]);
         m.resize(len as usize, 0);
         m
+    }
+
+    /// The source toward every member is whatever `*at` says.
+    fn changed(sources: &mut Sources, at: Option<[u8; 4]>) -> Vec<u32> {
+        let members = [
+            (0, SocketAddr::from(([10, 0, 0, 2], 7400))),
+            (1, SocketAddr::from(([10, 0, 0, 3], 7400))),
+        ];
+        sources.changed_with(members.into_iter(), |_| at.map(IpAddr::from))
+    }
+
+    #[test]
+    fn only_a_new_source_that_reaches_members_is_a_change() {
+        let mut s = Sources::default();
+        assert!(
+            changed(&mut s, Some([10, 0, 0, 1])).is_empty(),
+            "first seen: noted"
+        );
+        assert!(changed(&mut s, Some([10, 0, 0, 1])).is_empty(), "unchanged");
+        // Renumbered: the old address goes first (no route: nothing to tell), then the new
+        // one comes.
+        assert!(changed(&mut s, None).is_empty());
+        assert_eq!(changed(&mut s, Some([10, 0, 0, 21])).len(), 2);
+        // Removed and added back as it was: the members still have it.
+        assert!(changed(&mut s, None).is_empty());
+        assert!(changed(&mut s, Some([10, 0, 0, 21])).is_empty());
+        // Another uplink: the route changed, the source with it.
+        assert_eq!(changed(&mut s, Some([192, 168, 7, 5])).len(), 2);
     }
 
     #[test]
