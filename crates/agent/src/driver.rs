@@ -208,7 +208,7 @@ impl Agent {
         }
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
-        let underlay = Underlay::new(socket)?;
+        let underlay = Underlay::new(socket, config.agent.underlay)?;
         let (resolver_tx, resolver_rx) = mpsc::channel(crate::services::RESOLVER_REPLIES);
         let mut agent = Self {
             config_path: config.path.clone(),
@@ -593,6 +593,7 @@ impl Agent {
         [
             self.node.poll_timeout(),
             self.overlay.poll_timeout(),
+            self.underlay.poll_timeout(),
             self.alone_at,
         ]
         .into_iter()
@@ -619,6 +620,9 @@ impl Agent {
         }
         if due(self.alone_at) {
             self.start_alone(now);
+        }
+        if due(self.underlay.poll_timeout()) {
+            self.underlay.handle_timeout(now);
         }
         let unix = unix_now();
         for i in 0..self.namespaces.len() {
