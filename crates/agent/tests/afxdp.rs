@@ -176,6 +176,34 @@ fn af_xdp_on_both_ends_carries_ping_and_100_mb_and_leaves_the_rest_to_the_kernel
         "kernel-answered"
     );
 
+    // So is other UDP on the underlay address (a port beside the tunnel's).
+    let log = bed.dir().join("socat-udp.log");
+    bed.spawn(
+        &hosts[1].ns,
+        "socat",
+        &[
+            &format!("UDP-LISTEN:7401,bind={}", underlay(2)),
+            "SYSTEM:echo udp-kernel-answered",
+        ],
+        &log,
+    )
+    .expect("underlay UDP listener");
+    std::thread::sleep(Duration::from_millis(300));
+    let answer = bed
+        .ns(
+            &hosts[0].ns,
+            "sh",
+            &[
+                "-c",
+                &format!("echo hi | socat -T 3 - UDP:{}:7401", underlay(2)),
+            ],
+        )
+        .expect("underlay UDP");
+    assert_eq!(
+        String::from_utf8_lossy(&answer.stdout).trim(),
+        "udp-kernel-answered"
+    );
+
     // 100 MB through the tunnel arrive intact.
     let (sent, received) = transfer(&mut bed, &hosts[0], &hosts[1], vip(2));
     assert_eq!(sent.len(), 64, "no checksum of the sent file");
