@@ -258,7 +258,6 @@ fn interface_for(ip: IpAddr) -> Result<(String, IpAddr)> {
     addresses
         .into_iter()
         .find(|(_, a)| *a == ip)
-        .map(|(name, a)| (name, a))
         .with_context(|| format!("no interface has the listen address {ip}"))
 }
 
