@@ -759,6 +759,27 @@ endpoint = "10.200.0.3"
     }
 
     #[test]
+    fn underlay_is_socket_unless_asked_and_a_bad_one_is_named() {
+        let s = Some("0123456789abcdef");
+        assert_eq!(load(GOOD, s).unwrap().agent.underlay, UnderlayMode::Socket);
+        let with =
+            |extra: &str| GOOD.replace("[[namespace]]\n", &format!("{extra}\n[[namespace]]\n"));
+        for (text, mode) in [
+            ("socket", UnderlayMode::Socket),
+            ("af_xdp", UnderlayMode::AfXdp),
+            ("auto", UnderlayMode::Auto),
+        ] {
+            let c = load(&with(&format!("underlay = \"{text}\"")), s).unwrap();
+            assert_eq!(c.agent.underlay, mode);
+        }
+        let e = err(&with("underlay = \"xdp\""), s);
+        assert!(
+            e.contains("[agent] underlay") && e.contains("'xdp' is not an underlay"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn auto_address_and_bootstrap_addresses() {
         let s = Some("0123456789abcdef");
         let toml = GOOD.replace(

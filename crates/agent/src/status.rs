@@ -200,10 +200,6 @@ impl Agent {
                 .iter()
                 .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
                 .chain([("send_error".to_string(), self.underlay.send_errors())])
-                .chain([(
-                    "af_xdp_malformed".to_string(),
-                    self.underlay.status().malformed,
-                )])
                 .collect(),
             underlay: self.underlay.status(),
             overlay: OverlayStatus {
