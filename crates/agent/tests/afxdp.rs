@@ -182,27 +182,33 @@ fn af_xdp_on_both_ends_carries_ping_and_100_mb_and_leaves_the_rest_to_the_kernel
         &hosts[1].ns,
         "socat",
         &[
-            &format!("UDP-LISTEN:7401,bind={}", underlay(2)),
+            &format!("UDP-LISTEN:7401,bind={},fork", underlay(2)),
             "SYSTEM:echo udp-kernel-answered",
         ],
         &log,
     )
     .expect("underlay UDP listener");
-    std::thread::sleep(Duration::from_millis(300));
-    let answer = bed
-        .ns(
-            &hosts[0].ns,
-            "sh",
-            &[
-                "-c",
-                &format!("echo hi | socat -T 3 - UDP:{}:7401", underlay(2)),
-            ],
-        )
-        .expect("underlay UDP");
-    assert_eq!(
-        String::from_utf8_lossy(&answer.stdout).trim(),
-        "udp-kernel-answered"
-    );
+    // Retried: the listener may not be up yet; each try is a new source port (a new
+    // child of the forking listener).
+    let mut answer = String::new();
+    for _ in 0..20 {
+        let out = bed
+            .ns_output(
+                &hosts[0].ns,
+                "sh",
+                &[
+                    "-c",
+                    &format!("echo hi | socat -t 3 -T 3 - UDP:{}:7401", underlay(2)),
+                ],
+            )
+            .expect("underlay UDP");
+        answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if answer == "udp-kernel-answered" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(answer, "udp-kernel-answered");
 
     // 100 MB through the tunnel arrive intact.
     let (sent, received) = transfer(&mut bed, &hosts[0], &hosts[1], vip(2));
