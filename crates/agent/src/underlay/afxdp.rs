@@ -19,9 +19,13 @@ use super::xsk::{RxFrame, Xsk, FRAME_SIZE};
 /// datagrams go through the socket (which has the kernel resolve it) for at most this long.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(1);
 
-/// Most payload one frame carries: a frame less the headers and the headroom copy mode
-/// leaves before the data (XDP_PACKET_HEADROOM, 256).
-pub(crate) const MAX_PAYLOAD: usize = FRAME_SIZE - 256 - IPV4_OVERHEAD;
+/// The longest frame a socket receives: a UMEM frame less the headroom copy mode leaves
+/// before the data (XDP_PACKET_HEADROOM, 256). The XDP program passes longer ones to the
+/// kernel (a jumbo-MTU underlay), whose UDP socket takes them.
+const MAX_RX_FRAME: usize = FRAME_SIZE - 256;
+
+/// Most payload a frame we send carries: what an AF_XDP peer receives whole.
+pub(crate) const MAX_PAYLOAD: usize = MAX_RX_FRAME - IPV4_OVERHEAD;
 
 /// What became of a datagram offered to [`AfXdp::push`].
 pub(crate) enum Push {
@@ -86,7 +90,8 @@ impl AfXdp {
         let queues = rx_queues(&interface);
         let map = bpf::create_xsk_map(queues)
             .context("creating the XSKMAP (needs CAP_BPF and CAP_NET_ADMIN)")?;
-        let program = bpf::load(listen.port(), &map).context("loading the XDP program")?;
+        let program = bpf::load(listen.port(), MAX_RX_FRAME as u16, &map)
+            .context("loading the XDP program")?;
         let (link, xdp_mode) = match bpf::attach(&program, ifindex, bpf::XDP_FLAGS_DRV_MODE) {
             Ok(link) => (link, "native"),
             Err(native) => match bpf::attach(&program, ifindex, bpf::XDP_FLAGS_SKB_MODE) {

@@ -41,6 +41,7 @@ const JEQ_K: u8 = 0x15;
 const JNE_K: u8 = 0x55;
 const JGT_X: u8 = 0x2d;
 const JA: u8 = 0x05;
+const JLE_X: u8 = 0xbd;
 const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
 const LD_IMM64: u8 = 0x18;
@@ -64,57 +65,63 @@ fn net16(v: u16) -> i32 {
     i32::from(u16::from_ne_bytes(v.to_be_bytes()))
 }
 
-/// The program: redirect UDP to `port` to the XSKMAP `map_fd`, pass the rest.
-pub(crate) fn program(port: u16, map_fd: RawFd) -> Vec<u64> {
+/// The program: redirect UDP to `port` to the XSKMAP `map_fd`, pass the rest. Frames
+/// longer than `max_frame` pass too: they would not fit a socket's frame, and the kernel
+/// would drop them at the redirect; the UDP socket takes them instead.
+pub(crate) fn program(port: u16, map_fd: RawFd, max_frame: u16) -> Vec<u64> {
     // Registers: r1 ctx, r2 data, r3 data_end, r4 bound, r5 field, r6 ctx kept.
-    // Labels are instruction indices; a jump's offset counts from the next instruction.
-    const IPV6: usize = 21;
-    const REDIRECT: usize = 27;
-    const PASS: usize = 33;
-    let jump = |code: u8, at: usize, dst: u8, src: u8, target: usize, imm: i32| {
-        insn(code, dst, src, (target as i16) - (at as i16) - 1, imm)
+    // Labels are instruction indices (checked as the program is laid out); a jump's
+    // offset counts from the next instruction.
+    const IPV6: usize = 24;
+    const REDIRECT: usize = 30;
+    const PASS: usize = 36;
+    let mut p: Vec<u64> = Vec::with_capacity(PASS + 2);
+    let jump = |p: &mut Vec<u64>, code: u8, dst: u8, src: u8, target: usize, imm: i32| {
+        let off = target as i16 - p.len() as i16 - 1;
+        p.push(insn(code, dst, src, off, imm));
     };
-    let p = vec![
-        insn(MOV64_X, 6, 1, 0, 0),
-        insn(LDX_W, 2, 1, 0, 0), // xdp_md.data
-        insn(LDX_W, 3, 1, 4, 0), // xdp_md.data_end
-        insn(MOV64_X, 4, 2, 0, 0),
-        insn(ADD64_K, 4, 0, 0, 14), // Ethernet
-        jump(JGT_X, 5, 4, 3, PASS, 0),
-        insn(LDX_H, 5, 2, 12, 0), // EtherType
-        jump(JEQ_K, 7, 5, 0, IPV6, net16(0x86dd)),
-        jump(JNE_K, 8, 5, 0, PASS, net16(0x0800)),
-        insn(ADD64_K, 4, 0, 0, 28), // IPv4 20 + UDP 8
-        jump(JGT_X, 10, 4, 3, PASS, 0),
-        insn(LDX_B, 5, 2, 14, 0),
-        jump(JNE_K, 12, 5, 0, PASS, 0x45), // version 4, no options
-        insn(LDX_B, 5, 2, 23, 0),
-        jump(JNE_K, 14, 5, 0, PASS, 17), // UDP
-        insn(LDX_H, 5, 2, 20, 0),
-        insn(AND64_K, 5, 0, 0, net16(0x3fff)), // more fragments, fragment offset
-        jump(JNE_K, 17, 5, 0, PASS, 0),
-        insn(LDX_H, 5, 2, 36, 0), // UDP destination port
-        jump(JEQ_K, 19, 5, 0, REDIRECT, net16(port)),
-        jump(JA, 20, 0, 0, PASS, 0),
-        // IPV6:
-        insn(ADD64_K, 4, 0, 0, 48), // IPv6 40 + UDP 8
-        jump(JGT_X, 22, 4, 3, PASS, 0),
-        insn(LDX_B, 5, 2, 20, 0),
-        jump(JNE_K, 24, 5, 0, PASS, 17), // next header UDP
-        insn(LDX_H, 5, 2, 56, 0),
-        jump(JNE_K, 26, 5, 0, PASS, net16(port)),
-        // REDIRECT: to the socket of this receive queue, or pass if it has none.
-        insn(LDX_W, 2, 6, 16, 0), // xdp_md.rx_queue_index
-        insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, map_fd),
-        insn(0, 0, 0, 0, 0),
-        insn(MOV64_K, 3, 0, 0, XDP_PASS),
-        insn(CALL, 0, 0, 0, FN_REDIRECT_MAP),
-        insn(EXIT, 0, 0, 0, 0),
-        // PASS:
-        insn(MOV64_K, 0, 0, 0, XDP_PASS),
-        insn(EXIT, 0, 0, 0, 0),
-    ];
-    debug_assert_eq!(p.len(), PASS + 2);
+    p.push(insn(MOV64_X, 6, 1, 0, 0));
+    p.push(insn(LDX_W, 2, 1, 0, 0)); // xdp_md.data
+    p.push(insn(LDX_W, 3, 1, 4, 0)); // xdp_md.data_end
+    p.push(insn(MOV64_X, 4, 2, 0, 0));
+    p.push(insn(ADD64_K, 4, 0, 0, i32::from(max_frame) + 1));
+    jump(&mut p, JLE_X, 4, 3, PASS, 0); // longer than max_frame
+    p.push(insn(MOV64_X, 4, 2, 0, 0));
+    p.push(insn(ADD64_K, 4, 0, 0, 14)); // Ethernet
+    jump(&mut p, JGT_X, 4, 3, PASS, 0);
+    p.push(insn(LDX_H, 5, 2, 12, 0)); // EtherType
+    jump(&mut p, JEQ_K, 5, 0, IPV6, net16(0x86dd));
+    jump(&mut p, JNE_K, 5, 0, PASS, net16(0x0800));
+    p.push(insn(ADD64_K, 4, 0, 0, 28)); // IPv4 20 + UDP 8
+    jump(&mut p, JGT_X, 4, 3, PASS, 0);
+    p.push(insn(LDX_B, 5, 2, 14, 0));
+    jump(&mut p, JNE_K, 5, 0, PASS, 0x45); // version 4, no options
+    p.push(insn(LDX_B, 5, 2, 23, 0));
+    jump(&mut p, JNE_K, 5, 0, PASS, 17); // UDP
+    p.push(insn(LDX_H, 5, 2, 20, 0));
+    p.push(insn(AND64_K, 5, 0, 0, net16(0x3fff))); // more fragments, fragment offset
+    jump(&mut p, JNE_K, 5, 0, PASS, 0);
+    p.push(insn(LDX_H, 5, 2, 36, 0)); // UDP destination port
+    jump(&mut p, JEQ_K, 5, 0, REDIRECT, net16(port));
+    jump(&mut p, JA, 0, 0, PASS, 0);
+    debug_assert_eq!(p.len(), IPV6);
+    p.push(insn(ADD64_K, 4, 0, 0, 48)); // IPv6 40 + UDP 8
+    jump(&mut p, JGT_X, 4, 3, PASS, 0);
+    p.push(insn(LDX_B, 5, 2, 20, 0));
+    jump(&mut p, JNE_K, 5, 0, PASS, 17); // next header UDP
+    p.push(insn(LDX_H, 5, 2, 56, 0));
+    jump(&mut p, JNE_K, 5, 0, PASS, net16(port));
+    // The socket of this receive queue, or pass if it has none.
+    debug_assert_eq!(p.len(), REDIRECT);
+    p.push(insn(LDX_W, 2, 6, 16, 0)); // xdp_md.rx_queue_index
+    p.push(insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, map_fd));
+    p.push(insn(0, 0, 0, 0, 0));
+    p.push(insn(MOV64_K, 3, 0, 0, XDP_PASS));
+    p.push(insn(CALL, 0, 0, 0, FN_REDIRECT_MAP));
+    p.push(insn(EXIT, 0, 0, 0, 0));
+    debug_assert_eq!(p.len(), PASS);
+    p.push(insn(MOV64_K, 0, 0, 0, XDP_PASS));
+    p.push(insn(EXIT, 0, 0, 0, 0));
     p
 }
 
@@ -198,10 +205,10 @@ struct ProgLoad {
     prog_name: [u8; 16],
 }
 
-/// Loads the program for `port` against the XSKMAP `map`; on refusal the error carries
+/// Loads the program for `port` and `max_frame` against the XSKMAP `map`; on refusal the error carries
 /// the verifier's last line.
-pub(crate) fn load(port: u16, map: &OwnedFd) -> io::Result<OwnedFd> {
-    let insns = program(port, map.as_raw_fd());
+pub(crate) fn load(port: u16, max_frame: u16, map: &OwnedFd) -> io::Result<OwnedFd> {
+    let insns = program(port, map.as_raw_fd(), max_frame);
     let license = c"Apache-2.0 OR GPL-2.0";
     let mut name = [0u8; 16];
     name[..10].copy_from_slice(b"hyphae_xsk");
@@ -267,7 +274,7 @@ mod tests {
 
     #[test]
     fn jumps_land_inside_the_program_and_the_port_is_in_network_order() {
-        let p = program(7400, 3);
+        let p = program(7400, 3, 1792);
         let exit_at = p.len() as i64 - 2;
         for (i, ins) in p.iter().enumerate() {
             let b = ins.to_le_bytes();
