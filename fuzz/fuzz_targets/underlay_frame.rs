@@ -13,7 +13,14 @@ fuzz_target!(|data: &[u8]| {
         assert!(d.payload.start <= d.payload.end && d.payload.end <= data.len());
         // Re-emitting what was found gives a frame that parses to the same datagram.
         let mut buf = vec![0u8; data.len() + 64];
-        if let Ok(len) = emit(&mut buf, ([2; 6], [4; 6]), d.from, d.to, 7, &data[d.payload.clone()]) {
+        if let Ok(len) = emit(
+            &mut buf,
+            ([2; 6], [4; 6]),
+            d.from,
+            d.to,
+            7,
+            &data[d.payload.clone()],
+        ) {
             let again = parse(&buf[..len]).expect("emitted frame parses");
             assert_eq!((again.from, again.to), (d.from, d.to));
             assert_eq!(&buf[again.payload], &data[d.payload]);
