@@ -89,7 +89,8 @@ struct Ring<T> {
 }
 
 impl<T: Copy> Ring<T> {
-    fn map(fd: RawFd, off: &libc::xdp_ring_offset, pgoff: u64) -> io::Result<Self> {
+    /// Maps a ring; `producer`: we write it (fill, tx), else we read it (rx, completion).
+    fn map(fd: RawFd, off: &libc::xdp_ring_offset, pgoff: u64, producer: bool) -> io::Result<Self> {
         let len = off.desc as usize + RING_SIZE as usize * std::mem::size_of::<T>();
         let map = Mmap::new(Some(fd), len, pgoff as libc::off_t)?;
         let mut ring = Self {
@@ -100,7 +101,13 @@ impl<T: Copy> Ring<T> {
             local: 0,
             _entry: std::marker::PhantomData,
         };
-        ring.local = ring.index(ring.producer).load(Ordering::Relaxed);
+        // Our index starts where the kernel's view of our side is (0 on a new socket).
+        let ours = if producer {
+            ring.producer
+        } else {
+            ring.consumer
+        };
+        ring.local = ring.index(ours).load(Ordering::Relaxed);
         Ok(ring)
     }
 
@@ -252,17 +259,11 @@ impl Xsk {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
-        let mut fill = Ring::<u64>::map(raw, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING)?;
-        let completion = Ring::<u64>::map(raw, &off.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING)?;
-        let rx = Ring::map(raw, &off.rx, libc::XDP_PGOFF_RX_RING as u64)?;
-        let tx = Ring::map(raw, &off.tx, libc::XDP_PGOFF_TX_RING as u64)?;
-        // Consumer rings start at the kernel's consumer index (0 on a new socket).
-        let mut completion = completion;
-        completion.local = completion
-            .index(completion.consumer)
-            .load(Ordering::Relaxed);
-        let mut rx = rx;
-        rx.local = rx.index(rx.consumer).load(Ordering::Relaxed);
+        let mut fill = Ring::<u64>::map(raw, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING, true)?;
+        let completion =
+            Ring::<u64>::map(raw, &off.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING, false)?;
+        let rx = Ring::map(raw, &off.rx, libc::XDP_PGOFF_RX_RING as u64, false)?;
+        let tx = Ring::map(raw, &off.tx, libc::XDP_PGOFF_TX_RING as u64, true)?;
         let addrs = (0..FRAMES as u64).map(|i| i * FRAME_SIZE as u64);
         let mut free: Vec<u64> = Vec::with_capacity(FRAMES);
         for addr in addrs {
