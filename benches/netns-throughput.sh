@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Namespace throughput benchmark: two hosts (network namespaces) joined by one veth pair,
 # measured in the same run through
-#   (a) the raw underlay, (b) a kernel VXLAN device, (c) hyphae, (d) boringtun-cli
-#   (userspace WireGuard, the reference).
+#   (a) the raw underlay, (b) a kernel VXLAN device, (c) hyphae (UDP socket underlay, and
+#   again with `underlay = "af_xdp"`: row hyphae-afxdp), (d) boringtun-cli (userspace
+#   WireGuard, the reference).
 # For each: iperf3 TCP, 1 stream and 4 streams, and ping RTT. Prints a Markdown table with
 # ratios to (a) and (b). Needs root. Usage:
 #   benches/netns-throughput.sh [seconds-per-iperf-run]      (default 5)
@@ -70,6 +71,7 @@ for side in A B; do
 state_dir = "$dir/$side-state"
 control_socket = "$dir/$side.sock"
 listen = "10.210.0.$me:7400"
+underlay = "socket"
 [[namespace]]
 name = "bench"
 secret_file = "$dir/lab.secret"
@@ -97,6 +99,7 @@ stop_hyphae() {
     done
 }
 start_hyphae "$HYPHAE_BIN"
+set_underlay() { sed -i "s/^underlay = .*/underlay = \"$1\"/" "$dir/A.toml" "$dir/B.toml"; }
 
 # (d) boringtun-cli: userspace WireGuard on a TUN device, configured with wg(8)
 ka=$(wg genkey); kb=$(wg genkey)
@@ -141,11 +144,11 @@ rtt() {
 }
 
 declare -A one four ping
-rows="raw vxlan hyphae boringtun"
-paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 boringtun:10.213.0.2"
+rows="raw vxlan hyphae hyphae-afxdp boringtun"
+paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 hyphae-afxdp:10.212.0.12 boringtun:10.213.0.2"
 if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
-    rows="raw vxlan hyphae hyphae-baseline boringtun"
-    paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 hyphae-baseline:10.212.0.12 boringtun:10.213.0.2"
+    rows="raw vxlan hyphae hyphae-baseline hyphae-afxdp boringtun"
+    paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 hyphae-baseline:10.212.0.12 hyphae-afxdp:10.212.0.12 boringtun:10.213.0.2"
 fi
 for path in $paths; do
     name=${path%%:*}
@@ -153,6 +156,16 @@ for path in $paths; do
     if [ "$name" = hyphae-baseline ]; then
         stop_hyphae
         start_hyphae "$HYPHAE_BASELINE_BIN"
+    fi
+    if [ "$name" = hyphae-afxdp ]; then
+        stop_hyphae
+        set_underlay af_xdp
+        start_hyphae "$HYPHAE_BIN"
+        wait_ping "$dst"
+        for side in A B; do
+            "$HYPHAE_BIN" status -c "$dir/$side.toml" | grep -q "^underlay af_xdp" \
+                || { echo "hyphae-afxdp: AF_XDP did not attach on $side: $(cat "$dir/$side.log")" >&2; exit 1; }
+        done
     fi
     wait_ping "$dst"
     one[$name]=$(iperf "$dst" 1)

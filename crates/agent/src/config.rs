@@ -53,6 +53,7 @@ struct AgentSection {
     mdns: bool,
     metrics: Option<String>,
     metrics_remote: bool,
+    underlay: String,
 }
 
 impl Default for AgentSection {
@@ -64,6 +65,7 @@ impl Default for AgentSection {
             mdns: false,
             metrics: None,
             metrics_remote: false,
+            underlay: "socket".into(),
         }
     }
 }
@@ -169,6 +171,35 @@ pub struct Agent {
     pub mdns: bool,
     /// Where `/metrics` and the topology page are served (TCP); `None`: nowhere.
     pub metrics: Option<SocketAddr>,
+    /// How tunnel datagrams enter and leave the host.
+    pub underlay: UnderlayMode,
+}
+
+/// `[agent] underlay`: the UDP socket alone, or AF_XDP beside it.
+///
+/// The default is `socket`: AF_XDP puts an XDP program on the interface (which another
+/// XDP user, a CNI say, may already own), needs CAP_BPF and CAP_NET_RAW besides
+/// CAP_NET_ADMIN, and on virtual NICs (veth, most cloud NICs without zero-copy) runs in
+/// copy mode, where it is no faster than the socket. It is a choice a user makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnderlayMode {
+    /// The UDP socket (`"socket"`).
+    Socket,
+    /// AF_XDP, falling back to the socket with a warning (`"af_xdp"`).
+    AfXdp,
+    /// AF_XDP where it attaches, else the socket, said at info level (`"auto"`).
+    Auto,
+}
+
+impl UnderlayMode {
+    fn parse(text: &str) -> Result<Self> {
+        match text {
+            "socket" => Ok(Self::Socket),
+            "af_xdp" => Ok(Self::AfXdp),
+            "auto" => Ok(Self::Auto),
+            other => bail!("'{other}' is not an underlay; use \"socket\", \"af_xdp\" or \"auto\""),
+        }
+    }
 }
 
 /// How a namespace attaches to the host (IPOP Sec. 3): interface, router or hybrid.
@@ -267,6 +298,8 @@ impl Config {
             ),
             None => None,
         };
+        let underlay = UnderlayMode::parse(&file.agent.underlay)
+            .with_context(|| format!("config {}: [agent] underlay", path.display()))?;
         let mut namespaces: Vec<Namespace> = Vec::new();
         for section in file.namespaces {
             let name = section.name.clone();
@@ -298,6 +331,7 @@ impl Config {
                 listen,
                 mdns: file.agent.mdns,
                 metrics,
+                underlay,
             },
             namespaces,
         })
@@ -722,6 +756,27 @@ endpoint = "10.200.0.3"
         assert_eq!(c.agent.metrics, Some("0.0.0.0:9400".parse().unwrap()));
         let e = err(&with("metrics = \"localhost\""), s);
         assert!(e.contains("not an ip:port"), "{e}");
+    }
+
+    #[test]
+    fn underlay_is_socket_unless_asked_and_a_bad_one_is_named() {
+        let s = Some("0123456789abcdef");
+        assert_eq!(load(GOOD, s).unwrap().agent.underlay, UnderlayMode::Socket);
+        let with =
+            |extra: &str| GOOD.replace("[[namespace]]\n", &format!("{extra}\n[[namespace]]\n"));
+        for (text, mode) in [
+            ("socket", UnderlayMode::Socket),
+            ("af_xdp", UnderlayMode::AfXdp),
+            ("auto", UnderlayMode::Auto),
+        ] {
+            let c = load(&with(&format!("underlay = \"{text}\"")), s).unwrap();
+            assert_eq!(c.agent.underlay, mode);
+        }
+        let e = err(&with("underlay = \"xdp\""), s);
+        assert!(
+            e.contains("[agent] underlay") && e.contains("'xdp' is not an underlay"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct Status {
     pub listen: String,
     /// Datagrams dropped before reaching any tunnel, by reason.
     pub drops: BTreeMap<String, u64>,
+    /// Which path tunnel datagrams take (the UDP socket or AF_XDP).
+    #[serde(default)]
+    pub underlay: UnderlayStatus,
     /// The libp2p overlay.
     pub overlay: OverlayStatus,
     /// Traffic this agent relays for members that cannot reach each other directly.
@@ -63,6 +66,29 @@ pub struct Status {
     pub underlay_changes: u64,
     /// One entry per namespace.
     pub namespaces: Vec<NamespaceStatus>,
+}
+
+/// The underlay in [`Status`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct UnderlayStatus {
+    /// `socket` or `af_xdp`.
+    pub path: String,
+    /// The interface the XDP program is attached to.
+    pub interface: Option<String>,
+    /// `native` (in the driver) or `generic` XDP.
+    pub xdp_mode: Option<String>,
+    /// Whether the AF_XDP sockets are zero-copy (else copy mode).
+    pub zero_copy: bool,
+    /// AF_XDP sockets, one per receive queue.
+    pub queues: usize,
+    /// Frames received on the AF_XDP sockets.
+    pub rx_frames: u64,
+    /// Frames sent on the AF_XDP sockets.
+    pub tx_frames: u64,
+    /// Datagrams the socket sent instead (next hop not resolved yet, IPv6, too long).
+    pub tx_via_socket: u64,
+    /// Redirected frames that held no tunnel datagram.
+    pub malformed: u64,
 }
 
 /// The libp2p overlay in [`Status`].
@@ -434,6 +460,23 @@ pub fn render(status: &Status) -> String {
         "agent {}  listening on {}\n",
         status.identity, status.listen
     );
+    let u = &status.underlay;
+    if u.path == "af_xdp" {
+        out +=
+            &format!(
+            "underlay af_xdp on {} ({} XDP, {}, {} queue{})  rx {} tx {} frames, {} via socket\n",
+            u.interface.as_deref().unwrap_or("?"),
+            u.xdp_mode.as_deref().unwrap_or("?"),
+            if u.zero_copy { "zero-copy" } else { "copy mode" },
+            u.queues,
+            if u.queues == 1 { "" } else { "s" },
+            u.rx_frames,
+            u.tx_frames,
+            u.tx_via_socket,
+        );
+    } else {
+        out += "underlay socket\n";
+    }
     out += &format!(
         "overlay {}  {} peers connected{}\n",
         status.overlay.peer_id,

@@ -339,8 +339,8 @@ fn udp_offload() -> Check {
     }
 }
 
-/// AF_XDP sockets and CAP_BPF: what a kernel-bypass underlay needs. The agent's data path
-/// sends over UDP sockets either way, so a missing one is a warning.
+/// AF_XDP sockets and CAP_BPF: what `underlay = "af_xdp"` needs. Without them the agent
+/// falls back to its UDP socket, so a missing one is a warning.
 fn af_xdp(caps: u64) -> Check {
     // SAFETY: socket(2) with constant arguments; the descriptor is closed below.
     let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };

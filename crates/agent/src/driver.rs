@@ -213,7 +213,7 @@ impl Agent {
         }
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
-        let underlay = Underlay::new(socket)?;
+        let underlay = Underlay::new(socket, config.agent.underlay)?;
         // Bound to one address, the source never changes: nothing to roam.
         let netwatch = if config.agent.listen.ip().is_unspecified() {
             crate::netwatch::NetWatch::new()
@@ -610,6 +610,7 @@ impl Agent {
         [
             self.node.poll_timeout(),
             self.overlay.poll_timeout(),
+            self.underlay.poll_timeout(),
             self.alone_at,
         ]
         .into_iter()
@@ -639,6 +640,9 @@ impl Agent {
         }
         if due(self.alone_at) {
             self.start_alone(now);
+        }
+        if due(self.underlay.poll_timeout()) {
+            self.underlay.handle_timeout(now);
         }
         let unix = unix_now();
         for i in 0..self.namespaces.len() {

@@ -26,6 +26,7 @@ const GAUGES: &[&str] = &[
     "relay.sessions",
     "overlay.connected",
     "overlay.stored_records",
+    "underlay.queues",
     "namespaces[].group_members",
     "namespaces[].peers[].rtt_ms",
     "namespaces[].peers[].handshake_age_secs",

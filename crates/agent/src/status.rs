@@ -206,8 +206,9 @@ impl Agent {
             drops: NodeDrop::ALL
                 .iter()
                 .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
-                .chain([("send_error".to_string(), self.underlay.send_errors)])
+                .chain([("send_error".to_string(), self.underlay.send_errors())])
                 .collect(),
+            underlay: self.underlay.status(),
             overlay: OverlayStatus {
                 peer_id: self.overlay.local_id().to_string(),
                 listen: self

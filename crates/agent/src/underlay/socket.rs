@@ -1,4 +1,4 @@
-//! The underlay UDP socket with the batching the kernel offers (via quinn-udp): receive with
+//! The underlay's UDP socket with the batching the kernel offers (via quinn-udp): receive with
 //! `recvmmsg` and UDP GRO (many datagrams per system call, coalesced ones split by stride),
 //! send equal-sized datagrams to one member as one UDP GSO `sendmsg`.
 
@@ -9,6 +9,8 @@ use anyhow::{Context, Result};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
+
+use super::Datagram;
 
 /// Messages per receive call (quinn-udp reads at most 32 with one `recvmmsg`).
 const RX_MESSAGES: usize = 8;
@@ -24,16 +26,8 @@ const GSO_MAX_BYTES: usize = 65000;
 /// and makes it give up GSO for good, so larger datagrams (a raised TAP `mtu`) go alone.
 const GSO_MAX_SEGMENT: usize = 1472;
 
-/// One received datagram.
-pub(crate) struct Datagram<'a> {
-    /// Who sent it.
-    pub(crate) from: SocketAddr,
-    /// Its bytes.
-    pub(crate) bytes: &'a [u8],
-}
-
-/// The underlay socket and its batches.
-pub(crate) struct Underlay {
+/// The underlay UDP socket and its batches.
+pub(crate) struct Socket {
     socket: UdpSocket,
     state: UdpSocketState,
     rx: Box<[u8]>,
@@ -48,7 +42,7 @@ pub(crate) struct Underlay {
     pub(crate) send_errors: u64,
 }
 
-impl Underlay {
+impl Socket {
     /// Takes over a bound, non-blocking socket.
     pub(crate) fn new(socket: std::net::UdpSocket) -> Result<Self> {
         let socket = UdpSocket::from_std(socket).context("registering the socket")?;
@@ -146,6 +140,11 @@ impl Underlay {
         self.batch_count += 1;
         // GSO: only the last segment may be shorter than the segment size.
         self.batch_closed = datagram.len() < self.batch_segment;
+    }
+
+    /// Where the queued batch goes, if one is queued.
+    pub(crate) fn pending_to(&self) -> Option<SocketAddr> {
+        self.batch_to
     }
 
     /// Sends the queued batch, waiting while the socket buffer is full.
