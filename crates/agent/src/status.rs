@@ -125,6 +125,7 @@ impl Agent {
                     },
                     address_claimed: m.owned().is_some(),
                     address_error: m.address_error().map(|e| e.to_string()),
+                    address_conflicts: m.address_conflicts(),
                     subnet: m.subnet().map(|s| s.to_string()).unwrap_or_default(),
                     error: p.error.clone(),
                     lookups: m.lookups(),
