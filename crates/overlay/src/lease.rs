@@ -638,11 +638,7 @@ mod tests {
             }
         );
         // Three partitions: the lowest key among the rivals that count keeps.
-        let c_view = [
-            (1, held("a")),
-            (2, held("b")),
-            (3, Response::Granted),
-        ];
+        let c_view = [(1, held("a")), (2, held("b")), (3, Response::Granted)];
         assert_eq!(
             renew("c", &c_view),
             Outcome::Lost {

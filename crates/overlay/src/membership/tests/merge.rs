@@ -63,9 +63,15 @@ fn the_static_owner_that_yields_reports_the_conflict_and_the_keeper_renews() {
     yielder.settle();
     let m = &yielder.members[0];
     assert_eq!(m.owned(), None);
-    assert!(m.addresses().is_empty(), "a yielded address is not announced");
+    assert!(
+        m.addresses().is_empty(),
+        "a yielded address is not announced"
+    );
     assert_eq!(m.address_conflicts(), 1);
-    let error = m.address_error().expect("the conflict is reported").to_string();
+    let error = m
+        .address_error()
+        .expect("the conflict is reported")
+        .to_string();
     assert!(error.contains("10.201.0.10"), "{error}");
     assert!(error.contains(&keeper.id(0).to_string()), "{error}");
     let events = yielder.take_events(0);

@@ -288,6 +288,6 @@ impl Net {
 }
 
 mod addresses;
+mod merge;
 mod names;
 mod resolution;
-mod merge;
