@@ -228,4 +228,7 @@ fn partitions_that_merge_keep_one_owner_per_address() {
         bed.wait_for_ping(&from.host, to, within)
             .unwrap_or_else(|e| panic!("{} -> {to}: {e}", from.host.name));
     }
+    // The agent of the other namespace was a router for `lab`'s DHT, nothing more.
+    assert!(bed.is_running(h5.agent.pid));
+    assert!(ns_status(&bed, &h5).address_claimed);
 }
