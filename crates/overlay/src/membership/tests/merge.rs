@@ -156,3 +156,40 @@ fn renewals_are_marked_and_first_claims_are_not() {
     assert_eq!(marks(address), vec![false, true]);
     assert_eq!(marks(settings), vec![false, true]);
 }
+
+#[test]
+fn the_namespace_record_keeper_that_yields_reads_the_other_record() {
+    let mut net = owner_apart(Address::Static(ip(10)), 1);
+    let key = keys().settings_key();
+    net.mute.push(key);
+    net.run_for(LEASE / 3 + Duration::from_secs(1));
+    let token = net.members[0]
+        .ops
+        .iter()
+        .find(|(_, p)| matches!(p, Purpose::SettingsClaim))
+        .map(|(t, _)| *t)
+        .expect("the keeper renews the namespace record");
+    assert_eq!(
+        net.claim_log.iter().rev().find(|(k, _)| *k == key),
+        Some(&(key, true)),
+        "marked a renewal"
+    );
+    net.mute.clear();
+    let rival = Identity::from_seed([2; 32]).peer_id();
+    let now = net.now;
+    net.members[0].handle_claimed(now, token, &ClaimResult::Lost(Some(*rival.as_bytes())));
+    net.settle();
+    // It reads the record now (it is no longer the keeper), instead of claiming again.
+    assert!(net.members[0]
+        .ops
+        .values()
+        .any(|p| matches!(p, Purpose::SettingsGet)));
+    assert_eq!(net.members[0].settings_keeper(), Some(rival));
+    let claims = net.claim_log.iter().filter(|(k, _)| *k == key).count();
+    net.run_for(Duration::from_secs(2));
+    assert_eq!(
+        net.claim_log.iter().filter(|(k, _)| *k == key).count(),
+        claims,
+        "no claim of the record while another member keeps it"
+    );
+}
