@@ -251,6 +251,11 @@ pub struct NamespaceStatus {
     /// unanswered, owned by another member), while none is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_error: Option<String>,
+    /// Times this member gave up its own address because another member held it too
+    /// (partitions that merged: an `auto` member renumbered, a static one reports the
+    /// conflict in `address_error`).
+    #[serde(default)]
+    pub address_conflicts: u64,
     /// Namespace subnet; empty until the namespace record is read.
     pub subnet: String,
     /// Why the namespace was left (a conflict with the namespace's records); only a
@@ -402,6 +407,9 @@ pub fn render_peers(status: &Status) -> String {
                 &ns.address
             }
         );
+        if let Some(e) = &ns.address_error {
+            out += &format!("  address: {e}\n");
+        }
         if ns.peers.is_empty() {
             out += "  no members connected\n";
             continue;
@@ -537,6 +545,15 @@ pub fn render(status: &Status) -> String {
         let d = nonzero(&ns.drops);
         if !d.is_empty() {
             out += &format!("  switch drops: {d}\n");
+        }
+        if let Some(e) = &ns.address_error {
+            out += &format!("  address: {e}\n");
+        }
+        if ns.address_conflicts > 0 {
+            out += &format!(
+                "  address conflicts (partitions merged): {} given up\n",
+                ns.address_conflicts
+            );
         }
         if let Some(e) = &ns.name_error {
             out += &format!("  name: {e}\n");

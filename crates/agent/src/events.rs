@@ -67,7 +67,16 @@ impl Agent {
         while let Some((token, request)) = self.namespaces[i].membership.poll_request() {
             any = true;
             let op = match request {
-                Request::Claim { key, envelope } => self.overlay.claim(ns, key, envelope),
+                Request::Claim {
+                    key,
+                    envelope,
+                    renewal: false,
+                } => self.overlay.claim(ns, key, envelope),
+                Request::Claim {
+                    key,
+                    envelope,
+                    renewal: true,
+                } => self.overlay.renew(ns, key, envelope),
                 Request::Get { key } => self.overlay.get(ns, key),
                 Request::Members { key } => self.overlay.members(ns, key),
                 // Nothing comes back that the membership waits for.

@@ -130,6 +130,7 @@ impl Agent {
                         .map(|e| e.to_string())
                         .collect(),
                     address_error: m.address_error().map(|e| e.to_string()),
+                    address_conflicts: m.address_conflicts(),
                     subnet: m.subnet().map(|s| s.to_string()).unwrap_or_default(),
                     error: p.error.clone(),
                     lookups: m.lookups(),

@@ -14,6 +14,18 @@
 //! also re-establishes the lease on replicas that joined the set since. A crashed owner stops
 //! renewing and its lease lapses after its time-to-live.
 //!
+//! Partitions that merge: two groups that were apart may each have granted one key to a
+//! different owner. Once their DHTs meet, the key's replica set mixes replicas of both, and
+//! a renewal ([`Claim::renewal`]) meets the other owner's lease on some of them. Which owner
+//! keeps the key is decided by a rule every owner applies alike, from the answers alone
+//! ([`Claim::decide_renewal`]): a rival counts when at least [`Claim::strong`] replicas of
+//! the set name it; the owner with the lower key among the owners that count keeps the
+//! key ([`Outcome::Kept`]: it keeps its grants and claims again soon) and every other one
+//! yields ([`Outcome::Lost`], giving back its grants, even a majority), so the keeper's next
+//! renewal wins the whole set. An owner that holds fewer than [`Claim::strong`] replicas
+//! does not count for its rivals either, so it yields. Both sides count the same replicas,
+//! so they reach the same verdict.
+//!
 //! Call order, per claim: [`Claim::new`] returns the requests to send; feed each reply to
 //! [`Claim::handle_response`] and the passage of time to [`Claim::handle_timeout`]; read the
 //! result with [`Claim::outcome`] once it is decided, and send the releases it lists.
@@ -143,13 +155,22 @@ impl<K: Eq + Hash + Clone, O: Eq + Clone> Replica<K, O> {
 pub enum Outcome<R, O> {
     /// A majority granted the lease.
     Won,
-    /// No majority: `holder` is who most refusing replicas named (if any); the grants this
-    /// claim received must be given back with [`Request::Release`] to `release_to`.
+    /// No majority (or a renewal that yields under the merge rule): `holder` is who most
+    /// refusing replicas named (the rival that keeps the key, for a renewal that yields),
+    /// if any; the grants this claim received must be given back with [`Request::Release`]
+    /// to `release_to`.
     Lost {
         /// The holder most replicas named.
         holder: Option<O>,
         /// Replicas that granted and must be released.
         release_to: Vec<R>,
+    },
+    /// A renewal met `rival`'s lease on part of the replica set (partitions merged) and
+    /// keeps the key under the merge rule: it keeps its grants and claims again soon, once
+    /// the rival has given its own back.
+    Kept {
+        /// The other owner (the lowest-keyed rival that counts).
+        rival: O,
     },
 }
 
@@ -165,9 +186,11 @@ pub struct Claim<K, O, R> {
     refused: Vec<(R, Option<O>)>,
     deadline: Instant,
     outcome: Option<Outcome<R, O>>,
+    /// The claimer holds the key already: the merge rule applies.
+    renewal: bool,
 }
 
-impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
+impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
     /// Starts claiming `key` for `owner` from `replicas` (the peers closest to the key); the
     /// claim is decided by `now + timeout` at the latest. Returns the requests to send.
     pub fn new(
@@ -199,9 +222,28 @@ impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
             refused: Vec::new(),
             deadline: now + timeout,
             outcome: None,
+            renewal: false,
         };
         claim.decide(false);
         (claim, requests)
+    }
+
+    /// Marks the claim as a renewal of a key its owner holds: it is decided only once
+    /// every replica answered (or at the deadline), by the merge rule when a rival's lease
+    /// shows up ([`Claim::decide_renewal`]).
+    pub fn renewal(mut self) -> Self {
+        self.renewal = true;
+        self.outcome = None;
+        self.decide(false);
+        self
+    }
+
+    /// How many replicas of the set must hold an owner's lease for it to count in a merge:
+    /// more than one in a set of five, so that one lying replica naming a rival cannot make
+    /// an owner yield (two can; the majority rule itself tolerates two), and one in a
+    /// smaller set.
+    pub fn strong(&self) -> usize {
+        (self.replicas.len().saturating_sub(1) / 2).max(1)
     }
 
     /// A strict majority of the replica set.
@@ -291,6 +333,12 @@ impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
         if self.outcome.is_some() {
             return;
         }
+        if self.renewal {
+            if self.unanswered() == 0 || timed_out || self.replicas.is_empty() {
+                self.decide_renewal();
+            }
+            return;
+        }
         let majority = self.majority();
         if !self.replicas.is_empty() && self.granted.len() >= majority {
             self.outcome = Some(Outcome::Won);
@@ -304,6 +352,47 @@ impl<K: Clone, O: Clone + Eq, R: Clone + Eq> Claim<K, O, R> {
                 release_to: self.granted.clone(),
             });
         }
+    }
+
+    /// The merge rule, once every replica answered (or the deadline passed): the rivals
+    /// that count are those at least [`Claim::strong`] replicas name. This owner yields if
+    /// one of them has a lower key, or if it holds fewer than that itself (its rivals do
+    /// not count it); it keeps the key against rivals that count but rank after it.
+    /// Without rivals that count, the majority decides as for any claim.
+    fn decide_renewal(&mut self) {
+        let strong = self.strong();
+        let mut rivals: Vec<&O> = Vec::new();
+        for (_, owner) in &self.refused {
+            let Some(owner) = owner else { continue };
+            let named = self
+                .refused
+                .iter()
+                .filter(|(_, o)| o.as_ref() == Some(owner))
+                .count();
+            if named >= strong && *owner != self.owner && !rivals.contains(&owner) {
+                rivals.push(owner);
+            }
+        }
+        let Some(first) = rivals.iter().min().map(|o| (*o).clone()) else {
+            self.outcome = Some(if self.granted.len() >= self.majority() {
+                Outcome::Won
+            } else {
+                Outcome::Lost {
+                    holder: self.most_named_holder(),
+                    release_to: self.granted.clone(),
+                }
+            });
+            return;
+        };
+        let keeps = self.owner < first && self.granted.len() >= strong;
+        self.outcome = Some(if keeps {
+            Outcome::Kept { rival: first }
+        } else {
+            Outcome::Lost {
+                holder: Some(first),
+                release_to: self.granted.clone(),
+            }
+        });
     }
 
     fn most_named_holder(&self) -> Option<O> {
@@ -423,5 +512,162 @@ mod tests {
         );
         let (empty, _) = Claim::<u32, &str, u32>::new(t0, 1, "d", TTL, vec![], TTL);
         assert!(matches!(empty.outcome(), Some(Outcome::Lost { .. })));
+    }
+
+    /// Two owners of one key meet after a merge: `a` (lower key) and `b` each renew, and
+    /// the replicas answer from what they hold.
+    fn renew(
+        owner: &'static str,
+        answers: &[(u32, Response<&'static str>)],
+    ) -> Outcome<u32, &'static str> {
+        let t0 = Instant::now();
+        let replicas: Vec<u32> = answers.iter().map(|(r, _)| *r).collect();
+        let (claim, _) = Claim::new(t0, 1u32, owner, TTL, replicas, TTL);
+        let mut claim = claim.renewal();
+        for (r, answer) in answers {
+            assert_eq!(claim.outcome(), None, "a renewal waits for every replica");
+            claim.handle_response(*r, answer.clone());
+        }
+        claim.outcome().cloned().expect("decided once all answered")
+    }
+
+    fn held(owner: &'static str) -> Response<&'static str> {
+        Response::Held {
+            owner,
+            remaining: TTL,
+        }
+    }
+
+    #[test]
+    fn merged_partitions_keep_the_lower_owner_key_whoever_asks_first() {
+        // Two groups of two merged: each owner holds two of the four replicas.
+        let a_view = [
+            (1, Response::Granted),
+            (2, Response::Granted),
+            (3, held("b")),
+            (4, held("b")),
+        ];
+        let b_view = [
+            (1, held("a")),
+            (2, held("a")),
+            (3, Response::Granted),
+            (4, Response::Granted),
+        ];
+        assert_eq!(renew("a", &a_view), Outcome::Kept { rival: "b" });
+        assert_eq!(
+            renew("b", &b_view),
+            Outcome::Lost {
+                holder: Some("a"),
+                release_to: vec![3, 4]
+            }
+        );
+        // Five replicas, `b` took the free one first and holds a majority: the rule, not
+        // the majority, decides, so `b` still yields (and `a` keeps).
+        let b_view = [
+            (1, held("a")),
+            (2, held("a")),
+            (3, Response::Granted),
+            (4, Response::Granted),
+            (5, Response::Granted),
+        ];
+        assert_eq!(
+            renew("b", &b_view),
+            Outcome::Lost {
+                holder: Some("a"),
+                release_to: vec![3, 4, 5]
+            }
+        );
+        let a_view = [
+            (1, Response::Granted),
+            (2, Response::Granted),
+            (3, held("b")),
+            (4, held("b")),
+            (5, held("b")),
+        ];
+        assert_eq!(renew("a", &a_view), Outcome::Kept { rival: "b" });
+        // Once `b` gave its grants back, `a`'s next renewal wins the whole set.
+        let all = [
+            (1, Response::Granted),
+            (2, Response::Granted),
+            (3, Response::Granted),
+            (4, Response::Granted),
+            (5, Response::Granted),
+        ];
+        assert_eq!(renew("a", &all), Outcome::Won);
+    }
+
+    #[test]
+    fn an_owner_on_too_few_replicas_yields_and_one_liar_cannot_evict() {
+        // In a set of five, one replica naming a lower rival does not count: `b` keeps its
+        // majority (a lone liar cannot make an owner yield)...
+        let b_view = [
+            (1, held("a")),
+            (2, Response::Granted),
+            (3, Response::Granted),
+            (4, Response::Granted),
+            (5, Response::Granted),
+        ];
+        assert_eq!(renew("b", &b_view), Outcome::Won);
+        // ...and `a`, on that one replica only, yields although its key is lower: `b`
+        // cannot count it, so keeping would leave two owners.
+        let a_view = [
+            (1, Response::Granted),
+            (2, held("b")),
+            (3, held("b")),
+            (4, held("b")),
+            (5, held("b")),
+        ];
+        assert_eq!(
+            renew("a", &a_view),
+            Outcome::Lost {
+                holder: Some("b"),
+                release_to: vec![1]
+            }
+        );
+        // Unanswered replicas and no rival: the majority decides as for any claim.
+        let quiet = [
+            (1, Response::Granted),
+            (2, Response::Full),
+            (3, Response::Full),
+        ];
+        assert_eq!(
+            renew("a", &quiet),
+            Outcome::Lost {
+                holder: None,
+                release_to: vec![1]
+            }
+        );
+        // Three partitions: the lowest key among the rivals that count keeps.
+        let c_view = [(1, held("a")), (2, held("b")), (3, Response::Granted)];
+        assert_eq!(
+            renew("c", &c_view),
+            Outcome::Lost {
+                holder: Some("a"),
+                release_to: vec![3]
+            }
+        );
+        let b_view = [(1, held("a")), (2, Response::Granted), (3, held("c"))];
+        assert_eq!(
+            renew("b", &b_view),
+            Outcome::Lost {
+                holder: Some("a"),
+                release_to: vec![2]
+            }
+        );
+        let a_view = [(1, Response::Granted), (2, held("b")), (3, held("c"))];
+        assert_eq!(renew("a", &a_view), Outcome::Kept { rival: "b" });
+    }
+
+    #[test]
+    fn a_renewal_without_rivals_is_decided_at_the_deadline_too() {
+        let t0 = Instant::now();
+        let (claim, _) = Claim::new(t0, 1u32, "a", TTL, vec![1, 2, 3], Duration::from_secs(2));
+        let mut claim = claim.renewal();
+        claim.handle_response(1, Response::Granted);
+        claim.handle_response(2, Response::Granted);
+        // A majority, but replica 3 may still name a rival: not decided before it answers.
+        assert_eq!(claim.outcome(), None);
+        claim.handle_timeout(t0 + Duration::from_secs(2));
+        assert_eq!(claim.outcome(), Some(&Outcome::Won));
     }
 }

@@ -43,15 +43,22 @@ pub enum ClaimResult {
     /// A majority of the replicas granted the lease.
     Won,
     /// Another member holds the key (most refusing replicas named it), or the replicas
-    /// refused without naming anyone (`None`: full, or unreachable).
+    /// refused without naming anyone (`None`: full, or unreachable). For a renewal, also:
+    /// this owner yields the key to the named one under the merge rule.
     Lost(Option<OwnerKey>),
+    /// A renewal met another owner's lease (partitions merged) and keeps the key under the
+    /// merge rule ([`crate::lease`]): claim again soon, once the other owner gave it up.
+    Kept(OwnerKey),
 }
 
 /// What an operation does on the replicas.
 #[derive(Debug, Clone)]
 pub enum Kind {
-    /// Claim (or renew) the key with this envelope; its owner is the claimer.
+    /// Claim the key with this envelope; its owner is the claimer.
     Claim(Envelope),
+    /// Renew a key the claimer holds with this envelope: decided by the merge rule when
+    /// another owner's lease shows up ([`crate::lease::Claim::renewal`]).
+    Renew(Envelope),
     /// Read the key.
     Get,
     /// Give the key back.
@@ -153,7 +160,7 @@ impl Table {
         let k = key.to_vec();
         // Every replica gets the same request (a claim's set is the one its lease picked).
         let (stage, request) = match &op.kind {
-            Kind::Claim(envelope) => {
+            Kind::Claim(envelope) | Kind::Renew(envelope) => {
                 let Some(owner) = envelope.owner() else {
                     self.ops.remove(&id);
                     return Vec::new();
@@ -166,6 +173,11 @@ impl Table {
                     peers.clone(),
                     REQUEST_TIMEOUT,
                 );
+                let claim = if matches!(op.kind, Kind::Renew(_)) {
+                    claim.renewal()
+                } else {
+                    claim
+                };
                 let request = RecordRequest::Claim {
                     key: k,
                     envelope: envelope.clone(),
@@ -346,6 +358,7 @@ impl Table {
                             .extend(release_to.iter().map(|replica| (*replica, key)));
                         ClaimResult::Lost(*holder)
                     }
+                    Outcome::Kept { rival } => ClaimResult::Kept(*rival),
                 };
                 OverlayEvent::Claimed {
                     op: id,
@@ -604,6 +617,43 @@ mod tests {
         );
         assert_eq!(releases(&mut t), vec![(r[0], key())]);
         assert_eq!(t.stats().late_grants_released, 0);
+    }
+
+    #[test]
+    fn a_renewal_that_meets_another_owner_follows_the_merge_rule() {
+        let t0 = Instant::now();
+        let higher = (1..=9).find(|n| owner(*n) > owner(0)).unwrap();
+        let lower = (1..=9).find(|n| owner(*n) < owner(0)).unwrap();
+        for (rival, keeps) in [(higher, true), (lower, false)] {
+            let mut t = Table::default();
+            let envelope = seal(0, &key(), WALL + 60);
+            let (op, r) = started(&mut t, t0, key(), Kind::Renew(envelope));
+            t.handle_answer(t0, WALL, op, r[0], GRANTED);
+            t.handle_answer(t0, WALL, op, r[1], GRANTED);
+            t.handle_answer(t0, WALL, op, r[2], GRANTED);
+            assert!(
+                claimed(&mut t).is_none(),
+                "a renewal hears every replica before it is decided"
+            );
+            t.handle_answer(t0, WALL, op, r[3], held_by(rival));
+            t.handle_answer(t0, WALL, op, r[4], held_by(rival));
+            if keeps {
+                // Kept: the grants stay, to be completed by the next renewal.
+                assert_eq!(
+                    claimed(&mut t),
+                    Some((op, ClaimResult::Kept(owner(rival)), 5, 7))
+                );
+                assert!(releases(&mut t).is_empty());
+            } else {
+                // Yielded although it had a majority: every grant goes back.
+                assert_eq!(
+                    claimed(&mut t),
+                    Some((op, ClaimResult::Lost(Some(owner(rival))), 5, 7))
+                );
+                let back: Vec<NetworkId> = releases(&mut t).into_iter().map(|(r, _)| r).collect();
+                assert_eq!(back, r[..3].to_vec());
+            }
+        }
     }
 
     #[test]

@@ -264,6 +264,7 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
             let addr = *addr;
             match claim.outcome().cloned() {
                 None => {}
+                Some(Outcome::Kept { .. }) => panic!("no claim here is marked a renewal"),
                 Some(Outcome::Won) => {
                     if a.won.is_none() {
                         a.finished = Some(sim.now);

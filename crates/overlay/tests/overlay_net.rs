@@ -204,6 +204,7 @@ fn racing_claims_have_one_winner_and_reads_agree() {
                             assert!(racers.iter().any(|&x| nodes[x].owner() == h));
                         }
                     }
+                    ClaimResult::Kept(rival) => panic!("a first claim is no renewal: {rival:?}"),
                 }
             }
             assert!(winners.len() <= 1, "round {round}: two winners {winners:?}");

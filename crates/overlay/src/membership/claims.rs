@@ -107,7 +107,13 @@ impl Membership {
         match self.seal_address(candidate, now) {
             Some(envelope) => {
                 let key = self.keys.address_key(candidate);
-                self.start_op(Request::Claim { key, envelope }, Purpose::Own(candidate));
+                let renewal = self.own.owned == Some(candidate);
+                let request = Request::Claim {
+                    key,
+                    envelope,
+                    renewal,
+                };
+                self.start_op(request, Purpose::Own(candidate));
                 self.own.claiming = Some(candidate);
                 self.claim_endpoints = self.endpoints.clone();
                 self.own.next = None;
@@ -172,16 +178,26 @@ impl Membership {
                         )));
                     }
                     Address::Static(a) => {
-                        tracing::error!(namespace = %self.name, address = %a, %holder,
-                            "another member took our address; retrying");
-                        self.own.next = Some(now + CLAIM_RETRY);
+                        // Partitions merged (or our lease lapsed and another member took
+                        // it): the other owner keeps it, by the merge rule or by majority.
+                        // Give it up and say so; claim it again later, in case it is freed.
+                        if self.own.owned == Some(a) {
+                            tracing::warn!(namespace = %self.name, address = %a, %holder,
+                                "address conflict: another member holds our static address (partitions merged?); it keeps it, we give it up and retry in 30 s");
+                            self.own.owned = None;
+                            self.address_conflicts += 1;
+                            self.unbind_address(a);
+                            self.events.push_back(Event::AddressesChanged);
+                        }
+                        self.own.next = Some(now + CONFLICT_RETRY);
                     }
                     Address::Auto | Address::None | Address::Dhcp => {
                         tracing::debug!(namespace = %self.name, %address, %holder, "address taken");
                         if self.own.owned == Some(address) {
-                            tracing::error!(namespace = %self.name, %address, %holder,
-                                "lost our address to another member; claiming a new one");
+                            tracing::warn!(namespace = %self.name, %address, %holder,
+                                "address conflict: another member holds our address (partitions merged?); it keeps it, claiming a new one");
                             self.own.owned = None;
+                            self.address_conflicts += 1;
                             // Its names go (the hostname comes back with the next address).
                             self.unbind_address(address);
                         }
@@ -189,6 +205,11 @@ impl Membership {
                         self.own.next = Some(now);
                     }
                 }
+            }
+            ClaimResult::Kept(rival) => {
+                tracing::warn!(namespace = %self.name, %address, rival = %holder_name(rival),
+                    "address conflict: another member holds our address too (partitions merged); the merge rule keeps it ours");
+                self.own.next = Some(now + CLAIM_RETRY);
             }
             ClaimResult::Lost(None) => {
                 tracing::debug!(namespace = %self.name, %address, "claim unanswered; retrying");
@@ -260,9 +281,15 @@ impl Membership {
             .map(|(a, _)| *a)
             .collect();
         for address in due {
+            let renewal = self.hosted.get(&address).is_some_and(|h| h.owned);
             let token = self.seal_address(address, now).map(|envelope| {
                 let key = self.keys.address_key(address);
-                self.start_op(Request::Claim { key, envelope }, Purpose::Hosted(address))
+                let request = Request::Claim {
+                    key,
+                    envelope,
+                    renewal,
+                };
+                self.start_op(request, Purpose::Hosted(address))
             });
             if let Some(h) = self.hosted.get_mut(&address) {
                 h.next = None;
@@ -307,6 +334,11 @@ impl Membership {
                 self.hosted_conflicts += 1;
                 h.owned = false;
                 h.next = Some(now + CONFLICT_RETRY);
+            }
+            ClaimResult::Kept(rival) => {
+                tracing::warn!(namespace = %self.name, %address, rival = %holder_name(rival),
+                    "a LAN host's address is held by another member too (partitions merged); the merge rule keeps it ours");
+                h.next = Some(now + CLAIM_RETRY);
             }
             ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
         }
@@ -364,7 +396,12 @@ impl Membership {
             address,
             exact,
         };
-        self.start_op(Request::Claim { key, envelope }, Purpose::Dhcp(claim));
+        let request = Request::Claim {
+            key,
+            envelope,
+            renewal: false,
+        };
+        self.start_op(request, Purpose::Dhcp(claim));
     }
 
     pub(super) fn dhcp_claimed(&mut self, now: Instant, claim: DhcpClaim, result: &ClaimResult) {
@@ -374,7 +411,8 @@ impl Membership {
             exact,
         } = claim;
         match result {
-            ClaimResult::Won => {
+            // A DHCP claim is never a renewal: `Kept` does not come back for it.
+            ClaimResult::Won | ClaimResult::Kept(_) => {
                 self.dhcp_tried.remove(&client);
                 let renew_at = self.renewal(address, now);
                 if self.host_uses_dhcp() {

@@ -133,6 +133,9 @@ pub enum Request {
         key: RecordKey,
         /// The sealed, signed value.
         envelope: Envelope,
+        /// This member holds the key already: a renewal, decided by the merge rule if
+        /// another owner's lease shows up (`Overlay::renew`).
+        renewal: bool,
     },
     /// Read `key`: answered by [`Membership::handle_got`].
     Get {
@@ -260,6 +263,8 @@ pub struct Membership {
     own: Own,
     hosted: BTreeMap<Ipv4Addr, Hosted>,
     hosted_conflicts: u64,
+    /// Times this member gave up its own address to another owner (partitions merged).
+    address_conflicts: u64,
     /// Addresses already found taken, per DHCP client.
     dhcp_tried: HashMap<Vec<u8>, HashSet<Ipv4Addr>>,
     /// The DHCP client each address is claimed (or held) for. This member's claim on a
@@ -317,6 +322,7 @@ impl Membership {
             own: Own::new(config.previous),
             hosted: BTreeMap::new(),
             hosted_conflicts: 0,
+            address_conflicts: 0,
             dhcp_tried: HashMap::new(),
             dhcp_clients: HashMap::new(),
             hostname: config.hostname,
@@ -378,6 +384,13 @@ impl Membership {
     /// LAN host addresses found owned by another member (router mode).
     pub fn hosted_conflicts(&self) -> u64 {
         self.hosted_conflicts
+    }
+
+    /// Times this member gave up its own address because another member held it too
+    /// (partitions that merged): an `auto` member renumbered, a static one reports the
+    /// conflict in [`Membership::address_error`].
+    pub fn address_conflicts(&self) -> u64 {
+        self.address_conflicts
     }
 
     /// The name of this member's own address (`hostname`, or `hyphae name set`).

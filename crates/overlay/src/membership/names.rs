@@ -139,6 +139,7 @@ impl Membership {
             .collect();
         for (name, address) in due {
             let key = self.keys.name_key(&name);
+            let renewal = self.names.get(&name).is_some_and(|n| n.owned);
             let token = self
                 .seal_record(&key, now, &encode(&NameInfo { address }))
                 .map(|envelope| {
@@ -146,7 +147,12 @@ impl Membership {
                         name: name.clone(),
                         sealed: address,
                     };
-                    self.start_op(Request::Claim { key, envelope }, purpose)
+                    let request = Request::Claim {
+                        key,
+                        envelope,
+                        renewal,
+                    };
+                    self.start_op(request, purpose)
                 });
             if let Some(n) = self.names.get_mut(&name) {
                 n.next = None;
@@ -201,6 +207,14 @@ impl Membership {
             }
             ClaimResult::Lost(None) => {
                 // No replica answered: try again soon; nothing is decided.
+                lease.next = Some(now + CLAIM_RETRY);
+                return;
+            }
+            ClaimResult::Kept(rival) => {
+                // Partitions merged: the merge rule keeps the name ours; claim again once
+                // the other owner gave it back.
+                tracing::warn!(namespace = %self.name, %name, rival = %holder_name(rival),
+                    "name conflict: another member holds our name too (partitions merged); the merge rule keeps it ours");
                 lease.next = Some(now + CLAIM_RETRY);
                 return;
             }

@@ -136,7 +136,12 @@ impl Membership {
         match self.seal_record(&key, now, &encode(&settings)) {
             Some(envelope) => {
                 self.settings.busy = true;
-                self.start_op(Request::Claim { key, envelope }, Purpose::SettingsClaim);
+                let request = Request::Claim {
+                    key,
+                    envelope,
+                    renewal: keeper,
+                };
+                self.start_op(request, Purpose::SettingsClaim);
             }
             None => self.settings.next = Some(now + CLAIM_RETRY),
         }
@@ -156,8 +161,18 @@ impl Membership {
                 self.settings.keeper = None;
                 self.settings.next = Some(now + self.lease / 3);
             }
-            // Another member keeps it: read what it says.
-            ClaimResult::Lost(Some(_)) => self.settings.next = Some(now),
+            // Another member keeps it (also when partitions merged and the merge rule gave
+            // it the record): read what it says.
+            ClaimResult::Lost(Some(holder)) => {
+                if self.settings.known {
+                    // Not the keeper any more: the next turn reads instead of claiming.
+                    self.settings.keeper = PeerId::from_bytes(*holder).ok();
+                }
+                self.settings.next = Some(now);
+            }
+            // Partitions merged and the rule keeps the record ours: renew once the other
+            // keeper gave it back.
+            ClaimResult::Kept(_) => self.settings.next = Some(now + CLAIM_RETRY),
             ClaimResult::Lost(None) => self.settings.next = Some(now + CLAIM_RETRY),
         }
     }

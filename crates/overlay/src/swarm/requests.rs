@@ -17,6 +17,13 @@ impl Overlay {
         self.start(ns, key, Kind::Claim(envelope))
     }
 
+    /// Renews `key`, which this agent holds, with `envelope`: like [`Overlay::claim`], but
+    /// when another owner's lease shows up on the replicas (partitions merged) the merge
+    /// rule decides who keeps it ([`crate::lease`]).
+    pub fn renew(&mut self, ns: NamespaceTag, key: RecordKey, envelope: Envelope) -> OpId {
+        self.start(ns, key, Kind::Renew(envelope))
+    }
+
     /// Reads `key` from its replicas.
     pub fn get(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
         self.start(ns, key, Kind::Get)

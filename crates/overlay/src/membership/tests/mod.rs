@@ -79,6 +79,8 @@ struct Net {
     /// Keys whose operations are carried out but never answered (the answer is lost).
     mute: Vec<RecordKey>,
     latency: Duration,
+    /// Every claim carried out: its key and whether it was marked a renewal.
+    claim_log: Vec<(RecordKey, bool)>,
 }
 
 enum Answer {
@@ -100,6 +102,7 @@ impl Net {
             in_flight: Vec::new(),
             mute: Vec::new(),
             latency: Duration::from_millis(50),
+            claim_log: Vec::new(),
         }
     }
 
@@ -178,7 +181,12 @@ impl Net {
             Request::Release { .. } | Request::Announce { .. } => false,
         };
         let answer = match request {
-            Request::Claim { key, envelope } => {
+            Request::Claim {
+                key,
+                envelope,
+                renewal,
+            } => {
+                self.claim_log.push((key, renewal));
                 Answer::Claimed(self.replicas.claim(key, envelope, unix))
             }
             Request::Get { key } => Answer::Got(
@@ -280,5 +288,6 @@ impl Net {
 }
 
 mod addresses;
+mod merge;
 mod names;
 mod resolution;
