@@ -16,7 +16,7 @@
 #   HYPHAE_BASELINE_BIN  another hyphae build measured as an extra row (before/after in one run)
 #   ROUNDS               runs per figure, median taken (default 3)
 #   BORINGTUN_BIN        default boringtun-cli on PATH, installed with cargo if missing
-#   WIREGUARD_GO_BIN     default wireguard-go or ~/go/bin/wireguard, installed with
+#   WIREGUARD_GO_BIN     default $(go env GOPATH)/bin/wireguard, installed with
 #                        `go install golang.zx2c4.com/wireguard@latest` if missing
 #   EASYTIER_BIN         default easytier-core on PATH, installed with
 #                        `cargo install --locked easytier@2.0.3` if missing (needs protoc)
@@ -38,16 +38,13 @@ if [ -z "${BORINGTUN_BIN:-}" ]; then
     fi
     BORINGTUN_BIN=$(command -v boringtun-cli)
 fi
+# The current wireguard-go (TUN offload, UDP GSO/GRO), not Debian's 2022 package the interop
+# test uses.
 if [ -z "${WIREGUARD_GO_BIN:-}" ]; then
-    gobin=$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin/wireguard
-    if command -v wireguard-go >/dev/null; then
-        WIREGUARD_GO_BIN=$(command -v wireguard-go)
-    else
-        if [ ! -x "$gobin" ]; then
-            echo "installing wireguard-go with go install (once)..." >&2
-            go install golang.zx2c4.com/wireguard@latest
-        fi
-        WIREGUARD_GO_BIN=$gobin
+    WIREGUARD_GO_BIN=$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin/wireguard
+    if [ ! -x "$WIREGUARD_GO_BIN" ]; then
+        echo "installing wireguard-go with go install (once)..." >&2
+        go install golang.zx2c4.com/wireguard@latest
     fi
 fi
 if [ -z "${EASYTIER_BIN:-}" ] && [[ $skip != *" easytier "* ]]; then
@@ -157,15 +154,16 @@ start_wireguard() { # row subnet port binary...
 }
 
 # easytier: its own TUN device, peers over its TCP transport only (one TCP listener each, B
-# connects to A), default encryption.
+# connects to A, TCP as the default protocol, no UDP hole punching), default encryption, its
+# multi-threaded runtime (the WireGuard daemons use several threads too).
 start_easytier() {
-    ip netns exec "$A" "$EASYTIER_BIN" --ipv4 10.214.0.1 --network-name bench --network-secret "bench$id" \
-        --listeners tcp://10.210.0.1:11010 --dev-name etA$id --no-listener-ports-mapping \
-        >"$dir/easytier-A.log" 2>&1 &
+    local common=(--network-name bench --network-secret "bench$id" --default-protocol tcp
+        --disable-udp-hole-punching --multi-thread)
+    ip netns exec "$A" "$EASYTIER_BIN" "${common[@]}" --ipv4 10.214.0.1 --dev-name "etA$id" \
+        --listeners tcp://10.210.0.1:11010 >"$dir/easytier-A.log" 2>&1 &
     pids+=($!); daemons[easytier]=$!
-    ip netns exec "$B" "$EASYTIER_BIN" --ipv4 10.214.0.2 --network-name bench --network-secret "bench$id" \
-        --listeners tcp://10.210.0.2:11010 --peers tcp://10.210.0.1:11010 --dev-name etB$id \
-        --no-listener-ports-mapping >"$dir/easytier-B.log" 2>&1 &
+    ip netns exec "$B" "$EASYTIER_BIN" "${common[@]}" --ipv4 10.214.0.2 --dev-name "etB$id" \
+        --listeners tcp://10.210.0.2:11010 --peers tcp://10.210.0.1:11010 >"$dir/easytier-B.log" 2>&1 &
     pids+=($!); daemons[easytier]+=" $!"
 }
 
