@@ -21,6 +21,9 @@
 #   EASYTIER_BIN         default easytier-core on PATH, installed with
 #                        `cargo install --locked easytier@2.0.3` if missing (needs protoc)
 #   SKIP                 space-separated rows not to measure (e.g. "easytier")
+#   PERF_DATA            a file: also profile both hyphae agents with `perf record` during one
+#                        more 1-stream run (needs perf, and a hyphae built with symbols:
+#                        CARGO_PROFILE_RELEASE_STRIP=false)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || exec sudo -E "$0" "$@"
@@ -292,6 +295,14 @@ if [[ $skip != *" easytier "* ]]; then
 fi
 start_hyphae hyphae "$HYPHAE_BIN" socket
 measure hyphae 10.212.0.12
+if [ -n "${PERF_DATA:-}" ]; then
+    # Where both agents' CPU goes under one more 1-stream run: `perf report -i $PERF_DATA`.
+    perf record -F 999 -o "$PERF_DATA" -p "$(tr ' ' , <<<"${daemons[hyphae]}")" -- sleep "$secs" \
+        >/dev/null 2>&1 &
+    perf_pid=$!
+    iperf_tcp 10.212.0.12 1 >/dev/null
+    wait "$perf_pid" || true
+fi
 stop_row hyphae
 if [ "${HYPHAE_AF_XDP:-0}" = 1 ]; then
     start_hyphae hyphae-af_xdp "$HYPHAE_BIN" af_xdp
@@ -342,4 +353,4 @@ echo
 echo "$(date -u +%Y-%m-%d), $(nproc) cores, kernel $(uname -r), ${secs}s per iperf3 run, medians of $rounds," \
     "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}'), $("$BORINGTUN_BIN" --version 2>/dev/null | head -1)," \
     "wireguard-go $("$WIREGUARD_GO_BIN" --version 2>/dev/null | awk '{print $2; exit}')," \
-    "$([ -n "${EASYTIER_BIN:-}" ] && "$EASYTIER_BIN" --version 2>/dev/null | head -1)"
+    "easytier $([ -n "${EASYTIER_BIN:-}" ] && "$EASYTIER_BIN" --version 2>/dev/null | head -1 || echo "not measured")"
