@@ -306,15 +306,21 @@ fi
 stop_row hyphae
 if [ "${HYPHAE_AF_XDP:-0}" = 1 ]; then
     start_hyphae hyphae-af_xdp "$HYPHAE_BIN" af_xdp
-    sleep 2
-    underlay=$("$HYPHAE_BIN" status -c "$dir/A-af_xdp.toml" 2>/dev/null | grep -i -m1 'af_xdp\|af-xdp\|underlay' || true)
+    # `hyphae status` says `underlay af_xdp on IF (...)`, or `underlay socket` after a fallback.
+    underlay=""
+    for i in $(seq 50); do
+        kill -0 ${daemons[hyphae-af_xdp]} 2>/dev/null || break
+        underlay=$("$HYPHAE_BIN" status -c "$dir/A-af_xdp.toml" 2>/dev/null | grep -m1 -E '^ *underlay ' || true)
+        [ -n "$underlay" ] && break
+        sleep 0.2
+    done
     if ! kill -0 ${daemons[hyphae-af_xdp]} 2>/dev/null; then
         notes+=("hyphae-af_xdp skipped: this hyphae does not run with \`underlay = \"af_xdp\"\` ($(tail -n 1 "$dir/hyphae-af_xdp-A.log"))")
-    elif ! grep -qi 'af_xdp\|af-xdp' <<<"$underlay" || grep -qi 'fall\|socket' <<<"$underlay"; then
-        notes+=("hyphae-af_xdp skipped: the agent did not report the AF_XDP underlay in use (status: ${underlay:-nothing})")
+    elif ! grep -qE '^ *underlay af_xdp' <<<"$underlay"; then
+        notes+=("hyphae-af_xdp skipped: the agent is not on AF_XDP (status: ${underlay:-no answer}; log: $(grep -m1 -i 'af_xdp' "$dir/hyphae-af_xdp-A.log" || true))")
     else
         measure hyphae-af_xdp 10.212.0.12
-        notes+=("hyphae-af_xdp status: $underlay")
+        notes+=("hyphae-af_xdp status: $(sed 's/^ *//' <<<"$underlay")")
     fi
     stop_row hyphae-af_xdp
 fi
