@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
 # Namespace throughput benchmark: two hosts (network namespaces) joined by one veth pair,
-# measured in the same run through
-#   (a) the raw underlay, (b) a kernel VXLAN device, (c) hyphae (UDP socket underlay, and
-#   again with `underlay = "af_xdp"`: row hyphae-afxdp), (d) boringtun-cli (userspace
-#   WireGuard, the reference).
-# For each: iperf3 TCP, 1 stream and 4 streams, and ping RTT. Prints a Markdown table with
-# ratios to (a) and (b). Needs root. Usage:
+# every path measured in the same run:
+#   raw veth, kernel VXLAN, wireguard-go, boringtun-cli, easytier (TCP transport), hyphae over
+#   sockets, and optionally hyphae over AF_XDP and a baseline hyphae build.
+# For each path: iperf3 TCP with 1 and 4 streams, 64-byte UDP packets per second (counted by
+# the receiver), ping RTT, each daemon's peak RSS under the 4-stream load, and the daemons' CPU
+# seconds per gigabit moved (utime+stime from /proc/PID/stat over the 1-stream run, both ends
+# summed). Every figure is the median of $ROUNDS runs. Prints a Markdown table and the ratios
+# issue 15 sets as goals. Needs root. Usage:
 #   benches/netns-throughput.sh [seconds-per-iperf-run]      (default 5)
-# Environment: HYPHAE_BIN (default target/release/hyphae, built if missing),
-#              HYPHAE_BASELINE_BIN (optional: another hyphae build, measured as an extra row,
-#                                   e.g. the previous commit, for before/after in one run),
-#              BORINGTUN_BIN (default: boringtun-cli on PATH, installed with cargo if missing).
+# Environment:
+#   HYPHAE_BIN           hyphae to measure (default target/release/hyphae, built if missing)
+#   HYPHAE_AF_XDP=1      also measure hyphae with `underlay = "af_xdp"` (skipped, with a note,
+#                        when the binary rejects that line or its status does not report AF_XDP)
+#   HYPHAE_BASELINE_BIN  another hyphae build measured as an extra row (before/after in one run)
+#   ROUNDS               runs per figure, median taken (default 3)
+#   BORINGTUN_BIN        default boringtun-cli on PATH, installed with cargo if missing
+#   WIREGUARD_GO_BIN     default $(go env GOPATH)/bin/wireguard, installed with
+#                        `go install golang.zx2c4.com/wireguard@latest` if missing
+#   EASYTIER_BIN         default easytier-core on PATH, installed with
+#                        `cargo install --locked easytier@2.0.3` if missing (needs protoc)
+#   SKIP                 space-separated rows not to measure (e.g. "easytier")
+#   PERF_DATA            a file: also profile both hyphae agents with `perf record` during one
+#                        more 1-stream run (needs perf, and a hyphae built with symbols:
+#                        CARGO_PROFILE_RELEASE_STRIP=false)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || exec sudo -E "$0" "$@"
 secs=${1:-5}
-scripts/deps iperf3 wireguard-tools jq >/dev/null
+rounds=${ROUNDS:-3}
+skip=" ${SKIP:-} "
+scripts/deps iperf3 wireguard-tools jq protobuf-compiler >/dev/null
 
 HYPHAE_BIN=${HYPHAE_BIN:-target/release/hyphae}
 [ -x "$HYPHAE_BIN" ] || cargo build --release --quiet --bin hyphae
@@ -25,6 +40,22 @@ if [ -z "${BORINGTUN_BIN:-}" ]; then
         cargo install --quiet --locked boringtun-cli
     fi
     BORINGTUN_BIN=$(command -v boringtun-cli)
+fi
+# The current wireguard-go (TUN offload, UDP GSO/GRO), not Debian's 2022 package the interop
+# test uses.
+if [ -z "${WIREGUARD_GO_BIN:-}" ]; then
+    WIREGUARD_GO_BIN=$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin/wireguard
+    if [ ! -x "$WIREGUARD_GO_BIN" ]; then
+        echo "installing wireguard-go with go install (once)..." >&2
+        go install golang.zx2c4.com/wireguard@latest
+    fi
+fi
+if [ -z "${EASYTIER_BIN:-}" ] && [[ $skip != *" easytier "* ]]; then
+    if ! command -v easytier-core >/dev/null; then
+        echo "installing easytier 2.0.3 from crates.io (once; a long compile)..." >&2
+        cargo install --quiet --locked easytier@2.0.3
+    fi
+    EASYTIER_BIN=$(command -v easytier-core)
 fi
 
 id=$$
@@ -54,7 +85,7 @@ for ns in "$A" "$B"; do
     ip netns exec "$ns" ip link set eth0 up
 done
 
-# (b) kernel VXLAN
+# Kernel VXLAN.
 inA ip link add vx0 type vxlan id 42 remote 10.210.0.2 local 10.210.0.1 dstport 4789 dev eth0
 inB ip link add vx0 type vxlan id 42 remote 10.210.0.1 local 10.210.0.2 dstport 4789 dev eth0
 inA ip addr add 10.211.0.1/24 dev vx0
@@ -62,16 +93,22 @@ inB ip addr add 10.211.0.2/24 dev vx0
 inA ip link set vx0 up
 inB ip link set vx0 up
 
-# (c) hyphae
+# The daemons of each row, by PID (both ends), for RSS and CPU time and to stop them.
+# Daemons are started with `ip netns exec` directly (not through a shell function, which would
+# fork a subshell) so that $! is the daemon itself (ip execs it).
+declare -A daemons
+
+# hyphae, written for sockets and (HYPHAE_AF_XDP) for the AF_XDP underlay.
 (umask 077; "$HYPHAE_BIN" secret >"$dir/lab.secret")
-for side in A B; do
-    if [ $side = A ]; then me=1; peer=2; else me=2; peer=1; fi
-    cat >"$dir/$side.toml" <<EOF
+hyphae_config() {
+    local side=$1 underlay=$2 me peer
+    if [ "$side" = A ]; then me=1; peer=2; else me=2; peer=1; fi
+    cat >"$dir/$side-$underlay.toml" <<EOF
 [agent]
-state_dir = "$dir/$side-state"
+state_dir = "$dir/$side-$underlay-state"
 control_socket = "$dir/$side.sock"
 listen = "10.210.0.$me:7400"
-underlay = "socket"
+$([ "$underlay" = af_xdp ] && echo 'underlay = "af_xdp"')
 [[namespace]]
 name = "bench"
 secret_file = "$dir/lab.secret"
@@ -82,104 +119,244 @@ device = "hyphae0"
 [[namespace.peer]]
 endpoint = "10.210.0.$peer:7400"
 EOF
-done
-# Started with `ip netns exec` directly (not through a shell function, which would fork a
-# subshell) so that $! is the process itself and cleanup can kill it by PID.
-hyphae_pids=()
-start_hyphae() {
-    HYPHAE_LOG=warn ip netns exec "$A" "$1" up -c "$dir/A.toml" >>"$dir/A.log" 2>&1 &
-    pids+=($!); hyphae_pids=($!)
-    HYPHAE_LOG=warn ip netns exec "$B" "$1" up -c "$dir/B.toml" >>"$dir/B.log" 2>&1 &
-    pids+=($!); hyphae_pids+=($!)
 }
-stop_hyphae() {
-    kill "${hyphae_pids[@]}" 2>/dev/null || true
-    for p in "${hyphae_pids[@]}"; do
+for side in A B; do
+    hyphae_config $side socket
+    hyphae_config $side af_xdp
+done
+start_hyphae() { # row binary underlay
+    HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A-$3.toml" >>"$dir/$1-A.log" 2>&1 &
+    pids+=($!); daemons[$1]=$!
+    HYPHAE_LOG=warn ip netns exec "$B" "$2" up -c "$dir/B-$3.toml" >>"$dir/$1-B.log" 2>&1 &
+    pids+=($!); daemons[$1]+=" $!"
+}
+
+# boringtun-cli and wireguard-go: userspace WireGuard on a TUN device, configured with wg(8).
+# WireGuard rows get their own underlay ports and tunnel subnets: 10.213 and 10.215.
+start_wireguard() { # row subnet port binary...
+    local row=$1 net=$2 port=$3 ka kb pa pb
+    shift 3
+    ka=$(wg genkey); kb=$(wg genkey)
+    pa=$(echo "$ka" | wg pubkey); pb=$(echo "$kb" | wg pubkey)
+    WG_SUDO=1 WG_PROCESS_FOREGROUND=1 ip netns exec "$A" "$@" "${row:0:4}A$id" >"$dir/$row-A.log" 2>&1 &
+    pids+=($!); daemons[$row]=$!
+    WG_SUDO=1 WG_PROCESS_FOREGROUND=1 ip netns exec "$B" "$@" "${row:0:4}B$id" >"$dir/$row-B.log" 2>&1 &
+    pids+=($!); daemons[$row]+=" $!"
+    for i in $(seq 100); do
+        inA ip link show "${row:0:4}A$id" >/dev/null 2>&1 && inB ip link show "${row:0:4}B$id" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    inA wg set "${row:0:4}A$id" private-key <(echo "$ka") listen-port "$port" \
+        peer "$pb" allowed-ips "$net.2/32" endpoint "10.210.0.2:$port"
+    inB wg set "${row:0:4}B$id" private-key <(echo "$kb") listen-port "$port" \
+        peer "$pa" allowed-ips "$net.1/32" endpoint "10.210.0.1:$port"
+    inA ip addr add "$net.1/24" dev "${row:0:4}A$id"
+    inB ip addr add "$net.2/24" dev "${row:0:4}B$id"
+    inA ip link set "${row:0:4}A$id" mtu 1420 up
+    inB ip link set "${row:0:4}B$id" mtu 1420 up
+}
+
+# easytier: its own TUN device, peers over its TCP transport only (one TCP listener each, B
+# connects to A, TCP as the default protocol, no UDP hole punching), default encryption, its
+# multi-threaded runtime (the WireGuard daemons use several threads too).
+start_easytier() {
+    local common=(--network-name bench --network-secret "bench$id" --default-protocol tcp
+        --disable-udp-hole-punching --multi-thread)
+    ip netns exec "$A" "$EASYTIER_BIN" "${common[@]}" --ipv4 10.214.0.1 --dev-name "etA$id" \
+        --listeners tcp://10.210.0.1:11010 >"$dir/easytier-A.log" 2>&1 &
+    pids+=($!); daemons[easytier]=$!
+    ip netns exec "$B" "$EASYTIER_BIN" "${common[@]}" --ipv4 10.214.0.2 --dev-name "etB$id" \
+        --listeners tcp://10.210.0.2:11010 --peers tcp://10.210.0.1:11010 >"$dir/easytier-B.log" 2>&1 &
+    pids+=($!); daemons[easytier]+=" $!"
+}
+
+stop_row() {
+    local p
+    # shellcheck disable=SC2086
+    kill ${daemons[$1]} 2>/dev/null || true
+    for p in ${daemons[$1]}; do
         for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     done
 }
-start_hyphae "$HYPHAE_BIN"
-set_underlay() { sed -i "s/^underlay = .*/underlay = \"$1\"/" "$dir/A.toml" "$dir/B.toml"; }
-
-# (d) boringtun-cli: userspace WireGuard on a TUN device, configured with wg(8)
-ka=$(wg genkey); kb=$(wg genkey)
-pa=$(echo "$ka" | wg pubkey); pb=$(echo "$kb" | wg pubkey)
-WG_SUDO=1 ip netns exec "$A" "$BORINGTUN_BIN" wgA$id --foreground --disable-drop-privileges >"$dir/btA.log" 2>&1 &
-pids+=($!)
-WG_SUDO=1 ip netns exec "$B" "$BORINGTUN_BIN" wgB$id --foreground --disable-drop-privileges >"$dir/btB.log" 2>&1 &
-pids+=($!)
-for i in $(seq 50); do
-    inA ip link show wgA$id >/dev/null 2>&1 && inB ip link show wgB$id >/dev/null 2>&1 && break
-    sleep 0.1
-done
-inA wg set wgA$id private-key <(echo "$ka") listen-port 51820 \
-    peer "$pb" allowed-ips 10.213.0.2/32 endpoint 10.210.0.2:51820
-inB wg set wgB$id private-key <(echo "$kb") listen-port 51820 \
-    peer "$pa" allowed-ips 10.213.0.1/32 endpoint 10.210.0.1:51820
-inA ip addr add 10.213.0.1/24 dev wgA$id
-inB ip addr add 10.213.0.2/24 dev wgB$id
-inA ip link set wgA$id mtu 1420 up
-inB ip link set wgB$id mtu 1420 up
 
 wait_ping() {
-    for i in $(seq 100); do inA ping -c 1 -W 1 "$1" >/dev/null 2>&1 && return 0; sleep 0.2; done
+    for i in $(seq 150); do inA ping -c 1 -W 1 "$1" >/dev/null 2>&1 && return 0; sleep 0.2; done
     echo "no connectivity to $1" >&2
     return 1
 }
 
-# iperf3 against a one-shot server in B; prints Gbit/s received.
-iperf() {
-    local dst=$1 streams=$2
-    ip netns exec "$B" iperf3 -s -1 -B "$dst" >/dev/null 2>&1 &
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }'; }
+
+# CPU ticks (utime + stime) of the row's daemons, summed.
+cpu_ticks() {
+    local total=0 p
+    for p in ${daemons[$1]:-}; do
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+    done
+    echo "$total"
+}
+
+# iperf3 TCP against a one-shot server in B; prints Gbit/s received.
+iperf_tcp() { # dst streams
+    ip netns exec "$B" iperf3 -s -1 -B "$1" >/dev/null 2>&1 &
     local srv=$!
     sleep 0.3
-    local gbps
-    gbps=$(inA iperf3 -c "$dst" -t "$secs" -P "$streams" -J | jq '.end.sum_received.bits_per_second / 1e9')
+    inA iperf3 -c "$1" -t "$secs" -P "$2" -J | jq '.end.sum_received.bits_per_second / 1e9'
     wait "$srv" 2>/dev/null || true
-    printf '%.2f' "$gbps"
+}
+
+# 64-byte UDP datagrams as fast as the sender goes; prints the packets per second the
+# receiver got (its own count: sent minus lost over its interval).
+iperf_pps() { # dst
+    ip netns exec "$B" iperf3 -s -1 -B "$1" -J >"$dir/udp-server.json" 2>/dev/null &
+    local srv=$!
+    sleep 0.3
+    inA iperf3 -c "$1" -u -l 64 -b 0 -t "$secs" >/dev/null 2>&1 || true
+    wait "$srv" 2>/dev/null || true
+    jq '.end.sum | (.packets - .lost_packets) / .seconds' "$dir/udp-server.json"
 }
 
 rtt() {
-    inA ping -c 50 -i 0.02 -q "$1" | awk -F/ '/^rtt/ {printf "%.3f", $5}'
+    inA ping -c 50 -i 0.02 -q "$1" | awk -F/ '/^rtt/ { print $5 }'
 }
 
-declare -A one four ping
-rows="raw vxlan hyphae hyphae-afxdp boringtun"
-paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 hyphae-afxdp:10.212.0.12 boringtun:10.213.0.2"
-if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
-    rows="raw vxlan hyphae hyphae-baseline hyphae-afxdp boringtun"
-    paths="raw:10.210.0.2 vxlan:10.211.0.2 hyphae:10.212.0.12 hyphae-baseline:10.212.0.12 hyphae-afxdp:10.212.0.12 boringtun:10.213.0.2"
-fi
-for path in $paths; do
-    name=${path%%:*}
-    dst=${path#*:}
-    if [ "$name" = hyphae-baseline ]; then
-        stop_hyphae
-        start_hyphae "$HYPHAE_BASELINE_BIN"
-    fi
-    if [ "$name" = hyphae-afxdp ]; then
-        stop_hyphae
-        set_underlay af_xdp
-        start_hyphae "$HYPHAE_BIN"
-        wait_ping "$dst"
-        for side in A B; do
-            "$HYPHAE_BIN" status -c "$dir/$side.toml" | grep -q "^underlay af_xdp" \
-                || { echo "hyphae-afxdp: AF_XDP did not attach on $side: $(cat "$dir/$side.log")" >&2; exit 1; }
+# Peak RSS (MB) of each of the row's daemons while a 4-stream run goes on; prints "a / b".
+rss_under_load() { # row dst
+    ip netns exec "$B" iperf3 -s -1 -B "$2" >/dev/null 2>&1 &
+    local srv=$! p out=""
+    sleep 0.3
+    inA iperf3 -c "$2" -t "$secs" -P 4 >/dev/null 2>&1 &
+    local cli=$!
+    declare -A peak
+    while kill -0 "$cli" 2>/dev/null; do
+        for p in ${daemons[$1]}; do
+            local kb
+            kb=$(awk '/^VmRSS/ { print $2 }' "/proc/$p/status" 2>/dev/null || echo 0)
+            [ "${kb:-0}" -gt "${peak[$p]:-0}" ] && peak[$p]=$kb
         done
-    fi
-    wait_ping "$dst"
-    one[$name]=$(iperf "$dst" 1)
-    four[$name]=$(iperf "$dst" 4)
-    ping[$name]=$(rtt "$dst")
-    echo "$name: 1 stream ${one[$name]} Gb/s, 4 streams ${four[$name]} Gb/s, rtt ${ping[$name]} ms" >&2
-done
+        sleep 0.25
+    done
+    wait "$srv" 2>/dev/null || true
+    for p in ${daemons[$1]}; do out+="${out:+ / }$(awk -v k="${peak[$p]:-0}" 'BEGIN { printf "%.1f", k / 1024 }')"; done
+    echo "$out"
+}
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+declare -A one four pps ping rss cpu
+notes=()
+measure() { # row dst
+    local row=$1 dst=$2 r a b t0 t1 gbps
+    wait_ping "$dst"
+    local ones=() fours=() ppss=() pings=() cpus=()
+    for r in $(seq "$rounds"); do
+        t0=$(cpu_ticks "$row")
+        gbps=$(iperf_tcp "$dst" 1)
+        t1=$(cpu_ticks "$row")
+        ones+=("$gbps")
+        if [ -n "${daemons[$row]:-}" ]; then
+            cpus+=("$(awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" -v g="$gbps" -v s="$secs" \
+                'BEGIN { if (g > 0) printf "%.3f", t / hz / (g * s); else print "-" }')")
+        fi
+        fours+=("$(iperf_tcp "$dst" 4)")
+        ppss+=("$(iperf_pps "$dst")")
+        pings+=("$(rtt "$dst")")
+    done
+    one[$row]=$(printf '%s\n' "${ones[@]}" | median)
+    four[$row]=$(printf '%s\n' "${fours[@]}" | median)
+    pps[$row]=$(printf '%s\n' "${ppss[@]}" | median)
+    ping[$row]=$(printf '%s\n' "${pings[@]}" | median)
+    if [ -n "${daemons[$row]:-}" ]; then
+        cpu[$row]=$(printf '%s\n' "${cpus[@]}" | median)
+        rss[$row]=$(rss_under_load "$row" "$dst")
+    else
+        cpu[$row]="-"; rss[$row]="-"
+    fi
+    printf '%s: 1 stream %.2f Gb/s, 4 streams %.2f Gb/s, 64B UDP %.0f pps, rtt %.3f ms, RSS %s MB, %s CPU s/Gbit\n' \
+        "$row" "${one[$row]}" "${four[$row]}" "${pps[$row]}" "${ping[$row]}" "${rss[$row]}" "${cpu[$row]}" >&2
+    rows+=("$row")
+}
+
+rows=()
+measure raw 10.210.0.2
+measure vxlan 10.211.0.2
+if [[ $skip != *" wireguard-go "* ]]; then
+    start_wireguard wireguard-go 10.215.0 51821 "$WIREGUARD_GO_BIN" -f
+    measure wireguard-go 10.215.0.2
+    stop_row wireguard-go
+fi
+if [[ $skip != *" boringtun "* ]]; then
+    start_wireguard boringtun 10.213.0 51820 "$BORINGTUN_BIN" --foreground --disable-drop-privileges
+    measure boringtun 10.213.0.2
+    stop_row boringtun
+fi
+if [[ $skip != *" easytier "* ]]; then
+    start_easytier
+    measure easytier 10.214.0.2
+    stop_row easytier
+fi
+start_hyphae hyphae "$HYPHAE_BIN" socket
+measure hyphae 10.212.0.12
+if [ -n "${PERF_DATA:-}" ]; then
+    # Where both agents' CPU goes under one more 1-stream run: `perf report -i $PERF_DATA`.
+    perf record -F 999 -o "$PERF_DATA" -p "$(tr ' ' , <<<"${daemons[hyphae]}")" -- sleep "$secs" \
+        >/dev/null 2>&1 &
+    perf_pid=$!
+    iperf_tcp 10.212.0.12 1 >/dev/null
+    wait "$perf_pid" || true
+fi
+stop_row hyphae
+if [ "${HYPHAE_AF_XDP:-0}" = 1 ]; then
+    start_hyphae hyphae-af_xdp "$HYPHAE_BIN" af_xdp
+    # `hyphae status` says `underlay af_xdp on IF (...)`, or `underlay socket` after a fallback.
+    underlay=""
+    for i in $(seq 50); do
+        kill -0 ${daemons[hyphae-af_xdp]} 2>/dev/null || break
+        underlay=$("$HYPHAE_BIN" status -c "$dir/A-af_xdp.toml" 2>/dev/null | grep -m1 -E '^ *underlay ' || true)
+        [ -n "$underlay" ] && break
+        sleep 0.2
+    done
+    if ! kill -0 ${daemons[hyphae-af_xdp]} 2>/dev/null; then
+        notes+=("hyphae-af_xdp skipped: this hyphae does not run with \`underlay = \"af_xdp\"\` ($(tail -n 1 "$dir/hyphae-af_xdp-A.log"))")
+    elif ! grep -qE '^ *underlay af_xdp' <<<"$underlay"; then
+        notes+=("hyphae-af_xdp skipped: the agent is not on AF_XDP (status: ${underlay:-no answer}; log: $(grep -m1 -i 'af_xdp' "$dir/hyphae-af_xdp-A.log" || true))")
+    else
+        measure hyphae-af_xdp 10.212.0.12
+        notes+=("hyphae-af_xdp status: $(sed 's/^ *//' <<<"$underlay")")
+    fi
+    stop_row hyphae-af_xdp
+fi
+if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
+    start_hyphae hyphae-baseline "$HYPHAE_BASELINE_BIN" socket
+    measure hyphae-baseline 10.212.0.12
+    stop_row hyphae-baseline
+fi
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f", a / b; else print "-" }'; }
 echo
-echo "| path | TCP 1 stream (Gb/s) | TCP 4 streams (Gb/s) | ping RTT avg (ms) | 1 stream / raw | 1 stream / VXLAN | 4 streams / raw | 4 streams / VXLAN |"
-echo "|---|---|---|---|---|---|---|---|"
-for name in $rows; do
-    echo "| $name | ${one[$name]} | ${four[$name]} | ${ping[$name]} | $(ratio "${one[$name]}" "${one[raw]}") | $(ratio "${one[$name]}" "${one[vxlan]}") | $(ratio "${four[$name]}" "${four[raw]}") | $(ratio "${four[$name]}" "${four[vxlan]}") |"
+echo "| path | TCP 1 stream (Gb/s) | TCP 4 streams (Gb/s) | 64 B UDP (kpps, received) | ping RTT avg (ms) | RSS under 4 streams, A / B (MB) | daemon CPU s per Gbit | 1 stream / VXLAN | 64 B pps / VXLAN |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for row in "${rows[@]}"; do
+    printf '| %s | %.2f | %.2f | %.0f | %.3f | %s | %s | %s | %s |\n' "$row" "${one[$row]}" "${four[$row]}" \
+        "$(awk -v p="${pps[$row]}" 'BEGIN { print p / 1000 }')" "${ping[$row]}" "${rss[$row]}" "${cpu[$row]}" \
+        "$(ratio "${one[$row]}" "${one[vxlan]}")" "$(ratio "${pps[$row]}" "${pps[vxlan]}")"
 done
 echo
-echo "$(date -u +%Y-%m-%d), $(nproc) cores, kernel $(uname -r), ${secs}s per iperf3 run, hyphae $("$HYPHAE_BIN" --version | awk '{print $2}'), $("$BORINGTUN_BIN" --version 2>/dev/null | head -1)"
+best=""
+for row in wireguard-go boringtun easytier; do
+    [ -n "${one[$row]:-}" ] || continue
+    if [ -z "$best" ] || awk -v a="${one[$row]}" -v b="${one[$best]}" 'BEGIN { exit !(a > b) }'; then best=$row; fi
+done
+for row in hyphae hyphae-af_xdp; do
+    [ -n "${one[$row]:-}" ] || continue
+    echo "Goals (issue 15) for $row:"
+    [ -n "$best" ] && echo "- TCP 1 stream vs the best userspace peer ($best): $(ratio "${one[$row]}" "${one[$best]}")x (goal >= 2)"
+    echo "- TCP 1 stream vs kernel VXLAN: $(ratio "${one[$row]}" "${one[vxlan]}")x (goal >= 0.5)"
+    echo "- 64-byte pps vs kernel VXLAN: $(ratio "${pps[$row]}" "${pps[vxlan]}")x (goal >= 1.0)"
+    echo "- ping RTT added over raw veth: $(awk -v a="${ping[$row]}" -v b="${ping[raw]}" 'BEGIN { printf "%.3f", a - b }') ms (goal <= 0.1)"
+    echo "- RSS per agent under 4 streams: ${rss[$row]} MB (goal <= 24)"
+done
+for n in "${notes[@]}"; do echo "Note: $n"; done
+echo
+echo "$(date -u +%Y-%m-%d), $(nproc) cores, kernel $(uname -r), ${secs}s per iperf3 run, medians of $rounds," \
+    "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}'), $("$BORINGTUN_BIN" --version 2>/dev/null | head -1)," \
+    "wireguard-go $("$WIREGUARD_GO_BIN" --version 2>/dev/null | awk '{print $2; exit}')," \
+    "easytier $([ -n "${EASYTIER_BIN:-}" ] && "$EASYTIER_BIN" --version 2>/dev/null | head -1 || echo "not measured")"
