@@ -38,6 +38,7 @@
 //! [`mtu`].
 
 pub mod mtu;
+pub mod offload;
 pub mod wire;
 
 #[cfg(test)]
