@@ -53,6 +53,7 @@ struct AgentSection {
     mdns: bool,
     metrics: Option<String>,
     metrics_remote: bool,
+    offload: bool,
 }
 
 impl Default for AgentSection {
@@ -64,6 +65,7 @@ impl Default for AgentSection {
             mdns: false,
             metrics: None,
             metrics_remote: false,
+            offload: true,
         }
     }
 }
@@ -169,6 +171,9 @@ pub struct Agent {
     pub mdns: bool,
     /// Where `/metrics` and the topology page are served (TCP); `None`: nowhere.
     pub metrics: Option<SocketAddr>,
+    /// Open the TAPs with TCP segmentation and checksum offloads (when the kernel accepts
+    /// them): the agent segments the kernel's super-frames and coalesces what it writes.
+    pub offload: bool,
 }
 
 /// How a namespace attaches to the host (IPOP Sec. 3): interface, router or hybrid.
@@ -298,6 +303,7 @@ impl Config {
                 listen,
                 mdns: file.agent.mdns,
                 metrics,
+                offload: file.agent.offload,
             },
             namespaces,
         })

@@ -146,6 +146,8 @@ impl VirtioHeader {
             GSO_NONE => Ok(Gso::None),
             GSO_TCPV4 | GSO_TCPV6 => Ok(Gso::Tcp),
             GSO_UDP_L4 => Ok(Gso::Udp),
+            // UFO: one datagram in IP fragments; never offered (TUN_F_UFO is not asked for).
+            GSO_UDP => Err(Error::UnknownGsoType(GSO_UDP)),
             other => Err(Error::UnknownGsoType(other)),
         }
     }
