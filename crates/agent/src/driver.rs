@@ -141,7 +141,10 @@ impl Namespace {
         let Some(bytes) = self.gro.poll_frame() else {
             return;
         };
-        let sent = self.tap.as_ref().is_some_and(|t| t.get_ref().send(bytes).is_ok());
+        let sent = self
+            .tap
+            .as_ref()
+            .is_some_and(|t| t.get_ref().send(bytes).is_ok());
         if sent {
             self.offload_counters.coalesced_writes += 1;
         } else {

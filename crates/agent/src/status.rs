@@ -140,7 +140,10 @@ impl Agent {
                         .map(|r| (r.as_str().to_string(), c.drops(*r)))
                         .chain([
                             ("device_write".to_string(), p.tap_errors),
-                            ("offload_malformed".to_string(), p.offload_counters.malformed),
+                            (
+                                "offload_malformed".to_string(),
+                                p.offload_counters.malformed,
+                            ),
                         ])
                         .collect(),
                     offload: p.offload,

@@ -67,7 +67,12 @@ fn transfer(bed: &mut Testbed, from: &Host, to: &Host, to_vip: Ipv4Addr, port: u
             ],
         )
         .expect("sender");
-    assert!(sent.status.success(), "{} -> {}: socat failed", from.name, to.name);
+    assert!(
+        sent.status.success(),
+        "{} -> {}: socat failed",
+        from.name,
+        to.name
+    );
     for _ in 0..100 {
         if !bed.is_running(receiver) {
             break;
@@ -85,13 +90,21 @@ fn transfer(bed: &mut Testbed, from: &Host, to: &Host, to_vip: Ipv4Addr, port: u
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     assert_eq!(hashes.len(), 2, "{sums}");
-    assert_eq!(hashes[0], hashes[1], "{} -> {}: corrupted: {sums}", from.name, to.name);
+    assert_eq!(
+        hashes[0], hashes[1],
+        "{} -> {}: corrupted: {sums}",
+        from.name, to.name
+    );
     assert_eq!(std::fs::metadata(&out).expect("out").len(), len as u64);
 }
 
 fn status_text(bed: &Testbed, host: &Host, agent: &AgentHandle) -> String {
     let out = bed
-        .ns(&host.ns, BIN, &["status", "-c", &agent.config.display().to_string()])
+        .ns(
+            &host.ns,
+            BIN,
+            &["status", "-c", &agent.config.display().to_string()],
+        )
         .expect("status");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -123,16 +136,26 @@ fn super_frames_are_segmented_and_coalesced_and_offload_off_interoperates() {
     // Offloads on at both ends: h1's kernel hands its TAP super-frames, h2's takes
     // coalesced ones.
     transfer(&mut bed, &hosts[0], &hosts[1], vip(2), 5001, 40 * MB);
-    let h1 = bed.namespace_status(&hosts[0], &agents[0]).expect("status h1");
-    let h2 = bed.namespace_status(&hosts[1], &agents[1]).expect("status h2");
+    let h1 = bed
+        .namespace_status(&hosts[0], &agents[0])
+        .expect("status h1");
+    let h2 = bed
+        .namespace_status(&hosts[1], &agents[1])
+        .expect("status h2");
     eprintln!(
         "h1: {} super-frames in, {} segments; h2: {} coalesced writes, {} frames merged",
         h1.super_frames, h1.segments, h2.coalesced_writes, h2.coalesced_frames
     );
     assert!(h1.offload && h2.offload, "offload should be on by default");
-    assert!(h1.super_frames > 0, "no super-frame read from h1's TAP: {h1:#?}");
+    assert!(
+        h1.super_frames > 0,
+        "no super-frame read from h1's TAP: {h1:#?}"
+    );
     assert!(h1.segments > h1.super_frames, "{h1:#?}");
-    assert!(h2.coalesced_writes > 0 && h2.coalesced_frames > 0, "{h2:#?}");
+    assert!(
+        h2.coalesced_writes > 0 && h2.coalesced_frames > 0,
+        "{h2:#?}"
+    );
     for s in [&h1, &h2] {
         assert_eq!(s.drops.get("offload_malformed"), Some(&0), "{s:#?}");
         assert_eq!(s.drops.get("device_write"), Some(&0), "{s:#?}");
@@ -142,11 +165,15 @@ fn super_frames_are_segmented_and_coalesced_and_offload_off_interoperates() {
     // `offload = false` on h3: plain frames both ways, to and from an agent with offloads.
     transfer(&mut bed, &hosts[0], &hosts[2], vip(3), 5002, 20 * MB);
     transfer(&mut bed, &hosts[2], &hosts[0], vip(1), 5003, 20 * MB);
-    let h3 = bed.namespace_status(&hosts[2], &agents[2]).expect("status h3");
+    let h3 = bed
+        .namespace_status(&hosts[2], &agents[2])
+        .expect("status h3");
     assert!(!h3.offload);
     assert_eq!(h3.super_frames + h3.coalesced_writes, 0, "{h3:#?}");
     assert!(h3.to_peers > 10_000 && h3.to_device > 10_000, "{h3:#?}");
     assert!(status_text(&bed, &hosts[2], &agents[2]).contains("offload off"));
-    let h1 = bed.namespace_status(&hosts[0], &agents[0]).expect("status h1");
+    let h1 = bed
+        .namespace_status(&hosts[0], &agents[0])
+        .expect("status h1");
     assert_eq!(h1.drops.get("offload_malformed"), Some(&0), "{h1:#?}");
 }
