@@ -403,3 +403,49 @@ fn non_tcp_and_control_frames_are_refused() {
     assert_eq!(gro.handle_frame(&arp), Offer::Refused);
     assert!(gro.poll_frame().is_none());
 }
+
+#[test]
+fn a_captured_tso_super_frame_segments_and_coalesces_back() {
+    use crate::captured::{captured_payload, TSO4_HEADERS};
+    let read = captured_payload(&TSO4_HEADERS, 5000, |i| (i * 13 + i / 251) as u8);
+    let header = VirtioHeader::parse(&read).unwrap();
+    assert_eq!((header.gso(), header.gso_size), (Ok(Gso::Tcp), 1000));
+    let frame = &read[VIRTIO_HEADER_LEN..];
+    let segments = segments_of(&header, frame);
+    assert_eq!(segments.len(), 5);
+    for (i, s) in segments.iter().enumerate() {
+        assert_eq!(s.len(), 54 + 1000);
+        assert_eq!(be16(s, 18), 0xc31b + i as u16, "IPv4 ID");
+        assert_eq!(fold_sum(&[&s[14..34]]), 0xffff);
+        assert_eq!(fold_sum(&[&pseudo(s, 34, IPPROTO_TCP), &s[34..]]), 0xffff);
+        assert_eq!(be32(s, 38), 0x6c8b_1dfc + 1000 * i as u32);
+        let psh = if i == 4 { TCP_PSH } else { 0 };
+        assert_eq!(s[47], TCP_ACK | psh, "flags of {i}");
+    }
+    // The receiving agent writes them back as the kernel's own super-frame.
+    let out = coalesce(&segments);
+    assert_eq!(out.len(), 1);
+    assert_eq!(VirtioHeader::parse(&out[0]).unwrap(), header);
+    assert_eq!(&out[0][..], &read[..]);
+}
+
+#[test]
+fn a_captured_uso_super_frame_is_cut_into_checked_datagrams() {
+    use crate::captured::{captured_payload, USO4_HEADERS};
+    let read = captured_payload(&USO4_HEADERS, 2500, |i| (i * 7) as u8);
+    let header = VirtioHeader::parse(&read).unwrap();
+    assert_eq!(header.gso(), Ok(Gso::Udp));
+    let segments = segments_of(&header, &read[VIRTIO_HEADER_LEN..]);
+    assert_eq!(
+        segments.iter().map(Vec::len).collect::<Vec<_>>(),
+        [42 + 1000, 42 + 1000, 42 + 500]
+    );
+    let mut data = Vec::new();
+    for (i, s) in segments.iter().enumerate() {
+        assert_eq!(be16(s, 18), 0xb96f + i as u16);
+        assert_eq!(fold_sum(&[&s[14..34]]), 0xffff);
+        assert_eq!(fold_sum(&[&pseudo(s, 34, IPPROTO_UDP), &s[34..]]), 0xffff);
+        data.extend_from_slice(&s[42..]);
+    }
+    assert_eq!(data, read[52..]);
+}
