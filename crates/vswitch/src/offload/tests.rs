@@ -61,7 +61,7 @@ fn tcp_super_frame(ipv6: bool, options: &[u8], len: usize, flags: u8) -> Vec<u8>
     f.extend_from_slice(&[0xc3, 0x50, 0x14, 0x51]); // ports 50000 -> 5201
     f.extend_from_slice(&0xffff_f000u32.to_be_bytes()); // seq: wraps within the frame
     f.extend_from_slice(&0x0102_0304u32.to_be_bytes()); // ack
-    f.push(((20 + options.len()) / 4 << 4) as u8);
+    f.push((((20 + options.len()) / 4) << 4) as u8);
     f.push(flags);
     f.extend_from_slice(&[0x01, 0xf5, 0, 0, 0, 0]); // window, checksum, urgent
     f.extend_from_slice(options);
