@@ -150,7 +150,7 @@ impl Agent {
                     super_frames: p.offload_counters.super_frames,
                     segments: p.offload_counters.segments,
                     coalesced_writes: p.offload_counters.coalesced_writes,
-                    coalesced_frames: p.gro.merged,
+                    coalesced_frames: p.gro.merged(),
                     peers: Vec::new(),
                 }
             })

@@ -421,8 +421,7 @@ pub struct Coalescer {
     /// The virtio header followed by the super-frame.
     buf: Vec<u8>,
     pending: Option<Pending>,
-    /// Frames merged into a super-frame (each beyond the first of its super-frame).
-    pub merged: u64,
+    merged: u64,
 }
 
 impl Default for Coalescer {
@@ -439,6 +438,11 @@ impl Coalescer {
             pending: None,
             merged: 0,
         }
+    }
+
+    /// Frames merged into a super-frame so far (each beyond the first of its super-frame).
+    pub fn merged(&self) -> u64 {
+        self.merged
     }
 
     /// Offers the next frame for the TAP.
