@@ -54,6 +54,7 @@ struct AgentSection {
     metrics: Option<String>,
     metrics_remote: bool,
     underlay: String,
+    offload: bool,
 }
 
 impl Default for AgentSection {
@@ -66,6 +67,7 @@ impl Default for AgentSection {
             metrics: None,
             metrics_remote: false,
             underlay: "socket".into(),
+            offload: true,
         }
     }
 }
@@ -173,6 +175,9 @@ pub struct Agent {
     pub metrics: Option<SocketAddr>,
     /// How tunnel datagrams enter and leave the host.
     pub underlay: UnderlayMode,
+    /// Open the TAPs with TCP segmentation and checksum offloads (when the kernel accepts
+    /// them): the agent segments the kernel's super-frames and coalesces what it writes.
+    pub offload: bool,
 }
 
 /// `[agent] underlay`: the UDP socket alone, or AF_XDP beside it.
@@ -332,6 +337,7 @@ impl Config {
                 mdns: file.agent.mdns,
                 metrics,
                 underlay,
+                offload: file.agent.offload,
             },
             namespaces,
         })

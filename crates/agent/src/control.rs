@@ -281,6 +281,19 @@ pub struct NamespaceStatus {
     /// ICMP "fragmentation needed" sent for packets larger than the tunnel MTU with DF set.
     #[serde(default)]
     pub frag_needed: u64,
+    /// Whether the TAP has segmentation and checksum offloads on (`[agent] offload`).
+    #[serde(default)]
+    pub offload: bool,
+    /// Offloads: super-frames read from the TAP and the segments they were cut into,
+    /// super-frames of coalesced member frames written, frames merged into them.
+    #[serde(default)]
+    pub super_frames: u64,
+    #[serde(default)]
+    pub segments: u64,
+    #[serde(default)]
+    pub coalesced_writes: u64,
+    #[serde(default)]
+    pub coalesced_frames: u64,
     /// Frames the switch dropped, by reason.
     pub drops: BTreeMap<String, u64>,
     /// The members this agent has a tunnel with.
@@ -541,6 +554,14 @@ pub fn render(status: &Status) -> String {
                 "  larger than the tunnel: {} MSS clamped, {} fragmented, {} fragmentation needed\n",
                 ns.mss_clamped, ns.fragmented, ns.frag_needed
             );
+        }
+        if ns.offload {
+            out += &format!(
+                "  offload on: {} super-frames in ({} segments), {} coalesced writes ({} frames merged)\n",
+                ns.super_frames, ns.segments, ns.coalesced_writes, ns.coalesced_frames
+            );
+        } else {
+            out += "  offload off\n";
         }
         let d = nonzero(&ns.drops);
         if !d.is_empty() {

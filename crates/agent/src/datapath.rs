@@ -10,6 +10,9 @@ use std::time::Instant;
 
 use hyphae_overlay::{Event, NamespaceId, PeerHandle, Received};
 use hyphae_vswitch::mtu::Fragments;
+use hyphae_vswitch::offload::{
+    self, complete_checksum, Gso, Segments, VirtioHeader, VIRTIO_HEADER_LEN,
+};
 use hyphae_vswitch::{Action, HEADROOM};
 use tokio::io::Interest;
 
@@ -19,7 +22,16 @@ use crate::services::HeldBy;
 
 impl Agent {
     /// Datagrams from the underlay: decrypt, check, switch, write to the TAP.
+    /// Frames of one TCP flow leave for the TAP coalesced, each batch's last super-frame
+    /// written before the loop looks elsewhere.
     pub(crate) async fn drain_underlay(&mut self, now: Instant) {
+        self.receive_underlay(now);
+        for n in &mut self.namespaces {
+            n.flush_coalesced();
+        }
+    }
+
+    fn receive_underlay(&mut self, now: Instant) {
         for _ in 0..BATCH {
             match self.underlay.try_recv() {
                 Ok(true) => {}
@@ -42,7 +54,7 @@ impl Agent {
                             n.switch.handle_peer_packet(&mut self.tx, len, now)
                         {
                             if n.tap.is_some() {
-                                n.write(&self.tx[..len]);
+                                n.deliver(&self.tx[..len]);
                             }
                         }
                     }
@@ -69,6 +81,7 @@ impl Agent {
             let Some(tap) = self.namespaces.get(i).and_then(|n| n.tap.as_ref()) else {
                 break;
             };
+            let offload = self.namespaces[i].offload;
             let n = match tap.try_io(Interest::READABLE, |tap| tap.recv(&mut rx)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -77,10 +90,53 @@ impl Agent {
                     break;
                 }
             };
-            self.switch_frame(i, &mut rx[..n], now).await;
+            if offload {
+                self.switch_super_frame(i, &mut rx[..n], now).await;
+            } else {
+                self.switch_frame(i, &mut rx[..n], now).await;
+            }
         }
         self.rx = rx;
         self.underlay.flush().await;
+    }
+
+    /// A read from a TAP with offloads: the virtio-net header, then a frame to complete
+    /// (checksum) or a super-frame to cut into tunnel-sized segments, each switched as a
+    /// frame of its own. One that cannot be taken apart is a counted drop.
+    async fn switch_super_frame(&mut self, i: usize, bytes: &mut [u8], now: Instant) {
+        let header = match VirtioHeader::parse(bytes) {
+            Ok(h) => h,
+            Err(e) => return self.offload_drop(i, e),
+        };
+        let frame = &mut bytes[VIRTIO_HEADER_LEN..];
+        match header.gso() {
+            Ok(Gso::None) => match complete_checksum(&header, frame) {
+                Ok(()) => self.switch_frame(i, frame, now).await,
+                Err(e) => self.offload_drop(i, e),
+            },
+            Ok(Gso::Tcp | Gso::Udp) => {
+                let mut segments = match Segments::new(&header, frame) {
+                    Ok(s) => s,
+                    Err(e) => return self.offload_drop(i, e),
+                };
+                let counters = &mut self.namespaces[i].offload_counters;
+                counters.super_frames += 1;
+                counters.segments += segments.count() as u64;
+                // The buffer leaves `self` while segments are switched, as the receive
+                // buffer does.
+                let mut buf = std::mem::take(&mut self.segment);
+                while let Some(len) = segments.next_into(&mut buf) {
+                    self.switch_frame(i, &mut buf[..len], now).await;
+                }
+                self.segment = buf;
+            }
+            Err(e) => self.offload_drop(i, e),
+        }
+    }
+
+    fn offload_drop(&mut self, i: usize, error: offload::Error) {
+        self.namespaces[i].offload_counters.malformed += 1;
+        tracing::trace!(?error, "TAP super-frame dropped");
     }
 
     /// One frame from TAP `i`: to a member, an ARP reply back to the TAP, or held while
@@ -235,6 +291,19 @@ impl Agent {
             }
         }
     }
+}
+
+/// What the TAP offloads of one namespace did (`hyphae status`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct OffloadCounters {
+    /// Super-frames read from the TAP and cut into segments.
+    pub(crate) super_frames: u64,
+    /// The segments they were cut into.
+    pub(crate) segments: u64,
+    /// Super-frames of coalesced member frames written to the TAP.
+    pub(crate) coalesced_writes: u64,
+    /// Reads whose virtio-net header or headers could not be taken apart.
+    pub(crate) malformed: u64,
 }
 
 /// Resolves with the index of the first TAP that is readable.

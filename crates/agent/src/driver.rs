@@ -13,6 +13,7 @@
 #![allow(clippy::disallowed_methods)] // The driver is where the clocks are read.
 
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,6 +23,7 @@ use hyphae_dhcp_dns::{dhcp, service};
 use hyphae_overlay::membership::{self, Membership, Token};
 use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions};
 use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerHandle, PeerId};
+use hyphae_vswitch::offload::{Coalescer, Offer, VirtioHeader, VIRTIO_HEADER_LEN};
 use hyphae_vswitch::{Client, Switch};
 use tokio::io::unix::AsyncFd;
 use tokio::net::UnixListener;
@@ -79,6 +81,11 @@ pub(crate) struct Namespace {
     /// The virtual DNS service.
     pub(crate) dns: service::Service<Client>,
     pub(crate) tap_errors: u64,
+    /// The TAP has offloads on: a virtio-net header leads every read and write.
+    pub(crate) offload: bool,
+    /// Coalesces members' TCP frames into super-frames for the TAP (offload on).
+    pub(crate) gro: Coalescer,
+    pub(crate) offload_counters: crate::datapath::OffloadCounters,
     /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
     pub(crate) live: bool,
     /// Why it was left, if it failed.
@@ -96,13 +103,51 @@ impl Namespace {
         self.tap.is_some()
     }
 
-    /// Writes `frame` to the device; a failure is counted.
+    /// Writes `frame` to the device (behind a plain virtio-net header when offloads are
+    /// on); a failure is counted.
     pub(crate) fn write(&mut self, frame: &[u8]) {
+        let sent = self.tap.as_ref().is_some_and(|t| {
+            if self.offload {
+                let mut header = [0u8; VIRTIO_HEADER_LEN];
+                let _ = VirtioHeader::PLAIN.emit(&mut header);
+                let parts = [IoSlice::new(&header), IoSlice::new(frame)];
+                t.get_ref().send_vectored(&parts).is_ok()
+            } else {
+                t.get_ref().send(frame).is_ok()
+            }
+        });
+        if !sent {
+            self.tap_errors += 1;
+        }
+    }
+
+    /// Writes a member's frame to the device; with offloads on, consecutive frames of one
+    /// TCP flow are held to leave as one super-frame ([`Namespace::flush_coalesced`]).
+    pub(crate) fn deliver(&mut self, frame: &[u8]) {
+        if !self.offload {
+            return self.write(frame);
+        }
+        loop {
+            match self.gro.handle_frame(frame) {
+                Offer::Held => return,
+                Offer::Busy => self.flush_coalesced(),
+                Offer::Refused => return self.write(frame),
+            }
+        }
+    }
+
+    /// Writes the super-frame being coalesced, if any, with one write.
+    pub(crate) fn flush_coalesced(&mut self) {
+        let Some(bytes) = self.gro.poll_frame() else {
+            return;
+        };
         let sent = self
             .tap
             .as_ref()
-            .is_some_and(|t| t.get_ref().send(frame).is_ok());
-        if !sent {
+            .is_some_and(|t| t.get_ref().send(bytes).is_ok());
+        if sent {
+            self.offload_counters.coalesced_writes += 1;
+        } else {
             self.tap_errors += 1;
         }
     }
@@ -141,6 +186,10 @@ pub(crate) struct Agent {
     pub(crate) reply: Vec<u8>,
     /// Where a packet too large for the tunnel is cut into fragments, one at a time.
     pub(crate) fragment: Vec<u8>,
+    /// Where a super-frame from a TAP is cut into segments, one at a time.
+    pub(crate) segment: Vec<u8>,
+    /// `[agent] offload`: open TAPs with offloads when the kernel accepts them.
+    pub(crate) offload: bool,
     /// Frames whose address resolved, to go through their switch again.
     pub(crate) replays: Vec<(usize, Vec<Vec<u8>>)>,
     /// Where DHCP replies, DNS answers and service-stack packets are framed.
@@ -247,6 +296,8 @@ impl Agent {
             tx: vec![0; BUF_LEN],
             reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
             fragment: vec![0; BUF_LEN],
+            segment: vec![0; BUF_LEN],
+            offload: config.agent.offload,
             replays: Vec::new(),
             service_buf: vec![0; BUF_LEN],
             resolver_tx,
@@ -282,7 +333,7 @@ impl Agent {
             Mode::Interface => device_mac,
             Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &ns.name),
         };
-        let tap = setup::create_tap(ns, &tap_name, tap_mac)?;
+        let (tap, offload) = setup::create_tap(ns, &tap_name, tap_mac, self.offload)?;
         let lan = match ns.mode {
             Mode::Interface => None,
             Mode::Router | Mode::Hybrid => Some(crate::lan::attach(ns, &tap_name, device_mac)?),
@@ -388,6 +439,9 @@ impl Agent {
             gateway: ns.gateway,
             dns,
             tap_errors: 0,
+            offload,
+            gro: Coalescer::new(),
+            offload_counters: Default::default(),
             live: false,
             error: None,
             remembered: Vec::new(),

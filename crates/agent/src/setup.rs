@@ -167,12 +167,41 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
     bound.with_context(|| format!("cannot create control socket {}", path.display()))
 }
 
-pub(crate) fn create_tap(ns: &Namespace, name: &str, mac: [u8; 6]) -> Result<SyncDevice> {
+/// Creates the namespace's TAP. With `offload`, it is opened with a virtio-net header and
+/// TCP segmentation and checksum offloads (UDP segmentation too where the kernel has it);
+/// if the kernel refuses them, without (a debug line says why). Returns the device and
+/// whether offloads are on.
+pub(crate) fn create_tap(
+    ns: &Namespace,
+    name: &str,
+    mac: [u8; 6],
+    offload: bool,
+) -> Result<(SyncDevice, bool)> {
+    if offload {
+        match build_tap(ns, name, mac, true) {
+            Ok(device) => {
+                tracing::debug!(
+                    device = name,
+                    udp = device.udp_gso(),
+                    "TAP offloads on (TSO4/6, checksum)"
+                );
+                return Ok((device, true));
+            }
+            Err(e) => {
+                tracing::debug!(device = name, error = %e, "TAP offloads refused: opening without")
+            }
+        }
+    }
+    Ok((build_tap(ns, name, mac, false)?, false))
+}
+
+fn build_tap(ns: &Namespace, name: &str, mac: [u8; 6], offload: bool) -> Result<SyncDevice> {
     let mut builder = tun_rs::DeviceBuilder::new()
         .name(name)
         .layer(tun_rs::Layer::L2)
         .mac_addr(mac)
         .mtu(ns.mtu)
+        .offload(offload)
         .enable(true);
     // An `auto` address is set once it is won; a static one once the subnet is known. Only
     // an interface-mode TAP carries the address (router: none; hybrid: the veth does).

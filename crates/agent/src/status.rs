@@ -144,8 +144,19 @@ impl Agent {
                     drops: SwitchDrop::ALL
                         .iter()
                         .map(|r| (r.as_str().to_string(), c.drops(*r)))
-                        .chain([("device_write".to_string(), p.tap_errors)])
+                        .chain([
+                            ("device_write".to_string(), p.tap_errors),
+                            (
+                                "offload_malformed".to_string(),
+                                p.offload_counters.malformed,
+                            ),
+                        ])
                         .collect(),
+                    offload: p.offload,
+                    super_frames: p.offload_counters.super_frames,
+                    segments: p.offload_counters.segments,
+                    coalesced_writes: p.offload_counters.coalesced_writes,
+                    coalesced_frames: p.gro.merged(),
                     peers: Vec::new(),
                 }
             })

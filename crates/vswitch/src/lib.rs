@@ -39,6 +39,7 @@
 
 pub mod mtu;
 pub mod udp;
+pub mod offload;
 pub mod wire;
 
 #[cfg(test)]
