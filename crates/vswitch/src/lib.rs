@@ -38,8 +38,8 @@
 //! [`mtu`].
 
 pub mod mtu;
-pub mod udp;
 pub mod offload;
+pub mod udp;
 pub mod wire;
 
 #[cfg(test)]
