@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub mod hostile;
+
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// Runs a command to completion; an error carries its stderr.
