@@ -595,12 +595,12 @@ async fn spawn_hostile(
                             seen_task.lock().unwrap().asked += 1;
                         }
                         let lie = match request.request {
-                            RecordRequest::Claim { .. } | RecordRequest::Join { .. } => {
-                                RecordResponse::Held {
-                                    owner: vec![0x66; 32],
-                                    remaining_ms: 3_600_000,
-                                }
-                            }
+                            RecordRequest::Claim { .. }
+                            | RecordRequest::Join { .. }
+                            | RecordRequest::Transfer { .. } => RecordResponse::Held {
+                                owner: vec![0x66; 32],
+                                remaining_ms: 3_600_000,
+                            },
                             RecordRequest::Get { .. } => RecordResponse::Value { envelope: None },
                             RecordRequest::Members { .. } => {
                                 RecordResponse::Members { envelopes: vec![] }
