@@ -150,6 +150,9 @@ pub enum Message<P> {
         id: u64,
         /// The host's address.
         address: Ipv4Addr,
+        /// The target's own record for the address, signed by it (opaque here): what the
+        /// replicas keep once the lease is the target's ([`DhtOp::Transfer`]).
+        record: Vec<u8>,
     },
     /// Holder to target.
     Reply {
@@ -184,7 +187,7 @@ pub enum Answer<P> {
 
 /// A DHT operation for the agent to run; the result comes back through the matching
 /// `handle_*` method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DhtOp<P> {
     /// Who holds `address`? Result: [`Migrate::handle_lookup`].
     Lookup(Ipv4Addr),
@@ -194,13 +197,16 @@ pub enum DhtOp<P> {
     /// Claim the (free or lapsed) `address` for this member. Result:
     /// [`Migrate::handle_claim`].
     Claim(Ipv4Addr),
-    /// Move this member's lease on `address` to `to` on the replicas. Result:
+    /// Move this member's lease on `address` to `to` on the replicas, leaving `record`
+    /// (the new holder's, from its request) as the value. Result:
     /// [`Migrate::handle_transfer`].
     Transfer {
         /// The address.
         address: Ipv4Addr,
         /// The new holder.
         to: P,
+        /// The new holder's signed record.
+        record: Vec<u8>,
     },
 }
 
@@ -420,7 +426,11 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     /// the message's address on the replicas.
     pub fn handle_message(&mut self, now: Instant, from: P, message: Message<P>, held: bool) {
         match message {
-            Message::Request { id, address } => self.source_request(now, from, id, address, held),
+            Message::Request {
+                id,
+                address,
+                record,
+            } => self.source_request(now, from, id, address, record, held),
             Message::Reply {
                 id,
                 address,

@@ -13,6 +13,8 @@ pub(crate) struct Handoff<P> {
     /// The member the address goes to if the host is gone (the first to ask).
     asker: P,
     id: u64,
+    /// The asker's signed record, left on the replicas by the transfer.
+    record: Vec<u8>,
     /// Others that asked meanwhile, answered when this ends.
     others: Vec<(P, u64)>,
     step: Step,
@@ -53,12 +55,14 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         from: P,
         id: u64,
         address: Ipv4Addr,
+        record: Vec<u8>,
         held: bool,
     ) {
         if let Some(h) = self.sources.get_mut(&address) {
             if h.asker == from {
                 // A duplicate, or a retry while the probes run: one answer, to the latest id.
                 h.id = id;
+                h.record = record;
             } else if let Some(other) = h.others.iter_mut().find(|(p, _)| *p == from) {
                 other.1 = id;
             } else {
@@ -87,6 +91,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
                 started: now,
                 asker: from,
                 id,
+                record,
                 others: Vec::new(),
                 step: Step::Probing {
                     sent: 1,
@@ -216,10 +221,15 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
                 Step::Probing { .. } => {
                     // Silent on this LAN: the host left. The lease goes to the first asker.
                     let to = h.asker;
+                    let record = std::mem::take(&mut h.record);
                     h.step = Step::Transferring {
                         deadline: now + transfer_timeout,
                     };
-                    self.emit(Output::Dht(DhtOp::Transfer { address, to }));
+                    self.emit(Output::Dht(DhtOp::Transfer {
+                        address,
+                        to,
+                        record,
+                    }));
                 }
                 Step::Transferring { .. } => {
                     // The agent never answered: the askers try again.

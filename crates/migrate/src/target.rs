@@ -20,6 +20,9 @@ pub(crate) struct Handoff<P> {
     hops: u32,
     /// The holder this handoff last dealt with (reported in [`Event::TookOver`]).
     from: Option<P>,
+    /// This member's signed record for the address (from the lookup's caller), sent with
+    /// every request.
+    record: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -94,18 +97,21 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
                 step: Step::Looking { deadline },
                 hops,
                 from,
+                record: Vec::new(),
             },
         );
         self.emit(Output::Dht(DhtOp::Lookup(address)));
     }
 
     /// The answer to [`DhtOp::LookupMac`]: the address the MAC's host holds, and its
-    /// holder (`None`: no member knows the MAC).
+    /// holder (`None`: no member knows the MAC). `record` as for
+    /// [`Migrate::handle_lookup`].
     pub fn handle_mac_lookup(
         &mut self,
         now: Instant,
         mac: Mac,
         found: Option<(Ipv4Addr, Lookup<P>)>,
+        record: Vec<u8>,
     ) {
         let Some(started) = self.macs.remove(&mac) else {
             return;
@@ -130,19 +136,29 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
                 },
                 hops: 0,
                 from: None,
+                record: Vec::new(),
             },
         );
-        self.handle_lookup(now, address, lookup);
+        self.handle_lookup(now, address, lookup, record);
     }
 
-    /// The answer to [`DhtOp::Lookup`].
-    pub fn handle_lookup(&mut self, now: Instant, address: Ipv4Addr, lookup: Lookup<P>) {
+    /// The answer to [`DhtOp::Lookup`]. `record` is this member's own record for the
+    /// address, sealed and signed by it: the holder hands it to the replicas in the
+    /// transfer, so the value they keep is the new holder's own.
+    pub fn handle_lookup(
+        &mut self,
+        now: Instant,
+        address: Ipv4Addr,
+        lookup: Lookup<P>,
+        record: Vec<u8>,
+    ) {
         let Some(h) = self.targets.get_mut(&address) else {
             return;
         };
         if !matches!(h.step, Step::Looking { .. }) {
             return;
         }
+        h.record = record;
         match lookup {
             Lookup::Free => {
                 h.step = Step::Claiming {
@@ -163,19 +179,25 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         let id = self.next_id;
         self.next_id += 1;
         let next = now + self.config.request_retry;
-        if let Some(h) = self.targets.get_mut(&address) {
-            h.from = Some(holder.member);
-            h.step = Step::Asking {
-                holder,
-                looked: now,
-                id,
-                tries: 1,
-                next,
-            };
-        }
+        let Some(h) = self.targets.get_mut(&address) else {
+            return;
+        };
+        h.from = Some(holder.member);
+        h.step = Step::Asking {
+            holder,
+            looked: now,
+            id,
+            tries: 1,
+            next,
+        };
+        let record = h.record.clone();
         self.emit(Output::Send {
             to: holder.member,
-            message: Message::Request { id, address },
+            message: Message::Request {
+                id,
+                address,
+                record,
+            },
         });
     }
 
@@ -316,7 +338,11 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
                         *tries += 1;
                         *next = now + self.config.request_retry;
                         // The same id: the source answers a duplicate the same way.
-                        let message = Message::Request { id: *id, address };
+                        let message = Message::Request {
+                            id: *id,
+                            address,
+                            record: h.record.clone(),
+                        };
                         self.emit(Output::Send {
                             to: holder.member,
                             message,

@@ -57,6 +57,11 @@ struct Net {
     holders: Vec<Id>,
 }
 
+/// Router `id`'s signed record for the host's address (opaque to the state machines).
+fn record(id: Id) -> Vec<u8> {
+    vec![0xec, id]
+}
+
 fn state() -> HostState {
     HostState {
         mac: Some(MAC),
@@ -171,12 +176,12 @@ impl Net {
             }
             Input::Lookup(a, l) => {
                 if let Some(r) = self.routers.get_mut(&to) {
-                    r.handle_lookup(now, a, l);
+                    r.handle_lookup(now, a, l, record(to));
                 }
             }
             Input::MacLookup(m, f) => {
                 if let Some(r) = self.routers.get_mut(&to) {
-                    r.handle_mac_lookup(now, m, f);
+                    r.handle_mac_lookup(now, m, f, record(to));
                 }
             }
             Input::Claim(a, c) => {
@@ -227,8 +232,13 @@ impl Net {
                     Input::Claim(a, ClaimOutcome::Won)
                 }
             },
-            DhtOp::Transfer { address, to } => {
-                // Only the holder can transfer; the record names the new holder.
+            DhtOp::Transfer {
+                address,
+                to,
+                record: signed,
+            } => {
+                // Only the holder can transfer; the record kept is the new holder's own.
+                assert_eq!(signed, record(to), "the asker's record, passed on");
                 if !self.holds(id, address) {
                     return Input::Transfer(address, TransferOutcome::NotHolder);
                 }
