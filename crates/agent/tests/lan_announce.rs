@@ -57,7 +57,9 @@ fn router_counts_gratuitous_arp_and_rarp_from_a_lan_host() {
     let lan = bed.add_lan("lan").unwrap();
     let rh = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
     bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
-    let vm = bed.add_lan_host(&lan, "vm", "10.201.0.11/16", 1420).unwrap();
+    let vm = bed
+        .add_lan_host(&lan, "vm", "10.201.0.11/16", 1420)
+        .unwrap();
     let cfg = format!(
         "{}{}mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n",
         agent_section(&rh),
@@ -85,7 +87,9 @@ fn router_counts_gratuitous_arp_and_rarp_from_a_lan_host() {
         status.lan_hosts
     );
 
-    let out = bed.ns_output(&vm.ns, "python3", &["-c", SEND_RARP]).unwrap();
+    let out = bed
+        .ns_output(&vm.ns, "python3", &["-c", SEND_RARP])
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
