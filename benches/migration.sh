@@ -8,7 +8,7 @@
 #     time, as QEMU's defaults) in one series, with gratuitous ARP (`arping -U -c 3`) in the
 #     other.
 # MOVES moves per series, back and forth. Per move: downtime (last echo reply before the move
-# to the first after it, from ping -D), and the handoff time from the target router's own log
+# to the first reply to a request sent after it, from ping -D), and the handoff time from the target router's own log
 # (the move to its "address claimed" line). A move not back within TIMEOUT seconds counts as
 # TIMEOUT (printed as ">TIMEOUT"). A TCP stream (iperf3, 1 Mb/s, I -> VM) runs through all
 # moves; the last line says whether it is still alive. Needs root. Usage:
@@ -127,8 +127,15 @@ pids+=($!)
 sleep 2
 
 now() { date +%s.%N; }
-# Timestamps (Unix seconds) of echo replies after T.
-replies_after() { awk -v t="$1" -F'[][]' '/bytes from/ && $2 > t { print $2 }' "$dir/ping.log"; }
+# Timestamps (Unix seconds) of echo replies to requests sent after T (received at the
+# printed time, sent one round trip earlier): a reply in flight during the move is not one.
+replies_after() {
+    awk -v t="$1" -F'[][]' '/bytes from/ {
+        rtt = 0
+        if (match($3, /time=[0-9.]+/)) rtt = substr($3, RSTART + 5, RLENGTH - 5) / 1000
+        if ($2 - rtt > t) print $2
+    }' "$dir/ping.log"
+}
 last_reply_before() { awk -v t="$1" -F'[][]' '/bytes from/ && $2 <= t { last = $2 } END { print last }' "$dir/ping.log"; }
 # Unix time of the first "address claimed" line in router R's log after T.
 claimed_after() {
@@ -147,13 +154,16 @@ move() { # HOW: rarp or garp
     at "$vm_at" ip link set "$vmport" netns "$p-$to"
     at "$to" ip link set "$vmport" master br0 up
     vm_at=$to
+    # The VM is on the new LAN from here: only requests sent after this count as back.
+    local t1
+    t1=$(now)
     case $1 in
         rarp) at vm python3 "$dir/rarp.py" ;;
         garp) at vm arping -q -U -c 3 -I eth0 10.201.0.50 || true ;;
     esac
     local back=""
     for _ in $(seq $((timeout * 10))); do
-        back=$(replies_after "$t0" | head -1 || true)
+        back=$(replies_after "$t1" | head -1 || true)
         [ -n "$back" ] && break
         sleep 0.1
     done
