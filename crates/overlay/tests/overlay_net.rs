@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 enum Cmd {
     Claim(RecordKey, Envelope),
+    Transfer(RecordKey, Envelope),
     Get(RecordKey),
     Release(RecordKey),
     /// The peers of the swarm's Kademlia routing table.
@@ -113,6 +114,7 @@ async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Han
             tokio::select! {
                 cmd = cmd_rx.recv() => match cmd {
                     Some(Cmd::Claim(k, e)) => { overlay.claim(ns, k, e); }
+                    Some(Cmd::Transfer(k, e)) => { overlay.transfer(ns, k, e); }
                     Some(Cmd::Get(k)) => { overlay.get(ns, k); }
                     Some(Cmd::Release(k)) => { overlay.release(ns, k); }
                     Some(Cmd::Table(reply)) => { let _ = reply.send(overlay.routing_table()); }
@@ -218,6 +220,46 @@ fn racing_claims_have_one_winner_and_reads_agree() {
                     assert_eq!(info.endpoints[0].port(), 7400 + w as u16);
                 }
             }
+        }
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}
+
+#[test]
+fn a_transfer_moves_the_lease_to_the_named_holder_and_the_old_holder_cannot_take_it_back() {
+    rt().block_on(async {
+        let mut nodes = network(6, 3000).await;
+        let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        let key = keys.address_key(Ipv4Addr::new(10, 1, 0, 42));
+        let (old, new, third) = (1usize, 4usize, 2usize);
+        let mine = envelope(&keys, &nodes[old].identity, &key, 7501);
+        nodes[old].cmd.send(Cmd::Claim(key, mine.clone())).await.unwrap();
+        assert_eq!(nodes[old].claimed().await, ClaimResult::Won);
+        // Only the holder can transfer: the new holder asking for itself is refused.
+        let theirs = envelope(&keys, &nodes[new].identity, &key, 7504);
+        nodes[new].cmd.send(Cmd::Transfer(key, theirs.clone())).await.unwrap();
+        assert!(matches!(nodes[new].claimed().await, ClaimResult::Lost(_)));
+        nodes[old].cmd.send(Cmd::Transfer(key, theirs)).await.unwrap();
+        assert_eq!(nodes[old].claimed().await, ClaimResult::Won);
+        // Every reader sees the new holder's own record.
+        for reader in [0usize, 3, 5] {
+            nodes[reader].cmd.send(Cmd::Get(key)).await.unwrap();
+            let got = nodes[reader].got().await;
+            let (owner, plain) = got[0].open(&keys, &key, unix_now()).unwrap();
+            assert_eq!(owner, nodes[new].owner());
+            let info: MemberInfo = decode(&plain).unwrap();
+            assert_eq!(info.endpoints[0].port(), 7504);
+        }
+        // The old holder renewing, or a third member claiming, is refused in its favour.
+        for (who, port) in [(old, 7501u16), (third, 7502)] {
+            let e = envelope(&keys, &nodes[who].identity, &key, port);
+            nodes[who].cmd.send(Cmd::Claim(key, e)).await.unwrap();
+            assert_eq!(
+                nodes[who].claimed().await,
+                ClaimResult::Lost(Some(nodes[new].owner()))
+            );
         }
         for n in &nodes {
             let _ = n.cmd.send(Cmd::Stop).await;
