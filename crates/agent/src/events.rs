@@ -69,6 +69,7 @@ impl Agent {
                 Request::Claim { key, envelope } => self.overlay.claim(ns, key, envelope),
                 Request::Get { key } => self.overlay.get(ns, key),
                 Request::Members { key } => self.overlay.members(ns, key),
+                Request::Transfer { key, envelope } => self.overlay.transfer(ns, key, envelope),
                 // Nothing comes back that the membership waits for.
                 Request::Release { key } => {
                     self.overlay.release(ns, key);
@@ -154,6 +155,9 @@ impl Agent {
                 let held = HeldBy(&n.membership);
                 n.dns
                     .handle_lookup(now, &Missing::Name(host), Found::Name(address), &held);
+            }
+            Event::HandOff { address, done } => {
+                tracing::info!(namespace = %n.name, %address, done, "address hand-off ended");
             }
             Event::HolderRead { address, holder } => {
                 if let Some((name, _)) = n.member_names.get_mut(&address) {

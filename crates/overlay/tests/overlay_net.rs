@@ -235,13 +235,25 @@ fn a_transfer_moves_the_lease_to_the_named_holder_and_the_old_holder_cannot_take
         let key = keys.address_key(Ipv4Addr::new(10, 1, 0, 42));
         let (old, new, third) = (1usize, 4usize, 2usize);
         let mine = envelope(&keys, &nodes[old].identity, &key, 7501);
-        nodes[old].cmd.send(Cmd::Claim(key, mine.clone())).await.unwrap();
+        nodes[old]
+            .cmd
+            .send(Cmd::Claim(key, mine.clone()))
+            .await
+            .unwrap();
         assert_eq!(nodes[old].claimed().await, ClaimResult::Won);
         // Only the holder can transfer: the new holder asking for itself is refused.
         let theirs = envelope(&keys, &nodes[new].identity, &key, 7504);
-        nodes[new].cmd.send(Cmd::Transfer(key, theirs.clone())).await.unwrap();
+        nodes[new]
+            .cmd
+            .send(Cmd::Transfer(key, theirs.clone()))
+            .await
+            .unwrap();
         assert!(matches!(nodes[new].claimed().await, ClaimResult::Lost(_)));
-        nodes[old].cmd.send(Cmd::Transfer(key, theirs)).await.unwrap();
+        nodes[old]
+            .cmd
+            .send(Cmd::Transfer(key, theirs))
+            .await
+            .unwrap();
         assert_eq!(nodes[old].claimed().await, ClaimResult::Won);
         // Every reader sees the new holder's own record.
         for reader in [0usize, 3, 5] {
