@@ -292,10 +292,10 @@ impl Membership {
         address: Ipv4Addr,
         result: &ClaimResult,
     ) {
-        if !self
+        if self
             .hosted
             .get(&address)
-            .is_some_and(|h| h.claiming == Some(token))
+            .is_none_or(|h| h.claiming != Some(token))
         {
             return;
         }
