@@ -47,6 +47,7 @@ mod hygiene;
 mod members;
 mod relays;
 mod requests;
+mod routers;
 mod stats;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -81,6 +82,7 @@ pub use guard::{
 };
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
 pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL};
+pub use routers::{RouterAck, RouterMessage, MAX_ROUTER_MESSAGE, ROUTERS_PROTOCOL};
 pub use stats::OverlayStats;
 
 /// How long a Kademlia lookup may take.
@@ -188,6 +190,15 @@ pub enum OverlayEvent {
         key: RecordKey,
         /// Valid envelopes.
         envelopes: Vec<Envelope>,
+    },
+    /// A proven member of `ns` sent this agent a message ([`Overlay::send_to_member`]).
+    MemberMessage {
+        /// The namespace.
+        ns: NamespaceTag,
+        /// The sender.
+        from: NetworkId,
+        /// The message.
+        body: Vec<u8>,
     },
 }
 
@@ -699,6 +710,9 @@ impl Overlay {
             SwarmEvent::Behaviour(BehaviourEvent::Kad(event)) => self.handle_kad(now, wall, event),
             SwarmEvent::Behaviour(BehaviourEvent::Records(event)) => {
                 self.handle_records(now, wall, event)
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Routers(event)) => {
+                self.handle_routers(now, event)
             }
             SwarmEvent::Behaviour(BehaviourEvent::Proofs(event)) => {
                 self.handle_proofs(now, wall, event)
