@@ -20,6 +20,10 @@
 //!   can route lookups but never holds, refuses, hides or reads a record. What to ask and
 //!   when an operation is done is decided by the pure [`crate::quorum::Table`]: this module
 //!   feeds it lookups and answers and sends what it returns.
+//! - **messages between members** (`/hyphae/routers/1`, [`Overlay::send_to_member`]): an
+//!   opaque body scoped to one namespace, delivered ([`OverlayEvent::MemberMessage`]) only
+//!   from a peer that proved it is a member of it (for the migration handoff between router
+//!   sites).
 //!
 //! - **circuit relay v2**: every agent with a reachable listen address serves as a relay
 //!   for the control plane, and reserves a slot at up to [`RELAY_RESERVATIONS`] members it
