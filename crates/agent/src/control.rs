@@ -206,6 +206,10 @@ pub struct NamespaceStatus {
     /// ARP probes sent on the LAN (router and hybrid modes).
     #[serde(default)]
     pub arp_probes: u64,
+    /// Router mode: RARP and gratuitous ARP announcements seen on the LAN (what a migrated
+    /// VM sends on arrival).
+    #[serde(default)]
+    pub lan_announcements: u64,
     /// DHCP requests the switch handed to the virtual DHCP server.
     #[serde(default)]
     pub dhcp_requests: u64,

@@ -237,6 +237,16 @@ impl Agent {
             match event {
                 hyphae_vswitch::Event::LanHostUp(a) => n.membership.add_hosted(a, now),
                 hyphae_vswitch::Event::LanHostDown(a) => changed |= n.membership.remove_hosted(a),
+                // Counted in status (`lan_announcements`). A host that announces itself
+                // after a migration is claimed like any new LAN host; handing its address
+                // over from the old site's router (crates/migrate) is not wired yet.
+                hyphae_vswitch::Event::Rarp(mac) => {
+                    tracing::debug!(namespace = %n.name, mac = ?mac, "LAN host announced itself (RARP)");
+                }
+                hyphae_vswitch::Event::GratuitousArp { address, mac } => {
+                    tracing::debug!(namespace = %n.name, %address, mac = ?mac,
+                        "LAN host announced itself (gratuitous ARP)");
+                }
             }
         }
         if changed {

@@ -56,6 +56,11 @@ impl Agent {
                 }
             }
             OverlayEvent::Released { .. } | OverlayEvent::Announced { .. } => {}
+            OverlayEvent::MemberMessage { from, .. } => {
+                // Only the migration handoff sends these, and this agent does not drive it
+                // yet (issue 14): the message is dropped, and the sender's retries give up.
+                tracing::debug!(%from, "message from a member dropped: handoff not wired");
+            }
         }
     }
 
@@ -79,6 +84,7 @@ impl Agent {
                 } => self.overlay.renew(ns, key, envelope),
                 Request::Get { key } => self.overlay.get(ns, key),
                 Request::Members { key } => self.overlay.members(ns, key),
+                Request::Transfer { key, envelope } => self.overlay.transfer(ns, key, envelope),
                 // Nothing comes back that the membership waits for.
                 Request::Release { key } => {
                     self.overlay.release(ns, key);
@@ -164,6 +170,9 @@ impl Agent {
                 let held = HeldBy(&n.membership);
                 n.dns
                     .handle_lookup(now, &Missing::Name(host), Found::Name(address), &held);
+            }
+            Event::HandOff { address, done } => {
+                tracing::info!(namespace = %n.name, %address, done, "address hand-off ended");
             }
             Event::HolderRead { address, holder } => {
                 if let Some((name, _)) = n.member_names.get_mut(&address) {

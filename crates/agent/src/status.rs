@@ -72,6 +72,7 @@ impl Agent {
                     broadcasts_out: c.broadcasts_out,
                     broadcasts_in: c.broadcasts_in,
                     arp_probes: c.arp_probes,
+                    lan_announcements: c.announcements,
                     dhcp_requests: c.dhcp_requests,
                     dhcp_replies: p.dhcp.as_ref().map_or(0, |d| d.stats().replies),
                     dhcp_naks: p.dhcp.as_ref().map_or(0, |d| d.stats().naks),

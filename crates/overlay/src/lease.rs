@@ -136,6 +136,37 @@ impl<K: Eq + Hash + Clone, O: Eq + Clone> Replica<K, O> {
         }
     }
 
+    /// Moves `from`'s live lease on `key` to `to` for `ttl`, in one step: nobody else can
+    /// take the key in between, and `from` cannot renew it afterwards (a claim of its gets
+    /// [`Response::Held`]). Answers `Granted` once `to` holds it (also when it did already:
+    /// a repeated transfer), `Held` if a third owner does, `Released` if nobody does.
+    pub fn transfer(
+        &mut self,
+        now: Instant,
+        key: &K,
+        from: &O,
+        to: O,
+        ttl: Duration,
+    ) -> Response<O> {
+        let Some(held) = self.leases.get_mut(key).filter(|h| h.expires > now) else {
+            return Response::Released;
+        };
+        if held.owner == to {
+            return Response::Granted;
+        }
+        if held.owner != *from {
+            return Response::Held {
+                owner: held.owner.clone(),
+                remaining: held.expires - now,
+            };
+        }
+        *held = Held {
+            owner: to,
+            expires: now + ttl,
+        };
+        Response::Granted
+    }
+
     /// The current holder of `key`, if its lease has not expired.
     pub fn holder(&self, now: Instant, key: &K) -> Option<&O> {
         self.leases

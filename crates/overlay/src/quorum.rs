@@ -67,6 +67,11 @@ pub enum Kind {
     Join(Envelope),
     /// Read every entry of the group at the key.
     Members,
+    /// Move this agent's lease on the key to the envelope's owner, leaving the envelope
+    /// (migration handoff; [`crate::records::transfer`]). Decided like a claim, by a strict
+    /// majority of grants, and reported as [`OverlayEvent::Claimed`]; nothing is given back
+    /// when it is lost (the grants name the new holder, which renews or lets them lapse).
+    Transfer(Envelope),
 }
 
 /// Counters for status.
@@ -179,6 +184,19 @@ impl Table {
                     claim
                 };
                 let request = RecordRequest::Claim {
+                    key: k,
+                    envelope: envelope.clone(),
+                };
+                (Stage::Claim(claim), request)
+            }
+            Kind::Transfer(envelope) => {
+                let Some(to) = envelope.owner() else {
+                    self.ops.remove(&id);
+                    return Vec::new();
+                };
+                let (claim, _) =
+                    Claim::new(now, key, to, Duration::ZERO, peers.clone(), REQUEST_TIMEOUT);
+                let request = RecordRequest::Transfer {
                     key: k,
                     envelope: envelope.clone(),
                 };
@@ -354,8 +372,10 @@ impl Table {
                 let result = match outcome {
                     Outcome::Won => ClaimResult::Won,
                     Outcome::Lost { holder, release_to } => {
-                        self.releases
-                            .extend(release_to.iter().map(|replica| (*replica, key)));
+                        if !matches!(op.kind, Kind::Transfer(_)) {
+                            self.releases
+                                .extend(release_to.iter().map(|replica| (*replica, key)));
+                        }
                         ClaimResult::Lost(*holder)
                     }
                     Outcome::Kept { rival } => ClaimResult::Kept(*rival),
@@ -414,10 +434,15 @@ impl Table {
         };
         if let Some(Op {
             stage: Stage::Claim(claim),
+            kind,
             ..
         }) = self.ops.remove(&id)
         {
-            if matches!(claim.outcome(), Some(Outcome::Lost { .. })) && claim.unanswered() > 0 {
+            let transfer = matches!(kind, Kind::Transfer(_));
+            if !transfer
+                && matches!(claim.outcome(), Some(Outcome::Lost { .. }))
+                && claim.unanswered() > 0
+            {
                 self.lost_claims.insert(id, claim);
             }
         }
@@ -555,6 +580,8 @@ mod tests {
     fn releases(t: &mut Table) -> Vec<(NetworkId, RecordKey)> {
         std::iter::from_fn(|| t.poll_release()).collect()
     }
+
+    mod transfer;
 
     #[test]
     fn replicas_are_the_closest_distinct_peers_and_may_include_this_agent() {

@@ -35,6 +35,8 @@ use crate::quota::{
 };
 use crate::{Identity, NamespaceKeys};
 
+pub mod transfer;
+
 /// A record's key in the DHT.
 pub type RecordKey = [u8; 32];
 
@@ -306,6 +308,15 @@ pub enum RecordRequest {
         /// The group key (32 bytes).
         key: Vec<u8>,
     },
+    /// Move the requester's lease on `key` to the envelope's owner, keeping the envelope
+    /// (migration handoff: only the holder, over its own connection, can; see
+    /// [`transfer`]).
+    Transfer {
+        /// The key (32 bytes).
+        key: Vec<u8>,
+        /// The new holder's record, signed by it.
+        envelope: Envelope,
+    },
 }
 
 /// A request to a replica for one namespace's records. A replica answers it only if it is
@@ -572,6 +583,9 @@ impl RecordStore {
                 }
                 self.entries_held.add(owner, via);
                 RecordResponse::Joined
+            }
+            RecordRequest::Transfer { key, envelope } => {
+                self.transfer(now, now_unix, requester, &key, envelope)
             }
             RecordRequest::Members { key } => {
                 let Ok(key) = RecordKey::try_from(key.as_slice()) else {

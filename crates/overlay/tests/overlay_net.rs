@@ -9,15 +9,27 @@ use hyphae_overlay::proof::{ProofRequest, ProofResponse};
 use hyphae_overlay::records::{
     decode, encode, Envelope, MemberInfo, RecordKey, RecordRequest, RecordResponse, ScopedRequest,
 };
-use hyphae_overlay::swarm::{owner_key, ClaimResult, Overlay, OverlayEvent, OverlayOptions};
+use hyphae_overlay::swarm::{
+    network_id, owner_key, ClaimResult, Overlay, OverlayEvent, OverlayOptions, MAX_ROUTER_MESSAGE,
+};
 use hyphae_overlay::{Identity, NamespaceKeys};
 use libp2p::Multiaddr;
 use tokio::sync::mpsc;
 
 enum Cmd {
     Claim(RecordKey, Envelope),
+    Transfer(RecordKey, Envelope),
     Get(RecordKey),
     Release(RecordKey),
+    /// A message to a member (scoped to a namespace tag); replies whether it was sent.
+    Send(
+        hyphae_overlay::proof::NamespaceTag,
+        libp2p::PeerId,
+        Vec<u8>,
+        tokio::sync::oneshot::Sender<bool>,
+    ),
+    /// Messages refused so far.
+    Refused(tokio::sync::oneshot::Sender<u64>),
     /// The peers of the swarm's Kademlia routing table.
     Table(tokio::sync::oneshot::Sender<Vec<libp2p::PeerId>>),
     Stop,
@@ -113,8 +125,15 @@ async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Han
             tokio::select! {
                 cmd = cmd_rx.recv() => match cmd {
                     Some(Cmd::Claim(k, e)) => { overlay.claim(ns, k, e); }
+                    Some(Cmd::Transfer(k, e)) => { overlay.transfer(ns, k, e); }
                     Some(Cmd::Get(k)) => { overlay.get(ns, k); }
                     Some(Cmd::Release(k)) => { overlay.release(ns, k); }
+                    Some(Cmd::Send(tag, to, body, sent)) => {
+                        let _ = sent.send(overlay.send_to_member(tag, to, body));
+                    }
+                    Some(Cmd::Refused(reply)) => {
+                        let _ = reply.send(overlay.stats().router_messages_refused);
+                    }
                     Some(Cmd::Table(reply)) => { let _ = reply.send(overlay.routing_table()); }
                     Some(Cmd::Stop) | None => return,
                 },
@@ -218,6 +237,113 @@ fn racing_claims_have_one_winner_and_reads_agree() {
                     let info: MemberInfo = decode(&plain).unwrap();
                     assert_eq!(info.endpoints[0].port(), 7400 + w as u16);
                 }
+            }
+        }
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}
+
+#[test]
+fn a_transfer_moves_the_lease_to_the_named_holder_and_the_old_holder_cannot_take_it_back() {
+    rt().block_on(async {
+        let mut nodes = network(6, 3000).await;
+        let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        let key = keys.address_key(Ipv4Addr::new(10, 1, 0, 42));
+        let (old, new, third) = (1usize, 4usize, 2usize);
+        let mine = envelope(&keys, &nodes[old].identity, &key, 7501);
+        nodes[old]
+            .cmd
+            .send(Cmd::Claim(key, mine.clone()))
+            .await
+            .unwrap();
+        assert_eq!(nodes[old].claimed().await, ClaimResult::Won);
+        // Only the holder can transfer: the new holder asking for itself is refused.
+        let theirs = envelope(&keys, &nodes[new].identity, &key, 7504);
+        nodes[new]
+            .cmd
+            .send(Cmd::Transfer(key, theirs.clone()))
+            .await
+            .unwrap();
+        assert!(matches!(nodes[new].claimed().await, ClaimResult::Lost(_)));
+        nodes[old]
+            .cmd
+            .send(Cmd::Transfer(key, theirs))
+            .await
+            .unwrap();
+        assert_eq!(nodes[old].claimed().await, ClaimResult::Won);
+        // Every reader sees the new holder's own record.
+        for reader in [0usize, 3, 5] {
+            nodes[reader].cmd.send(Cmd::Get(key)).await.unwrap();
+            let got = nodes[reader].got().await;
+            let (owner, plain) = got[0].open(&keys, &key, unix_now()).unwrap();
+            assert_eq!(owner, nodes[new].owner());
+            let info: MemberInfo = decode(&plain).unwrap();
+            assert_eq!(info.endpoints[0].port(), 7504);
+        }
+        // The old holder renewing, or a third member claiming, is refused in its favour.
+        for (who, port) in [(old, 7501u16), (third, 7502)] {
+            let e = envelope(&keys, &nodes[who].identity, &key, port);
+            nodes[who].cmd.send(Cmd::Claim(key, e)).await.unwrap();
+            assert_eq!(
+                nodes[who].claimed().await,
+                ClaimResult::Lost(Some(nodes[new].owner()))
+            );
+        }
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}
+
+#[test]
+fn members_messages_arrive_only_from_proven_members_of_their_namespace() {
+    rt().block_on(async {
+        let mut nodes = network(2, 3100).await;
+        let to = network_id(&nodes[1].owner()).unwrap();
+        let send = |tag, body: Vec<u8>| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Cmd::Send(tag, to, body, tx), rx)
+        };
+        let refused = |n: &Handle| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let cmd = n.cmd.clone();
+            async move {
+                cmd.send(Cmd::Refused(tx)).await.unwrap();
+                rx.await.unwrap()
+            }
+        };
+        // Too large: not sent.
+        let (cmd, sent) = send(member_keys().tag(), vec![0; MAX_ROUTER_MESSAGE + 1]);
+        nodes[0].cmd.send(cmd).await.unwrap();
+        assert!(!sent.await.unwrap());
+        // A namespace neither proved: refused and counted by the receiver.
+        let other = NamespaceKeys::derive("lab", b"another secret!!").tag();
+        let (cmd, sent) = send(other, b"not yours".to_vec());
+        nodes[0].cmd.send(cmd).await.unwrap();
+        assert!(sent.await.unwrap());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while refused(&nodes[1]).await == 0 {
+            assert!(Instant::now() < deadline, "the refusal was never counted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The members' namespace: delivered, naming the sender; the refused one never is.
+        let (cmd, sent) = send(member_keys().tag(), b"hand 10.1.0.9 over".to_vec());
+        nodes[0].cmd.send(cmd).await.unwrap();
+        assert!(sent.await.unwrap());
+        loop {
+            if let OverlayEvent::MemberMessage { ns, from, body } = nodes[1].next("a message").await
+            {
+                assert_eq!(
+                    (ns, from, body),
+                    (
+                        member_keys().tag(),
+                        network_id(&nodes[0].owner()).unwrap(),
+                        b"hand 10.1.0.9 over".to_vec()
+                    )
+                );
+                break;
             }
         }
         for n in &nodes {
@@ -596,12 +722,12 @@ async fn spawn_hostile(
                             seen_task.lock().unwrap().asked += 1;
                         }
                         let lie = match request.request {
-                            RecordRequest::Claim { .. } | RecordRequest::Join { .. } => {
-                                RecordResponse::Held {
-                                    owner: vec![0x66; 32],
-                                    remaining_ms: 3_600_000,
-                                }
-                            }
+                            RecordRequest::Claim { .. }
+                            | RecordRequest::Join { .. }
+                            | RecordRequest::Transfer { .. } => RecordResponse::Held {
+                                owner: vec![0x66; 32],
+                                remaining_ms: 3_600_000,
+                            },
                             RecordRequest::Get { .. } => RecordResponse::Value { envelope: None },
                             RecordRequest::Members { .. } => {
                                 RecordResponse::Members { envelopes: vec![] }

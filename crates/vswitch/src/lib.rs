@@ -57,7 +57,7 @@ pub use wire::Mac;
 use wire::{
     emit_arp_probe, emit_arp_reply, emit_ethernet_header, emit_udp, multicast_mac, udp_parts,
     ArpPacket, EthernetFrame, Ipv4Packet, ARP_LEN, ARP_REQUEST, BROADCAST_MAC, ETHERTYPE_ARP,
-    ETHERTYPE_IPV4, ETH_HEADER_LEN, IPPROTO_UDP,
+    ETHERTYPE_IPV4, ETHERTYPE_RARP, ETH_HEADER_LEN, IPPROTO_UDP,
 };
 
 /// Bytes the caller must leave in front of a packet handed to
@@ -237,6 +237,17 @@ pub enum Event {
     LanHostUp(Ipv4Addr),
     /// Router mode: a LAN host stopped answering (the agent gives its address back).
     LanHostDown(Ipv4Addr),
+    /// Router mode: a host announced its MAC with RARP (QEMU's announce-self after a
+    /// migration); the frame carries no address (`hyphae_migrate` looks it up).
+    Rarp(Mac),
+    /// Router mode: a host announced its address with a gratuitous ARP (sender and target
+    /// address the same), whether or not the switch knew it.
+    GratuitousArp {
+        /// The announced address.
+        address: Ipv4Addr,
+        /// The host's MAC.
+        mac: Mac,
+    },
 }
 
 /// Why the switch dropped a frame. Each has a counter in [`Counters`].
@@ -339,6 +350,8 @@ pub struct Counters {
     pub service_packets: u64,
     /// LAN hosts not learned because the table was full.
     pub lan_table_full: u64,
+    /// Router mode: RARP and gratuitous ARP announcements seen on the LAN.
+    pub announcements: u64,
     /// TCP SYNs whose MSS was lowered to fit the tunnel (both directions).
     pub mss_clamped: u64,
     /// Packets larger than the tunnel MTU sent in fragments.
@@ -770,6 +783,9 @@ impl<P: Copy + Eq> Switch<P> {
                 if mode != Mode::Interface {
                     self.learn(arp.sender_ip(), arp.sender_mac(), now);
                 }
+                if mode == Mode::Router && arp.sender_ip() == arp.target_ip() {
+                    self.announced(Some(arp.sender_ip()), arp.sender_mac());
+                }
                 if !ours {
                     return Action::Drop(DropReason::OtherHost);
                 }
@@ -826,8 +842,41 @@ impl<P: Copy + Eq> Switch<P> {
                     None => Action::Resolve { target: dst },
                 }
             }
+            ETHERTYPE_RARP if mode == Mode::Router => {
+                let Ok(rarp) = ArpPacket::new_checked(eth.payload()) else {
+                    return Action::Drop(DropReason::Malformed);
+                };
+                self.announced(None, rarp.sender_mac());
+                // Nothing for the overlay: the bridge floods it on the LAN.
+                Action::Drop(DropReason::LanLocal)
+            }
             _ => Action::Drop(DropReason::UnsupportedProtocol),
         }
+    }
+
+    /// Router mode: a host announced itself (RARP names only the MAC; a gratuitous ARP the
+    /// address too). Not from a remote MAC or a group address, and within the namespace.
+    fn announced(&mut self, address: Option<Ipv4Addr>, mac: Mac) {
+        if mac[..2] == REMOTE_MAC_PREFIX || mac[0] & 1 != 0 || mac == [0; 6] {
+            return;
+        }
+        if let Some(a) = address {
+            if !self.lan.contains_key(&a) {
+                // `learn` refused it (not a host address of the namespace, or table full).
+                return;
+            }
+        }
+        self.counters.announcements += 1;
+        self.events.push_back(match address {
+            Some(address) => Event::GratuitousArp { address, mac },
+            None => Event::Rarp(mac),
+        });
+    }
+
+    /// Router mode: forgets a LAN host at once, without [`Event::LanHostDown`] (it was
+    /// handed to another site); its next frame here makes it [`Event::LanHostUp`] again.
+    pub fn forget_lan_host(&mut self, address: Ipv4Addr) {
+        self.lan.remove(&address);
     }
 
     /// IPOP 4.1: answer only if (a) the target is a namespace address, (b) it is not the
@@ -1065,6 +1114,8 @@ impl<P: Copy + Eq> Switch<P> {
 mod tests {
     use super::wire::{ArpPacket, EthernetFrame, ARP_REPLY};
     use super::*;
+
+    mod announce;
 
     const DEVICE_MAC: Mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
 

@@ -24,6 +24,9 @@ pub const IPV4_MIN_HEADER_LEN: usize = 20;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 /// EtherType of ARP.
 pub const ETHERTYPE_ARP: u16 = 0x0806;
+/// EtherType of RARP (RFC 903): QEMU/KVM's announce-self sends it after a migration, with
+/// the guest's MAC as sender and target and no address (the ARP layout, operation 3).
+pub const ETHERTYPE_RARP: u16 = 0x8035;
 
 /// ARP operation: request.
 pub const ARP_REQUEST: u16 = 1;

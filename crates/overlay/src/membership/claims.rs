@@ -272,6 +272,91 @@ impl Membership {
         h.owned
     }
 
+    /// Migration target: this member's own signed record for the LAN host `address` (what
+    /// the holder transfers its lease to), or `None` if it cannot host it (left, not a
+    /// usable address).
+    pub fn hosted_record(&mut self, address: Ipv4Addr, now: Instant) -> Option<Envelope> {
+        if self.left || !self.usable(address) {
+            return None;
+        }
+        self.seal_address(address, now)
+    }
+
+    /// Migration source: the LAN host at `address` moved to the member whose own record
+    /// `envelope` is; move the lease to it on the replicas (only the holder can, and the
+    /// old holder cannot renew it back). The result is [`Event::HandOff`]; meanwhile the
+    /// lease is not renewed. Returns whether the transfer started (this member must hold
+    /// the address for a LAN host, with no transfer already out).
+    pub fn hand_off_hosted(&mut self, address: Ipv4Addr, envelope: Envelope) -> bool {
+        if !self
+            .hosted
+            .get(&address)
+            .is_some_and(|h| h.owned && h.claiming.is_none())
+        {
+            return false;
+        }
+        let key = self.keys.address_key(address);
+        let token = self.start_op(
+            Request::Transfer { key, envelope },
+            Purpose::HandOff(address),
+        );
+        if let Some(h) = self.hosted.get_mut(&address) {
+            // Holds renewals back (run_hosted skips a host with an operation out).
+            h.claiming = Some(token);
+            h.next = None;
+        }
+        true
+    }
+
+    pub(super) fn handed_off(
+        &mut self,
+        now: Instant,
+        token: Token,
+        address: Ipv4Addr,
+        result: &ClaimResult,
+    ) {
+        if self
+            .hosted
+            .get(&address)
+            .is_none_or(|h| h.claiming != Some(token))
+        {
+            return;
+        }
+        let done = *result == ClaimResult::Won;
+        if done {
+            tracing::info!(namespace = %self.name, %address, "LAN host moved; its address handed off");
+            self.hosted.remove(&address);
+            self.dhcp_clients.remove(&address);
+            self.unbind_address(address);
+            self.events.push_back(Event::AddressesChanged);
+        } else if let Some(h) = self.hosted.get_mut(&address) {
+            tracing::info!(namespace = %self.name, %address, "address hand-off refused; still hosted here");
+            h.claiming = None;
+            h.next = Some(now);
+        }
+        self.events.push_back(Event::HandOff { address, done });
+    }
+
+    /// Migration target: the holder transferred the lease on the LAN host `address` to this
+    /// member (the replicas keep this member's record from [`Membership::hosted_record`]);
+    /// host it from now on and renew it as usual.
+    pub fn adopt_hosted(&mut self, address: Ipv4Addr, now: Instant) {
+        if self.left || !self.usable(address) {
+            return;
+        }
+        let renew_at = self.renewal(address, now);
+        let h = self.hosted.entry(address).or_default();
+        let was = h.owned;
+        h.owned = true;
+        if h.claiming.is_none() {
+            h.next = Some(renew_at);
+        }
+        if !was {
+            tracing::info!(namespace = %self.name, %address, "LAN host's address taken over");
+            self.events.push_back(Event::AddressesChanged);
+        }
+    }
+
     /// Claims (and renews) the hosts' addresses that are due.
     pub(super) fn run_hosted(&mut self, now: Instant) {
         let due: Vec<Ipv4Addr> = self

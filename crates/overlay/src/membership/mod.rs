@@ -159,6 +159,14 @@ pub enum Request {
         /// The group key.
         key: RecordKey,
     },
+    /// Move this member's lease on `key` to the owner of `envelope` (the new holder's own
+    /// signed record): answered by [`Membership::handle_claimed`].
+    Transfer {
+        /// The key.
+        key: RecordKey,
+        /// The new holder's sealed, signed value.
+        envelope: Envelope,
+    },
 }
 
 /// What the driver must act on.
@@ -212,6 +220,14 @@ pub enum Event {
         /// Its holder's name for it, if someone holds it.
         holder: Option<Option<String>>,
     },
+    /// A [`Membership::hand_off_hosted`] ended: `done`, the lease is the new holder's on
+    /// the replicas and this member no longer hosts the address; else it still does.
+    HandOff {
+        /// The address.
+        address: Ipv4Addr,
+        /// Whether the lease moved.
+        done: bool,
+    },
 }
 
 /// Why an operation was started, to route its result.
@@ -221,6 +237,7 @@ enum Purpose {
     SettingsGet,
     Own(Ipv4Addr),
     Hosted(Ipv4Addr),
+    HandOff(Ipv4Addr),
     Dhcp(DhcpClaim),
     Name { name: String, sealed: Ipv4Addr },
     Resolve(Ipv4Addr),
@@ -560,6 +577,7 @@ impl Membership {
             Purpose::SettingsClaim => self.settings_claimed(now, result),
             Purpose::Own(address) => self.own_claimed(now, address, result),
             Purpose::Hosted(address) => self.hosted_claimed(now, token, address, result),
+            Purpose::HandOff(address) => self.handed_off(now, token, address, result),
             Purpose::Dhcp(claim) => self.dhcp_claimed(now, claim, result),
             Purpose::Name { name, sealed } => self.name_claimed(now, token, name, sealed, result),
             Purpose::SettingsGet

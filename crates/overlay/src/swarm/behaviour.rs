@@ -9,6 +9,7 @@ use libp2p::{
 
 use super::addr::is_memory;
 use super::guard::{self, PerIp};
+use super::routers::{RouterAck, RouterMessage, ROUTERS_PROTOCOL};
 use super::{
     Multiaddr, OverlayError, OverlayOptions, KAD_PROTOCOL, LOOKUP_TIMEOUT, RECORDS_PROTOCOL,
     REQUEST_TIMEOUT,
@@ -28,6 +29,7 @@ pub(super) struct Behaviour {
     pub(super) identify: identify::Behaviour,
     pub(super) records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
     pub(super) proofs: request_response::json::Behaviour<ProofRequest, ProofResponse>,
+    pub(super) routers: request_response::json::Behaviour<RouterMessage, RouterAck>,
     pub(super) relay: relay::Behaviour,
     pub(super) relay_client: relay::client::Behaviour,
     pub(super) dcutr: dcutr::Behaviour,
@@ -116,6 +118,10 @@ fn make_behaviour(
         [(StreamProtocol::new(PROOF_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
     );
+    let routers = request_response::json::Behaviour::new(
+        [(StreamProtocol::new(ROUTERS_PROTOCOL), ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
+    );
     let relay = relay::Behaviour::new(peer, guard::relay_config());
     let mdns = match options.mdns {
         true => Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?),
@@ -128,6 +134,7 @@ fn make_behaviour(
         identify,
         records,
         proofs,
+        routers,
         relay,
         relay_client,
         dcutr: dcutr::Behaviour::new(peer),

@@ -20,6 +20,10 @@
 //!   can route lookups but never holds, refuses, hides or reads a record. What to ask and
 //!   when an operation is done is decided by the pure [`crate::quorum::Table`]: this module
 //!   feeds it lookups and answers and sends what it returns.
+//! - **messages between members** (`/hyphae/routers/1`, [`Overlay::send_to_member`]): an
+//!   opaque body scoped to one namespace, delivered ([`OverlayEvent::MemberMessage`]) only
+//!   from a peer that proved it is a member of it (for the migration handoff between router
+//!   sites).
 //!
 //! - **circuit relay v2**: every agent with a reachable listen address serves as a relay
 //!   for the control plane, and reserves a slot at up to [`RELAY_RESERVATIONS`] members it
@@ -47,6 +51,7 @@ mod hygiene;
 mod members;
 mod relays;
 mod requests;
+mod routers;
 mod stats;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -81,6 +86,7 @@ pub use guard::{
 };
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
 pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL};
+pub use routers::{RouterAck, RouterMessage, MAX_ROUTER_MESSAGE, ROUTERS_PROTOCOL};
 pub use stats::OverlayStats;
 
 /// How long a Kademlia lookup may take.
@@ -194,6 +200,15 @@ pub enum OverlayEvent {
         key: RecordKey,
         /// Valid envelopes.
         envelopes: Vec<Envelope>,
+    },
+    /// A proven member of `ns` sent this agent a message ([`Overlay::send_to_member`]).
+    MemberMessage {
+        /// The namespace.
+        ns: NamespaceTag,
+        /// The sender.
+        from: NetworkId,
+        /// The message.
+        body: Vec<u8>,
     },
 }
 
@@ -729,6 +744,9 @@ impl Overlay {
             SwarmEvent::Behaviour(BehaviourEvent::Kad(event)) => self.handle_kad(now, wall, event),
             SwarmEvent::Behaviour(BehaviourEvent::Records(event)) => {
                 self.handle_records(now, wall, event)
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Routers(event)) => {
+                self.handle_routers(now, event)
             }
             SwarmEvent::Behaviour(BehaviourEvent::Proofs(event)) => {
                 self.handle_proofs(now, wall, event)

@@ -24,6 +24,14 @@ impl Overlay {
         self.start(ns, key, Kind::Renew(envelope))
     }
 
+    /// Moves this agent's lease on `key` to the owner of `envelope` (the new holder's own
+    /// signed record) in one step on each replica: granted, like a claim, only by a strict
+    /// majority, and only if this agent holds the key there. The result is a
+    /// [`OverlayEvent::Claimed`]: `Won` means the lease is the new holder's now.
+    pub fn transfer(&mut self, ns: NamespaceTag, key: RecordKey, envelope: Envelope) -> OpId {
+        self.start(ns, key, Kind::Transfer(envelope))
+    }
+
     /// Reads `key` from its replicas.
     pub fn get(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
         self.start(ns, key, Kind::Get)

@@ -46,4 +46,9 @@ pub struct OverlayStats {
     /// Peer addresses not kept (loopback from another host, link-local, namespace
     /// subnets; see [`hygiene`]).
     pub addresses_filtered: u64,
+    /// Messages from peers not proven members of the message's namespace (or too large)
+    /// refused.
+    pub router_messages_refused: u64,
+    /// Messages to members that failed or were refused.
+    pub router_messages_failed: u64,
 }

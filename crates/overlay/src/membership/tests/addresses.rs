@@ -186,6 +186,75 @@ fn a_router_claims_and_releases_its_lan_hosts() {
 }
 
 #[test]
+fn a_moved_lan_hosts_address_is_handed_off_and_the_old_router_cannot_renew_it() {
+    let mut net = Net::new();
+    let r1 = net.add(config(Address::None), 1);
+    let r2 = net.add(config(Address::None), 2);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    net.members[r1].add_hosted(ip(20), now);
+    net.run_for(Duration::from_secs(1));
+    let key = keys().address_key(ip(20));
+    assert_eq!(net.holder(&key), Some(net.id(r1).as_bytes().to_vec()));
+    net.take_events(r1);
+    // Only the router hosting it can hand it off.
+    let record = net.members[r2].hosted_record(ip(20), now).unwrap();
+    assert!(!net.members[r2].hand_off_hosted(ip(20), record.clone()));
+    assert!(net.members[r1].hand_off_hosted(ip(20), record.clone()));
+    assert!(
+        !net.members[r1].hand_off_hosted(ip(20), record),
+        "one transfer at a time"
+    );
+    net.run_for(Duration::from_secs(1));
+    let events = net.take_events(r1);
+    assert!(events.contains(&Event::HandOff {
+        address: ip(20),
+        done: true
+    }));
+    assert!(events.contains(&Event::AddressesChanged));
+    assert!(net.members[r1].addresses().is_empty());
+    assert_eq!(net.holder(&key), Some(net.id(r2).as_bytes().to_vec()));
+    let now = net.now;
+    net.members[r2].adopt_hosted(ip(20), now);
+    net.settle();
+    assert!(net.take_events(r2).contains(&Event::AddressesChanged));
+    assert_eq!(net.members[r2].addresses(), vec![ip(20)]);
+    // The new router renews it; the old one neither renews nor releases it.
+    net.run_for(LEASE * 3);
+    assert_eq!(net.holder(&key), Some(net.id(r2).as_bytes().to_vec()));
+    assert!(!net.members[r1].remove_hosted(ip(20)));
+    assert_eq!(net.holder(&key), Some(net.id(r2).as_bytes().to_vec()));
+}
+
+#[test]
+fn a_hand_off_the_replicas_refuse_is_reported_and_the_old_router_keeps_trying() {
+    let mut net = Net::new();
+    let r1 = net.add(config(Address::None), 1);
+    let r2 = net.add(config(Address::None), 2);
+    let r3 = net.add(config(Address::None), 3);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    net.members[r1].add_hosted(ip(20), now);
+    net.run_for(Duration::from_secs(1));
+    // The replicas name another holder by the time the transfer arrives.
+    let key = keys().address_key(ip(20));
+    let stale = net.members[r3].hosted_record(ip(20), now).unwrap();
+    net.replicas.leases.insert(key, stale);
+    let record = net.members[r2].hosted_record(ip(20), now).unwrap();
+    net.take_events(r1);
+    assert!(net.members[r1].hand_off_hosted(ip(20), record));
+    net.run_for(Duration::from_millis(100));
+    assert!(net.take_events(r1).contains(&Event::HandOff {
+        address: ip(20),
+        done: false
+    }));
+    assert_eq!(net.holder(&key), Some(net.id(r3).as_bytes().to_vec()));
+    // Still the old router's host: it renews at once, and finds (and counts) the holder.
+    assert_eq!(net.members[r1].hosted_conflicts(), 1);
+    assert!(net.members[r1].addresses().is_empty());
+}
+
+#[test]
 fn a_lan_host_whose_address_another_member_owns_is_counted_and_retried() {
     let mut net = Net::new();
     let a = net.add(config(Address::Static(ip(20))), 1);

@@ -63,6 +63,27 @@ impl Replicas {
             }
         }
     }
+
+    /// Moves `from`'s live lease on `key` to `envelope`'s owner; refused (naming the
+    /// holder) unless `from` holds it.
+    fn transfer(
+        &mut self,
+        key: RecordKey,
+        from: &[u8],
+        envelope: Envelope,
+        unix: u64,
+    ) -> ClaimResult {
+        match self.leases.get(&key) {
+            Some(held) if Self::live(held, unix) && held.owner == from => {
+                self.leases.insert(key, envelope);
+                ClaimResult::Won
+            }
+            Some(held) if Self::live(held, unix) => {
+                ClaimResult::Lost(Some(held.owner.clone().try_into().unwrap()))
+            }
+            _ => ClaimResult::Lost(None),
+        }
+    }
 }
 
 /// Members driven on one virtual clock; each DHT answer arrives after `latency`.
@@ -175,9 +196,10 @@ impl Net {
     fn carry_out(&mut self, i: usize, token: Token, request: Request) {
         let unix = self.unix();
         let muted = match &request {
-            Request::Claim { key, .. } | Request::Get { key } | Request::Members { key } => {
-                self.mute.contains(key)
-            }
+            Request::Claim { key, .. }
+            | Request::Transfer { key, .. }
+            | Request::Get { key }
+            | Request::Members { key } => self.mute.contains(key),
             Request::Release { .. } | Request::Announce { .. } => false,
         };
         let answer = match request {
@@ -188,6 +210,10 @@ impl Net {
             } => {
                 self.claim_log.push((key, renewal));
                 Answer::Claimed(self.replicas.claim(key, envelope, unix))
+            }
+            Request::Transfer { key, envelope } => {
+                let from = self.members[i].identity.peer_id();
+                Answer::Claimed(self.replicas.transfer(key, from.as_bytes(), envelope, unix))
             }
             Request::Get { key } => Answer::Got(
                 self.replicas

@@ -1,0 +1,459 @@
+//! Migration handoff of a router-mode LAN host between sites: pure state machines, no I/O.
+//!
+//! A plain LAN host (a VM with no hyphae software) keeps its IP and MAC when its hypervisor
+//! moves it from router A's LAN to router B's. IPOP Sec. 5 and Fig. 11 hand its address over
+//! between the two routers; this crate does that, faster and safer:
+//!
+//! 1. **Target** (B) sees the host on its LAN ([`Presence`]: a RARP frame as QEMU's
+//!    announce-self sends, a gratuitous ARP, or its first packet) for an address it does not
+//!    hold. It looks up the holder in the DHT ([`DhtOp::Lookup`], or [`DhtOp::LookupMac`]
+//!    when a RARP frame named only the MAC). No holder: it claims the address
+//!    ([`DhtOp::Claim`]). A holder: it asks it ([`Message::Request`]), retrying a lost
+//!    request every [`Config::request_retry`].
+//! 2. **Source** (A) checks that the host is gone from its LAN: [`Config::probes`] ARP
+//!    probes [`Config::probe_interval`] apart ([`Output::Probe`]; hundreds of milliseconds,
+//!    not IPOP's seconds). An answer, or any frame from the host meanwhile, means it never
+//!    left: [`Answer::Present`], no handoff. Silence: A transfers the lease on the replicas
+//!    to B ([`DhtOp::Transfer`]: only the holder can, the record names B, so no third member
+//!    takes it in between and A cannot take it back by renewing), then answers
+//!    [`Answer::Transferred`] with the host's DHCP lease and names ([`HostState`]), pushes
+//!    [`Message::Moved`] to every member so their routes move at once, and forwards packets
+//!    still arriving for the host to B for [`Config::grace`] ([`Migrate::forward_to`]).
+//! 3. The target takes the address over ([`Event::TookOver`]) with the host's state.
+//!
+//! If the source never answers (dead), the target waits for its lease to lapse on the
+//! replicas and claims the address then ([`Event::SourceSilent`] says when): the bound is
+//! `request_retry * request_tries` plus the time left on the source's lease, at most one
+//! lease time. Two targets asking for one host are served one after the other: the second
+//! is sent on to the new holder ([`Answer::NotHolder`]), which checks its own LAN in turn.
+//!
+//! Call order (as quinn-proto documents its `Connection`): feed inputs with the `handle_*`
+//! methods, then drain [`Migrate::poll_output`] until `None`, and call
+//! [`Migrate::handle_timeout`] at [`Migrate::poll_timeout`]. `P` names a member (the
+//! overlay's peer handle). No method reads a clock or draws randomness, and none panics.
+
+mod source;
+mod target;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+/// An Ethernet MAC address.
+pub type Mac = [u8; 6];
+
+/// Timers of the handoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Time between the source's ARP probes of a host it is asked to give up.
+    pub probe_interval: Duration,
+    /// Probes unanswered before the source decides the host left its LAN.
+    pub probes: u32,
+    /// Time between a target's requests while no reply came.
+    pub request_retry: Duration,
+    /// Requests sent before a target decides the source is dead.
+    pub request_tries: u32,
+    /// How long the source forwards packets still arriving for a moved host.
+    pub grace: Duration,
+    /// How many holders in a row a target asks (one host moved twice, racing targets).
+    pub max_hops: u32,
+}
+
+/// A host on a LAN answers an ARP request in well under a millisecond; three probes 100 ms
+/// apart survive two lost frames and still decide within 300 ms.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// See [`PROBE_INTERVAL`].
+pub const PROBES: u32 = 3;
+/// A reply needs the probe window (300 ms) plus a transfer round trip on the replicas;
+/// a request repeated sooner only costs a duplicate, which the source answers the same.
+pub const REQUEST_RETRY: Duration = Duration::from_millis(500);
+/// Four requests (2 s) before the source counts as dead.
+pub const REQUEST_TRIES: u32 = 4;
+/// Members' routes move with the pushed [`Message::Moved`]; the grace period covers a
+/// member that missed it until it looks the address up again.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            probe_interval: PROBE_INTERVAL,
+            probes: PROBES,
+            request_retry: REQUEST_RETRY,
+            request_tries: REQUEST_TRIES,
+            grace: GRACE,
+            max_hops: 3,
+        }
+    }
+}
+
+/// How a host showed itself on this router's LAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Announce {
+    /// A RARP frame (EtherType 0x8035): QEMU/KVM's announce-self after a migration. It
+    /// names the MAC only.
+    Rarp,
+    /// A gratuitous ARP (sender and target address the same): `arping -U`, Xen, VMware.
+    GratuitousArp,
+    /// Any other frame from the host: its first packet after the move.
+    Packet,
+}
+
+/// A host seen on this router's LAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Presence {
+    /// Its address, if the frame carried one (a RARP frame does not).
+    pub address: Option<Ipv4Addr>,
+    /// Its MAC.
+    pub mac: Mac,
+    /// What it sent.
+    pub announce: Announce,
+}
+
+/// Who holds an address lease on the replicas, and for how long yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder<P> {
+    /// The holding member.
+    pub member: P,
+    /// Time left on its lease.
+    pub remaining: Duration,
+}
+
+/// A lease of the host's address by this router's virtual DHCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhcpLease {
+    /// The client identifier (or hardware address) the lease is bound to.
+    pub client: Vec<u8>,
+    /// Time left on it.
+    pub remaining: Duration,
+}
+
+/// What moves with a host: its MAC, its DHCP lease and its DNS names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostState {
+    /// The host's MAC, if known.
+    pub mac: Option<Mac>,
+    /// Its DHCP lease, if this router's server gave it the address.
+    pub dhcp: Option<DhcpLease>,
+    /// Its DNS names (the one it asked for, and its automatic one).
+    pub names: Vec<String>,
+}
+
+/// A message between routers (carried over the overlay's authenticated channel: only
+/// proven members send them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message<P> {
+    /// Target to holder: the host at `address` is on my LAN now; hand it over.
+    Request {
+        /// Matches the reply to the request (unique per target).
+        id: u64,
+        /// The host's address.
+        address: Ipv4Addr,
+        /// The target's own record for the address, signed by it (opaque here): what the
+        /// replicas keep once the lease is the target's ([`DhtOp::Transfer`]).
+        record: Vec<u8>,
+    },
+    /// Holder to target.
+    Reply {
+        /// The request's id.
+        id: u64,
+        /// The host's address.
+        address: Ipv4Addr,
+        /// The outcome.
+        answer: Answer<P>,
+    },
+    /// Old holder to every member: `address` is at `to` now.
+    Moved {
+        /// The host's address.
+        address: Ipv4Addr,
+        /// Its new holder.
+        to: P,
+    },
+}
+
+/// The holder's answer to a [`Message::Request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer<P> {
+    /// The lease is the asker's now; the host's state comes with it.
+    Transferred(HostState),
+    /// The host still answers on my LAN: no handoff.
+    Present,
+    /// I do not hold the address (any more); `Some` names the member I gave it to.
+    NotHolder(Option<P>),
+    /// The transfer failed on the replicas; ask again later.
+    Failed,
+}
+
+/// A DHT operation for the agent to run; the result comes back through the matching
+/// `handle_*` method.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DhtOp<P> {
+    /// Who holds `address`? Result: [`Migrate::handle_lookup`].
+    Lookup(Ipv4Addr),
+    /// Which address is the host with this MAC's, and who holds it? Result:
+    /// [`Migrate::handle_mac_lookup`].
+    LookupMac(Mac),
+    /// Claim the (free or lapsed) `address` for this member. Result:
+    /// [`Migrate::handle_claim`].
+    Claim(Ipv4Addr),
+    /// Move this member's lease on `address` to `to` on the replicas, leaving `record`
+    /// (the new holder's, from its request) as the value. Result:
+    /// [`Migrate::handle_transfer`].
+    Transfer {
+        /// The address.
+        address: Ipv4Addr,
+        /// The new holder.
+        to: P,
+        /// The new holder's signed record.
+        record: Vec<u8>,
+    },
+}
+
+/// What a claim came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome<P> {
+    /// The address is this member's.
+    Won,
+    /// Another member holds it.
+    Held(Holder<P>),
+    /// No quorum answered.
+    Unanswered,
+}
+
+/// What a lookup of an address's holder came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup<P> {
+    /// Nobody holds it.
+    Free,
+    /// A member holds it.
+    Held(Holder<P>),
+    /// No replica answered.
+    Unanswered,
+}
+
+/// What a transfer came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferOutcome {
+    /// A quorum of replicas names the new holder.
+    Done,
+    /// The replicas say this member does not hold the address.
+    NotHolder,
+    /// No quorum answered.
+    Unanswered,
+}
+
+/// Something the agent acts on or reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event<P> {
+    /// Target: the address is this member's now; install the host's state (DHCP lease,
+    /// names) and route it to the LAN. `from` is the old holder (`None`: it was free or
+    /// lapsed); `took` runs from the host's first sighting to now.
+    TookOver {
+        /// The host's address.
+        address: Ipv4Addr,
+        /// The old holder.
+        from: Option<P>,
+        /// What came with it (empty when the source was silent).
+        state: HostState,
+        /// Handoff duration.
+        took: Duration,
+    },
+    /// Source: the host left; its address, lease and names are `to`'s now. Forget it on
+    /// the LAN (packets for it go to [`Migrate::forward_to`] for the grace period).
+    HandedOff {
+        /// The host's address.
+        address: Ipv4Addr,
+        /// The new holder.
+        to: P,
+        /// From the first request to the transfer.
+        took: Duration,
+    },
+    /// Source: the host answered on this LAN; the request was refused.
+    Kept {
+        /// The host's address.
+        address: Ipv4Addr,
+        /// Who asked.
+        asker: P,
+    },
+    /// Target: the holder says the host is still on its LAN; the address stays its.
+    Refused {
+        /// The host's address.
+        address: Ipv4Addr,
+        /// The holder.
+        holder: P,
+    },
+    /// Target: the holder never answered; the address is claimed when its lease lapses.
+    SourceSilent {
+        /// The host's address.
+        address: Ipv4Addr,
+        /// The silent holder.
+        holder: P,
+        /// When the claim goes out.
+        claim_at: Instant,
+    },
+    /// Target: the handoff was given up (DHT unanswered, too many hops, no address for a
+    /// RARP MAC).
+    GaveUp {
+        /// The host's address, if known.
+        address: Option<Ipv4Addr>,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// What the agent does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output<P> {
+    /// Send `message` to the member `to`.
+    Send {
+        /// The member.
+        to: P,
+        /// The message.
+        message: Message<P>,
+    },
+    /// Send `message` to every member of the namespace.
+    Push(Message<P>),
+    /// Run a DHT operation.
+    Dht(DhtOp<P>),
+    /// Send an ARP probe for the address on the LAN.
+    Probe(Ipv4Addr),
+    /// Report or act on an event.
+    Event(Event<P>),
+}
+
+/// Counters for `hyphae status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Hosts taken over from another router (or a lapsed lease).
+    pub handoffs_in: u64,
+    /// Hosts handed to another router.
+    pub handoffs_out: u64,
+    /// Requests refused because the host still answered here.
+    pub kept: u64,
+    /// The last handoff's duration, either way.
+    pub last: Option<Duration>,
+}
+
+/// The handoffs of one namespace on one router: those it asks for (target) and those it
+/// is asked for (source).
+#[derive(Debug)]
+pub struct Migrate<P> {
+    config: Config,
+    targets: HashMap<Ipv4Addr, target::Handoff<P>>,
+    /// RARP sightings waiting for their MAC lookup.
+    macs: HashMap<Mac, Instant>,
+    sources: HashMap<Ipv4Addr, source::Handoff<P>>,
+    /// Hosts handed off: forwarded to the new holder until the grace period ends.
+    moved: HashMap<Ipv4Addr, source::Moved<P>>,
+    /// This member.
+    local: P,
+    next_id: u64,
+    outputs: VecDeque<Output<P>>,
+    stats: Stats,
+}
+
+impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
+    /// No handoff under way; `local` is this member.
+    pub fn new(config: Config, local: P) -> Self {
+        Self {
+            config,
+            local,
+            targets: HashMap::new(),
+            macs: HashMap::new(),
+            sources: HashMap::new(),
+            moved: HashMap::new(),
+            next_id: 0,
+            outputs: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Source: the member packets for `address` go to during the grace period after it was
+    /// handed off.
+    pub fn forward_to(&self, address: Ipv4Addr, now: Instant) -> Option<P> {
+        self.moved
+            .get(&address)
+            .filter(|m| now < m.until)
+            .map(|m| m.to)
+    }
+
+    /// Whether a handoff of `address` is under way here, either way.
+    pub fn in_progress(&self, address: Ipv4Addr) -> bool {
+        self.targets.contains_key(&address) || self.sources.contains_key(&address)
+    }
+
+    /// The next thing to do.
+    pub fn poll_output(&mut self) -> Option<Output<P>> {
+        self.outputs.pop_front()
+    }
+
+    /// When [`Migrate::handle_timeout`] wants to run next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let targets = self.targets.values().filter_map(|t| t.deadline());
+        let sources = self.sources.values().filter_map(|s| s.deadline());
+        let moved = self.moved.values().map(|m| m.until);
+        targets.chain(sources).chain(moved).min()
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.moved.retain(|_, m| now < m.until);
+        self.macs
+            .retain(|_, t| now.saturating_duration_since(*t) < self.config.request_retry * 4);
+        self.targets_timeout(now);
+        self.sources_timeout(now);
+    }
+
+    /// A host showed itself on this LAN. `held`: this member holds the frame's address
+    /// already (the agent's membership knows); then only a source checking that address
+    /// cares (the host never left, or came back).
+    pub fn handle_presence(&mut self, now: Instant, presence: Presence, held: bool) {
+        if let Some(address) = presence.address {
+            if self.source_sees_host(address, presence) || held {
+                return;
+            }
+        }
+        self.target_start(now, presence);
+    }
+
+    /// A message from the member `from` (proven by the overlay). `held`: this member holds
+    /// the message's address on the replicas.
+    pub fn handle_message(&mut self, now: Instant, from: P, message: Message<P>, held: bool) {
+        match message {
+            Message::Request {
+                id,
+                address,
+                record,
+            } => self.source_request(now, from, id, address, record, held),
+            Message::Reply {
+                id,
+                address,
+                answer,
+            } => self.target_reply(now, from, id, address, answer),
+            // Routes are the agent's: see [`accept_moved`].
+            Message::Moved { .. } => {}
+        }
+    }
+
+    fn emit(&mut self, output: Output<P>) {
+        self.outputs.push_back(output);
+    }
+
+    fn event(&mut self, event: Event<P>) {
+        self.outputs.push_back(Output::Event(event));
+    }
+}
+
+/// Whether a member takes a [`Message::Moved`] about `address` from `from`: only from the
+/// member its route for the address points to now (the old holder speaks for its own
+/// address; a third member cannot redirect traffic this way). The new route is then
+/// `to`; the DHT record, which names `to` already, confirms it on the next lookup.
+pub fn accept_moved<P: Eq>(from: &P, current_route: Option<&P>) -> bool {
+    current_route == Some(from)
+}
