@@ -75,7 +75,9 @@ fn swarm(seed: [u8; 32]) -> Result<Swarm<Hostile>> {
 /// The lie a Sybil tells to every record request.
 fn lie(request: &RecordRequest) -> RecordResponse {
     match request {
-        RecordRequest::Claim { .. } | RecordRequest::Join { .. } => RecordResponse::Held {
+        RecordRequest::Claim { .. }
+        | RecordRequest::Join { .. }
+        | RecordRequest::Transfer { .. } => RecordResponse::Held {
             owner: vec![0x66; 32],
             remaining_ms: 3_600_000,
         },
