@@ -349,46 +349,6 @@ impl Overlay {
         self.connected.len()
     }
 
-    /// Counters.
-    pub fn stats(&self) -> OverlayStats {
-        let quorum = self.quorum.stats();
-        let ProofStats {
-            accepted,
-            unproven,
-            refused,
-        } = self.proofs.stats();
-        OverlayStats {
-            bad_envelopes: quorum.bad_envelopes,
-            late_grants_released: quorum.late_grants_released,
-            proofs_accepted: accepted,
-            proofs_unproven: unproven,
-            proofs_refused: refused,
-            ..self.stats
-        }
-    }
-
-    /// The relays holding a reservation for this agent.
-    pub fn relays(&self) -> Vec<NetworkId> {
-        self.relays.reserved()
-    }
-
-    /// Peers connected only through relays.
-    pub fn relayed_peers(&self) -> Vec<NetworkId> {
-        let mut relayed: Vec<NetworkId> = self
-            .connected
-            .iter()
-            .filter(|p| {
-                self.connections
-                    .values()
-                    .filter(|(q, _)| q == *p)
-                    .all(|(_, relayed)| *relayed)
-            })
-            .copied()
-            .collect();
-        relayed.sort();
-        relayed
-    }
-
     /// The peers of Kademlia's routing table.
     pub fn routing_table(&mut self) -> Vec<NetworkId> {
         self.swarm
@@ -397,16 +357,6 @@ impl Overlay {
             .kbuckets()
             .flat_map(|b| b.iter().map(|e| *e.node.key.preimage()).collect::<Vec<_>>())
             .collect()
-    }
-
-    /// The replica store's counters.
-    pub fn store_stats(&self) -> StoreStats {
-        self.store.stats()
-    }
-
-    /// Records this agent keeps as a replica.
-    pub fn stored_records(&self) -> usize {
-        self.store.len()
     }
 
     /// The addresses this agent listens on (interface addresses, once known), as IP

@@ -1,4 +1,6 @@
-//! The control plane's counters, for `hyphae status`.
+//! The control plane's counters, and what `hyphae status` reads of the overlay.
+
+use super::{NetworkId, Overlay, ProofStats, StoreStats};
 
 /// Counters for status.
 #[derive(Debug, Default, Clone, Copy)]
@@ -51,4 +53,56 @@ pub struct OverlayStats {
     pub router_messages_refused: u64,
     /// Messages to members that failed or were refused.
     pub router_messages_failed: u64,
+}
+
+impl Overlay {
+    /// Counters.
+    pub fn stats(&self) -> OverlayStats {
+        let quorum = self.quorum.stats();
+        let ProofStats {
+            accepted,
+            unproven,
+            refused,
+        } = self.proofs.stats();
+        OverlayStats {
+            bad_envelopes: quorum.bad_envelopes,
+            late_grants_released: quorum.late_grants_released,
+            proofs_accepted: accepted,
+            proofs_unproven: unproven,
+            proofs_refused: refused,
+            ..self.stats
+        }
+    }
+
+    /// The relays holding a reservation for this agent.
+    pub fn relays(&self) -> Vec<NetworkId> {
+        self.relays.reserved()
+    }
+
+    /// Peers connected only through relays.
+    pub fn relayed_peers(&self) -> Vec<NetworkId> {
+        let mut relayed: Vec<NetworkId> = self
+            .connected
+            .iter()
+            .filter(|p| {
+                self.connections
+                    .values()
+                    .filter(|(q, _)| q == *p)
+                    .all(|(_, relayed)| *relayed)
+            })
+            .copied()
+            .collect();
+        relayed.sort();
+        relayed
+    }
+
+    /// The replica store's counters.
+    pub fn store_stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+
+    /// Records this agent keeps as a replica.
+    pub fn stored_records(&self) -> usize {
+        self.store.len()
+    }
 }
