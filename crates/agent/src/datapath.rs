@@ -4,14 +4,14 @@
 //! hellos, ARP probes).
 
 use std::future::poll_fn;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, IoSlice};
 use std::task::Poll;
 use std::time::Instant;
 
 use hyphae_overlay::{Event, NamespaceId, PeerHandle, Received};
 use hyphae_vswitch::mtu::Fragments;
 use hyphae_vswitch::offload::{
-    self, complete_checksum, Gso, Segments, VirtioHeader, VIRTIO_HEADER_LEN,
+    self, complete_checksum, Gso, Offer, Segments, VirtioHeader, VIRTIO_HEADER_LEN,
 };
 use hyphae_vswitch::{Action, HEADROOM};
 use tokio::io::Interest;
@@ -332,4 +332,56 @@ pub(crate) async fn any_readable(namespaces: &[Namespace]) -> usize {
         Poll::Pending
     })
     .await
+}
+
+/// Frames out to a namespace's device.
+impl Namespace {
+    /// Writes `frame` to the device (behind a plain virtio-net header when offloads are
+    /// on); a failure is counted.
+    pub(crate) fn write(&mut self, frame: &[u8]) {
+        let sent = self.tap.as_ref().is_some_and(|t| {
+            if self.offload {
+                let mut header = [0u8; VIRTIO_HEADER_LEN];
+                let _ = VirtioHeader::PLAIN.emit(&mut header);
+                let parts = [IoSlice::new(&header), IoSlice::new(frame)];
+                t.get_ref().send_vectored(&parts).is_ok()
+            } else {
+                t.get_ref().send(frame).is_ok()
+            }
+        });
+        if !sent {
+            self.tap_errors += 1;
+        }
+    }
+
+    /// Writes a member's frame to the device; with offloads on, consecutive frames of one
+    /// TCP flow are held to leave as one super-frame ([`Namespace::flush_coalesced`]).
+    pub(crate) fn deliver(&mut self, frame: &[u8]) {
+        if !self.offload {
+            return self.write(frame);
+        }
+        loop {
+            match self.gro.handle_frame(frame) {
+                Offer::Held => return,
+                Offer::Busy => self.flush_coalesced(),
+                Offer::Refused => return self.write(frame),
+            }
+        }
+    }
+
+    /// Writes the super-frame being coalesced, if any, with one write.
+    pub(crate) fn flush_coalesced(&mut self) {
+        let Some(bytes) = self.gro.poll_frame() else {
+            return;
+        };
+        let sent = self
+            .tap
+            .as_ref()
+            .is_some_and(|t| t.get_ref().send(bytes).is_ok());
+        if sent {
+            self.offload_counters.coalesced_writes += 1;
+        } else {
+            self.tap_errors += 1;
+        }
+    }
 }

@@ -13,7 +13,6 @@
 #![allow(clippy::disallowed_methods)] // The driver is where the clocks are read.
 
 use std::collections::HashMap;
-use std::io::IoSlice;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,7 +22,7 @@ use hyphae_dhcp_dns::{dhcp, service};
 use hyphae_overlay::membership::{self, Membership, Token};
 use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions};
 use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerHandle, PeerId};
-use hyphae_vswitch::offload::{Coalescer, Offer, VirtioHeader, VIRTIO_HEADER_LEN};
+use hyphae_vswitch::offload::Coalescer;
 use hyphae_vswitch::{Client, Switch};
 use tokio::io::unix::AsyncFd;
 use tokio::net::UnixListener;
@@ -101,55 +100,6 @@ impl Namespace {
     /// Whether this agent is a member now (not left).
     pub(crate) fn active(&self) -> bool {
         self.tap.is_some()
-    }
-
-    /// Writes `frame` to the device (behind a plain virtio-net header when offloads are
-    /// on); a failure is counted.
-    pub(crate) fn write(&mut self, frame: &[u8]) {
-        let sent = self.tap.as_ref().is_some_and(|t| {
-            if self.offload {
-                let mut header = [0u8; VIRTIO_HEADER_LEN];
-                let _ = VirtioHeader::PLAIN.emit(&mut header);
-                let parts = [IoSlice::new(&header), IoSlice::new(frame)];
-                t.get_ref().send_vectored(&parts).is_ok()
-            } else {
-                t.get_ref().send(frame).is_ok()
-            }
-        });
-        if !sent {
-            self.tap_errors += 1;
-        }
-    }
-
-    /// Writes a member's frame to the device; with offloads on, consecutive frames of one
-    /// TCP flow are held to leave as one super-frame ([`Namespace::flush_coalesced`]).
-    pub(crate) fn deliver(&mut self, frame: &[u8]) {
-        if !self.offload {
-            return self.write(frame);
-        }
-        loop {
-            match self.gro.handle_frame(frame) {
-                Offer::Held => return,
-                Offer::Busy => self.flush_coalesced(),
-                Offer::Refused => return self.write(frame),
-            }
-        }
-    }
-
-    /// Writes the super-frame being coalesced, if any, with one write.
-    pub(crate) fn flush_coalesced(&mut self) {
-        let Some(bytes) = self.gro.poll_frame() else {
-            return;
-        };
-        let sent = self
-            .tap
-            .as_ref()
-            .is_some_and(|t| t.get_ref().send(bytes).is_ok());
-        if sent {
-            self.offload_counters.coalesced_writes += 1;
-        } else {
-            self.tap_errors += 1;
-        }
     }
 }
 
@@ -450,34 +400,6 @@ impl Agent {
         tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
             subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
         Ok(())
-    }
-
-    /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
-    /// restart contacts them at once (see [`setup::remembered_members`]).
-    pub(crate) fn remember_members(&mut self, i: usize) {
-        let mut members: Vec<(PeerId, SocketAddr)> = self
-            .node
-            .peers()
-            .filter(|p| p.ns == NamespaceId(i) && p.handshake_age.is_some())
-            .map(|p| (p.id, p.endpoint))
-            .collect();
-        members.sort();
-        let n = &mut self.namespaces[i];
-        // Nobody reachable now says nothing about who comes back: keep the last list.
-        if members.is_empty() || members == n.remembered {
-            return;
-        }
-        let text: String = members
-            .iter()
-            .map(|(id, endpoint)| format!("{id} {endpoint}\n"))
-            .collect();
-        let path = setup::members_file(&self.state_dir, &n.name);
-        let tmp = path.with_extension("members.new");
-        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            tracing::debug!(path = %path.display(), error = %e, "cannot remember the members");
-        }
-        n.remembered = members;
     }
 
     /// `hyphae join`: the namespace `name` was added to the config file; bring it up.
