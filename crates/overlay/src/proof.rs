@@ -252,6 +252,11 @@ impl Proofs {
         self.peers.get(peer).is_some_and(|p| p.proven.contains(tag))
     }
 
+    /// Whether `peer` proved it is a member of any of our namespaces.
+    pub fn is_proven(&self, peer: &PeerId) -> bool {
+        self.peers.get(peer).is_some_and(|p| !p.proven.is_empty())
+    }
+
     /// Whether our challenge to `peer` is still unanswered.
     pub fn is_pending(&self, peer: &PeerId) -> bool {
         self.peers.get(peer).is_some_and(|p| p.pending)

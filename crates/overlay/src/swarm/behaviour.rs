@@ -42,11 +42,12 @@ pub(super) fn build(
     identity: &Identity,
     listen: &Multiaddr,
     options: OverlayOptions,
+    admission: &guard::RelayAdmission,
 ) -> Result<Swarm<Behaviour>, OverlayError> {
     let keypair = libp2p::identity::Keypair::ed25519_from_bytes(identity.seed())
         .map_err(|e| OverlayError::Identity(e.to_string()))?;
     let make = move |key: &libp2p::identity::Keypair, relay_client| {
-        make_behaviour(key, relay_client, options)
+        make_behaviour(key, relay_client, options, admission)
     };
     let build = |e: &dyn std::fmt::Display| OverlayError::Build(e.to_string());
     let builder = libp2p::SwarmBuilder::with_existing_identity(keypair).with_tokio();
@@ -92,6 +93,7 @@ fn make_behaviour(
     key: &libp2p::identity::Keypair,
     relay_client: relay::client::Behaviour,
     options: OverlayOptions,
+    admission: &guard::RelayAdmission,
 ) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
     let mut cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
     cfg.set_query_timeout(LOOKUP_TIMEOUT);
@@ -122,7 +124,7 @@ fn make_behaviour(
         [(StreamProtocol::new(ROUTERS_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
     );
-    let relay = relay::Behaviour::new(peer, guard::relay_config());
+    let relay = relay::Behaviour::new(peer, guard::relay_config(admission));
     let mdns = match options.mdns {
         true => Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?),
         false => None,

@@ -1,15 +1,17 @@
 //! Bounds on what peers can make the swarm hold: connections (libp2p's
 //! `connection-limits` behaviour for totals, pending and per peer; [`PerIp`] for connections
-//! from one address) and circuit relay reservations and circuits ([`relay_config`]).
+//! from one address) and circuit relay reservations and circuits ([`relay_config`]), for
+//! proven members only ([`RelayAdmission`]).
 //!
 //! Each connection is a file descriptor; at the common limit of 1024 an agent that accepts
 //! every connection stops accepting anything else (its control socket included). The
 //! figures leave room under that limit for the TAP devices, the tunnel socket, the control
 //! socket and DNS.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
 use libp2p::core::transport::PortUse;
@@ -66,16 +68,39 @@ pub(super) fn connection_limits() -> connection_limits::Behaviour {
     )
 }
 
-/// Whether `peer` may hold a relay reservation here or open a circuit through this agent.
-/// Every peer may today, within the bounds of [`relay_config`]; this is the one place to
-/// restrict relaying to members that proved the namespace secret once the swarm knows them.
-pub(super) fn allow_relay(_peer: &NetworkId) -> bool {
-    true
+/// The peers that may hold a relay reservation here or open a circuit through this agent:
+/// those that proved, on their connection, that they are members of one of our namespaces
+/// ([`crate::proof`]). The swarm admits a peer when its proof arrives and forgets it when
+/// its last connection closes; the relay server's limiters read it for each reservation
+/// and circuit. A stranger, or a member whose proof is still in flight, is refused (its
+/// client asks again after a short backoff, see [`super::relays`]).
+#[derive(Debug, Clone, Default)]
+pub(super) struct RelayAdmission(Arc<RwLock<HashSet<NetworkId>>>);
+
+impl RelayAdmission {
+    /// `peer` proved membership: it may be relayed.
+    pub(super) fn admit(&self, peer: NetworkId) {
+        if let Ok(mut set) = self.0.write() {
+            set.insert(peer);
+        }
+    }
+
+    /// `peer` has no connection left: its proof is gone with it.
+    pub(super) fn forget(&self, peer: &NetworkId) {
+        if let Ok(mut set) = self.0.write() {
+            set.remove(peer);
+        }
+    }
+
+    /// Whether `peer` may hold a reservation or open a circuit.
+    pub(super) fn allows(&self, peer: &NetworkId) -> bool {
+        self.0.read().is_ok_and(|set| set.contains(peer))
+    }
 }
 
 /// The relay server's configuration: every figure bounded, libp2p's default rate limits
-/// per peer and per IP, and [`allow_relay`] asked for each reservation and circuit.
-pub(super) fn relay_config() -> relay::Config {
+/// per peer and per IP, and `admission` asked for each reservation and circuit.
+pub(super) fn relay_config(admission: &RelayAdmission) -> relay::Config {
     let mut config = relay::Config {
         max_reservations: MAX_RELAY_RESERVATIONS,
         max_reservations_per_peer: MAX_RELAY_RESERVATIONS_PER_PEER,
@@ -85,12 +110,18 @@ pub(super) fn relay_config() -> relay::Config {
         // control plane's requests; dcutr moves lasting traffic to a direct connection).
         ..Default::default()
     };
+    let reservations = admission.clone();
     config
         .reservation_rate_limiters
-        .push(Box::new(|peer, _: &Multiaddr, _| allow_relay(&peer)));
+        .push(Box::new(move |peer, _: &Multiaddr, _| {
+            reservations.allows(&peer)
+        }));
+    let circuits = admission.clone();
     config
         .circuit_src_rate_limiters
-        .push(Box::new(|peer, _: &Multiaddr, _| allow_relay(&peer)));
+        .push(Box::new(move |peer, _: &Multiaddr, _| {
+            circuits.allows(&peer)
+        }));
     config
 }
 
@@ -349,7 +380,7 @@ mod tests {
 
     #[test]
     fn relay_server_is_bounded() {
-        let c = relay_config();
+        let c = relay_config(&RelayAdmission::default());
         assert_eq!(c.max_reservations, MAX_RELAY_RESERVATIONS);
         assert_eq!(c.max_reservations_per_peer, MAX_RELAY_RESERVATIONS_PER_PEER);
         assert_eq!(c.max_circuits, MAX_RELAY_CIRCUITS);
@@ -358,5 +389,41 @@ mod tests {
         // libp2p's per-peer and per-IP rate limits, and the membership gate.
         assert_eq!(c.reservation_rate_limiters.len(), 3);
         assert_eq!(c.circuit_src_rate_limiters.len(), 3);
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the limiters take an instant; none is compared
+    fn only_proven_members_are_relayed() {
+        let admission = RelayAdmission::default();
+        let mut c = relay_config(&admission);
+        let peer = || {
+            libp2p::identity::Keypair::generate_ed25519()
+                .public()
+                .to_peer_id()
+        };
+        let (member, stranger) = (peer(), peer());
+        let addr = a("/ip4/192.0.2.1/tcp/7400");
+        let now = std::time::Instant::now();
+        let reserve = |c: &mut relay::Config, peer| {
+            c.reservation_rate_limiters
+                .iter_mut()
+                .all(|l| l.try_next(peer, &addr, now))
+        };
+        // A member whose proof is still in flight is refused like a stranger.
+        assert!(!reserve(&mut c, member));
+        admission.admit(member);
+        assert!(reserve(&mut c, member));
+        assert!(!reserve(&mut c, stranger));
+        assert!(c
+            .circuit_src_rate_limiters
+            .iter_mut()
+            .all(|l| l.try_next(member, &addr, now)));
+        assert!(!c
+            .circuit_src_rate_limiters
+            .iter_mut()
+            .all(|l| l.try_next(stranger, &addr, now)));
+        // Gone with its connection.
+        admission.forget(&member);
+        assert!(!reserve(&mut c, member));
     }
 }

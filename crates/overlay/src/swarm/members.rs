@@ -155,6 +155,10 @@ impl Overlay {
             }
             _ => return,
         };
+        if self.proofs.is_proven(&peer) {
+            self.relay_admission.admit(peer);
+            self.relays.handle_proven(now, &peer);
+        }
         if !self.proofs.is_pending(&peer) {
             for (request, channel) in self.deferred.remove(&peer).unwrap_or_default() {
                 self.answer_record_request(now, wall, peer, request, channel);

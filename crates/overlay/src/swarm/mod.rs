@@ -71,6 +71,7 @@ use crate::records::{Envelope, RecordKey, RecordResponse, RecordStore, ScopedReq
 use crate::Identity;
 use addr::{ip_of, is_loopback, is_unspecified, without_p2p};
 use behaviour::{Behaviour, BehaviourEvent};
+use guard::RelayAdmission;
 use hygiene::Hygiene;
 use members::{fresh_nonce, Awaiting};
 use rand::rngs::StdRng;
@@ -85,7 +86,7 @@ pub use guard::{
     MAX_RELAY_RESERVATIONS_PER_PEER,
 };
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
-pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL};
+pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL, RESERVE_RETRY};
 pub use routers::{RouterAck, RouterMessage, MAX_ROUTER_MESSAGE, ROUTERS_PROTOCOL};
 pub use stats::OverlayStats;
 
@@ -251,6 +252,8 @@ pub struct Overlay {
     /// host's `127.0.0.1` would be ours).
     over_loopback: HashSet<NetworkId>,
     relays: Relays,
+    /// Which peers the relay server serves: the proven members.
+    relay_admission: RelayAdmission,
     /// With mDNS and no bootstrap address: when to stop waiting for LAN members.
     mdns_wait: Option<Instant>,
     /// Which addresses may enter the DHT as underlay addresses.
@@ -286,7 +289,8 @@ impl Overlay {
         seed: [u8; 32],
     ) -> Result<Self, OverlayError> {
         let (now, _) = clocks();
-        let mut swarm = behaviour::build(identity, &listen, options)?;
+        let relay_admission = RelayAdmission::default();
+        let mut swarm = behaviour::build(identity, &listen, options, &relay_admission)?;
         let local = *swarm.local_peer_id();
         let listens_on_loopback = is_loopback(&listen);
         swarm
@@ -317,6 +321,7 @@ impl Overlay {
             connections: HashMap::new(),
             over_loopback: HashSet::new(),
             relays: Relays::new(now),
+            relay_admission,
             mdns_wait: None,
             hygiene: Hygiene::default(),
             listens_on_loopback,
@@ -474,7 +479,11 @@ impl Overlay {
     /// Keeps up to [`RELAY_RESERVATIONS`] relay reservations, at members we dialled
     /// ourselves (bootstrap members first, as we dialled them first).
     fn reserve(&mut self, now: Instant) {
-        for (relay, circuit) in self.relays.poll_reserve(now, &self.bootstrap) {
+        let proofs = &self.proofs;
+        let candidates = self
+            .relays
+            .poll_reserve(now, &self.bootstrap, |p| proofs.is_proven(p));
+        for (relay, circuit) in candidates {
             match self.swarm.listen_on(circuit.clone()) {
                 Ok(listener) => {
                     tracing::debug!(%circuit, "asking for a relay reservation");
@@ -603,6 +612,7 @@ impl Overlay {
                     self.connected.remove(&peer_id);
                     self.over_loopback.remove(&peer_id);
                     self.relays.handle_disconnected(&peer_id);
+                    self.relay_admission.forget(&peer_id);
                     self.proofs.handle_disconnected(&peer_id);
                     self.deferred.remove(&peer_id);
                     self.check_awaiting(now, wall);
