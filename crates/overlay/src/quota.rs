@@ -1,10 +1,15 @@
 //! What a replica lets one peer make it hold, and how fast it lets it ask: the limits of
 //! [`crate::records::RecordStore`] and the reasons it refuses.
 //!
-//! Records are keyed by MACs under the namespace secret, so a replica cannot tell which
-//! namespace a record belongs to: a per-namespace quota cannot be enforced where records are
-//! kept. What bounds a namespace's share (and a stranger's) is per-owner and per-requester
-//! counts, each well above what one honest member ever holds, under one total per replica.
+//! Records are keyed by MACs under the namespace secret, so a replica cannot read which
+//! namespace a record belongs to; but every request carries its namespace's tag and is
+//! answered only to a peer that proved membership of it, so the tag it came with is the
+//! record's namespace. Per-owner and per-requester counts bound one key and one peer (a
+//! stranger is refused outright); per-namespace counts and rates bound a whole namespace, so
+//! the members of one (a compromised one minting peer ids included) cannot fill a replica
+//! that serves others: at most [`MAX_RECORDS_PER_NAMESPACE`] records and
+//! [`MAX_GROUP_ENTRIES_PER_NAMESPACE`] group entries, at
+//! [`NAMESPACE_REQUESTS_PER_SEC`] requests after a burst of [`NAMESPACE_REQUEST_BURST`].
 //! A member's own records are its address, its router-mode LAN hosts and DHCP clients (one
 //! address lease each), and one name lease per named host; a /16 namespace has at most
 //! 65,534 addresses, and with more than [`crate::quorum::REPLICAS`] members each replica
@@ -14,10 +19,12 @@
 //! knob nobody needs is one more thing to get wrong.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::proof::NamespaceTag;
 use crate::records::OwnerKey;
 
 /// Most records (address and name leases) one owner key holds on one replica: 2,048 hosts
@@ -41,6 +48,24 @@ pub const REQUEST_BURST: u32 = 2048;
 /// [`MAX_RECORDS_PER_OWNER`] records, group refreshes and reads fit many times over.
 pub const REQUESTS_PER_SEC: u32 = 128;
 
+/// Most records of one namespace on one replica: half the store
+/// ([`crate::lease::MAX_LEASES_PER_REPLICA`]), so a replica serving several namespaces keeps
+/// room for the others whatever one does. A namespace whose members share five replicas
+/// and hold a full /16 with a name each would need more; with more members each replica
+/// keeps a share.
+pub const MAX_RECORDS_PER_NAMESPACE: usize = 32_768;
+
+/// Most group entries of one namespace on one replica: half of
+/// [`crate::records::MAX_GROUP_ENTRIES`].
+pub const MAX_GROUP_ENTRIES_PER_NAMESPACE: usize = 32_768;
+
+/// Requests all members of one namespace may send one replica in a burst: four routers
+/// starting with full LANs at once.
+pub const NAMESPACE_REQUEST_BURST: u32 = 4 * REQUEST_BURST;
+
+/// Requests per second all members of one namespace may sustain at one replica.
+pub const NAMESPACE_REQUESTS_PER_SEC: u32 = 8 * REQUESTS_PER_SEC;
+
 /// Remote peers whose request rate a replica tracks at once; beyond, the fullest buckets
 /// (peers that have been quiet longest) are forgotten first.
 pub const MAX_TRACKED_REQUESTERS: usize = 8192;
@@ -62,17 +87,24 @@ pub enum Refusal {
     GroupQuota,
     /// The requesting peer is over its request rate.
     RateLimited,
+    /// The namespace holds [`MAX_RECORDS_PER_NAMESPACE`] records (or
+    /// [`MAX_GROUP_ENTRIES_PER_NAMESPACE`] group entries) here already.
+    NamespaceQuota,
+    /// The namespace's members together are over its request rate.
+    NamespaceRateLimited,
 }
 
 impl Refusal {
     /// Every reason, in a fixed order (for counters).
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 8] = [
         Self::OwnerQuota,
         Self::RequesterQuota,
         Self::StoreFull,
         Self::GroupFull,
         Self::GroupQuota,
         Self::RateLimited,
+        Self::NamespaceQuota,
+        Self::NamespaceRateLimited,
     ];
 
     /// The reason's name in status (`owner_quota`, ...).
@@ -84,6 +116,8 @@ impl Refusal {
             Self::GroupFull => "group_full",
             Self::GroupQuota => "group_quota",
             Self::RateLimited => "rate_limited",
+            Self::NamespaceQuota => "namespace_quota",
+            Self::NamespaceRateLimited => "namespace_rate_limited",
         }
     }
 }
@@ -120,18 +154,22 @@ impl Refusals {
 pub(crate) struct Holdings {
     per_owner: HashMap<OwnerKey, usize>,
     per_requester: HashMap<OwnerKey, usize>,
+    per_namespace: HashMap<NamespaceTag, usize>,
 }
 
 impl Holdings {
-    /// One more item of `owner`, placed by `via`.
-    pub(crate) fn add(&mut self, owner: OwnerKey, via: OwnerKey) {
+    /// One more item of `owner`, placed by `via`, in namespace `ns` if the request named one.
+    pub(crate) fn add(&mut self, owner: OwnerKey, via: OwnerKey, ns: Option<NamespaceTag>) {
         *self.per_owner.entry(owner).or_default() += 1;
         *self.per_requester.entry(via).or_default() += 1;
+        if let Some(ns) = ns {
+            *self.per_namespace.entry(ns).or_default() += 1;
+        }
     }
 
-    /// One item of `owner`, placed by `via`, gone.
-    pub(crate) fn remove(&mut self, owner: &OwnerKey, via: &OwnerKey) {
-        fn drop_one(counts: &mut HashMap<OwnerKey, usize>, who: &OwnerKey) {
+    /// One item of `owner`, placed by `via` in `ns`, gone.
+    pub(crate) fn remove(&mut self, owner: &OwnerKey, via: &OwnerKey, ns: Option<&NamespaceTag>) {
+        fn drop_one<K: Hash + Eq>(counts: &mut HashMap<K, usize>, who: &K) {
             if let Some(n) = counts.get_mut(who) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
@@ -141,6 +179,14 @@ impl Holdings {
         }
         drop_one(&mut self.per_owner, owner);
         drop_one(&mut self.per_requester, via);
+        if let Some(ns) = ns {
+            drop_one(&mut self.per_namespace, ns);
+        }
+    }
+
+    /// Items held of namespace `ns`.
+    pub(crate) fn of_namespace(&self, ns: &NamespaceTag) -> usize {
+        self.per_namespace.get(ns).copied().unwrap_or(0)
     }
 
     /// Items held of `owner`.
@@ -157,6 +203,7 @@ impl Holdings {
     pub(crate) fn clear(&mut self) {
         self.per_owner.clear();
         self.per_requester.clear();
+        self.per_namespace.clear();
     }
 }
 
@@ -167,21 +214,29 @@ struct Bucket {
     at: Instant,
 }
 
-/// Per-peer request rates: a token bucket for each remote peer.
+/// Request rates: a token bucket for each remote peer (or, keyed by tag, each namespace).
 #[derive(Debug)]
-pub struct RateLimiter {
+pub struct RateLimiter<K = OwnerKey> {
     burst: u32,
     per_sec: u32,
-    buckets: HashMap<OwnerKey, Bucket>,
+    buckets: HashMap<K, Bucket>,
 }
 
+/// Per peer: [`REQUEST_BURST`], [`REQUESTS_PER_SEC`].
 impl Default for RateLimiter {
     fn default() -> Self {
         Self::new(REQUEST_BURST, REQUESTS_PER_SEC)
     }
 }
 
-impl RateLimiter {
+/// Per namespace: [`NAMESPACE_REQUEST_BURST`], [`NAMESPACE_REQUESTS_PER_SEC`].
+impl Default for RateLimiter<NamespaceTag> {
+    fn default() -> Self {
+        Self::new(NAMESPACE_REQUEST_BURST, NAMESPACE_REQUESTS_PER_SEC)
+    }
+}
+
+impl<K: Hash + Eq> RateLimiter<K> {
     /// A limiter allowing `burst` requests at once and `per_sec` sustained, per peer.
     pub fn new(burst: u32, per_sec: u32) -> Self {
         Self {
@@ -192,7 +247,7 @@ impl RateLimiter {
     }
 
     /// Takes one request of `peer` at `now`: whether it is within its rate.
-    pub fn allow(&mut self, now: Instant, peer: OwnerKey) -> bool {
+    pub fn allow(&mut self, now: Instant, peer: K) -> bool {
         if !self.buckets.contains_key(&peer) && self.buckets.len() >= MAX_TRACKED_REQUESTERS {
             self.forget_idle(now);
         }
@@ -422,6 +477,143 @@ mod store_tests {
             store.handle(at, NOW, Some([43; 32]), claim_of(&member(3), u32::MAX)),
             RecordResponse::Granted
         );
+    }
+
+    #[test]
+    fn one_namespace_cannot_fill_a_replica_others_share() {
+        let t = Instant::now();
+        let mut store = RecordStore::default();
+        let (lab, prod) = (Some([1u8; 8]), Some([2u8; 8]));
+        let refused = RecordResponse::Refused {
+            reason: Refusal::NamespaceQuota,
+        };
+        // Members of `lab` (one key each, within their own quotas) fill its share.
+        let owners = MAX_RECORDS_PER_NAMESPACE / MAX_RECORDS_PER_OWNER;
+        let mut i = 0;
+        for o in 0..owners {
+            let owner = member(100 + o as u8);
+            let via = Some(*owner.peer_id().as_bytes());
+            for _ in 0..MAX_RECORDS_PER_OWNER {
+                let r = store.handle_in(paced(t, i), NOW, via, lab, claim_of(&owner, i as u32));
+                assert_eq!(r, RecordResponse::Granted, "record {i}");
+                i += 1;
+            }
+        }
+        let at = paced(t, i);
+        let newcomer = member(1);
+        let via = Some(*newcomer.peer_id().as_bytes());
+        let over = claim_of(&newcomer, u32::MAX);
+        assert_eq!(store.handle_in(at, NOW, via, lab, over.clone()), refused);
+        assert_eq!(store.stats().refusals.get(Refusal::NamespaceQuota), 1);
+        // The same claim in another namespace is kept: the store has room for it.
+        assert_eq!(
+            store.handle_in(at, NOW, via, prod, over),
+            RecordResponse::Granted
+        );
+        // A renewal in the full namespace costs nothing; a release makes room.
+        let first = member(100);
+        let first_via = Some(*first.peer_id().as_bytes());
+        assert_eq!(
+            store.handle_in(at, NOW, first_via, lab, claim_of(&first, 0)),
+            RecordResponse::Granted
+        );
+        let key = [&0u32.to_be_bytes()[..], &[7u8; 28]].concat();
+        store.handle_in(at, NOW, first_via, lab, RecordRequest::Release { key });
+        assert_eq!(
+            store.handle_in(at, NOW, via, lab, claim_of(&newcomer, u32::MAX - 1)),
+            RecordResponse::Granted
+        );
+    }
+
+    #[test]
+    fn one_namespace_cannot_fill_a_replicas_group_entries() {
+        let t = Instant::now();
+        let k = keys(b"0123456789abcdef");
+        let mut store = RecordStore::default();
+        let (lab, prod) = (Some([1u8; 8]), Some([2u8; 8]));
+        let join = |who: &Identity, group: u32| {
+            let mut key = [3u8; 32];
+            key[..4].copy_from_slice(&group.to_be_bytes());
+            let envelope = Envelope::seal(&k, who, &key, NOW + 3600, &info(), &mut rng()).unwrap();
+            RecordRequest::Join {
+                key: key.to_vec(),
+                envelope,
+            }
+        };
+        // Owners (one peer each) join groups of `lab` until its share is held: each owner
+        // stays within its own group quota and each group within its size.
+        let per_owner = MAX_GROUPS_PER_OWNER as u32;
+        let owners = (MAX_GROUP_ENTRIES_PER_NAMESPACE / MAX_GROUPS_PER_OWNER) as u32;
+        let mut i = 0;
+        for o in 0..owners {
+            let owner = Identity::from_seed(
+                [&o.to_be_bytes()[..], &[0x6e; 28]]
+                    .concat()
+                    .try_into()
+                    .unwrap(),
+            );
+            let via = Some(*owner.peer_id().as_bytes());
+            for g in 0..per_owner {
+                i += 1;
+                let r = store.handle_in(paced(t, i), NOW, via, lab, join(&owner, g));
+                assert_eq!(r, RecordResponse::Joined, "owner {o} group {g}");
+            }
+        }
+        assert_eq!(store.group_entries(), MAX_GROUP_ENTRIES_PER_NAMESPACE);
+        let at = paced(t, i + 1);
+        let late = member(1);
+        let via = Some(*late.peer_id().as_bytes());
+        assert_eq!(
+            store.handle_in(at, NOW, via, lab, join(&late, 0)),
+            RecordResponse::Refused {
+                reason: Refusal::NamespaceQuota
+            }
+        );
+        assert_eq!(
+            store.handle_in(at, NOW, via, prod, join(&late, 1_000_000)),
+            RecordResponse::Joined
+        );
+    }
+
+    #[test]
+    fn one_namespace_has_a_request_rate_over_all_its_members() {
+        let t = Instant::now();
+        let local = [9u8; 32];
+        let mut store = RecordStore::new(Some(local));
+        let (lab, prod) = (Some([1u8; 8]), Some([2u8; 8]));
+        let get = || RecordRequest::Get { key: vec![1; 32] };
+        // Many peers, each within its own rate, together spend the namespace's burst.
+        let peers = NAMESPACE_REQUEST_BURST / 1000 + 1;
+        let mut answered = 0;
+        for p in 0..peers {
+            let mut via = [0u8; 32];
+            via[..4].copy_from_slice(&p.to_be_bytes());
+            for _ in 0..1000 {
+                if matches!(
+                    store.handle_in(t, NOW, Some(via), lab, get()),
+                    RecordResponse::Value { .. }
+                ) {
+                    answered += 1;
+                }
+            }
+        }
+        assert_eq!(answered, NAMESPACE_REQUEST_BURST);
+        assert!(store.stats().refusals.get(Refusal::NamespaceRateLimited) > 0);
+        // Another namespace, and the agent's own requests, are not held back.
+        assert!(matches!(
+            store.handle_in(t, NOW, Some([77; 32]), prod, get()),
+            RecordResponse::Value { .. }
+        ));
+        assert!(matches!(
+            store.handle_in(t, NOW, Some(local), lab, get()),
+            RecordResponse::Value { .. }
+        ));
+        // A second later the namespace has its sustained rate again.
+        let later = t + Duration::from_secs(1);
+        assert!(matches!(
+            store.handle_in(later, NOW, Some([78; 32]), lab, get()),
+            RecordResponse::Value { .. }
+        ));
     }
 
     #[test]

@@ -29,8 +29,10 @@ use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 use crate::lease::{self, Replica};
+use crate::proof::NamespaceTag;
 use crate::quota::{
-    Holdings, RateLimiter, Refusal, Refusals, MAX_GROUPS_PER_OWNER, MAX_RECORDS_PER_OWNER,
+    Holdings, RateLimiter, Refusal, Refusals, MAX_GROUPS_PER_OWNER,
+    MAX_GROUP_ENTRIES_PER_NAMESPACE, MAX_RECORDS_PER_NAMESPACE, MAX_RECORDS_PER_OWNER,
     MAX_RECORDS_PER_REQUESTER,
 };
 use crate::{Identity, NamespaceKeys};
@@ -409,12 +411,13 @@ pub struct StoreStats {
     pub refusals: Refusals,
 }
 
-/// A record kept: the owner's envelope, its (verified) owner, and the peer that placed it
-/// (for the quotas).
+/// A record kept: the owner's envelope, its (verified) owner, the peer that placed it and
+/// the namespace it came in (for the quotas).
 struct Stored {
     envelope: Envelope,
     owner: OwnerKey,
     via: OwnerKey,
+    ns: Option<NamespaceTag>,
 }
 
 /// One member's entry in a group.
@@ -422,6 +425,7 @@ struct Entry {
     envelope: Envelope,
     until: Instant,
     via: OwnerKey,
+    ns: Option<NamespaceTag>,
 }
 
 /// Who stands for a requester without an Ed25519 peer id in quotas and rates: all such
@@ -441,6 +445,8 @@ pub struct RecordStore {
     /// Group entries held per owner and per placing peer (counted over `groups`).
     entries_held: Holdings,
     rates: RateLimiter,
+    /// Request rates per namespace, over all its members.
+    ns_rates: RateLimiter<NamespaceTag>,
     /// This agent's own key: its own requests are not rate limited.
     local: Option<OwnerKey>,
     stats: StoreStats,
@@ -456,7 +462,8 @@ impl RecordStore {
     }
 
     /// Answers `request` from the peer whose Ed25519 key is `requester` (authenticated by
-    /// its connection). `now_unix` is the wall clock, for envelope expiry.
+    /// its connection), outside any namespace's quota (simulations and tests of one
+    /// namespace). `now_unix` is the wall clock, for envelope expiry.
     pub fn handle(
         &mut self,
         now: Instant,
@@ -464,10 +471,29 @@ impl RecordStore {
         requester: Option<OwnerKey>,
         request: RecordRequest,
     ) -> RecordResponse {
+        self.handle_in(now, now_unix, requester, None, request)
+    }
+
+    /// Answers `request` of namespace `ns` (the tag it came with, which the requester
+    /// proved it is a member of) from `requester`: as [`RecordStore::handle`], and within
+    /// the namespace's quotas and rate.
+    pub fn handle_in(
+        &mut self,
+        now: Instant,
+        now_unix: u64,
+        requester: Option<OwnerKey>,
+        ns: Option<NamespaceTag>,
+        request: RecordRequest,
+    ) -> RecordResponse {
         let via = requester.unwrap_or(ANONYMOUS);
         let own = requester.is_some() && requester == self.local;
         if !own && !self.rates.allow(now, via) {
             return self.refuse(Refusal::RateLimited);
+        }
+        if let Some(tag) = ns {
+            if !own && !self.ns_rates.allow(now, tag) {
+                return self.refuse(Refusal::NamespaceRateLimited);
+            }
         }
         match request {
             RecordRequest::Claim { key, envelope } => {
@@ -496,6 +522,11 @@ impl RecordStore {
                     if self.records_held.of_requester(&via) >= MAX_RECORDS_PER_REQUESTER {
                         return self.refuse(Refusal::RequesterQuota);
                     }
+                    if ns.is_some_and(|t| {
+                        self.records_held.of_namespace(&t) >= MAX_RECORDS_PER_NAMESPACE
+                    }) {
+                        return self.refuse(Refusal::NamespaceQuota);
+                    }
                 }
                 match self
                     .leases
@@ -509,6 +540,7 @@ impl RecordStore {
                                 envelope,
                                 owner,
                                 via,
+                                ns,
                             },
                         );
                         RecordResponse::Granted
@@ -572,16 +604,22 @@ impl RecordStore {
                     {
                         return self.refuse(Refusal::GroupQuota);
                     }
+                    if ns.is_some_and(|t| {
+                        self.entries_held.of_namespace(&t) >= MAX_GROUP_ENTRIES_PER_NAMESPACE
+                    }) {
+                        return self.refuse(Refusal::NamespaceQuota);
+                    }
                 }
                 let entry = Entry {
                     envelope,
                     until,
                     via,
+                    ns,
                 };
                 if let Some(old) = self.groups.entry(key).or_default().insert(owner, entry) {
-                    self.entries_held.remove(&owner, &old.via);
+                    self.entries_held.remove(&owner, &old.via, old.ns.as_ref());
                 }
-                self.entries_held.add(owner, via);
+                self.entries_held.add(owner, via, ns);
                 RecordResponse::Joined
             }
             RecordRequest::Transfer { key, envelope } => {
@@ -618,17 +656,18 @@ impl RecordStore {
         self.groups.retain(|_, g| !g.is_empty());
         self.recount();
         self.rates.forget_idle(now);
+        self.ns_rates.forget_idle(now);
     }
 
     /// Counts the records and group entries per owner and per placing peer afresh.
     fn recount(&mut self) {
         self.records_held.clear();
         for stored in self.values.values() {
-            self.records_held.add(stored.owner, stored.via);
+            self.records_held.add(stored.owner, stored.via, stored.ns);
         }
         self.entries_held.clear();
         for (owner, entry) in self.groups.values().flatten() {
-            self.entries_held.add(*owner, entry.via);
+            self.entries_held.add(*owner, entry.via, entry.ns);
         }
     }
 
@@ -644,7 +683,7 @@ impl RecordStore {
             .collect();
         for owner in lapsed {
             if let Some(old) = group.remove(&owner) {
-                self.entries_held.remove(&owner, &old.via);
+                self.entries_held.remove(&owner, &old.via, old.ns.as_ref());
             }
         }
         if group.is_empty() {
@@ -654,13 +693,14 @@ impl RecordStore {
 
     fn insert_value(&mut self, key: RecordKey, stored: Stored) {
         self.remove_value(&key);
-        self.records_held.add(stored.owner, stored.via);
+        self.records_held.add(stored.owner, stored.via, stored.ns);
         self.values.insert(key, stored);
     }
 
     fn remove_value(&mut self, key: &RecordKey) {
         if let Some(old) = self.values.remove(key) {
-            self.records_held.remove(&old.owner, &old.via);
+            self.records_held
+                .remove(&old.owner, &old.via, old.ns.as_ref());
         }
     }
 

@@ -45,6 +45,8 @@ impl RecordStore {
             }
         };
         let already = self.values.get(&key).is_some_and(|s| s.owner == to);
+        // The record stays in the namespace it was claimed in.
+        let ns = self.values.get(&key).and_then(|s| s.ns);
         if !already && self.records_held.of_owner(&to) >= MAX_RECORDS_PER_OWNER {
             return self.refuse(Refusal::OwnerQuota);
         }
@@ -58,6 +60,7 @@ impl RecordStore {
                         envelope,
                         owner: to,
                         via: from,
+                        ns,
                     },
                 );
                 RecordResponse::Granted

@@ -73,7 +73,7 @@ impl Overlay {
         for (replica, request) in requests {
             if replica == self.local {
                 let own = owner_key(&self.local);
-                let response = self.store.handle(now, wall, own, request);
+                let response = self.store.handle_in(now, wall, own, Some(ns), request);
                 self.quorum
                     .handle_answer(now, wall, op, replica, Some(response));
                 self.flush_quorum(now, wall);

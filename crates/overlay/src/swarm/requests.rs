@@ -126,7 +126,7 @@ impl Overlay {
     ) {
         let response = if self.proofs.is_member(&peer, &scoped.ns) {
             self.store
-                .handle(now, wall, owner_key(&peer), scoped.request)
+                .handle_in(now, wall, owner_key(&peer), Some(scoped.ns), scoped.request)
         } else {
             self.stats.requests_not_member += 1;
             tracing::debug!(%peer, "record request from a peer not proven a member: refused");
@@ -166,10 +166,11 @@ impl Overlay {
         key: RecordKey,
     ) {
         let request = RecordRequest::Release { key: key.to_vec() };
+        let ns = self.key_ns.get(&key).copied();
         if replica == self.local {
             let own = owner_key(&self.local);
-            self.store.handle(now, wall, own, request);
-        } else if let Some(&ns) = self.key_ns.get(&key) {
+            self.store.handle_in(now, wall, own, ns, request);
+        } else if let Some(ns) = ns {
             self.swarm
                 .behaviour_mut()
                 .records
