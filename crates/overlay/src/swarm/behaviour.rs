@@ -11,8 +11,8 @@ use super::addr::is_memory;
 use super::guard::{self, PerIp};
 use super::routers::{RouterAck, RouterMessage, ROUTERS_PROTOCOL};
 use super::{
-    Multiaddr, OverlayError, OverlayOptions, KAD_PROTOCOL, LOOKUP_TIMEOUT, RECORDS_PROTOCOL,
-    REQUEST_TIMEOUT,
+    Multiaddr, OverlayError, OverlayOptions, DIAL_TIMEOUT, KAD_PROTOCOL, LOOKUP_TIMEOUT,
+    RECORDS_PROTOCOL, REQUEST_TIMEOUT,
 };
 use crate::proof::{ProofRequest, ProofResponse, PROOF_PROTOCOL};
 use crate::records::{RecordResponse, ScopedRequest};
@@ -71,12 +71,21 @@ pub(super) fn build(
             .with_swarm_config(swarm_config)
             .build()
     } else {
+        // libp2p's TCP transport as `with_tcp` builds it, with a deadline on each
+        // connection's setup: a dial to a member behind a partition (its SYNs dropped)
+        // fails after DIAL_TIMEOUT instead of the kernel's two minutes of retries, so a
+        // Kademlia lookup stops waiting for it and goes on with the members it can reach.
         builder
-            .with_tcp(
-                tcp::Config::default().nodelay(true),
-                noise::Config::new,
-                yamux::Config::default,
-            )
+            .with_other_transport(|key| {
+                use libp2p::core::Transport as _;
+                Ok(
+                    tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+                        .upgrade(libp2p::core::upgrade::Version::V1Lazy)
+                        .authenticate(noise::Config::new(key)?)
+                        .multiplex(yamux::Config::default())
+                        .timeout(DIAL_TIMEOUT),
+                )
+            })
             .map_err(|e| build(&e))?
             .with_relay_client(noise::Config::new, yamux::Config::default)
             .map_err(|e| build(&e))?

@@ -67,6 +67,7 @@ impl Overlay {
         }
         members.sort();
         members.dedup();
+        tracing::debug!(?op, replicas = members.len(), "asking replicas");
         let requests = self
             .quorum
             .handle_replicas(now, op, members, self.local, queried);

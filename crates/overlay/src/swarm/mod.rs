@@ -90,8 +90,14 @@ pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL, RESERVE_
 pub use routers::{RouterAck, RouterMessage, MAX_ROUTER_MESSAGE, ROUTERS_PROTOCOL};
 pub use stats::OverlayStats;
 
-/// How long a Kademlia lookup may take.
+/// How long a Kademlia lookup may take; after it, the lookup's answer is the closest peers
+/// found so far. Not shorter: under load (200 members claiming at once in one process, the
+/// scale test) lookups cut at 4 s returned sets that disagreed, and an address was won twice.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a libp2p connection's setup (TCP, noise, yamux) may take: three round trips of
+/// 600 ms (a satellite link) fit twice over.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// How often bootstrap addresses are dialled again while no peer is connected.
 pub const REDIAL_INTERVAL: Duration = Duration::from_secs(3);
@@ -732,7 +738,8 @@ impl Overlay {
                         Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
                     };
                     if let Some(op) = self.lookups.remove(&id) {
-                        let found = peers.into_iter().map(|p| p.peer_id).collect();
+                        let found: Vec<NetworkId> = peers.into_iter().map(|p| p.peer_id).collect();
+                        tracing::debug!(?op, found = found.len(), "lookup finished");
                         let Some(&ns) = self.op_ns.get(&op) else {
                             return;
                         };
@@ -748,12 +755,18 @@ impl Overlay {
                         self.check_awaiting(now, wall);
                     }
                 }
-                kad::QueryResult::Bootstrap(_) if step.last && !self.joined => {
+                // Joined once the lookup of our own id (the bootstrap's first step) ends:
+                // the routing table then holds our neighbourhood. The later steps refresh
+                // farther buckets; each waits out unreachable peers (10 s in libp2p-kad),
+                // so waiting for the last one kept a newcomer of a cut-off group from
+                // claiming anything for most of a minute.
+                kad::QueryResult::Bootstrap(_) if !self.joined => {
                     self.joined = true;
                     self.bootstrapping = false;
                     tracing::info!(
                         peers = self.connected.len(),
-                        "joined the overlay (bootstrap finished)"
+                        step = step.count,
+                        "joined the overlay (own id looked up)"
                     );
                     self.events.push_back(OverlayEvent::Joined);
                 }

@@ -62,6 +62,7 @@ impl Overlay {
             .behaviour_mut()
             .kad
             .get_closest_peers(key.to_vec());
+        tracing::debug!(?op, ?query, "lookup started");
         self.lookups.insert(query, op);
         op
     }
