@@ -9,7 +9,7 @@
 #     other.
 # MOVES moves per series, back and forth. Per move: downtime (last echo reply before the move
 # to the first reply to a request sent after it, from ping -D), and the handoff time from the target router's own log
-# (the move to its "address claimed" line). A move not back within TIMEOUT seconds counts as
+# (the move to its "LAN host moved here" line, or "address claimed" for a plain claim). A move not back within TIMEOUT seconds counts as
 # TIMEOUT (printed as ">TIMEOUT"). A TCP stream (iperf3, 1 Mb/s, I -> VM) runs through all
 # moves; the last line says whether it is still alive. Needs root. Usage:
 #   benches/migration.sh [MOVES] [TIMEOUT]            (defaults 20, 90)
@@ -139,7 +139,7 @@ replies_after() {
 last_reply_before() { awk -v t="$1" -F'[][]' '/bytes from/ && $2 <= t { last = $2 } END { print last }' "$dir/ping.log"; }
 # Unix time of the first "address claimed" line in router R's log after T.
 claimed_after() {
-    { grep -h "LAN host's address claimed" "$dir/$1/agent.log" || true; } | sed 's/\x1b\[[0-9;]*m//g' |
+    { grep -hE "LAN host moved here|LAN host's address claimed" "$dir/$1/agent.log" || true; } | sed 's/\x1b\[[0-9;]*m//g' |
         awk '{ print $1 }' | while read -r ts; do
             u=$(date -d "$ts" +%s.%N)
             if awk -v a="$u" -v b="$2" 'BEGIN { exit !(a > b) }'; then echo "$u"; break; fi

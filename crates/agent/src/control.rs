@@ -210,6 +210,20 @@ pub struct NamespaceStatus {
     /// VM sends on arrival).
     #[serde(default)]
     pub lan_announcements: u64,
+    /// Router mode: LAN hosts that moved here from another router's LAN and whose address
+    /// (with its DHCP lease and names) this member took over.
+    #[serde(default)]
+    pub handoffs_in: u64,
+    /// Router mode: LAN hosts that moved to another router's LAN and were handed to it.
+    #[serde(default)]
+    pub handoffs_out: u64,
+    /// Router mode: requests to hand over a host that still answered on this LAN (kept).
+    #[serde(default)]
+    pub handoffs_kept: u64,
+    /// Router mode: the last handoff's duration either way, in milliseconds (target: from
+    /// the host's first sighting; source: from the request to the transfer).
+    #[serde(default)]
+    pub last_handoff_ms: Option<u64>,
     /// DHCP requests the switch handed to the virtual DHCP server.
     #[serde(default)]
     pub dhcp_requests: u64,

@@ -8,6 +8,7 @@ use std::io::{ErrorKind, IoSlice};
 use std::task::Poll;
 use std::time::Instant;
 
+use hyphae_migrate::{Announce, Presence};
 use hyphae_overlay::{Event, NamespaceId, PeerHandle, Received};
 use hyphae_vswitch::mtu::Fragments;
 use hyphae_vswitch::offload::{
@@ -233,25 +234,42 @@ impl Agent {
             n.write(&self.reply[..len]);
         }
         let mut changed = false;
+        let mut presences = Vec::new();
         while let Some(event) = n.switch.poll_event() {
-            match event {
-                hyphae_vswitch::Event::LanHostUp(a) => n.membership.add_hosted(a, now),
-                hyphae_vswitch::Event::LanHostDown(a) => changed |= n.membership.remove_hosted(a),
-                // Counted in status (`lan_announcements`). A host that announces itself
-                // after a migration is claimed like any new LAN host; handing its address
-                // over from the old site's router (crates/migrate) is not wired yet.
-                hyphae_vswitch::Event::Rarp(mac) => {
-                    tracing::debug!(namespace = %n.name, mac = ?mac, "LAN host announced itself (RARP)");
+            let (address, mac, announce) = match event {
+                hyphae_vswitch::Event::LanHostUp(a) => {
+                    n.membership.add_hosted(a, now);
+                    continue;
                 }
+                hyphae_vswitch::Event::LanHostDown(a) => {
+                    changed |= n.membership.remove_hosted(a);
+                    continue;
+                }
+                // A host announcing itself after a migration (counted in status as
+                // `lan_announcements`); a new one is claimed (LanHostUp came first), and
+                // a refused claim starts the handoff (crate::migration).
+                hyphae_vswitch::Event::Rarp(mac) => (None, mac, Announce::Rarp),
                 hyphae_vswitch::Event::GratuitousArp { address, mac } => {
-                    tracing::debug!(namespace = %n.name, %address, mac = ?mac,
-                        "LAN host announced itself (gratuitous ARP)");
+                    (Some(address), mac, Announce::GratuitousArp)
                 }
-            }
+                // A host a handoff probes for answered: it never left.
+                hyphae_vswitch::Event::LanHostHeard { address, mac } => {
+                    (Some(address), mac, Announce::Packet)
+                }
+            };
+            tracing::debug!(namespace = %n.name, ?address, ?mac, ?announce, "LAN host seen");
+            presences.push(Presence {
+                address,
+                mac,
+                announce,
+            });
         }
         if changed {
             let addresses = n.membership.addresses();
             self.node.set_addresses(now, NamespaceId(i), addresses);
+        }
+        for presence in presences {
+            self.lan_presence(i, now, presence);
         }
     }
 

@@ -71,6 +71,8 @@ pub(crate) struct Namespace {
     pub(crate) switch: Switch<PeerHandle>,
     /// The DHT state: address, names, resolution, group.
     pub(crate) membership: Membership,
+    /// Router mode: LAN hosts moving between this router and others.
+    pub(crate) handoffs: crate::migration::Handoffs,
     /// Members of the broadcast group (read from the DHT).
     pub(crate) group: Vec<PeerId>,
     /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
@@ -355,6 +357,9 @@ impl Agent {
         if let Some(subnet) = ns.subnet {
             dns.set_zone(&ns.name, subnet);
         }
+        let Some(handoffs) = crate::migration::Handoffs::new(&me) else {
+            bail!("internal: this agent's identity has no libp2p peer id");
+        };
         self.namespaces.push(Namespace {
             name: ns.name.clone(),
             tag,
@@ -384,6 +389,7 @@ impl Agent {
                 tunnel_mtu: ns.mtu,
             }),
             membership,
+            handoffs,
             group: Vec::new(),
             dhcp: None,
             gateway: ns.gateway,
@@ -581,6 +587,7 @@ impl Agent {
                 n.membership.poll_timeout(),
                 n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout),
                 n.dns.poll_timeout(),
+                n.handoffs.poll_timeout(),
             ]
         });
         [
@@ -644,6 +651,9 @@ impl Agent {
             }
             if due(n.membership.poll_timeout()) {
                 n.membership.handle_timeout(now, unix);
+            }
+            if due(n.handoffs.poll_timeout()) {
+                self.handoffs_timeout(i, now);
             }
         }
         // `hyphae name set` calls whose claim has not been decided yet.

@@ -56,10 +56,8 @@ impl Agent {
                 }
             }
             OverlayEvent::Released { .. } | OverlayEvent::Announced { .. } => {}
-            OverlayEvent::MemberMessage { from, .. } => {
-                // Only the migration handoff sends these, and this agent does not drive it
-                // yet (issue 14): the message is dropped, and the sender's retries give up.
-                tracing::debug!(%from, "message from a member dropped: handoff not wired");
+            OverlayEvent::MemberMessage { ns, from, body } => {
+                self.member_message(now, ns, from, &body);
             }
         }
     }
@@ -67,7 +65,7 @@ impl Agent {
     /// Carries out what namespace `i`'s membership and DNS service asked for. Returns
     /// whether there was anything.
     pub(crate) fn flush_namespace(&mut self, i: usize, now: Instant) -> bool {
-        let mut any = self.flush_dns(i);
+        let mut any = self.flush_dns(i) | self.flush_handoffs(i, now);
         let ns = self.namespaces[i].tag;
         while let Some((token, request)) = self.namespaces[i].membership.poll_request() {
             any = true;
@@ -171,9 +169,11 @@ impl Agent {
                 n.dns
                     .handle_lookup(now, &Missing::Name(host), Found::Name(address), &held);
             }
-            Event::HandOff { address, done } => {
-                tracing::info!(namespace = %n.name, %address, done, "address hand-off ended");
+            Event::HandOff { address, done } => self.handed_off(i, now, address, done),
+            Event::HostedClaimed { address, outcome } => {
+                self.hosted_claimed(i, now, address, outcome);
             }
+            Event::Holder { address, holder } => self.holder_found(i, now, address, holder),
             Event::HolderRead { address, holder } => {
                 if let Some((name, _)) = n.member_names.get_mut(&address) {
                     // Only a name a member may hold is shown, as the DNS answers it.

@@ -12,6 +12,7 @@ mod events;
 pub mod join;
 pub mod lan;
 mod metrics;
+mod migration;
 mod netwatch;
 mod notify;
 mod progress;

@@ -28,6 +28,7 @@ const GAUGES: &[&str] = &[
     "overlay.stored_records",
     "underlay.queues",
     "namespaces[].group_members",
+    "namespaces[].last_handoff_ms",
     "namespaces[].peers[].rtt_ms",
     "namespaces[].peers[].handshake_age_secs",
 ];

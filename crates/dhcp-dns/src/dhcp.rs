@@ -204,6 +204,44 @@ impl Server {
         self.bindings.get(client).map(|b| b.address)
     }
 
+    /// Migration source: the client leasing `address` moved to another router's LAN.
+    /// Its lease leaves this server without a release (the address goes with the client)
+    /// and is returned: the client and the time left. `None` if nobody leases it here
+    /// (an offer not taken up is no lease).
+    pub fn hand_over(&mut self, address: Ipv4Addr, now: Instant) -> Option<(ClientId, Duration)> {
+        let client = self
+            .bindings
+            .iter()
+            .find(|(_, b)| b.address == address && !b.offered)
+            .map(|(c, _)| c.clone())?;
+        let binding = self.bindings.remove(&client)?;
+        Some((client, binding.expires.saturating_duration_since(now)))
+    }
+
+    /// Migration target: `client` moved here from another router's LAN with its lease on
+    /// `address` (`remaining` left): its renewals are answered as this server's own. A
+    /// lease for another address this client had here is replaced.
+    pub fn take_over(
+        &mut self,
+        client: ClientId,
+        address: Ipv4Addr,
+        remaining: Duration,
+        now: Instant,
+    ) {
+        if !self.usable(address) || remaining.is_zero() {
+            return;
+        }
+        self.pending.remove(&client);
+        self.bindings.insert(
+            client,
+            Binding {
+                address,
+                expires: now + remaining.min(self.settings.lease),
+                offered: false,
+            },
+        );
+    }
+
     /// What the server wants done next.
     pub fn poll_output(&mut self) -> Option<Output> {
         self.out.pop_front()
@@ -851,6 +889,45 @@ mod tests {
         s.handle(&request(MessageType::Release, a, vec![]), MAC, t);
         assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
         assert_eq!(s.lease_of(&client()), None);
+    }
+
+    #[test]
+    fn a_lease_moves_between_servers_without_a_release() {
+        let t = Instant::now();
+        let (mut source, mut target) = (Server::new(settings()), Server::new(settings()));
+        let a = Ipv4Addr::new(10, 201, 0, 20);
+        source.handle(
+            &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+            MAC,
+            t,
+        );
+        source.allocated(&client(), a, t);
+        outputs(&mut source);
+        assert_eq!(source.hand_over(a, t), None, "an offer is no lease");
+        source.handle(&request(MessageType::Request, a, vec![]), MAC, t);
+        outputs(&mut source);
+        let later = t + Duration::from_secs(100);
+        let (who, left) = source.hand_over(a, later).expect("the lease leaves");
+        assert_eq!((who.clone(), left), (client(), Duration::from_secs(500)));
+        assert_eq!(source.lease_of(&client()), None);
+        source.handle_timeout(t + Duration::from_secs(3600));
+        assert_eq!(
+            outputs(&mut source),
+            vec![],
+            "no release: the address went along"
+        );
+        // The target answers the client's renewal at once, with no claim first.
+        target.take_over(who, a, left, later);
+        assert_eq!(target.lease_of(&client()), Some(a));
+        target.handle(&request(MessageType::Request, a, vec![]), MAC, later);
+        let out = outputs(&mut target);
+        let (_, ack) = only_reply(&out);
+        assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+        assert!(out.contains(&Output::Renew(a)));
+        // Nothing taken over for an address the server does not hand out.
+        let mut other = Server::new(settings());
+        other.take_over(client(), Ipv4Addr::new(192, 0, 2, 1), left, later);
+        assert_eq!(other.lease_of(&client()), None);
     }
 
     #[test]

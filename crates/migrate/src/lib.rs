@@ -41,6 +41,8 @@ use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 /// An Ethernet MAC address.
 pub type Mac = [u8; 6];
 
@@ -121,7 +123,7 @@ pub struct Holder<P> {
 }
 
 /// A lease of the host's address by this router's virtual DHCP server.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DhcpLease {
     /// The client identifier (or hardware address) the lease is bound to.
     pub client: Vec<u8>,
@@ -130,7 +132,7 @@ pub struct DhcpLease {
 }
 
 /// What moves with a host: its MAC, its DHCP lease and its DNS names.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostState {
     /// The host's MAC, if known.
     pub mac: Option<Mac>,
@@ -142,7 +144,7 @@ pub struct HostState {
 
 /// A message between routers (carried over the overlay's authenticated channel: only
 /// proven members send them).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Message<P> {
     /// Target to holder: the host at `address` is on my LAN now; hand it over.
     Request {
@@ -172,8 +174,45 @@ pub enum Message<P> {
     },
 }
 
+impl<P> Message<P> {
+    /// The same message with its member names mapped by `f` (to and from their wire form);
+    /// `None` if `f` refuses one.
+    pub fn map_members<Q>(self, mut f: impl FnMut(P) -> Option<Q>) -> Option<Message<Q>> {
+        Some(match self {
+            Message::Request {
+                id,
+                address,
+                record,
+            } => Message::Request {
+                id,
+                address,
+                record,
+            },
+            Message::Reply {
+                id,
+                address,
+                answer,
+            } => Message::Reply {
+                id,
+                address,
+                answer: match answer {
+                    Answer::Transferred(state) => Answer::Transferred(state),
+                    Answer::Present => Answer::Present,
+                    Answer::NotHolder(Some(p)) => Answer::NotHolder(Some(f(p)?)),
+                    Answer::NotHolder(None) => Answer::NotHolder(None),
+                    Answer::Failed => Answer::Failed,
+                },
+            },
+            Message::Moved { address, to } => Message::Moved {
+                address,
+                to: f(to)?,
+            },
+        })
+    }
+}
+
 /// The holder's answer to a [`Message::Request`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer<P> {
     /// The lease is the asker's now; the host's state comes with it.
     Transferred(HostState),

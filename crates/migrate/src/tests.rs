@@ -619,3 +619,40 @@ fn twenty_moves_back_and_forth() {
     assert_eq!((a.handoffs_out, b.handoffs_in), (10, 10));
     assert_eq!((b.handoffs_out, a.handoffs_in), (10, 10));
 }
+
+#[test]
+fn messages_survive_their_wire_form_and_member_mapping() {
+    let reply: Message<u8> = Message::Reply {
+        id: 7,
+        address: Ipv4Addr::new(10, 1, 0, 9),
+        answer: Answer::Transferred(HostState {
+            mac: Some([2, 0, 0, 0, 0, 9]),
+            dhcp: Some(DhcpLease {
+                client: vec![1, 2, 0, 0, 0, 0, 9],
+                remaining: Duration::from_secs(3000),
+            }),
+            names: vec!["vm9".into()],
+        }),
+    };
+    let json = serde_json::to_string(&reply).expect("serializes");
+    let back: Message<u8> = serde_json::from_str(&json).expect("parses");
+    assert_eq!(back, reply);
+    let moved = Message::Moved {
+        address: Ipv4Addr::new(10, 1, 0, 9),
+        to: 3u8,
+    };
+    assert_eq!(
+        moved.clone().map_members(|p| Some(u16::from(p) * 100)),
+        Some(Message::Moved {
+            address: Ipv4Addr::new(10, 1, 0, 9),
+            to: 300u16
+        })
+    );
+    assert_eq!(
+        moved.map_members(|_| None::<u16>),
+        None,
+        "a refused name drops it"
+    );
+    let garbage: Result<Message<u8>, _> = serde_json::from_str("{\"Moved\":{\"address\":1}}");
+    assert!(garbage.is_err());
+}

@@ -45,7 +45,7 @@ pub mod wire;
 #[cfg(test)]
 mod captured;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::net::Ipv4Addr;
 use std::ops::Range;
@@ -248,6 +248,14 @@ pub enum Event {
         /// The host's MAC.
         mac: Mac,
     },
+    /// Router mode: a host [`Switch::probe_lan_host`] asked about sent a frame (an answer
+    /// to the probe, or anything else): it is on this LAN.
+    LanHostHeard {
+        /// Its address.
+        address: Ipv4Addr,
+        /// Its MAC.
+        mac: Mac,
+    },
 }
 
 /// Why the switch dropped a frame. Each has a counter in [`Counters`].
@@ -436,6 +444,8 @@ pub struct Switch<P> {
     confirmed: HashMap<Ipv4Addr, Instant>,
     /// Router mode: LAN addresses asked for recently (a member sent to an unknown host).
     asked: HashMap<Ipv4Addr, Instant>,
+    /// Router mode: LAN addresses whose next frame is reported ([`Event::LanHostHeard`]).
+    watched: HashSet<Ipv4Addr>,
     emits: VecDeque<Emit>,
     events: VecDeque<Event>,
     bucket_out: Bucket,
@@ -454,6 +464,7 @@ impl<P: Copy + Eq> Switch<P> {
             probes: HashMap::new(),
             confirmed: HashMap::new(),
             asked: HashMap::new(),
+            watched: HashSet::new(),
             emits: VecDeque::new(),
             events: VecDeque::new(),
             bucket_out: Bucket {
@@ -743,6 +754,10 @@ impl<P: Copy + Eq> Switch<P> {
         }
         self.probes.remove(&ip);
         self.confirmed.remove(&ip);
+        if self.watched.remove(&ip) {
+            self.events
+                .push_back(Event::LanHostHeard { address: ip, mac });
+        }
         if let Some(host) = self.lan.get_mut(&ip) {
             host.mac = mac;
             host.seen = now;
@@ -877,6 +892,48 @@ impl<P: Copy + Eq> Switch<P> {
     /// handed to another site); its next frame here makes it [`Event::LanHostUp`] again.
     pub fn forget_lan_host(&mut self, address: Ipv4Addr) {
         self.lan.remove(&address);
+        self.watched.remove(&address);
+    }
+
+    /// Router mode: asks the LAN who has `address` (an ARP probe) and reports the host's
+    /// next frame, the answer or any other, as [`Event::LanHostHeard`] (a migration source
+    /// checks that the host left). At most [`MAX_LAN_HOSTS`] addresses are watched.
+    pub fn probe_lan_host(&mut self, address: Ipv4Addr) {
+        if self.watched.len() < MAX_LAN_HOSTS || self.watched.contains(&address) {
+            self.watched.insert(address);
+            self.emits.push_back(Emit::Probe(address));
+        }
+    }
+
+    /// Router mode: the LAN host at `address` has `mac` (it moved here and its old
+    /// router said so): delivered to at once, as if it had spoken.
+    pub fn learn_lan_host(&mut self, address: Ipv4Addr, mac: Mac, now: Instant) {
+        self.learn(address, mac, now);
+    }
+
+    /// Stops reporting `address`'s next frame.
+    pub fn unwatch_lan_host(&mut self, address: Ipv4Addr) {
+        self.watched.remove(&address);
+    }
+
+    /// The MAC of the LAN host at `address`, if it is known here.
+    pub fn lan_host_mac(&self, address: Ipv4Addr) -> Option<Mac> {
+        self.lan.get(&address).map(|h| h.mac)
+    }
+
+    /// The address of the LAN host with `mac`, if it is known here.
+    pub fn lan_host_with_mac(&self, mac: Mac) -> Option<Ipv4Addr> {
+        self.lan.iter().find(|(_, h)| h.mac == mac).map(|(a, _)| *a)
+    }
+
+    /// `addr` moved to `peer` (its old owner said so): routed there at once, whatever was
+    /// announced or resolved; `None` forgets every route to it (the next packet resolves it).
+    pub fn move_route(&mut self, addr: Ipv4Addr, peer: Option<P>) {
+        self.routes.remove(&addr);
+        self.resolved.remove(&addr);
+        if let Some(peer) = peer {
+            self.add_route(addr, peer);
+        }
     }
 
     /// IPOP 4.1: answer only if (a) the target is a namespace address, (b) it is not the
@@ -1476,6 +1533,54 @@ mod tests {
         let _ = sw.handle_tap_frame(&mut reply, t + timeout, &mut [0u8; 64]);
         sw.handle_timeout(t + timeout + Duration::from_secs(5));
         assert_eq!(sw.lan_hosts(), vec![Ipv4Addr::new(10, 201, 0, 10)]);
+    }
+
+    #[test]
+    fn a_watched_host_is_reported_on_its_next_frame_only() {
+        let mut sw = with_mode(Mode::Router);
+        let host = Ipv4Addr::new(10, 201, 0, 10);
+        let mut a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
+        let _ = sw.handle_tap_frame(&mut a, t0(), &mut [0u8; 64]);
+        assert_eq!(sw.poll_event(), Some(Event::LanHostUp(host)));
+        assert_eq!(sw.lan_host_mac(host), Some(LAN_A));
+        assert_eq!(sw.lan_host_with_mac(LAN_A), Some(host));
+        sw.probe_lan_host(host);
+        let mut buf = [0u8; 64];
+        assert!(sw.poll_transmit(&mut buf).is_some(), "the probe goes out");
+        assert_eq!(sw.poll_event(), None, "nothing heard yet");
+        let mut reply = arp_from(LAN_A, [10, 201, 0, 10], 2, [0, 0, 0, 0]);
+        let _ = sw.handle_tap_frame(&mut reply, t0(), &mut [0u8; 64]);
+        assert_eq!(
+            sw.poll_event(),
+            Some(Event::LanHostHeard {
+                address: host,
+                mac: LAN_A
+            })
+        );
+        let _ = sw.handle_tap_frame(&mut reply, t0(), &mut [0u8; 64]);
+        assert_eq!(sw.poll_event(), None, "reported once per probe");
+        // Handed off: forgotten, and no longer watched.
+        sw.probe_lan_host(host);
+        sw.forget_lan_host(host);
+        assert_eq!(sw.lan_host_mac(host), None);
+        let _ = sw.handle_tap_frame(&mut reply, t0(), &mut [0u8; 64]);
+        assert_eq!(sw.poll_event(), Some(Event::LanHostUp(host)));
+        assert_eq!(sw.poll_event(), None);
+    }
+
+    #[test]
+    fn a_moved_route_wins_over_announcements_and_resolutions() {
+        let mut sw = with_mode(Mode::Router);
+        let a = Ipv4Addr::new(10, 201, 0, 10);
+        sw.set_peer_addresses(1, &[a]);
+        sw.add_route(a, 1);
+        sw.move_route(a, Some(2));
+        assert_eq!(sw.route(a), Some(2));
+        // The old owner's announcement without it leaves the new route alone.
+        sw.set_peer_addresses(1, &[]);
+        assert_eq!(sw.route(a), Some(2));
+        sw.move_route(a, None);
+        assert_eq!(sw.route(a), None);
     }
 
     #[test]

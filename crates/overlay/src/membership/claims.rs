@@ -7,11 +7,12 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use super::{
-    holder_name, Address, Event, Membership, Purpose, Request, Token, AUTO_PAUSE, CLAIM_RETRY,
-    CONFLICT_RETRY, MAX_AUTO_TRIES,
+    holder_name, Address, Event, HostedClaim, Membership, Purpose, Request, Token, AUTO_PAUSE,
+    CLAIM_RETRY, CONFLICT_RETRY, MAX_AUTO_TRIES,
 };
 use crate::records::Envelope;
 use crate::swarm::ClaimResult;
+use crate::PeerId;
 
 /// This member's own address lease.
 #[derive(Debug, Default)]
@@ -413,9 +414,10 @@ impl Membership {
                 }
             }
             ClaimResult::Lost(Some(holder)) => {
-                let holder = holder_name(holder);
-                tracing::error!(namespace = %self.name, %address, %holder,
-                    "a LAN host uses an address another member owns; it is not reachable through the overlay");
+                // The host may have moved here from the holder's LAN: the agent's handoff
+                // asks the holder (`HostedClaimed`), and says so if it fails.
+                tracing::info!(namespace = %self.name, %address, holder = %holder_name(holder),
+                    "a LAN host uses an address another member holds");
                 self.hosted_conflicts += 1;
                 h.owned = false;
                 h.next = Some(now + CONFLICT_RETRY);
@@ -428,6 +430,17 @@ impl Membership {
             ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
         }
         let owned = h.owned;
+        if !was {
+            let outcome = match result {
+                ClaimResult::Won | ClaimResult::Kept(_) => HostedClaim::Won,
+                ClaimResult::Lost(Some(holder)) => {
+                    PeerId::from_bytes(*holder).map_or(HostedClaim::Unanswered, HostedClaim::Held)
+                }
+                ClaimResult::Lost(None) => HostedClaim::Unanswered,
+            };
+            self.events
+                .push_back(Event::HostedClaimed { address, outcome });
+        }
         if was && !owned {
             // Its names stood for an address that is someone else's now.
             self.unbind_address(address);

@@ -25,7 +25,9 @@
 
 mod claims;
 pub use claims::AddressError;
+pub use handoff::HostedClaim;
 mod group;
+mod handoff;
 mod names;
 mod resolve;
 mod settings;
@@ -228,6 +230,21 @@ pub enum Event {
         /// Whether the lease moved.
         done: bool,
     },
+    /// Router mode: a claim for a LAN host's address (not a renewal) was decided.
+    HostedClaimed {
+        /// The address.
+        address: Ipv4Addr,
+        /// The outcome.
+        outcome: HostedClaim,
+    },
+    /// A [`Membership::look_up_holder`] finished: the holder of `address` and the time
+    /// left on its lease (`None`: nobody holds it, or no replica answered).
+    Holder {
+        /// The address.
+        address: Ipv4Addr,
+        /// The holder and its lease's time left.
+        holder: Option<(PeerId, Duration)>,
+    },
 }
 
 /// Why an operation was started, to route its result.
@@ -243,6 +260,7 @@ enum Purpose {
     Resolve(Ipv4Addr),
     ReadName(String),
     ReadHolder(Ipv4Addr),
+    Holder(Ipv4Addr),
     GroupRead,
 }
 
@@ -584,6 +602,7 @@ impl Membership {
             | Purpose::Resolve(_)
             | Purpose::ReadName(_)
             | Purpose::ReadHolder(_)
+            | Purpose::Holder(_)
             | Purpose::GroupRead => {}
         }
     }
@@ -595,6 +614,7 @@ impl Membership {
             Some(Purpose::Resolve(target)) => self.resolved(now, target, envelopes),
             Some(Purpose::ReadName(host)) => self.name_read(now, host, envelopes),
             Some(Purpose::ReadHolder(address)) => self.holder_read(now, address, envelopes),
+            Some(Purpose::Holder(address)) => self.holder_found(now, address, envelopes),
             _ => {}
         }
     }

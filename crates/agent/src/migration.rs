@@ -1,0 +1,507 @@
+//! The migration handoff of router-mode LAN hosts (`hyphae_migrate`, IPOP Sec. 5 and
+//! Fig. 11), driven like the other cores: what the switch sees on the LAN, the claims and
+//! reads of the membership and the messages of other routers go in; messages, DHT
+//! operations, ARP probes and events come out and are carried out here.
+//!
+//! - **Target.** A LAN host whose address another member holds (its first packet, a
+//!   gratuitous ARP: both make the switch learn it, and the claim is refused), or a RARP
+//!   frame naming a MAC this router does not know (the MAC is asked of every member), starts
+//!   a handoff: the holder is asked, and on its answer the address, the host's DHCP lease
+//!   and its names are this router's.
+//! - **Source.** Asked for a host it holds, the router probes its LAN; silence means the
+//!   host left: the lease moves on the replicas to the asker, the host's state goes with the
+//!   answer, and every member is told ([`Message::Moved`]) so its route moves at once.
+//!
+//! Messages travel on the overlay's members-only channel (`/hyphae/routers/1`) as JSON;
+//! member names as libp2p peer ids.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use hyphae_dhcp_dns::dhcp::ClientId;
+use hyphae_migrate::{
+    ClaimOutcome, Config, DhcpLease, DhtOp, Event, Holder, HostState, Lookup, Mac, Message,
+    Migrate, Output, Presence, TransferOutcome,
+};
+use hyphae_overlay::membership::HostedClaim;
+use hyphae_overlay::records::Envelope;
+use hyphae_overlay::swarm::{network_id, owner_key, NetworkId};
+use hyphae_overlay::{NamespaceId, PeerId};
+use serde::{Deserialize, Serialize};
+
+use crate::driver::Agent;
+
+/// How long a RARP frame's MAC waits for a member to say whose LAN host it is.
+const MAC_QUERY_WAIT: Duration = Duration::from_secs(1);
+
+/// A message between routers, as it travels.
+#[derive(Debug, Serialize, Deserialize)]
+enum Wire {
+    /// A handoff's request, reply or push; members as base58 peer ids.
+    Handoff(Message<String>),
+    /// Which address has the LAN host with this MAC? (A RARP frame named only the MAC.)
+    WhoHas(Mac),
+    /// The LAN host with this MAC is at this address on my LAN.
+    IsAt(Mac, Ipv4Addr),
+}
+
+/// One namespace's handoffs and what the agent keeps beside them.
+pub(crate) struct Handoffs {
+    pub(crate) core: Migrate<NetworkId>,
+    /// RARP MACs asked of the members, until when.
+    mac_queries: HashMap<Mac, Instant>,
+    /// Addresses a member named for a RARP MAC, looked up now.
+    mac_found: HashMap<Ipv4Addr, Mac>,
+    /// Names of hosts whose lease is being transferred (the membership unbinds them when
+    /// the transfer ends, before the answer is built).
+    leaving: HashMap<Ipv4Addr, (Option<Mac>, Vec<String>)>,
+}
+
+impl Handoffs {
+    pub(crate) fn new(local: &PeerId) -> Option<Self> {
+        Some(Self {
+            core: Migrate::new(Config::default(), network_id(local.as_bytes())?),
+            mac_queries: HashMap::new(),
+            mac_found: HashMap::new(),
+            leaving: HashMap::new(),
+        })
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let queries = self.mac_queries.values().min().copied();
+        [self.core.poll_timeout(), queries]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+/// The envelope of a target's record, packed for a request: owner, expiry, signature, then
+/// the sealed value (a JSON envelope would not fit a router message inside JSON again).
+fn pack(e: &Envelope) -> Vec<u8> {
+    let mut out = Vec::with_capacity(104 + e.sealed.len());
+    out.extend_from_slice(&e.owner);
+    out.extend_from_slice(&e.expires.to_be_bytes());
+    out.extend_from_slice(&e.signature);
+    out.extend_from_slice(&e.sealed);
+    out
+}
+
+fn unpack(bytes: &[u8]) -> Option<Envelope> {
+    let (owner, rest) = bytes.split_at_checked(32)?;
+    let (expires, rest) = rest.split_at_checked(8)?;
+    let (signature, sealed) = rest.split_at_checked(64)?;
+    Some(Envelope {
+        owner: owner.to_vec(),
+        expires: u64::from_be_bytes(expires.try_into().ok()?),
+        sealed: sealed.to_vec(),
+        signature: signature.to_vec(),
+    })
+}
+
+fn member(id: &NetworkId) -> Option<PeerId> {
+    PeerId::from_bytes(owner_key(id)?).ok()
+}
+
+impl Agent {
+    /// A LAN host showed itself on namespace `i`'s LAN: a RARP frame (no address), a
+    /// gratuitous ARP, or (after a probe) any frame.
+    pub(crate) fn lan_presence(&mut self, i: usize, now: Instant, presence: Presence) {
+        let n = &mut self.namespaces[i];
+        let presence = match presence.address {
+            // A RARP frame from a host this router knows already: its address is known.
+            None => match n.switch.lan_host_with_mac(presence.mac) {
+                Some(address) => Presence {
+                    address: Some(address),
+                    ..presence
+                },
+                None => presence,
+            },
+            Some(_) => presence,
+        };
+        let held = presence.address.is_some_and(|a| n.membership.holds(a));
+        n.handoffs.core.handle_presence(now, presence, held);
+    }
+
+    /// A claim of namespace `i`'s membership for a LAN host ended: a refusal naming a
+    /// holder starts a handoff (the host may have moved here from its LAN); a handoff that
+    /// claimed a free or lapsed address learns the outcome.
+    pub(crate) fn hosted_claimed(
+        &mut self,
+        i: usize,
+        now: Instant,
+        address: Ipv4Addr,
+        outcome: HostedClaim,
+    ) {
+        let n = &mut self.namespaces[i];
+        let h = &mut n.handoffs.core;
+        if h.in_progress(address) {
+            let outcome = match outcome {
+                HostedClaim::Won => ClaimOutcome::Won,
+                HostedClaim::Held(holder) => match network_id(holder.as_bytes()) {
+                    Some(member) => ClaimOutcome::Held(Holder {
+                        member,
+                        remaining: n.membership.lease(),
+                    }),
+                    None => ClaimOutcome::Unanswered,
+                },
+                HostedClaim::Unanswered => ClaimOutcome::Unanswered,
+            };
+            h.handle_claim(now, address, outcome);
+        } else if let HostedClaim::Held(_) = outcome {
+            let mac = n.switch.lan_host_mac(address).unwrap_or_default();
+            let presence = Presence {
+                address: Some(address),
+                mac,
+                announce: hyphae_migrate::Announce::Packet,
+            };
+            h.handle_presence(now, presence, false);
+        }
+    }
+
+    /// The holder of `address` was read for namespace `i`'s handoff.
+    pub(crate) fn holder_found(
+        &mut self,
+        i: usize,
+        now: Instant,
+        address: Ipv4Addr,
+        holder: Option<(PeerId, Duration)>,
+    ) {
+        let n = &mut self.namespaces[i];
+        let lookup = match holder {
+            None => Lookup::Free,
+            Some((peer, remaining)) => match network_id(peer.as_bytes()) {
+                Some(member) => Lookup::Held(Holder { member, remaining }),
+                None => Lookup::Unanswered,
+            },
+        };
+        let record = n
+            .membership
+            .hosted_record(address, now)
+            .map(|e| pack(&e))
+            .unwrap_or_default();
+        match n.handoffs.mac_found.remove(&address) {
+            Some(mac) => {
+                n.handoffs
+                    .core
+                    .handle_mac_lookup(now, mac, Some((address, lookup)), record)
+            }
+            None => n.handoffs.core.handle_lookup(now, address, lookup, record),
+        }
+    }
+
+    /// A lease transfer of namespace `i`'s membership ended (this router is the source).
+    pub(crate) fn handed_off(&mut self, i: usize, now: Instant, address: Ipv4Addr, done: bool) {
+        let n = &mut self.namespaces[i];
+        let (mac, names) = n.handoffs.leaving.remove(&address).unwrap_or_default();
+        let mut state = HostState {
+            mac,
+            dhcp: None,
+            names,
+        };
+        let outcome = if done {
+            state.dhcp = n.dhcp.as_mut().and_then(|d| d.hand_over(address, now)).map(
+                |(client, remaining)| DhcpLease {
+                    client: client.0,
+                    remaining,
+                },
+            );
+            TransferOutcome::Done
+        } else {
+            TransferOutcome::Unanswered
+        };
+        n.handoffs
+            .core
+            .handle_transfer(now, address, outcome, state);
+    }
+
+    /// A message from the member `from` in namespace `tag` (proven by the overlay).
+    pub(crate) fn member_message(
+        &mut self,
+        now: Instant,
+        tag: [u8; hyphae_overlay::TAG_LEN],
+        from: NetworkId,
+        body: &[u8],
+    ) {
+        let Some(i) = self
+            .namespaces
+            .iter()
+            .position(|n| n.tag == tag && n.active())
+        else {
+            return;
+        };
+        let wire = match serde_json::from_slice::<Wire>(body) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(%from, error = %e, "a member's message does not parse; dropped");
+                return;
+            }
+        };
+        let n = &mut self.namespaces[i];
+        match wire {
+            Wire::Handoff(message) => {
+                let Some(message) = message.map_members(|p| p.parse::<NetworkId>().ok()) else {
+                    tracing::debug!(%from, "a handoff message names no member; dropped");
+                    return;
+                };
+                match message {
+                    Message::Moved { address, to } => self.moved(i, from, address, to),
+                    Message::Request { address, .. } | Message::Reply { address, .. } => {
+                        let held = n.membership.holds(address);
+                        n.handoffs.core.handle_message(now, from, message, held);
+                    }
+                }
+            }
+            Wire::WhoHas(mac) => {
+                let Some(address) = n
+                    .switch
+                    .lan_host_with_mac(mac)
+                    .filter(|a| n.membership.holds(*a))
+                else {
+                    return;
+                };
+                self.send_wire(i, from, &Wire::IsAt(mac, address));
+            }
+            Wire::IsAt(mac, address) => {
+                if n.handoffs.mac_queries.remove(&mac).is_some() {
+                    n.handoffs.mac_found.insert(address, mac);
+                    n.membership.look_up_holder(address);
+                }
+            }
+        }
+    }
+
+    /// The old holder of `address` says it is at `to` now: the route moves at once, if
+    /// the old holder is where it points (no third member redirects traffic this way).
+    fn moved(&mut self, i: usize, from: NetworkId, address: Ipv4Addr, to: NetworkId) {
+        let ns = NamespaceId(i);
+        let (Some(from), Some(to)) = (member(&from), member(&to)) else {
+            return;
+        };
+        let Some(old) = self.node.member_handle(ns, from) else {
+            return;
+        };
+        let n = &mut self.namespaces[i];
+        if !hyphae_migrate::accept_moved(&old, n.switch.route(address).as_ref()) {
+            return;
+        }
+        let new = self.node.member_handle(ns, to);
+        tracing::info!(namespace = %n.name, %address, "a LAN host moved to another router; its route moves");
+        n.switch.move_route(address, new);
+        if new.is_none() {
+            // No tunnel to the new holder yet: the next packet looks it up.
+            n.membership.forget(&[address]);
+        }
+    }
+
+    fn send_wire(&mut self, i: usize, to: NetworkId, wire: &Wire) {
+        let body = match serde_json::to_vec(wire) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot encode a message to a member");
+                return;
+            }
+        };
+        if !self
+            .overlay
+            .send_to_member(self.namespaces[i].tag, to, body)
+        {
+            tracing::warn!(%to, "a handoff message is too large to send");
+        }
+    }
+
+    /// Timers of namespace `i`'s handoffs: the core's, and RARP MACs nobody claimed.
+    pub(crate) fn handoffs_timeout(&mut self, i: usize, now: Instant) {
+        let h = &mut self.namespaces[i].handoffs;
+        h.core.handle_timeout(now);
+        let late: Vec<Mac> = h
+            .mac_queries
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(m, _)| *m)
+            .collect();
+        for mac in late {
+            h.mac_queries.remove(&mac);
+            h.core.handle_mac_lookup(now, mac, None, Vec::new());
+        }
+    }
+
+    /// Carries out what namespace `i`'s handoffs asked for. Returns whether there was
+    /// anything.
+    pub(crate) fn flush_handoffs(&mut self, i: usize, now: Instant) -> bool {
+        let mut any = false;
+        while let Some(output) = self.namespaces[i].handoffs.core.poll_output() {
+            any = true;
+            match output {
+                Output::Send { to, message } => {
+                    if let Some(m) = message.map_members(|p| Some(p.to_base58())) {
+                        self.send_wire(i, to, &Wire::Handoff(m));
+                    }
+                }
+                Output::Push(message) => self.push(i, message),
+                Output::Dht(op) => self.handoff_dht(i, now, op),
+                Output::Probe(address) => {
+                    self.namespaces[i].switch.probe_lan_host(address);
+                    self.flush_switch(i, now);
+                }
+                Output::Event(event) => self.handoff_event(i, now, event),
+            }
+        }
+        any
+    }
+
+    /// Sends `message` to every member of namespace `i`'s group.
+    fn push(&mut self, i: usize, message: Message<NetworkId>) {
+        let Some(message) = message.map_members(|p| Some(p.to_base58())) else {
+            return;
+        };
+        let wire = Wire::Handoff(message);
+        let me = self.identity.peer_id();
+        for id in self.namespaces[i].group.clone() {
+            if id == me {
+                continue;
+            }
+            if let Some(to) = network_id(id.as_bytes()) {
+                self.send_wire(i, to, &wire);
+            }
+        }
+    }
+
+    fn handoff_dht(&mut self, i: usize, now: Instant, op: DhtOp<NetworkId>) {
+        let n = &mut self.namespaces[i];
+        match op {
+            DhtOp::Lookup(address) => n.membership.look_up_holder(address),
+            DhtOp::Claim(address) => n.membership.claim_hosted_now(address, now),
+            DhtOp::LookupMac(mac) => {
+                n.handoffs.mac_queries.insert(mac, now + MAC_QUERY_WAIT);
+                let wire = Wire::WhoHas(mac);
+                let me = self.identity.peer_id();
+                for id in self.namespaces[i].group.clone() {
+                    if let Some(to) = network_id(id.as_bytes()).filter(|_| id != me) {
+                        self.send_wire(i, to, &wire);
+                    }
+                }
+            }
+            DhtOp::Transfer {
+                address,
+                to,
+                record,
+            } => {
+                // Only the asker's own record: the lease moves to whoever signed it.
+                let envelope =
+                    unpack(&record).filter(|e| e.owner().and_then(|o| network_id(&o)) == Some(to));
+                let names = n.membership.name_for(address).map(str::to_string);
+                let mac = n.switch.lan_host_mac(address);
+                let started = envelope.is_some_and(|e| n.membership.hand_off_hosted(address, e));
+                if started {
+                    n.handoffs
+                        .leaving
+                        .insert(address, (mac, names.into_iter().collect()));
+                } else {
+                    n.handoffs.core.handle_transfer(
+                        now,
+                        address,
+                        TransferOutcome::NotHolder,
+                        HostState::default(),
+                    );
+                }
+            }
+        }
+    }
+
+    fn handoff_event(&mut self, i: usize, now: Instant, event: Event<NetworkId>) {
+        let n = &mut self.namespaces[i];
+        match event {
+            Event::TookOver {
+                address,
+                from,
+                state,
+                took,
+            } => {
+                tracing::info!(namespace = %n.name, %address, from = ?from,
+                    took_ms = took.as_millis() as u64, "LAN host moved here; its address taken over");
+                n.membership.adopt_hosted(address, now);
+                if let Some(mac) = state.mac {
+                    // Routed to the LAN at once, before the host speaks (a RARP names no
+                    // address).
+                    n.switch.learn_lan_host(address, mac, now);
+                }
+                if let Some(lease) = state.dhcp {
+                    if let Some(d) = n.dhcp.as_mut() {
+                        d.take_over(
+                            ClientId(lease.client.clone()),
+                            address,
+                            lease.remaining,
+                            now,
+                        );
+                    }
+                    n.membership.adopt_dhcp_client(address, lease.client);
+                }
+                for name in state.names {
+                    n.membership.name_client(now, address, name);
+                }
+                self.flush_switch(i, now);
+            }
+            Event::HandedOff { address, to, took } => {
+                tracing::info!(namespace = %n.name, %address, %to,
+                    took_ms = took.as_millis() as u64, "LAN host moved away; its address handed off");
+                n.switch.forget_lan_host(address);
+                let handle = member(&to).and_then(|m| self.node.member_handle(NamespaceId(i), m));
+                n.switch.move_route(address, handle);
+            }
+            Event::Kept { address, asker } => {
+                n.switch.unwatch_lan_host(address);
+                tracing::info!(namespace = %n.name, %address, %asker,
+                    "asked to hand over a LAN host that still answers here; kept");
+            }
+            Event::Refused { address, holder } => {
+                tracing::error!(namespace = %n.name, %address, %holder,
+                    "a LAN host uses an address another member owns, and that member's host still answers: an address conflict; it is not reachable through the overlay");
+            }
+            Event::SourceSilent {
+                address,
+                holder,
+                claim_at,
+            } => {
+                let wait_s = claim_at.saturating_duration_since(now).as_secs();
+                tracing::warn!(namespace = %n.name, %address, %holder, wait_s,
+                    "the LAN host's old router does not answer; its address is claimed when its lease lapses");
+            }
+            Event::GaveUp { address, reason } => {
+                tracing::warn!(namespace = %n.name, address = ?address, reason, "LAN host handoff given up");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packed_record_unpacks_and_a_short_one_does_not() {
+        let e = Envelope {
+            owner: vec![7; 32],
+            expires: 1_900_000_000,
+            sealed: vec![1, 2, 3, 4, 5],
+            signature: vec![9; 64],
+        };
+        let packed = pack(&e);
+        assert_eq!(unpack(&packed), Some(e));
+        assert_eq!(unpack(&packed[..100]), None);
+        assert_eq!(unpack(&[]), None);
+    }
+
+    #[test]
+    fn wire_messages_parse_back_and_garbage_does_not() {
+        let wire = Wire::IsAt([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 1, 0, 5));
+        let bytes = serde_json::to_vec(&wire).expect("encodes");
+        assert!(matches!(
+            serde_json::from_slice::<Wire>(&bytes),
+            Ok(Wire::IsAt(_, a)) if a == Ipv4Addr::new(10, 1, 0, 5)
+        ));
+        assert!(serde_json::from_slice::<Wire>(b"{\"WhoHas\":[1,2]}").is_err());
+        assert!(serde_json::from_slice::<Wire>(&[0xff; 40]).is_err());
+    }
+}
