@@ -27,6 +27,13 @@ impl Agent {
     /// written before the loop looks elsewhere.
     pub(crate) async fn drain_underlay(&mut self, now: Instant) {
         self.receive_underlay(now);
+        // Packets for LAN hosts that moved away go on to their new router.
+        for (peer, packet) in std::mem::take(&mut self.forwards) {
+            if let Some(t) = self.node.send(peer, &packet, &mut self.tx) {
+                self.underlay.push(t.to, &self.tx[t.range]).await;
+            }
+        }
+        self.underlay.flush().await;
         for n in &mut self.namespaces {
             n.flush_coalesced();
         }
@@ -48,6 +55,14 @@ impl Agent {
                         .handle_datagram(now, d.from, d.bytes, &mut self.tx[HEADROOM..]);
                 match received {
                     Received::Deliver { ns, len, .. } => {
+                        let packet = HEADROOM..HEADROOM + len;
+                        let dst = self.tx.get(packet.start + 16..packet.start + 20);
+                        if let Some(dst) = dst.and_then(|d| <[u8; 4]>::try_from(d).ok()) {
+                            if let Some(peer) = self.forward_to(ns.0, dst.into(), now) {
+                                self.forwards.push((peer, self.tx[packet].to_vec()));
+                                continue;
+                            }
+                        }
                         let Some(n) = self.namespaces.get_mut(ns.0) else {
                             continue;
                         };

@@ -144,6 +144,8 @@ pub(crate) struct Agent {
     pub(crate) offload: bool,
     /// Frames whose address resolved, to go through their switch again.
     pub(crate) replays: Vec<(usize, Vec<Vec<u8>>)>,
+    /// Packets for LAN hosts handed to another router, to send on (grace period).
+    pub(crate) forwards: Vec<(PeerHandle, Vec<u8>)>,
     /// Where DHCP replies, DNS answers and service-stack packets are framed.
     pub(crate) service_buf: Vec<u8>,
     /// Answers to forwarded queries, from the tasks that send them (one per query).
@@ -251,6 +253,7 @@ impl Agent {
             segment: vec![0; BUF_LEN],
             offload: config.agent.offload,
             replays: Vec::new(),
+            forwards: Vec::new(),
             service_buf: vec![0; BUF_LEN],
             resolver_tx,
             resolver_rx,

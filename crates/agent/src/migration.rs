@@ -295,6 +295,18 @@ impl Agent {
         }
     }
 
+    /// Source, during the grace period after a handoff: the member a packet for `dst`
+    /// that reached this router goes on to.
+    pub(crate) fn forward_to(
+        &self,
+        i: usize,
+        dst: Ipv4Addr,
+        now: Instant,
+    ) -> Option<hyphae_overlay::PeerHandle> {
+        let to = self.namespaces[i].handoffs.core.forward_to(dst, now)?;
+        self.node.member_handle(NamespaceId(i), member(&to)?)
+    }
+
     fn send_wire(&mut self, i: usize, to: NetworkId, wire: &Wire) {
         let body = match serde_json::to_vec(wire) {
             Ok(b) => b,
@@ -356,10 +368,15 @@ impl Agent {
         let Some(message) = message.map_members(|p| Some(p.to_base58())) else {
             return;
         };
+        let to = match &message {
+            Message::Moved { to, .. } => to.parse::<NetworkId>().ok().as_ref().and_then(member),
+            _ => None,
+        };
         let wire = Wire::Handoff(message);
         let me = self.identity.peer_id();
         for id in self.namespaces[i].group.clone() {
-            if id == me {
+            // The new holder knows.
+            if id == me || Some(id) == to {
                 continue;
             }
             if let Some(to) = network_id(id.as_bytes()) {
@@ -420,8 +437,17 @@ impl Agent {
                 took,
             } => {
                 tracing::info!(namespace = %n.name, %address, from = ?from,
-                    took_ms = took.as_millis() as u64, "LAN host moved here; its address taken over");
+                    took_ms = took.as_millis() as u64, dhcp_lease = state.dhcp.is_some(),
+                    names = ?state.names, "LAN host moved here; its address taken over");
                 n.membership.adopt_hosted(address, now);
+                // On this LAN now: no route to a member (ours pointed at the old holder).
+                n.switch.move_route(address, None);
+                // What still reaches the old holder it sends on here for a while.
+                if let Some(old) = from.as_ref().and_then(member) {
+                    let until = now + hyphae_migrate::GRACE;
+                    self.node
+                        .accept_forwarded(NamespaceId(i), old, address, until);
+                }
                 if let Some(mac) = state.mac {
                     // Routed to the LAN at once, before the host speaks (a RARP names no
                     // address).

@@ -321,6 +321,28 @@ impl Node {
     }
 
     /// The tunnel with member `id` in `ns`, if one is open (or opening).
+    /// The LAN host at `address` moved here from member `id`'s LAN: packets `id` forwards
+    /// to it (from any source, what still reached it) are taken until `until`.
+    pub fn accept_forwarded(
+        &mut self,
+        ns: NamespaceId,
+        id: PeerId,
+        address: Ipv4Addr,
+        until: Instant,
+    ) {
+        let Some(handle) = self.member_handle(ns, id) else {
+            return;
+        };
+        if let Some(peer) = self.peer_mut(handle) {
+            peer.forwards.retain(|(a, _)| *a != address);
+            // Bounded: a member hands over few hosts within one grace period.
+            if peer.forwards.len() >= 256 {
+                peer.forwards.remove(0);
+            }
+            peer.forwards.push((address, until));
+        }
+    }
+
     pub fn member_handle(&self, ns: NamespaceId, id: PeerId) -> Option<PeerHandle> {
         self.by_id.get(&(ns, id)).copied()
     }

@@ -138,6 +138,10 @@ pub(super) struct Peer {
     /// Our underlay address changed and the member has not answered from it yet.
     roam: Option<Roam>,
     pub(super) addresses: Vec<Ipv4Addr>,
+    /// Addresses this member may forward packets to from any source, until when: it held
+    /// them until a LAN host moved here, and sends on what still reaches it for a grace
+    /// period ([`crate::Node::accept_forwarded`]).
+    pub(super) forwards: Vec<(Ipv4Addr, Instant)>,
     pub(super) have_their_announce: bool,
     /// We initiate handshakes with this member: the side with the lower X25519 key.
     pub(super) initiator: bool,
@@ -179,6 +183,7 @@ impl Peer {
             rtt: None,
             roam: None,
             addresses: Vec::new(),
+            forwards: Vec::new(),
             have_their_announce: false,
             initiator,
             announce_pending: false,
@@ -261,13 +266,20 @@ impl Peer {
     }
 
     /// A decrypted host packet from `src`: counted and delivered if the member owns `src`.
+    /// A packet to `dst` from another source is taken while the member forwards to it.
     pub(super) fn accept_packet(
         &mut self,
+        now: Instant,
         src: Ipv4Addr,
+        dst: Option<Ipv4Addr>,
         len: usize,
     ) -> Result<(), PeerDropReason> {
         if !self.addresses.contains(&src) {
-            return Err(PeerDropReason::SpoofedSource);
+            self.forwards.retain(|(_, until)| now < *until);
+            if !dst.is_some_and(|d| self.forwards.iter().any(|(a, _)| *a == d)) {
+                return Err(PeerDropReason::SpoofedSource);
+            }
+            self.stats.rx_forwarded += 1;
         }
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += len as u64;
@@ -768,11 +780,26 @@ mod tests {
         let mine = Ipv4Addr::new(10, 201, 0, 2);
         assert!(p.handle_announce(&[mine]));
         assert!(!p.handle_announce(&[mine]));
-        assert_eq!(p.accept_packet(mine, 84), Ok(()));
+        assert_eq!(p.accept_packet(t0, mine, None, 84), Ok(()));
+        let other = Ipv4Addr::new(10, 201, 0, 99);
+        let moved = Ipv4Addr::new(10, 201, 0, 50);
         assert_eq!(
-            p.accept_packet(Ipv4Addr::new(10, 201, 0, 99), 84),
+            p.accept_packet(t0, other, Some(moved), 84),
             Err(PeerDropReason::SpoofedSource)
         );
         assert_eq!((p.stats.rx_packets, p.stats.rx_bytes), (1, 84));
+        // A LAN host moved away from this member: what it forwards to the host is taken,
+        // from any source, until the grace period ends; nothing to another address.
+        p.forwards.push((moved, t0 + Duration::from_secs(5)));
+        assert_eq!(p.accept_packet(t0, other, Some(moved), 84), Ok(()));
+        assert_eq!(
+            p.accept_packet(t0, other, Some(mine), 84),
+            Err(PeerDropReason::SpoofedSource)
+        );
+        assert_eq!(
+            p.accept_packet(t0 + Duration::from_secs(5), other, Some(moved), 84),
+            Err(PeerDropReason::SpoofedSource)
+        );
+        assert_eq!(p.stats.rx_forwarded, 1);
     }
 }

@@ -108,6 +108,9 @@ pub struct PeerStats {
     pub rx_packets: u64,
     /// Bytes of packets delivered from the member.
     pub rx_bytes: u64,
+    /// Of those, packets it forwarded to a LAN host that moved here from its LAN (during
+    /// the grace period after the handoff).
+    pub rx_forwarded: u64,
     /// Packets sent to the member.
     pub tx_packets: u64,
     /// Bytes of packets sent to the member.

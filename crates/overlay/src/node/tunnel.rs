@@ -1,6 +1,7 @@
 //! The WireGuard data path: tunnel messages in (handshakes, data, in-tunnel control), packets
 //! out, framed for the route they take (namespace prefix of an initiation, relay header).
 
+use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use boringtun::noise::handshake::parse_handshake_anon;
@@ -93,7 +94,11 @@ impl Node {
                     let control = Control::parse(packet);
                     self.handle_control(now, handle, route, control)
                 } else {
-                    match peer.accept_packet(src, len) {
+                    let dst = packet
+                        .get(16..20)
+                        .and_then(|d| <[u8; 4]>::try_from(d).ok())
+                        .map(Ipv4Addr::from);
+                    match peer.accept_packet(now, src, dst, len) {
                         Ok(()) => Received::Deliver {
                             ns: peer.ns,
                             peer: handle,
