@@ -392,6 +392,10 @@ pub struct PeerStatus {
     pub rx_packets: u64,
     /// Bytes received and delivered.
     pub rx_bytes: u64,
+    /// Of the packets received, those the member forwarded to a LAN host that moved here
+    /// from its LAN (router mode, during the grace period after a handoff).
+    #[serde(default)]
+    pub rx_forwarded: u64,
     /// Packets sent.
     pub tx_packets: u64,
     /// Bytes sent.

@@ -482,6 +482,7 @@ impl Agent {
                     "asked to hand over a LAN host that still answers here; kept");
             }
             Event::Refused { address, holder } => {
+                n.membership.hosted_conflict();
                 tracing::error!(namespace = %n.name, %address, %holder,
                     "a LAN host uses an address another member owns, and that member's host still answers: an address conflict; it is not reachable through the overlay");
             }
@@ -495,6 +496,9 @@ impl Agent {
                     "the LAN host's old router does not answer; its address is claimed when its lease lapses");
             }
             Event::GaveUp { address, reason } => {
+                if address.is_some() {
+                    n.membership.hosted_conflict();
+                }
                 tracing::warn!(namespace = %n.name, address = ?address, reason, "LAN host handoff given up");
             }
         }

@@ -196,6 +196,7 @@ impl Agent {
                 handshake_age_secs: p.handshake_age.map(|d| d.as_secs_f64()),
                 rx_packets: p.stats.rx_packets,
                 rx_bytes: p.stats.rx_bytes,
+                rx_forwarded: p.stats.rx_forwarded,
                 tx_packets: p.stats.tx_packets,
                 tx_bytes: p.stats.tx_bytes,
                 endpoint_changes: p.stats.endpoint_changes,

@@ -3,12 +3,12 @@
 //! parts only: router agents r1 and r2 bridge LAN 1 and LAN 2, an interface member `i` sits
 //! on the underlay, and a plain LAN host (no hyphae; busybox `udhcpc` got its address and
 //! the name `vm1` from r1's virtual DHCP server) moves: its veth's bridge end leaves LAN 1's
-//! bridge for LAN 2's, keeping IP and MAC, and it announces itself with `arping -U`; then
-//! back, announcing itself with a RARP frame as QEMU's announce-self sends it. After each
+//! bridge for LAN 2's, keeping IP and MAC, and it announces itself; four moves, each way
+//! with `arping -U` and each way with a RARP frame as QEMU's announce-self sends it. After each
 //! move: the new router took the address over and the old one handed it off (status), `i`
 //! reaches the host, `dig` still answers its DHCP-given name with its address, a DHCP
 //! request for the same address is acknowledged by the new router, and a TCP stream
-//! (iperf3, `i` to the host) runs through both moves and ends without a reset.
+//! (iperf3, `i` to the host) runs through all moves and ends without a reset.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -248,79 +248,65 @@ fn a_lan_host_keeps_its_address_name_lease_and_tcp_stream_across_router_sites() 
         .spawn(
             &i.ns,
             "iperf3",
-            &["-c", &ip, "-t", "20", "-b", "1M"],
+            &["-c", &ip, "-t", "30", "-b", "1M"],
             &client_log,
         )
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
 
-    // LAN 1 -> LAN 2, announced with a gratuitous ARP.
+    // Each way with each announcement: gratuitous ARP (arping -U) and RARP only (no
+    // address in it).
     let port = bridge_port(&bed, &vm, &r1.lan);
-    move_port(&bed, &port, &r1.lan, &r2.lan);
-    let moved = Instant::now();
-    let out = bed
-        .ns_output(
-            &vm.ns,
-            "arping",
-            &["-q", "-U", "-c", "2", "-I", "eth0", &ip],
-        )
-        .unwrap();
-    assert!(
-        !String::from_utf8_lossy(&out.stderr).contains("not found"),
-        "arping missing"
-    );
-    handed_over(&bed, &r1, &r2, 1, vm_ip);
-    bed.wait_for_ping(&i, vm_ip, Duration::from_secs(10))
-        .expect("i -> VM after the move to LAN 2");
-    eprintln!("gratuitous ARP move: back after {:?}", moved.elapsed());
-    let st = ns_status(&bed, &r2.host, &r2.agent);
-    assert!(st.last_handoff_ms.is_some_and(|ms| ms < 5000), "{st:?}");
-    // The name and the DHCP lease came along: the new router acknowledges the address.
-    eventually(
-        "the VM's name after the move",
-        Duration::from_secs(20),
-        || {
-            let got = resolve(&bed, &i, "vm1.lab");
-            (got == [ip.clone()])
-                .then_some(())
-                .ok_or(format!("vm1.lab is {got:?}"))
-        },
-    );
-    let text = udhcpc(&bed, &vm, &script, Some(vm_ip));
-    assert!(text.contains(&ip), "{text}");
-    assert_eq!(
-        bed.address_on(&vm, "eth0", Duration::from_secs(2)).unwrap(),
-        vm_ip
-    );
+    let sites = [&r1, &r2];
+    let mut handoffs_in = [0u64; 2];
+    for (k, how) in ["garp", "garp", "rarp", "rarp"].into_iter().enumerate() {
+        let (from, to) = (sites[k % 2], sites[(k + 1) % 2]);
+        move_port(&bed, &port, &from.lan, &to.lan);
+        let moved = Instant::now();
+        let out = match how {
+            "garp" => bed
+                .ns_output(
+                    &vm.ns,
+                    "arping",
+                    &["-q", "-U", "-c", "2", "-I", "eth0", &ip],
+                )
+                .unwrap(),
+            _ => bed
+                .ns_output(&vm.ns, "python3", &["-c", SEND_RARP])
+                .unwrap(),
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("not found"), "{how}: {stderr}");
+        handoffs_in[(k + 1) % 2] += 1;
+        handed_over(&bed, from, to, handoffs_in[(k + 1) % 2], vm_ip);
+        bed.wait_for_ping(&i, vm_ip, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("i -> VM after move {k} ({how}): {e}"));
+        eprintln!("move {k} ({how}): back after {:?}", moved.elapsed());
+        let st = ns_status(&bed, &to.host, &to.agent);
+        assert!(st.last_handoff_ms.is_some_and(|ms| ms < 5000), "{st:?}");
+        // The name and the DHCP lease came along: the new router acknowledges the address.
+        eventually(
+            "the VM's name after the move",
+            Duration::from_secs(20),
+            || {
+                let got = resolve(&bed, &i, "vm1.lab");
+                (got == [ip.clone()])
+                    .then_some(())
+                    .ok_or(format!("vm1.lab is {got:?}"))
+            },
+        );
+        if k < 2 {
+            let text = udhcpc(&bed, &vm, &script, Some(vm_ip));
+            assert!(text.contains(&ip), "{text}");
+            assert_eq!(
+                bed.address_on(&vm, "eth0", Duration::from_secs(2)).unwrap(),
+                vm_ip
+            );
+        }
+    }
 
-    // LAN 2 -> LAN 1, announced with RARP only (no address in it).
-    move_port(&bed, &port, &r2.lan, &r1.lan);
-    let moved = Instant::now();
-    let out = bed
-        .ns_output(&vm.ns, "python3", &["-c", SEND_RARP])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    handed_over(&bed, &r2, &r1, 1, vm_ip);
-    bed.wait_for_ping(&i, vm_ip, Duration::from_secs(10))
-        .expect("i -> VM after the move back");
-    eprintln!("RARP move: back after {:?}", moved.elapsed());
-    eventually(
-        "the VM's name after the move back",
-        Duration::from_secs(20),
-        || {
-            let got = resolve(&bed, &i, "vm1.lab");
-            (got == [ip.clone()])
-                .then_some(())
-                .ok_or(format!("vm1.lab is {got:?}"))
-        },
-    );
-
-    // The stream ran through both moves and ended cleanly.
-    let deadline = Instant::now() + Duration::from_secs(40);
+    // The stream ran through all moves and ended cleanly.
+    let deadline = Instant::now() + Duration::from_secs(50);
     while bed.is_running(client) {
         assert!(Instant::now() < deadline, "iperf3 did not end");
         std::thread::sleep(Duration::from_millis(200));

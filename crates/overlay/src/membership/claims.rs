@@ -418,7 +418,11 @@ impl Membership {
                 // asks the holder (`HostedClaimed`), and says so if it fails.
                 tracing::info!(namespace = %self.name, %address, holder = %holder_name(holder),
                     "a LAN host uses an address another member holds");
-                self.hosted_conflicts += 1;
+                // A first claim: the agent's handoff counts it if the host stays the other
+                // member's. A renewal: this member held it and lost it.
+                if was {
+                    self.hosted_conflicts += 1;
+                }
                 h.owned = false;
                 h.next = Some(now + CONFLICT_RETRY);
             }

@@ -61,4 +61,10 @@ impl Membership {
             self.dhcp_clients.insert(address, client);
         }
     }
+
+    /// A LAN host uses an address another member holds, and the handoff did not bring it
+    /// here (the other member's host still answers, or it gave up): counted as a conflict.
+    pub fn hosted_conflict(&mut self) {
+        self.hosted_conflicts += 1;
+    }
 }

@@ -255,15 +255,25 @@ fn a_hand_off_the_replicas_refuse_is_reported_and_the_old_router_keeps_trying() 
 }
 
 #[test]
-fn a_lan_host_whose_address_another_member_owns_is_counted_and_retried() {
+fn a_lan_host_whose_address_another_member_owns_is_reported_and_retried() {
     let mut net = Net::new();
     let a = net.add(config(Address::Static(ip(20))), 1);
     let r = net.add(config(Address::None), 2);
     net.run_for(Duration::from_secs(1));
     let now = net.now;
+    net.take_events(r);
     net.members[r].add_hosted(ip(20), now);
     net.run_for(Duration::from_secs(1));
     assert!(net.members[r].addresses().is_empty());
+    // Reported with the holder (the agent's handoff asks it), counted once the handoff
+    // does not bring the host here.
+    let holder = net.id(a);
+    assert!(net.take_events(r).contains(&Event::HostedClaimed {
+        address: ip(20),
+        outcome: HostedClaim::Held(holder)
+    }));
+    assert_eq!(net.members[r].hosted_conflicts(), 0);
+    net.members[r].hosted_conflict();
     assert_eq!(net.members[r].hosted_conflicts(), 1);
     // a leaves: the router's retry (30 s later) wins it.
     net.members[a].leave();
