@@ -21,6 +21,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
 /// The virtual DHCP and DNS server's address in every agent (the subnet's first).
 const SERVICE: &str = "10.201.0.1";
+/// The old router is killed outright: it releases nothing.
+const SIGKILL: i32 = 9;
 
 /// QEMU's announce-self frame (net/announce.c): broadcast, EtherType 0x8035, ARP layout
 /// with operation 3, the guest's MAC as sender and target, no addresses, padded to 60
@@ -61,7 +63,7 @@ struct Site {
     agent: AgentHandle,
 }
 
-fn router(bed: &mut Testbed, secret: &Path, name: &str, underlay: u8) -> Site {
+fn router(bed: &mut Testbed, secret: &Path, name: &str, underlay: u8, lease_secs: u64) -> Site {
     let lan = bed.add_lan(&format!("lan{name}")).unwrap();
     let host = bed
         .add_host(name, Ipv4Addr::new(10, 200, 0, underlay))
@@ -74,11 +76,28 @@ fn router(bed: &mut Testbed, secret: &Path, name: &str, underlay: u8) -> Site {
             secret,
             SUBNET,
             Some(Ipv4Addr::new(10, 200, 0, 1)),
-            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\nlease_secs = 30\n",
+            &format!("mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\nlease_secs = {lease_secs}\n"),
         )
     );
     let agent = bed.start_agent(&host, &cfg).unwrap();
     Site { lan, host, agent }
+}
+
+/// The interface member `i` (10.201.0.31) on the underlay, the overlay's first member.
+fn interface_member(bed: &mut Testbed, secret: &Path, lease_secs: u64) -> (Host, AgentHandle) {
+    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&i),
+        lab_namespace(
+            secret,
+            SUBNET,
+            None,
+            &format!("mode = \"interface\"\ndevice = \"hyi0\"\naddress = \"10.201.0.31\"\nlease_secs = {lease_secs}\n"),
+        )
+    );
+    let agent = bed.start_agent(&i, &cfg).unwrap();
+    (i, agent)
 }
 
 /// The bridge end (in `lan`) of `host`'s `eth0`.
@@ -208,20 +227,9 @@ fn a_lan_host_keeps_its_address_name_lease_and_tcp_stream_across_router_sites() 
     let secret = bed.dir().join("lab.secret");
     hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
 
-    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&i),
-        lab_namespace(
-            &secret,
-            SUBNET,
-            None,
-            "mode = \"interface\"\ndevice = \"hyi0\"\naddress = \"10.201.0.31\"\nlease_secs = 30\n",
-        )
-    );
-    let ia = bed.start_agent(&i, &cfg).unwrap();
-    let r1 = router(&mut bed, &secret, "r1", 2);
-    let r2 = router(&mut bed, &secret, "r2", 3);
+    let (i, ia) = interface_member(&mut bed, &secret, 30);
+    let r1 = router(&mut bed, &secret, "r1", 2, 30);
+    let r2 = router(&mut bed, &secret, "r2", 3, 30);
 
     // The VM: a DHCP client of r1's LAN.
     let vm = bed.add_lan_host(&r1.lan, "vm", "", 1420).unwrap();
@@ -320,4 +328,65 @@ fn a_lan_host_keeps_its_address_name_lease_and_tcp_stream_across_router_sites() 
         let text = std::fs::read_to_string(&agent.log).unwrap_or_default();
         assert!(!text.contains("panicked"), "{}: {text}", host.name);
     }
+}
+
+/// The old router died before the host moved: the new router asks it 4 times (2 s), says
+/// so, and claims the address when the old lease lapses (at most `lease_secs`, 10 s here);
+/// the host is reachable again.
+#[test]
+fn a_dead_old_router_lets_the_new_one_take_the_host_when_its_lease_lapses() {
+    require_root();
+    let mut bed = Testbed::new("migd", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
+    let (i, _ia) = interface_member(&mut bed, &secret, 10);
+    let r1 = router(&mut bed, &secret, "r1", 2, 10);
+    let r2 = router(&mut bed, &secret, "r2", 3, 10);
+    let vm = bed
+        .add_lan_host(&r1.lan, "vm", "10.201.0.50/16", 1420)
+        .unwrap();
+    let vm_ip = Ipv4Addr::new(10, 201, 0, 50);
+    // The host speaks first (a static address is not known until it does).
+    bed.wait_for_ping(&vm, Ipv4Addr::new(10, 201, 0, 31), Duration::from_secs(30))
+        .expect("VM -> i");
+    bed.wait_for_ping(&i, vm_ip, Duration::from_secs(10))
+        .expect("i -> VM");
+
+    bed.signal(r1.agent.pid, SIGKILL).unwrap();
+    assert!(!bed.is_running(r1.agent.pid), "the old router still runs");
+    let killed = Instant::now();
+    let port = bridge_port(&bed, &vm, &r1.lan);
+    move_port(&bed, &port, &r1.lan, &r2.lan);
+    bed.ns_output(
+        &vm.ns,
+        "arping",
+        &["-q", "-U", "-c", "2", "-I", "eth0", "10.201.0.50"],
+    )
+    .unwrap();
+    eventually(
+        "the new router takes the host once the old lease lapses",
+        Duration::from_secs(30),
+        || {
+            let st = ns_status(&bed, &r2.host, &r2.agent);
+            if st.addresses.contains(&vm_ip.to_string()) && st.handoffs_in == 1 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "r2 holds {:?}, {} in",
+                    st.addresses, st.handoffs_in
+                ))
+            }
+        },
+    );
+    eprintln!(
+        "taken over {:?} after the old router died",
+        killed.elapsed()
+    );
+    bed.wait_for_ping(&i, vm_ip, Duration::from_secs(15))
+        .expect("i -> VM through the new router");
+    let log = std::fs::read_to_string(&r2.agent.log).unwrap_or_default();
+    assert!(
+        log.contains("old router does not answer"),
+        "the new router does not say why it waited: {log}"
+    );
 }
