@@ -231,7 +231,7 @@ impl Agent {
             state_dir: config.agent.state_dir.clone(),
             listen: config.agent.listen,
             // IPOP 4.1: one FE:FD MAC per agent stands for every remote member; hybrid
-            // agents sharing a LAN each have their own.
+            // agents sharing a LAN each have their own (routers: one per namespace).
             remote_mac: setup::stable_mac(
                 hyphae_vswitch::REMOTE_MAC_PREFIX,
                 &own.peer_id(),
@@ -383,7 +383,10 @@ impl Agent {
                 // Until the namespace record is read, nothing is in the subnet.
                 subnet: ns.subnet.unwrap_or(NO_SUBNET),
                 device_mac,
-                remote_mac: self.remote_mac,
+                remote_mac: match ns.mode {
+                    Mode::Router => setup::router_remote_mac(&tag),
+                    Mode::Interface | Mode::Hybrid => self.remote_mac,
+                },
                 probe_timeout: ns.probe_timeout,
                 lan_timeout: ns.lan_timeout,
                 broadcast_rate: ns.broadcast_rate,

@@ -235,6 +235,20 @@ pub(crate) fn stable_mac(first: [u8; 2], id: &PeerId, label: &str) -> [u8; 6] {
     [first[0], first[1], h[0], h[1], h[2], h[3]]
 }
 
+/// The remote MAC of every router-mode agent of the namespace tagged `tag`: one MAC, as a
+/// distributed router port has (OVN), so a LAN host that moves to another site keeps a
+/// valid ARP cache (QEMU's live migration keeps the guest's; a per-agent MAC there would
+/// leave its traffic to remote members addressed to the old router until it asks again).
+pub(crate) fn router_remote_mac(tag: &[u8]) -> [u8; 6] {
+    use blake2::{Blake2s256, Digest};
+    let h = Blake2s256::new()
+        .chain_update(tag)
+        .chain_update(b"router remote")
+        .finalize();
+    let [a, b] = hyphae_vswitch::REMOTE_MAC_PREFIX;
+    [a, b, h[0], h[1], h[2], h[3]]
+}
+
 /// The default config path.
 pub fn default_config_path() -> PathBuf {
     PathBuf::from("/etc/hyphae/hyphae.toml")

@@ -21,6 +21,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.201.0.0/16";
 /// The virtual DHCP and DNS server's address in every agent (the subnet's first).
 const SERVICE: &str = "10.201.0.1";
+/// The interface member's namespace address.
+const I_ADDR: &str = "10.201.0.31";
 /// The old router is killed outright: it releases nothing.
 const SIGKILL: i32 = 9;
 
@@ -129,6 +131,19 @@ fn move_port(bed: &Testbed, port: &str, from: &str, to: &str) {
         .unwrap();
     bed.ns(to, "ip", &["link", "set", port, "master", "br0", "up"])
         .unwrap();
+}
+
+/// The MAC `vm`'s ARP cache has for the interface member.
+fn remote_neighbour(bed: &Testbed, vm: &Host) -> String {
+    let out = bed
+        .ns_output(&vm.ns, "ip", &["neigh", "show", I_ADDR, "dev", "eth0"])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no ARP entry for {I_ADDR}: {text}"))
+        .to_string()
 }
 
 /// `dig +short @SERVICE name` inside `host`.
@@ -269,7 +284,28 @@ fn a_lan_host_keeps_its_address_name_lease_and_tcp_stream_across_router_sites() 
     let mut handoffs_in = [0u64; 2];
     for (k, how) in ["garp", "garp", "rarp", "rarp"].into_iter().enumerate() {
         let (from, to) = (sites[k % 2], sites[(k + 1) % 2]);
+        // A live-migrated guest keeps its ARP cache; moving the veth flushes it (carrier
+        // loss), so it is put back as it was: remote members at the old router's MAC.
+        bed.wait_for_ping(&vm, I_ADDR.parse().unwrap(), Duration::from_secs(5))
+            .expect("VM -> i before the move");
+        let neighbour = remote_neighbour(&bed, &vm);
         move_port(&bed, &port, &from.lan, &to.lan);
+        bed.ns(
+            &vm.ns,
+            "ip",
+            &[
+                "neigh",
+                "replace",
+                I_ADDR,
+                "lladdr",
+                &neighbour,
+                "dev",
+                "eth0",
+                "nud",
+                "reachable",
+            ],
+        )
+        .unwrap();
         let moved = Instant::now();
         let out = match how {
             "garp" => bed
@@ -290,6 +326,9 @@ fn a_lan_host_keeps_its_address_name_lease_and_tcp_stream_across_router_sites() 
         bed.wait_for_ping(&i, vm_ip, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("i -> VM after move {k} ({how}): {e}"));
         eprintln!("move {k} ({how}): back after {:?}", moved.elapsed());
+        // The guest's own traffic, through its surviving ARP entry.
+        bed.wait_for_ping(&vm, I_ADDR.parse().unwrap(), Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("VM -> i after move {k} ({how}): {e}"));
         let st = ns_status(&bed, &to.host, &to.agent);
         assert!(st.last_handoff_ms.is_some_and(|ms| ms < 5000), "{st:?}");
         // The name and the DHCP lease came along: the new router acknowledges the address.
