@@ -6,7 +6,7 @@
 #     LAN 2's bridge, keeping its IP and MAC, and then announces itself: with RARP frames
 #     laid out as QEMU's announce-self sends them (5 frames, 50 ms then 100 ms apart more each
 #     time, as QEMU's defaults) in one series, with gratuitous ARP (`arping -U -c 3`) in the
-#     other.
+#     other. The VM's ARP entry for I survives each move, as a live-migrated guest's does.
 # MOVES moves per series, back and forth. Per move: downtime (last echo reply before the move
 # to the first reply to a request sent after it, from ping -D), and the handoff time from the target router's own log
 # (the move to its "LAN host moved here" line, or "address claimed" for a plain claim). A move not back within TIMEOUT seconds counts as
@@ -149,10 +149,14 @@ claimed_after() {
 move() { # HOW: rarp or garp
     local to router
     if [ "$vm_at" = lan1 ]; then to=lan2; router=r2; else to=lan1; router=r1; fi
-    local t0
+    local t0 mac
+    # A live-migrated guest keeps its ARP cache; moving the veth flushes it (carrier loss),
+    # so the entry for the pinging host is put back as it was.
+    mac=$(at vm ip neigh show 10.201.0.31 dev eth0 | awk '{ for (i = 1; i < NF; i++) if ($i == "lladdr") print $(i + 1) }')
     t0=$(now)
     at "$vm_at" ip link set "$vmport" netns "$p-$to"
     at "$to" ip link set "$vmport" master br0 up
+    [ -n "$mac" ] && at vm ip neigh replace 10.201.0.31 lladdr "$mac" dev eth0 nud reachable
     vm_at=$to
     # The VM is on the new LAN from here: only requests sent after this count as back.
     local t1
