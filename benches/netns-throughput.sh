@@ -19,7 +19,8 @@
 #   WIREGUARD_GO_BIN     default $(go env GOPATH)/bin/wireguard, installed with
 #                        `go install golang.zx2c4.com/wireguard@latest` if missing
 #   EASYTIER_BIN         default easytier-core on PATH, installed with
-#                        `cargo install --locked easytier@2.0.3` if missing (needs protoc)
+#                        `cargo install --locked easytier@2.0.3` if missing (needs protoc and
+#                        the protobuf well-known types: libprotobuf-dev)
 #   SKIP                 space-separated rows not to measure (e.g. "easytier")
 #   PERF_DATA            a file: also profile both hyphae agents with `perf record` during one
 #                        more 1-stream run (needs perf, and a hyphae built with symbols:
@@ -30,7 +31,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${ROUNDS:-3}
 skip=" ${SKIP:-} "
-scripts/deps iperf3 wireguard-tools jq protobuf-compiler >/dev/null
+scripts/deps iperf3 wireguard-tools jq protobuf-compiler libprotobuf-dev >/dev/null
 
 HYPHAE_BIN=${HYPHAE_BIN:-target/release/hyphae}
 [ -x "$HYPHAE_BIN" ] || cargo build --release --quiet --bin hyphae
