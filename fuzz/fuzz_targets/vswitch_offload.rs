@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut frame = data[VIRTIO_HEADER_LEN..].to_vec();
     let _ = complete_checksum(&header, &mut frame);
-    let mut gro = Coalescer::new();
+    // UDP coalescing on or off, from the first byte.
+    let mut gro = Coalescer::new().with_udp(data.first().is_some_and(|b| b & 1 == 1));
     if let Ok(mut segments) = Segments::new(&header, &frame) {
         let count = segments.count();
         let mut buf = vec![0u8; MAX_SUPER_FRAME];

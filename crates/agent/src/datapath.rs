@@ -388,7 +388,8 @@ impl Namespace {
     }
 
     /// Writes a member's frame to the device; with offloads on, consecutive frames of one
-    /// TCP flow are held to leave as one super-frame ([`Namespace::flush_coalesced`]).
+    /// TCP flow (or UDP flow, where the TAP takes UDP segmentation offload) are held to
+    /// leave as one super-frame ([`Namespace::flush_coalesced`]).
     pub(crate) fn deliver(&mut self, frame: &[u8]) {
         if !self.offload {
             return self.write(frame);

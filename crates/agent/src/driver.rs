@@ -84,7 +84,8 @@ pub(crate) struct Namespace {
     pub(crate) tap_errors: u64,
     /// The TAP has offloads on: a virtio-net header leads every read and write.
     pub(crate) offload: bool,
-    /// Coalesces members' TCP frames into super-frames for the TAP (offload on).
+    /// Coalesces members' TCP frames (and UDP datagrams, with USO) into super-frames for
+    /// the TAP (offload on).
     pub(crate) gro: Coalescer,
     pub(crate) offload_counters: crate::datapath::OffloadCounters,
     /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
@@ -289,6 +290,8 @@ impl Agent {
             Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &ns.name),
         };
         let (tap, offload) = setup::create_tap(ns, &tap_name, tap_mac, self.offload)?;
+        // UDP datagrams are coalesced too where the TAP takes UDP segmentation offload.
+        let gro = Coalescer::new().with_udp(offload && tap.udp_gso());
         let lan = match ns.mode {
             Mode::Interface => None,
             Mode::Router | Mode::Hybrid => Some(crate::lan::attach(ns, &tap_name, device_mac)?),
@@ -402,7 +405,7 @@ impl Agent {
             dns,
             tap_errors: 0,
             offload,
-            gro: Coalescer::new(),
+            gro,
             offload_counters: Default::default(),
             live: false,
             error: None,

@@ -4,7 +4,7 @@
 //! on and one with `offload = false`. Transfers are checked with sha256sum; the agents'
 //! status says whether offloads are on and what they did.
 //!
-//! Needs root, iproute2, ping, socat and sha256sum (`scripts/test` installs them). Never
+//! Needs root, iproute2, ping, socat, iperf3 and sha256sum (`scripts/test` installs them). Never
 //! skips: without root it fails and says why.
 
 use std::net::Ipv4Addr;
@@ -161,6 +161,36 @@ fn super_frames_are_segmented_and_coalesced_and_offload_off_interoperates() {
         assert_eq!(s.drops.get("device_write"), Some(&0), "{s:#?}");
     }
     assert!(status_text(&bed, &hosts[0], &agents[0]).contains("offload on:"));
+
+    // UDP: h1 sends 1200-byte datagrams to h2 with iperf3; h2's agent writes each batch of
+    // one flow as one UDP super-frame (its TAP takes UDP segmentation offload, Linux 6.2
+    // and later), which h2's kernel cuts back into datagrams whose checksums all verify.
+    let csum_errors_before = bed.udp_checksum_errors(&hosts[1].ns).expect("snmp");
+    let (packets, lost) = bed
+        .udp_stream(&hosts[0], &hosts[1], vip(2), 5301, ("300M", 1200, 2))
+        .expect("UDP stream");
+    let h2_after = bed
+        .namespace_status(&hosts[1], &agents[1])
+        .expect("status h2");
+    let merged = h2_after.coalesced_frames - h2.coalesced_frames;
+    eprintln!("UDP: {packets} datagrams sent, {lost} lost; h2 merged {merged} into super-frames");
+    assert!(
+        packets > 1000 && lost * 10 < packets,
+        "{packets} sent, {lost} lost"
+    );
+    assert!(
+        merged > 1000,
+        "UDP datagrams were not coalesced: {h2_after:#?}"
+    );
+    assert_eq!(
+        bed.udp_checksum_errors(&hosts[1].ns).expect("snmp"),
+        csum_errors_before
+    );
+    assert_eq!(
+        h2_after.drops.get("device_write"),
+        Some(&0),
+        "{h2_after:#?}"
+    );
 
     // `offload = false` on h3: plain frames both ways, to and from an agent with offloads.
     transfer(&mut bed, &hosts[0], &hosts[2], vip(3), 5002, 20 * MB);

@@ -413,7 +413,8 @@ struct Pending {
 }
 
 /// Coalesces consecutive TCP frames of one flow into one super-frame (GRO) for one write to
-/// the TAP. Call order: [`handle_frame`](Self::handle_frame) for each frame,
+/// the TAP, and, where the TAP takes UDP segmentation offload ([`Coalescer::with_udp`]),
+/// consecutive UDP datagrams of one flow too. Call order: [`handle_frame`](Self::handle_frame) for each frame,
 /// [`poll_frame`](Self::poll_frame) when it answers [`Offer::Busy`] and once after the last
 /// frame of a batch.
 #[derive(Debug)]
@@ -422,7 +423,13 @@ pub struct Coalescer {
     buf: Vec<u8>,
     pending: Option<Pending>,
     merged: u64,
+    /// UDP datagrams are coalesced too (the TAP has `TUN_F_USO4`/`TUN_F_USO6`).
+    udp: bool,
 }
+
+/// Most datagrams in one UDP super-frame: what older kernels allow a UDP GSO packet
+/// (`UDP_MAX_SEGMENTS`, 64 before Linux 6.10).
+const MAX_UDP_SEGMENTS: usize = 64;
 
 impl Default for Coalescer {
     fn default() -> Self {
@@ -437,7 +444,15 @@ impl Coalescer {
             buf: Vec::with_capacity(VIRTIO_HEADER_LEN + MAX_SUPER_FRAME),
             pending: None,
             merged: 0,
+            udp: false,
         }
+    }
+
+    /// Whether UDP datagrams are coalesced too: only where the TAP was opened with UDP
+    /// segmentation offload (`VIRTIO_NET_HDR_GSO_UDP_L4` writes), Linux 6.2 and later.
+    pub fn with_udp(mut self, udp: bool) -> Self {
+        self.udp = udp;
+        self
     }
 
     /// Frames merged into a super-frame so far (each beyond the first of its super-frame).
@@ -447,7 +462,8 @@ impl Coalescer {
 
     /// Offers the next frame for the TAP.
     pub fn handle_frame(&mut self, frame: &[u8]) -> Offer {
-        let Some(candidate) = Candidate::parse(frame) else {
+        let candidate = Candidate::parse(frame).filter(|c| self.udp || !c.is_udp());
+        let Some(candidate) = candidate else {
             return if self.pending.is_some() {
                 // Keep order: what is pending leaves before the frame that follows it.
                 Offer::Busy
@@ -465,6 +481,15 @@ impl Coalescer {
         let data = &frame[candidate.layout.payload..candidate.layout.end];
         self.buf.extend_from_slice(data);
         self.merged += 1;
+        if candidate.is_udp() {
+            self.pending = Some(Pending {
+                next_id: p.next_id.wrapping_add(1),
+                frames: p.frames + 1,
+                closed: data.len() < p.size || p.frames + 1 == MAX_UDP_SEGMENTS,
+                ..p
+            });
+            return Offer::Held;
+        }
         // The last frame's window is the receiver's latest word.
         let window_at = VIRTIO_HEADER_LEN + p.layout.l4 + 14;
         let l4 = candidate.layout.l4;
@@ -500,7 +525,7 @@ impl Coalescer {
             next_seq: be32(frame, layout.l4 + 4).wrapping_add(size as u32),
             next_id: be16(frame, ETH_HEADER_LEN + 4).wrapping_add(1),
             frames: 1,
-            closed: candidate.flags & TCP_PSH != 0,
+            closed: !candidate.is_udp() && candidate.flags & TCP_PSH != 0,
         });
     }
 
@@ -513,9 +538,10 @@ impl Coalescer {
             || data > p.size
             || self.buf.len() + data > VIRTIO_HEADER_LEN + ETH_HEADER_LEN + 65535
             || a.ipv6 != b.ipv6
+            || a.protocol != b.protocol
             || a.l4 != b.l4
             || a.payload != b.payload
-            || be32(frame, b.l4 + 4) != p.next_seq
+            || (!c.is_udp() && be32(frame, b.l4 + 4) != p.next_seq)
         {
             return false;
         }
@@ -534,8 +560,13 @@ impl Coalescer {
         };
         // Ports; ACK number; data offset; flags but PSH; options (the whole header but
         // sequence number, window, checksum and urgent pointer). `a.l4 == b.l4` and
-        // `a.payload == b.payload` keep every index inside both frames.
+        // `a.payload == b.payload` keep every index inside both frames. UDP: the ports.
         let l4 = a.l4;
+        if c.is_udp() {
+            return held[..ETH_HEADER_LEN] == frame[..ETH_HEADER_LEN]
+                && same_ip
+                && held[l4..l4 + 4] == frame[l4..l4 + 4];
+        }
         let same_tcp = held[l4..l4 + 4] == frame[l4..l4 + 4]
             && held[l4 + 8..l4 + 13] == frame[l4 + 8..l4 + 13]
             && held[l4 + 13] & !TCP_PSH == c.flags & !TCP_PSH
@@ -564,27 +595,44 @@ impl Coalescer {
             let sum = ipv4_header_checksum(&frame[ip..layout.l4]);
             frame[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
         }
+        let udp = layout.protocol == IPPROTO_UDP;
+        if udp {
+            // The whole super-frame's UDP length; segmentation gives each its own.
+            let l4 = layout.l4;
+            frame[l4 + 4..l4 + 6].copy_from_slice(&((len - l4) as u16).to_be_bytes());
+        }
         // CHECKSUM_PARTIAL: the field holds the folded pseudo-header sum over the whole
         // segment, which the kernel's segmentation adjusts per segment.
         let pseudo = fold(layout.pseudo_sum(frame, len - layout.l4));
-        let field = layout.l4 + usize::from(TCP_CSUM_OFFSET);
+        let csum_offset = if udp {
+            UDP_CSUM_OFFSET as u16
+        } else {
+            TCP_CSUM_OFFSET
+        };
+        let field = layout.l4 + usize::from(csum_offset);
         frame[field..field + 2].copy_from_slice(&pseudo.to_be_bytes());
+        let gso_type = match (udp, layout.ipv6) {
+            (true, _) => GSO_UDP_L4,
+            (false, true) => GSO_TCPV6,
+            (false, false) => GSO_TCPV4,
+        };
         let header = VirtioHeader {
             flags: F_NEEDS_CSUM,
-            gso_type: if layout.ipv6 { GSO_TCPV6 } else { GSO_TCPV4 },
+            gso_type,
             hdr_len: layout.payload as u16,
             gso_size: p.size as u16,
             csum_start: layout.l4 as u16,
-            csum_offset: TCP_CSUM_OFFSET,
+            csum_offset,
         };
         header.emit(&mut self.buf)?;
         Some(&self.buf)
     }
 }
 
-/// A frame that may join a super-frame: TCP with data, only ACK (and PSH, ECE) set, no IPv4
-/// fragmentation, and a checksum that verifies (the merged frame's is only partial, so a
-/// bad one must not be hidden by merging).
+/// A frame that may join a super-frame: TCP with data, only ACK (and PSH, ECE) set, or a
+/// UDP datagram with data and a checksum (IPv4 may send none; such stay as they are); no
+/// IPv4 fragmentation, and a checksum that verifies (the merged frame's is only partial,
+/// so a bad one must not be hidden by merging).
 #[derive(Debug, Clone, Copy)]
 struct Candidate {
     layout: Layout,
@@ -594,14 +642,28 @@ struct Candidate {
 impl Candidate {
     fn parse(frame: &[u8]) -> Option<Self> {
         let layout = Layout::parse(frame).ok()?;
-        if layout.protocol != IPPROTO_TCP || layout.payload == layout.end {
+        if layout.payload == layout.end {
             return None;
         }
         if !layout.ipv6 && be16(frame, ETH_HEADER_LEN + 6) & IPV4_MF_OFFSET_MASK != 0 {
             return None;
         }
-        let flags = frame[layout.l4 + 13];
-        if flags & TCP_ACK == 0 || flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_URG | TCP_CWR) != 0 {
+        let flags = match layout.protocol {
+            IPPROTO_TCP => frame[layout.l4 + 13],
+            // A UDP length short of the IP packet's (trailing bytes) would not survive
+            // segmentation: such datagrams stay as they are.
+            IPPROTO_UDP
+                if be16(frame, layout.l4 + UDP_CSUM_OFFSET) != 0
+                    && usize::from(be16(frame, layout.l4 + 4)) == layout.end - layout.l4 =>
+            {
+                0
+            }
+            _ => return None,
+        };
+        if layout.protocol == IPPROTO_TCP
+            && (flags & TCP_ACK == 0
+                || flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_URG | TCP_CWR) != 0)
+        {
             return None;
         }
         let pseudo = layout.pseudo_sum(frame, layout.end - layout.l4);
@@ -609,6 +671,10 @@ impl Candidate {
             return None;
         }
         Some(Self { layout, flags })
+    }
+
+    fn is_udp(&self) -> bool {
+        self.layout.protocol == IPPROTO_UDP
     }
 }
 

@@ -294,7 +294,10 @@ fn the_virtio_header_round_trips_and_bad_types_are_errors() {
 
 /// Offers every frame, writing what comes out as the agent does.
 fn coalesce(frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let mut gro = Coalescer::new();
+    coalesce_with(Coalescer::new(), frames)
+}
+
+fn coalesce_with(mut gro: Coalescer, frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for f in frames {
         loop {
@@ -448,4 +451,113 @@ fn a_captured_uso_super_frame_is_cut_into_checked_datagrams() {
         data.extend_from_slice(&s[42..]);
     }
     assert_eq!(data, read[52..]);
+}
+
+/// `count` UDP datagrams of `size` bytes (the last `last`), as the kernel cuts a USO
+/// super-frame: the captured one's headers, IDs counting up.
+fn udp_datagrams(count: usize, size: usize, last: usize) -> (Vec<u8>, Vec<Vec<u8>>) {
+    use crate::captured::{captured_payload, USO4_HEADERS};
+    let len = size * (count - 1) + last;
+    let mut read = captured_payload(&USO4_HEADERS, len, |i| (i * 7 + i / 253) as u8);
+    // The captured headers' IP and UDP lengths, for this payload.
+    let ip = VIRTIO_HEADER_LEN + 14;
+    read[ip + 2..ip + 4].copy_from_slice(&((20 + 8 + len) as u16).to_be_bytes());
+    read[ip + 24..ip + 26].copy_from_slice(&((8 + len) as u16).to_be_bytes());
+    let header = VirtioHeader::parse(&read).unwrap();
+    let header = VirtioHeader {
+        gso_size: size as u16,
+        ..header
+    };
+    let segments = segments_of(&header, &read[VIRTIO_HEADER_LEN..]);
+    assert_eq!(segments.len(), count);
+    (read, segments)
+}
+
+#[test]
+fn udp_datagrams_of_one_flow_coalesce_into_the_kernels_super_frame_where_the_tap_takes_uso() {
+    use crate::captured::{captured_payload, USO4_HEADERS};
+    let read = captured_payload(&USO4_HEADERS, 2500, |i| (i * 7) as u8);
+    let header = VirtioHeader::parse(&read).unwrap();
+    let segments = segments_of(&header, &read[VIRTIO_HEADER_LEN..]);
+    let out = coalesce_with(Coalescer::new().with_udp(true), &segments);
+    assert_eq!(out.len(), 1, "one write");
+    let merged = VirtioHeader::parse(&out[0]).unwrap();
+    assert_eq!(
+        (
+            merged.gso(),
+            merged.gso_size,
+            merged.csum_start,
+            merged.csum_offset
+        ),
+        (Ok(Gso::Udp), header.gso_size, 34, 6)
+    );
+    assert_eq!(merged.hdr_len, 42);
+    assert_eq!(
+        &out[0][VIRTIO_HEADER_LEN..],
+        &read[VIRTIO_HEADER_LEN..],
+        "super-frame as the kernel's"
+    );
+    // Cut again, it gives the same datagrams.
+    assert_eq!(segments_of(&merged, &out[0][VIRTIO_HEADER_LEN..]), segments);
+
+    // Without USO on the TAP, each datagram is written as it came.
+    let out = coalesce(&segments);
+    assert_eq!(out.len(), segments.len());
+    for (o, s) in out.iter().zip(&segments) {
+        assert_eq!(VirtioHeader::parse(o).unwrap(), VirtioHeader::PLAIN);
+        assert_eq!(&o[VIRTIO_HEADER_LEN..], &s[..]);
+    }
+}
+
+#[test]
+fn udp_super_frames_end_at_a_short_datagram_another_flow_or_64_datagrams() {
+    let gro = || Coalescer::new().with_udp(true);
+    // 70 datagrams of 64 bytes: 64 in the first write, 6 in the second.
+    let (_, s) = udp_datagrams(70, 64, 64);
+    let out = coalesce_with(gro(), &s);
+    assert_eq!(out.len(), 2);
+    let first = VirtioHeader::parse(&out[0]).unwrap();
+    assert_eq!((first.gso(), first.gso_size), (Ok(Gso::Udp), 64));
+    assert_eq!(out[0].len(), VIRTIO_HEADER_LEN + 42 + 64 * 64);
+    let cut: Vec<_> = out
+        .iter()
+        .flat_map(|o| segments_of(&VirtioHeader::parse(o).unwrap(), &o[VIRTIO_HEADER_LEN..]))
+        .collect();
+    assert_eq!(cut, s, "the datagrams, in order");
+
+    // 1000, 1000, 500 then more of the flow: the short one closes the write.
+    let (_, mut s) = udp_datagrams(3, 1000, 500);
+    let (_, more) = udp_datagrams(2, 1000, 1000);
+    for (i, mut d) in more.into_iter().enumerate() {
+        // IDs go on from the third's: only the short datagram ends the write.
+        let id = be16(&s[2], 18).wrapping_add(1 + i as u16);
+        d[18..20].copy_from_slice(&id.to_be_bytes());
+        d[24..26].copy_from_slice(&[0, 0]);
+        let sum = !fold_sum(&[&d[14..34]]);
+        d[24..26].copy_from_slice(&sum.to_be_bytes());
+        s.push(d);
+    }
+    let out = coalesce_with(gro(), &s);
+    assert_eq!(out.len(), 2);
+    let first = VirtioHeader::parse(&out[0]).unwrap();
+    assert_eq!(segments_of(&first, &out[0][VIRTIO_HEADER_LEN..]), s[..3]);
+    let second = VirtioHeader::parse(&out[1]).unwrap();
+    assert_eq!(segments_of(&second, &out[1][VIRTIO_HEADER_LEN..]), s[3..]);
+
+    // Another port in between starts a new write; a datagram without a checksum (IPv4
+    // may send none) is written alone.
+    let (_, s) = udp_datagrams(3, 1000, 1000);
+    let mut other = s[1].clone();
+    other[34] ^= 1;
+    other[40..42].copy_from_slice(&[0, 0]);
+    let sum = !fold_sum(&[&pseudo(&other, 34, IPPROTO_UDP), &other[34..]]);
+    other[40..42].copy_from_slice(&sum.to_be_bytes());
+    let out = coalesce_with(gro(), &[s[0].clone(), other, s[1].clone()]);
+    assert_eq!(out.len(), 3);
+    let mut unchecked = s[1].clone();
+    unchecked[40..42].copy_from_slice(&[0, 0]);
+    let out = coalesce_with(gro(), &[s[0].clone(), unchecked.clone(), s[2].clone()]);
+    assert_eq!(out.len(), 3);
+    assert_eq!(&out[1][VIRTIO_HEADER_LEN..], &unchecked[..]);
+    assert_eq!(VirtioHeader::parse(&out[1]).unwrap(), VirtioHeader::PLAIN);
 }
