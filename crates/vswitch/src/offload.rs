@@ -414,9 +414,9 @@ struct Pending {
 
 /// Coalesces consecutive TCP frames of one flow into one super-frame (GRO) for one write to
 /// the TAP, and, where the TAP takes UDP segmentation offload ([`Coalescer::with_udp`]),
-/// consecutive UDP datagrams of one flow too. Call order: [`handle_frame`](Self::handle_frame) for each frame,
-/// [`poll_frame`](Self::poll_frame) when it answers [`Offer::Busy`] and once after the last
-/// frame of a batch.
+/// consecutive UDP datagrams of one flow too. Call order:
+/// [`handle_frame`](Self::handle_frame) for each frame, [`poll_frame`](Self::poll_frame)
+/// when it answers [`Offer::Busy`] and once after the last frame of a batch.
 #[derive(Debug)]
 pub struct Coalescer {
     /// The virtio header followed by the super-frame.
@@ -595,33 +595,27 @@ impl Coalescer {
             let sum = ipv4_header_checksum(&frame[ip..layout.l4]);
             frame[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
         }
-        let udp = layout.protocol == IPPROTO_UDP;
-        if udp {
-            // The whole super-frame's UDP length; segmentation gives each its own.
-            let l4 = layout.l4;
-            frame[l4 + 4..l4 + 6].copy_from_slice(&((len - l4) as u16).to_be_bytes());
-        }
+        let l4 = layout.l4;
+        let (gso_type, csum_offset) = match (layout.protocol, layout.ipv6) {
+            (IPPROTO_UDP, _) => {
+                // The whole super-frame's UDP length; segmentation gives each its own.
+                frame[l4 + 4..l4 + 6].copy_from_slice(&((len - l4) as u16).to_be_bytes());
+                (GSO_UDP_L4, UDP_CSUM_OFFSET as u16)
+            }
+            (_, true) => (GSO_TCPV6, TCP_CSUM_OFFSET),
+            (_, false) => (GSO_TCPV4, TCP_CSUM_OFFSET),
+        };
         // CHECKSUM_PARTIAL: the field holds the folded pseudo-header sum over the whole
         // segment, which the kernel's segmentation adjusts per segment.
-        let pseudo = fold(layout.pseudo_sum(frame, len - layout.l4));
-        let csum_offset = if udp {
-            UDP_CSUM_OFFSET as u16
-        } else {
-            TCP_CSUM_OFFSET
-        };
-        let field = layout.l4 + usize::from(csum_offset);
+        let pseudo = fold(layout.pseudo_sum(frame, len - l4));
+        let field = l4 + usize::from(csum_offset);
         frame[field..field + 2].copy_from_slice(&pseudo.to_be_bytes());
-        let gso_type = match (udp, layout.ipv6) {
-            (true, _) => GSO_UDP_L4,
-            (false, true) => GSO_TCPV6,
-            (false, false) => GSO_TCPV4,
-        };
         let header = VirtioHeader {
             flags: F_NEEDS_CSUM,
             gso_type,
             hdr_len: layout.payload as u16,
             gso_size: p.size as u16,
-            csum_start: layout.l4 as u16,
+            csum_start: l4 as u16,
             csum_offset,
         };
         header.emit(&mut self.buf)?;
@@ -648,26 +642,28 @@ impl Candidate {
         if !layout.ipv6 && be16(frame, ETH_HEADER_LEN + 6) & IPV4_MF_OFFSET_MASK != 0 {
             return None;
         }
+        let l4 = layout.l4;
         let flags = match layout.protocol {
-            IPPROTO_TCP => frame[layout.l4 + 13],
+            IPPROTO_TCP => {
+                let flags = frame[l4 + 13];
+                let control = TCP_FIN | TCP_SYN | TCP_RST | TCP_URG | TCP_CWR;
+                if flags & TCP_ACK == 0 || flags & control != 0 {
+                    return None;
+                }
+                flags
+            }
             // A UDP length short of the IP packet's (trailing bytes) would not survive
             // segmentation: such datagrams stay as they are.
             IPPROTO_UDP
-                if be16(frame, layout.l4 + UDP_CSUM_OFFSET) != 0
-                    && usize::from(be16(frame, layout.l4 + 4)) == layout.end - layout.l4 =>
+                if be16(frame, l4 + UDP_CSUM_OFFSET) != 0
+                    && usize::from(be16(frame, l4 + 4)) == layout.end - l4 =>
             {
                 0
             }
             _ => return None,
         };
-        if layout.protocol == IPPROTO_TCP
-            && (flags & TCP_ACK == 0
-                || flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_URG | TCP_CWR) != 0)
-        {
-            return None;
-        }
-        let pseudo = layout.pseudo_sum(frame, layout.end - layout.l4);
-        if fold(sum_words(pseudo, &frame[layout.l4..layout.end])) != 0xffff {
+        let pseudo = layout.pseudo_sum(frame, layout.end - l4);
+        if fold(sum_words(pseudo, &frame[l4..layout.end])) != 0xffff {
             return None;
         }
         Some(Self { layout, flags })
