@@ -566,27 +566,6 @@ impl Agent {
         Ok(())
     }
 
-    /// Tells a service manager what the agent waits for, and when every namespace holds
-    /// its address, that it is ready.
-    fn notify_progress(&mut self, now: Instant) {
-        if !self.notifier.due(now) {
-            return;
-        }
-        let progress: Vec<_> = self
-            .namespaces
-            .iter()
-            .filter(|n| n.active())
-            .map(|n| crate::notify::Progress {
-                name: &n.name,
-                own_address: n.mode != Mode::Router && !n.membership.host_uses_dhcp(),
-                subnet_known: n.membership.subnet().is_some(),
-                held: n.membership.owned(),
-            })
-            .collect();
-        let readiness = crate::notify::readiness(self.overlay_ready(), &progress);
-        self.notifier.update(readiness);
-    }
-
     /// The earliest deadline of any core: the loop sleeps until then at most.
     fn poll_timeout(&self) -> Option<Instant> {
         // Asked twice per loop turn: no allocation.
