@@ -60,31 +60,10 @@ if [ -z "${EASYTIER_BIN:-}" ] && [[ $skip != *" easytier "* ]]; then
 fi
 
 id=$$
-A=hybenchA$id
-B=hybenchB$id
-dir=$(mktemp -d /tmp/hybench.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    sleep 0.3
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    ip netns del "$A" 2>/dev/null || true
-    ip netns del "$B" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+. benches/lib/pair.sh
+pair_setup hybench
 inA() { ip netns exec "$A" "$@"; }
 inB() { ip netns exec "$B" "$@"; }
-
-ip netns add "$A"
-ip netns add "$B"
-inA ip link add eth0 type veth peer name eth0 netns "$B"
-inA ip addr add 10.210.0.1/24 dev eth0
-inB ip addr add 10.210.0.2/24 dev eth0
-for ns in "$A" "$B"; do
-    ip netns exec "$ns" ip link set lo up
-    ip netns exec "$ns" ip link set eth0 up
-done
 
 # Kernel VXLAN.
 inA ip link add vx0 type vxlan id 42 remote 10.210.0.2 local 10.210.0.1 dstport 4789 dev eth0
@@ -99,28 +78,7 @@ inB ip link set vx0 up
 # fork a subshell) so that $! is the daemon itself (ip execs it).
 declare -A daemons
 
-# hyphae, written for sockets and (HYPHAE_AF_XDP) for the AF_XDP underlay.
-(umask 077; "$HYPHAE_BIN" secret >"$dir/lab.secret")
-hyphae_config() {
-    local side=$1 underlay=$2 me peer
-    if [ "$side" = A ]; then me=1; peer=2; else me=2; peer=1; fi
-    cat >"$dir/$side-$underlay.toml" <<EOF
-[agent]
-state_dir = "$dir/$side-$underlay-state"
-control_socket = "$dir/$side.sock"
-listen = "10.210.0.$me:7400"
-$([ "$underlay" = af_xdp ] && echo 'underlay = "af_xdp"')
-[[namespace]]
-name = "bench"
-secret_file = "$dir/lab.secret"
-subnet = "10.212.0.0/24"
-# .1 is the namespace service address (virtual DHCP/DNS): members take .11 and .12.
-address = "10.212.0.1$me"
-device = "hyphae0"
-[[namespace.peer]]
-endpoint = "10.210.0.$peer:7400"
-EOF
-}
+# hyphae, written for sockets and (HYPHAE_AF_XDP) for the AF_XDP underlay (lib/pair.sh).
 for side in A B; do
     hyphae_config $side socket
     hyphae_config $side af_xdp

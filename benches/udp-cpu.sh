@@ -19,55 +19,19 @@ scripts/deps iperf3 jq bc >/dev/null
 HYPHAE_BIN=${HYPHAE_BIN:-target/release/hyphae}
 [ -x "$HYPHAE_BIN" ] || cargo build --release --quiet --bin hyphae
 
-A=hyucA$$
-B=hyucB$$
-dir=$(mktemp -d /tmp/hyudpcpu.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    sleep 0.3
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    ip netns del "$A" 2>/dev/null || true
-    ip netns del "$B" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-ip netns add "$A"
-ip netns add "$B"
-ip netns exec "$A" ip link add eth0 type veth peer name eth0 netns "$B"
-ip netns exec "$A" ip addr add 10.210.0.1/24 dev eth0
-ip netns exec "$B" ip addr add 10.210.0.2/24 dev eth0
-for ns in "$A" "$B"; do
-    ip netns exec "$ns" ip link set lo up
-    ip netns exec "$ns" ip link set eth0 up
-done
-(umask 077; "$HYPHAE_BIN" secret >"$dir/lab.secret")
-for side in A B; do
-    if [ "$side" = A ]; then me=1; peer=2; else me=2; peer=1; fi
-    cat >"$dir/$side.toml" <<EOF
-[agent]
-state_dir = "$dir/$side-state"
-control_socket = "$dir/$side.sock"
-listen = "10.210.0.$me:7400"
-[[namespace]]
-name = "bench"
-secret_file = "$dir/lab.secret"
-subnet = "10.212.0.0/24"
-address = "10.212.0.1$me"
-device = "hyphae0"
-[[namespace.peer]]
-endpoint = "10.210.0.$peer:7400"
-EOF
-done
+. benches/lib/pair.sh
+pair_setup hyudpcpu
+hyphae_config A socket
+hyphae_config B socket
 
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 measure() { # label binary
-    rm -rf "$dir/A-state" "$dir/B-state"
-    HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A.toml" >>"$dir/$1-A.log" 2>&1 &
+    rm -rf "$dir/A-socket-state" "$dir/B-socket-state"
+    HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A-socket.toml" >>"$dir/$1-A.log" 2>&1 &
     local a=$!
-    HYPHAE_LOG=warn ip netns exec "$B" "$2" up -c "$dir/B.toml" >>"$dir/$1-B.log" 2>&1 &
+    HYPHAE_LOG=warn ip netns exec "$B" "$2" up -c "$dir/B-socket.toml" >>"$dir/$1-B.log" 2>&1 &
     local b=$!
     pids+=("$a" "$b")
     local i

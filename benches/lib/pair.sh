@@ -1,0 +1,57 @@
+# Sourced by benches/netns-throughput.sh and benches/udp-cpu.sh: two hosts, network
+# namespaces $A and $B, joined by one veth pair (eth0: 10.210.0.1 and 10.210.0.2); a private
+# directory $dir; on exit the PIDs in $pids are stopped (SIGTERM, then SIGKILL), both
+# namespaces removed and $dir deleted. `hyphae_config SIDE UNDERLAY` writes
+# $dir/SIDE-UNDERLAY.toml: one interface-mode member of namespace "bench" (10.212.0.11 on A,
+# .12 on B, device hyphae0) listening on its eth0 address, the other end as its peer.
+# Needs HYPHAE_BIN set. Usage: pair_setup PREFIX   (namespaces PREFIXA$$ and PREFIXB$$)
+
+pair_setup() {
+    A=${1}A$$
+    B=${1}B$$
+    dir=$(mktemp -d "/tmp/$1.XXXXXX")
+    pids=()
+    trap pair_cleanup EXIT
+    ip netns add "$A"
+    ip netns add "$B"
+    ip netns exec "$A" ip link add eth0 type veth peer name eth0 netns "$B"
+    ip netns exec "$A" ip addr add 10.210.0.1/24 dev eth0
+    ip netns exec "$B" ip addr add 10.210.0.2/24 dev eth0
+    local ns
+    for ns in "$A" "$B"; do
+        ip netns exec "$ns" ip link set lo up
+        ip netns exec "$ns" ip link set eth0 up
+    done
+    (umask 077; "$HYPHAE_BIN" secret >"$dir/lab.secret")
+}
+
+pair_cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 0.3
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$A" 2>/dev/null || true
+    ip netns del "$B" 2>/dev/null || true
+    rm -rf "$dir"
+}
+
+hyphae_config() { # side (A or B), underlay (socket or af_xdp)
+    local side=$1 underlay=$2 me peer
+    if [ "$side" = A ]; then me=1; peer=2; else me=2; peer=1; fi
+    cat >"$dir/$side-$underlay.toml" <<CONFIG
+[agent]
+state_dir = "$dir/$side-$underlay-state"
+control_socket = "$dir/$side.sock"
+listen = "10.210.0.$me:7400"
+$([ "$underlay" = af_xdp ] && echo 'underlay = "af_xdp"')
+[[namespace]]
+name = "bench"
+secret_file = "$dir/lab.secret"
+subnet = "10.212.0.0/24"
+# .1 is the namespace service address (virtual DHCP/DNS): members take .11 and .12.
+address = "10.212.0.1$me"
+device = "hyphae0"
+[[namespace.peer]]
+endpoint = "10.210.0.$peer:7400"
+CONFIG
+}
