@@ -462,8 +462,7 @@ impl Coalescer {
 
     /// Offers the next frame for the TAP.
     pub fn handle_frame(&mut self, frame: &[u8]) -> Offer {
-        let candidate = Candidate::parse(frame).filter(|c| self.udp || !c.is_udp());
-        let Some(candidate) = candidate else {
+        let Some(candidate) = Candidate::parse(frame, self.udp) else {
             return if self.pending.is_some() {
                 // Keep order: what is pending leaves before the frame that follows it.
                 Offer::Busy
@@ -634,7 +633,8 @@ struct Candidate {
 }
 
 impl Candidate {
-    fn parse(frame: &[u8]) -> Option<Self> {
+    /// `udp`: whether UDP datagrams may be candidates (checked before any checksum).
+    fn parse(frame: &[u8], udp: bool) -> Option<Self> {
         let layout = Layout::parse(frame).ok()?;
         if layout.payload == layout.end {
             return None;
@@ -655,7 +655,8 @@ impl Candidate {
             // A UDP length short of the IP packet's (trailing bytes) would not survive
             // segmentation: such datagrams stay as they are.
             IPPROTO_UDP
-                if be16(frame, l4 + UDP_CSUM_OFFSET) != 0
+                if udp
+                    && be16(frame, l4 + UDP_CSUM_OFFSET) != 0
                     && usize::from(be16(frame, l4 + 4)) == layout.end - l4 =>
             {
                 0
