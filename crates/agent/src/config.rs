@@ -55,6 +55,7 @@ struct AgentSection {
     metrics_remote: bool,
     underlay: String,
     offload: bool,
+    workers: Option<usize>,
 }
 
 impl Default for AgentSection {
@@ -68,6 +69,7 @@ impl Default for AgentSection {
             metrics_remote: false,
             underlay: "socket".into(),
             offload: true,
+            workers: None,
         }
     }
 }
@@ -178,6 +180,31 @@ pub struct Agent {
     /// Open the TAPs with TCP segmentation and checksum offloads (when the kernel accepts
     /// them): the agent segments the kernel's super-frames and coalesces what it writes.
     pub offload: bool,
+    /// Data-path threads, each with its own queue of every TAP and its own underlay socket
+    /// (`crate::workers`). Default: one per core; one with an AF_XDP underlay.
+    pub workers: usize,
+}
+
+/// Most data-path workers (`[agent] workers`).
+pub const MAX_WORKERS: usize = 64;
+
+/// `[agent] workers`: as given (1..=[`MAX_WORKERS`]), else one per core (at most
+/// [`MAX_WORKERS`]). AF_XDP has one socket per NIC queue, which the workers do not share
+/// out yet: with it the agent runs one worker.
+fn workers(given: Option<usize>, underlay: UnderlayMode) -> Result<usize> {
+    match (given, underlay) {
+        (Some(n), _) if n == 0 || n > MAX_WORKERS => {
+            bail!("{n} workers: give 1 to {MAX_WORKERS}, or leave it out for one per core")
+        }
+        (Some(n), UnderlayMode::AfXdp | UnderlayMode::Auto) if n > 1 => {
+            bail!("{n} workers need underlay = \"socket\"; AF_XDP runs one worker")
+        }
+        (Some(n), _) => Ok(n),
+        (None, UnderlayMode::Socket) => Ok(std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(MAX_WORKERS)),
+        (None, UnderlayMode::AfXdp | UnderlayMode::Auto) => Ok(1),
+    }
 }
 
 /// `[agent] underlay`: the UDP socket alone, or AF_XDP beside it.
@@ -305,6 +332,8 @@ impl Config {
         };
         let underlay = UnderlayMode::parse(&file.agent.underlay)
             .with_context(|| format!("config {}: [agent] underlay", path.display()))?;
+        let workers = workers(file.agent.workers, underlay)
+            .with_context(|| format!("config {}: [agent] workers", path.display()))?;
         let mut namespaces: Vec<Namespace> = Vec::new();
         for section in file.namespaces {
             let name = section.name.clone();
@@ -338,6 +367,7 @@ impl Config {
                 metrics,
                 underlay,
                 offload: file.agent.offload,
+                workers,
             },
             namespaces,
         })
@@ -762,6 +792,28 @@ endpoint = "10.200.0.3"
         assert_eq!(c.agent.metrics, Some("0.0.0.0:9400".parse().unwrap()));
         let e = err(&with("metrics = \"localhost\""), s);
         assert!(e.contains("not an ip:port"), "{e}");
+    }
+
+    #[test]
+    fn workers_default_to_the_cores_and_a_bad_count_is_named() {
+        let s = Some("0123456789abcdef");
+        let with =
+            |extra: &str| GOOD.replace("[[namespace]]\n", &format!("{extra}\n[[namespace]]\n"));
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(load(GOOD, s).unwrap().agent.workers, cores.min(MAX_WORKERS));
+        assert_eq!(load(&with("workers = 3"), s).unwrap().agent.workers, 3);
+        for bad in ["workers = 0", "workers = 65"] {
+            let e = err(&with(bad), s);
+            assert!(
+                e.contains("[agent] workers") && e.contains("give 1 to 64"),
+                "{e}"
+            );
+        }
+        // AF_XDP: one worker by default, and more is refused.
+        let c = load(&with("underlay = \"auto\""), s).unwrap();
+        assert_eq!(c.agent.workers, 1);
+        let e = err(&with("underlay = \"af_xdp\"\nworkers = 2"), s);
+        assert!(e.contains("need underlay = \"socket\""), "{e}");
     }
 
     #[test]

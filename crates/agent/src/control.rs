@@ -56,6 +56,9 @@ pub struct Status {
     /// Which path tunnel datagrams take (the UDP socket or AF_XDP).
     #[serde(default)]
     pub underlay: UnderlayStatus,
+    /// The data-path workers (`[agent] workers`), each with its own TAP queues and socket.
+    #[serde(default)]
+    pub workers: Vec<WorkerStatus>,
     /// The libp2p overlay.
     pub overlay: OverlayStatus,
     /// Traffic this agent relays for members that cannot reach each other directly.
@@ -89,6 +92,22 @@ pub struct UnderlayStatus {
     pub tx_via_socket: u64,
     /// Redirected frames that held no tunnel datagram.
     pub malformed: u64,
+}
+
+/// One data-path worker in [`Status`]: a flow stays on one worker, so these show how the
+/// traffic spreads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WorkerStatus {
+    /// Reads from its TAP queues (a super-frame counts once).
+    pub frames_in: u64,
+    /// Writes to its TAP queues (a coalesced super-frame counts once).
+    pub frames_out: u64,
+    /// Datagrams its socket received.
+    pub datagrams_in: u64,
+    /// Batches it carried (times it held the agent).
+    pub batches: u64,
+    /// Sends that failed on its socket.
+    pub send_errors: u64,
 }
 
 /// The libp2p overlay in [`Status`].

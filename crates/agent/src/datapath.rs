@@ -4,7 +4,8 @@
 //! hellos, ARP probes).
 
 use std::future::poll_fn;
-use std::io::{ErrorKind, IoSlice};
+use std::io::IoSlice;
+use std::net::SocketAddr;
 use std::task::Poll;
 use std::time::Instant;
 
@@ -15,105 +16,138 @@ use hyphae_vswitch::offload::{
     self, complete_checksum, Gso, Offer, Segments, VirtioHeader, VIRTIO_HEADER_LEN,
 };
 use hyphae_vswitch::{Action, HEADROOM};
-use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 
 use crate::config::Mode;
-use crate::driver::{Agent, Namespace, BATCH};
+use crate::driver::{Agent, Namespace};
 use crate::services::HeldBy;
+use crate::workers::{Io, Tap};
 
 impl Agent {
-    /// Datagrams from the underlay: decrypt, check, switch, write to the TAP.
-    /// Frames of one TCP flow leave for the TAP coalesced, each batch's last super-frame
-    /// written before the loop looks elsewhere.
-    pub(crate) async fn drain_underlay(&mut self, now: Instant) {
-        self.receive_underlay(now);
+    /// The datagrams of the batch this worker received: decrypt, check, switch, write to
+    /// the TAP. Frames of one TCP flow leave for the TAP coalesced (written by the worker
+    /// once it lets go of the agent).
+    pub(crate) async fn receive_datagrams(&mut self, now: Instant) {
+        // The buffer leaves `io` for the batch, so packets decrypted into it can be written
+        // by methods that borrow the rest.
+        let mut tx = std::mem::take(&mut self.io.tx);
+        // The underlay too, while its datagrams are read.
+        let Some(underlay) = self.io.underlay.take() else {
+            self.io.tx = tx;
+            return;
+        };
+        for d in underlay.datagrams() {
+            let received = self
+                .node
+                .handle_datagram(now, d.from, d.bytes, &mut tx[HEADROOM..]);
+            match received {
+                Received::Deliver { ns, len, .. } => {
+                    let packet = HEADROOM..HEADROOM + len;
+                    let dst = tx.get(packet.start + 16..packet.start + 20);
+                    if let Some(dst) = dst.and_then(|d| <[u8; 4]>::try_from(d).ok()) {
+                        if let Some(peer) = self.forward_to(ns.0, dst.into(), now) {
+                            self.forwards.push((peer, tx[packet].to_vec()));
+                            continue;
+                        }
+                    }
+                    let Some(n) = self.namespaces.get_mut(ns.0) else {
+                        continue;
+                    };
+                    if let Action::ToTap { len } = n.switch.handle_peer_packet(&mut tx, len, now) {
+                        if n.active() {
+                            self.io.deliver(ns.0, n, &tx[..len]);
+                        }
+                    }
+                }
+                Received::Dropped(reason) => {
+                    tracing::trace!(from = %d.from, reason = reason.as_str(), "datagram dropped");
+                }
+                Received::PeerDropped(_, reason) => {
+                    tracing::trace!(from = %d.from, reason = reason.as_str(), "tunnel packet dropped");
+                }
+                Received::Consumed => {}
+            }
+        }
+        self.io.tx = tx;
+        self.io.underlay = Some(underlay);
         // Packets for LAN hosts that moved away go on to their new router.
         for (peer, packet) in std::mem::take(&mut self.forwards) {
-            if let Some(t) = self.node.send(peer, &packet, &mut self.tx) {
-                self.underlay.push(t.to, &self.tx[t.range]).await;
-            }
-        }
-        self.underlay.flush().await;
-        for n in &mut self.namespaces {
-            n.flush_coalesced();
-        }
-    }
-
-    fn receive_underlay(&mut self, now: Instant) {
-        for _ in 0..BATCH {
-            match self.underlay.try_recv() {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(e) => {
-                    tracing::debug!(error = %e, "underlay receive error");
-                    return;
-                }
-            }
-            for d in self.underlay.datagrams() {
-                let received =
-                    self.node
-                        .handle_datagram(now, d.from, d.bytes, &mut self.tx[HEADROOM..]);
-                match received {
-                    Received::Deliver { ns, len, .. } => {
-                        let packet = HEADROOM..HEADROOM + len;
-                        let dst = self.tx.get(packet.start + 16..packet.start + 20);
-                        if let Some(dst) = dst.and_then(|d| <[u8; 4]>::try_from(d).ok()) {
-                            if let Some(peer) = self.forward_to(ns.0, dst.into(), now) {
-                                self.forwards.push((peer, self.tx[packet].to_vec()));
-                                continue;
-                            }
-                        }
-                        let Some(n) = self.namespaces.get_mut(ns.0) else {
-                            continue;
-                        };
-                        if let Action::ToTap { len } =
-                            n.switch.handle_peer_packet(&mut self.tx, len, now)
-                        {
-                            if n.tap.is_some() {
-                                n.deliver(&self.tx[..len]);
-                            }
-                        }
-                    }
-                    Received::Dropped(reason) => {
-                        tracing::trace!(from = %d.from, reason = reason.as_str(), "datagram dropped");
-                    }
-                    Received::PeerDropped(_, reason) => {
-                        tracing::trace!(from = %d.from, reason = reason.as_str(), "tunnel packet dropped");
-                    }
-                    Received::Consumed => {}
-                }
+            if let Some(t) = self.node.send(peer, &packet, &mut self.io.tx) {
+                self.io.push_tx(&mut self.outbox, t.to, t.range).await;
             }
         }
     }
 
-    /// Frames from a TAP: switch, encrypt, send to the member (or answer ARP). Datagrams
-    /// to one member leave in GSO batches.
-    pub(crate) async fn drain_tap(&mut self, i: usize, now: Instant) {
-        // The receive buffer leaves `self` for the batch, so frames can be switched by a
+    /// The frames this worker read from a TAP: switch, encrypt, send to the member (or
+    /// answer ARP). Datagrams to one member leave in GSO batches.
+    pub(crate) async fn switch_frames(&mut self, now: Instant) {
+        // The receive buffer leaves `io` for the batch, so frames can be switched by a
         // method that borrows the rest of the agent.
-        let mut rx = std::mem::take(&mut self.rx);
-        for _ in 0..BATCH {
-            // try_io clears the readiness only when the device reports WouldBlock.
-            let Some(tap) = self.namespaces.get(i).and_then(|n| n.tap.as_ref()) else {
-                break;
+        let mut rx = std::mem::take(&mut self.io.rx);
+        let frames = std::mem::take(&mut self.io.frames);
+        for (i, range) in frames.iter().cloned() {
+            let Some(n) = self.namespaces.get(i).filter(|n| n.active()) else {
+                continue;
             };
-            let offload = self.namespaces[i].offload;
-            let n = match tap.try_io(Interest::READABLE, |tap| tap.recv(&mut rx)) {
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    tracing::debug!(error = %e, "TAP read error");
-                    break;
-                }
-            };
-            if offload {
-                self.switch_super_frame(i, &mut rx[..n], now).await;
+            if n.offload {
+                self.switch_super_frame(i, &mut rx[range], now).await;
             } else {
-                self.switch_frame(i, &mut rx[..n], now).await;
+                self.switch_frame(i, &mut rx[range], now).await;
             }
         }
-        self.rx = rx;
-        self.underlay.flush().await;
+        self.io.rx = rx;
+        self.io.frames = frames;
+    }
+
+    /// What a worker does after its batch, still holding the agent: sends what the node
+    /// queued and applies its events; a router probes its LAN for hosts members sent to;
+    /// wakes the control thread if the batch left it work or an earlier deadline.
+    pub(crate) async fn after_batch(&mut self, now: Instant, from_members: bool) {
+        self.flush_node(now).await;
+        if from_members {
+            for i in 0..self.namespaces.len() {
+                if self.namespaces[i].mode == Mode::Router && self.namespaces[i].active() {
+                    self.flush_switch(i, now);
+                }
+            }
+        }
+        let earlier = match (self.poll_timeout(), self.main_deadline) {
+            (Some(t), Some(main)) => t < main,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if std::mem::take(&mut self.control_work) || earlier {
+            self.poke.notify_one();
+        }
+    }
+
+    /// Worker 0: sends what the control thread left in the outbox.
+    pub(crate) async fn send_outbox(&mut self) {
+        for (to, datagram) in std::mem::take(&mut self.outbox) {
+            self.io.push(&mut Vec::new(), to, &datagram).await;
+        }
+    }
+
+    /// Adds what the worker now holding the agent counted without it to the namespaces'
+    /// counters.
+    pub(crate) fn fold_counts(&mut self) {
+        for i in 0..self.namespaces.len() {
+            let p = self.io.take_pending(i);
+            let n = &mut self.namespaces[i];
+            n.offload_counters.coalesced_writes += p.coalesced_writes;
+            n.offload_counters.coalesced_frames += p.coalesced_frames;
+            n.tap_errors += p.tap_errors;
+        }
+        let report = self.io.worker == Some(0) && self.io.report_due(Instant::now());
+        if let Some(u) = &self.io.underlay {
+            self.io
+                .counters
+                .send_errors
+                .store(u.send_errors(), std::sync::atomic::Ordering::Relaxed);
+            if report {
+                self.underlay_report = u.status();
+            }
+        }
     }
 
     /// A read from a TAP with offloads: the virtio-net header, then a frame to complete
@@ -138,13 +172,13 @@ impl Agent {
                 let counters = &mut self.namespaces[i].offload_counters;
                 counters.super_frames += 1;
                 counters.segments += segments.count() as u64;
-                // The buffer leaves `self` while segments are switched, as the receive
-                // buffer does.
-                let mut buf = std::mem::take(&mut self.segment);
+                // The buffer leaves `io` while segments are switched, as the receive buffer
+                // does.
+                let mut buf = std::mem::take(&mut self.io.segment);
                 while let Some(len) = segments.next_into(&mut buf) {
                     self.switch_frame(i, &mut buf[..len], now).await;
                 }
-                self.segment = buf;
+                self.io.segment = buf;
             }
             Err(e) => self.offload_drop(i, e),
         }
@@ -159,19 +193,23 @@ impl Agent {
     /// its destination resolves. The switch may rewrite it (a TCP SYN's MSS).
     pub(crate) async fn switch_frame(&mut self, i: usize, frame: &mut [u8], now: Instant) {
         let n = &mut self.namespaces[i];
-        let action = n.switch.handle_tap_frame(frame, now, &mut self.reply);
+        let action = n.switch.handle_tap_frame(frame, now, &mut self.io.reply);
         match action {
             Action::ToPeer { peer, packet } => {
-                if let Some(t) = self.node.send(peer, &frame[packet], &mut self.tx) {
-                    self.underlay.push(t.to, &self.tx[t.range]).await;
+                if let Some(t) = self.node.send(peer, &frame[packet], &mut self.io.tx) {
+                    self.io.push_tx(&mut self.outbox, t.to, t.range).await;
                 }
             }
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], now).await,
             Action::Fragment { peer, packet, mtu } => {
                 self.send_fragments(i, peer, &frame[packet], mtu, now).await;
             }
-            Action::Dhcp { payload, mac } => self.handle_dhcp(i, &frame[payload], mac, now),
+            Action::Dhcp { payload, mac } => {
+                self.control_work = true;
+                self.handle_dhcp(i, &frame[payload], mac, now);
+            }
             Action::Dns { payload, client } => {
+                self.control_work = true;
                 n.dns.handle_udp_query(
                     now,
                     &frame[payload],
@@ -181,11 +219,13 @@ impl Agent {
                 );
             }
             Action::Service { packet, mac } => {
+                self.control_work = true;
                 n.dns
                     .handle_service_packet(now, &frame[packet], mac, &HeldBy(&n.membership));
             }
-            Action::ToTap { len } => n.write(&self.reply[..len]),
+            Action::ToTap { len } => self.io.write(i, n, &self.io.reply[..len]),
             Action::Resolve { target } => {
+                self.control_work = true;
                 n.membership.hold(now, target, frame);
             }
             Action::Drop(_) => {}
@@ -208,19 +248,19 @@ impl Agent {
         let Some(mut fragments) = Fragments::new(packet, mtu) else {
             return;
         };
-        // The buffer leaves `self` while fragments are sent, as the receive buffer does.
-        let mut buf = std::mem::take(&mut self.fragment);
+        // The buffer leaves `io` while fragments are sent, as the receive buffer does.
+        let mut buf = std::mem::take(&mut self.io.fragment);
         while let Some(len) = fragments.next_into(&mut buf) {
             match peer {
                 Some(peer) => {
-                    if let Some(t) = self.node.send(peer, &buf[..len], &mut self.tx) {
-                        self.underlay.push(t.to, &self.tx[t.range]).await;
+                    if let Some(t) = self.node.send(peer, &buf[..len], &mut self.io.tx) {
+                        self.io.push_tx(&mut self.outbox, t.to, t.range).await;
                     }
                 }
                 None => self.broadcast(i, &buf[..len], now).await,
             }
         }
-        self.fragment = buf;
+        self.io.fragment = buf;
     }
 
     /// A broadcast or multicast packet from the host or the LAN: to every member of the
@@ -229,14 +269,15 @@ impl Agent {
         let n = &mut self.namespaces[i];
         if n.group.is_empty() {
             n.membership.refresh_group_soon(now);
+            self.control_work = true;
         }
         for k in 0..self.namespaces[i].group.len() {
             let id = self.namespaces[i].group[k];
             let Some(handle) = self.node.member_handle(NamespaceId(i), id) else {
                 continue;
             };
-            if let Some(t) = self.node.send(handle, packet, &mut self.tx) {
-                self.underlay.push(t.to, &self.tx[t.range]).await;
+            if let Some(t) = self.node.send(handle, packet, &mut self.io.tx) {
+                self.io.push_tx(&mut self.outbox, t.to, t.range).await;
             }
         }
     }
@@ -245,12 +286,13 @@ impl Agent {
     /// the membership what it learned about the LAN (router mode: claim or release hosts).
     pub(crate) fn flush_switch(&mut self, i: usize, now: Instant) {
         let n = &mut self.namespaces[i];
-        while let Some(len) = n.switch.poll_transmit(&mut self.reply) {
-            n.write(&self.reply[..len]);
+        while let Some(len) = n.switch.poll_transmit(&mut self.io.reply) {
+            self.io.write(i, n, &self.io.reply[..len]);
         }
         let mut changed = false;
         let mut presences = Vec::new();
         while let Some(event) = n.switch.poll_event() {
+            self.control_work = true;
             let (address, mac, announce) = match event {
                 hyphae_vswitch::Event::LanHostUp(a) => {
                     n.membership.add_hosted(a, now);
@@ -293,7 +335,6 @@ impl Agent {
         for mut frame in frames {
             self.switch_frame(i, &mut frame, now).await;
         }
-        self.underlay.flush().await;
     }
 
     /// Sends what the node queued (handshakes, hellos, announcements) and applies its
@@ -303,10 +344,10 @@ impl Agent {
             self.replay(i, frames, now).await;
         }
         while let Some((to, datagram)) = self.node.poll_transmit() {
-            self.underlay.push(to, &datagram).await;
+            self.io.push(&mut self.outbox, to, &datagram).await;
         }
-        self.underlay.flush().await;
         while let Some(event) = self.node.poll_event() {
+            self.control_work = true;
             match event {
                 Event::PeerUnreachable {
                     ns,
@@ -345,18 +386,20 @@ pub(crate) struct OffloadCounters {
     pub(crate) segments: u64,
     /// Super-frames of coalesced member frames written to the TAP.
     pub(crate) coalesced_writes: u64,
+    /// Member frames merged into them.
+    pub(crate) coalesced_frames: u64,
     /// Reads whose virtio-net header or headers could not be taken apart.
     pub(crate) malformed: u64,
 }
 
-/// Resolves with the index of the first TAP that is readable.
-pub(crate) async fn any_readable(namespaces: &[Namespace]) -> usize {
+/// Resolves with the index of the first TAP queue that is readable.
+pub(crate) async fn any_readable(taps: &[Option<AsyncFd<Tap>>]) -> usize {
     poll_fn(|cx| {
-        for (i, n) in namespaces.iter().enumerate() {
-            let Some(tap) = &n.tap else {
+        for (i, tap) in taps.iter().enumerate() {
+            let Some(tap) = tap else {
                 continue;
             };
-            // The guard is dropped with its readiness retained: the drain loop reads until
+            // The guard is dropped with its readiness retained: the worker reads until
             // WouldBlock, which clears it.
             if let Poll::Ready(Ok(_guard)) = tap.poll_read_ready(cx) {
                 return Poll::Ready(i);
@@ -367,55 +410,74 @@ pub(crate) async fn any_readable(namespaces: &[Namespace]) -> usize {
     .await
 }
 
-/// Frames out to a namespace's device.
-impl Namespace {
-    /// Writes `frame` to the device (behind a plain virtio-net header when offloads are
-    /// on); a failure is counted.
-    pub(crate) fn write(&mut self, frame: &[u8]) {
-        let sent = self.tap.as_ref().is_some_and(|t| {
-            if self.offload {
+/// Frames out to a namespace's TAP, and datagrams out to the underlay, from the thread that
+/// holds the agent.
+impl Io {
+    /// Writes `frame` to TAP `i` (behind a plain virtio-net header when offloads are on):
+    /// through this worker's queue, or the first on the control thread. A failure is
+    /// counted.
+    pub(crate) fn write(&self, i: usize, n: &mut Namespace, frame: &[u8]) {
+        let tap = self
+            .taps
+            .get(i)
+            .and_then(Option::as_ref)
+            .map(AsyncFd::get_ref);
+        let sent = tap.or(n.tap.as_ref()).is_some_and(|t| {
+            if n.offload {
                 let mut header = [0u8; VIRTIO_HEADER_LEN];
                 let _ = VirtioHeader::PLAIN.emit(&mut header);
                 let parts = [IoSlice::new(&header), IoSlice::new(frame)];
-                t.get_ref().send_vectored(&parts).is_ok()
+                t.send_vectored(&parts).is_ok()
             } else {
-                t.get_ref().send(frame).is_ok()
+                t.send(frame).is_ok()
             }
         });
         if !sent {
-            self.tap_errors += 1;
+            n.tap_errors += 1;
         }
     }
 
-    /// Writes a member's frame to the device; with offloads on, consecutive frames of one
-    /// TCP flow (or UDP flow, where the TAP takes UDP segmentation offload) are held to
-    /// leave as one super-frame ([`Namespace::flush_coalesced`]).
-    pub(crate) fn deliver(&mut self, frame: &[u8]) {
-        if !self.offload {
-            return self.write(frame);
+    /// Writes a member's frame to TAP `i`; with offloads on, consecutive frames of one TCP
+    /// flow (or UDP flow, where the TAP takes UDP segmentation offload) are held to leave
+    /// as one super-frame ([`Io::flush_coalesced`]).
+    pub(crate) fn deliver(&mut self, i: usize, n: &mut Namespace, frame: &[u8]) {
+        if !n.offload || self.gro.len() <= i {
+            return self.write(i, n, frame);
         }
         loop {
-            match self.gro.handle_frame(frame) {
+            match self.gro[i].handle_frame(frame) {
                 Offer::Held => return,
-                Offer::Busy => self.flush_coalesced(),
-                Offer::Refused => return self.write(frame),
+                Offer::Busy => self.flush_coalesced_one(i, n.tap.as_ref()),
+                Offer::Refused => return self.write(i, n, frame),
             }
         }
     }
 
-    /// Writes the super-frame being coalesced, if any, with one write.
-    pub(crate) fn flush_coalesced(&mut self) {
-        let Some(bytes) = self.gro.poll_frame() else {
-            return;
-        };
-        let sent = self
-            .tap
-            .as_ref()
-            .is_some_and(|t| t.get_ref().send(bytes).is_ok());
-        if sent {
-            self.offload_counters.coalesced_writes += 1;
-        } else {
-            self.tap_errors += 1;
+    /// Sends `datagram`: on this worker's underlay, or (the control thread) into `outbox`
+    /// for worker 0.
+    pub(crate) async fn push(
+        &mut self,
+        outbox: &mut Vec<(SocketAddr, Vec<u8>)>,
+        to: SocketAddr,
+        datagram: &[u8],
+    ) {
+        match &mut self.underlay {
+            Some(u) => u.push(to, datagram).await,
+            None => outbox.push((to, datagram.to_vec())),
+        }
+    }
+
+    /// Sends the datagram the node built at `range` of `tx`, as [`Io::push`] does.
+    pub(crate) async fn push_tx(
+        &mut self,
+        outbox: &mut Vec<(SocketAddr, Vec<u8>)>,
+        to: SocketAddr,
+        range: std::ops::Range<usize>,
+    ) {
+        let datagram = &self.tx[range];
+        match &mut self.underlay {
+            Some(u) => u.push(to, datagram).await,
+            None => outbox.push((to, datagram.to_vec())),
         }
     }
 }

@@ -1,20 +1,20 @@
-//! The agent's single event loop: it owns every device, socket and core, feeds them what
-//! arrives with one reading of the clock per turn, carries out what they return, and
-//! sleeps until the earliest deadline any core asks for (`poll_timeout`).
-//!
-//! One thread owns everything on the data path (the TAP devices, the underlay socket, the
-//! switches and the tunnel node), so nothing is locked per packet. Readiness on a device or
-//! the socket drains up to [`BATCH`] reads at once through preallocated buffers.
+//! The agent's control thread: it owns every core (switches, tunnels, memberships,
+//! services, the overlay), feeds them what arrives with one reading of the clock per turn,
+//! carries out what they return, and sleeps until the earliest deadline any core asks for
+//! (`poll_timeout`). The data path runs on the workers (`workers.rs`), which hold the same
+//! [`Agent`] for one batch at a time: nothing is locked per packet.
 //!
 //! Each namespace is one [`Namespace`]: its device, switch, DHCP and DNS services and its
 //! membership (the DHT state). The other files of the driver hold the rest by concern:
-//! `datapath` (frames and datagrams), `services` (DHCP and DNS), `events` (what the
-//! overlay and the memberships report), `status`, `control_server`.
+//! `datapath` (frames and datagrams), `workers` (the threads that carry them), `services`
+//! (DHCP and DNS), `events` (what the overlay and the memberships report), `status`,
+//! `control_server`.
 #![allow(clippy::disallowed_methods)] // The driver is where the clocks are read.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
@@ -22,18 +22,15 @@ use hyphae_dhcp_dns::{dhcp, service};
 use hyphae_overlay::membership::{self, Membership, Token};
 use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions};
 use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerHandle, PeerId};
-use hyphae_vswitch::offload::Coalescer;
 use hyphae_vswitch::{Client, Switch};
-use tokio::io::unix::AsyncFd;
 use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::mpsc;
-use tun_rs::SyncDevice;
+use tokio::sync::{mpsc, Notify};
 
-use crate::config::{Address, Config, Mode};
+use crate::config::{Address, Config, Mode, UnderlayMode};
 use crate::control_server::Call;
 use crate::setup;
-use crate::underlay::Underlay;
+use crate::workers::{Command, Io, Tap, WorkerLink};
 
 /// Packets handled per readiness event before the loop looks at its other sources.
 pub(crate) const BATCH: usize = 64;
@@ -66,8 +63,9 @@ pub(crate) struct Namespace {
     /// Router and hybrid modes: the LAN bridge, and the links this namespace set up.
     pub(crate) bridge: Option<String>,
     pub(crate) lan: Option<crate::lan::Lan>,
-    /// The TAP; `None` once the namespace was left.
-    pub(crate) tap: Option<AsyncFd<SyncDevice>>,
+    /// The TAP's first queue (the control thread writes through it; worker 0 reads it);
+    /// `None` once the namespace was left.
+    pub(crate) tap: Option<Tap>,
     pub(crate) switch: Switch<PeerHandle>,
     /// The DHT state: address, names, resolution, group.
     pub(crate) membership: Membership,
@@ -84,9 +82,6 @@ pub(crate) struct Namespace {
     pub(crate) tap_errors: u64,
     /// The TAP has offloads on: a virtio-net header leads every read and write.
     pub(crate) offload: bool,
-    /// Coalesces members' TCP frames (and UDP datagrams, with USO) into super-frames for
-    /// the TAP (offload on).
-    pub(crate) gro: Coalescer,
     pub(crate) offload_counters: crate::datapath::OffloadCounters,
     /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
     pub(crate) live: bool,
@@ -129,18 +124,28 @@ pub(crate) struct Agent {
     pub(crate) fatal: Option<String>,
     pub(crate) node: Node,
     pub(crate) namespaces: Vec<Namespace>,
-    pub(crate) underlay: Underlay,
+    /// The I/O of the thread holding the agent: the control thread's, or a worker's for
+    /// the batch it is carrying (`workers.rs`).
+    pub(crate) io: Io,
+    /// Datagrams the control thread sent, for worker 0 to put on the wire.
+    pub(crate) outbox: Vec<(SocketAddr, Vec<u8>)>,
+    /// The data-path workers, one per underlay socket.
+    pub(crate) workers: Vec<WorkerLink>,
+    /// The workers before `run` starts them.
+    unstarted: Vec<crate::workers::Unstarted>,
+    pub(crate) underlay_mode: UnderlayMode,
+    /// What worker 0 last reported of its underlay (`hyphae status`).
+    pub(crate) underlay_report: crate::control::UnderlayStatus,
+    /// Wakes the control thread: a worker left it work.
+    pub(crate) poke: Arc<Notify>,
+    /// Until when the control thread sleeps, unless poked.
+    pub(crate) main_deadline: Option<Instant>,
+    /// A worker's batch gave the control thread work (services, memberships, events).
+    pub(crate) control_work: bool,
     /// Address and route changes, when listening on all addresses (roaming).
     pub(crate) netwatch: Option<crate::netwatch::NetWatch>,
     /// Our source address toward each member, to tell which a change concerns.
     pub(crate) sources: crate::netwatch::Sources,
-    pub(crate) rx: Vec<u8>,
-    pub(crate) tx: Vec<u8>,
-    pub(crate) reply: Vec<u8>,
-    /// Where a packet too large for the tunnel is cut into fragments, one at a time.
-    pub(crate) fragment: Vec<u8>,
-    /// Where a super-frame from a TAP is cut into segments, one at a time.
-    pub(crate) segment: Vec<u8>,
     /// `[agent] offload`: open TAPs with offloads when the kernel accepts them.
     pub(crate) offload: bool,
     /// Frames whose address resolved, to go through their switch again.
@@ -151,7 +156,7 @@ pub(crate) struct Agent {
     pub(crate) service_buf: Vec<u8>,
     /// Answers to forwarded queries, from the tasks that send them (one per query).
     pub(crate) resolver_tx: mpsc::Sender<crate::services::ResolverReply>,
-    resolver_rx: mpsc::Receiver<crate::services::ResolverReply>,
+    resolver_rx: Option<mpsc::Receiver<crate::services::ResolverReply>>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
     /// Contacts are static peers only: when to start the overlay alone if none answered.
@@ -166,9 +171,7 @@ pub(crate) struct Agent {
 /// What woke the loop.
 enum Wake {
     Stop,
-    Underlay(std::io::Result<()>),
     NetChange,
-    Tap(usize),
     Overlay(hyphae_overlay::swarm::OverlayEvent),
     Resolver(crate::services::ResolverReply),
     Timer,
@@ -179,7 +182,7 @@ impl Agent {
     pub(crate) fn start(
         config: Config,
         identity: Identity,
-        socket: std::net::UdpSocket,
+        sockets: Vec<std::net::UdpSocket>,
     ) -> Result<Self> {
         let mut bootstrap: Vec<_> = config
             .namespaces
@@ -217,7 +220,7 @@ impl Agent {
         }
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
-        let underlay = Underlay::new(socket, config.agent.underlay)?;
+        let (workers, unstarted) = crate::workers::links(sockets);
         // Bound to one address, the source never changes: nothing to roam.
         let netwatch = if config.agent.listen.ip().is_unspecified() {
             crate::netwatch::NetWatch::new()
@@ -244,20 +247,26 @@ impl Agent {
             fatal: None,
             node,
             namespaces: Vec::new(),
-            underlay,
+            io: Io::new(None, None),
+            outbox: Vec::new(),
+            workers,
+            unstarted,
+            underlay_mode: config.agent.underlay,
+            underlay_report: crate::control::UnderlayStatus {
+                path: "socket".into(),
+                ..Default::default()
+            },
+            poke: Arc::new(Notify::new()),
+            main_deadline: None,
+            control_work: false,
             netwatch,
             sources: crate::netwatch::Sources::default(),
-            rx: vec![0; BUF_LEN],
-            tx: vec![0; BUF_LEN],
-            reply: vec![0; hyphae_vswitch::MIN_REPLY_BUF],
-            fragment: vec![0; BUF_LEN],
-            segment: vec![0; BUF_LEN],
             offload: config.agent.offload,
             replays: Vec::new(),
             forwards: Vec::new(),
             service_buf: vec![0; BUF_LEN],
             resolver_tx,
-            resolver_rx,
+            resolver_rx: Some(resolver_rx),
             name_waiters: Vec::new(),
             alone_at,
             alone: false,
@@ -289,9 +298,11 @@ impl Agent {
             Mode::Interface => device_mac,
             Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &ns.name),
         };
-        let (tap, offload) = setup::create_tap(ns, &tap_name, tap_mac, self.offload)?;
+        let queues = self.workers.len();
+        let (tap, offload) = setup::create_tap(ns, &tap_name, tap_mac, self.offload, queues)?;
         // UDP datagrams are coalesced too where the TAP takes UDP segmentation offload.
-        let gro = Coalescer::new().with_udp(offload && tap.udp_gso());
+        let udp = offload && tap.udp_gso();
+        let more = setup::more_queues(&tap, queues)?;
         let lan = match ns.mode {
             Mode::Interface => None,
             Mode::Router | Mode::Hybrid => Some(crate::lan::attach(ns, &tap_name, device_mac)?),
@@ -299,10 +310,7 @@ impl Agent {
         if let (Mode::Hybrid, Address::Static(a), Some(subnet)) = (ns.mode, ns.address, ns.subnet) {
             crate::lan::set_address(&ns.device, a, subnet.prefix_len())?;
         }
-        // SAFETY: the SyncDevice owns its fd and moves into the AsyncFd, which keeps it
-        // open for as long as it is registered.
-        let tap = unsafe { AsyncFd::register(tap) }
-            .map_err(|e| anyhow::anyhow!("registering the TAP: {e}"))?;
+        let tap = Arc::new(tap);
         let keys = NamespaceKeys::derive(&ns.name, &ns.secret);
         // Peers learn we are a member (and we which of them are) before anything is claimed.
         // An agent that leaves stays a proven member until it restarts: it still holds
@@ -366,6 +374,17 @@ impl Agent {
         let Some(handoffs) = crate::migration::Handoffs::new(&me) else {
             bail!("internal: this agent's identity has no libp2p peer id");
         };
+        // Each worker reads and writes a queue of its own; the control thread writes
+        // through the first, which worker 0 reads.
+        let i = self.namespaces.len();
+        for (link, queue) in self
+            .workers
+            .iter()
+            .zip(std::iter::once(tap.clone()).chain(more.into_iter().map(Arc::new)))
+        {
+            let _ = link.commands.send(Command::Tap { ns: i, queue, udp });
+        }
+        self.io.add_namespace(i, None, udp);
         self.namespaces.push(Namespace {
             name: ns.name.clone(),
             tag,
@@ -405,7 +424,6 @@ impl Agent {
             dns,
             tap_errors: 0,
             offload,
-            gro,
             offload_counters: Default::default(),
             live: false,
             error: None,
@@ -497,8 +515,12 @@ impl Agent {
         let n = &mut self.namespaces[i];
         let released = n.membership.leave();
         self.node.remove_namespace(now, NamespaceId(i));
-        // Dropping the TAP removes the device (and the hybrid veth goes with its links).
+        // Dropping the TAP's queues removes the device (and the hybrid veth goes with its
+        // links).
         n.tap = None;
+        for link in &self.workers {
+            let _ = link.commands.send(Command::Leave(i));
+        }
         n.lan = None;
         n.group.clear();
         tracing::info!(namespace = %n.name, "namespace left");
@@ -519,55 +541,80 @@ impl Agent {
         tokio::spawn(crate::control_server::serve(listener, ctl_tx));
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
-        loop {
-            let deadline = self.poll_timeout();
+        let mut resolver_rx = self
+            .resolver_rx
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("internal: the agent runs once"))?;
+        let poke = self.poke.clone();
+        let unstarted = std::mem::take(&mut self.unstarted);
+        let mode = self.underlay_mode;
+        let shared: crate::workers::Shared = Arc::new(std::sync::Mutex::new(self));
+        let threads = crate::workers::spawn(&shared, unstarted, mode)?;
+        tracing::info!(workers = threads.len(), "data path running");
+        let result = loop {
+            let deadline = {
+                let mut agent = crate::workers::lock(&shared);
+                let deadline = agent.poll_timeout();
+                agent.main_deadline = deadline;
+                deadline
+            };
             let wake = tokio::select! {
                 _ = sigterm.recv() => Wake::Stop,
                 _ = sigint.recv() => Wake::Stop,
-                ready = self.underlay.readable() => Wake::Underlay(ready),
-                () = crate::netwatch::net_changed(self.netwatch.as_ref()) => Wake::NetChange,
-                i = crate::datapath::any_readable(&self.namespaces) => Wake::Tap(i),
-                event = self.overlay.next_event() => Wake::Overlay(event),
-                Some(reply) = self.resolver_rx.recv() => Wake::Resolver(reply),
+                () = std::future::poll_fn(|cx| crate::workers::lock(&shared).poll_net_change(cx)) => Wake::NetChange,
+                event = std::future::poll_fn(|cx| crate::workers::lock(&shared).overlay.poll_event(cx)) => Wake::Overlay(event),
+                Some(reply) = resolver_rx.recv() => Wake::Resolver(reply),
                 () = sleep_until(deadline) => Wake::Timer,
+                () = poke.notified() => Wake::Timer,
                 Some(call) = ctl_rx.recv() => Wake::Call(call),
             };
             // The one clock reading of this turn: every core sees the same `now`.
             let now = Instant::now();
+            let mut agent = crate::workers::lock(&shared);
             match wake {
-                Wake::Stop => break,
-                Wake::Underlay(ready) => {
-                    ready?;
-                    self.drain_underlay(now).await;
-                    // A router asks its LAN for hosts members sent to: send the probes now.
-                    for i in 0..self.namespaces.len() {
-                        if self.namespaces[i].mode == Mode::Router && self.namespaces[i].active() {
-                            self.flush_switch(i, now);
-                        }
-                    }
-                }
-                Wake::NetChange => self.handle_net_change(now),
-                Wake::Tap(i) => self.drain_tap(i, now).await,
-                Wake::Overlay(event) => self.handle_overlay(now, event),
-                Wake::Resolver(reply) => self.resolver_answer(now, reply),
+                Wake::Stop => break Ok(()),
+                Wake::NetChange => agent.handle_net_change(now),
+                Wake::Overlay(event) => agent.handle_overlay(now, event),
+                Wake::Resolver(reply) => agent.resolver_answer(now, reply),
                 Wake::Timer => {}
-                Wake::Call(call) => self.handle_call(now, call),
+                Wake::Call(call) => agent.handle_call(now, call),
             }
-            self.handle_timeout(now);
-            self.flush(now).await;
-            if let Some(reason) = self.fatal.take() {
-                bail!(reason);
+            agent.handle_timeout(now);
+            agent.flush(now).await;
+            agent.wake_sender();
+            if let Some(reason) = agent.fatal.take() {
+                break Err(anyhow::anyhow!(reason));
             }
-            self.notify_progress(now);
+            agent.notify_progress(now);
+        };
+        // Closing the command channels stops the workers.
+        crate::workers::lock(&shared).workers.clear();
+        for thread in threads {
+            let _ = thread.join();
         }
-        self.notifier.stopping();
-        self.release_held().await;
+        let Ok(agent) = Arc::try_unwrap(shared) else {
+            bail!("internal: a worker still holds the agent");
+        };
+        let mut agent = agent
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        agent.notifier.stopping();
+        agent.release_held().await;
         tracing::info!("stopping: removing devices");
-        Ok(())
+        result
+    }
+
+    /// Asks worker 0 to send what the control thread left in the outbox.
+    pub(crate) fn wake_sender(&mut self) {
+        if !self.outbox.is_empty() {
+            if let Some(w) = self.workers.first() {
+                let _ = w.commands.send(Command::Send);
+            }
+        }
     }
 
     /// The earliest deadline of any core: the loop sleeps until then at most.
-    fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         // Asked twice per loop turn: no allocation.
         let namespaces = self.namespaces.iter().filter(|n| n.active()).flat_map(|n| {
             [
@@ -581,7 +628,6 @@ impl Agent {
         [
             self.node.poll_timeout(),
             self.overlay.poll_timeout(),
-            self.underlay.poll_timeout(),
             self.alone_at,
         ]
         .into_iter()
@@ -611,9 +657,6 @@ impl Agent {
         }
         if due(self.alone_at) {
             self.start_alone(now);
-        }
-        if due(self.underlay.poll_timeout()) {
-            self.underlay.handle_timeout(now);
         }
         let unix = unix_now();
         for i in 0..self.namespaces.len() {
@@ -700,15 +743,10 @@ impl Agent {
         let n = &mut self.namespaces[i];
         if n.switch.config().address != address {
             let prefix = n.switch.config().subnet.prefix_len();
-            let result = match n.mode {
-                Mode::Hybrid => crate::lan::set_address(&n.device, address, prefix),
-                Mode::Interface | Mode::Router => match n.tap.as_ref() {
-                    Some(t) => t
-                        .get_ref()
-                        .set_network_address(address, prefix, None)
-                        .map_err(anyhow::Error::from),
-                    None => Ok(()),
-                },
+            // The TAP (interface, router) or the host's veth (hybrid).
+            let result = match n.active() {
+                true => crate::lan::set_address(&n.device, address, prefix),
+                false => Ok(()),
             };
             if let Err(e) = result {
                 tracing::error!(device = %n.device, error = %e, "cannot set the address");
@@ -767,7 +805,7 @@ impl Agent {
 }
 
 /// Sleeps until `deadline`, or forever without one.
-async fn sleep_until(deadline: Option<Instant>) {
+pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
         None => std::future::pending().await,

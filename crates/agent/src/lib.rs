@@ -22,3 +22,4 @@ mod status;
 mod topology;
 mod underlay;
 mod web;
+mod workers;

@@ -52,11 +52,14 @@ impl NetWatch {
         })
     }
 
-    /// Waits until notifications can be read.
-    pub(crate) async fn readable(&self) -> io::Result<()> {
+    /// Ready when notifications can be read.
+    pub(crate) fn poll_readable(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         // The guard is dropped with its readiness retained: `drain` reads until
-        // WouldBlock, which clears it.
-        self.socket.readable().await.map(|_| ())
+        // WouldBlock, which clears it. A failed socket is never ready.
+        match self.socket.poll_read_ready(cx) {
+            std::task::Poll::Ready(Ok(_)) => std::task::Poll::Ready(()),
+            _ => std::task::Poll::Pending,
+        }
     }
 
     /// Reads every pending notification; whether any was an address or route change. A
@@ -195,11 +198,13 @@ impl Agent {
     }
 }
 
-/// Waits until `watch` has notifications; forever without one (or once it failed).
-pub(crate) async fn net_changed(watch: Option<&NetWatch>) {
-    match watch {
-        Some(w) if w.readable().await.is_ok() => {}
-        _ => std::future::pending().await,
+impl Agent {
+    /// Ready when the address watch has notifications; never without one.
+    pub(crate) fn poll_net_change(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match &self.netwatch {
+            Some(w) => w.poll_readable(cx),
+            None => std::task::Poll::Pending,
+        }
     }
 }
 

@@ -78,7 +78,7 @@ impl Agent {
                         r.port,
                         &r.bytes,
                     ) {
-                        n.write(&self.service_buf[..len]);
+                        self.io.write(i, n, &self.service_buf[..len]);
                     }
                 }
                 dhcp::Output::Claim {
@@ -144,7 +144,7 @@ impl Agent {
                 .switch
                 .emit_dns_reply(&mut self.service_buf, client, &answer)
             {
-                n.write(&self.service_buf[..len]);
+                self.io.write(i, n, &self.service_buf[..len]);
             }
         }
         while let Some((mac, packet)) = n.dns.poll_service_packet() {
@@ -153,7 +153,7 @@ impl Agent {
                 .switch
                 .emit_service_packet(&mut self.service_buf, mac, &packet)
             {
-                n.write(&self.service_buf[..len]);
+                self.io.write(i, n, &self.service_buf[..len]);
             }
         }
         while let Some(transmit) = n.dns.poll_transmit() {

@@ -24,7 +24,7 @@ pub const IDENTITY_FILE: &str = "identity.key";
 pub fn up(config: Config) -> Result<()> {
     require_net_admin()?;
     // Bind first: a failed start should leave nothing behind, not even a new identity.
-    let socket = bind_underlay(config.agent.listen)?;
+    let sockets = bind_underlay(config.agent.listen, config.agent.workers)?;
     let identity = load_or_create_identity(&config.agent.state_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -38,7 +38,7 @@ pub fn up(config: Config) -> Result<()> {
                 Some(address) => Some(bind_web(address).await?),
                 None => None,
             };
-            crate::driver::Agent::start(config.clone(), identity, socket)?
+            crate::driver::Agent::start(config.clone(), identity, sockets)?
                 .run(listener, web)
                 .await
         }
@@ -115,7 +115,16 @@ async fn bind_web(address: SocketAddr) -> Result<tokio::net::TcpListener> {
     Ok(listener)
 }
 
-pub(crate) fn bind_underlay(listen: SocketAddr) -> Result<std::net::UdpSocket> {
+/// The underlay sockets, one per worker, all bound to `listen`. More than one share the
+/// port (`SO_REUSEPORT`): the kernel hands each datagram to one of them by a hash of its
+/// addresses and ports, so everything from one member endpoint reaches one worker, in order.
+pub(crate) fn bind_underlay(listen: SocketAddr, count: usize) -> Result<Vec<std::net::UdpSocket>> {
+    (0..count.max(1))
+        .map(|_| bind_one_underlay(listen, count > 1))
+        .collect()
+}
+
+fn bind_one_underlay(listen: SocketAddr, shared: bool) -> Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(
         Domain::for_address(listen),
@@ -125,6 +134,11 @@ pub(crate) fn bind_underlay(listen: SocketAddr) -> Result<std::net::UdpSocket> {
     // Best effort: the kernel caps these at net.core.{r,w}mem_max.
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    if shared {
+        socket
+            .set_reuse_port(true)
+            .context("sharing the underlay port between workers (SO_REUSEPORT)")?;
+    }
     socket.bind(&listen.into()).map_err(|e| match e.kind() {
         ErrorKind::AddrInUse => anyhow::anyhow!(
             "listen address {listen} is already in use (another hyphae agent, or set [agent] listen)"
@@ -176,9 +190,10 @@ pub(crate) fn create_tap(
     name: &str,
     mac: [u8; 6],
     offload: bool,
+    queues: usize,
 ) -> Result<(SyncDevice, bool)> {
     if offload {
-        match build_tap(ns, name, mac, true) {
+        match build_tap(ns, name, mac, true, queues) {
             Ok(device) => {
                 tracing::debug!(
                     device = name,
@@ -192,16 +207,39 @@ pub(crate) fn create_tap(
             }
         }
     }
-    Ok((build_tap(ns, name, mac, false)?, false))
+    Ok((build_tap(ns, name, mac, false, queues)?, false))
 }
 
-fn build_tap(ns: &Namespace, name: &str, mac: [u8; 6], offload: bool) -> Result<SyncDevice> {
+/// The other queues of a TAP opened with more than one (`IFF_MULTI_QUEUE`): one per worker
+/// but the first, non-blocking. The kernel hands each flow's frames to one queue, the one
+/// the flow's packets were last written on (tun's automatic queue selection), so a flow
+/// stays with the worker that receives it.
+pub(crate) fn more_queues(first: &SyncDevice, queues: usize) -> Result<Vec<SyncDevice>> {
+    (1..queues)
+        .map(|_| {
+            let queue = first.try_clone().context("opening another TAP queue")?;
+            queue
+                .set_nonblocking(true)
+                .context("setting the TAP queue non-blocking")?;
+            Ok(queue)
+        })
+        .collect()
+}
+
+fn build_tap(
+    ns: &Namespace,
+    name: &str,
+    mac: [u8; 6],
+    offload: bool,
+    queues: usize,
+) -> Result<SyncDevice> {
     let mut builder = tun_rs::DeviceBuilder::new()
         .name(name)
         .layer(tun_rs::Layer::L2)
         .mac_addr(mac)
         .mtu(ns.mtu)
         .offload(offload)
+        .multi_queue(queues > 1)
         .enable(true);
     // An `auto` address is set once it is won; a static one once the subnet is known. Only
     // an interface-mode TAP carries the address (router: none; hybrid: the veth does).

@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hyphae_overlay::{DropReason as NodeDrop, PeerDropReason};
@@ -10,7 +11,8 @@ use hyphae_vswitch::DropReason as SwitchDrop;
 
 use crate::config::Mode;
 use crate::control::{
-    self, NamespaceStatus, OverlayStatus, PeerStatus, RelayStatus, Status, STATUS_VERSION,
+    self, NamespaceStatus, OverlayStatus, PeerStatus, RelayStatus, Status, WorkerStatus,
+    STATUS_VERSION,
 };
 use crate::driver::Agent;
 
@@ -161,7 +163,7 @@ impl Agent {
                     super_frames: p.offload_counters.super_frames,
                     segments: p.offload_counters.segments,
                     coalesced_writes: p.offload_counters.coalesced_writes,
-                    coalesced_frames: p.gro.merged(),
+                    coalesced_frames: p.offload_counters.coalesced_frames,
                     peers: Vec::new(),
                 }
             })
@@ -224,9 +226,10 @@ impl Agent {
             drops: NodeDrop::ALL
                 .iter()
                 .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
-                .chain([("send_error".to_string(), self.underlay.send_errors())])
+                .chain([("send_error".to_string(), self.send_errors())])
                 .collect(),
-            underlay: self.underlay.status(),
+            underlay: self.underlay_report.clone(),
+            workers: self.worker_status(),
             overlay: OverlayStatus {
                 peer_id: self.overlay.local_id().to_string(),
                 listen: self
@@ -281,5 +284,31 @@ impl Agent {
             },
             namespaces,
         }
+    }
+}
+
+impl Agent {
+    /// Sends that failed on any worker's underlay.
+    fn send_errors(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.counters.send_errors.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn worker_status(&self) -> Vec<WorkerStatus> {
+        self.workers
+            .iter()
+            .map(|w| {
+                let c = &w.counters;
+                WorkerStatus {
+                    frames_in: c.frames_in.load(Ordering::Relaxed),
+                    frames_out: c.frames_out.load(Ordering::Relaxed),
+                    datagrams_in: c.datagrams_in.load(Ordering::Relaxed),
+                    batches: c.batches.load(Ordering::Relaxed),
+                    send_errors: c.send_errors.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
     }
 }

@@ -69,6 +69,11 @@ impl Mmap {
     }
 }
 
+// SAFETY: the mapping is owned by this value alone (nothing else holds its pointer), so
+// it may move to another thread with it; the agent moves its workers' underlays into the
+// threads that run them.
+unsafe impl Send for Mmap {}
+
 impl Drop for Mmap {
     fn drop(&mut self) {
         // SAFETY: ptr and len are what mmap returned; nothing refers to it any more.

@@ -420,11 +420,21 @@ impl Overlay {
 
     /// The next event; drives the swarm meanwhile. Cancel-safe.
     pub async fn next_event(&mut self) -> OverlayEvent {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// Drives the swarm until it has an event for the caller, or would wait. For a caller
+    /// that holds the overlay only while it polls (behind a lock shared with other threads).
+    pub fn poll_event(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<OverlayEvent> {
+        use std::task::Poll;
         loop {
             if let Some(event) = self.events.pop_front() {
-                return event;
+                return Poll::Ready(event);
             }
-            let event = self.swarm.select_next_some().await;
+            // The swarm's stream never ends.
+            let Poll::Ready(Some(event)) = self.swarm.poll_next_unpin(cx) else {
+                return Poll::Pending;
+            };
             let (now, wall) = clocks();
             self.handle_swarm_event(now, wall, event);
         }
