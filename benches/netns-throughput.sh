@@ -14,6 +14,8 @@
 #   HYPHAE_AF_XDP=1      also measure hyphae with `underlay = "af_xdp"` (skipped, with a note,
 #                        when the binary rejects that line or its status does not report AF_XDP)
 #   HYPHAE_BASELINE_BIN  another hyphae build measured as an extra row (before/after in one run)
+#   HYPHAE_WORKERS       worker counts (e.g. "1 4") each measured as an extra hyphae row,
+#                        `hyphae-wN` (the `hyphae` row runs the default: one per core)
 #   ROUNDS               runs per figure, median taken (default 3)
 #   BORINGTUN_BIN        default boringtun-cli on PATH, installed with cargo if missing
 #   WIREGUARD_GO_BIN     default $(go env GOPATH)/bin/wireguard, installed with
@@ -82,6 +84,7 @@ declare -A daemons
 for side in A B; do
     hyphae_config $side socket
     hyphae_config $side af_xdp
+    for w in ${HYPHAE_WORKERS:-}; do hyphae_config $side socket "$w"; done
 done
 start_hyphae() { # row binary underlay
     HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A-$3.toml" >>"$dir/$1-A.log" 2>&1 &
@@ -283,6 +286,11 @@ if [ "${HYPHAE_AF_XDP:-0}" = 1 ]; then
     fi
     stop_row hyphae-af_xdp
 fi
+for w in ${HYPHAE_WORKERS:-}; do
+    start_hyphae "hyphae-w$w" "$HYPHAE_BIN" "socket-w$w"
+    measure "hyphae-w$w" 10.212.0.12
+    stop_row "hyphae-w$w"
+done
 if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
     start_hyphae hyphae-baseline "$HYPHAE_BASELINE_BIN" socket
     measure hyphae-baseline 10.212.0.12

@@ -2,7 +2,8 @@
 # namespaces $A and $B, joined by one veth pair (eth0: 10.210.0.1 and 10.210.0.2); a private
 # directory $dir; on exit the PIDs in $pids are stopped (SIGTERM, then SIGKILL), both
 # namespaces removed and $dir deleted. `hyphae_config SIDE UNDERLAY` writes
-# $dir/SIDE-UNDERLAY.toml: one interface-mode member of namespace "bench" (10.212.0.11 on A,
+# $dir/SIDE-UNDERLAY.toml (with a third argument N, $dir/SIDE-UNDERLAY-wN.toml and
+# `workers = N`): one interface-mode member of namespace "bench" (10.212.0.11 on A,
 # .12 on B, device hyphae0) listening on its eth0 address, the other end as its peer.
 # Needs HYPHAE_BIN set. Usage: pair_setup PREFIX   (namespaces PREFIXA$$ and PREFIXB$$)
 
@@ -35,15 +36,17 @@ pair_cleanup() {
     rm -rf "$dir"
 }
 
-hyphae_config() { # side (A or B), underlay (socket or af_xdp)
-    local side=$1 underlay=$2 me peer
+hyphae_config() { # side (A or B), underlay (socket or af_xdp), [workers]
+    local side=$1 underlay=$2 workers=${3:-} me peer name
     if [ "$side" = A ]; then me=1; peer=2; else me=2; peer=1; fi
-    cat >"$dir/$side-$underlay.toml" <<CONFIG
+    name=$side-$underlay${workers:+-w$workers}
+    cat >"$dir/$name.toml" <<CONFIG
 [agent]
-state_dir = "$dir/$side-$underlay-state"
+state_dir = "$dir/$name-state"
 control_socket = "$dir/$side.sock"
 listen = "10.210.0.$me:7400"
 $([ "$underlay" = af_xdp ] && echo 'underlay = "af_xdp"')
+$([ -n "$workers" ] && echo "workers = $workers")
 [[namespace]]
 name = "bench"
 secret_file = "$dir/lab.secret"

@@ -1,14 +1,13 @@
-//! The agent's control thread: it owns every core (switches, tunnels, memberships,
-//! services, the overlay), feeds them what arrives with one reading of the clock per turn,
-//! carries out what they return, and sleeps until the earliest deadline any core asks for
-//! (`poll_timeout`). The data path runs on the workers (`workers.rs`), which hold the same
-//! [`Agent`] for one batch at a time: nothing is locked per packet.
+//! The agent: every core (switches, tunnels, memberships, services, the overlay), fed what
+//! arrives with one reading of the clock per turn; it carries out what they return and
+//! tells the earliest deadline any core asks for (`poll_timeout`). The control thread's loop
+//! (`run`) and the data-path workers (`workers`) share it, each holding it for one turn or
+//! one batch at a time: nothing is locked per packet.
 //!
 //! Each namespace is one [`Namespace`]: its device, switch, DHCP and DNS services and its
 //! membership (the DHT state). The other files of the driver hold the rest by concern:
-//! `datapath` (frames and datagrams), `workers` (the threads that carry them), `services`
-//! (DHCP and DNS), `events` (what the overlay and the memberships report), `status`,
-//! `control_server`.
+//! `datapath` (frames and datagrams), `services` (DHCP and DNS), `events` (what the overlay
+//! and the memberships report), `status`, `control_server`.
 #![allow(clippy::disallowed_methods)] // The driver is where the clocks are read.
 
 use std::collections::HashMap;
@@ -23,12 +22,9 @@ use hyphae_overlay::membership::{self, Membership, Token};
 use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions};
 use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerHandle, PeerId};
 use hyphae_vswitch::{Client, Switch};
-use tokio::net::UnixListener;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, Notify};
 
 use crate::config::{Address, Config, Mode, UnderlayMode};
-use crate::control_server::Call;
 use crate::setup;
 use crate::workers::{Command, Io, Tap, WorkerLink};
 
@@ -132,7 +128,7 @@ pub(crate) struct Agent {
     /// The data-path workers, one per underlay socket.
     pub(crate) workers: Vec<WorkerLink>,
     /// The workers before `run` starts them.
-    unstarted: Vec<crate::workers::Unstarted>,
+    pub(crate) unstarted: Vec<crate::workers::Unstarted>,
     pub(crate) underlay_mode: UnderlayMode,
     /// What worker 0 last reported of its underlay (`hyphae status`).
     pub(crate) underlay_report: crate::control::UnderlayStatus,
@@ -156,7 +152,7 @@ pub(crate) struct Agent {
     pub(crate) service_buf: Vec<u8>,
     /// Answers to forwarded queries, from the tasks that send them (one per query).
     pub(crate) resolver_tx: mpsc::Sender<crate::services::ResolverReply>,
-    resolver_rx: Option<mpsc::Receiver<crate::services::ResolverReply>>,
+    pub(crate) resolver_rx: Option<mpsc::Receiver<crate::services::ResolverReply>>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
     /// Contacts are static peers only: when to start the overlay alone if none answered.
@@ -166,16 +162,6 @@ pub(crate) struct Agent {
     pub(crate) alone: bool,
     /// Readiness and status for a service manager (`$NOTIFY_SOCKET`).
     pub(crate) notifier: crate::notify::Notifier,
-}
-
-/// What woke the loop.
-enum Wake {
-    Stop,
-    NetChange,
-    Overlay(hyphae_overlay::swarm::OverlayEvent),
-    Resolver(crate::services::ResolverReply),
-    Timer,
-    Call(Call),
 }
 
 impl Agent {
@@ -527,92 +513,6 @@ impl Agent {
         released
     }
 
-    /// Runs until SIGTERM or SIGINT, answering the control socket on `listener` and, if
-    /// given, HTTP (`/metrics`, the topology page) on `web`.
-    pub(crate) async fn run(
-        mut self,
-        listener: UnixListener,
-        web: Option<tokio::net::TcpListener>,
-    ) -> Result<()> {
-        let (ctl_tx, mut ctl_rx) = mpsc::channel::<Call>(16);
-        if let Some(web) = web {
-            tokio::spawn(crate::web::serve(web, ctl_tx.clone()));
-        }
-        tokio::spawn(crate::control_server::serve(listener, ctl_tx));
-        let mut sigterm = signal(SignalKind::terminate())?;
-        let mut sigint = signal(SignalKind::interrupt())?;
-        let mut resolver_rx = self
-            .resolver_rx
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("internal: the agent runs once"))?;
-        let poke = self.poke.clone();
-        let unstarted = std::mem::take(&mut self.unstarted);
-        let mode = self.underlay_mode;
-        let shared: crate::workers::Shared = Arc::new(std::sync::Mutex::new(self));
-        let threads = crate::workers::spawn(&shared, unstarted, mode)?;
-        tracing::info!(workers = threads.len(), "data path running");
-        let result = loop {
-            let deadline = {
-                let mut agent = crate::workers::lock(&shared);
-                let deadline = agent.poll_timeout();
-                agent.main_deadline = deadline;
-                deadline
-            };
-            let wake = tokio::select! {
-                _ = sigterm.recv() => Wake::Stop,
-                _ = sigint.recv() => Wake::Stop,
-                () = std::future::poll_fn(|cx| crate::workers::lock(&shared).poll_net_change(cx)) => Wake::NetChange,
-                event = std::future::poll_fn(|cx| crate::workers::lock(&shared).overlay.poll_event(cx)) => Wake::Overlay(event),
-                Some(reply) = resolver_rx.recv() => Wake::Resolver(reply),
-                () = sleep_until(deadline) => Wake::Timer,
-                () = poke.notified() => Wake::Timer,
-                Some(call) = ctl_rx.recv() => Wake::Call(call),
-            };
-            // The one clock reading of this turn: every core sees the same `now`.
-            let now = Instant::now();
-            let mut agent = crate::workers::lock(&shared);
-            match wake {
-                Wake::Stop => break Ok(()),
-                Wake::NetChange => agent.handle_net_change(now),
-                Wake::Overlay(event) => agent.handle_overlay(now, event),
-                Wake::Resolver(reply) => agent.resolver_answer(now, reply),
-                Wake::Timer => {}
-                Wake::Call(call) => agent.handle_call(now, call),
-            }
-            agent.handle_timeout(now);
-            agent.flush(now).await;
-            agent.wake_sender();
-            if let Some(reason) = agent.fatal.take() {
-                break Err(anyhow::anyhow!(reason));
-            }
-            agent.notify_progress(now);
-        };
-        // Closing the command channels stops the workers.
-        crate::workers::lock(&shared).workers.clear();
-        for thread in threads {
-            let _ = thread.join();
-        }
-        let Ok(agent) = Arc::try_unwrap(shared) else {
-            bail!("internal: a worker still holds the agent");
-        };
-        let mut agent = agent
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        agent.notifier.stopping();
-        agent.release_held().await;
-        tracing::info!("stopping: removing devices");
-        result
-    }
-
-    /// Asks worker 0 to send what the control thread left in the outbox.
-    pub(crate) fn wake_sender(&mut self) {
-        if !self.outbox.is_empty() {
-            if let Some(w) = self.workers.first() {
-                let _ = w.commands.send(Command::Send);
-            }
-        }
-    }
-
     /// The earliest deadline of any core: the loop sleeps until then at most.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         // Asked twice per loop turn: no allocation.
@@ -638,7 +538,7 @@ impl Agent {
     }
 
     /// Runs the timers of every core whose deadline has come.
-    fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
         if due(self.node.poll_timeout()) {
             self.node.handle_timeout(now);
@@ -706,7 +606,7 @@ impl Agent {
     /// Carries out what the cores asked for until none asks for more: frames that waited,
     /// the node's datagrams and events, the memberships' DHT operations and events, the
     /// DNS services' reads and answers.
-    async fn flush(&mut self, now: Instant) {
+    pub(crate) async fn flush(&mut self, now: Instant) {
         // Bounded: a core whose deadline stayed in the past would otherwise spin here.
         for _ in 0..16 {
             self.flush_node(now).await;
@@ -772,7 +672,7 @@ impl Agent {
 
     /// On the way out: give our addresses and names back so others can take them now, not
     /// after the lease (waits at most a few seconds for the replicas).
-    async fn release_held(&mut self) {
+    pub(crate) async fn release_held(&mut self) {
         let mut waiting = 0;
         for n in &mut self.namespaces {
             n.membership.release_held();
@@ -795,20 +695,12 @@ impl Agent {
                         waiting -= 1;
                     }
                 }
-                () = sleep_until(timer.map(|t| t.min(deadline)).map(tokio::time::Instant::into_std)) => {
+                () = crate::run::sleep_until(timer.map(|t| t.min(deadline)).map(tokio::time::Instant::into_std)) => {
                     self.overlay.handle_timeout(Instant::now());
                 }
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-pub(crate) async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
-        None => std::future::pending().await,
     }
 }
 

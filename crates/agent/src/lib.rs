@@ -16,6 +16,7 @@ mod migration;
 mod netwatch;
 mod notify;
 mod progress;
+mod run;
 mod services;
 pub mod setup;
 mod status;

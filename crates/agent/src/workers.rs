@@ -369,17 +369,17 @@ impl Worker {
                 command = self.commands.recv() => Wake::Command(command),
                 ready = underlay.readable() => Wake::Underlay(ready),
                 i = crate::datapath::any_readable(&self.io.taps) => Wake::Tap(i),
-                () = crate::driver::sleep_until(timer) => Wake::Timer,
+                () = crate::run::sleep_until(timer) => Wake::Timer,
             };
             match wake {
                 Wake::Command(None) => return,
                 Wake::Command(Some(command)) => self.command(command).await,
-                Wake::Underlay(Ok(())) => self.from_underlay().await,
+                Wake::Underlay(Ok(())) => self.carry_datagrams().await,
                 Wake::Underlay(Err(e)) => {
                     tracing::error!(error = %e, "worker: the underlay socket failed");
                     return;
                 }
-                Wake::Tap(i) => self.from_tap(i).await,
+                Wake::Tap(i) => self.carry_frames(i).await,
                 Wake::Timer => {
                     if let Some(u) = self.io.underlay.as_mut() {
                         u.handle_timeout(Instant::now());
@@ -412,7 +412,7 @@ impl Worker {
     }
 
     /// Datagrams from the socket: one batch read without the agent, handled with it.
-    async fn from_underlay(&mut self) {
+    async fn carry_datagrams(&mut self) {
         let Some(underlay) = self.io.underlay.as_mut() else {
             return;
         };
@@ -438,7 +438,7 @@ impl Worker {
     }
 
     /// Frames from TAP `i`: one batch read without the agent, switched with it.
-    async fn from_tap(&mut self, i: usize) {
+    async fn carry_frames(&mut self, i: usize) {
         self.io.frames.clear();
         if !self.io.read_tap(i) {
             return;
@@ -454,6 +454,10 @@ impl Worker {
 
 /// The agent held by a worker, with the worker's [`Io`] in the agent's place until it is
 /// let go.
+///
+/// A worker holds it across awaits: its socket's, when a full batch must wait for room to
+/// send. Each thread waits on its own runtime, and room in a socket buffer depends on no
+/// other thread, so the others only wait for the kernel to drain it.
 struct Entered<'a> {
     agent: MutexGuard<'a, Agent>,
     io: &'a mut Io,

@@ -1,0 +1,201 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Data-path workers end to end: two agents with four workers each, in network namespaces,
+//! carrying UDP flows that iperf3 counts. Each flow must stay on one worker from the
+//! sender's TAP queue to the receiver's, so the receiver sees no datagram out of order, and
+//! flows that the kernel hashes to different queues must be read by different workers.
+//!
+//! Needs root, iproute2, ping, iperf3 and python3 (`scripts/test` installs them). Never skips:
+//! without root it fails and says why.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use hyphae_agent::control::WorkerStatus;
+use hyphae_testbed::{agent_config, require_root, AgentHandle, Host, Testbed};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
+const SUBNET: &str = "10.201.0.0/16";
+const WORKERS: usize = 4;
+
+fn underlay(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 200, 0, i)
+}
+
+fn vip(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 201, 0, 10 + i)
+}
+
+fn workers(bed: &Testbed, host: &Host, agent: &AgentHandle) -> Vec<WorkerStatus> {
+    bed.status(host, agent).expect("status").workers
+}
+
+/// Per worker, how much `field` grew between `before` and `after`.
+fn grew(
+    before: &[WorkerStatus],
+    after: &[WorkerStatus],
+    field: fn(&WorkerStatus) -> u64,
+) -> Vec<u64> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| field(a) - field(b))
+        .collect()
+}
+
+/// iperf3 UDP from `from` to `to` with `streams` parallel flows of 1200-byte datagrams; the
+/// receiver's count of datagrams sent, lost and out of order (summed over the flows).
+fn udp_flows(
+    bed: &mut Testbed,
+    from: &Host,
+    to: &Host,
+    port: u16,
+    streams: u32,
+) -> (u64, u64, u64) {
+    let port = port.to_string();
+    let log = to.dir.join(format!("iperf3-{port}.log"));
+    bed.spawn(&to.ns, "iperf3", &["-s", "-1", "-p", &port], &log)
+        .expect("iperf3 server");
+    std::thread::sleep(Duration::from_millis(300));
+    let out = bed
+        .ns(
+            &from.ns,
+            "iperf3",
+            &[
+                "-c",
+                &vip(2).to_string(),
+                "-p",
+                &port,
+                "-u",
+                "-b",
+                "100M",
+                "-l",
+                "1200",
+                "-t",
+                "3",
+                "-P",
+                &streams.to_string(),
+                "-J",
+            ],
+        )
+        .expect("iperf3 client");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -J");
+    let flows = report["end"]["streams"].as_array().expect("streams");
+    assert_eq!(flows.len(), streams as usize, "{report}");
+    let mut totals = (0, 0, 0);
+    for flow in flows {
+        let udp = &flow["udp"];
+        let count = |key: &str| {
+            udp[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("iperf3 reports no {key}: {udp}"))
+        };
+        totals.0 += count("packets");
+        totals.1 += count("lost_packets");
+        totals.2 += count("out_of_order");
+    }
+    totals
+}
+
+#[test]
+fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
+    require_root();
+    let mut bed = Testbed::new("workers", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").expect("secret");
+    let hosts: Vec<Host> = (1..=2)
+        .map(|i| bed.add_host(&format!("h{i}"), underlay(i)).expect("host"))
+        .collect();
+    let mut agents = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let me = i as u8 + 1;
+        let peer = underlay(3 - me);
+        let cfg = agent_config(host, "lab", &secret, SUBNET, vip(me), &[peer]).replacen(
+            "[agent]\n",
+            &format!("[agent]\nworkers = {WORKERS}\n"),
+            1,
+        );
+        agents.push(bed.start_agent(host, &cfg).expect("agent"));
+    }
+    bed.wait_for_ping(&hosts[0], vip(2), Duration::from_secs(20))
+        .expect("first contact");
+    for (host, agent) in hosts.iter().zip(&agents) {
+        assert_eq!(workers(&bed, host, agent).len(), WORKERS);
+    }
+
+    // One flow: read by one of h1's workers, received and written by one of h2's.
+    let (h1_before, h2_before) = (
+        workers(&bed, &hosts[0], &agents[0]),
+        workers(&bed, &hosts[1], &agents[1]),
+    );
+    let (packets, lost, out_of_order) = udp_flows(&mut bed, &hosts[0], &hosts[1], 5201, 1);
+    let (h1_after, h2_after) = (
+        workers(&bed, &hosts[0], &agents[0]),
+        workers(&bed, &hosts[1], &agents[1]),
+    );
+    let read = grew(&h1_before, &h1_after, |w| w.frames_in);
+    let received = grew(&h2_before, &h2_after, |w| w.datagrams_in);
+    let written = grew(&h2_before, &h2_after, |w| w.frames_out);
+    eprintln!(
+        "one flow: {packets} datagrams, {lost} lost, {out_of_order} out of order; h1 read {read:?}, \
+         h2 received {received:?} and wrote {written:?}"
+    );
+    assert!(
+        packets > 10_000 && lost * 10 < packets,
+        "{packets} sent, {lost} lost"
+    );
+    assert_eq!(out_of_order, 0, "the receiver saw datagrams out of order");
+    // Besides the flow only pings and keepalives move: the flow's worker carries nearly all.
+    for (what, counts) in [("read", &read), ("received", &received)] {
+        let total: u64 = counts.iter().sum();
+        let top = counts.iter().max().copied().unwrap_or(0);
+        assert!(
+            top * 100 >= total * 99,
+            "the flow was {what} by more than one worker: {counts:?}"
+        );
+    }
+    let receiver = received
+        .iter()
+        .position(|&c| c == *received.iter().max().unwrap());
+    let writer = written
+        .iter()
+        .position(|&c| c == *written.iter().max().unwrap());
+    assert_eq!(receiver, writer, "h2 wrote the flow from another worker");
+
+    // Eight flows to one member: each stays in order. iperf3's first datagram of each flow
+    // is answered, so h1 writes a packet of every flow on the worker that receives h2, and
+    // the kernel sends the rest of each flow out on that worker's queue: one member's flows
+    // share a worker.
+    let (packets, lost, out_of_order) = udp_flows(&mut bed, &hosts[0], &hosts[1], 5202, 8);
+    eprintln!("eight flows: {packets} datagrams, {lost} lost, {out_of_order} out of order");
+    assert!(
+        packets > 10_000 && lost * 10 < packets,
+        "{packets} sent, {lost} lost"
+    );
+    assert_eq!(out_of_order, 0, "the receiver saw datagrams out of order");
+
+    // Flows that nothing answers stay on the queue their hash picks: eight of them are read
+    // by several of h1's workers.
+    let before = workers(&bed, &hosts[0], &agents[0]);
+    let script = format!(
+        "import socket\n\
+         for port in range(6000, 6008):\n\
+         \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         \x20   for _ in range(500): s.sendto(b'x' * 64, ('{}', port))\n",
+        vip(2)
+    );
+    let sent = bed
+        .ns(&hosts[0].ns, "python3", &["-c", &script])
+        .expect("python3");
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let read = grew(&before, &workers(&bed, &hosts[0], &agents[0]), |w| {
+        w.frames_in
+    });
+    eprintln!("eight unanswered flows: h1 read {read:?}");
+    let busy = read.iter().filter(|&&c| c >= 400).count();
+    assert!(busy >= 2, "eight flows were read by one worker: {read:?}");
+}
