@@ -138,16 +138,6 @@ impl Agent {
             n.offload_counters.coalesced_frames += p.coalesced_frames;
             n.tap_errors += p.tap_errors;
         }
-        let report = self.io.worker == Some(0) && self.io.report_due(Instant::now());
-        if let Some(u) = &self.io.underlay {
-            self.io
-                .counters
-                .send_errors
-                .store(u.send_errors(), std::sync::atomic::Ordering::Relaxed);
-            if report {
-                self.underlay_report = u.status();
-            }
-        }
     }
 
     /// A read from a TAP with offloads: the virtio-net header, then a frame to complete

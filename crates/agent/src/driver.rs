@@ -130,8 +130,6 @@ pub(crate) struct Agent {
     /// The workers before `run` starts them.
     pub(crate) unstarted: Vec<crate::workers::Unstarted>,
     pub(crate) underlay_mode: UnderlayMode,
-    /// What worker 0 last reported of its underlay (`hyphae status`).
-    pub(crate) underlay_report: crate::control::UnderlayStatus,
     /// Wakes the control thread: a worker left it work.
     pub(crate) poke: Arc<Notify>,
     /// Until when the control thread sleeps, unless poked.
@@ -233,15 +231,11 @@ impl Agent {
             fatal: None,
             node,
             namespaces: Vec::new(),
-            io: Io::new(None, None),
+            io: Io::new(None),
             outbox: Vec::new(),
             workers,
             unstarted,
             underlay_mode: config.agent.underlay,
-            underlay_report: crate::control::UnderlayStatus {
-                path: "socket".into(),
-                ..Default::default()
-            },
             poke: Arc::new(Notify::new()),
             main_deadline: None,
             control_work: false,

@@ -228,7 +228,7 @@ impl Agent {
                 .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
                 .chain([("send_error".to_string(), self.send_errors())])
                 .collect(),
-            underlay: self.underlay_report.clone(),
+            underlay: self.underlay_status(),
             workers: self.worker_status(),
             overlay: OverlayStatus {
                 peer_id: self.overlay.local_id().to_string(),
@@ -294,6 +294,17 @@ impl Agent {
             .iter()
             .map(|w| w.counters.send_errors.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Worker 0's underlay: with AF_XDP there is one worker; with sockets each has the same.
+    fn underlay_status(&self) -> crate::control::UnderlayStatus {
+        self.workers.first().map_or_else(Default::default, |w| {
+            w.counters
+                .underlay
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        })
     }
 
     fn worker_status(&self) -> Vec<WorkerStatus> {

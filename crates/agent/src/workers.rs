@@ -1,5 +1,5 @@
 //! Data-path workers: threads that carry frames and datagrams, one per core by default
-//! (`[agent] workers`), while the control thread (`driver.rs`) runs the overlay, the
+//! (`[agent] workers`), while the control thread (`run.rs`) runs the overlay, the
 //! memberships, the services, the timers and the control socket.
 //!
 //! Each worker owns one queue of every TAP (`IFF_MULTI_QUEUE`) and one underlay socket (the
@@ -56,16 +56,11 @@ pub(crate) fn lock(shared: &Shared) -> MutexGuard<'_, Agent> {
 /// super-frames, or 64 small frames.
 const TAP_BATCH_BYTES: usize = 4 * BUF_LEN;
 
-/// How often worker 0 tells the control thread what its underlay did (`hyphae status`).
-const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// One queue of a TAP.
 pub(crate) type Tap = Arc<SyncDevice>;
 
 /// Where one thread's data path sends and writes, and its buffers.
 pub(crate) struct Io {
-    /// The worker this is; `None` on the control thread.
-    pub(crate) worker: Option<usize>,
     /// The worker's socket (and AF_XDP path); `None` on the control thread.
     pub(crate) underlay: Option<Underlay>,
     /// This thread's queue of each namespace's TAP (the control thread writes through the
@@ -86,8 +81,6 @@ pub(crate) struct Io {
     pending: Vec<Pending>,
     /// Each coalescer's merged frames already added.
     merged_seen: Vec<u64>,
-    /// When worker 0 last reported its underlay.
-    last_report: Option<Instant>,
     pub(crate) counters: Arc<WorkerCounters>,
 }
 
@@ -100,14 +93,14 @@ pub(crate) struct Pending {
 }
 
 impl Io {
-    pub(crate) fn new(worker: Option<usize>, underlay: Option<Underlay>) -> Self {
-        let rx_len = if worker.is_some() {
+    /// A worker's, with its underlay; the control thread's, without.
+    pub(crate) fn new(underlay: Option<Underlay>) -> Self {
+        let rx_len = if underlay.is_some() {
             TAP_BATCH_BYTES
         } else {
             BUF_LEN
         };
         Self {
-            worker,
             underlay,
             taps: Vec::new(),
             gro: Vec::new(),
@@ -119,7 +112,6 @@ impl Io {
             segment: vec![0; BUF_LEN],
             pending: Vec::new(),
             merged_seen: Vec::new(),
-            last_report: None,
             counters: Arc::default(),
         }
     }
@@ -144,17 +136,6 @@ impl Io {
         p.coalesced_frames = merged - self.merged_seen[i];
         self.merged_seen[i] = merged;
         p
-    }
-
-    /// Whether worker 0's underlay report is due (once a second).
-    pub(crate) fn report_due(&mut self, now: Instant) -> bool {
-        let due = self
-            .last_report
-            .is_none_or(|t| now.saturating_duration_since(t) >= REPORT_INTERVAL);
-        if due {
-            self.last_report = Some(now);
-        }
-        due
     }
 
     /// Sets up namespace `i` on this thread: its coalescer, and for a worker its queue.
@@ -193,12 +174,23 @@ impl Io {
         self.counters.frames_out.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Sends what the underlay holds and writes what the coalescers hold.
+    /// Sends what the underlay holds and writes what the coalescers hold; then tells
+    /// `hyphae status` what the underlay did.
     async fn flush(&mut self) {
         if let Some(u) = &mut self.underlay {
             u.flush().await;
         }
         self.flush_coalesced();
+        if let Some(u) = &self.underlay {
+            let c = &self.counters;
+            c.send_errors.store(u.send_errors(), Ordering::Relaxed);
+            u.fill_status(
+                &mut c
+                    .underlay
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+        }
     }
 
     /// Reads frames from TAP `i` into the batch until it would wait or the batch is full;
@@ -244,6 +236,8 @@ pub(crate) struct WorkerCounters {
     pub(crate) batches: AtomicU64,
     /// Sends that failed on its underlay.
     pub(crate) send_errors: AtomicU64,
+    /// Its underlay's path and counters, as of its last send.
+    pub(crate) underlay: Mutex<crate::control::UnderlayStatus>,
 }
 
 /// What the control thread asks of a worker.
@@ -324,7 +318,14 @@ pub(crate) fn spawn(
                             return;
                         }
                     };
-                    let mut io = Io::new(Some(index), Some(underlay));
+                    underlay.fill_status(
+                        &mut w
+                            .counters
+                            .underlay
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    );
+                    let mut io = Io::new(Some(underlay));
                     io.counters = w.counters;
                     let _ = ready_tx.send(Ok(()));
                     let worker = Worker {
@@ -376,7 +377,10 @@ impl Worker {
                 Wake::Command(Some(command)) => self.command(command).await,
                 Wake::Underlay(Ok(())) => self.carry_datagrams().await,
                 Wake::Underlay(Err(e)) => {
-                    tracing::error!(error = %e, "worker: the underlay socket failed");
+                    // The flows hashed to this worker would go nowhere: the agent stops.
+                    let mut agent = lock(&self.shared);
+                    agent.fatal = Some(format!("the underlay socket failed: {e}"));
+                    agent.poke.notify_one();
                     return;
                 }
                 Wake::Tap(i) => self.carry_frames(i).await,

@@ -148,8 +148,27 @@ impl Underlay {
         }
     }
 
+    /// Brings `status` up to date: the counters in place, the rest (allocated) only when
+    /// the path is not the one it shows.
+    pub(crate) fn fill_status(&self, status: &mut crate::control::UnderlayStatus) {
+        let path = if self.xdp.is_some() {
+            "af_xdp"
+        } else {
+            "socket"
+        };
+        if status.path != path {
+            *status = self.status();
+        }
+        if let Some(x) = &self.xdp {
+            status.rx_frames = x.stats.rx_frames;
+            status.tx_frames = x.stats.tx_frames;
+            status.tx_via_socket = x.stats.tx_via_socket;
+            status.malformed = x.stats.malformed;
+        }
+    }
+
     /// What `hyphae status` shows of the underlay.
-    pub(crate) fn status(&self) -> crate::control::UnderlayStatus {
+    fn status(&self) -> crate::control::UnderlayStatus {
         match &self.xdp {
             None => crate::control::UnderlayStatus {
                 path: "socket".into(),
