@@ -364,7 +364,6 @@ impl Agent {
         {
             let _ = link.commands.send(Command::Tap { ns: i, queue, udp });
         }
-        self.io.add_namespace(i, None, udp);
         self.namespaces.push(Namespace {
             name: ns.name.clone(),
             tag,

@@ -138,10 +138,10 @@ impl Io {
         p
     }
 
-    /// Sets up namespace `i` on this thread: its coalescer, and for a worker its queue.
-    pub(crate) fn add_namespace(&mut self, i: usize, queue: Option<AsyncFd<Tap>>, udp: bool) {
+    /// Sets up namespace `i` on this worker: its queue and its coalescer.
+    fn add_namespace(&mut self, i: usize, queue: AsyncFd<Tap>, udp: bool) {
         self.grow(i);
-        self.taps[i] = queue;
+        self.taps[i] = Some(queue);
         self.gro[i] = Coalescer::new().with_udp(udp);
         self.merged_seen[i] = 0;
     }
@@ -399,7 +399,7 @@ impl Worker {
                 // Registered with this worker's runtime, where it is waited on.
                 // SAFETY: the queue's fd stays open while the AsyncFd holds the queue.
                 match unsafe { AsyncFd::register(queue) } {
-                    Ok(fd) => self.io.add_namespace(ns, Some(fd), udp),
+                    Ok(fd) => self.io.add_namespace(ns, fd, udp),
                     Err(e) => tracing::error!(error = %e, "worker: cannot register a TAP queue"),
                 }
             }
