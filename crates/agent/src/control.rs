@@ -539,6 +539,23 @@ pub fn render(status: &Status) -> String {
     } else {
         out += "underlay socket\n";
     }
+    if !status.workers.is_empty() {
+        // Per worker, in order: how the traffic spreads (a flow stays on one worker).
+        let each = |count: fn(&WorkerStatus) -> u64| {
+            let counts: Vec<String> = status
+                .workers
+                .iter()
+                .map(|w| count(w).to_string())
+                .collect();
+            counts.join("/")
+        };
+        out += &format!(
+            "workers {}  frames from devices {}  datagrams in {}\n",
+            status.workers.len(),
+            each(|w| w.frames_in),
+            each(|w| w.datagrams_in),
+        );
+    }
     out += &format!(
         "overlay {}  {} peers connected{}\n",
         status.overlay.peer_id,

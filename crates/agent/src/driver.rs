@@ -28,9 +28,6 @@ use crate::config::{Address, Config, Mode, UnderlayMode};
 use crate::setup;
 use crate::workers::{Command, Io, Tap, WorkerLink};
 
-/// Packets handled per readiness event before the loop looks at its other sources.
-pub(crate) const BATCH: usize = 64;
-
 /// Largest datagram or frame: the UDP maximum, with room for headers in front.
 pub(crate) const BUF_LEN: usize = 65536 + 64;
 

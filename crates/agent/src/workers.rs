@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 use tun_rs::SyncDevice;
 
 use crate::config::UnderlayMode;
-use crate::driver::{Agent, BATCH, BUF_LEN};
+use crate::driver::{Agent, BUF_LEN};
 use crate::underlay::Underlay;
 
 /// The agent, shared by the control thread and the workers.
@@ -52,8 +52,11 @@ pub(crate) fn lock(shared: &Shared) -> MutexGuard<'_, Agent> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Bytes of TAP frames a worker reads before it takes the agent: room for four 64 KiB
-/// super-frames, or 64 small frames.
+/// Frames a worker reads from a TAP queue before it takes the agent, at most.
+const TAP_BATCH_FRAMES: usize = 64;
+
+/// Bytes of TAP frames a worker reads before it takes the agent, at most: room for four
+/// 64 KiB super-frames.
 const TAP_BATCH_BYTES: usize = 4 * BUF_LEN;
 
 /// One queue of a TAP.
@@ -198,7 +201,7 @@ impl Io {
     fn read_tap(&mut self, i: usize) -> bool {
         let start = self.frames.len();
         let mut at = self.frames.last().map_or(0, |(_, r)| r.end);
-        while self.frames.len() < BATCH && self.rx.len() - at >= BUF_LEN {
+        while self.frames.len() < TAP_BATCH_FRAMES && self.rx.len() - at >= BUF_LEN {
             let Some(tap) = self.taps.get(i).and_then(Option::as_ref) else {
                 break;
             };

@@ -121,6 +121,15 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
         .expect("first contact");
     for (host, agent) in hosts.iter().zip(&agents) {
         assert_eq!(workers(&bed, host, agent).len(), WORKERS);
+        let text = bed
+            .ns(
+                &host.ns,
+                BIN,
+                &["status", "-c", &agent.config.display().to_string()],
+            )
+            .expect("status");
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("workers 4  frames from devices "), "{text}");
     }
 
     // One flow: read by one of h1's workers, received and written by one of h2's.
