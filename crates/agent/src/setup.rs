@@ -119,6 +119,12 @@ async fn bind_web(address: SocketAddr) -> Result<tokio::net::TcpListener> {
 /// port (`SO_REUSEPORT`): the kernel hands each datagram to one of them by a hash of its
 /// addresses and ports, so everything from one member endpoint reaches one worker, in order.
 pub(crate) fn bind_underlay(listen: SocketAddr, count: usize) -> Result<Vec<std::net::UdpSocket>> {
+    if count > 1 {
+        // Any process of the same user could join a shared port, another agent too: a
+        // socket of its own first says whether the port is taken (a port that sockets share
+        // refuses one that does not ask to share it).
+        drop(bind_one_underlay(listen, false)?);
+    }
     (0..count.max(1))
         .map(|_| bind_one_underlay(listen, count > 1))
         .collect()

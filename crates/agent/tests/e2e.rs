@@ -493,6 +493,19 @@ fn bad_config_is_one_clear_line() {
     let empty = write_secret(&dir, "empty.secret", "");
     let busy = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
     let busy_port = busy.local_addr().expect("addr").port();
+    // A port whose sockets share it, as another agent's workers do: workers of ours could
+    // join them, and must not.
+    let shared =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).expect("socket");
+    shared.set_reuse_port(true).expect("SO_REUSEPORT");
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    shared.bind(&any.into()).expect("bind");
+    let shared_port = shared
+        .local_addr()
+        .expect("addr")
+        .as_socket()
+        .expect("inet")
+        .port();
     let base = |listen: &str, secret: &Path, subnet: &str, address: &str, extra: &str| {
         format!(
             "[agent]\nstate_dir = \"{d}/state\"\ncontrol_socket = \"{d}/ctl.sock\"\nlisten = \"{listen}\"\n\
@@ -546,16 +559,34 @@ fn bad_config_is_one_clear_line() {
             ),
             "already in use",
         ),
+        (
+            "port shared by another agent's workers",
+            base(
+                &format!("127.0.0.1:{shared_port}"),
+                &secret,
+                SUBNET,
+                "10.201.0.11",
+                "",
+            )
+            .replacen("[agent]\n", "[agent]\nworkers = 2\n", 1),
+            "already in use",
+        ),
     ];
     for (what, config, expected) in &cases {
         let path = dir.join("c.toml");
         std::fs::write(&path, config).expect("config");
-        let out = std::process::Command::new(BIN)
-            .args(["up", "-c", &path.display().to_string()])
+        // Bounded: an agent that starts when it should not would otherwise run on.
+        let out = std::process::Command::new("timeout")
+            .args(["20", BIN, "up", "-c", &path.display().to_string()])
             .output()
             .expect("run");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{what}: hyphae up succeeded");
+        assert_ne!(
+            out.status.code(),
+            Some(124),
+            "{what}: hyphae up started and ran"
+        );
         assert!(stderr.contains(expected), "{what}: stderr was {stderr:?}");
         assert_eq!(
             stderr.trim_end().lines().count(),
