@@ -6,6 +6,7 @@
 use std::future::poll_fn;
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Instant;
 
@@ -422,7 +423,9 @@ impl Io {
                 t.send(frame).is_ok()
             }
         });
-        if !sent {
+        if sent {
+            self.counters.frames_out.fetch_add(1, Ordering::Relaxed);
+        } else {
             n.tap_errors += 1;
         }
     }

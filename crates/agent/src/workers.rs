@@ -171,10 +171,10 @@ impl Io {
         let pending = &mut self.pending[i];
         if sent {
             pending.coalesced_writes += 1;
+            self.counters.frames_out.fetch_add(1, Ordering::Relaxed);
         } else {
             pending.tap_errors += 1;
         }
-        self.counters.frames_out.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sends what the underlay holds and writes what the coalescers hold; then tells

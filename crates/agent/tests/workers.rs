@@ -183,14 +183,14 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
     );
     assert_eq!(out_of_order, 0, "the receiver saw datagrams out of order");
 
-    // Flows that nothing answers stay on the queue their hash picks: eight of them are read
-    // by several of h1's workers.
+    // Flows that nothing answers stay on the queue their hash picks: sixteen of them are
+    // read by several of h1's workers (all on one of four: a chance of 4 in 4^16).
     let before = workers(&bed, &hosts[0], &agents[0]);
     let script = format!(
         "import socket\n\
-         for port in range(6000, 6008):\n\
+         for port in range(6000, 6016):\n\
          \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-         \x20   for _ in range(500): s.sendto(b'x' * 64, ('{}', port))\n",
+         \x20   for _ in range(250): s.sendto(b'x' * 64, ('{}', port))\n",
         vip(2)
     );
     let sent = bed
@@ -204,7 +204,7 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
     let read = grew(&before, &workers(&bed, &hosts[0], &agents[0]), |w| {
         w.frames_in
     });
-    eprintln!("eight unanswered flows: h1 read {read:?}");
-    let busy = read.iter().filter(|&&c| c >= 400).count();
-    assert!(busy >= 2, "eight flows were read by one worker: {read:?}");
+    eprintln!("sixteen unanswered flows: h1 read {read:?}");
+    let busy = read.iter().filter(|&&c| c >= 200).count();
+    assert!(busy >= 2, "sixteen flows were read by one worker: {read:?}");
 }
