@@ -454,10 +454,7 @@ impl Io {
         to: SocketAddr,
         datagram: &[u8],
     ) {
-        match &mut self.underlay {
-            Some(u) => u.push(to, datagram).await,
-            None => outbox.push((to, datagram.to_vec())),
-        }
+        send(&mut self.underlay, outbox, to, datagram).await;
     }
 
     /// Sends the datagram the node built at `range` of `tx`, as [`Io::push`] does.
@@ -467,10 +464,19 @@ impl Io {
         to: SocketAddr,
         range: std::ops::Range<usize>,
     ) {
-        let datagram = &self.tx[range];
-        match &mut self.underlay {
-            Some(u) => u.push(to, datagram).await,
-            None => outbox.push((to, datagram.to_vec())),
-        }
+        send(&mut self.underlay, outbox, to, &self.tx[range]).await;
+    }
+}
+
+/// [`Io::push`], on the fields it needs (so a datagram in the same `Io` can be sent).
+async fn send(
+    underlay: &mut Option<crate::underlay::Underlay>,
+    outbox: &mut Vec<(SocketAddr, Vec<u8>)>,
+    to: SocketAddr,
+    datagram: &[u8],
+) {
+    match underlay {
+        Some(u) => u.push(to, datagram).await,
+        None => outbox.push((to, datagram.to_vec())),
     }
 }
