@@ -1,0 +1,474 @@
+//! The switch of one namespace: its state, and the entry points every frame and packet goes
+//! through (a frame from the TAP, a packet from a member, the timers, and the queues of
+//! frames and events it produces). The `impl` blocks of each concern live in the child
+//! modules: proxy ARP (`arp`), LAN hosts (`lan`), routes to members (`routes`), broadcast
+//! (`broadcast`) and the service address (`service`).
+
+mod arp;
+mod broadcast;
+mod lan;
+mod routes;
+mod service;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::Ipv4Addr;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use broadcast::Bucket;
+
+use crate::wire::{
+    emit_arp_probe, emit_arp_reply, emit_ethernet_header, multicast_mac, udp_parts, ArpPacket,
+    EthernetFrame, Ipv4Packet, ARP_LEN, BROADCAST_MAC, ETHERTYPE_ARP, ETHERTYPE_IPV4,
+    ETHERTYPE_RARP, ETH_HEADER_LEN, IPPROTO_UDP,
+};
+use crate::{
+    mtu, Action, Config, Counters, DropReason, Event, Mac, Mode, HEADROOM, LAN_PROBES,
+    REMOTE_CONFIRMED,
+};
+
+/// A namespace address seen on the LAN.
+#[derive(Debug, Clone, Copy)]
+struct LanHost {
+    mac: Mac,
+    seen: Instant,
+    /// Router mode: probes sent since it was last seen.
+    probes: u8,
+    last_probe: Option<Instant>,
+}
+
+/// Hybrid mode: an ARP request of the host waiting for the LAN probe to time out.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    deadline: Instant,
+    requester: (Mac, Ipv4Addr),
+}
+
+/// A frame the switch writes on its own.
+#[derive(Debug, Clone, Copy)]
+enum Emit {
+    /// Who has `target`? (ARP probe from the remote MAC.)
+    Probe(Ipv4Addr),
+    /// `target` is at the remote MAC, told to the requester.
+    Reply {
+        target: Ipv4Addr,
+        to: (Mac, Ipv4Addr),
+    },
+}
+
+/// The switch of one namespace. `P` names a member (the overlay's peer handle).
+#[derive(Debug)]
+pub struct Switch<P> {
+    config: Config,
+    /// What members announced over their tunnels.
+    routes: HashMap<Ipv4Addr, P>,
+    /// What the DHT said (the owner's signed lease), for addresses its owner has not
+    /// announced yet: a router that restarted learns its LAN hosts from this traffic.
+    resolved: HashMap<Ipv4Addr, P>,
+    lan: HashMap<Ipv4Addr, LanHost>,
+    probes: HashMap<Ipv4Addr, Probe>,
+    /// Hybrid mode: remote addresses whose LAN probe went unanswered, until when.
+    confirmed: HashMap<Ipv4Addr, Instant>,
+    /// Router mode: LAN addresses asked for recently (a member sent to an unknown host).
+    asked: HashMap<Ipv4Addr, Instant>,
+    /// Router mode: LAN addresses whose next frame is reported ([`Event::LanHostHeard`]).
+    watched: HashSet<Ipv4Addr>,
+    emits: VecDeque<Emit>,
+    events: VecDeque<Event>,
+    bucket_out: Bucket,
+    bucket_in: Bucket,
+    counters: Counters,
+}
+
+impl<P: Copy + Eq> Switch<P> {
+    /// A switch with no routes.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            routes: HashMap::new(),
+            resolved: HashMap::new(),
+            lan: HashMap::new(),
+            probes: HashMap::new(),
+            confirmed: HashMap::new(),
+            asked: HashMap::new(),
+            watched: HashSet::new(),
+            emits: VecDeque::new(),
+            events: VecDeque::new(),
+            bucket_out: Bucket {
+                tokens: 0.0,
+                last: None,
+            },
+            bucket_in: Bucket {
+                tokens: 0.0,
+                last: None,
+            },
+            counters: Counters::default(),
+        }
+    }
+
+    /// The switch's settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What the switch has done so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Handles a frame the kernel wrote to the TAP at `now`. A reply, if any, is built in
+    /// `reply`, which must be at least [`MIN_REPLY_BUF`] long. A TCP SYN's MSS is clamped
+    /// to the tunnel in `frame` itself.
+    ///
+    /// [`MIN_REPLY_BUF`]: crate::MIN_REPLY_BUF
+    pub fn handle_tap_frame(
+        &mut self,
+        frame: &mut [u8],
+        now: Instant,
+        reply: &mut [u8],
+    ) -> Action<P> {
+        let mut action = self.classify_tap_frame(frame, now, reply);
+        if let Action::ToPeer { packet, .. } | Action::Broadcast { packet } = &action {
+            let mtu = self.config.tunnel_mtu;
+            if frame
+                .get(packet.clone())
+                .is_none_or(|p| mtu::needs_fitting(p, mtu))
+            {
+                action = match action {
+                    Action::ToPeer { peer, packet } => self.fit(frame, Some(peer), packet, reply),
+                    Action::Broadcast { packet } => self.fit(frame, None, packet, reply),
+                    other => other,
+                };
+            }
+        }
+        match &action {
+            Action::ToPeer { .. } => self.counters.to_peer += 1,
+            Action::Broadcast { .. } => self.counters.broadcasts_out += 1,
+            Action::Fragment { peer, .. } => {
+                self.counters.fragmented += 1;
+                match peer {
+                    Some(_) => self.counters.to_peer += 1,
+                    None => self.counters.broadcasts_out += 1,
+                }
+            }
+            Action::Dhcp { .. } => self.counters.dhcp_requests += 1,
+            Action::Dns { .. } => self.counters.dns_queries += 1,
+            Action::Service { .. } => self.counters.service_packets += 1,
+            // Counted where they are built: ARP replies and ICMP errors.
+            Action::ToTap { .. } => {}
+            Action::Resolve { .. } => self.counters.resolves += 1,
+            Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
+        }
+        action
+    }
+
+    /// Fits the IPv4 packet at `packet` of `frame`, bound for `peer` (or every member), into
+    /// the tunnel: clamps a SYN's MSS, and if it is still too large asks for fragments, or
+    /// with DF set answers with ICMP "fragmentation needed" from the service address (an
+    /// on-link address of the LAN, so the host's reverse-path filter takes it).
+    #[inline(never)]
+    fn fit(
+        &mut self,
+        frame: &mut [u8],
+        peer: Option<P>,
+        packet: Range<usize>,
+        reply: &mut [u8],
+    ) -> Action<P> {
+        let mtu = self.config.tunnel_mtu;
+        let Some(ip) = frame.get_mut(packet.clone()) else {
+            return Action::Drop(DropReason::Malformed);
+        };
+        if mtu::clamp_mss(ip, mtu.saturating_sub(mtu::TCP_IPV4_HEADERS)) {
+            self.counters.mss_clamped += 1;
+        }
+        if ip.len() <= usize::from(mtu) {
+            return match peer {
+                Some(peer) => Action::ToPeer { peer, packet },
+                None => Action::Broadcast { packet },
+            };
+        }
+        if mtu::ipv4_flags(ip) & mtu::IPV4_DF == 0 {
+            if mtu::Fragments::new(ip, mtu).is_none() {
+                return Action::Drop(DropReason::Malformed);
+            }
+            return Action::Fragment { peer, packet, mtu };
+        }
+        // No ICMP error for a broadcast, nor from an address the host cannot have on link.
+        if peer.is_none() || self.service().is_unspecified() {
+            return Action::Drop(DropReason::TooBig);
+        }
+        let src_mac = match EthernetFrame::new_checked(&frame[..]) {
+            Ok(eth) => eth.src(),
+            Err(_) => return Action::Drop(DropReason::Malformed),
+        };
+        let ip = &frame[packet];
+        let macs = (src_mac, self.config.remote_mac);
+        match mtu::emit_frag_needed(reply, macs, self.service(), mtu, ip) {
+            Some(len) => {
+                self.counters.frag_needed += 1;
+                Action::ToTap { len }
+            }
+            None => Action::Drop(DropReason::TooBig),
+        }
+    }
+
+    /// The next thing learned about the LAN.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Builds the next frame the switch wants on the TAP into `buf` (at least
+    /// [`MIN_REPLY_BUF`] long) and returns its length.
+    ///
+    /// [`MIN_REPLY_BUF`]: crate::MIN_REPLY_BUF
+    pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<usize> {
+        // Only ARP is written here.
+        if buf.len() < ETH_HEADER_LEN + ARP_LEN {
+            return None;
+        }
+        let emit = self.emits.pop_front()?;
+        Some(match emit {
+            Emit::Probe(target) => {
+                self.counters.arp_probes += 1;
+                emit_arp_probe(buf, self.config.remote_mac, target)
+            }
+            Emit::Reply { target, to } => {
+                self.counters.arp_replies += 1;
+                emit_arp_reply(buf, self.config.remote_mac, target, to.0, to.1)
+            }
+        })
+    }
+
+    /// When [`Switch::handle_timeout`] wants to run next, if anything waits.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let probe = self.probes.values().map(|p| p.deadline).min();
+        let lan = (self.config.mode == Mode::Router)
+            .then(|| {
+                self.lan
+                    .values()
+                    .map(|h| match h.last_probe {
+                        Some(t) => t + Duration::from_secs(1),
+                        None => h.seen + self.config.lan_timeout,
+                    })
+                    .min()
+            })
+            .flatten();
+        [probe, lan].into_iter().flatten().min()
+    }
+
+    /// Runs the timers due at `now`: hybrid probes that went unanswered become ARP replies;
+    /// router-mode LAN hosts that fell silent are probed, then forgotten.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<Ipv4Addr> = self
+            .probes
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(a, _)| *a)
+            .collect();
+        for target in due {
+            let Some(probe) = self.probes.remove(&target) else {
+                continue;
+            };
+            if self.lan.contains_key(&target) {
+                continue;
+            }
+            self.confirmed.insert(target, now + REMOTE_CONFIRMED);
+            if self.route(target).is_some() {
+                // The host's ARP request is still pending: complete it.
+                self.emits.push_back(Emit::Reply {
+                    target,
+                    to: probe.requester,
+                });
+            }
+        }
+        self.confirmed.retain(|_, until| *until > now);
+        self.asked
+            .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
+        if self.config.mode != Mode::Router {
+            return;
+        }
+        let timeout = self.config.lan_timeout;
+        let mut gone = Vec::new();
+        for (addr, host) in &mut self.lan {
+            if now.saturating_duration_since(host.seen) < timeout {
+                continue;
+            }
+            if host
+                .last_probe
+                .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+            {
+                continue;
+            }
+            if host.probes >= LAN_PROBES {
+                gone.push(*addr);
+                continue;
+            }
+            host.probes += 1;
+            host.last_probe = Some(now);
+            self.emits.push_back(Emit::Probe(*addr));
+        }
+        for addr in gone {
+            self.lan.remove(&addr);
+            self.events.push_back(Event::LanHostDown(addr));
+        }
+    }
+
+    fn classify_tap_frame(&mut self, frame: &[u8], now: Instant, reply: &mut [u8]) -> Action<P> {
+        let Ok(eth) = EthernetFrame::new_checked(frame) else {
+            return Action::Drop(DropReason::Malformed);
+        };
+        let mode = self.config.mode;
+        // Hybrid: only the host's own device is this switch's business (IPOP Fig. 5).
+        let ours = mode != Mode::Hybrid || eth.src() == self.config.device_mac;
+        match eth.ethertype() {
+            ETHERTYPE_ARP => {
+                let Ok(arp) = ArpPacket::new_checked(eth.payload()) else {
+                    return Action::Drop(DropReason::Malformed);
+                };
+                if mode != Mode::Interface {
+                    self.learn(arp.sender_ip(), arp.sender_mac(), now);
+                }
+                if mode == Mode::Router && arp.sender_ip() == arp.target_ip() {
+                    self.announced(Some(arp.sender_ip()), arp.sender_mac());
+                }
+                if !ours {
+                    return Action::Drop(DropReason::OtherHost);
+                }
+                self.answer_arp(&arp, now, reply)
+            }
+            ETHERTYPE_IPV4 => {
+                let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                    return Action::Drop(DropReason::Malformed);
+                };
+                if mode != Mode::Interface {
+                    self.learn(ip.src(), eth.src(), now);
+                }
+                if !ours {
+                    return Action::Drop(DropReason::OtherHost);
+                }
+                let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
+                if self.config.dhcp && ip.protocol() == IPPROTO_UDP {
+                    if let Some((_, 67, udp)) = udp_parts(ip.payload()) {
+                        let at = packet.end - ip.payload().len();
+                        return Action::Dhcp {
+                            payload: at + udp.start..at + udp.end,
+                            mac: eth.src(),
+                        };
+                    }
+                }
+                let dst = ip.dst();
+                if dst == self.service() {
+                    return self.to_service(&eth, &ip, packet);
+                }
+                if self.is_broadcast(dst) {
+                    if !self.config.subnet.contains(&ip.src()) {
+                        return Action::Drop(DropReason::OutsideSubnet);
+                    }
+                    if !self.bucket_out.take(self.config.broadcast_rate, now) {
+                        return Action::Drop(DropReason::BroadcastRateLimited);
+                    }
+                    return Action::Broadcast { packet };
+                }
+                // Router: LAN unicast the bridge flooded before it learned where to send it.
+                if mode == Mode::Router && eth.dst() != self.config.remote_mac {
+                    return Action::Drop(DropReason::LanLocal);
+                }
+                if !self.config.subnet.contains(&dst) {
+                    return Action::Drop(DropReason::OutsideSubnet);
+                }
+                match self.route(dst) {
+                    Some(peer) => Action::ToPeer { peer, packet },
+                    None if mode != Mode::Interface && self.lan.contains_key(&dst) => {
+                        Action::Drop(DropReason::LanLocal)
+                    }
+                    None if dst == self.config.address || dst == self.config.subnet.network() => {
+                        Action::Drop(DropReason::NoRoute)
+                    }
+                    None => Action::Resolve { target: dst },
+                }
+            }
+            ETHERTYPE_RARP if mode == Mode::Router => {
+                let Ok(rarp) = ArpPacket::new_checked(eth.payload()) else {
+                    return Action::Drop(DropReason::Malformed);
+                };
+                self.announced(None, rarp.sender_mac());
+                // Nothing for the overlay: the bridge floods it on the LAN.
+                Action::Drop(DropReason::LanLocal)
+            }
+            _ => Action::Drop(DropReason::UnsupportedProtocol),
+        }
+    }
+
+    /// Handles an IPv4 packet of `len` bytes from a member, lying at `buf[HEADROOM..]`; the
+    /// source address has already been checked against what the member owns. On
+    /// [`Action::ToTap`] the Ethernet header has been written in front of it, in place.
+    pub fn handle_peer_packet(&mut self, buf: &mut [u8], len: usize, now: Instant) -> Action<P> {
+        let action = self.frame_peer_packet(buf, len, now);
+        match &action {
+            Action::ToTap { .. } => self.counters.to_tap += 1,
+            Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
+            Action::ToPeer { .. }
+            | Action::Resolve { .. }
+            | Action::Broadcast { .. }
+            | Action::Fragment { .. }
+            | Action::Dhcp { .. }
+            | Action::Dns { .. }
+            | Action::Service { .. } => {}
+        }
+        action
+    }
+
+    fn frame_peer_packet(&mut self, buf: &mut [u8], len: usize, now: Instant) -> Action<P> {
+        let Some(packet) = buf.get(HEADROOM..HEADROOM + len) else {
+            return Action::Drop(DropReason::Malformed);
+        };
+        let Ok(ip) = Ipv4Packet::new_checked(packet) else {
+            return Action::Drop(DropReason::Malformed);
+        };
+        let (dst, src, frame_len) = (ip.dst(), ip.src(), HEADROOM + ip.total_len());
+        let mode = self.config.mode;
+        let dst_mac = if self.is_broadcast(dst) {
+            if mode != Mode::Interface && self.lan.contains_key(&src) {
+                return Action::Drop(DropReason::BroadcastFromLan);
+            }
+            if !self.bucket_in.take(self.config.broadcast_rate, now) {
+                return Action::Drop(DropReason::BroadcastRateLimited);
+            }
+            self.counters.broadcasts_in += 1;
+            match mode {
+                // The whole LAN hears it.
+                Mode::Router if dst.is_multicast() => multicast_mac(dst),
+                Mode::Router => BROADCAST_MAC,
+                // Only this host: other hosts of a hybrid LAN hear it from their own agent.
+                Mode::Interface | Mode::Hybrid => self.config.device_mac,
+            }
+        } else if mode == Mode::Router {
+            match self.lan.get(&dst) {
+                Some(host) => host.mac,
+                None => {
+                    // Not seen since start (the agent restarted?): ask, once a second.
+                    if self.config.subnet.contains(&dst) && !self.asked.contains_key(&dst) {
+                        self.asked.insert(dst, now);
+                        self.emits.push_back(Emit::Probe(dst));
+                    }
+                    return Action::Drop(DropReason::NotForUs);
+                }
+            }
+        } else if dst == self.config.address {
+            self.config.device_mac
+        } else {
+            return Action::Drop(DropReason::NotForUs);
+        };
+        // A member's SYN may come from an agent that does not clamp (or a larger tunnel MTU):
+        // clamping here too keeps the LAN host's segments back to it within the tunnel.
+        let mss = self.config.tunnel_mtu.saturating_sub(mtu::TCP_IPV4_HEADERS);
+        if mtu::clamp_mss(&mut buf[HEADROOM..frame_len], mss) {
+            self.counters.mss_clamped += 1;
+        }
+        emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV4);
+        Action::ToTap { len: frame_len }
+    }
+}

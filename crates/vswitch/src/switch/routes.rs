@@ -1,0 +1,68 @@
+//! Routes to members: the addresses each member announced, what the DHT resolved, and the
+//! host's own address and subnet they are checked against.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+use super::Switch;
+
+impl<P: Copy + Eq> Switch<P> {
+    /// Makes `peer` the owner of exactly `addresses`: routes it had to others are removed.
+    /// Addresses outside the subnet, and the host's own address, are ignored.
+    pub fn set_peer_addresses(&mut self, peer: P, addresses: &[Ipv4Addr]) {
+        self.routes.retain(|_, p| *p != peer);
+        for &addr in addresses {
+            if self.config.subnet.contains(&addr) && addr != self.config.address {
+                self.routes.insert(addr, peer);
+            }
+        }
+    }
+
+    /// Forgets every route to `peer`.
+    pub fn remove_peer(&mut self, peer: P) {
+        self.routes.retain(|_, p| *p != peer);
+        self.resolved.retain(|_, p| *p != peer);
+    }
+
+    /// The member that owns `addr`, if known: as it announced, or else as the DHT said.
+    pub fn route(&self, addr: Ipv4Addr) -> Option<P> {
+        self.routes
+            .get(&addr)
+            .or_else(|| self.resolved.get(&addr))
+            .copied()
+    }
+
+    /// Changes the host's own address (an address won after start, or moved).
+    pub fn set_address(&mut self, address: Ipv4Addr) {
+        self.routes.remove(&address);
+        self.resolved.remove(&address);
+        self.config.address = address;
+    }
+
+    /// Changes the namespace subnet (learned after start); routes outside it are dropped.
+    pub fn set_subnet(&mut self, subnet: Ipv4Net) {
+        self.config.subnet = subnet;
+        self.routes.retain(|a, _| subnet.contains(a));
+        self.resolved.retain(|a, _| subnet.contains(a));
+        self.lan.retain(|a, _| subnet.contains(a));
+    }
+
+    /// Routes `addr` to `peer` because the DHT says `peer` owns it; announcements take
+    /// precedence. Replaced by the next resolution of `addr`, dropped with the peer.
+    pub fn add_route(&mut self, addr: Ipv4Addr, peer: P) {
+        if self.config.subnet.contains(&addr) && addr != self.config.address {
+            self.resolved.insert(addr, peer);
+        }
+    }
+
+    /// `addr` moved to `peer` (its old owner said so): routed there at once, whatever was
+    /// announced or resolved; `None` forgets every route to it (the next packet resolves it).
+    pub fn move_route(&mut self, addr: Ipv4Addr, peer: Option<P>) {
+        self.routes.remove(&addr);
+        self.resolved.remove(&addr);
+        if let Some(peer) = peer {
+            self.add_route(addr, peer);
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The service address, where the agent's virtual DHCP and DNS servers and its service stack
+//! answer: packets to it go to the agent, and its replies are framed here.
+
+use std::net::Ipv4Addr;
+use std::ops::Range;
+
+use super::Switch;
+use crate::wire::{
+    emit_ethernet_header, emit_udp, udp_parts, EthernetFrame, Ipv4Packet, ETHERTYPE_IPV4,
+    ETH_HEADER_LEN, IPPROTO_UDP,
+};
+use crate::{service_address, Action, Client, DropReason, Mac, Mode};
+
+impl<P: Copy + Eq> Switch<P> {
+    /// The service address (the virtual DHCP and DNS server's), if the subnet is known.
+    pub(super) fn service(&self) -> Ipv4Addr {
+        if self.config.subnet.prefix_len() >= 31 {
+            // No subnet yet (or no room for a service address).
+            return Ipv4Addr::UNSPECIFIED;
+        }
+        service_address(self.config.subnet)
+    }
+
+    /// A packet from the host (or a LAN host) to the service address.
+    pub(super) fn to_service(
+        &self,
+        eth: &EthernetFrame<&[u8]>,
+        ip: &Ipv4Packet<&[u8]>,
+        packet: Range<usize>,
+    ) -> Action<P> {
+        // Router: unicast to someone else, flooded by the bridge.
+        if self.config.mode == Mode::Router && eth.dst() != self.config.remote_mac {
+            return Action::Drop(DropReason::LanLocal);
+        }
+        let src = ip.src();
+        if !self.config.subnet.contains(&src)
+            || src == self.config.subnet.network()
+            || src == self.subnet_broadcast()
+        {
+            return Action::Drop(DropReason::OutsideSubnet);
+        }
+        if ip.protocol() == IPPROTO_UDP {
+            if let Some((port, 53, udp)) = udp_parts(ip.payload()) {
+                let at = packet.end - ip.payload().len();
+                return Action::Dns {
+                    payload: at + udp.start..at + udp.end,
+                    client: Client {
+                        mac: eth.src(),
+                        ip: src,
+                        port,
+                    },
+                };
+            }
+        }
+        Action::Service {
+            packet,
+            mac: eth.src(),
+        }
+    }
+
+    /// Frames an answer of the virtual DNS server (UDP 53, from the service address and
+    /// the remote MAC) to `client` into `buf`; returns its length, or `None` if it does
+    /// not fit.
+    pub fn emit_dns_reply(&self, buf: &mut [u8], client: Client, payload: &[u8]) -> Option<usize> {
+        emit_udp(
+            buf,
+            (client.mac, self.config.remote_mac),
+            (self.service(), client.ip),
+            (53, client.port),
+            payload,
+        )
+    }
+
+    /// Frames an IPv4 packet of the service stack (from the service address) to `dst_mac`
+    /// into `buf`; returns its length, or `None` if it does not fit.
+    pub fn emit_service_packet(
+        &self,
+        buf: &mut [u8],
+        dst_mac: Mac,
+        packet: &[u8],
+    ) -> Option<usize> {
+        let total = ETH_HEADER_LEN + packet.len();
+        if buf.len() < total {
+            return None;
+        }
+        emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV4);
+        buf[ETH_HEADER_LEN..total].copy_from_slice(packet);
+        Some(total)
+    }
+
+    /// Frames a reply of the virtual DHCP server (UDP from port 67 to `dst_port`: 68 for a
+    /// client, 67 for a relay agent; from the service address and the remote MAC) into
+    /// `buf`; returns its length, or `None` if it does not fit.
+    pub fn emit_dhcp_reply(
+        &self,
+        buf: &mut [u8],
+        dst_mac: Mac,
+        dst: Ipv4Addr,
+        dst_port: u16,
+        payload: &[u8],
+    ) -> Option<usize> {
+        emit_udp(
+            buf,
+            (dst_mac, self.config.remote_mac),
+            (service_address(self.config.subnet), dst),
+            (67, dst_port),
+            payload,
+        )
+    }
+}
