@@ -6,10 +6,17 @@
 //!
 //! 1. **Target** (B) sees the host on its LAN ([`Presence`]: a RARP frame as QEMU's
 //!    announce-self sends, a gratuitous ARP, or its first packet) for an address it does not
-//!    hold. It looks up the holder in the DHT ([`DhtOp::Lookup`], or [`DhtOp::LookupMac`]
-//!    when a RARP frame named only the MAC). No holder: it claims the address
-//!    ([`DhtOp::Claim`]). A holder: it asks it ([`Message::Request`]), retrying a lost
-//!    request every [`Config::request_retry`].
+//!    hold. It looks up the holder in the DHT ([`DhtOp::Lookup`]). No holder: it claims the
+//!    address ([`DhtOp::Claim`]). A holder: it asks it ([`Message::Request`]), retrying a
+//!    lost request every [`Config::request_retry`].
+//!
+//!    A RARP frame names only the MAC. If the driver does not know it (its LAN table has no
+//!    address for it), B asks every member which address has it ([`Message::WhoHas`],
+//!    pushed). The member whose LAN host it is, and which holds its address, answers
+//!    [`Message::IsAt`] ([`Migrate::handle_who_has`]); B then looks that address's holder
+//!    up as above, the handoff's duration still counting from the RARP frame. No answer
+//!    within [`Config::mac_query_wait`]: given up ([`Event::GaveUp`]; the host's first
+//!    packet starts a handoff again). A late, duplicated or unasked-for `IsAt` is ignored.
 //! 2. **Source** (A) checks that the host is gone from its LAN: [`Config::probes`] ARP
 //!    probes [`Config::probe_interval`] apart ([`Output::Probe`]; hundreds of milliseconds,
 //!    not IPOP's seconds). An answer, or any frame from the host meanwhile, means it never
@@ -27,10 +34,24 @@
 //! lease time. Two targets asking for one host are served one after the other: the second
 //! is sent on to the new holder ([`Answer::NotHolder`]), which checks its own LAN in turn.
 //!
-//! Call order (as quinn-proto documents its `Connection`): feed inputs with the `handle_*`
-//! methods, then drain [`Migrate::poll_output`] until `None`, and call
-//! [`Migrate::handle_timeout`] at [`Migrate::poll_timeout`]. `P` names a member (the
-//! overlay's peer handle). No method reads a clock or draws randomness, and none panics.
+//! Call order (as quinn-proto documents its `Connection`):
+//!
+//! 1. Feed each input to its `handle_*` method:
+//!    - a host seen on the LAN: [`Migrate::handle_presence`] (a RARP frame with the
+//!      address filled in if the driver's LAN table knows the MAC, else `address: None`);
+//!    - a member's [`Message::WhoHas`]: [`Migrate::handle_who_has`], with the address of
+//!      the driver's LAN host that has the MAC, if this member holds that address;
+//!    - a member's [`Message::Moved`]: the driver's own route, through [`accept_moved`];
+//!    - any other member's message ([`Message::Request`], [`Message::Reply`],
+//!      [`Message::IsAt`]): [`Migrate::handle_message`];
+//!    - the result of each [`DhtOp`]: the `handle_*` method its variant names.
+//! 2. After every input, drain [`Migrate::poll_output`] until `None` and carry each
+//!    output out (an output may itself lead to an input later: a DHT result, a reply).
+//! 3. Call [`Migrate::handle_timeout`] when [`Migrate::poll_timeout`] is due (read it
+//!    again after every input: inputs move it), then drain the outputs again.
+//!
+//! `P` names a member (the overlay's peer handle). No method reads a clock or draws
+//! randomness, and none panics.
 
 mod source;
 mod target;
@@ -61,6 +82,9 @@ pub struct Config {
     pub grace: Duration,
     /// How many holders in a row a target asks (one host moved twice, racing targets).
     pub max_hops: u32,
+    /// How long a target waits for a member's [`Message::IsAt`] after asking which address
+    /// a RARP frame's MAC has ([`Message::WhoHas`]).
+    pub mac_query_wait: Duration,
 }
 
 /// A host on a LAN answers an ARP request in well under a millisecond; three probes 100 ms
@@ -76,6 +100,11 @@ pub const REQUEST_TRIES: u32 = 4;
 /// Members' routes move with the pushed [`Message::Moved`]; the grace period covers a
 /// member that missed it until it looks the address up again.
 pub const GRACE: Duration = Duration::from_secs(5);
+/// A [`Message::WhoHas`] and its [`Message::IsAt`] are one round trip between members
+/// (tens of milliseconds, a few hundred across continents); one second leaves room for a
+/// loaded member. Not retried: QEMU sends several RARP frames, and the host's first
+/// packet after the move starts a handoff anyway.
+pub const MAC_QUERY_WAIT: Duration = Duration::from_secs(1);
 
 impl Default for Config {
     fn default() -> Self {
@@ -86,6 +115,7 @@ impl Default for Config {
             request_tries: REQUEST_TRIES,
             grace: GRACE,
             max_hops: 3,
+            mac_query_wait: MAC_QUERY_WAIT,
         }
     }
 }
@@ -172,6 +202,22 @@ pub enum Message<P> {
         /// Its new holder.
         to: P,
     },
+    /// Target to every member: which address has the LAN host with this MAC? (A RARP
+    /// frame named only the MAC.) Answered with [`Message::IsAt`] by the member whose LAN
+    /// host it is, if it holds the address ([`Migrate::handle_who_has`]); the others stay
+    /// silent.
+    WhoHas {
+        /// The MAC the RARP frame named.
+        mac: Mac,
+    },
+    /// Answer to [`Message::WhoHas`]: the LAN host with this MAC is at `address` on my
+    /// LAN, and I hold that address.
+    IsAt {
+        /// The MAC asked for.
+        mac: Mac,
+        /// The host's address.
+        address: Ipv4Addr,
+    },
 }
 
 impl<P> Message<P> {
@@ -207,6 +253,8 @@ impl<P> Message<P> {
                 address,
                 to: f(to)?,
             },
+            Message::WhoHas { mac } => Message::WhoHas { mac },
+            Message::IsAt { mac, address } => Message::IsAt { mac, address },
         })
     }
 }
@@ -230,9 +278,6 @@ pub enum Answer<P> {
 pub enum DhtOp<P> {
     /// Who holds `address`? Result: [`Migrate::handle_lookup`].
     Lookup(Ipv4Addr),
-    /// Which address is the host with this MAC's, and who holds it? Result:
-    /// [`Migrate::handle_mac_lookup`].
-    LookupMac(Mac),
     /// Claim the (free or lapsed) `address` for this member. Result:
     /// [`Migrate::handle_claim`].
     Claim(Ipv4Addr),
@@ -331,8 +376,8 @@ pub enum Event<P> {
         /// When the claim goes out.
         claim_at: Instant,
     },
-    /// Target: the handoff was given up (DHT unanswered, too many hops, no address for a
-    /// RARP MAC).
+    /// Target: the handoff was given up (DHT unanswered, too many hops, no member answered
+    /// for a RARP frame's MAC within [`Config::mac_query_wait`]).
     GaveUp {
         /// The host's address, if known.
         address: Option<Ipv4Addr>,
@@ -351,7 +396,10 @@ pub enum Output<P> {
         /// The message.
         message: Message<P>,
     },
-    /// Send `message` to every member of the namespace.
+    /// Send `message` to every other member of the namespace, as one-way news nobody
+    /// acknowledges: [`Message::Moved`] (the driver may leave out the new holder, which
+    /// knows) and [`Message::WhoHas`] (the answers come back as [`Message::IsAt`] to
+    /// [`Migrate::handle_message`]; members that do not know the MAC send nothing).
     Push(Message<P>),
     /// Run a DHT operation.
     Dht(DhtOp<P>),
@@ -380,8 +428,10 @@ pub struct Stats {
 pub struct Migrate<P> {
     config: Config,
     targets: HashMap<Ipv4Addr, target::Handoff<P>>,
-    /// RARP sightings waiting for their MAC lookup.
-    macs: HashMap<Mac, Instant>,
+    /// RARP MACs asked of the members ([`Message::WhoHas`]), with when the first frame
+    /// was seen (the handoff's duration runs from there; the wait ends
+    /// [`Config::mac_query_wait`] later).
+    mac_queries: HashMap<Mac, Instant>,
     sources: HashMap<Ipv4Addr, source::Handoff<P>>,
     /// Hosts handed off: forwarded to the new holder until the grace period ends.
     moved: HashMap<Ipv4Addr, source::Moved<P>>,
@@ -399,7 +449,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
             config,
             local,
             targets: HashMap::new(),
-            macs: HashMap::new(),
+            mac_queries: HashMap::new(),
             sources: HashMap::new(),
             moved: HashMap::new(),
             next_id: 0,
@@ -437,14 +487,17 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         let targets = self.targets.values().filter_map(|t| t.deadline());
         let sources = self.sources.values().filter_map(|s| s.deadline());
         let moved = self.moved.values().map(|m| m.until);
-        targets.chain(sources).chain(moved).min()
+        let queries = self
+            .mac_queries
+            .values()
+            .filter_map(|started| self.mac_query_deadline(*started));
+        targets.chain(sources).chain(moved).chain(queries).min()
     }
 
     /// Runs the timers due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.moved.retain(|_, m| now < m.until);
-        self.macs
-            .retain(|_, t| now.saturating_duration_since(*t) < self.config.request_retry * 4);
+        self.mac_queries_timeout(now);
         self.targets_timeout(now);
         self.sources_timeout(now);
     }
@@ -452,17 +505,29 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     /// A host showed itself on this LAN. `held`: this member holds the frame's address
     /// already (the agent's membership knows); then only a source checking that address
     /// cares (the host never left, or came back).
+    ///
+    /// A frame with an address answers a question about the host's MAC still out here
+    /// ([`Message::WhoHas`]): it ends without [`Event::GaveUp`], and a handoff it starts
+    /// counts its duration from the RARP frame.
     pub fn handle_presence(&mut self, now: Instant, presence: Presence, held: bool) {
+        let mut started = now;
         if let Some(address) = presence.address {
+            if let Some(asked) = self.mac_queries.remove(&presence.mac) {
+                started = asked;
+            }
             if self.source_sees_host(address, presence) || held {
                 return;
             }
         }
-        self.target_start(now, presence);
+        self.target_start(now, started, presence);
     }
 
     /// A message from the member `from` (proven by the overlay). `held`: this member holds
-    /// the message's address on the replicas.
+    /// the message's address on the replicas (only a [`Message::Request`] reads it).
+    ///
+    /// A [`Message::WhoHas`] needs the driver's LAN table: give it to
+    /// [`Migrate::handle_who_has`] instead (here it is ignored). A [`Message::Moved`] is the
+    /// driver's ([`accept_moved`]; ignored here too).
     pub fn handle_message(&mut self, now: Instant, from: P, message: Message<P>, held: bool) {
         match message {
             Message::Request {
@@ -475,8 +540,11 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
                 address,
                 answer,
             } => self.target_reply(now, from, id, address, answer),
+            Message::IsAt { mac, address } => self.target_is_at(now, mac, address),
             // Routes are the agent's: see [`accept_moved`].
             Message::Moved { .. } => {}
+            // Needs the LAN table: see [`Migrate::handle_who_has`].
+            Message::WhoHas { .. } => {}
         }
     }
 

@@ -3,7 +3,9 @@
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use crate::{Answer, DhtOp, Event, HostState, Message, Migrate, Output, Presence, TransferOutcome};
+use crate::{
+    Answer, DhtOp, Event, HostState, Mac, Message, Migrate, Output, Presence, TransferOutcome,
+};
 
 /// One address this router is asked to give up.
 #[derive(Debug)]
@@ -103,6 +105,21 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         self.emit(Output::Probe(address));
     }
 
+    /// A member's [`Message::WhoHas`]: which address has the LAN host with `mac`? `found`
+    /// is the address the driver's LAN table has for that MAC, only if this member holds
+    /// it on the replicas (`None` otherwise: another member may, and answers). Found, the
+    /// asker is told ([`Message::IsAt`]); a duplicate is answered again, which the asker
+    /// ignores.
+    pub fn handle_who_has(&mut self, from: P, mac: Mac, found: Option<Ipv4Addr>) {
+        let Some(address) = found else {
+            return;
+        };
+        self.emit(Output::Send {
+            to: from,
+            message: Message::IsAt { mac, address },
+        });
+    }
+
     fn reply(&mut self, to: P, id: u64, address: Ipv4Addr, answer: Answer<P>) {
         self.emit(Output::Send {
             to,
@@ -194,7 +211,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         });
         if let Some(presence) = h.back {
             // It came back while the lease moved: ask for it back.
-            self.target_start(now, presence);
+            self.target_start(now, now, presence);
         }
     }
 

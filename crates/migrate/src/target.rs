@@ -65,11 +65,14 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         self.config.request_retry * self.config.request_tries * 2
     }
 
-    pub(crate) fn target_start(&mut self, now: Instant, presence: Presence) {
+    /// A host this member does not hold showed itself here, first at `started`.
+    pub(crate) fn target_start(&mut self, now: Instant, started: Instant, presence: Presence) {
         let Some(address) = presence.address else {
-            if let Entry::Vacant(e) = self.macs.entry(presence.mac) {
-                e.insert(now);
-                self.emit(Output::Dht(DhtOp::LookupMac(presence.mac)));
+            // A RARP frame with a MAC the driver does not know: ask the members (once; the
+            // frames QEMU repeats meanwhile join the question out).
+            if let Entry::Vacant(e) = self.mac_queries.entry(presence.mac) {
+                e.insert(started);
+                self.emit(Output::Push(Message::WhoHas { mac: presence.mac }));
             }
             return;
         };
@@ -78,7 +81,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         }
         // Handed off, and back already: no more forwarding to where it is not.
         self.moved.remove(&address);
-        self.look_up(now, now, address, 0, None);
+        self.look_up(now, started, address, 0, None);
     }
 
     fn look_up(
@@ -103,43 +106,47 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         self.emit(Output::Dht(DhtOp::Lookup(address)));
     }
 
-    /// The answer to [`DhtOp::LookupMac`]: the address the MAC's host holds, and its
-    /// holder (`None`: no member knows the MAC). `record` as for
-    /// [`Migrate::handle_lookup`].
-    pub fn handle_mac_lookup(
-        &mut self,
-        now: Instant,
-        mac: Mac,
-        found: Option<(Ipv4Addr, Lookup<P>)>,
-        record: Vec<u8>,
-    ) {
-        let Some(started) = self.macs.remove(&mac) else {
+    /// A member's [`Message::IsAt`]: the RARP frame's MAC is at `address` on its LAN. Only
+    /// the first answer to a question still out counts; its address's holder is looked up
+    /// as after a gratuitous ARP, the handoff's duration counting from the RARP frame.
+    pub(crate) fn target_is_at(&mut self, now: Instant, mac: Mac, address: Ipv4Addr) {
+        let Some(&started) = self.mac_queries.get(&mac) else {
+            // Never asked, answered already, or given up.
             return;
         };
-        let Some((address, lookup)) = found else {
-            self.event(Event::GaveUp {
-                address: None,
-                reason: "no member knows the announced MAC",
-            });
+        if self
+            .mac_query_deadline(started)
+            .is_some_and(|end| end <= now)
+        {
+            // Late: the timeout gives up on it.
             return;
-        };
+        }
+        self.mac_queries.remove(&mac);
         if self.targets.contains_key(&address) {
             return;
         }
         self.moved.remove(&address);
-        self.targets.insert(
-            address,
-            Handoff {
-                started,
-                step: Step::Looking {
-                    deadline: now + self.dht_timeout(),
-                },
-                hops: 0,
-                from: None,
-                record: Vec::new(),
-            },
-        );
-        self.handle_lookup(now, address, lookup, record);
+        self.look_up(now, started, address, 0, None);
+    }
+
+    /// When the question about a MAC first seen at `started` is given up (`None`: a wait
+    /// too long for the clock, never).
+    pub(crate) fn mac_query_deadline(&self, started: Instant) -> Option<Instant> {
+        started.checked_add(self.config.mac_query_wait)
+    }
+
+    /// RARP MACs no member answered for within [`crate::Config::mac_query_wait`].
+    pub(crate) fn mac_queries_timeout(&mut self, now: Instant) {
+        let wait = self.config.mac_query_wait;
+        let before = self.mac_queries.len();
+        self.mac_queries
+            .retain(|_, started| started.checked_add(wait).is_none_or(|end| now < end));
+        for _ in self.mac_queries.len()..before {
+            self.event(Event::GaveUp {
+                address: None,
+                reason: "no member knows the announced MAC",
+            });
+        }
     }
 
     /// The answer to [`DhtOp::Lookup`]. `record` is this member's own record for the
