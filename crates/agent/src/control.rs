@@ -104,10 +104,42 @@ pub struct WorkerStatus {
     pub frames_out: u64,
     /// Datagrams its socket received.
     pub datagrams_in: u64,
-    /// Batches it carried (times it held the agent).
+    /// Batches it carried (times it held the data plane).
     pub batches: u64,
     /// Sends that failed on its socket.
     pub send_errors: u64,
+    /// How long it waited to take the data plane, per batch.
+    #[serde(default)]
+    pub lock_wait: LockWaitStatus,
+}
+
+/// A histogram of waits for the data plane: `counts[k]` batches waited less than
+/// `bounds_us[k]` microseconds (and at least the bound before); the last count is the rest.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LockWaitStatus {
+    pub bounds_us: Vec<u64>,
+    pub counts: Vec<u64>,
+    /// All waits added up.
+    pub sum_secs: f64,
+}
+
+impl LockWaitStatus {
+    /// The bound below which at least `q` (0 to 1) of the waits fell: `None` with no waits
+    /// or when they fell above the last bound.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut seen = 0;
+        for (k, count) in self.counts.iter().enumerate() {
+            seen += count;
+            if seen as f64 >= q * total as f64 {
+                return self.bounds_us.get(k).copied();
+            }
+        }
+        None
+    }
 }
 
 /// The libp2p overlay in [`Status`].

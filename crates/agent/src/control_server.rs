@@ -2,7 +2,7 @@
 //! hands it to the agent's loop as a [`Call`]; the loop answers with the JSON reply
 //! (docs/CONTROL.md), at once or (`set_name`) once the claim is decided.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -10,12 +10,11 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{self, Request};
-use crate::driver::Agent;
 
 /// A control request handed to the agent's loop, and where its reply goes.
 pub(crate) struct Call {
-    request: Request,
-    reply: oneshot::Sender<serde_json::Value>,
+    pub(crate) request: Request,
+    pub(crate) reply: oneshot::Sender<serde_json::Value>,
 }
 
 impl Call {
@@ -66,31 +65,5 @@ pub(crate) async fn serve(listener: UnixListener, agent: mpsc::Sender<Call>) {
             };
             let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
         });
-    }
-}
-
-impl Agent {
-    /// Answers one control request (a `set_name` may answer later).
-    pub(crate) fn handle_call(&mut self, now: Instant, call: Call) {
-        let Call { request, reply } = call;
-        let answer = match request {
-            Request::Status => {
-                self.refresh_member_names(now);
-                serde_json::to_value(self.status())
-                    .unwrap_or_else(|e| json!({ "error": format!("status: {e}") }))
-            }
-            Request::Join { namespace } => match self.join(&namespace, now) {
-                Ok(()) => json!({ "ok": true }),
-                Err(e) => json!({ "error": e }),
-            },
-            Request::Leave { namespace } => match self.leave(&namespace, now) {
-                Ok(released) => json!({ "ok": true, "released": released }),
-                Err(e) => json!({ "error": e }),
-            },
-            Request::SetName { namespace, name } => {
-                return self.set_name(now, &namespace, name, reply);
-            }
-        };
-        let _ = reply.send(answer);
     }
 }

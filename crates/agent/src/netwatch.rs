@@ -12,15 +12,12 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
-use std::time::Instant;
 
 use hyphae_overlay::PeerHandle;
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-
-use crate::driver::Agent;
 
 /// The netlink groups: IPv4 and IPv6 addresses and routes.
 const GROUPS: u32 = (libc::RTMGRP_IPV4_IFADDR
@@ -175,36 +172,6 @@ impl Sources {
             }
         }
         moved
-    }
-}
-
-impl Agent {
-    /// Addresses or routes changed: members whose source address changed hear from the
-    /// new one at once.
-    pub(crate) fn handle_net_change(&mut self, now: Instant) {
-        let Some(watch) = self.netwatch.as_mut() else {
-            return;
-        };
-        if !watch.drain() {
-            return;
-        }
-        let members: Vec<(PeerHandle, SocketAddr)> =
-            self.node.peers().map(|p| (p.handle, p.endpoint)).collect();
-        let moved = self.sources.changed(members.into_iter());
-        if !moved.is_empty() {
-            self.node.handle_underlay_change(now, &moved);
-            self.overlay.handle_underlay_change();
-        }
-    }
-}
-
-impl Agent {
-    /// Ready when the address watch has notifications; never without one.
-    pub(crate) fn poll_net_change(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        match &self.netwatch {
-            Some(w) => w.poll_readable(cx),
-            None => std::task::Poll::Pending,
-        }
     }
 }
 

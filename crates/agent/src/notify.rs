@@ -10,9 +10,6 @@
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::{Duration, Instant};
 
-use crate::config::Mode;
-use crate::driver::Agent;
-
 /// Where one namespace is on its way to holding its address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Progress<'a> {
@@ -139,29 +136,6 @@ fn address(socket: &[u8]) -> std::io::Result<SocketAddr> {
             std::io::ErrorKind::InvalidInput,
             "not an absolute path or @abstract name",
         )),
-    }
-}
-
-impl Agent {
-    /// Tells a service manager what the agent waits for, and when every namespace holds
-    /// its address, that it is ready.
-    pub(crate) fn notify_progress(&mut self, now: Instant) {
-        if !self.notifier.due(now) {
-            return;
-        }
-        let progress: Vec<_> = self
-            .namespaces
-            .iter()
-            .filter(|n| n.active())
-            .map(|n| Progress {
-                name: &n.name,
-                own_address: n.mode != Mode::Router && !n.membership.host_uses_dhcp(),
-                subnet_known: n.membership.subnet().is_some(),
-                held: n.membership.owned(),
-            })
-            .collect();
-        let readiness = readiness(self.overlay_ready(), &progress);
-        self.notifier.update(readiness);
     }
 }
 

@@ -8,7 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use hyphae_overlay::{Identity, NamespaceId, PeerId};
+use hyphae_overlay::{Identity, PeerId};
 use tokio::net::UnixListener;
 use tun_rs::SyncDevice;
 
@@ -38,7 +38,7 @@ pub fn up(config: Config) -> Result<()> {
                 Some(address) => Some(bind_web(address).await?),
                 None => None,
             };
-            crate::driver::Agent::start(config.clone(), identity, sockets)?
+            crate::driver::Control::start(config.clone(), identity, sockets)?
                 .run(listener, web)
                 .await
         }
@@ -317,36 +317,6 @@ pub(crate) fn remembered_members(state_dir: &Path, name: &str) -> Vec<SocketAddr
     text.lines()
         .filter_map(|line| line.split_whitespace().nth(1)?.parse().ok())
         .collect()
-}
-
-impl crate::driver::Agent {
-    /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
-    /// restart contacts them at once (see [`remembered_members`]).
-    pub(crate) fn remember_members(&mut self, i: usize) {
-        let mut members: Vec<(PeerId, SocketAddr)> = self
-            .node
-            .peers()
-            .filter(|p| p.ns == NamespaceId(i) && p.handshake_age.is_some())
-            .map(|p| (p.id, p.endpoint))
-            .collect();
-        members.sort();
-        let n = &mut self.namespaces[i];
-        // Nobody reachable now says nothing about who comes back: keep the last list.
-        if members.is_empty() || members == n.remembered {
-            return;
-        }
-        let text: String = members
-            .iter()
-            .map(|(id, endpoint)| format!("{id} {endpoint}\n"))
-            .collect();
-        let path = members_file(&self.state_dir, &n.name);
-        let tmp = path.with_extension("members.new");
-        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            tracing::debug!(path = %path.display(), error = %e, "cannot remember the members");
-        }
-        n.remembered = members;
-    }
 }
 
 #[cfg(test)]

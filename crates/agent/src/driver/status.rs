@@ -2,37 +2,114 @@
 //! (docs/CONTROL.md).
 
 use std::collections::HashSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use hyphae_overlay::{DropReason as NodeDrop, PeerDropReason};
-use hyphae_vswitch::DropReason as SwitchDrop;
+use hyphae_overlay::{DropReason as NodeDrop, PeerDropReason, PeerId, PeerStats, RelayStats};
+use hyphae_vswitch::{Counters, DropReason as SwitchDrop};
 
+use super::data::{DataPlane, OffloadCounters};
+use super::workers::{lock, LOCK_WAIT_BOUNDS_US};
+use super::Control;
 use crate::config::Mode;
 use crate::control::{
-    self, NamespaceStatus, OverlayStatus, PeerStatus, RelayStatus, Status, WorkerStatus,
-    STATUS_VERSION,
+    self, LockWaitStatus, NamespaceStatus, OverlayStatus, PeerStatus, RelayStatus, Status,
+    WorkerStatus, STATUS_VERSION,
 };
-use crate::driver::Agent;
+
+/// What status shows of the data plane, copied out while it is held (plain values: the
+/// formatting happens after it is let go).
+struct DataStatus {
+    lanes: Vec<LaneStatus>,
+    peers: Vec<PeerSnapshot>,
+    drops: Vec<(NodeDrop, u64)>,
+    underlay_changes: u64,
+    relay: RelayStats,
+    inbox_drops: u64,
+}
+
+struct LaneStatus {
+    counters: Counters,
+    address: Ipv4Addr,
+    lan_hosts: Vec<Ipv4Addr>,
+    tap_errors: u64,
+    offload: bool,
+    offload_counters: OffloadCounters,
+}
+
+struct PeerSnapshot {
+    ns: usize,
+    id: PeerId,
+    endpoint: SocketAddr,
+    relayed_via: Option<PeerId>,
+    rtt: Option<Duration>,
+    addresses: Vec<Ipv4Addr>,
+    handshake_age: Option<Duration>,
+    stats: PeerStats,
+}
+
+impl DataStatus {
+    fn of(dp: &DataPlane) -> Self {
+        Self {
+            lanes: dp
+                .lanes
+                .iter()
+                .map(|l| LaneStatus {
+                    counters: l.switch.counters().clone(),
+                    address: l.switch.config().address,
+                    lan_hosts: l.switch.lan_hosts(),
+                    tap_errors: l.tap_errors,
+                    offload: l.offload,
+                    offload_counters: l.offload_counters,
+                })
+                .collect(),
+            peers: dp
+                .node
+                .peers()
+                .map(|p| PeerSnapshot {
+                    ns: p.ns.0,
+                    id: p.id,
+                    endpoint: p.endpoint,
+                    relayed_via: p.relayed_via,
+                    rtt: p.rtt,
+                    addresses: p.addresses.to_vec(),
+                    handshake_age: p.handshake_age,
+                    stats: p.stats.clone(),
+                })
+                .collect(),
+            drops: NodeDrop::ALL
+                .iter()
+                .map(|r| (*r, dp.node.drops(*r)))
+                .collect(),
+            underlay_changes: dp.node.underlay_changes(),
+            relay: dp.node.relay_stats(),
+            inbox_drops: dp.inbox_drops,
+        }
+    }
+}
 
 /// How often the host name of a member's address is read again from the DHT for status.
 /// Names change rarely; a minute keeps the reads to one per member per minute.
 const MEMBER_NAME_REFRESH: Duration = Duration::from_secs(60);
 
-impl Agent {
+impl Control {
     /// Starts DHT reads of the host names of the members' first addresses not read within
     /// [`MEMBER_NAME_REFRESH`]; the answers (`HolderRead`) show from the next status on.
     /// Names of addresses no tunnel has any more are forgotten, so the map stays as small
     /// as the tunnels.
     pub(crate) fn refresh_member_names(&mut self, now: Instant) {
         let mut current: Vec<HashSet<Ipv4Addr>> = vec![HashSet::new(); self.namespaces.len()];
-        for p in self.node.peers() {
-            let (Some(n), Some(&address)) = (self.namespaces.get_mut(p.ns.0), p.addresses.first())
-            else {
+        let firsts: Vec<(usize, Ipv4Addr)> = lock(&self.dp)
+            .node
+            .peers()
+            .filter_map(|p| Some((p.ns.0, *p.addresses.first()?)))
+            .collect();
+        for (ns, address) in firsts {
+            let Some(n) = self.namespaces.get_mut(ns) else {
                 continue;
             };
-            current[p.ns.0].insert(address);
+            current[ns].insert(address);
             let due = n.member_names.get(&address).is_none_or(|(_, read)| {
                 now.saturating_duration_since(*read) >= MEMBER_NAME_REFRESH
             });
@@ -52,13 +129,14 @@ impl Agent {
     }
 
     pub(crate) fn status(&self) -> Status {
+        let data = DataStatus::of(&lock(&self.dp));
         let mut namespaces: Vec<NamespaceStatus> = self
             .namespaces
             .iter()
-            .map(|p| {
+            .zip(&data.lanes)
+            .map(|(p, lane)| {
                 let m = &p.membership;
-                let c = p.switch.counters();
-                let cfg = p.switch.config();
+                let c = &lane.counters;
                 NamespaceStatus {
                     name: p.name.clone(),
                     mode: match p.mode {
@@ -67,7 +145,7 @@ impl Agent {
                         Mode::Hybrid => "hybrid".into(),
                     },
                     bridge: p.bridge.clone(),
-                    lan_hosts: p.switch.lan_hosts().iter().map(|a| a.to_string()).collect(),
+                    lan_hosts: lane.lan_hosts.iter().map(|a| a.to_string()).collect(),
                     addresses: m.addresses().iter().map(|a| a.to_string()).collect(),
                     hosted_conflicts: m.hosted_conflicts(),
                     group_members: p.group.len(),
@@ -125,10 +203,10 @@ impl Agent {
                         }
                     },
                     device: p.device.clone(),
-                    address: if cfg.address.is_unspecified() {
+                    address: if lane.address.is_unspecified() {
                         String::new()
                     } else {
-                        cfg.address.to_string()
+                        lane.address.to_string()
                     },
                     address_claimed: m.owned().is_some(),
                     endpoints: m
@@ -152,29 +230,29 @@ impl Agent {
                         .iter()
                         .map(|r| (r.as_str().to_string(), c.drops(*r)))
                         .chain([
-                            ("device_write".to_string(), p.tap_errors),
+                            ("device_write".to_string(), lane.tap_errors),
                             (
                                 "offload_malformed".to_string(),
-                                p.offload_counters.malformed,
+                                lane.offload_counters.malformed,
                             ),
                         ])
                         .collect(),
-                    offload: p.offload,
-                    super_frames: p.offload_counters.super_frames,
-                    segments: p.offload_counters.segments,
-                    coalesced_writes: p.offload_counters.coalesced_writes,
-                    coalesced_frames: p.offload_counters.coalesced_frames,
+                    offload: lane.offload,
+                    super_frames: lane.offload_counters.super_frames,
+                    segments: lane.offload_counters.segments,
+                    coalesced_writes: lane.offload_counters.coalesced_writes,
+                    coalesced_frames: lane.offload_counters.coalesced_frames,
                     peers: Vec::new(),
                 }
             })
             .collect();
-        for p in self.node.peers() {
-            let Some(ns) = namespaces.get_mut(p.ns.0) else {
+        for p in &data.peers {
+            let Some(ns) = namespaces.get_mut(p.ns) else {
                 continue;
             };
             let relay_addresses = p
                 .relayed_via
-                .and_then(|via| self.node.peers().find(|r| r.ns == p.ns && r.id == via))
+                .and_then(|via| data.peers.iter().find(|r| r.ns == p.ns && r.id == via))
                 .map(|r| r.addresses.iter().map(|a| a.to_string()).collect())
                 .unwrap_or_default();
             ns.peers.push(PeerStatus {
@@ -190,7 +268,7 @@ impl Agent {
                 rtt_ms: p.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
                 name: p.addresses.first().and_then(|a| {
-                    self.namespaces[p.ns.0]
+                    self.namespaces[p.ns]
                         .member_names
                         .get(a)
                         .and_then(|(name, _)| name.clone())
@@ -220,13 +298,18 @@ impl Agent {
         });
         Status {
             version: STATUS_VERSION,
-            identity: self.node.peer_id().to_string(),
+            identity: self.identity.peer_id().to_string(),
             listen: self.listen.to_string(),
-            underlay_changes: self.node.underlay_changes(),
-            drops: NodeDrop::ALL
+            underlay_changes: data.underlay_changes,
+            drops: data
+                .drops
                 .iter()
-                .map(|r| (r.as_str().to_string(), self.node.drops(*r)))
-                .chain([("send_error".to_string(), self.send_errors())])
+                .map(|(r, n)| (r.as_str().to_string(), *n))
+                .chain([
+                    ("send_error".to_string(), self.send_errors()),
+                    ("control_queue".to_string(), data.inbox_drops),
+                    ("outbox".to_string(), self.outbox_drops),
+                ])
                 .collect(),
             underlay: self.underlay_status(),
             workers: self.worker_status(),
@@ -274,7 +357,7 @@ impl Agent {
                     .collect(),
             },
             relay: {
-                let r = self.node.relay_stats();
+                let r = &data.relay;
                 RelayStatus {
                     sessions: r.sessions,
                     packets: r.packets,
@@ -287,7 +370,7 @@ impl Agent {
     }
 }
 
-impl Agent {
+impl Control {
     /// Sends that failed on any worker's underlay.
     fn send_errors(&self) -> u64 {
         self.workers
@@ -318,6 +401,16 @@ impl Agent {
                     datagrams_in: c.datagrams_in.load(Ordering::Relaxed),
                     batches: c.batches.load(Ordering::Relaxed),
                     send_errors: c.send_errors.load(Ordering::Relaxed),
+                    lock_wait: LockWaitStatus {
+                        bounds_us: LOCK_WAIT_BOUNDS_US.to_vec(),
+                        counts: c
+                            .lock_wait
+                            .buckets
+                            .iter()
+                            .map(|n| n.load(Ordering::Relaxed))
+                            .collect(),
+                        sum_secs: c.lock_wait.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                    },
                 }
             })
             .collect()

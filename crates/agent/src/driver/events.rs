@@ -6,14 +6,131 @@ use std::time::Instant;
 
 use hyphae_dhcp_dns::dns::Missing;
 use hyphae_dhcp_dns::service::Found;
+use hyphae_migrate::{Announce, Presence};
 use hyphae_overlay::membership::{Event, Request};
 use hyphae_overlay::swarm::OverlayEvent;
 use hyphae_overlay::NamespaceId;
 
-use crate::driver::Agent;
-use crate::services::HeldBy;
+use super::data::ToControl;
+use super::services::HeldBy;
+use super::workers::lock;
+use super::Control;
 
-impl Agent {
+impl Control {
+    /// Takes what the workers left in the data plane's inbox and acts on it. Returns
+    /// whether there was anything.
+    pub(crate) fn take_inbox(&mut self, now: Instant) -> bool {
+        {
+            let mut dp = lock(&self.dp);
+            std::mem::swap(&mut dp.inbox, &mut self.inbox);
+        }
+        if self.inbox.is_empty() {
+            return false;
+        }
+        let mut inbox = std::mem::take(&mut self.inbox);
+        for message in inbox.drain(..) {
+            self.handle_inbox(now, message);
+        }
+        // The emptied vector goes back to be swapped in next time.
+        self.inbox = inbox;
+        true
+    }
+
+    fn handle_inbox(&mut self, now: Instant, message: ToControl) {
+        match message {
+            ToControl::Dhcp { ns, payload, mac } => self.handle_dhcp(ns, &payload, mac, now),
+            ToControl::Dns {
+                ns,
+                payload,
+                client,
+            } => {
+                if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
+                    let held = HeldBy(&n.membership);
+                    n.dns
+                        .handle_udp_query(now, &payload, client.ip, client, &held);
+                }
+            }
+            ToControl::Service { ns, packet, mac } => {
+                if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
+                    n.dns
+                        .handle_service_packet(now, &packet, mac, &HeldBy(&n.membership));
+                }
+            }
+            ToControl::Hold { ns, target, frame } => {
+                if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
+                    n.membership.hold(now, target, &frame);
+                }
+            }
+            ToControl::GroupWanted { ns } => {
+                if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
+                    n.membership.refresh_group_soon(now);
+                }
+            }
+            ToControl::Lan { ns, event } => self.lan_event(ns, now, event),
+            ToControl::Node(event) => self.node_event(now, event),
+        }
+    }
+
+    /// What the tunnel node reported (the switches have applied their part).
+    fn node_event(&mut self, _now: Instant, event: hyphae_overlay::Event) {
+        match event {
+            hyphae_overlay::Event::PeerUnreachable { ns, addresses, .. } => {
+                if let Some(n) = self.namespaces.get_mut(ns.0) {
+                    n.membership.forget(&addresses);
+                }
+            }
+            hyphae_overlay::Event::PeerAddresses { ns, addresses, .. } => {
+                if let Some(n) = self.namespaces.get_mut(ns.0) {
+                    let frames = n.membership.take_pending(&addresses);
+                    if !frames.is_empty() {
+                        self.replays.push((ns.0, frames));
+                    }
+                }
+            }
+        }
+    }
+
+    /// What a router or hybrid switch learned about its LAN: hosts to claim or release,
+    /// and hosts announcing themselves (a handoff may start).
+    fn lan_event(&mut self, i: usize, now: Instant, event: hyphae_vswitch::Event) {
+        let Some(n) = self.namespaces.get_mut(i).filter(|n| n.active()) else {
+            return;
+        };
+        let (address, mac, announce) = match event {
+            hyphae_vswitch::Event::LanHostUp(a) => {
+                n.membership.add_hosted(a, now);
+                return;
+            }
+            hyphae_vswitch::Event::LanHostDown(a) => {
+                if n.membership.remove_hosted(a) {
+                    self.announce_addresses(i, now);
+                }
+                return;
+            }
+            // A host announcing itself after a migration (counted in status as
+            // `lan_announcements`); a new one is claimed (LanHostUp came first), and a
+            // refused claim starts the handoff (migration.rs).
+            hyphae_vswitch::Event::Rarp(mac) => (None, mac, Announce::Rarp),
+            hyphae_vswitch::Event::GratuitousArp { address, mac } => {
+                (Some(address), mac, Announce::GratuitousArp)
+            }
+            // A host a handoff probes for answered: it never left.
+            hyphae_vswitch::Event::LanHostHeard { address, mac } => {
+                (Some(address), mac, Announce::Packet)
+            }
+        };
+        tracing::debug!(namespace = %n.name, ?address, ?mac, ?announce, "LAN host seen");
+        self.lan_presence(
+            i,
+            now,
+            Presence {
+                address,
+                mac,
+                announce,
+            },
+        );
+    }
+
     pub(crate) fn handle_overlay(&mut self, now: Instant, event: OverlayEvent) {
         match event {
             OverlayEvent::Joined => {
@@ -107,10 +224,7 @@ impl Agent {
         let n = &mut self.namespaces[i];
         match event {
             Event::AddressWon(address) => self.set_address(i, address, now),
-            Event::AddressesChanged => {
-                let addresses = n.membership.addresses();
-                self.node.set_addresses(now, NamespaceId(i), addresses);
-            }
+            Event::AddressesChanged => self.announce_addresses(i, now),
             Event::Persist(address) => {
                 let path = crate::setup::state_file(&self.state_dir, &n.name);
                 if let Err(e) = std::fs::write(&path, format!("{address}\n")) {
@@ -120,10 +234,11 @@ impl Agent {
             Event::Conflict(reason) => self.conflict(i, reason, now),
             Event::SubnetLearned(subnet) => {
                 self.overlay.exclude_network(subnet.into());
-                n.switch.set_subnet(subnet);
                 n.dns.set_zone(&n.name, subnet);
+                let mut dp = lock(&self.dp);
+                dp.lanes[i].switch.set_subnet(subnet);
                 // Members announced before the subnet was known: route them now.
-                self.node.repeat_addresses(NamespaceId(i), None);
+                dp.node.repeat_addresses(NamespaceId(i), None);
             }
             Event::Dhcp { client, address } => {
                 self.dhcp_claimed(i, hyphae_dhcp_dns::dhcp::ClientId(client), address, now);
@@ -135,20 +250,19 @@ impl Agent {
                 };
                 tracing::debug!(namespace = %n.name, target = %r.target,
                     member = ?r.member, %endpoint, "resolved");
-                match self
-                    .node
-                    .add_member(now, NamespaceId(i), r.member, endpoint)
-                {
+                let mut dp = lock(&self.dp);
+                match dp.node.add_member(now, NamespaceId(i), r.member, endpoint) {
                     // The owner's signed lease is the route until its announcement
                     // arrives (a router that restarted has announced nothing yet); the
                     // frames that waited go out with either.
                     Ok(handle) => {
-                        n.switch.add_route(r.target, handle);
+                        dp.lanes[i].switch.add_route(r.target, handle);
+                        dp.node.repeat_addresses(NamespaceId(i), Some(handle));
+                        drop(dp);
                         let frames = n.membership.take_pending(&[r.target]);
                         if !frames.is_empty() {
                             self.replays.push((i, frames));
                         }
-                        self.node.repeat_addresses(NamespaceId(i), Some(handle));
                     }
                     Err(reason) => {
                         tracing::debug!(reason = reason.as_str(), "cannot open a tunnel");
@@ -157,12 +271,16 @@ impl Agent {
             }
             Event::Group(found) => {
                 // A tunnel with every member, so a broadcast reaches them all.
+                let mut dp = lock(&self.dp);
                 for &(member, endpoint) in &found {
-                    if self.node.member_handle(NamespaceId(i), member).is_none() {
-                        let _ = self.node.add_member(now, NamespaceId(i), member, endpoint);
+                    if dp.node.member_handle(NamespaceId(i), member).is_none() {
+                        let _ = dp.node.add_member(now, NamespaceId(i), member, endpoint);
                     }
                 }
                 n.group = found.into_iter().map(|(m, _)| m).collect();
+                let lane = &mut dp.lanes[i];
+                lane.group.clone_from(&n.group);
+                lane.group_wanted = false;
             }
             Event::NameRead { host, address } => {
                 let held = HeldBy(&n.membership);

@@ -13,8 +13,9 @@ use hyphae_overlay::NamespaceId;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::workers::lock;
+use super::{Control, NameWaiter, NAME_SET_WAIT};
 use crate::config::Mode;
-use crate::driver::{Agent, NameWaiter, NAME_SET_WAIT};
 
 /// What a member holds, as the DNS service asks it.
 pub(crate) struct HeldBy<'a>(pub(crate) &'a Membership);
@@ -31,7 +32,7 @@ impl Held for HeldBy<'_> {
     }
 }
 
-impl Agent {
+impl Control {
     /// A DHCP request from the host or the LAN (a client's, or a relay agent's from `mac`),
     /// for the namespace's virtual DHCP server.
     pub(crate) fn handle_dhcp(
@@ -71,14 +72,15 @@ impl Agent {
         while let Some(output) = n.dhcp.as_mut().and_then(dhcp::Server::poll_output) {
             match output {
                 dhcp::Output::Reply(r) => {
-                    if let Some(len) = n.switch.emit_dhcp_reply(
-                        &mut self.service_buf,
+                    let emitted = lock(&self.dp).lanes[i].switch.emit_dhcp_reply(
+                        &mut self.batch.reply,
                         r.mac,
                         r.dst,
                         r.port,
                         &r.bytes,
-                    ) {
-                        self.io.write(i, n, &self.service_buf[..len]);
+                    );
+                    if let Some(len) = emitted {
+                        self.batch.write_reply(i, len);
                     }
                 }
                 dhcp::Output::Claim {
@@ -88,11 +90,13 @@ impl Agent {
                 } => n.membership.claim_for_dhcp(now, client.0, hint, exact),
                 dhcp::Output::Release(address) => {
                     if n.membership.release_dhcp(address) {
-                        if n.switch.config().address == address {
-                            n.switch.set_address(Ipv4Addr::UNSPECIFIED);
-                        }
                         let addresses = n.membership.addresses();
-                        self.node.set_addresses(now, NamespaceId(i), addresses);
+                        let mut dp = lock(&self.dp);
+                        let switch = &mut dp.lanes[i].switch;
+                        if switch.config().address == address {
+                            switch.set_address(Ipv4Addr::UNSPECIFIED);
+                        }
+                        dp.node.set_addresses(now, NamespaceId(i), addresses);
                     }
                 }
                 // The DHT lease is renewed while the client holds the address.
@@ -119,13 +123,14 @@ impl Agent {
         match address {
             Some(a) => {
                 server.allocated(&client, a, now);
+                let addresses = n.membership.addresses();
+                let mut dp = lock(&self.dp);
                 if n.membership.host_uses_dhcp() {
                     // The host's DHCP client configures the device; the switch and the
                     // tunnels learn the address now.
-                    n.switch.set_address(a);
+                    dp.lanes[i].switch.set_address(a);
                 }
-                let addresses = n.membership.addresses();
-                self.node.set_addresses(now, NamespaceId(i), addresses);
+                dp.node.set_addresses(now, NamespaceId(i), addresses);
             }
             None => server.refused(&client),
         }
@@ -140,20 +145,24 @@ impl Agent {
         let mut any = false;
         while let Some((client, answer)) = n.dns.poll_udp_answer() {
             any = true;
-            if let Some(len) = n
-                .switch
-                .emit_dns_reply(&mut self.service_buf, client, &answer)
-            {
-                self.io.write(i, n, &self.service_buf[..len]);
+            let emitted = lock(&self.dp).lanes[i].switch.emit_dns_reply(
+                &mut self.batch.reply,
+                client,
+                &answer,
+            );
+            if let Some(len) = emitted {
+                self.batch.write_reply(i, len);
             }
         }
         while let Some((mac, packet)) = n.dns.poll_service_packet() {
             any = true;
-            if let Some(len) = n
-                .switch
-                .emit_service_packet(&mut self.service_buf, mac, &packet)
-            {
-                self.io.write(i, n, &self.service_buf[..len]);
+            let emitted = lock(&self.dp).lanes[i].switch.emit_service_packet(
+                &mut self.batch.reply,
+                mac,
+                &packet,
+            );
+            if let Some(len) = emitted {
+                self.batch.write_reply(i, len);
             }
         }
         while let Some(transmit) = n.dns.poll_transmit() {

@@ -28,31 +28,14 @@ use hyphae_overlay::membership::HostedClaim;
 use hyphae_overlay::records::Envelope;
 use hyphae_overlay::swarm::{network_id, owner_key, NetworkId};
 use hyphae_overlay::{NamespaceId, PeerId};
-use serde::{Deserialize, Serialize};
 
-use crate::driver::Agent;
-
-/// How long a RARP frame's MAC waits for a member to say whose LAN host it is.
-const MAC_QUERY_WAIT: Duration = Duration::from_secs(1);
-
-/// A message between routers, as it travels.
-#[derive(Debug, Serialize, Deserialize)]
-enum Wire {
-    /// A handoff's request, reply or push; members as base58 peer ids.
-    Handoff(Message<String>),
-    /// Which address has the LAN host with this MAC? (A RARP frame named only the MAC.)
-    WhoHas(Mac),
-    /// The LAN host with this MAC is at this address on my LAN.
-    IsAt(Mac, Ipv4Addr),
-}
+use super::data::Grace;
+use super::workers::lock;
+use super::Control;
 
 /// One namespace's handoffs and what the agent keeps beside them.
 pub(crate) struct Handoffs {
     pub(crate) core: Migrate<NetworkId>,
-    /// RARP MACs asked of the members, until when.
-    mac_queries: HashMap<Mac, Instant>,
-    /// Addresses a member named for a RARP MAC, looked up now.
-    mac_found: HashMap<Ipv4Addr, Mac>,
     /// Names of hosts whose lease is being transferred (the membership unbinds them when
     /// the transfer ends, before the answer is built).
     leaving: HashMap<Ipv4Addr, (Option<Mac>, Vec<String>)>,
@@ -62,56 +45,33 @@ impl Handoffs {
     pub(crate) fn new(local: &PeerId) -> Option<Self> {
         Some(Self {
             core: Migrate::new(Config::default(), network_id(local.as_bytes())?),
-            mac_queries: HashMap::new(),
-            mac_found: HashMap::new(),
             leaving: HashMap::new(),
         })
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let queries = self.mac_queries.values().min().copied();
-        [self.core.poll_timeout(), queries]
-            .into_iter()
-            .flatten()
-            .min()
+        self.core.poll_timeout()
     }
-}
-
-/// The envelope of a target's record, packed for a request: owner, expiry, signature, then
-/// the sealed value (a JSON envelope would not fit a router message inside JSON again).
-fn pack(e: &Envelope) -> Vec<u8> {
-    let mut out = Vec::with_capacity(104 + e.sealed.len());
-    out.extend_from_slice(&e.owner);
-    out.extend_from_slice(&e.expires.to_be_bytes());
-    out.extend_from_slice(&e.signature);
-    out.extend_from_slice(&e.sealed);
-    out
-}
-
-fn unpack(bytes: &[u8]) -> Option<Envelope> {
-    let (owner, rest) = bytes.split_at_checked(32)?;
-    let (expires, rest) = rest.split_at_checked(8)?;
-    let (signature, sealed) = rest.split_at_checked(64)?;
-    Some(Envelope {
-        owner: owner.to_vec(),
-        expires: u64::from_be_bytes(expires.try_into().ok()?),
-        sealed: sealed.to_vec(),
-        signature: signature.to_vec(),
-    })
 }
 
 fn member(id: &NetworkId) -> Option<PeerId> {
     PeerId::from_bytes(owner_key(id)?).ok()
 }
 
-impl Agent {
+impl Control {
     /// A LAN host showed itself on namespace `i`'s LAN: a RARP frame (no address), a
     /// gratuitous ARP, or (after a probe) any frame.
     pub(crate) fn lan_presence(&mut self, i: usize, now: Instant, presence: Presence) {
         let n = &mut self.namespaces[i];
+        let known = match presence.address {
+            None => lock(&self.dp).lanes[i]
+                .switch
+                .lan_host_with_mac(presence.mac),
+            Some(_) => None,
+        };
         let presence = match presence.address {
             // A RARP frame from a host this router knows already: its address is known.
-            None => match n.switch.lan_host_with_mac(presence.mac) {
+            None => match known {
                 Some(address) => Presence {
                     address: Some(address),
                     ..presence
@@ -150,7 +110,10 @@ impl Agent {
             };
             h.handle_claim(now, address, outcome);
         } else if let HostedClaim::Held(_) = outcome {
-            let mac = n.switch.lan_host_mac(address).unwrap_or_default();
+            let mac = lock(&self.dp).lanes[i]
+                .switch
+                .lan_host_mac(address)
+                .unwrap_or_default();
             let presence = Presence {
                 address: Some(address),
                 mac,
@@ -179,16 +142,9 @@ impl Agent {
         let record = n
             .membership
             .hosted_record(address, now)
-            .map(|e| pack(&e))
+            .map(|e| e.pack())
             .unwrap_or_default();
-        match n.handoffs.mac_found.remove(&address) {
-            Some(mac) => {
-                n.handoffs
-                    .core
-                    .handle_mac_lookup(now, mac, Some((address, lookup)), record)
-            }
-            None => n.handoffs.core.handle_lookup(now, address, lookup, record),
-        }
+        n.handoffs.core.handle_lookup(now, address, lookup, record);
     }
 
     /// A lease transfer of namespace `i`'s membership ended (this router is the source).
@@ -231,44 +187,32 @@ impl Agent {
         else {
             return;
         };
-        let wire = match serde_json::from_slice::<Wire>(body) {
-            Ok(w) => w,
+        let message = serde_json::from_slice::<Message<String>>(body)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                m.map_members(|p| p.parse::<NetworkId>().ok())
+                    .ok_or_else(|| "it names no member".to_string())
+            });
+        let message = match message {
+            Ok(m) => m,
             Err(e) => {
                 tracing::debug!(%from, error = %e, "a member's message does not parse; dropped");
                 return;
             }
         };
         let n = &mut self.namespaces[i];
-        match wire {
-            Wire::Handoff(message) => {
-                let Some(message) = message.map_members(|p| p.parse::<NetworkId>().ok()) else {
-                    tracing::debug!(%from, "a handoff message names no member; dropped");
-                    return;
-                };
-                match message {
-                    Message::Moved { address, to } => self.moved(i, from, address, to),
-                    Message::Request { address, .. } | Message::Reply { address, .. } => {
-                        let held = n.membership.holds(address);
-                        n.handoffs.core.handle_message(now, from, message, held);
-                    }
-                }
+        match message {
+            Message::Moved { address, to } => self.moved(i, from, address, to),
+            Message::WhoHas { mac } => {
+                let address = lock(&self.dp).lanes[i].switch.lan_host_with_mac(mac);
+                let found = address.filter(|a| n.membership.holds(*a));
+                n.handoffs.core.handle_who_has(from, mac, found);
             }
-            Wire::WhoHas(mac) => {
-                let Some(address) = n
-                    .switch
-                    .lan_host_with_mac(mac)
-                    .filter(|a| n.membership.holds(*a))
-                else {
-                    return;
-                };
-                self.send_wire(i, from, &Wire::IsAt(mac, address));
+            Message::Request { address, .. } | Message::Reply { address, .. } => {
+                let held = n.membership.holds(address);
+                n.handoffs.core.handle_message(now, from, message, held);
             }
-            Wire::IsAt(mac, address) => {
-                if n.handoffs.mac_queries.remove(&mac).is_some() {
-                    n.handoffs.mac_found.insert(address, mac);
-                    n.membership.look_up_holder(address);
-                }
-            }
+            Message::IsAt { .. } => n.handoffs.core.handle_message(now, from, message, false),
         }
     }
 
@@ -279,35 +223,25 @@ impl Agent {
         let (Some(from), Some(to)) = (member(&from), member(&to)) else {
             return;
         };
-        let Some(old) = self.node.member_handle(ns, from) else {
+        let mut dp = lock(&self.dp);
+        let Some(old) = dp.node.member_handle(ns, from) else {
             return;
         };
         let n = &mut self.namespaces[i];
-        if !hyphae_migrate::accept_moved(&old, n.switch.route(address).as_ref()) {
+        if !hyphae_migrate::accept_moved(&old, dp.lanes[i].switch.route(address).as_ref()) {
             return;
         }
-        let new = self.node.member_handle(ns, to);
+        let new = dp.node.member_handle(ns, to);
+        dp.lanes[i].switch.move_route(address, new);
+        drop(dp);
         tracing::info!(namespace = %n.name, %address, "a LAN host moved to another router; its route moves");
-        n.switch.move_route(address, new);
         if new.is_none() {
             // No tunnel to the new holder yet: the next packet looks it up.
             n.membership.forget(&[address]);
         }
     }
 
-    /// Source, during the grace period after a handoff: the member a packet for `dst`
-    /// that reached this router goes on to.
-    pub(crate) fn forward_to(
-        &self,
-        i: usize,
-        dst: Ipv4Addr,
-        now: Instant,
-    ) -> Option<hyphae_overlay::PeerHandle> {
-        let to = self.namespaces[i].handoffs.core.forward_to(dst, now)?;
-        self.node.member_handle(NamespaceId(i), member(&to)?)
-    }
-
-    fn send_wire(&mut self, i: usize, to: NetworkId, wire: &Wire) {
+    fn send_wire(&mut self, i: usize, to: NetworkId, wire: &Message<String>) {
         let body = match serde_json::to_vec(wire) {
             Ok(b) => b,
             Err(e) => {
@@ -323,20 +257,9 @@ impl Agent {
         }
     }
 
-    /// Timers of namespace `i`'s handoffs: the core's, and RARP MACs nobody claimed.
+    /// Timers of namespace `i`'s handoffs.
     pub(crate) fn handoffs_timeout(&mut self, i: usize, now: Instant) {
-        let h = &mut self.namespaces[i].handoffs;
-        h.core.handle_timeout(now);
-        let late: Vec<Mac> = h
-            .mac_queries
-            .iter()
-            .filter(|(_, t)| **t <= now)
-            .map(|(m, _)| *m)
-            .collect();
-        for mac in late {
-            h.mac_queries.remove(&mac);
-            h.core.handle_mac_lookup(now, mac, None, Vec::new());
-        }
+        self.namespaces[i].handoffs.core.handle_timeout(now);
     }
 
     /// Carries out what namespace `i`'s handoffs asked for. Returns whether there was
@@ -348,14 +271,15 @@ impl Agent {
             match output {
                 Output::Send { to, message } => {
                     if let Some(m) = message.map_members(|p| Some(p.to_base58())) {
-                        self.send_wire(i, to, &Wire::Handoff(m));
+                        self.send_wire(i, to, &m);
                     }
                 }
                 Output::Push(message) => self.push(i, message),
                 Output::Dht(op) => self.handoff_dht(i, now, op),
                 Output::Probe(address) => {
-                    self.namespaces[i].switch.probe_lan_host(address);
-                    self.flush_switch(i, now);
+                    let mut dp = lock(&self.dp);
+                    dp.lanes[i].switch.probe_lan_host(address);
+                    dp.flush_switch(i, now, &mut self.batch);
                 }
                 Output::Event(event) => self.handoff_event(i, now, event),
             }
@@ -372,7 +296,7 @@ impl Agent {
             Message::Moved { to, .. } => to.parse::<NetworkId>().ok().as_ref().and_then(member),
             _ => None,
         };
-        let wire = Wire::Handoff(message);
+        let wire = message;
         let me = self.identity.peer_id();
         for id in self.namespaces[i].group.clone() {
             // The new holder knows.
@@ -390,26 +314,16 @@ impl Agent {
         match op {
             DhtOp::Lookup(address) => n.membership.look_up_holder(address),
             DhtOp::Claim(address) => n.membership.claim_hosted_now(address, now),
-            DhtOp::LookupMac(mac) => {
-                n.handoffs.mac_queries.insert(mac, now + MAC_QUERY_WAIT);
-                let wire = Wire::WhoHas(mac);
-                let me = self.identity.peer_id();
-                for id in self.namespaces[i].group.clone() {
-                    if let Some(to) = network_id(id.as_bytes()).filter(|_| id != me) {
-                        self.send_wire(i, to, &wire);
-                    }
-                }
-            }
             DhtOp::Transfer {
                 address,
                 to,
                 record,
             } => {
                 // Only the asker's own record: the lease moves to whoever signed it.
-                let envelope =
-                    unpack(&record).filter(|e| e.owner().and_then(|o| network_id(&o)) == Some(to));
+                let envelope = Envelope::unpack(&record)
+                    .filter(|e| e.owner().and_then(|o| network_id(&o)) == Some(to));
                 let names = n.membership.name_for(address).map(str::to_string);
-                let mac = n.switch.lan_host_mac(address);
+                let mac = lock(&self.dp).lanes[i].switch.lan_host_mac(address);
                 let started = envelope.is_some_and(|e| n.membership.hand_off_hosted(address, e));
                 if started {
                     n.handoffs
@@ -440,19 +354,25 @@ impl Agent {
                     took_ms = took.as_millis() as u64, dhcp_lease = state.dhcp.is_some(),
                     names = ?state.names, "LAN host moved here; its address taken over");
                 n.membership.adopt_hosted(address, now);
-                // On this LAN now: no route to a member (ours pointed at the old holder).
-                n.switch.move_route(address, None);
-                // What still reaches the old holder it sends on here for a while.
-                if let Some(old) = from.as_ref().and_then(member) {
-                    let until = now + hyphae_migrate::GRACE;
-                    self.node
-                        .accept_forwarded(NamespaceId(i), old, address, until);
-                }
+                let mut dp = lock(&self.dp);
+                let lane = &mut dp.lanes[i];
+                // On this LAN now: no route to a member (ours pointed at the old holder),
+                // and nothing forwarded away from here any more.
+                lane.switch.move_route(address, None);
+                lane.grace.retain(|g| g.address != address);
                 if let Some(mac) = state.mac {
                     // Routed to the LAN at once, before the host speaks (a RARP names no
                     // address).
-                    n.switch.learn_lan_host(address, mac, now);
+                    lane.switch.learn_lan_host(address, mac, now);
                 }
+                // What still reaches the old holder it sends on here for a while.
+                if let Some(old) = from.as_ref().and_then(member) {
+                    let until = now + hyphae_migrate::GRACE;
+                    dp.node
+                        .accept_forwarded(NamespaceId(i), old, address, until);
+                }
+                dp.flush_switch(i, now, &mut self.batch);
+                drop(dp);
                 if let Some(lease) = state.dhcp {
                     if let Some(d) = n.dhcp.as_mut() {
                         d.take_over(
@@ -467,17 +387,28 @@ impl Agent {
                 for name in state.names {
                     n.membership.name_client(now, address, name);
                 }
-                self.flush_switch(i, now);
             }
             Event::HandedOff { address, to, took } => {
                 tracing::info!(namespace = %n.name, %address, %to,
                     took_ms = took.as_millis() as u64, "LAN host moved away; its address handed off");
-                n.switch.forget_lan_host(address);
-                let handle = member(&to).and_then(|m| self.node.member_handle(NamespaceId(i), m));
-                n.switch.move_route(address, handle);
+                let mut dp = lock(&self.dp);
+                let handle = member(&to).and_then(|m| dp.node.member_handle(NamespaceId(i), m));
+                let lane = &mut dp.lanes[i];
+                lane.switch.forget_lan_host(address);
+                lane.switch.move_route(address, handle);
+                // Packets still arriving for the host go on to its new router for the
+                // grace period (`Migrate::forward_to`, mirrored where the packets are).
+                lane.grace.retain(|g| g.address != address);
+                if let Some(to) = handle {
+                    lane.grace.push(Grace {
+                        address,
+                        to,
+                        until: now + hyphae_migrate::GRACE,
+                    });
+                }
             }
             Event::Kept { address, asker } => {
-                n.switch.unwatch_lan_host(address);
+                lock(&self.dp).lanes[i].switch.unwatch_lan_host(address);
                 tracing::info!(namespace = %n.name, %address, %asker,
                     "asked to hand over a LAN host that still answers here; kept");
             }
@@ -502,36 +433,5 @@ impl Agent {
                 tracing::warn!(namespace = %n.name, address = ?address, reason, "LAN host handoff given up");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_packed_record_unpacks_and_a_short_one_does_not() {
-        let e = Envelope {
-            owner: vec![7; 32],
-            expires: 1_900_000_000,
-            sealed: vec![1, 2, 3, 4, 5],
-            signature: vec![9; 64],
-        };
-        let packed = pack(&e);
-        assert_eq!(unpack(&packed), Some(e));
-        assert_eq!(unpack(&packed[..100]), None);
-        assert_eq!(unpack(&[]), None);
-    }
-
-    #[test]
-    fn wire_messages_parse_back_and_garbage_does_not() {
-        let wire = Wire::IsAt([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 1, 0, 5));
-        let bytes = serde_json::to_vec(&wire).expect("encodes");
-        assert!(matches!(
-            serde_json::from_slice::<Wire>(&bytes),
-            Ok(Wire::IsAt(_, a)) if a == Ipv4Addr::new(10, 1, 0, 5)
-        ));
-        assert!(serde_json::from_slice::<Wire>(b"{\"WhoHas\":[1,2]}").is_err());
-        assert!(serde_json::from_slice::<Wire>(&[0xff; 40]).is_err());
     }
 }

@@ -1,35 +1,49 @@
-//! The agent: every core (switches, tunnels, memberships, services, the overlay), fed what
-//! arrives with one reading of the clock per turn; it carries out what they return and
-//! tells the earliest deadline any core asks for (`poll_timeout`). The control thread's loop
-//! (`run`) and the data-path workers (`workers`) share it, each holding it for one turn or
-//! one batch at a time: nothing is locked per packet.
+//! The driver: the threads that carry out what the cores decide.
 //!
-//! Each namespace is one [`Namespace`]: its device, switch, DHCP and DNS services and its
-//! membership (the DHT state). The other files of the driver hold the rest by concern:
-//! `datapath` (frames and datagrams), `services` (DHCP and DNS), `events` (what the overlay
-//! and the memberships report), `status`, `control_server`.
+//! - The **data plane** ([`data::DataPlane`]: the tunnel node and each namespace's switch) is
+//!   what a packet needs. The workers ([`workers`]) and the control thread hold it for one
+//!   batch at a time, a batch that is synchronous and free of I/O: it returns what to send,
+//!   what to write to which TAP and what the control thread must hear; the system calls
+//!   happen after it is let go. Nothing is locked per packet.
+//! - The **control plane** ([`Control`]: the overlay swarm, the memberships, DHCP, DNS, the
+//!   handoffs, the waiters, status) is owned by the control thread ([`run`]) and never
+//!   locked. It reads the clock once per turn, polls the swarm with no lock held, takes what
+//!   the workers left in the data plane's bounded inbox, and sleeps until the earliest
+//!   deadline of any core.
+//!
+//! The control thread's files hold its concerns: `events` (what the overlay and the
+//! memberships report), `services` (DHCP and DNS), `migration` (LAN host handoffs),
+//! `status`, `calls` (the control socket's requests); `datapath` is the data plane's batch.
 #![allow(clippy::disallowed_methods)] // The driver is where the clocks are read.
+
+mod calls;
+pub(crate) mod data;
+mod datapath;
+mod events;
+mod migration;
+mod run;
+mod services;
+mod status;
+mod workers;
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
 use hyphae_dhcp_dns::{dhcp, service};
 use hyphae_overlay::membership::{self, Membership, Token};
 use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions};
-use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerHandle, PeerId};
+use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerId};
 use hyphae_vswitch::{Client, Switch};
 use tokio::sync::{mpsc, Notify};
 
 use crate::config::{Address, Config, Mode, UnderlayMode};
 use crate::setup;
-use crate::workers::{Command, Io, Tap, WorkerLink};
-
-/// Largest datagram or frame: the UDP maximum, with room for headers in front.
-pub(crate) const BUF_LEN: usize = 65536 + 64;
+use data::{Batch, DataPlane, Lane};
+use workers::{lock, Command, Outgoing, Shared, Tap, WorkerLink};
 
 /// How long a `hyphae name set` waits for its claim before answering "still running".
 pub(crate) const NAME_SET_WAIT: Duration = Duration::from_secs(4);
@@ -46,8 +60,9 @@ const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(Ipv4Addr::UNSPECIFIE
     Err(_) => panic!("a /32 is a valid prefix"),
 };
 
-/// One namespace this agent is (or was) a member of.
-pub(crate) struct Namespace {
+/// One namespace this agent joined (or left), as the control thread keeps it; its switch
+/// is the data plane's lane of the same index.
+pub(crate) struct Joined {
     pub(crate) name: String,
     /// Names the namespace in the control plane (its records and membership proofs).
     pub(crate) tag: [u8; hyphae_overlay::TAG_LEN],
@@ -59,12 +74,13 @@ pub(crate) struct Namespace {
     /// The TAP's first queue (the control thread writes through it; worker 0 reads it);
     /// `None` once the namespace was left.
     pub(crate) tap: Option<Tap>,
-    pub(crate) switch: Switch<PeerHandle>,
+    /// The TAP has offloads on: a virtio-net header leads every write.
+    pub(crate) offload: bool,
     /// The DHT state: address, names, resolution, group.
     pub(crate) membership: Membership,
     /// Router mode: LAN hosts moving between this router and others.
-    pub(crate) handoffs: crate::migration::Handoffs,
-    /// Members of the broadcast group (read from the DHT).
+    pub(crate) handoffs: migration::Handoffs,
+    /// Members of the broadcast group (read from the DHT; the lane has them too).
     pub(crate) group: Vec<PeerId>,
     /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
     pub(crate) dhcp: Option<dhcp::Server>,
@@ -72,10 +88,6 @@ pub(crate) struct Namespace {
     pub(crate) gateway: Option<Ipv4Addr>,
     /// The virtual DNS service.
     pub(crate) dns: service::Service<Client>,
-    pub(crate) tap_errors: u64,
-    /// The TAP has offloads on: a virtio-net header leads every read and write.
-    pub(crate) offload: bool,
-    pub(crate) offload_counters: crate::datapath::OffloadCounters,
     /// Joined while running (`hyphae join`): a conflict leaves it instead of stopping.
     pub(crate) live: bool,
     /// Why it was left, if it failed.
@@ -87,7 +99,7 @@ pub(crate) struct Namespace {
     pub(crate) member_names: HashMap<Ipv4Addr, (Option<String>, Instant)>,
 }
 
-impl Namespace {
+impl Joined {
     /// Whether this agent is a member now (not left).
     pub(crate) fn active(&self) -> bool {
         self.tap.is_some()
@@ -104,7 +116,9 @@ pub(crate) struct NameWaiter {
     pub(crate) deadline: Instant,
 }
 
-pub(crate) struct Agent {
+/// The control plane, owned by the control thread: every core but the tunnels and switches,
+/// and the data plane it shares with the workers.
+pub(crate) struct Control {
     pub(crate) config_path: PathBuf,
     pub(crate) state_dir: PathBuf,
     pub(crate) listen: SocketAddr,
@@ -113,26 +127,26 @@ pub(crate) struct Agent {
     pub(crate) overlay: Overlay,
     /// DHT operations in flight: the namespace and the membership token they answer.
     pub(crate) ops: HashMap<OpId, (usize, Token)>,
-    /// Why the agent must stop (a static address owned by another member).
+    /// Why the agent must stop (a static address owned by another member, a worker that
+    /// stopped).
     pub(crate) fatal: Option<String>,
-    pub(crate) node: Node,
-    pub(crate) namespaces: Vec<Namespace>,
-    /// The I/O of the thread holding the agent: the control thread's, or a worker's for
-    /// the batch it is carrying (`workers.rs`).
-    pub(crate) io: Io,
-    /// Datagrams the control thread sent, for worker 0 to put on the wire.
-    pub(crate) outbox: Vec<(SocketAddr, Vec<u8>)>,
+    pub(crate) namespaces: Vec<Joined>,
+    /// The tunnels and switches, shared with the workers.
+    pub(crate) dp: Shared,
+    /// What this thread's turns send and write, carried out after the data plane is let go.
+    pub(crate) batch: Batch,
+    /// The inbox taken from the data plane, kept to reuse its allocation.
+    pub(crate) inbox: Vec<data::ToControl>,
+    /// Datagrams for worker 0 to send (bounded), and those that did not fit.
+    pub(crate) outbox: mpsc::Sender<Outgoing>,
+    pub(crate) outbox_drops: u64,
     /// The data-path workers, one per underlay socket.
     pub(crate) workers: Vec<WorkerLink>,
     /// The workers before `run` starts them.
-    pub(crate) unstarted: Vec<crate::workers::Unstarted>,
+    pub(crate) unstarted: Vec<workers::Unstarted>,
     pub(crate) underlay_mode: UnderlayMode,
     /// Wakes the control thread: a worker left it work.
     pub(crate) poke: Arc<Notify>,
-    /// Until when the control thread sleeps, unless poked.
-    pub(crate) main_deadline: Option<Instant>,
-    /// A worker's batch gave the control thread work (services, memberships, events).
-    pub(crate) control_work: bool,
     /// Address and route changes, when listening on all addresses (roaming).
     pub(crate) netwatch: Option<crate::netwatch::NetWatch>,
     /// Our source address toward each member, to tell which a change concerns.
@@ -141,13 +155,9 @@ pub(crate) struct Agent {
     pub(crate) offload: bool,
     /// Frames whose address resolved, to go through their switch again.
     pub(crate) replays: Vec<(usize, Vec<Vec<u8>>)>,
-    /// Packets for LAN hosts handed to another router, to send on (grace period).
-    pub(crate) forwards: Vec<(PeerHandle, Vec<u8>)>,
-    /// Where DHCP replies, DNS answers and service-stack packets are framed.
-    pub(crate) service_buf: Vec<u8>,
     /// Answers to forwarded queries, from the tasks that send them (one per query).
-    pub(crate) resolver_tx: mpsc::Sender<crate::services::ResolverReply>,
-    pub(crate) resolver_rx: Option<mpsc::Receiver<crate::services::ResolverReply>>,
+    pub(crate) resolver_tx: mpsc::Sender<services::ResolverReply>,
+    pub(crate) resolver_rx: Option<mpsc::Receiver<services::ResolverReply>>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
     /// Contacts are static peers only: when to start the overlay alone if none answered.
@@ -159,7 +169,7 @@ pub(crate) struct Agent {
     pub(crate) notifier: crate::notify::Notifier,
 }
 
-impl Agent {
+impl Control {
     pub(crate) fn start(
         config: Config,
         identity: Identity,
@@ -201,7 +211,7 @@ impl Agent {
         }
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
-        let (workers, unstarted) = crate::workers::links(sockets);
+        let (workers, unstarted, outbox) = workers::links(sockets);
         // Bound to one address, the source never changes: nothing to roam.
         let netwatch = if config.agent.listen.ip().is_unspecified() {
             crate::netwatch::NetWatch::new()
@@ -210,7 +220,7 @@ impl Agent {
         } else {
             None
         };
-        let (resolver_tx, resolver_rx) = mpsc::channel(crate::services::RESOLVER_REPLIES);
+        let (resolver_tx, resolver_rx) = mpsc::channel(services::RESOLVER_REPLIES);
         let mut agent = Self {
             config_path: config.path.clone(),
             state_dir: config.agent.state_dir.clone(),
@@ -226,22 +236,20 @@ impl Agent {
             overlay,
             ops: HashMap::new(),
             fatal: None,
-            node,
             namespaces: Vec::new(),
-            io: Io::new(None),
-            outbox: Vec::new(),
+            dp: Arc::new(Mutex::new(DataPlane::new(node))),
+            batch: Batch::default(),
+            inbox: Vec::new(),
+            outbox,
+            outbox_drops: 0,
             workers,
             unstarted,
             underlay_mode: config.agent.underlay,
             poke: Arc::new(Notify::new()),
-            main_deadline: None,
-            control_work: false,
             netwatch,
             sources: crate::netwatch::Sources::default(),
             offload: config.agent.offload,
             replays: Vec::new(),
-            forwards: Vec::new(),
-            service_buf: vec![0; BUF_LEN],
             resolver_tx,
             resolver_rx: Some(resolver_rx),
             name_waiters: Vec::new(),
@@ -256,7 +264,7 @@ impl Agent {
         if config.namespaces.is_empty() {
             tracing::warn!("no [[namespace]] in the config: the agent has nothing to carry");
         }
-        tracing::info!(id = %agent.node.peer_id(), listen = %config.agent.listen, "agent started");
+        tracing::info!(id = %agent.identity.peer_id(), listen = %config.agent.listen, "agent started");
         Ok(agent)
     }
 
@@ -295,32 +303,43 @@ impl Agent {
         self.overlay.add_namespace(&keys);
         let tag = keys.tag();
         // Members hear of our address once it is won, static or not.
-        let id = self.node.add_namespace(keys.clone(), Vec::new());
-        if id.0 != self.namespaces.len() {
-            bail!(
-                "internal: the node numbered namespace '{}' {}, not {}",
-                ns.name,
-                id.0,
-                self.namespaces.len()
-            );
-        }
-        for &peer in &ns.peers {
-            self.node.add_static_peer(id, peer, now);
-        }
         // Members known before a restart still have tunnels with us that we forgot: a
         // hello makes them start fresh ones at once rather than after theirs time out. They
         // are dialled too, but not waited for (they may be gone).
-        for endpoint in setup::remembered_members(&self.state_dir, &ns.name) {
-            if endpoint != self.listen && !ns.peers.contains(&endpoint) {
-                self.node.add_static_peer(id, endpoint, now);
-                self.overlay.dial(tcp_multiaddr(endpoint));
-            }
+        let remembered: Vec<SocketAddr> = setup::remembered_members(&self.state_dir, &ns.name)
+            .into_iter()
+            .filter(|e| *e != self.listen && !ns.peers.contains(e))
+            .collect();
+        for &endpoint in &remembered {
+            self.overlay.dial(tcp_multiaddr(endpoint));
         }
         // A bootstrap agent is usually a member too: a tunnel with it gives every member
         // one it can relay through when two members cannot reach each other.
-        for endpoint in ns.bootstrap.iter().filter_map(tunnel_endpoint) {
-            if endpoint != self.listen && !ns.peers.contains(&endpoint) {
-                self.node.add_static_peer(id, endpoint, now);
+        let bootstrap = ns
+            .bootstrap
+            .iter()
+            .filter_map(tunnel_endpoint)
+            .filter(|e| *e != self.listen && !ns.peers.contains(e));
+        let contacts: Vec<SocketAddr> = ns
+            .peers
+            .iter()
+            .copied()
+            .chain(remembered)
+            .chain(bootstrap)
+            .collect();
+        {
+            let mut dp = lock(&self.dp);
+            let id = dp.node.add_namespace(keys.clone(), Vec::new());
+            if id.0 != self.namespaces.len() {
+                bail!(
+                    "internal: the node numbered namespace '{}' {}, not {}",
+                    ns.name,
+                    id.0,
+                    self.namespaces.len()
+                );
+            }
+            for endpoint in contacts {
+                dp.node.add_static_peer(id, endpoint, now);
             }
         }
         let previous = std::fs::read_to_string(setup::state_file(&self.state_dir, &ns.name))
@@ -348,9 +367,43 @@ impl Agent {
         if let Some(subnet) = ns.subnet {
             dns.set_zone(&ns.name, subnet);
         }
-        let Some(handoffs) = crate::migration::Handoffs::new(&me) else {
+        let Some(handoffs) = migration::Handoffs::new(&me) else {
             bail!("internal: this agent's identity has no libp2p peer id");
         };
+        let switch = Switch::new(hyphae_vswitch::Config {
+            mode: ns.mode,
+            // The device has a static address from the start when the subnet is known
+            // (see `create_tap`); any other is set once won.
+            address: ns
+                .address
+                .fixed()
+                .filter(|_| ns.subnet.is_some())
+                .unwrap_or(Ipv4Addr::UNSPECIFIED),
+            // Until the namespace record is read, nothing is in the subnet.
+            subnet: ns.subnet.unwrap_or(NO_SUBNET),
+            device_mac,
+            remote_mac: match ns.mode {
+                Mode::Router => setup::router_remote_mac(&tag),
+                Mode::Interface | Mode::Hybrid => self.remote_mac,
+            },
+            probe_timeout: ns.probe_timeout,
+            lan_timeout: ns.lan_timeout,
+            broadcast_rate: ns.broadcast_rate,
+            // A router's LAN hosts and a DHCP host get their addresses from the agent.
+            dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
+            tunnel_mtu: ns.mtu,
+        });
+        lock(&self.dp).lanes.push(Lane {
+            mode: ns.mode,
+            switch,
+            active: true,
+            offload,
+            group: Vec::new(),
+            group_wanted: false,
+            grace: Vec::new(),
+            tap_errors: 0,
+            offload_counters: Default::default(),
+        });
         // Each worker reads and writes a queue of its own; the control thread writes
         // through the first, which worker 0 reads.
         let i = self.namespaces.len();
@@ -359,9 +412,17 @@ impl Agent {
             .iter()
             .zip(std::iter::once(tap.clone()).chain(more.into_iter().map(Arc::new)))
         {
-            let _ = link.commands.send(Command::Tap { ns: i, queue, udp });
+            let command = Command::Tap {
+                ns: i,
+                queue,
+                offload,
+                udp,
+            };
+            if link.commands.try_send(command).is_err() {
+                bail!("internal: a data-path worker does not take commands");
+            }
         }
-        self.namespaces.push(Namespace {
+        self.namespaces.push(Joined {
             name: ns.name.clone(),
             tag,
             device: ns.device.clone(),
@@ -369,38 +430,13 @@ impl Agent {
             bridge: ns.bridge.clone(),
             lan,
             tap: Some(tap),
-            switch: Switch::new(hyphae_vswitch::Config {
-                mode: ns.mode,
-                // The device has a static address from the start when the subnet is known
-                // (see `create_tap`); any other is set once won.
-                address: ns
-                    .address
-                    .fixed()
-                    .filter(|_| ns.subnet.is_some())
-                    .unwrap_or(Ipv4Addr::UNSPECIFIED),
-                // Until the namespace record is read, nothing is in the subnet.
-                subnet: ns.subnet.unwrap_or(NO_SUBNET),
-                device_mac,
-                remote_mac: match ns.mode {
-                    Mode::Router => setup::router_remote_mac(&tag),
-                    Mode::Interface | Mode::Hybrid => self.remote_mac,
-                },
-                probe_timeout: ns.probe_timeout,
-                lan_timeout: ns.lan_timeout,
-                broadcast_rate: ns.broadcast_rate,
-                // A router's LAN hosts and a DHCP host get their addresses from the agent.
-                dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
-                tunnel_mtu: ns.mtu,
-            }),
+            offload,
             membership,
             handoffs,
             group: Vec::new(),
             dhcp: None,
             gateway: ns.gateway,
             dns,
-            tap_errors: 0,
-            offload,
-            offload_counters: Default::default(),
             live: false,
             error: None,
             remembered: Vec::new(),
@@ -490,12 +526,22 @@ impl Agent {
     pub(crate) fn drop_namespace(&mut self, i: usize, now: Instant) -> usize {
         let n = &mut self.namespaces[i];
         let released = n.membership.leave();
-        self.node.remove_namespace(now, NamespaceId(i));
+        {
+            let mut dp = lock(&self.dp);
+            dp.node.remove_namespace(now, NamespaceId(i));
+            if let Some(lane) = dp.lanes.get_mut(i) {
+                lane.active = false;
+                lane.group.clear();
+                lane.grace.clear();
+            }
+        }
         // Dropping the TAP's queues removes the device (and the hybrid veth goes with its
         // links).
         n.tap = None;
         for link in &self.workers {
-            let _ = link.commands.send(Command::Leave(i));
+            if link.commands.try_send(Command::Leave(i)).is_err() {
+                tracing::warn!(namespace = %n.name, "a data-path worker did not take the leave; its TAP queue stays open until it stops");
+            }
         }
         n.lan = None;
         n.group.clear();
@@ -503,42 +549,43 @@ impl Agent {
         released
     }
 
-    /// The earliest deadline of any core: the loop sleeps until then at most.
+    /// The earliest deadline of the control plane's cores (the data plane's is asked of it).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        // Asked twice per loop turn: no allocation.
+        // Asked every loop turn: no allocation.
         let namespaces = self.namespaces.iter().filter(|n| n.active()).flat_map(|n| {
             [
-                n.switch.poll_timeout(),
                 n.membership.poll_timeout(),
                 n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout),
                 n.dns.poll_timeout(),
                 n.handoffs.poll_timeout(),
             ]
         });
-        [
-            self.node.poll_timeout(),
-            self.overlay.poll_timeout(),
-            self.alone_at,
-        ]
-        .into_iter()
-        .chain(namespaces)
-        .chain(self.name_waiters.iter().map(|w| Some(w.deadline)))
-        .flatten()
-        .min()
+        [self.overlay.poll_timeout(), self.alone_at]
+            .into_iter()
+            .chain(namespaces)
+            .chain(self.name_waiters.iter().map(|w| Some(w.deadline)))
+            .flatten()
+            .min()
     }
 
-    /// Runs the timers of every core whose deadline has come.
+    /// Runs the timers of every core whose deadline has come: the data plane's (holding it
+    /// for that alone), then the control plane's.
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
-        if due(self.node.poll_timeout()) {
-            self.node.handle_timeout(now);
+        let tunnels = {
+            let mut dp = lock(&self.dp);
+            dp.handle_timeout(now, &mut self.batch)
+                .then(|| data::Tunnels::of(&dp.node))
+        };
+        if let Some(tunnels) = tunnels {
+            // The node ticks while it has tunnels: note whom the source address reaches and
+            // who is reachable, for a restart.
             if self.netwatch.is_some() {
-                self.sources.track(self.node.peers().map(|p| p.endpoint));
+                self.sources.track(tunnels.endpoints());
             }
-            // The node ticks while it has tunnels: note who is reachable, for a restart.
             for i in 0..self.namespaces.len() {
                 if self.namespaces[i].active() {
-                    self.remember_members(i);
+                    self.remember_members(i, &tunnels);
                 }
             }
         }
@@ -554,11 +601,6 @@ impl Agent {
             if !n.active() {
                 continue;
             }
-            if due(n.switch.poll_timeout()) {
-                n.switch.handle_timeout(now);
-                self.flush_switch(i, now);
-            }
-            let n = &mut self.namespaces[i];
             if due(n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout)) {
                 if let Some(server) = n.dhcp.as_mut() {
                     server.handle_timeout(now);
@@ -567,8 +609,7 @@ impl Agent {
             }
             let n = &mut self.namespaces[i];
             if due(n.dns.poll_timeout()) {
-                n.dns
-                    .handle_timeout(now, &crate::services::HeldBy(&n.membership));
+                n.dns.handle_timeout(now, &services::HeldBy(&n.membership));
             }
             if due(n.membership.poll_timeout()) {
                 n.membership.handle_timeout(now, unix);
@@ -593,27 +634,79 @@ impl Agent {
         }
     }
 
-    /// Carries out what the cores asked for until none asks for more: frames that waited,
-    /// the node's datagrams and events, the memberships' DHT operations and events, the
+    /// Carries out what the cores asked for until none asks for more: what the workers left
+    /// in the inbox, frames that waited, the memberships' DHT operations and events, the
     /// DNS services' reads and answers.
-    pub(crate) async fn flush(&mut self, now: Instant) {
+    pub(crate) fn flush(&mut self, now: Instant) {
         // Bounded: a core whose deadline stayed in the past would otherwise spin here.
         for _ in 0..16 {
-            self.flush_node(now).await;
-            let mut busy = false;
+            let mut busy = self.take_inbox(now);
+            busy |= self.replay(now);
             for i in 0..self.namespaces.len() {
                 busy |= self.flush_namespace(i, now);
             }
             // Timers a core set to `now` while handling the above run at once.
-            if self.poll_timeout().is_some_and(|t| t <= now) {
+            let data_due = lock(&self.dp).poll_timeout().is_some_and(|t| t <= now);
+            if data_due || self.poll_timeout().is_some_and(|t| t <= now) {
                 self.handle_timeout(now);
                 busy = true;
             }
-            if !busy && self.replays.is_empty() {
+            if !busy {
                 return;
             }
         }
         tracing::debug!("the cores still had work after 16 rounds; the next turn goes on");
+    }
+
+    /// Frames that waited for a member's addresses go through their switch again.
+    fn replay(&mut self, now: Instant) -> bool {
+        if self.replays.is_empty() {
+            return false;
+        }
+        let replays = std::mem::take(&mut self.replays);
+        let mut dp = lock(&self.dp);
+        for (i, frames) in replays {
+            if !dp.lanes.get(i).is_some_and(|l| l.active) {
+                continue;
+            }
+            for mut frame in frames {
+                dp.switch_frame(i, &mut frame, now, &mut self.batch);
+            }
+        }
+        dp.drain_node(now, &mut self.batch);
+        true
+    }
+
+    /// Carries out what this thread's turns left in its batch, with the data plane let go:
+    /// datagrams to worker 0's outbox, frames to each namespace's first TAP queue.
+    pub(crate) fn carry_out(&mut self) {
+        for (to, range) in &self.batch.sends {
+            let datagram = self.batch.datagram(range).to_vec();
+            if self.outbox.try_send((*to, datagram)).is_err() {
+                self.outbox_drops += 1;
+            }
+        }
+        let mut failed = Vec::new();
+        for w in &self.batch.writes {
+            let Some(n) = self.namespaces.get(w.ns) else {
+                continue;
+            };
+            let Some(tap) = n.tap.as_ref() else {
+                continue;
+            };
+            if !workers::write_to(tap, n.offload, self.batch.frame(&w.range)) {
+                failed.push(w.ns);
+            }
+        }
+        self.batch.clear();
+        if !failed.is_empty() {
+            let mut dp = lock(&self.dp);
+            for i in failed {
+                if let Some(lane) = dp.lanes.get_mut(i) {
+                    lane.tap_errors += 1;
+                }
+            }
+        }
     }
 
     /// Namespace `i` cannot be joined as configured: one joined with `hyphae join` is left
@@ -630,21 +723,30 @@ impl Agent {
 
     /// Gives this member's address to the device, the switch and the tunnels.
     pub(crate) fn set_address(&mut self, i: usize, address: Ipv4Addr, now: Instant) {
-        let n = &mut self.namespaces[i];
-        if n.switch.config().address != address {
-            let prefix = n.switch.config().subnet.prefix_len();
-            // The TAP (interface, router) or the host's veth (hybrid).
-            let result = match n.active() {
-                true => crate::lan::set_address(&n.device, address, prefix),
-                false => Ok(()),
-            };
-            if let Err(e) = result {
+        let n = &self.namespaces[i];
+        let (current, prefix) = {
+            let dp = lock(&self.dp);
+            let config = dp.lanes[i].switch.config();
+            (config.address, config.subnet.prefix_len())
+        };
+        if current != address && n.active() {
+            // The TAP (interface, router) or the host's veth (hybrid), with no lock held.
+            if let Err(e) = crate::lan::set_address(&n.device, address, prefix) {
                 tracing::error!(device = %n.device, error = %e, "cannot set the address");
             }
-            n.switch.set_address(address);
         }
         let addresses = n.membership.addresses();
-        self.node.set_addresses(now, NamespaceId(i), addresses);
+        let mut dp = lock(&self.dp);
+        dp.lanes[i].switch.set_address(address);
+        dp.node.set_addresses(now, NamespaceId(i), addresses);
+    }
+
+    /// Tells the tunnels which addresses this member holds in namespace `i` now.
+    pub(crate) fn announce_addresses(&mut self, i: usize, now: Instant) {
+        let addresses = self.namespaces[i].membership.addresses();
+        lock(&self.dp)
+            .node
+            .set_addresses(now, NamespaceId(i), addresses);
     }
 
     /// Where members reach this agent's tunnels: its listen address, or (listening on all
@@ -685,12 +787,42 @@ impl Agent {
                         waiting -= 1;
                     }
                 }
-                () = crate::run::sleep_until(timer.map(|t| t.min(deadline)).map(tokio::time::Instant::into_std)) => {
+                () = run::sleep_until(timer.map(|t| t.min(deadline)).map(tokio::time::Instant::into_std)) => {
                     self.overlay.handle_timeout(Instant::now());
                 }
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }
+    }
+}
+
+impl Control {
+    /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
+    /// restart contacts them at once (see [`setup::remembered_members`]).
+    fn remember_members(&mut self, i: usize, tunnels: &data::Tunnels) {
+        let mut members: Vec<(PeerId, SocketAddr)> = tunnels
+            .0
+            .iter()
+            .filter(|t| t.ns == i && t.up)
+            .map(|t| (t.id, t.endpoint))
+            .collect();
+        members.sort();
+        let n = &mut self.namespaces[i];
+        // Nobody reachable now says nothing about who comes back: keep the last list.
+        if members.is_empty() || members == n.remembered {
+            return;
+        }
+        let text: String = members
+            .iter()
+            .map(|(id, endpoint)| format!("{id} {endpoint}\n"))
+            .collect();
+        let path = setup::members_file(&self.state_dir, &n.name);
+        let tmp = path.with_extension("members.new");
+        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), error = %e, "cannot remember the members");
+        }
+        n.remembered = members;
     }
 }
 

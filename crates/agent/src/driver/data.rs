@@ -1,0 +1,339 @@
+//! The data plane: what a packet needs (the tunnel node and each namespace's switch), shared
+//! by the workers and the control thread behind one mutex.
+//!
+//! Whoever holds it runs a batch that is synchronous and free of I/O: frames and datagrams go
+//! in with `now`; what to send, what to write to which TAP and what the control thread must
+//! hear come out, into the caller's [`Batch`] and the data plane's bounded inbox for the
+//! control thread. The caller makes the system calls after letting go. Nothing here reads a
+//! clock, opens a socket or touches a device.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::Range;
+use std::time::Instant;
+
+use hyphae_overlay::{Node, PeerHandle, PeerId, Transmit};
+use hyphae_vswitch::{Client, Mac, Switch};
+
+use crate::config::Mode;
+
+/// Largest datagram or frame: the UDP maximum, with room for headers in front.
+pub(crate) const BUF_LEN: usize = 65536 + 64;
+
+/// What the inbox for the control thread holds at most: a few thousand DHCP requests, DNS
+/// queries, held frames and events between two of its turns. Past that they are dropped and
+/// counted (`drops.control_queue` in status): the clients retry, the frames were waiting
+/// for a lookup anyway.
+pub(crate) const INBOX_LEN: usize = 4096;
+
+/// The data plane: the tunnels and the switches.
+pub(crate) struct DataPlane {
+    pub(crate) node: Node,
+    pub(crate) lanes: Vec<Lane>,
+    /// What batches left for the control thread, oldest first; at most [`INBOX_LEN`].
+    pub(crate) inbox: Vec<ToControl>,
+    /// What did not fit in the inbox.
+    pub(crate) inbox_drops: u64,
+    /// A batch put something in the inbox: the control thread must be woken.
+    pub(crate) wake_control: bool,
+    /// When the control thread wakes next on its own; a batch that sets an earlier deadline
+    /// (a handshake to retry, a probe to send) wakes it.
+    pub(crate) control_deadline: Option<Instant>,
+}
+
+/// One namespace as the data plane sees it.
+pub(crate) struct Lane {
+    pub(crate) mode: Mode,
+    pub(crate) switch: Switch<PeerHandle>,
+    /// False once the namespace was left.
+    pub(crate) active: bool,
+    /// The TAP has offloads on: a virtio-net header leads every read and write.
+    pub(crate) offload: bool,
+    /// Members of the broadcast group (the control thread reads them from the DHT).
+    pub(crate) group: Vec<PeerId>,
+    /// A broadcast found the group empty and asked the control thread to read it.
+    pub(crate) group_wanted: bool,
+    /// Router mode, after a handoff: packets for a LAN host that moved away go on to its
+    /// new router until the grace period ends (`hyphae_migrate::GRACE`).
+    pub(crate) grace: Vec<Grace>,
+    /// Writes to the TAP that failed.
+    pub(crate) tap_errors: u64,
+    pub(crate) offload_counters: OffloadCounters,
+}
+
+/// Packets for `address` go on to `to` until `until`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grace {
+    pub(crate) address: Ipv4Addr,
+    pub(crate) to: PeerHandle,
+    pub(crate) until: Instant,
+}
+
+/// The tunnels as the control thread needs them with the data plane let go (the members
+/// file, roaming): copied out while it is held.
+pub(crate) struct Tunnels(pub(crate) Vec<Tunnel>);
+
+/// One tunnel, for [`Tunnels`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tunnel {
+    pub(crate) ns: usize,
+    pub(crate) id: PeerId,
+    pub(crate) endpoint: SocketAddr,
+    /// A handshake completed.
+    pub(crate) up: bool,
+}
+
+impl Tunnels {
+    pub(crate) fn of(node: &Node) -> Self {
+        Self(
+            node.peers()
+                .map(|p| Tunnel {
+                    ns: p.ns.0,
+                    id: p.id,
+                    endpoint: p.endpoint,
+                    up: p.handshake_age.is_some(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Every tunnel's underlay endpoint.
+    pub(crate) fn endpoints(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.0.iter().map(|t| t.endpoint)
+    }
+}
+
+/// What the TAP offloads of one namespace did (`hyphae status`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct OffloadCounters {
+    /// Super-frames read from the TAP and cut into segments.
+    pub(crate) super_frames: u64,
+    /// The segments they were cut into.
+    pub(crate) segments: u64,
+    /// Super-frames of coalesced member frames written to the TAP.
+    pub(crate) coalesced_writes: u64,
+    /// Member frames merged into them.
+    pub(crate) coalesced_frames: u64,
+    /// Reads whose virtio-net header or headers could not be taken apart.
+    pub(crate) malformed: u64,
+}
+
+/// What a batch leaves for the control thread (namespaces by index).
+#[derive(Debug)]
+pub(crate) enum ToControl {
+    /// A DHCP request for the namespace's virtual server.
+    Dhcp {
+        ns: usize,
+        payload: Vec<u8>,
+        mac: Mac,
+    },
+    /// A DNS query over UDP to the service address.
+    Dns {
+        ns: usize,
+        payload: Vec<u8>,
+        client: Client,
+    },
+    /// A packet for the service address's TCP stack.
+    Service {
+        ns: usize,
+        packet: Vec<u8>,
+        mac: Mac,
+    },
+    /// A frame for an address no route is known for: held while it is looked up.
+    Hold {
+        ns: usize,
+        target: Ipv4Addr,
+        frame: Vec<u8>,
+    },
+    /// A broadcast found no group: read it.
+    GroupWanted { ns: usize },
+    /// What a router or hybrid switch learned about its LAN.
+    Lan {
+        ns: usize,
+        event: hyphae_vswitch::Event,
+    },
+    /// What the tunnel node reported (the switches already applied their part).
+    Node(hyphae_overlay::Event),
+}
+
+impl DataPlane {
+    pub(crate) fn new(node: Node) -> Self {
+        Self {
+            node,
+            lanes: Vec::new(),
+            inbox: Vec::new(),
+            inbox_drops: 0,
+            wake_control: false,
+            control_deadline: None,
+        }
+    }
+
+    /// Leaves `message` for the control thread, or counts it dropped when the inbox is full.
+    pub(crate) fn tell_control(&mut self, message: ToControl) {
+        if self.inbox.len() >= INBOX_LEN {
+            self.inbox_drops += 1;
+            tracing::trace!(?message, "the control thread's inbox is full; dropped");
+            return;
+        }
+        self.inbox.push(message);
+        self.wake_control = true;
+    }
+
+    /// The earliest deadline of the tunnels and the switches.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let switches = self
+            .lanes
+            .iter()
+            .filter(|l| l.active)
+            .map(|l| l.switch.poll_timeout());
+        std::iter::once(self.node.poll_timeout())
+            .chain(switches)
+            .flatten()
+            .min()
+    }
+
+    /// Runs the timers of the tunnels and switches whose deadline has come; what they send
+    /// and write goes into `out`. Returns whether the node's timers ran.
+    pub(crate) fn handle_timeout(&mut self, now: Instant, out: &mut Batch) -> bool {
+        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
+        let node = due(self.node.poll_timeout());
+        if node {
+            self.node.handle_timeout(now);
+        }
+        for i in 0..self.lanes.len() {
+            let lane = &mut self.lanes[i];
+            if lane.active && due(lane.switch.poll_timeout()) {
+                lane.switch.handle_timeout(now);
+                self.flush_switch(i, now, out);
+            }
+            self.lanes[i].grace.retain(|g| g.until > now);
+        }
+        self.drain_node(now, out);
+        node
+    }
+}
+
+/// What one batch (a worker's, or a turn of the control thread) sends and writes, built
+/// while the data plane is held and carried out after it is let go; and the scratch
+/// buffers the batch works in. Kept from batch to batch: nothing is allocated once the
+/// buffers have grown to the largest batch seen.
+pub(crate) struct Batch {
+    /// Datagrams to send, back to back, and where each goes.
+    datagrams: Vec<u8>,
+    datagrams_used: usize,
+    pub(crate) sends: Vec<(SocketAddr, Range<usize>)>,
+    /// Frames to write, back to back: the namespace, the bytes, and whether it is a
+    /// member's frame (which may be coalesced with the next of its flow).
+    frames: Vec<u8>,
+    frames_used: usize,
+    pub(crate) writes: Vec<Write>,
+    /// Where the switch writes a frame of its own (an ARP reply, a DHCP reply).
+    pub(crate) reply: Vec<u8>,
+    /// Where a packet too large for the tunnel is cut into fragments, one at a time.
+    pub(crate) fragment: Vec<u8>,
+    /// Where a super-frame from a TAP is cut into segments, one at a time.
+    pub(crate) segment: Vec<u8>,
+}
+
+/// One frame for a TAP.
+#[derive(Debug, Clone)]
+pub(crate) struct Write {
+    pub(crate) ns: usize,
+    pub(crate) range: Range<usize>,
+    /// A member's frame (coalesced with the next of its flow where offloads allow).
+    pub(crate) deliver: bool,
+}
+
+/// Room a tunnel needs around a packet: its header, the relay prefix and the tag, with
+/// margin (`Node::send` asks for 160 bytes at least).
+const SEAL_ROOM: usize = 256;
+
+impl Default for Batch {
+    fn default() -> Self {
+        Self {
+            datagrams: vec![0; 4 * BUF_LEN],
+            datagrams_used: 0,
+            sends: Vec::new(),
+            frames: vec![0; 4 * BUF_LEN],
+            frames_used: 0,
+            writes: Vec::new(),
+            reply: vec![0; BUF_LEN.max(hyphae_vswitch::MIN_REPLY_BUF)],
+            fragment: vec![0; BUF_LEN],
+            segment: vec![0; BUF_LEN],
+        }
+    }
+}
+
+impl Batch {
+    /// Forgets what was carried out.
+    pub(crate) fn clear(&mut self) {
+        self.datagrams_used = 0;
+        self.sends.clear();
+        self.frames_used = 0;
+        self.writes.clear();
+    }
+
+    /// The bytes of a datagram to send.
+    pub(crate) fn datagram(&self, range: &Range<usize>) -> &[u8] {
+        &self.datagrams[range.clone()]
+    }
+
+    /// The bytes of a frame to write.
+    pub(crate) fn frame(&self, range: &Range<usize>) -> &[u8] {
+        &self.frames[range.clone()]
+    }
+
+    /// Encrypts `packet` for `peer` into the batch. Without a session the node queues it
+    /// and returns a handshake (sent instead) or nothing.
+    pub(crate) fn seal(&mut self, node: &mut Node, peer: PeerHandle, packet: &[u8]) {
+        let room = packet.len() + SEAL_ROOM;
+        let at = self.datagrams_used;
+        grow(&mut self.datagrams, at + room);
+        if let Some(Transmit { to, range }) = node.send(peer, packet, &mut self.datagrams[at..]) {
+            self.sends.push((to, at + range.start..at + range.end));
+            self.datagrams_used = at + range.end;
+        }
+    }
+
+    /// Queues a datagram built elsewhere (a handshake, a hello).
+    pub(crate) fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
+        let at = self.datagrams_used;
+        let end = at + datagram.len();
+        grow(&mut self.datagrams, end);
+        self.datagrams[at..end].copy_from_slice(datagram);
+        self.sends.push((to, at..end));
+        self.datagrams_used = end;
+    }
+
+    /// Room for a frame of up to `len` bytes at the end of the frame area.
+    pub(crate) fn frame_room(&mut self, len: usize) -> &mut [u8] {
+        let at = self.frames_used;
+        grow(&mut self.frames, at + len);
+        &mut self.frames[at..at + len]
+    }
+
+    /// The first `len` bytes of [`Batch::frame_room`] are a frame for TAP `ns`.
+    pub(crate) fn commit_frame(&mut self, ns: usize, len: usize, deliver: bool) {
+        let at = self.frames_used;
+        self.writes.push(Write {
+            ns,
+            range: at..at + len,
+            deliver,
+        });
+        self.frames_used = at + len;
+    }
+
+    /// Queues the first `len` bytes of the reply buffer for TAP `ns`.
+    pub(crate) fn write_reply(&mut self, ns: usize, len: usize) {
+        let at = self.frames_used;
+        grow(&mut self.frames, at + len);
+        self.frames[at..at + len].copy_from_slice(&self.reply[..len]);
+        self.commit_frame(ns, len, false);
+    }
+}
+
+/// Makes `buf` at least `len` long (doubling, so a batch grows it a few times at most).
+fn grow(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len.max(2 * buf.len()), 0);
+    }
+}

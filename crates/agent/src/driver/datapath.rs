@@ -1,0 +1,307 @@
+//! The data path, run while the data plane is held: frames from the TAPs through the switches
+//! and tunnels, datagrams from the underlay back to the TAPs, broadcasts to the group, and
+//! what the node and switches queue on their own (handshakes, hellos, ARP probes). Every
+//! method writes what to send and write into a [`Batch`] and does no I/O.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use hyphae_overlay::{Event, NamespaceId, PeerHandle, Received};
+use hyphae_vswitch::mtu::Fragments;
+use hyphae_vswitch::offload::VIRTIO_HEADER_LEN;
+use hyphae_vswitch::offload::{self, complete_checksum, Gso, Segments, VirtioHeader};
+use hyphae_vswitch::{Action, HEADROOM};
+
+use super::data::{Batch, DataPlane, ToControl};
+use crate::config::Mode;
+use crate::underlay::Datagram;
+
+/// Counts a worker gathered for one namespace while it did not hold the data plane.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Pending {
+    pub(crate) coalesced_writes: u64,
+    pub(crate) coalesced_frames: u64,
+    pub(crate) tap_errors: u64,
+}
+
+impl DataPlane {
+    /// Datagrams from the underlay: decrypt, check, switch; the frames for the TAPs go into
+    /// `out` (members' frames, which the worker coalesces per flow).
+    pub(crate) fn handle_datagrams<'a>(
+        &mut self,
+        now: Instant,
+        datagrams: impl Iterator<Item = Datagram<'a>>,
+        out: &mut Batch,
+    ) {
+        for d in datagrams {
+            let room = out.frame_room(HEADROOM + d.bytes.len());
+            let received = self
+                .node
+                .handle_datagram(now, d.from, d.bytes, &mut room[HEADROOM..]);
+            match received {
+                Received::Deliver { ns, len, .. } => self.deliver(now, ns.0, len, out),
+                Received::Dropped(reason) => {
+                    tracing::trace!(from = %d.from, reason = reason.as_str(), "datagram dropped");
+                }
+                Received::PeerDropped(_, reason) => {
+                    tracing::trace!(from = %d.from, reason = reason.as_str(), "tunnel packet dropped");
+                }
+                Received::Consumed => {}
+            }
+        }
+    }
+
+    /// A packet of `len` bytes from a member of namespace `i` lies in `out`'s frame room
+    /// behind [`HEADROOM`]: framed for the TAP, or (a LAN host that moved away) sent on.
+    fn deliver(&mut self, now: Instant, i: usize, len: usize, out: &mut Batch) {
+        let Some(lane) = self.lanes.get_mut(i) else {
+            return;
+        };
+        let room = out.frame_room(HEADROOM + len);
+        if !lane.grace.is_empty() {
+            let dst = room.get(HEADROOM + 16..HEADROOM + 20);
+            if let Some(dst) = dst.and_then(|d| <[u8; 4]>::try_from(d).ok()) {
+                let dst = std::net::Ipv4Addr::from(dst);
+                if let Some(g) = lane
+                    .grace
+                    .iter()
+                    .find(|g| g.address == dst && g.until > now)
+                {
+                    let (to, packet) = (g.to, room[HEADROOM..HEADROOM + len].to_vec());
+                    out.seal(&mut self.node, to, &packet);
+                    return;
+                }
+            }
+        }
+        if let hyphae_vswitch::Action::ToTap { len } =
+            lane.switch.handle_peer_packet(room, len, now)
+        {
+            if lane.active {
+                out.commit_frame(i, len, true);
+            }
+        }
+    }
+
+    /// Frames a worker read from the TAPs (namespace and range in `rx`): switch, encrypt,
+    /// answer ARP, or hand to the control thread (DHCP, DNS, a lookup).
+    pub(crate) fn handle_frames(
+        &mut self,
+        now: Instant,
+        frames: &[(usize, Range<usize>)],
+        rx: &mut [u8],
+        out: &mut Batch,
+    ) {
+        for (i, range) in frames.iter().cloned() {
+            let Some(lane) = self.lanes.get(i).filter(|l| l.active) else {
+                continue;
+            };
+            let Some(bytes) = rx.get_mut(range) else {
+                continue;
+            };
+            if lane.offload {
+                self.switch_super_frame(i, bytes, now, out);
+            } else {
+                self.switch_frame(i, bytes, now, out);
+            }
+        }
+    }
+
+    /// A read from a TAP with offloads: the virtio-net header, then a frame to complete
+    /// (checksum) or a super-frame to cut into tunnel-sized segments, each switched as a
+    /// frame of its own. One that cannot be taken apart is a counted drop.
+    fn switch_super_frame(&mut self, i: usize, bytes: &mut [u8], now: Instant, out: &mut Batch) {
+        let header = match VirtioHeader::parse(bytes) {
+            Ok(h) => h,
+            Err(e) => return self.offload_drop(i, e),
+        };
+        let frame = &mut bytes[VIRTIO_HEADER_LEN..];
+        match header.gso() {
+            Ok(Gso::None) => match complete_checksum(&header, frame) {
+                Ok(()) => self.switch_frame(i, frame, now, out),
+                Err(e) => self.offload_drop(i, e),
+            },
+            Ok(Gso::Tcp | Gso::Udp) => {
+                let mut segments = match Segments::new(&header, frame) {
+                    Ok(s) => s,
+                    Err(e) => return self.offload_drop(i, e),
+                };
+                let counters = &mut self.lanes[i].offload_counters;
+                counters.super_frames += 1;
+                counters.segments += segments.count() as u64;
+                // The buffer leaves the batch while segments are switched into it.
+                let mut buf = std::mem::take(&mut out.segment);
+                while let Some(len) = segments.next_into(&mut buf) {
+                    self.switch_frame(i, &mut buf[..len], now, out);
+                }
+                out.segment = buf;
+            }
+            Err(e) => self.offload_drop(i, e),
+        }
+    }
+
+    fn offload_drop(&mut self, i: usize, error: offload::Error) {
+        self.lanes[i].offload_counters.malformed += 1;
+        tracing::trace!(?error, "TAP super-frame dropped");
+    }
+
+    /// One frame from TAP `i`: to a member, an ARP reply back to the TAP, or to the control
+    /// thread. The switch may rewrite it (a TCP SYN's MSS).
+    pub(crate) fn switch_frame(
+        &mut self,
+        i: usize,
+        frame: &mut [u8],
+        now: Instant,
+        out: &mut Batch,
+    ) {
+        let lane = &mut self.lanes[i];
+        let action = lane.switch.handle_tap_frame(frame, now, &mut out.reply);
+        match action {
+            Action::ToPeer { peer, packet } => out.seal(&mut self.node, peer, &frame[packet]),
+            Action::Broadcast { packet } => self.broadcast(i, &frame[packet], out),
+            Action::Fragment { peer, packet, mtu } => {
+                self.send_fragments(i, peer, &frame[packet], mtu, out);
+            }
+            Action::Dhcp { payload, mac } => self.tell_control(ToControl::Dhcp {
+                ns: i,
+                payload: frame[payload].to_vec(),
+                mac,
+            }),
+            Action::Dns { payload, client } => self.tell_control(ToControl::Dns {
+                ns: i,
+                payload: frame[payload].to_vec(),
+                client,
+            }),
+            Action::Service { packet, mac } => self.tell_control(ToControl::Service {
+                ns: i,
+                packet: frame[packet].to_vec(),
+                mac,
+            }),
+            Action::ToTap { len } => out.write_reply(i, len),
+            Action::Resolve { target } => self.tell_control(ToControl::Hold {
+                ns: i,
+                target,
+                frame: frame.to_vec(),
+            }),
+            Action::Drop(_) => {}
+        }
+        // Router and hybrid switches learn LAN hosts and queue probes from what they see.
+        if self.lanes[i].mode != Mode::Interface {
+            self.flush_switch(i, now, out);
+        }
+    }
+
+    /// A packet larger than the tunnel MTU, in fragments: to `peer`, or to every member.
+    fn send_fragments(
+        &mut self,
+        i: usize,
+        peer: Option<PeerHandle>,
+        packet: &[u8],
+        mtu: u16,
+        out: &mut Batch,
+    ) {
+        let Some(mut fragments) = Fragments::new(packet, mtu) else {
+            return;
+        };
+        // The buffer leaves the batch while fragments are sealed into it.
+        let mut buf = std::mem::take(&mut out.fragment);
+        while let Some(len) = fragments.next_into(&mut buf) {
+            match peer {
+                Some(peer) => out.seal(&mut self.node, peer, &buf[..len]),
+                None => self.broadcast(i, &buf[..len], out),
+            }
+        }
+        out.fragment = buf;
+    }
+
+    /// A broadcast or multicast packet from the host or the LAN: to every member of the
+    /// namespace's group.
+    fn broadcast(&mut self, i: usize, packet: &[u8], out: &mut Batch) {
+        let lane = &mut self.lanes[i];
+        if lane.group.is_empty() {
+            if !std::mem::replace(&mut lane.group_wanted, true) {
+                self.tell_control(ToControl::GroupWanted { ns: i });
+            }
+            return;
+        }
+        for k in 0..self.lanes[i].group.len() {
+            let id = self.lanes[i].group[k];
+            if let Some(handle) = self.node.member_handle(NamespaceId(i), id) {
+                out.seal(&mut self.node, handle, packet);
+            }
+        }
+    }
+
+    /// Writes what switch `i` wants on its TAP (ARP probes and deferred replies) and tells
+    /// the control thread what it learned about the LAN.
+    pub(crate) fn flush_switch(&mut self, i: usize, now: Instant, out: &mut Batch) {
+        let _ = now;
+        let lane = &mut self.lanes[i];
+        while let Some(len) = lane.switch.poll_transmit(&mut out.reply) {
+            out.write_reply(i, len);
+        }
+        while let Some(event) = self.lanes[i].switch.poll_event() {
+            self.tell_control(ToControl::Lan { ns: i, event });
+        }
+    }
+
+    /// Queues what the node sends on its own (handshakes, hellos, announcements); applies
+    /// its events to the switches and hands them to the control thread.
+    pub(crate) fn drain_node(&mut self, _now: Instant, out: &mut Batch) {
+        while let Some((to, datagram)) = self.node.poll_transmit() {
+            out.send(to, &datagram);
+        }
+        while let Some(event) = self.node.poll_event() {
+            match &event {
+                Event::PeerUnreachable { ns, peer, .. } => {
+                    if let Some(lane) = self.lanes.get_mut(ns.0) {
+                        lane.switch.remove_peer(*peer);
+                    }
+                }
+                Event::PeerAddresses {
+                    ns,
+                    peer,
+                    addresses,
+                } => {
+                    if let Some(lane) = self.lanes.get_mut(ns.0) {
+                        lane.switch.set_peer_addresses(*peer, addresses);
+                    }
+                }
+            }
+            self.tell_control(ToControl::Node(event));
+        }
+    }
+
+    /// What a worker does after its batch, still holding the data plane: queues what the
+    /// node sends; a router probes its LAN for hosts members sent to. Returns whether the
+    /// control thread must be woken (the batch left it work, or an earlier deadline).
+    pub(crate) fn after_batch(
+        &mut self,
+        now: Instant,
+        from_members: bool,
+        out: &mut Batch,
+    ) -> bool {
+        self.drain_node(now, out);
+        if from_members {
+            for i in 0..self.lanes.len() {
+                if self.lanes[i].mode == Mode::Router && self.lanes[i].active {
+                    self.flush_switch(i, now, out);
+                }
+            }
+        }
+        let earlier = match (self.poll_timeout(), self.control_deadline) {
+            (Some(t), Some(control)) => t < control,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        std::mem::take(&mut self.wake_control) || earlier
+    }
+
+    /// Adds what a worker counted for namespace `i` without the data plane.
+    pub(crate) fn fold_counts(&mut self, i: usize, p: Pending) {
+        if let Some(lane) = self.lanes.get_mut(i) {
+            lane.offload_counters.coalesced_writes += p.coalesced_writes;
+            lane.offload_counters.coalesced_frames += p.coalesced_frames;
+            lane.tap_errors += p.tap_errors;
+        }
+    }
+}
