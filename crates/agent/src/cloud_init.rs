@@ -318,12 +318,13 @@ fn config_text(args: &CloudInitArgs, secret_path: &str, mtu: u16) -> Result<Stri
 /// temporary file), so a bad flag is an error here, not on the VM.
 fn check_config(config: &str, secret: &[u8]) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-    let mut seed = [0u8; 8];
-    getrandom::getrandom(&mut seed).map_err(|e| anyhow::anyhow!("random number generator: {e}"))?;
+    let seed = crate::setup::os_seed()?;
     let dir = std::env::temp_dir().join(format!(
         "hyphae-cloud-init-{}-{:x}",
         std::process::id(),
-        u64::from_le_bytes(seed)
+        u64::from_le_bytes([
+            seed[0], seed[1], seed[2], seed[3], seed[4], seed[5], seed[6], seed[7]
+        ])
     ));
     std::fs::DirBuilder::new()
         .mode(0o700)

@@ -581,11 +581,21 @@ pub fn render(status: &Status) -> String {
                 .collect();
             counts.join("/")
         };
+        let p99: Vec<String> = status
+            .workers
+            .iter()
+            .map(|w| match w.lock_wait.quantile_us(0.99) {
+                Some(us) => format!("<{us}"),
+                None if w.lock_wait.counts.iter().sum::<u64>() == 0 => "-".into(),
+                None => format!(">{}", w.lock_wait.bounds_us.last().copied().unwrap_or(0)),
+            })
+            .collect();
         out += &format!(
-            "workers {}  frames from devices {}  datagrams in {}\n",
+            "workers {}  frames from devices {}  datagrams in {}  lock wait p99 {} us\n",
             status.workers.len(),
             each(|w| w.frames_in),
             each(|w| w.datagrams_in),
+            p99.join("/"),
         );
     }
     out += &format!(

@@ -366,6 +366,7 @@ fn log_path(config: &Config) -> PathBuf {
 
 /// Starts `hyphae up` in the background (its own process group, output to the state
 /// directory's log) and waits for its control socket.
+#[allow(clippy::disallowed_methods)] // the CLI waits on the clock for the agent it started
 fn start_agent(config: &Config) -> Result<Child> {
     let exe = std::env::current_exe().context("cannot find the hyphae binary")?;
     let log_file = log_path(config);
@@ -428,6 +429,7 @@ fn last_line(log: &Path) -> String {
 
 /// Polls the agent until the namespace has an address (`Some((address, device))`), the
 /// wait is over (`None`), or it failed; reports each step on the way.
+#[allow(clippy::disallowed_methods)] // the CLI waits on the clock for the join
 fn wait_joined(
     socket: &Path,
     namespace: &str,

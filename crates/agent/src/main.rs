@@ -175,9 +175,7 @@ fn execute(cmd: Cmd) -> Result<()> {
         Cmd::Man { dir: Some(dir) } => clap_mangen::generate_to(Cli::command(), &dir)
             .with_context(|| format!("writing the manual pages to {}", dir.display())),
         Cmd::Secret => {
-            let mut secret = [0u8; 32];
-            getrandom::getrandom(&mut secret)
-                .map_err(|e| anyhow::anyhow!("random number generator: {e}"))?;
+            let secret = hyphae_agent::setup::os_seed()?;
             println!(
                 "{}",
                 base64::engine::general_purpose::STANDARD.encode(secret)

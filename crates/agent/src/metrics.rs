@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 
+use prometheus::proto::{Bucket, Histogram, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{GaugeVec, IntCounterVec, Opts, Registry, TextEncoder};
 use serde_json::{Map, Value};
 
@@ -50,9 +51,53 @@ pub(crate) fn encode(status: &Status) -> prometheus::Result<String> {
             top,
         )?;
     }
+    let mut gathered = families.registry.gather();
+    gathered.push(lock_wait(&status.workers));
     let mut text = String::new();
-    TextEncoder::new().encode_utf8(&families.registry.gather(), &mut text)?;
+    TextEncoder::new().encode_utf8(&gathered, &mut text)?;
     Ok(text)
+}
+
+/// `workers[].lock_wait` as one Prometheus histogram, `hyphae_worker_lock_wait_seconds`,
+/// labelled by worker index (bounded by `[agent] workers`, at most 64).
+fn lock_wait(workers: &[crate::control::WorkerStatus]) -> MetricFamily {
+    let metrics = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let mut cumulative = 0;
+            let buckets = w
+                .lock_wait
+                .bounds_us
+                .iter()
+                .zip(&w.lock_wait.counts)
+                .map(|(&bound, &count)| {
+                    cumulative += count;
+                    let mut b = Bucket::default();
+                    b.set_upper_bound(bound as f64 / 1e6);
+                    b.set_cumulative_count(cumulative);
+                    b
+                })
+                .collect();
+            let mut h = Histogram::default();
+            h.set_bucket(buckets);
+            h.set_sample_count(w.lock_wait.counts.iter().sum());
+            h.set_sample_sum(w.lock_wait.sum_secs);
+            let mut label = LabelPair::default();
+            label.set_name("worker".into());
+            label.set_value(i.to_string());
+            let mut m = Metric::default();
+            m.set_label(vec![label]);
+            m.set_histogram(h);
+            m
+        })
+        .collect();
+    let mut family = MetricFamily::default();
+    family.set_name("hyphae_worker_lock_wait_seconds".into());
+    family.set_help(help("workers[].lock_wait"));
+    family.set_field_type(MetricType::HISTOGRAM);
+    family.set_metric(metrics);
+    family
 }
 
 /// Where in the status a walk is: the JSON path, the metric name so far, the labels.
@@ -233,6 +278,12 @@ mod tests {
             "hyphae_peer_rx_bytes_total{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab\"} 672",
             "hyphae_peer_rtt_seconds{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab\"} 0.00041",
             "hyphae_peer_handshake_age_seconds{member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\",namespace=\"lab2\"} 3.2",
+            "# TYPE hyphae_worker_lock_wait_seconds histogram",
+            "hyphae_worker_lock_wait_seconds_bucket{worker=\"0\",le=\"0.000001\"} 60012",
+            "hyphae_worker_lock_wait_seconds_bucket{worker=\"0\",le=\"0.00005\"} 61877",
+            "hyphae_worker_lock_wait_seconds_bucket{worker=\"0\",le=\"+Inf\"} 61877",
+            "hyphae_worker_lock_wait_seconds_count{worker=\"1\"} 29",
+            "hyphae_drops_total{reason=\"control_queue\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
         }

@@ -48,8 +48,9 @@ pub fn up(config: Config) -> Result<()> {
     })
 }
 
-/// 32 bytes from the operating system's RNG: the seed of a core's RNG.
-pub(crate) fn os_seed() -> Result<[u8; 32]> {
+/// 32 bytes from the operating system's RNG: the seed of a core's RNG, a new secret.
+#[allow(clippy::disallowed_methods)] // the one place the OS's RNG is read
+pub fn os_seed() -> Result<[u8; 32]> {
     let mut seed = [0u8; 32];
     getrandom::getrandom(&mut seed).map_err(|e| anyhow::anyhow!("random number generator: {e}"))?;
     Ok(seed)

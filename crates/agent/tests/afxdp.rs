@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The AF_XDP underlay end to end: real agents in network namespaces whose `eth0` is a
 //! veth on the testbed's bridge, the project's XDP program attached to it, and clients

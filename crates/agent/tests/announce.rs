@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::print_stdout)] // prints what was announced (run with --nocapture)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! What a real agent listening on `0.0.0.0` tells the DHT about itself: a libp2p identify

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `hyphae cloud-init`: the user-data of every provider passes cloud-init's own schema check
 //! (Debian's `cloud-init` package) and carries the secret and a config the agent loads; and

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The agent's virtual DHCP and DNS servers, end to end, with clients no one here wrote:
 //! ISC `dhclient` on an interface-mode host (`address = "dhcp"`) and busybox `udhcpc` on a

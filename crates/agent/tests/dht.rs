@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! End-to-end tests of the overlay: agents that know only a bootstrap address join the

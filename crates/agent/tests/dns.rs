@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The virtual DNS server under load and as a forwarder, end to end with clients and
 //! servers no one here wrote: `dnsperf` sends a fixed burst of queries for held names,

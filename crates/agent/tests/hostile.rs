@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Issue 13, item 7: real agents in namespaces under attack by a stranger without the

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! A router-mode agent sees what a migrated VM sends on arrival (issue 14, detection): a
 //! gratuitous ARP from `arping -U` and a RARP frame laid out as QEMU's announce-self sends

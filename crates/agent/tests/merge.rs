@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Partitions that merge, end to end: two groups of agents in network namespaces start

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Migration handoff between two router sites (issue 14; IPOP Sec. 5, Fig. 11), with real
 //! parts only: router agents r1 and r2 bridge LAN 1 and LAN 2, an interface member `i` sits

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! IPOP's three deployment modes in one namespace (Sec. 3-4, Fig. 3-5), end to end: real
 //! agents, real Linux LAN hosts with no hyphae software, real bridges, ping and socat.

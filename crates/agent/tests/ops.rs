@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Operations: the systemd unit passes `systemd-analyze verify`; the agent tells a service
 //! manager it is ready (`READY=1` on `$NOTIFY_SOCKET`) only once it holds its address; and

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Roaming, end to end: a member whose own underlay address changes under traffic keeps
 //! its tunnels. Real agents in network namespaces, the address changed with `ip addr`, and

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! End-to-end tests of `[agent] metrics`: a real scrape of a running agent checked by
 //! `promtool check metrics` and against every number of its `hyphae status --json`, and
@@ -231,11 +232,18 @@ fn metrics_cover_every_status_number_and_pass_promtool() {
         .flat_map(|series| series.keys().flatten())
         .map(|l| l.split('=').next().unwrap())
         .collect();
+    // `worker` is bounded by `[agent] workers` (at most 64), `le` by the histogram's buckets.
     assert_eq!(
         label_names,
-        BTreeSet::from(["member", "namespace", "reason"]),
+        BTreeSet::from(["le", "member", "namespace", "reason", "worker"]),
         "only bounded labels"
     );
+    // How long the workers waited for the data plane: a histogram with one series per
+    // worker, counting the batches the ping made.
+    let waits: f64 = scraped["hyphae_worker_lock_wait_seconds_count"]
+        .values()
+        .sum();
+    assert!(waits > 0.0, "no lock waits counted:\n{scrape}");
 
     // Anything but GET/HEAD of a known path is refused; a huge request head is not read.
     let url = format!("http://{METRICS}/");

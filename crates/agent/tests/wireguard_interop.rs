@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
 //! The tunnel against an independent WireGuard: boringtun's `Tunn`, the per-peer tunnel every
 //! hyphae data message goes through (its AEAD is `ring`'s ChaCha20-Poly1305,
 //! docs/DECISIONS.md "Data-path AEAD"), handshakes with wireguard-go (Go, its own Noise and

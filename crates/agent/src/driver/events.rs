@@ -293,13 +293,6 @@ impl Control {
             }
             Event::Holder { address, holder } => self.holder_found(i, now, address, holder),
             Event::HolderRead { address, holder } => {
-                if let Some((name, _)) = n.member_names.get_mut(&address) {
-                    // Only a name a member may hold is shown, as the DNS answers it.
-                    *name = holder
-                        .clone()
-                        .flatten()
-                        .and_then(|h| hyphae_dhcp_dns::dns::host_name(&h).ok());
-                }
                 let held = HeldBy(&n.membership);
                 n.dns.handle_lookup(
                     now,

@@ -14,7 +14,6 @@
 //! The control thread's files hold its concerns: `events` (what the overlay and the
 //! memberships report), `services` (DHCP and DNS), `migration` (LAN host handoffs),
 //! `status`, `calls` (the control socket's requests); `datapath` is the data plane's batch.
-#![allow(clippy::disallowed_methods)] // The driver is where the clocks are read.
 
 mod calls;
 pub(crate) mod data;
@@ -35,7 +34,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Result};
 use hyphae_dhcp_dns::{dhcp, service};
 use hyphae_overlay::membership::{self, Membership, Token};
-use hyphae_overlay::swarm::{tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions};
+use hyphae_overlay::swarm::{
+    tcp_multiaddr, tunnel_endpoint, OpId, Overlay, OverlayOptions, STATIC_PEER_WAIT,
+};
 use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerId};
 use hyphae_vswitch::{Client, Switch};
 use tokio::sync::{mpsc, Notify};
@@ -47,12 +48,6 @@ use workers::{lock, Command, Outgoing, Shared, Tap, WorkerLink};
 
 /// How long a `hyphae name set` waits for its claim before answering "still running".
 pub(crate) const NAME_SET_WAIT: Duration = Duration::from_secs(4);
-
-/// With only `[[namespace.peer]]` contacts (no `bootstrap`): how long the agent waits for
-/// one of them to answer before it starts the overlay alone. A member that is up answers a
-/// TCP dial within a round trip (a refused port at once), so the wait only delays the first
-/// member up; the same wait as for mDNS answers (`swarm::MDNS_WAIT`).
-const STATIC_PEER_WAIT: Duration = Duration::from_secs(2);
 
 /// The subnet of a namespace whose record has not been read yet: holds no address.
 const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 32) {
@@ -94,9 +89,6 @@ pub(crate) struct Joined {
     pub(crate) error: Option<String>,
     /// The members last written to its members file (see [`setup::remembered_members`]).
     pub(crate) remembered: Vec<(PeerId, SocketAddr)>,
-    /// The host names of the members' addresses, as last read from the DHT, and when the
-    /// read started (for status; see `status::MEMBER_NAME_REFRESH`).
-    pub(crate) member_names: HashMap<Ipv4Addr, (Option<String>, Instant)>,
 }
 
 impl Joined {
@@ -160,16 +152,12 @@ pub(crate) struct Control {
     pub(crate) resolver_rx: Option<mpsc::Receiver<services::ResolverReply>>,
     /// `hyphae name set` calls waiting for their claim.
     pub(crate) name_waiters: Vec<NameWaiter>,
-    /// Contacts are static peers only: when to start the overlay alone if none answered.
-    pub(crate) alone_at: Option<Instant>,
-    /// No static peer answered in time: the memberships run on an overlay of this agent
-    /// alone, which a peer joins when it answers later (the swarm then bootstraps).
-    pub(crate) alone: bool,
     /// Readiness and status for a service manager (`$NOTIFY_SOCKET`).
     pub(crate) notifier: crate::notify::Notifier,
 }
 
 impl Control {
+    #[allow(clippy::disallowed_methods)] // the clock before the first turn
     pub(crate) fn start(
         config: Config,
         identity: Identity,
@@ -190,10 +178,9 @@ impl Control {
                 bootstrap.push(addr);
             }
         }
-        let alone_at =
-            (only_static && !bootstrap.is_empty()).then(|| Instant::now() + STATIC_PEER_WAIT);
         let options = OverlayOptions {
             mdns: config.agent.mdns,
+            alone_after: (only_static && !bootstrap.is_empty()).then_some(STATIC_PEER_WAIT),
             ..OverlayOptions::default()
         };
         let mut overlay = Overlay::new(
@@ -253,8 +240,6 @@ impl Control {
             resolver_tx,
             resolver_rx: Some(resolver_rx),
             name_waiters: Vec::new(),
-            alone_at,
-            alone: false,
             notifier: crate::notify::Notifier::from_env(),
         };
         let now = Instant::now();
@@ -440,7 +425,6 @@ impl Control {
             live: false,
             error: None,
             remembered: Vec::new(),
-            member_names: HashMap::new(),
         });
         tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
             subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
@@ -491,21 +475,7 @@ impl Control {
 
     /// Whether the memberships run: the overlay was joined, or started alone.
     pub(crate) fn overlay_ready(&self) -> bool {
-        self.overlay.is_joined() || self.alone
-    }
-
-    /// No static peer answered within [`STATIC_PEER_WAIT`]: start the overlay alone, as a
-    /// first member does. One that answers while the swarm bootstraps is waited for.
-    fn start_alone(&mut self, now: Instant) {
-        self.alone_at = None;
-        if self.overlay_ready() || self.overlay.connected() > 0 {
-            return;
-        }
-        tracing::info!("no static peer answered: starting the overlay alone");
-        self.alone = true;
-        for n in self.namespaces.iter_mut().filter(|n| n.active()) {
-            n.membership.start(now);
-        }
+        self.overlay.is_ready()
     }
 
     /// The index of the namespace `name` this agent is a member of now.
@@ -560,8 +530,7 @@ impl Control {
                 n.handoffs.poll_timeout(),
             ]
         });
-        [self.overlay.poll_timeout(), self.alone_at]
-            .into_iter()
+        std::iter::once(self.overlay.poll_timeout())
             .chain(namespaces)
             .chain(self.name_waiters.iter().map(|w| Some(w.deadline)))
             .flatten()
@@ -591,9 +560,6 @@ impl Control {
         }
         if due(self.overlay.poll_timeout()) {
             self.overlay.handle_timeout(now);
-        }
-        if due(self.alone_at) {
-            self.start_alone(now);
         }
         let unix = unix_now();
         for i in 0..self.namespaces.len() {
@@ -764,6 +730,7 @@ impl Control {
 
     /// On the way out: give our addresses and names back so others can take them now, not
     /// after the lease (waits at most a few seconds for the replicas).
+    #[allow(clippy::disallowed_methods)] // after the last turn, a loop of its own
     pub(crate) async fn release_held(&mut self) {
         let mut waiting = 0;
         for n in &mut self.namespaces {
@@ -827,6 +794,7 @@ impl Control {
 }
 
 /// Seconds since the Unix epoch: records carry expiry times on the wall clock.
+#[allow(clippy::disallowed_methods)] // records carry wall-clock expiry times
 pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -32,6 +32,7 @@ const CALLS_LEN: usize = 16;
 impl Control {
     /// Runs until SIGTERM or SIGINT, answering the control socket on `listener` and, if
     /// given, HTTP (`/metrics`, the topology page) on `web`.
+    #[allow(clippy::disallowed_methods)] // one clock reading per turn
     pub(crate) async fn run(
         mut self,
         listener: UnixListener,

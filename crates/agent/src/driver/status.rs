@@ -1,7 +1,6 @@
 //! `hyphae status`: the agent's state as the control protocol's [`Status`]
 //! (docs/CONTROL.md).
 
-use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -89,42 +88,21 @@ impl DataStatus {
     }
 }
 
-/// How often the host name of a member's address is read again from the DHT for status.
-/// Names change rarely; a minute keeps the reads to one per member per minute.
-const MEMBER_NAME_REFRESH: Duration = Duration::from_secs(60);
-
 impl Control {
-    /// Starts DHT reads of the host names of the members' first addresses not read within
-    /// [`MEMBER_NAME_REFRESH`]; the answers (`HolderRead`) show from the next status on.
-    /// Names of addresses no tunnel has any more are forgotten, so the map stays as small
-    /// as the tunnels.
+    /// Has each membership read the host names of its members' first addresses (at most
+    /// once a minute each: `membership::MEMBER_NAME_REFRESH`); the answers show from the
+    /// next status on.
     pub(crate) fn refresh_member_names(&mut self, now: Instant) {
-        let mut current: Vec<HashSet<Ipv4Addr>> = vec![HashSet::new(); self.namespaces.len()];
-        let firsts: Vec<(usize, Ipv4Addr)> = lock(&self.dp)
-            .node
-            .peers()
-            .filter_map(|p| Some((p.ns.0, *p.addresses.first()?)))
-            .collect();
-        for (ns, address) in firsts {
-            let Some(n) = self.namespaces.get_mut(ns) else {
-                continue;
-            };
-            current[ns].insert(address);
-            let due = n.member_names.get(&address).is_none_or(|(_, read)| {
-                now.saturating_duration_since(*read) >= MEMBER_NAME_REFRESH
-            });
-            if due && n.active() {
-                // The name known so far stays until the answer replaces it.
-                let known = n
-                    .member_names
-                    .get(&address)
-                    .and_then(|(name, _)| name.clone());
-                n.member_names.insert(address, (known, now));
-                n.membership.read_holder(address);
+        let mut firsts: Vec<Vec<Ipv4Addr>> = vec![Vec::new(); self.namespaces.len()];
+        for p in lock(&self.dp).node.peers() {
+            if let (Some(list), Some(&address)) = (firsts.get_mut(p.ns.0), p.addresses.first()) {
+                list.push(address);
             }
         }
-        for (n, current) in self.namespaces.iter_mut().zip(&current) {
-            n.member_names.retain(|a, _| current.contains(a));
+        for (n, addresses) in self.namespaces.iter_mut().zip(&firsts) {
+            if n.active() {
+                n.membership.refresh_member_names(now, addresses);
+            }
         }
     }
 
@@ -267,11 +245,10 @@ impl Control {
                 relay_addresses,
                 rtt_ms: p.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
+                // Only a name a member may hold is shown, as the DNS answers it.
                 name: p.addresses.first().and_then(|a| {
-                    self.namespaces[p.ns]
-                        .member_names
-                        .get(a)
-                        .and_then(|(name, _)| name.clone())
+                    let name = self.namespaces[p.ns].membership.member_name(*a)?;
+                    hyphae_dhcp_dns::dns::host_name(name).ok()
                 }),
                 handshake_age_secs: p.handshake_age.map(|d| d.as_secs_f64()),
                 rx_packets: p.stats.rx_packets,

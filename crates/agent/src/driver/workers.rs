@@ -241,7 +241,7 @@ pub(crate) fn spawn(
             clean: false,
         };
         let poke = poke.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<()>>(1);
         let thread = std::thread::Builder::new()
             .name(format!("hyphae-worker-{index}"))
             .spawn(move || {
@@ -339,6 +339,7 @@ struct Worker {
 
 impl Worker {
     /// Carries traffic until the command channel closes (`Ok`), or the socket fails.
+    #[allow(clippy::disallowed_methods)] // the underlay's timer (the neighbour table)
     async fn run(&mut self) -> Result<(), String> {
         loop {
             let timer = self.underlay.poll_timeout();
@@ -513,6 +514,7 @@ impl Worker {
 
 /// Takes the data plane for one batch (counting how long that took), adds what this
 /// worker counted since the last one, and reads the clock once for the batch.
+#[allow(clippy::disallowed_methods)] // a worker's clock reading, once per batch
 fn enter<'a>(
     shared: &'a Shared,
     taps: &mut [Option<Queue>],

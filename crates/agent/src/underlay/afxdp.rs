@@ -79,6 +79,7 @@ pub(crate) struct AfXdp {
 
 impl AfXdp {
     /// Attaches to the interface of `listen` (the default route's when it is 0.0.0.0).
+    #[allow(clippy::disallowed_methods)] // the first refresh: the tables were just read
     pub(crate) fn open(listen: SocketAddr) -> Result<Self> {
         let (interface, local_ip) = interface_for(listen.ip())?;
         let c_name = std::ffi::CString::new(interface.clone())?;

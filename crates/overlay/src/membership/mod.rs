@@ -28,6 +28,7 @@ pub use claims::AddressError;
 pub use handoff::HostedClaim;
 mod group;
 mod handoff;
+mod member_names;
 mod names;
 mod resolve;
 mod settings;
@@ -58,6 +59,8 @@ use group::Group;
 use names::NameLease;
 use resolve::Resolver;
 use settings::SettingsState;
+
+pub use member_names::MEMBER_NAME_REFRESH;
 
 /// Retry delay after a claim that no replica answered.
 const CLAIM_RETRY: Duration = Duration::from_secs(2);
@@ -315,6 +318,8 @@ pub struct Membership {
     reseal: HashSet<Ipv4Addr>,
     resolver: Resolver,
     group: Group,
+    /// Host names of other members' addresses, for status (see [`MEMBER_NAME_REFRESH`]).
+    member_names: HashMap<Ipv4Addr, member_names::MemberName>,
     /// [`Membership::start`] was called: the overlay has joined, so claims see the
     /// replicas a converged lookup finds. Nothing is claimed before.
     started: bool,
@@ -367,6 +372,7 @@ impl Membership {
             reseal: HashSet::new(),
             resolver: Resolver::default(),
             group: Group::default(),
+            member_names: HashMap::new(),
             started: false,
             left: false,
             next_token: 0,

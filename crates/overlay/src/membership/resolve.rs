@@ -200,6 +200,7 @@ impl Membership {
         let holder = self
             .read_first::<MemberInfo>(&key, now, envelopes)
             .map(|(_, info)| info.name);
+        self.member_name_read(address, &holder);
         self.events.push_back(Event::HolderRead { address, holder });
     }
 }

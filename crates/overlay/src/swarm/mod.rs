@@ -119,6 +119,12 @@ const MAX_DEFERRED: usize = 64;
 /// [`Overlay::poll_timeout`] still runs it this often.
 pub const STORE_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
+/// With only static peers as contacts: how long the agent waits for one of them to answer
+/// before it starts the overlay alone ([`OverlayOptions::alone_after`]). A member that is up
+/// answers a TCP dial within a round trip (a refused port at once), so the wait only delays
+/// the first member up; the same wait as for mDNS answers.
+pub const STATIC_PEER_WAIT: Duration = MDNS_WAIT;
+
 /// How long an agent with mDNS and no bootstrap address listens for members on its LAN
 /// before it starts an overlay of its own.
 pub const MDNS_WAIT: Duration = Duration::from_secs(2);
@@ -131,6 +137,10 @@ pub struct OverlayOptions {
     pub mdns: bool,
     /// How long a connection nothing uses stays open (a relay reservation uses its own).
     pub idle_timeout: Duration,
+    /// The bootstrap addresses are static peers only (no dedicated bootstrap agent): how
+    /// long to wait for one of them to answer before starting the overlay alone, as a
+    /// first member does. `None`: wait for a bootstrap address as long as it takes.
+    pub alone_after: Option<Duration>,
 }
 
 impl Default for OverlayOptions {
@@ -138,6 +148,7 @@ impl Default for OverlayOptions {
         Self {
             mdns: false,
             idle_timeout: Duration::from_secs(60),
+            alone_after: None,
         }
     }
 }
@@ -261,6 +272,11 @@ pub struct Overlay {
     relay_admission: RelayAdmission,
     /// With mDNS and no bootstrap address: when to stop waiting for LAN members.
     mdns_wait: Option<Instant>,
+    /// When to start alone if no static peer answered ([`OverlayOptions::alone_after`]).
+    alone_at: Option<Instant>,
+    /// No static peer answered in time: the memberships run on an overlay of this agent
+    /// alone, which a peer joins when it answers later (the swarm then bootstraps).
+    alone: bool,
     /// Which addresses may enter the DHT as underlay addresses.
     hygiene: Hygiene,
     /// The agent listens on loopback alone: its loopback addresses are its underlay.
@@ -328,6 +344,8 @@ impl Overlay {
             relays: Relays::new(now),
             relay_admission,
             mdns_wait: None,
+            alone_at: None,
+            alone: false,
             hygiene: Hygiene::default(),
             listens_on_loopback,
             stats: OverlayStats::default(),
@@ -339,6 +357,8 @@ impl Overlay {
         }
         if overlay.joined {
             overlay.events.push_back(OverlayEvent::Joined);
+        } else if let Some(wait) = options.alone_after {
+            overlay.alone_at = Some(now + wait);
         }
         overlay.redial(now);
         Ok(overlay)
@@ -352,6 +372,12 @@ impl Overlay {
     /// Whether the first bootstrap has finished.
     pub fn is_joined(&self) -> bool {
         self.joined
+    }
+
+    /// Whether the memberships may run: the overlay was joined, or started alone because
+    /// no static peer answered ([`OverlayOptions::alone_after`]).
+    pub fn is_ready(&self) -> bool {
+        self.joined || self.alone
     }
 
     /// Peers with an open connection.
@@ -456,6 +482,15 @@ impl Overlay {
                 self.events.push_back(OverlayEvent::Joined);
             }
         }
+        if self.alone_at.is_some_and(|t| now >= t) {
+            self.alone_at = None;
+            // A static peer that answered is being bootstrapped from: wait for that.
+            if !self.joined && self.connected.is_empty() {
+                tracing::info!("no static peer answered: starting the overlay alone");
+                self.alone = true;
+                self.events.push_back(OverlayEvent::Joined);
+            }
+        }
         self.check_awaiting(now, wall);
         self.quorum.handle_timeout(now);
         self.flush_quorum(now, wall);
@@ -473,6 +508,7 @@ impl Overlay {
             redial,
             self.relays.poll_timeout(),
             self.mdns_wait,
+            self.alone_at,
             self.awaiting.values().map(|a| a.deadline).min(),
             Some(self.next_sweep),
         ]
@@ -525,4 +561,64 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An overlay whose only contact is a static peer that never answers (a closed port).
+    fn waiting(alone_after: Option<Duration>) -> Overlay {
+        let identity = Identity::from_seed([7; 32]);
+        let options = OverlayOptions {
+            alone_after,
+            ..OverlayOptions::default()
+        };
+        let listen: Multiaddr = "/ip4/127.0.0.1/tcp/0".parse().expect("an address");
+        let silent: Multiaddr = "/ip4/127.0.0.1/tcp/1".parse().expect("an address");
+        Overlay::new(&identity, listen, vec![silent], options, [1; 32]).expect("an overlay")
+    }
+
+    fn joined_events(o: &mut Overlay) -> usize {
+        let n = o
+            .events
+            .iter()
+            .filter(|e| matches!(e, OverlayEvent::Joined))
+            .count();
+        o.events.clear();
+        n
+    }
+
+    #[tokio::test]
+    async fn with_only_silent_static_peers_the_overlay_starts_alone_after_the_wait() {
+        let wait = Duration::from_secs(2);
+        let mut o = waiting(Some(wait));
+        let at = o.alone_at.expect("a wait");
+        assert!(!o.is_ready());
+        assert_eq!(o.poll_timeout().map(|t| t <= at), Some(true));
+        o.handle_timeout(at - Duration::from_millis(1));
+        assert!(!o.is_ready(), "not before the wait is over");
+        assert_eq!(joined_events(&mut o), 0);
+        o.handle_timeout(at);
+        assert!(o.is_ready() && !o.is_joined(), "alone, not joined");
+        assert_eq!(joined_events(&mut o), 1);
+        // Once only.
+        o.handle_timeout(at + wait);
+        assert_eq!(joined_events(&mut o), 0);
+    }
+
+    #[tokio::test]
+    async fn a_static_peer_that_answered_is_waited_for_and_without_the_option_nothing_starts() {
+        let mut o = waiting(Some(Duration::from_secs(2)));
+        let at = o.alone_at.expect("a wait");
+        o.connected.insert(o.local);
+        o.handle_timeout(at);
+        assert!(!o.is_ready(), "a connected peer is bootstrapped from");
+        assert_eq!(joined_events(&mut o), 0);
+
+        let mut o = waiting(None);
+        assert_eq!(o.alone_at, None);
+        o.handle_timeout(clocks().0 + Duration::from_secs(3600));
+        assert!(!o.is_ready());
+    }
 }

@@ -106,3 +106,56 @@ fn a_dhcp_clients_name_is_held_for_its_address_and_released_with_it() {
     assert!(net.members[r].held_names().is_empty());
     assert_eq!(net.holder(&keys().name_key("charlie")), None);
 }
+
+#[test]
+fn member_names_are_read_once_a_minute_and_forgotten_with_the_tunnel() {
+    let mut net = Net::new();
+    let mut c = config(Address::Static(ip(10)));
+    c.hostname = Some("web".into());
+    let a = net.add(c, 1);
+    let b = net.add(config(Address::Static(ip(11))), 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].address_for("web"), Some(ip(10)));
+    let reads = |net: &mut Net| {
+        net.take_events(b)
+            .iter()
+            .filter(|e| matches!(e, Event::HolderRead { address, .. } if *address == ip(10)))
+            .count()
+    };
+    let _ = reads(&mut net);
+
+    // The first refresh reads the name; the answer shows from then on.
+    let now = net.now;
+    net.members[b].refresh_member_names(now, &[ip(10)]);
+    assert_eq!(net.members[b].member_name(ip(10)), None);
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(reads(&mut net), 1);
+    assert_eq!(net.members[b].member_name(ip(10)), Some("web"));
+
+    // Asked again within the minute (status scraped often): no read, the name stays.
+    for _ in 0..50 {
+        let now = net.now;
+        net.members[b].refresh_member_names(now, &[ip(10)]);
+        net.run_for(Duration::from_millis(100));
+    }
+    assert_eq!(reads(&mut net), 0);
+    assert_eq!(net.members[b].member_name(ip(10)), Some("web"));
+
+    // A minute after the first read: read again; a renamed member shows its new name.
+    let now = net.now;
+    net.members[a].set_hostname(now, Some("www".into()));
+    net.run_until(now + MEMBER_NAME_REFRESH);
+    let _ = reads(&mut net);
+    let now = net.now;
+    net.members[b].refresh_member_names(now, &[ip(10)]);
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(reads(&mut net), 1);
+    assert_eq!(net.members[b].member_name(ip(10)), Some("www"));
+
+    // No tunnel to the address any more: its name is forgotten, and nothing is read.
+    let now = net.now;
+    net.members[b].refresh_member_names(now, &[]);
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(reads(&mut net), 0);
+    assert_eq!(net.members[b].member_name(ip(10)), None);
+}

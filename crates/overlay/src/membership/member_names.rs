@@ -1,0 +1,59 @@
+//! The host names of other members' addresses, as `hyphae status` shows them beside each
+//! tunnel: read from the DHT (the PTR each address record carries), at most once per
+//! [`MEMBER_NAME_REFRESH`] per address, and forgotten with the tunnel.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use super::Membership;
+
+/// How often the host name of a member's address is read again from the DHT. Names change
+/// rarely; a minute keeps the reads to one per member per minute, however often status is
+/// asked (a scraper asks many times a second).
+pub const MEMBER_NAME_REFRESH: Duration = Duration::from_secs(60);
+
+/// One member address's name, as last read, and when the read started.
+#[derive(Debug, Clone)]
+pub(super) struct MemberName {
+    name: Option<String>,
+    read_at: Instant,
+}
+
+impl Membership {
+    /// The tunnels have members at `addresses` (each member's first): starts DHT reads of
+    /// the names of those not read within [`MEMBER_NAME_REFRESH`], and forgets the names
+    /// of addresses not among them, so the cache stays as small as the tunnels. The name
+    /// known so far stays until the answer replaces it. Nothing is read once left.
+    pub fn refresh_member_names(&mut self, now: Instant, addresses: &[Ipv4Addr]) {
+        self.member_names.retain(|a, _| addresses.contains(a));
+        if self.left {
+            return;
+        }
+        for &address in addresses {
+            let due = self
+                .member_names
+                .get(&address)
+                .is_none_or(|m| now.saturating_duration_since(m.read_at) >= MEMBER_NAME_REFRESH);
+            if !due {
+                continue;
+            }
+            let name = self.member_names.remove(&address).and_then(|m| m.name);
+            self.member_names
+                .insert(address, MemberName { name, read_at: now });
+            self.read_holder(address);
+        }
+    }
+
+    /// The name of a member's address, as last read.
+    pub fn member_name(&self, address: Ipv4Addr) -> Option<&str> {
+        self.member_names.get(&address)?.name.as_deref()
+    }
+
+    /// A read of `address`'s holder ended: its name, if the address is a member's whose
+    /// name is kept.
+    pub(super) fn member_name_read(&mut self, address: Ipv4Addr, holder: &Option<Option<String>>) {
+        if let Some(m) = self.member_names.get_mut(&address) {
+            m.name = holder.clone().flatten();
+        }
+    }
+}
