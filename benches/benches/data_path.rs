@@ -81,7 +81,7 @@ fn data_path(c: &mut Criterion) {
     let mut tap_frame = frame.clone();
     g.bench_function("vswitch_tap_frame", |bench| {
         bench.iter(|| {
-            let a = sw.handle_tap_frame(black_box(&mut tap_frame), now, &mut reply);
+            let a = sw.handle_tap_frame(now, black_box(&mut tap_frame), &mut reply);
             assert!(matches!(a, Action::ToPeer { .. }));
         })
     });

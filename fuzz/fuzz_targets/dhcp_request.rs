@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         router: None,
         lease: Duration::from_secs(600),
     });
-    s.handle(data, [2, 0, 0, 0, 0, 1], now);
+    s.handle_request(now, data, [2, 0, 0, 0, 0, 1]);
     let mut granted = false;
     while let Some(o) = s.poll_output() {
         if let Output::Claim { client, hint, .. } = o {
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    s.handle(data, [2, 0, 0, 0, 0, 1], now + Duration::from_secs(1));
+    s.handle_request(now + Duration::from_secs(1), data, [2, 0, 0, 0, 0, 1]);
     s.handle_timeout(now + Duration::from_secs(3600));
     while s.poll_output().is_some() {}
 });

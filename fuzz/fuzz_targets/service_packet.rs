@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         let (packet, tail) = tail.split_at(usize::from(len).min(tail.len()));
         rest = tail;
         now += Duration::from_millis(u64::from(len) * 10);
-        e.handle_packet(packet, now);
+        e.handle_packet(now, packet);
         while let Some((conn, query)) = e.poll_query() {
             e.respond(conn, &query, now);
         }

@@ -23,10 +23,10 @@ fuzz_target!(|data: &[u8]| {
         sw.set_peer_addresses(1, &[Ipv4Addr::new(10, 201, 0, 2)]);
         let mut reply = [0u8; hyphae_vswitch::MIN_REPLY_BUF];
         let mut frame = data.to_vec();
-        let _ = sw.handle_tap_frame(&mut frame, now, &mut reply);
+        let _ = sw.handle_tap_frame(now, &mut frame, &mut reply);
         let mut buf = vec![0u8; HEADROOM + data.len()];
         buf[HEADROOM..].copy_from_slice(data);
-        let _ = sw.handle_peer_packet(&mut buf, data.len(), now);
+        let _ = sw.handle_peer_packet(now, &mut buf, data.len());
         sw.handle_timeout(now + Duration::from_secs(60));
         while sw.poll_transmit(&mut reply).is_some() {}
         while sw.poll_event().is_some() {}

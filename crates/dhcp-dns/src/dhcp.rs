@@ -13,7 +13,7 @@
 //! (`giaddr`, or the link-selection sub-option of RFC 3527) must lie in the namespace
 //! subnet, the only one this server hands out.
 //!
-//! Call order: feed each request to [`Server::handle`] and the passage of time to
+//! Call order: feed each request to [`Server::handle_request`] and the passage of time to
 //! [`Server::handle_timeout`]; drain [`Server::poll_output`] after each.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -270,7 +270,7 @@ impl Server {
 
     /// Handles one DHCP message (a UDP payload sent to port 67) that `sender` (the Ethernet
     /// source: the client, or a relay agent) put on the link.
-    pub fn handle(&mut self, payload: &[u8], sender: [u8; 6], now: Instant) {
+    pub fn handle_request(&mut self, now: Instant, payload: &[u8], sender: [u8; 6]) {
         let Some((clean, agent_information)) = only_options_we_read(payload) else {
             self.stats.malformed += 1;
             return;
@@ -771,10 +771,10 @@ mod tests {
     fn discover_offer_request_ack_with_the_namespace_settings() {
         let t = Instant::now();
         let mut s = Server::new(settings());
-        s.handle(
+        s.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             MAC,
-            t,
         );
         assert_eq!(
             outputs(&mut s),
@@ -785,10 +785,10 @@ mod tests {
             }]
         );
         // A retransmitted DISCOVER while the claim runs starts nothing new.
-        s.handle(
+        s.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             MAC,
-            t,
         );
         assert!(outputs(&mut s).is_empty());
         let a = Ipv4Addr::new(10, 201, 7, 9);
@@ -833,7 +833,7 @@ mod tests {
                 DhcpOption::Hostname("Web-1".into()),
             ],
         );
-        s.handle(&req, MAC, t);
+        s.handle_request(t, &req, MAC);
         let out = outputs(&mut s);
         let (_, ack) = only_reply(&out);
         assert_eq!(
@@ -853,16 +853,16 @@ mod tests {
         let t = Instant::now();
         let mut s = Server::new(settings());
         let a = Ipv4Addr::new(10, 201, 0, 20);
-        s.handle(
+        s.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             MAC,
-            t,
         );
         s.allocated(&client(), a, t);
         outputs(&mut s);
         // RENEWING: unicast from the address it holds.
         let later = t + Duration::from_secs(300);
-        s.handle(&request(MessageType::Request, a, vec![]), MAC, later);
+        s.handle_request(later, &request(MessageType::Request, a, vec![]), MAC);
         let out = outputs(&mut s);
         let (r, ack) = only_reply(&out);
         assert_eq!(
@@ -879,14 +879,14 @@ mod tests {
         assert_eq!(s.lease_of(&client()), None);
 
         // RELEASE frees both leases.
-        s.handle(
+        s.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             MAC,
-            t,
         );
         s.allocated(&client(), a, t);
         outputs(&mut s);
-        s.handle(&request(MessageType::Release, a, vec![]), MAC, t);
+        s.handle_request(t, &request(MessageType::Release, a, vec![]), MAC);
         assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
         assert_eq!(s.lease_of(&client()), None);
     }
@@ -896,15 +896,15 @@ mod tests {
         let t = Instant::now();
         let (mut source, mut target) = (Server::new(settings()), Server::new(settings()));
         let a = Ipv4Addr::new(10, 201, 0, 20);
-        source.handle(
+        source.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             MAC,
-            t,
         );
         source.allocated(&client(), a, t);
         outputs(&mut source);
         assert_eq!(source.hand_over(a, t), None, "an offer is no lease");
-        source.handle(&request(MessageType::Request, a, vec![]), MAC, t);
+        source.handle_request(t, &request(MessageType::Request, a, vec![]), MAC);
         outputs(&mut source);
         let later = t + Duration::from_secs(100);
         let (who, left) = source.hand_over(a, later).expect("the lease leaves");
@@ -919,7 +919,7 @@ mod tests {
         // The target answers the client's renewal at once, with no claim first.
         target.take_over(who, a, left, later);
         assert_eq!(target.lease_of(&client()), Some(a));
-        target.handle(&request(MessageType::Request, a, vec![]), MAC, later);
+        target.handle_request(later, &request(MessageType::Request, a, vec![]), MAC);
         let out = outputs(&mut target);
         let (_, ack) = only_reply(&out);
         assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
@@ -940,7 +940,7 @@ mod tests {
             Ipv4Addr::UNSPECIFIED,
             vec![DhcpOption::RequestedIpAddress(a)],
         );
-        s.handle(&reboot, MAC, t);
+        s.handle_request(t, &reboot, MAC);
         assert_eq!(
             outputs(&mut s),
             vec![Output::Claim {
@@ -954,7 +954,7 @@ mod tests {
         assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
         assert!(r.broadcast && r.dst == Ipv4Addr::BROADCAST);
         // Asked again and free this time: ACKed.
-        s.handle(&reboot, MAC, t);
+        s.handle_request(t, &reboot, MAC);
         outputs(&mut s);
         s.allocated(&client(), a, t);
         let (_, ack) = only_reply(&outputs(&mut s));
@@ -968,7 +968,7 @@ mod tests {
             Ipv4Addr::UNSPECIFIED,
             vec![DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 201, 3, 4))],
         );
-        s.handle(&other, MAC, t);
+        s.handle_request(t, &other, MAC);
         let (_, nak) = only_reply(&outputs(&mut s));
         assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
         // Unusable requests are refused without a claim.
@@ -978,14 +978,14 @@ mod tests {
             Ipv4Addr::new(10, 201, 255, 255),
         ] {
             let mut s = Server::new(settings());
-            s.handle(
+            s.handle_request(
+                t,
                 &request(
                     MessageType::Request,
                     Ipv4Addr::UNSPECIFIED,
                     vec![DhcpOption::RequestedIpAddress(bad)],
                 ),
                 MAC,
-                t,
             );
             let (_, nak) = only_reply(&outputs(&mut s));
             assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak), "{bad}");
@@ -1000,7 +1000,8 @@ mod tests {
             ..settings()
         });
         let a = Ipv4Addr::new(10, 201, 0, 30);
-        s.handle(
+        s.handle_request(
+            t,
             &request(
                 MessageType::Request,
                 Ipv4Addr::UNSPECIFIED,
@@ -1010,7 +1011,6 @@ mod tests {
                 ],
             ),
             MAC,
-            t,
         );
         assert!(
             outputs(&mut s).is_empty(),
@@ -1019,27 +1019,27 @@ mod tests {
         assert_eq!(s.stats().ignored, 1);
 
         // DECLINE: the address is in use on the LAN; it is released and never offered again.
-        s.handle(
+        s.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             MAC,
-            t,
         );
         s.allocated(&client(), a, t);
         outputs(&mut s);
-        s.handle(
+        s.handle_request(
+            t,
             &request(
                 MessageType::Decline,
                 Ipv4Addr::UNSPECIFIED,
                 vec![DhcpOption::RequestedIpAddress(a)],
             ),
             MAC,
-            t,
         );
         assert_eq!(outputs(&mut s), vec![Output::Release(a)]);
-        s.handle(
+        s.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             MAC,
-            t,
         );
         outputs(&mut s);
         s.allocated(&client(), a, t);
@@ -1049,7 +1049,7 @@ mod tests {
 
         // INFORM: settings only, to the address the client has; the gateway is there.
         let b = Ipv4Addr::new(10, 201, 0, 40);
-        s.handle(&request(MessageType::Inform, b, vec![]), MAC, t);
+        s.handle_request(t, &request(MessageType::Inform, b, vec![]), MAC);
         let (r, ack) = only_reply(&outputs(&mut s));
         assert_eq!(
             (ack.opts().msg_type(), ack.yiaddr(), r.dst),
@@ -1075,7 +1075,7 @@ mod tests {
         m.set_flags(Flags::default().set_broadcast());
         let mut buf = Vec::new();
         m.encode(&mut Encoder::new(&mut buf)).unwrap();
-        s.handle(&buf, MAC, t);
+        s.handle_request(t, &buf, MAC);
         outputs(&mut s);
         s.allocated(&client(), Ipv4Addr::new(10, 201, 0, 50), t);
         let out = outputs(&mut s);
@@ -1141,10 +1141,10 @@ mod tests {
     fn relayed_requests_are_answered_to_the_relay_with_option_82_echoed() {
         let t = Instant::now();
         let mut s = Server::new(settings());
-        s.handle(
+        s.handle_request(
+            t,
             &relayed(MessageType::Discover, GIADDR, vec![], &AGENT_INFORMATION),
             RELAY_MAC,
-            t,
         );
         assert!(matches!(
             &outputs(&mut s)[..],
@@ -1185,7 +1185,7 @@ mod tests {
         m.encode(&mut Encoder::new(&mut select)).unwrap();
         let end = select.len() - 1;
         select.splice(end..end, AGENT_INFORMATION);
-        s.handle(&select, RELAY_MAC, t);
+        s.handle_request(t, &select, RELAY_MAC);
         let (r, ack) = only_reply(&outputs(&mut s));
         assert_eq!(
             (ack.opts().msg_type(), r.dst, r.port, r.mac, r.broadcast),
@@ -1203,7 +1203,8 @@ mod tests {
         );
 
         // A relayed request for an address it cannot have: NAK to the relay, broadcast bit.
-        s.handle(
+        s.handle_request(
+            t,
             &relayed(
                 MessageType::Request,
                 GIADDR,
@@ -1211,7 +1212,6 @@ mod tests {
                 &[],
             ),
             RELAY_MAC,
-            t,
         );
         let (r, nak) = only_reply(&outputs(&mut s));
         assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
@@ -1225,10 +1225,10 @@ mod tests {
 
         // A direct client's reply is unchanged: to port 68 at its own MAC.
         let mut s = Server::new(settings());
-        s.handle(
+        s.handle_request(
+            t,
             &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
             RELAY_MAC,
-            t,
         );
         s.allocated(&client(), a, t);
         let (r, _) = only_reply(&outputs(&mut s));
@@ -1253,10 +1253,10 @@ mod tests {
             (GIADDR, link(GIADDR), true),
         ] {
             let mut s = Server::new(settings());
-            s.handle(
+            s.handle_request(
+                t,
                 &relayed(MessageType::Discover, giaddr, vec![], &info),
                 RELAY_MAC,
-                t,
             );
             let out = outputs(&mut s);
             assert_eq!(
@@ -1276,7 +1276,8 @@ mod tests {
         }
         // Link selection on its own (no giaddr) is held to the subnet too.
         let mut s = Server::new(settings());
-        s.handle(
+        s.handle_request(
+            t,
             &relayed(
                 MessageType::Discover,
                 Ipv4Addr::UNSPECIFIED,
@@ -1284,7 +1285,6 @@ mod tests {
                 &link(outside),
             ),
             MAC,
-            t,
         );
         assert!(outputs(&mut s).is_empty());
         assert_eq!(s.stats().relay_outside_subnet, 1);
@@ -1298,13 +1298,13 @@ mod tests {
         let mut s = Server::new(settings());
         let a = Ipv4Addr::new(10, 201, 7, 7);
         let discover = relayed(MessageType::Discover, GIADDR, vec![], &AGENT_INFORMATION);
-        s.handle(&discover, RELAY_MAC, t);
+        s.handle_request(t, &discover, RELAY_MAC);
         s.allocated(&client(), a, t);
         outputs(&mut s);
         assert_eq!(s.poll_timeout(), Some(t + OFFER_LIFETIME));
         // A DISCOVER again later: the same offer, for another offer lifetime.
         let later = t + Duration::from_secs(30);
-        s.handle(&discover, RELAY_MAC, later);
+        s.handle_request(later, &discover, RELAY_MAC);
         let (_, offer) = only_reply(&outputs(&mut s));
         assert_eq!(offer.yiaddr(), a);
         assert_eq!(s.poll_timeout(), Some(later + OFFER_LIFETIME));
@@ -1315,10 +1315,11 @@ mod tests {
         assert_eq!((s.lease_of(&client()), s.stats().offers_lapsed), (None, 1));
 
         // Taken up: the lease's lifetime, not the offer's.
-        s.handle(&discover, RELAY_MAC, t);
+        s.handle_request(t, &discover, RELAY_MAC);
         s.allocated(&client(), a, t);
         outputs(&mut s);
-        s.handle(
+        s.handle_request(
+            t,
             &relayed(
                 MessageType::Request,
                 GIADDR,
@@ -1329,7 +1330,6 @@ mod tests {
                 &[],
             ),
             RELAY_MAC,
-            t,
         );
         outputs(&mut s);
         s.handle_timeout(t + OFFER_LIFETIME);
@@ -1353,17 +1353,17 @@ mod tests {
                 80, 1, 0, 81, 1, 0, 157, 1, 7, 158, 1, 7, 159, 1, 7, 160, 1, 7,
             ],
         );
-        s.handle(&r, MAC, t);
+        s.handle_request(t, &r, MAC);
         assert!(matches!(s.poll_output(), Some(Output::Claim { .. })));
         // An option running past the end is malformed; so is a message type of 2 bytes.
         let mut cut = request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]);
         cut.truncate(cut.len() - 1);
         cut.extend_from_slice(&[61, 200, 1]);
-        s.handle(&cut, MAC, t);
+        s.handle_request(t, &cut, MAC);
         let mut long = request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]);
         let at = long.iter().position(|&b| b == 53).unwrap();
         long.splice(at..at + 3, [53, 2, 1, 1]);
-        s.handle(&long, MAC, t);
+        s.handle_request(t, &long, MAC);
         assert_eq!(s.stats().malformed, 2);
     }
 
@@ -1386,13 +1386,13 @@ mod tests {
         ];
         for r in &reqs {
             for n in 0..=r.len() {
-                s.handle(&r[..n], MAC, t);
+                s.handle_request(t, &r[..n], MAC);
             }
             for i in 0..r.len() {
                 for v in [0u8, 1, 0x35, 0xff] {
                     let mut c = r.clone();
                     c[i] = v;
-                    s.handle(&c, MAC, t);
+                    s.handle_request(t, &c, MAC);
                 }
             }
         }

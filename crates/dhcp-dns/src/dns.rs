@@ -126,7 +126,7 @@ impl Server {
     /// answered, slips (answer it with [`truncated_answer`]) or is dropped, by its source's
     /// rate ([`crate::limit`]); what is not answered is counted.
     pub fn admit(&mut self, source: Ipv4Addr, now: Instant) -> Verdict {
-        let verdict = self.limit.handle_query(source, now);
+        let verdict = self.limit.handle_query(now, source);
         match verdict {
             Verdict::Answer => {}
             Verdict::Truncate => self.stats.rate_limited_truncated += 1,

@@ -76,7 +76,7 @@ impl PerSource {
     }
 
     /// A query from `source` at `now`: answer it, slip or drop.
-    pub fn handle_query(&mut self, source: Ipv4Addr, now: Instant) -> Verdict {
+    pub fn handle_query(&mut self, now: Instant, source: Ipv4Addr) -> Verdict {
         if self.rate == 0 {
             return Verdict::Answer;
         }
@@ -125,7 +125,7 @@ mod tests {
     fn over_its_rate_a_source_gets_every_second_query_truncated_and_the_rest_dropped() {
         let t = Instant::now();
         let mut l = PerSource::new(100);
-        let verdicts: Vec<_> = (0..300).map(|_| l.handle_query(NOISY, t)).collect();
+        let verdicts: Vec<_> = (0..300).map(|_| l.handle_query(t, NOISY)).collect();
         let count = |v| verdicts.iter().filter(|&&x| x == v).count();
         assert_eq!(
             (
@@ -143,26 +143,26 @@ mod tests {
         // A tenth of a second refills a tenth of the rate.
         let later = t + Duration::from_millis(100);
         let again = (0..100)
-            .filter(|_| l.handle_query(NOISY, later) == Verdict::Answer)
+            .filter(|_| l.handle_query(later, NOISY) == Verdict::Answer)
             .count();
         assert_eq!(again, 10);
         // No limit at 0.
         let mut free = PerSource::new(0);
-        assert!((0..10_000).all(|_| free.handle_query(NOISY, t) == Verdict::Answer));
+        assert!((0..10_000).all(|_| free.handle_query(t, NOISY) == Verdict::Answer));
     }
 
     #[test]
     fn the_table_is_bounded_and_forgets_the_oldest_source() {
         let t = Instant::now();
         let mut l = PerSource::new(1);
-        assert_eq!(l.handle_query(QUIET, t), Verdict::Answer);
-        assert_eq!(l.handle_query(QUIET, t), Verdict::Truncate);
+        assert_eq!(l.handle_query(t, QUIET), Verdict::Answer);
+        assert_eq!(l.handle_query(t, QUIET), Verdict::Truncate);
         for i in 0..MAX_SOURCES as u32 {
-            l.handle_query(Ipv4Addr::from(0x0a00_0000 + i), t);
+            l.handle_query(t, Ipv4Addr::from(0x0a00_0000 + i));
         }
         assert_eq!(l.sources(), MAX_SOURCES);
         // QUIET entered first, so it was forgotten: a full bucket again.
-        assert_eq!(l.handle_query(QUIET, t), Verdict::Answer);
+        assert_eq!(l.handle_query(t, QUIET), Verdict::Answer);
         assert_eq!(l.sources(), MAX_SOURCES);
     }
 }

@@ -266,7 +266,7 @@ impl<C: Copy> Service<C> {
         let Some(tcp) = self.tcp.as_mut() else {
             return;
         };
-        tcp.handle_packet(packet, now);
+        tcp.handle_packet(now, packet);
         self.drain_tcp(now, held);
     }
 

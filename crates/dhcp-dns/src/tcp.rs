@@ -243,7 +243,7 @@ impl Endpoint {
     }
 
     /// An IPv4 packet (no link header) addressed to the service address, from a client.
-    pub fn handle_packet(&mut self, packet: &[u8], now: Instant) {
+    pub fn handle_packet(&mut self, now: Instant, packet: &[u8]) {
         self.advance(now);
         match self.admit(packet) {
             Admission::Malformed => {
@@ -806,7 +806,7 @@ mod tests {
                     .poll(timestamp, &mut client.device, &mut client.sockets);
                 let mut moved = false;
                 while let Some(packet) = self.client.device.tx.pop_front() {
-                    self.server.handle_packet(&packet, self.now);
+                    self.server.handle_packet(self.now, &packet);
                     moved = true;
                 }
                 if self
@@ -1311,7 +1311,7 @@ mod tests {
         let mut server = Endpoint::new(SERVICE, 24, now);
         let extra = 10;
         for _ in 0..MAX_QUEUED_PACKETS + extra {
-            server.handle_packet(&echo_request(b"ping"), now);
+            server.handle_packet(now, &echo_request(b"ping"));
         }
         assert_eq!(server.stats().dropped_packets, extra as u64);
         assert_eq!(
@@ -1334,7 +1334,7 @@ mod tests {
         let now = Instant::now();
         let mut server = Endpoint::new(SERVICE, 24, now);
         let data = b"hyphae ping payload";
-        server.handle_packet(&echo_request(data), now);
+        server.handle_packet(now, &echo_request(data));
 
         let reply = server.poll_packet().expect("an echo reply");
         assert_eq!(server.poll_packet(), None);
@@ -1363,13 +1363,13 @@ mod tests {
 
         // Wrong destination: a valid SYN for someone else.
         let other = Ipv4Address::new(10, 201, 0, 2);
-        server.handle_packet(&syn(other), now);
+        server.handle_packet(now, &syn(other));
         drops += 1;
 
         // Every truncation of a valid SYN.
         let valid = syn(SERVICE);
         for len in 0..valid.len() {
-            server.handle_packet(&valid[..len], now);
+            server.handle_packet(now, &valid[..len]);
             drops += 1;
         }
 
@@ -1378,7 +1378,7 @@ mod tests {
         let mut packet = Ipv4Packet::new_unchecked(&mut fragment[..]);
         packet.set_more_frags(true);
         packet.fill_checksum();
-        server.handle_packet(&fragment, now);
+        server.handle_packet(now, &fragment);
         drops += 1;
 
         // From the service address itself.
@@ -1386,7 +1386,7 @@ mod tests {
         let mut packet = Ipv4Packet::new_unchecked(&mut land[..]);
         packet.set_src_addr(SERVICE);
         packet.fill_checksum();
-        server.handle_packet(&land, now);
+        server.handle_packet(now, &land);
         drops += 1;
 
         assert_eq!(server.stats().malformed_packets, drops);
@@ -1402,7 +1402,7 @@ mod tests {
             for flip in [0x01, 0x80, 0xff] {
                 let mut corrupt = valid.clone();
                 corrupt[i] ^= flip;
-                server.handle_packet(&corrupt, now);
+                server.handle_packet(now, &corrupt);
             }
         }
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
@@ -1418,7 +1418,7 @@ mod tests {
             if round % 2 == 0 && len >= 20 {
                 bytes[..20].copy_from_slice(&valid[..20]);
             }
-            server.handle_packet(&bytes, now);
+            server.handle_packet(now, &bytes);
         }
         while server.poll_packet().is_some() {}
         server.handle_timeout(now + Duration::from_secs(60));
@@ -1446,7 +1446,7 @@ mod tests {
             Ipv4Addr::new(224, 0, 0, 1),
         ] {
             let mut server = Endpoint::new(address, 40, now);
-            server.handle_packet(&syn(address), now);
+            server.handle_packet(now, &syn(address));
             server.handle_timeout(now);
             assert_eq!(server.poll_packet(), None);
         }

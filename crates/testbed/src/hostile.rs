@@ -4,23 +4,32 @@
 //! answer every record request with "held" (every challenge with a made-up proof), and
 //! sends self-signed claims under the namespace's public tag, sealed without the secret.
 //! It runs on its own thread until dropped.
+//!
+//! A [`Crowd`] is the milder stranger of `benches/isolation.sh`: many identities, one
+//! connection each to one agent, each doing a Kademlia query now and then.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use futures::StreamExt;
+use futures::{future, FutureExt, StreamExt};
 use hyphae_overlay::proof::{ProofRequest, ProofResponse, PROOF_PROTOCOL};
 use hyphae_overlay::records::{Envelope, RecordRequest, RecordResponse, ScopedRequest};
 use hyphae_overlay::swarm::{unix_now, KAD_PROTOCOL, RECORDS_PROTOCOL};
 use hyphae_overlay::{Identity, NamespaceKeys, TAG_LEN};
+use libp2p::core::transport::{DialOpts as TransportDialOpts, ListenerId, TransportError, TransportEvent};
+use libp2p::core::Transport;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, Message, ProtocolSupport};
+use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{identify, kad, noise, tcp, yamux, Multiaddr, StreamProtocol, Swarm};
 
@@ -33,14 +42,35 @@ struct Hostile {
     proofs: request_response::json::Behaviour<ProofRequest, ProofResponse>,
 }
 
-fn swarm(seed: [u8; 32]) -> Result<Swarm<Hostile>> {
-    let key = libp2p::identity::Keypair::ed25519_from_bytes(seed)?;
+/// A stranger's behaviour for `key`: Kademlia as a server, identify, records and proofs.
+fn behaviour(key: &libp2p::identity::Keypair) -> Hostile {
     let rr = |name: &'static str| {
         (
             [(StreamProtocol::new(name), ProtocolSupport::Full)],
             request_response::Config::default().with_request_timeout(Duration::from_secs(60)),
         )
     };
+    let peer = key.public().to_peer_id();
+    let cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+    let mut kad = kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), cfg);
+    kad.set_mode(Some(kad::Mode::Server));
+    let (p, c) = rr(RECORDS_PROTOCOL);
+    let records = request_response::json::Behaviour::new(p, c);
+    let (p, c) = rr(PROOF_PROTOCOL);
+    let proofs = request_response::json::Behaviour::new(p, c);
+    Hostile {
+        kad,
+        identify: identify::Behaviour::new(identify::Config::new(
+            "/hyphae/1".into(),
+            key.public(),
+        )),
+        records,
+        proofs,
+    }
+}
+
+fn swarm(seed: [u8; 32]) -> Result<Swarm<Hostile>> {
+    let key = libp2p::identity::Keypair::ed25519_from_bytes(seed)?;
     Ok(libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
         .with_tcp(
@@ -48,26 +78,7 @@ fn swarm(seed: [u8; 32]) -> Result<Swarm<Hostile>> {
             noise::Config::new,
             yamux::Config::default,
         )?
-        .with_behaviour(|key| {
-            let peer = key.public().to_peer_id();
-            let cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
-            let mut kad =
-                kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), cfg);
-            kad.set_mode(Some(kad::Mode::Server));
-            let (p, c) = rr(RECORDS_PROTOCOL);
-            let records = request_response::json::Behaviour::new(p, c);
-            let (p, c) = rr(PROOF_PROTOCOL);
-            let proofs = request_response::json::Behaviour::new(p, c);
-            Hostile {
-                kad,
-                identify: identify::Behaviour::new(identify::Config::new(
-                    "/hyphae/1".into(),
-                    key.public(),
-                )),
-                records,
-                proofs,
-            }
-        })?
+        .with_behaviour(behaviour)?
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
         .build())
 }
@@ -360,4 +371,178 @@ fn run(
             r = claims => r.map_err(|e| anyhow!("{e}"))?,
         }
     })
+}
+
+/// TCP that dials one address from one source address and listens nowhere: a crowd
+/// member reaches its target and nobody else, whatever its Kademlia queries learn.
+struct Leash {
+    source: Ipv4Addr,
+    target: SocketAddr,
+}
+
+impl Transport for Leash {
+    type Output = libp2p::tcp::tokio::TcpStream;
+    type Error = std::io::Error;
+    type ListenerUpgrade = future::Pending<Result<Self::Output, Self::Error>>;
+    type Dial = future::BoxFuture<'static, Result<Self::Output, Self::Error>>;
+
+    fn listen_on(
+        &mut self,
+        _: ListenerId,
+        addr: Multiaddr,
+    ) -> Result<(), TransportError<Self::Error>> {
+        Err(TransportError::MultiaddrNotSupported(addr))
+    }
+
+    fn remove_listener(&mut self, _: ListenerId) -> bool {
+        false
+    }
+
+    fn dial(
+        &mut self,
+        addr: Multiaddr,
+        _: TransportDialOpts,
+    ) -> Result<Self::Dial, TransportError<Self::Error>> {
+        if socket_addr(&addr).ok() != Some(self.target) {
+            return Err(TransportError::MultiaddrNotSupported(addr));
+        }
+        let (source, target) = (self.source, self.target);
+        Ok(async move {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(SocketAddr::from((source, 0)))?;
+            let stream = socket.connect(target).await?;
+            stream.set_nodelay(true)?;
+            Ok(libp2p::tcp::tokio::TcpStream(stream))
+        }
+        .boxed())
+    }
+
+    fn poll(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<TransportEvent<Self::ListenerUpgrade, Self::Error>> {
+        Poll::Pending
+    }
+}
+
+/// Many strangers connected at once, each doing a Kademlia query now and then: control-plane
+/// load on an agent (`benches/isolation.sh`, through the `hyphae-stranger` binary).
+#[derive(Debug, Clone)]
+pub struct Crowd {
+    /// The agent's libp2p address: the only address any member of the crowd dials.
+    pub target: SocketAddr,
+    /// Local addresses the connections come from, taken in turn (an agent admits few
+    /// connections per source address).
+    pub sources: Vec<Ipv4Addr>,
+    /// Identities, one connection each.
+    pub identities: u32,
+    /// How often each identity starts a Kademlia query (a lookup of a random peer id) on
+    /// its connection; the first comes at a random moment within the first period.
+    pub query_every: Duration,
+}
+
+/// Runs `crowd` from the calling thread's network namespace until the future is dropped,
+/// keeping `up` at the number of identities connected to the target (each redials when its
+/// connection closes). Identities start 10 ms apart, under an agent's limit on handshakes
+/// in progress.
+pub async fn run_crowd(crowd: Crowd, up: Arc<AtomicU32>) -> Result<()> {
+    if crowd.sources.is_empty() {
+        bail!("no source address");
+    }
+    let mut members = tokio::task::JoinSet::new();
+    for i in 0..crowd.identities {
+        let mut seed = [0u8; 32];
+        getrandom::getrandom(&mut seed).map_err(|e| anyhow!("random number generator: {e}"))?;
+        let source = crowd.sources[usize::try_from(i)? % crowd.sources.len()];
+        members.spawn(run_crowd_member(
+            seed,
+            source,
+            crowd.target,
+            crowd.query_every,
+            up.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match members.join_next().await {
+        Some(r) => r.map_err(|e| anyhow!("{e}"))?,
+        None => Ok(()),
+    }
+}
+
+/// A random duration under `period`.
+fn jitter(period: Duration) -> Result<Duration> {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes).map_err(|e| anyhow!("random number generator: {e}"))?;
+    let millis = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+    Ok(Duration::from_millis(u64::from_le_bytes(bytes) % millis))
+}
+
+/// One identity of a crowd: one connection to `target` from `source`, kept up; a Kademlia
+/// query every `every`; challenges and record requests answered as a Sybil does.
+async fn run_crowd_member(
+    seed: [u8; 32],
+    source: Ipv4Addr,
+    target: SocketAddr,
+    every: Duration,
+    up: Arc<AtomicU32>,
+) -> Result<()> {
+    let key = libp2p::identity::Keypair::ed25519_from_bytes(seed)?;
+    let noise = noise::Config::new(&key)?;
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
+        .with_tokio()
+        .with_other_transport(|_| {
+            Leash { source, target }
+                .upgrade(libp2p::core::upgrade::Version::V1)
+                .authenticate(noise)
+                .multiplex(yamux::Config::default())
+        })?
+        .with_behaviour(behaviour)?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
+        .build();
+    let addr = Multiaddr::empty()
+        .with(Protocol::from(target.ip()))
+        .with(Protocol::Tcp(target.port()));
+    let mut bootstrapped = false;
+    let (mut connected, mut dialing) = (false, None);
+    let mut redial = tokio::time::interval(Duration::from_secs(2));
+    let mut query =
+        tokio::time::interval_at(tokio::time::Instant::now() + jitter(every)?, every);
+    loop {
+        tokio::select! {
+            _ = redial.tick(), if !connected && dialing.is_none() => {
+                let opts = DialOpts::unknown_peer_id().address(addr.clone()).build();
+                let id = opts.connection_id();
+                if swarm.dial(opts).is_ok() {
+                    dialing = Some(id);
+                }
+            }
+            _ = query.tick(), if connected => {
+                swarm.behaviour_mut().kad.get_closest_peers(libp2p::PeerId::random());
+            }
+            event = swarm.select_next_some() => {
+                match &event {
+                    SwarmEvent::ConnectionEstablished { connection_id, .. }
+                        if dialing == Some(*connection_id) =>
+                    {
+                        dialing = None;
+                        if !connected {
+                            connected = true;
+                            up.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    SwarmEvent::OutgoingConnectionError { connection_id, .. }
+                        if dialing == Some(*connection_id) =>
+                    {
+                        dialing = None;
+                    }
+                    SwarmEvent::ConnectionClosed { num_established: 0, .. } if connected => {
+                        connected = false;
+                        up.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+                sybil_event(&mut swarm, event, &mut bootstrapped);
+            }
+        }
+    }
 }

@@ -74,7 +74,7 @@ impl DataPlane {
             }
         }
         if let hyphae_vswitch::Action::ToTap { len } =
-            lane.switch.handle_peer_packet(room, len, now)
+            lane.switch.handle_peer_packet(now, room, len)
         {
             if lane.active {
                 out.commit_frame(i, len, true);
@@ -154,7 +154,7 @@ impl DataPlane {
         out: &mut Batch,
     ) {
         let lane = &mut self.lanes[i];
-        let action = lane.switch.handle_tap_frame(frame, now, &mut out.reply);
+        let action = lane.switch.handle_tap_frame(now, frame, &mut out.reply);
         match action {
             Action::ToPeer { peer, packet } => out.seal(&mut self.node, peer, &frame[packet]),
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], out),

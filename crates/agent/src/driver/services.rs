@@ -61,7 +61,7 @@ impl Control {
         };
         n.dhcp
             .get_or_insert_with(|| dhcp::Server::new(settings))
-            .handle(payload, mac, now);
+            .handle_request(now, payload, mac);
         self.drain_dhcp(i, now);
     }
 

@@ -396,7 +396,7 @@ mod switch {
         let mut sw = router();
         let mut reply = [0u8; crate::MIN_REPLY_BUF];
         let mut f = frame(&udp_packet(1500, &[], true));
-        let Action::ToTap { len } = sw.handle_tap_frame(&mut f, t0(), &mut reply) else {
+        let Action::ToTap { len } = sw.handle_tap_frame(t0(), &mut f, &mut reply) else {
             panic!("expected an ICMP error");
         };
         let ip = &reply[14..len];
@@ -413,7 +413,7 @@ mod switch {
         let mut reply = [0u8; crate::MIN_REPLY_BUF];
         let mut f = frame(&udp_packet(1500, &[], false));
         assert_eq!(
-            sw.handle_tap_frame(&mut f, t0(), &mut reply),
+            sw.handle_tap_frame(t0(), &mut f, &mut reply),
             Action::Fragment {
                 peer: Some(7),
                 packet: 14..1514,
@@ -424,7 +424,7 @@ mod switch {
         // A packet that fits goes whole.
         let mut f = frame(&udp_packet(1420, &[], true));
         assert_eq!(
-            sw.handle_tap_frame(&mut f, t0(), &mut reply),
+            sw.handle_tap_frame(t0(), &mut f, &mut reply),
             Action::ToPeer {
                 peer: 7,
                 packet: 14..1434
@@ -437,7 +437,7 @@ mod switch {
         let mut sw = router();
         let mut reply = [0u8; crate::MIN_REPLY_BUF];
         let mut f = frame(&syn_packet());
-        let action = sw.handle_tap_frame(&mut f, t0(), &mut reply);
+        let action = sw.handle_tap_frame(t0(), &mut f, &mut reply);
         assert!(
             matches!(action, Action::ToPeer { peer: 7, .. }),
             "{action:?}"
@@ -451,7 +451,7 @@ mod switch {
         let back = with_tcp_checksum(back);
         let mut buf = vec![0u8; crate::HEADROOM + back.len()];
         buf[crate::HEADROOM..].copy_from_slice(&back);
-        let action = sw.handle_peer_packet(&mut buf, back.len(), t0());
+        let action = sw.handle_peer_packet(t0(), &mut buf, back.len());
         assert!(matches!(action, Action::ToTap { .. }), "{action:?}");
         assert_eq!(mss_of(&buf[14..]), 1380);
         assert!(tcp_checksum_ok(&buf[14..]));
@@ -468,7 +468,7 @@ mod switch {
         f[..6].copy_from_slice(&[0xff; 6]);
         let now = t0();
         assert_eq!(
-            sw.handle_tap_frame(&mut f, now, &mut reply),
+            sw.handle_tap_frame(now, &mut f, &mut reply),
             Action::Drop(DropReason::TooBig)
         );
         assert_eq!(sw.counters().drops(DropReason::TooBig), 1);

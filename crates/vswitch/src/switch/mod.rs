@@ -126,8 +126,8 @@ impl<P: Copy + Eq> Switch<P> {
     /// [`MIN_REPLY_BUF`]: crate::MIN_REPLY_BUF
     pub fn handle_tap_frame(
         &mut self,
-        frame: &mut [u8],
         now: Instant,
+        frame: &mut [u8],
         reply: &mut [u8],
     ) -> Action<P> {
         let mut action = self.classify_tap_frame(frame, now, reply);
@@ -405,7 +405,7 @@ impl<P: Copy + Eq> Switch<P> {
     /// Handles an IPv4 packet of `len` bytes from a member, lying at `buf[HEADROOM..]`; the
     /// source address has already been checked against what the member owns. On
     /// [`Action::ToTap`] the Ethernet header has been written in front of it, in place.
-    pub fn handle_peer_packet(&mut self, buf: &mut [u8], len: usize, now: Instant) -> Action<P> {
+    pub fn handle_peer_packet(&mut self, now: Instant, buf: &mut [u8], len: usize) -> Action<P> {
         let action = self.frame_peer_packet(buf, len, now);
         match &action {
             Action::ToTap { .. } => self.counters.to_tap += 1,

@@ -21,7 +21,7 @@ fn qemu_rarp_is_an_announcement_in_router_mode() {
     let mut reply = [0u8; 64];
     let mut frame = QEMU_RARP.to_vec();
     assert_eq!(
-        sw.handle_tap_frame(&mut frame, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut frame, &mut reply),
         Action::Drop(DropReason::LanLocal)
     );
     assert_eq!(sw.poll_event(), Some(Event::Rarp(GUEST)));
@@ -31,14 +31,14 @@ fn qemu_rarp_is_an_announcement_in_router_mode() {
     // Truncated: a counted drop, no event.
     let mut short = QEMU_RARP[..30].to_vec();
     assert_eq!(
-        sw.handle_tap_frame(&mut short, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut short, &mut reply),
         Action::Drop(DropReason::Malformed)
     );
     // From a remote MAC (another agent) or a group address: not a host.
     for mac in [[0xfe, 0xfd, 1, 2, 3, 4], [0x01, 0, 0x5e, 0, 0, 1]] {
         let mut f = QEMU_RARP.to_vec();
         f[22..28].copy_from_slice(&mac);
-        let _ = sw.handle_tap_frame(&mut f, t0(), &mut reply);
+        let _ = sw.handle_tap_frame(t0(), &mut f, &mut reply);
     }
     assert_eq!(sw.poll_event(), None);
     assert_eq!(sw.counters().announcements, 1);
@@ -51,7 +51,7 @@ fn rarp_is_not_interface_or_hybrid_business() {
         let mut reply = [0u8; 64];
         let mut frame = QEMU_RARP.to_vec();
         assert_eq!(
-            sw.handle_tap_frame(&mut frame, t0(), &mut reply),
+            sw.handle_tap_frame(t0(), &mut frame, &mut reply),
             Action::Drop(DropReason::UnsupportedProtocol)
         );
         assert_eq!(sw.poll_event(), None);
@@ -65,7 +65,7 @@ fn gratuitous_arp_announces_known_and_new_hosts() {
     let host = Ipv4Addr::new(10, 201, 0, 10);
     // `arping -U`: an ARP request whose sender and target address are the host's.
     let mut garp = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 10]);
-    let _ = sw.handle_tap_frame(&mut garp.clone(), t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut garp.clone(), &mut reply);
     assert_eq!(sw.poll_event(), Some(Event::LanHostUp(host)));
     let announced = Event::GratuitousArp {
         address: host,
@@ -73,19 +73,19 @@ fn gratuitous_arp_announces_known_and_new_hosts() {
     };
     assert_eq!(sw.poll_event(), Some(announced));
     // Known already: announced again all the same (a host back from another site).
-    let _ = sw.handle_tap_frame(&mut garp, t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut garp, &mut reply);
     assert_eq!(sw.poll_event(), Some(announced));
     assert_eq!(sw.poll_event(), None);
     // A reply-style gratuitous ARP counts too; an ordinary request does not.
     let mut reply_garp = arp_from(LAN_A, [10, 201, 0, 10], 2, [10, 201, 0, 10]);
-    let _ = sw.handle_tap_frame(&mut reply_garp, t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut reply_garp, &mut reply);
     assert_eq!(sw.poll_event(), Some(announced));
     let mut ask = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
-    let _ = sw.handle_tap_frame(&mut ask, t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut ask, &mut reply);
     assert_eq!(sw.poll_event(), None);
     // Outside the namespace: neither learned nor announced.
     let mut outside = arp_from(LAN_B, [192, 168, 1, 5], 1, [192, 168, 1, 5]);
-    let _ = sw.handle_tap_frame(&mut outside, t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut outside, &mut reply);
     assert_eq!(sw.poll_event(), None);
     assert_eq!(sw.counters().announcements, 3);
 }
@@ -96,14 +96,14 @@ fn a_forgotten_host_is_found_again_by_its_first_packet() {
     let mut reply = [0u8; 64];
     let host = Ipv4Addr::new(10, 201, 0, 10);
     let mut packet = ipv4_from(LAN_A, LAN_B, [10, 201, 0, 10], [10, 201, 0, 11]);
-    let _ = sw.handle_tap_frame(&mut packet.clone(), t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut packet.clone(), &mut reply);
     assert_eq!(sw.poll_event(), Some(Event::LanHostUp(host)));
-    let _ = sw.handle_tap_frame(&mut packet.clone(), t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut packet.clone(), &mut reply);
     assert_eq!(sw.poll_event(), None);
     // Handed to another site: forgotten without LanHostDown; its next packet is news.
     sw.forget_lan_host(host);
     assert!(!sw.lan_hosts().contains(&host));
     assert_eq!(sw.poll_event(), None);
-    let _ = sw.handle_tap_frame(&mut packet, t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut packet, &mut reply);
     assert_eq!(sw.poll_event(), Some(Event::LanHostUp(host)));
 }

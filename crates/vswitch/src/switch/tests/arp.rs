@@ -7,7 +7,7 @@ fn proxy_arp_answers_for_a_known_member() {
     let mut sw = switch();
     let mut reply = [0u8; 64];
     let Action::ToTap { len } =
-        sw.handle_tap_frame(&mut arp_request([10, 201, 0, 2]), t0(), &mut reply)
+        sw.handle_tap_frame(t0(), &mut arp_request([10, 201, 0, 2]), &mut reply)
     else {
         panic!("expected a reply")
     };
@@ -27,7 +27,7 @@ fn proxy_arp_follows_ipop_rules() {
     let mut sw = switch();
     let mut reply = [0u8; 64];
     // (c) no member owns it
-    let unknown = sw.handle_tap_frame(&mut arp_request([10, 201, 0, 9]), t0(), &mut reply);
+    let unknown = sw.handle_tap_frame(t0(), &mut arp_request([10, 201, 0, 9]), &mut reply);
     assert_eq!(
         unknown,
         Action::Resolve {
@@ -35,10 +35,10 @@ fn proxy_arp_follows_ipop_rules() {
         }
     );
     // (b) our own address (the kernel's duplicate-address probe)
-    let own = sw.handle_tap_frame(&mut arp_request([10, 201, 0, 1]), t0(), &mut reply);
+    let own = sw.handle_tap_frame(t0(), &mut arp_request([10, 201, 0, 1]), &mut reply);
     assert_eq!(own, Action::Drop(DropReason::ArpIgnored));
     // (a) outside the namespace
-    let outside = sw.handle_tap_frame(&mut arp_request([192, 168, 1, 1]), t0(), &mut reply);
+    let outside = sw.handle_tap_frame(t0(), &mut arp_request([192, 168, 1, 1]), &mut reply);
     assert_eq!(outside, Action::Drop(DropReason::ArpIgnored));
     assert_eq!(sw.counters().drops(DropReason::ArpIgnored), 2);
     assert_eq!(sw.counters().resolves, 1);
@@ -58,7 +58,7 @@ fn hybrid_handles_only_its_device_and_probes_the_lan_first() {
         [10, 201, 0, 11],
     );
     assert_eq!(
-        sw.handle_tap_frame(&mut flooded, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut flooded, &mut reply),
         Action::Drop(DropReason::OtherHost)
     );
     assert!(
@@ -68,18 +68,18 @@ fn hybrid_handles_only_its_device_and_probes_the_lan_first() {
     // Another LAN host's frames are not ours (but are learned).
     let mut other = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 2]);
     assert_eq!(
-        sw.handle_tap_frame(&mut other, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut other, &mut reply),
         Action::Drop(DropReason::OtherHost)
     );
     assert_eq!(sw.poll_event(), None, "hybrid claims nothing for the LAN");
     // The host asks for remote .2: the LAN is probed first.
     let mut ask = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 2]);
     assert_eq!(
-        sw.handle_tap_frame(&mut ask, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut ask, &mut reply),
         Action::Drop(DropReason::ArpProbing)
     );
     assert_eq!(
-        sw.handle_tap_frame(&mut ask, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut ask, &mut reply),
         Action::Drop(DropReason::ArpProbing)
     );
     let len = sw.poll_transmit(&mut buf).unwrap();
@@ -100,7 +100,7 @@ fn hybrid_handles_only_its_device_and_probes_the_lan_first() {
     assert_eq!(&buf[0..6], &DEVICE_MAC);
     // Now confirmed remote: answered at once.
     assert!(matches!(
-        sw.handle_tap_frame(&mut ask, t0() + timeout, &mut reply),
+        sw.handle_tap_frame(t0() + timeout, &mut ask, &mut reply),
         Action::ToTap { .. }
     ));
 
@@ -111,11 +111,11 @@ fn hybrid_handles_only_its_device_and_probes_the_lan_first() {
     );
     let mut ask3 = arp_from(DEVICE_MAC, [10, 201, 0, 1], 1, [10, 201, 0, 3]);
     assert_eq!(
-        sw.handle_tap_frame(&mut ask3, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut ask3, &mut reply),
         Action::Drop(DropReason::ArpProbing)
     );
     let mut local = arp_from(LAN_A, [10, 201, 0, 3], 2, [0, 0, 0, 0]);
-    let _ = sw.handle_tap_frame(&mut local, t0(), &mut reply);
+    let _ = sw.handle_tap_frame(t0(), &mut local, &mut reply);
     sw.handle_timeout(t0() + timeout);
     while sw.poll_transmit(&mut buf).is_some() {
         assert_ne!(
@@ -124,7 +124,7 @@ fn hybrid_handles_only_its_device_and_probes_the_lan_first() {
         );
     }
     assert_eq!(
-        sw.handle_tap_frame(&mut ask3, t0() + timeout, &mut reply),
+        sw.handle_tap_frame(t0() + timeout, &mut ask3, &mut reply),
         Action::Drop(DropReason::LanLocal)
     );
     // Frames for the host come framed to its device.

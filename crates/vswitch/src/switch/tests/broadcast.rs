@@ -10,17 +10,17 @@ fn broadcast_goes_to_members_within_the_rate_and_is_filtered_on_arrival() {
     // The bucket holds 10: the 11th in the same instant is dropped, and it refills.
     for _ in 0..10 {
         assert_eq!(
-            sw.handle_tap_frame(&mut bcast, t0(), &mut reply),
+            sw.handle_tap_frame(t0(), &mut bcast, &mut reply),
             Action::Broadcast { packet: 14..42 }
         );
     }
     assert_eq!(
-        sw.handle_tap_frame(&mut bcast, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut bcast, &mut reply),
         Action::Drop(DropReason::BroadcastRateLimited)
     );
     let later = t0() + Duration::from_millis(200);
     assert!(matches!(
-        sw.handle_tap_frame(&mut bcast, later, &mut reply),
+        sw.handle_tap_frame(later, &mut bcast, &mut reply),
         Action::Broadcast { .. }
     ));
     assert_eq!(sw.counters().broadcasts_out, 11);
@@ -28,7 +28,7 @@ fn broadcast_goes_to_members_within_the_rate_and_is_filtered_on_arrival() {
     // A spoofed source outside the namespace is not carried.
     let mut spoofed = ipv4_from(LAN_B, BROADCAST_MAC, [192, 168, 0, 9], [255, 255, 255, 255]);
     assert_eq!(
-        sw.handle_tap_frame(&mut spoofed, later, &mut reply),
+        sw.handle_tap_frame(later, &mut spoofed, &mut reply),
         Action::Drop(DropReason::OutsideSubnet)
     );
     // From a member: the whole LAN hears it (multicast to its group MAC) ...

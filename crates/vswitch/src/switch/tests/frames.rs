@@ -7,7 +7,7 @@ use super::*;
 fn ipv4_goes_to_the_owner_without_link_padding() {
     let mut sw = switch();
     let mut frame = icmp_frame([10, 201, 0, 2]);
-    let action = sw.handle_tap_frame(&mut frame, t0(), &mut [0u8; 64]);
+    let action = sw.handle_tap_frame(t0(), &mut frame, &mut [0u8; 64]);
     assert_eq!(
         action,
         Action::ToPeer {
@@ -16,21 +16,21 @@ fn ipv4_goes_to_the_owner_without_link_padding() {
         }
     );
     assert_eq!(
-        sw.handle_tap_frame(&mut icmp_frame([10, 201, 0, 3]), t0(), &mut [0u8; 64]),
+        sw.handle_tap_frame(t0(), &mut icmp_frame([10, 201, 0, 3]), &mut [0u8; 64]),
         Action::Resolve {
             target: Ipv4Addr::new(10, 201, 0, 3)
         }
     );
     assert_eq!(
-        sw.handle_tap_frame(&mut icmp_frame([10, 201, 255, 255]), t0(), &mut [0u8; 64]),
+        sw.handle_tap_frame(t0(), &mut icmp_frame([10, 201, 255, 255]), &mut [0u8; 64]),
         Action::Broadcast { packet: 14..42 }
     );
     assert_eq!(
-        sw.handle_tap_frame(&mut icmp_frame([224, 0, 0, 251]), t0(), &mut [0u8; 64]),
+        sw.handle_tap_frame(t0(), &mut icmp_frame([224, 0, 0, 251]), &mut [0u8; 64]),
         Action::Broadcast { packet: 14..42 }
     );
     assert_eq!(
-        sw.handle_tap_frame(&mut icmp_frame([8, 8, 8, 8]), t0(), &mut [0u8; 64]),
+        sw.handle_tap_frame(t0(), &mut icmp_frame([8, 8, 8, 8]), &mut [0u8; 64]),
         Action::Drop(DropReason::OutsideSubnet)
     );
 }
@@ -42,7 +42,7 @@ fn peer_packet_is_framed_in_place() {
     let ip = &frame[14..42];
     let mut buf = [0u8; 128];
     buf[HEADROOM..HEADROOM + ip.len()].copy_from_slice(ip);
-    let Action::ToTap { len } = sw.handle_peer_packet(&mut buf, ip.len(), t0()) else {
+    let Action::ToTap { len } = sw.handle_peer_packet(t0(), &mut buf, ip.len()) else {
         panic!("expected delivery")
     };
     assert_eq!(len, 42);
@@ -61,11 +61,11 @@ fn peer_packet_for_another_host_is_dropped() {
     let mut buf = [0u8; 128];
     buf[HEADROOM..HEADROOM + ip.len()].copy_from_slice(ip);
     assert_eq!(
-        sw.handle_peer_packet(&mut buf, ip.len(), t0()),
+        sw.handle_peer_packet(t0(), &mut buf, ip.len()),
         Action::Drop(DropReason::NotForUs)
     );
     assert_eq!(
-        sw.handle_peer_packet(&mut buf, 4000, t0()),
+        sw.handle_peer_packet(t0(), &mut buf, 4000),
         Action::Drop(DropReason::Malformed)
     );
 }
@@ -83,13 +83,13 @@ fn captured_frames_are_reproduced_exactly() {
     ));
     sw.set_peer_addresses(3, &[Ipv4Addr::new(10, 201, 0, 2)]);
     let mut reply = [0u8; 64];
-    let Action::ToTap { len } = sw.handle_tap_frame(&mut ARP_REQUEST.to_vec(), t0(), &mut reply)
+    let Action::ToTap { len } = sw.handle_tap_frame(t0(), &mut ARP_REQUEST.to_vec(), &mut reply)
     else {
         panic!("no ARP reply")
     };
     assert_eq!(&reply[..len], &ARP_REPLY[..]);
     assert_eq!(
-        sw.handle_tap_frame(&mut ECHO_REQUEST.to_vec(), t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut ECHO_REQUEST.to_vec(), &mut reply),
         Action::ToPeer {
             peer: 3,
             packet: 14..98
@@ -97,7 +97,7 @@ fn captured_frames_are_reproduced_exactly() {
     );
     let mut buf = [0u8; 128];
     buf[HEADROOM..HEADROOM + 84].copy_from_slice(&ECHO_REPLY[14..]);
-    let Action::ToTap { len } = sw.handle_peer_packet(&mut buf, 84, t0()) else {
+    let Action::ToTap { len } = sw.handle_peer_packet(t0(), &mut buf, 84) else {
         panic!("not delivered")
     };
     assert_eq!(&buf[..len], &ECHO_REPLY[..]);
@@ -122,16 +122,16 @@ fn hostile_frames_in(mode: Mode) {
         crate::captured::ECHO_REQUEST.to_vec(),
     ] {
         for n in 0..=frame.len() {
-            let _ = sw.handle_tap_frame(&mut frame[..n], t0(), &mut reply);
+            let _ = sw.handle_tap_frame(t0(), &mut frame[..n], &mut reply);
             let m = n.min(buf.len() - HEADROOM);
             buf[HEADROOM..HEADROOM + m].copy_from_slice(&frame[..m]);
-            let _ = sw.handle_peer_packet(&mut buf, n, t0());
+            let _ = sw.handle_peer_packet(t0(), &mut buf, n);
         }
         for i in 0..frame.len() {
             for v in [0u8, 0x0f, 0x45, 0xff] {
                 let mut f = frame.clone();
                 f[i] = v;
-                let _ = sw.handle_tap_frame(&mut f, t0(), &mut reply);
+                let _ = sw.handle_tap_frame(t0(), &mut f, &mut reply);
             }
         }
     }

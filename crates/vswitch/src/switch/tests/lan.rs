@@ -9,7 +9,7 @@ fn router_learns_lan_hosts_and_answers_only_for_remote_members() {
     // Host A asks for remote member .2: answered with the remote MAC; A is learned.
     let mut a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
     assert!(matches!(
-        sw.handle_tap_frame(&mut a, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut a, &mut reply),
         Action::ToTap { .. }
     ));
     assert_eq!(
@@ -19,7 +19,7 @@ fn router_learns_lan_hosts_and_answers_only_for_remote_members() {
     // Host B asks for A: A is on the LAN, so the switch stays silent (rule b).
     let mut b = arp_from(LAN_B, [10, 201, 0, 11], 1, [10, 201, 0, 10]);
     assert_eq!(
-        sw.handle_tap_frame(&mut b, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut b, &mut reply),
         Action::Drop(DropReason::LanLocal)
     );
     assert_eq!(
@@ -30,13 +30,13 @@ fn router_learns_lan_hosts_and_answers_only_for_remote_members() {
     // LAN unicast flooded to the TAP is the bridge's business.
     let mut lan = ipv4_from(LAN_A, LAN_B, [10, 201, 0, 10], [10, 201, 0, 11]);
     assert_eq!(
-        sw.handle_tap_frame(&mut lan, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut lan, &mut reply),
         Action::Drop(DropReason::LanLocal)
     );
     // To the remote MAC: carried to the member.
     let mut out = ipv4_from(LAN_A, REMOTE_MAC, [10, 201, 0, 10], [10, 201, 0, 2]);
     assert!(matches!(
-        sw.handle_tap_frame(&mut out, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut out, &mut reply),
         Action::ToPeer { peer: 7, .. }
     ));
     // From a member to A: framed to A's MAC.
@@ -67,7 +67,7 @@ fn router_learns_lan_hosts_and_answers_only_for_remote_members() {
 fn router_probes_a_silent_host_then_forgets_it() {
     let mut sw = with_mode(Mode::Router);
     let mut a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
-    let _ = sw.handle_tap_frame(&mut a, t0(), &mut [0u8; 64]);
+    let _ = sw.handle_tap_frame(t0(), &mut a, &mut [0u8; 64]);
     let _ = sw.poll_event();
     let timeout = sw.config().lan_timeout;
     let mut buf = [0u8; 64];
@@ -86,11 +86,11 @@ fn router_probes_a_silent_host_then_forgets_it() {
     );
     assert!(sw.lan_hosts().is_empty());
     // A host that answers a probe stays.
-    let _ = sw.handle_tap_frame(&mut a, t, &mut [0u8; 64]);
+    let _ = sw.handle_tap_frame(t, &mut a, &mut [0u8; 64]);
     let _ = sw.poll_event();
     sw.handle_timeout(t + timeout);
     let mut reply = arp_from(LAN_A, [10, 201, 0, 10], 2, [0, 0, 0, 0]);
-    let _ = sw.handle_tap_frame(&mut reply, t + timeout, &mut [0u8; 64]);
+    let _ = sw.handle_tap_frame(t + timeout, &mut reply, &mut [0u8; 64]);
     sw.handle_timeout(t + timeout + Duration::from_secs(5));
     assert_eq!(sw.lan_hosts(), vec![Ipv4Addr::new(10, 201, 0, 10)]);
 }
@@ -100,7 +100,7 @@ fn a_watched_host_is_reported_on_its_next_frame_only() {
     let mut sw = with_mode(Mode::Router);
     let host = Ipv4Addr::new(10, 201, 0, 10);
     let mut a = arp_from(LAN_A, [10, 201, 0, 10], 1, [10, 201, 0, 2]);
-    let _ = sw.handle_tap_frame(&mut a, t0(), &mut [0u8; 64]);
+    let _ = sw.handle_tap_frame(t0(), &mut a, &mut [0u8; 64]);
     assert_eq!(sw.poll_event(), Some(Event::LanHostUp(host)));
     assert_eq!(sw.lan_host_mac(host), Some(LAN_A));
     assert_eq!(sw.lan_host_with_mac(LAN_A), Some(host));
@@ -109,7 +109,7 @@ fn a_watched_host_is_reported_on_its_next_frame_only() {
     assert!(sw.poll_transmit(&mut buf).is_some(), "the probe goes out");
     assert_eq!(sw.poll_event(), None, "nothing heard yet");
     let mut reply = arp_from(LAN_A, [10, 201, 0, 10], 2, [0, 0, 0, 0]);
-    let _ = sw.handle_tap_frame(&mut reply, t0(), &mut [0u8; 64]);
+    let _ = sw.handle_tap_frame(t0(), &mut reply, &mut [0u8; 64]);
     assert_eq!(
         sw.poll_event(),
         Some(Event::LanHostHeard {
@@ -117,13 +117,13 @@ fn a_watched_host_is_reported_on_its_next_frame_only() {
             mac: LAN_A
         })
     );
-    let _ = sw.handle_tap_frame(&mut reply, t0(), &mut [0u8; 64]);
+    let _ = sw.handle_tap_frame(t0(), &mut reply, &mut [0u8; 64]);
     assert_eq!(sw.poll_event(), None, "reported once per probe");
     // Handed off: forgotten, and no longer watched.
     sw.probe_lan_host(host);
     sw.forget_lan_host(host);
     assert_eq!(sw.lan_host_mac(host), None);
-    let _ = sw.handle_tap_frame(&mut reply, t0(), &mut [0u8; 64]);
+    let _ = sw.handle_tap_frame(t0(), &mut reply, &mut [0u8; 64]);
     assert_eq!(sw.poll_event(), Some(Event::LanHostUp(host)));
     assert_eq!(sw.poll_event(), None);
 }

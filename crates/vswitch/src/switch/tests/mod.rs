@@ -117,6 +117,6 @@ fn peer_packet(
     let ip = &frame[14..42];
     let mut buf = [0u8; 128];
     buf[HEADROOM..HEADROOM + ip.len()].copy_from_slice(ip);
-    let action = sw.handle_peer_packet(&mut buf, ip.len(), at);
+    let action = sw.handle_peer_packet(at, &mut buf, ip.len());
     (action, buf[..42].to_vec())
 }

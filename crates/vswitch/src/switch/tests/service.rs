@@ -19,7 +19,7 @@ fn dns_and_other_packets_to_the_service_address_go_to_the_agent() {
         )
         .unwrap();
         let mut reply = [0u8; 64];
-        let Action::Dns { payload, client } = sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
+        let Action::Dns { payload, client } = sw.handle_tap_frame(t0(), &mut f[..len], &mut reply)
         else {
             panic!("{mode:?}: not intercepted")
         };
@@ -53,7 +53,7 @@ fn dns_and_other_packets_to_the_service_address_go_to_the_agent() {
             b"x",
         )
         .unwrap();
-        let Action::Service { packet, mac } = sw.handle_tap_frame(&mut f[..len], t0(), &mut reply)
+        let Action::Service { packet, mac } = sw.handle_tap_frame(t0(), &mut f[..len], &mut reply)
         else {
             panic!("{mode:?}: not for the service stack")
         };
@@ -72,7 +72,7 @@ fn dns_and_other_packets_to_the_service_address_go_to_the_agent() {
         )
         .unwrap();
         assert_eq!(
-            sw.handle_tap_frame(&mut f[..len], t0(), &mut reply),
+            sw.handle_tap_frame(t0(), &mut f[..len], &mut reply),
             Action::Drop(DropReason::OutsideSubnet)
         );
         assert_eq!(
@@ -83,7 +83,7 @@ fn dns_and_other_packets_to_the_service_address_go_to_the_agent() {
         let mut ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
         assert!(
             matches!(
-                sw.handle_tap_frame(&mut ask, t0(), &mut reply),
+                sw.handle_tap_frame(t0(), &mut ask, &mut reply),
                 Action::ToTap { .. }
             ),
             "{mode:?}"
@@ -101,7 +101,7 @@ fn dns_and_other_packets_to_the_service_address_go_to_the_agent() {
     )
     .unwrap();
     assert_eq!(
-        sw.handle_tap_frame(&mut f[..len], t0(), &mut [0u8; 64]),
+        sw.handle_tap_frame(t0(), &mut f[..len], &mut [0u8; 64]),
         Action::Drop(DropReason::LanLocal)
     );
 }
@@ -118,7 +118,7 @@ fn dhcp_is_intercepted_and_the_service_address_answered() {
     f.extend_from_slice(&[0, 0, 0, 0, 255, 255, 255, 255]);
     f.extend_from_slice(&[0, 68, 0, 67, 0, 13, 0, 0, b'd', b'h', b'c', b'p', b'!']);
     let mut reply = [0u8; 64];
-    let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&mut f, t0(), &mut reply) else {
+    let Action::Dhcp { payload, mac } = sw.handle_tap_frame(t0(), &mut f, &mut reply) else {
         panic!("not intercepted")
     };
     assert_eq!((&f[payload], mac), (&b"dhcp!"[..], DEVICE_MAC));
@@ -126,13 +126,13 @@ fn dhcp_is_intercepted_and_the_service_address_answered() {
     // Not from this host's device (hybrid): not ours to answer.
     f[6..12].copy_from_slice(&LAN_B);
     assert_eq!(
-        sw.handle_tap_frame(&mut f, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut f, &mut reply),
         Action::Drop(DropReason::OtherHost)
     );
     // ARP for the service address: answered at once, no LAN probe.
     let mut ask = arp_from(DEVICE_MAC, [10, 201, 0, 9], 1, [10, 201, 0, 1]);
     assert!(matches!(
-        sw.handle_tap_frame(&mut ask, t0(), &mut reply),
+        sw.handle_tap_frame(t0(), &mut ask, &mut reply),
         Action::ToTap { .. }
     ));
     // The reply leaves from the service address and the remote MAC.
@@ -161,7 +161,7 @@ fn dhcp_is_intercepted_and_the_service_address_answered() {
     let mut off = with_mode(Mode::Interface);
     f[6..12].copy_from_slice(&DEVICE_MAC);
     assert!(matches!(
-        off.handle_tap_frame(&mut f, t0(), &mut reply),
+        off.handle_tap_frame(t0(), &mut f, &mut reply),
         Action::Drop(_) | Action::Broadcast { .. }
     ));
 }
@@ -183,7 +183,7 @@ fn relayed_dhcp_is_intercepted_with_the_relays_mac() {
         b"relayed",
     )
     .unwrap();
-    let Action::Dhcp { payload, mac } = sw.handle_tap_frame(&mut f[..len], t0(), &mut [0u8; 64])
+    let Action::Dhcp { payload, mac } = sw.handle_tap_frame(t0(), &mut f[..len], &mut [0u8; 64])
     else {
         panic!("not intercepted")
     };
