@@ -173,8 +173,12 @@ impl Control {
                 }
             }
             OverlayEvent::Released { .. } | OverlayEvent::Announced { .. } => {}
-            OverlayEvent::MemberMessage { ns, from, body } => {
-                self.member_message(now, ns, from, &body);
+            OverlayEvent::MemberMessage {
+                ns: tag,
+                from,
+                body,
+            } => {
+                self.member_message(now, tag, from, &body);
             }
         }
     }
@@ -183,7 +187,7 @@ impl Control {
     /// whether there was anything.
     pub(crate) fn flush_namespace(&mut self, i: usize, now: Instant) -> bool {
         let mut any = self.flush_dns(i) | self.flush_handoffs(i, now);
-        let ns = self.namespaces[i].tag;
+        let tag = self.namespaces[i].tag;
         while let Some((token, request)) = self.namespaces[i].membership.poll_request() {
             any = true;
             let op = match request {
@@ -191,22 +195,22 @@ impl Control {
                     key,
                     envelope,
                     renewal: false,
-                } => self.overlay.claim(ns, key, envelope),
+                } => self.overlay.claim(tag, key, envelope),
                 Request::Claim {
                     key,
                     envelope,
                     renewal: true,
-                } => self.overlay.renew(ns, key, envelope),
-                Request::Get { key } => self.overlay.get(ns, key),
-                Request::Members { key } => self.overlay.members(ns, key),
-                Request::Transfer { key, envelope } => self.overlay.transfer(ns, key, envelope),
+                } => self.overlay.renew(tag, key, envelope),
+                Request::Get { key } => self.overlay.get(tag, key),
+                Request::Members { key } => self.overlay.members(tag, key),
+                Request::Transfer { key, envelope } => self.overlay.transfer(tag, key, envelope),
                 // Nothing comes back that the membership waits for.
                 Request::Release { key } => {
-                    self.overlay.release(ns, key);
+                    self.overlay.release(tag, key);
                     continue;
                 }
                 Request::Announce { key, envelope } => {
-                    self.overlay.announce(ns, key, envelope);
+                    self.overlay.announce(tag, key, envelope);
                     continue;
                 }
             };

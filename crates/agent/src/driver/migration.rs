@@ -219,19 +219,19 @@ impl Control {
     /// The old holder of `address` says it is at `to` now: the route moves at once, if
     /// the old holder is where it points (no third member redirects traffic this way).
     fn moved(&mut self, i: usize, from: NetworkId, address: Ipv4Addr, to: NetworkId) {
-        let ns = NamespaceId(i);
+        let id = NamespaceId(i);
         let (Some(from), Some(to)) = (member(&from), member(&to)) else {
             return;
         };
         let mut dp = lock(&self.dp);
-        let Some(old) = dp.node.member_handle(ns, from) else {
+        let Some(old) = dp.node.member_handle(id, from) else {
             return;
         };
         let n = &mut self.namespaces[i];
         if !hyphae_migrate::accept_moved(&old, dp.lanes[i].switch.route(address).as_ref()) {
             return;
         }
-        let new = dp.node.member_handle(ns, to);
+        let new = dp.node.member_handle(id, to);
         dp.lanes[i].switch.move_route(address, new);
         drop(dp);
         tracing::info!(namespace = %n.name, %address, "a LAN host moved to another router; its route moves");

@@ -243,8 +243,8 @@ impl Control {
             notifier: crate::notify::Notifier::from_env(),
         };
         let now = Instant::now();
-        for ns in &config.namespaces {
-            agent.add_namespace(ns, now)?;
+        for cfg in &config.namespaces {
+            agent.add_namespace(cfg, now)?;
         }
         if config.namespaces.is_empty() {
             tracing::warn!("no [[namespace]] in the config: the agent has nothing to carry");

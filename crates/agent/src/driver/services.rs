@@ -192,12 +192,12 @@ impl Control {
         }
     }
 
-    /// `hyphae name set`: names this member's own address in namespace `ns`. The reply
+    /// `hyphae name set`: names this member's own address in namespace `namespace`. The reply
     /// goes out now, or once the claim is decided.
     pub(crate) fn set_name(
         &mut self,
         now: Instant,
-        ns: &str,
+        namespace: &str,
         name: Option<String>,
         reply: tokio::sync::oneshot::Sender<serde_json::Value>,
     ) {
@@ -208,14 +208,14 @@ impl Control {
                 Err(e) => json!({ "error": e }),
             });
         };
-        let Some(i) = self.active(ns) else {
-            return answer(reply, Err(format!("not a member of '{ns}'")));
+        let Some(i) = self.active(namespace) else {
+            return answer(reply, Err(format!("not a member of '{namespace}'")));
         };
         if self.namespaces[i].mode == Mode::Router {
             return answer(
                 reply,
                 Err(format!(
-                    "namespace '{ns}' is in router mode: it has no address of its own to name"
+                    "namespace '{namespace}' is in router mode: it has no address of its own to name"
                 )),
             );
         }
@@ -227,24 +227,24 @@ impl Control {
             return answer(
                 reply,
                 Err(format!(
-                    "namespace '{ns}': another `hyphae name set` is still waiting for its claim"
+                    "namespace '{namespace}': another `hyphae name set` is still waiting for its claim"
                 )),
             );
         }
         let m = &mut self.namespaces[i].membership;
         if let (Some(name), Some(owned)) = (&name, m.owned()) {
             if m.address_for(name) == Some(owned) {
-                return answer(reply, Ok(format!("{name}.{ns} is {owned}")));
+                return answer(reply, Ok(format!("{name}.{namespace} is {owned}")));
             }
         }
         let previous = m.hostname().map(str::to_string);
         m.set_hostname(now, name.clone());
         match (name, m.owned()) {
-            (None, _) => answer(reply, Ok(format!("namespace '{ns}': name cleared"))),
+            (None, _) => answer(reply, Ok(format!("namespace '{namespace}': name cleared"))),
             (Some(name), None) => answer(
                 reply,
                 Ok(format!(
-                    "name '{name}.{ns}' set; it is claimed once this member holds its address"
+                    "name '{name}.{namespace}' set; it is claimed once this member holds its address"
                 )),
             ),
             (Some(name), Some(_)) => self.name_waiters.push(NameWaiter {
