@@ -23,6 +23,8 @@ mod migration;
 mod run;
 mod services;
 mod status;
+#[cfg(test)]
+mod tests;
 mod workers;
 
 use std::collections::HashMap;
