@@ -77,7 +77,7 @@ impl Plane {
     }
 
     /// A worker's batch of frames from the TAP; whether it wakes the control thread.
-    fn from_tap(&mut self, now: Instant, frames: &[Vec<u8>]) -> bool {
+    fn read_tap(&mut self, now: Instant, frames: &[Vec<u8>]) -> bool {
         let mut rx = Vec::new();
         let mut ranges = Vec::new();
         for f in frames {
@@ -92,7 +92,7 @@ impl Plane {
     }
 
     /// A worker's batch of datagrams from the socket.
-    fn from_socket(&mut self, now: Instant, datagrams: &[(SocketAddr, Vec<u8>)]) -> bool {
+    fn read_socket(&mut self, now: Instant, datagrams: &[(SocketAddr, Vec<u8>)]) -> bool {
         let datagrams = datagrams
             .iter()
             .map(|(from, bytes)| Datagram { from: *from, bytes });
@@ -183,10 +183,10 @@ fn exchange(a: &mut Plane, b: &mut Plane, now: Instant) {
             .map(|(_, d)| (from_b, d))
             .collect();
         if !to_b.is_empty() {
-            b.from_socket(now, &to_b);
+            b.read_socket(now, &to_b);
         }
         if !to_a.is_empty() {
-            a.from_socket(now, &to_a);
+            a.read_socket(now, &to_a);
         }
     }
     panic!("the planes never went quiet");
@@ -219,7 +219,7 @@ fn a_ping_crosses_two_data_planes_and_only_control_work_reaches_the_inbox() {
     assert_eq!(a.dp.lanes[0].switch.route(VB), b_handle(&a));
 
     // ARP for the member is answered from the switch, into the TAP, nothing sent.
-    a.from_tap(now, &[a.arp_request(VB)]);
+    a.read_tap(now, &[a.arp_request(VB)]);
     assert!(a.sent.is_empty());
     let (reply, member) = a.tap.pop().expect("an ARP reply");
     assert!(!member, "the switch's own frame is not coalesced");
@@ -231,7 +231,7 @@ fn a_ping_crosses_two_data_planes_and_only_control_work_reaches_the_inbox() {
     // deadline than the one the control thread sleeps until: no wake.
     a.dp.control_deadline = a.dp.poll_timeout();
     let pings: Vec<Vec<u8>> = (0..8).map(|seq| a.ping(VB, seq)).collect();
-    let woke = a.from_tap(now, &pings);
+    let woke = a.read_tap(now, &pings);
     assert_eq!(a.sent.len(), 8);
     assert!(!woke, "nothing for the control thread");
     exchange(&mut a, &mut b, now);
@@ -255,7 +255,7 @@ fn a_ping_crosses_two_data_planes_and_only_control_work_reaches_the_inbox() {
     let len = udp.len() as u16;
     udp[4..6].copy_from_slice(&len.to_be_bytes());
     let unknown = Ipv4Addr::new(10, 201, 0, 99);
-    let woke = a.from_tap(now, &[a.ipv4_frame(service, 17, &udp), a.ping(unknown, 1)]);
+    let woke = a.read_tap(now, &[a.ipv4_frame(service, 17, &udp), a.ping(unknown, 1)]);
     assert!(woke);
     assert!(a.sent.is_empty());
     let inbox = a.take_inbox();
@@ -277,7 +277,7 @@ fn the_inbox_is_bounded_and_what_does_not_fit_is_counted() {
         .map(|i| a.ping(Ipv4Addr::new(10, 201, 0, 100 + (i % 100) as u8), i))
         .collect();
     for _ in 0..(INBOX_LEN / frames.len() + 2) {
-        a.from_tap(now, &frames);
+        a.read_tap(now, &frames);
     }
     assert_eq!(a.dp.inbox.len(), INBOX_LEN);
     assert_eq!(a.dp.inbox_drops, 128, "two batches over the bound, counted");
@@ -303,7 +303,7 @@ fn a_moved_hosts_packets_go_on_to_its_new_router_for_the_grace_period() {
         .into_iter()
         .map(|(_, d)| (b.addr, d))
         .collect();
-    a.from_socket(now, &datagrams);
+    a.read_socket(now, &datagrams);
     assert!(a
         .tap
         .iter()
@@ -334,7 +334,7 @@ fn node_timers_run_from_the_control_threads_turn_and_what_they_send_is_in_its_ba
     }
     assert!(sent > 0, "no keepalive or hello in 30 s");
     // The tunnel still carries traffic.
-    a.from_tap(later, &[a.ping(VB, 9)]);
+    a.read_tap(later, &[a.ping(VB, 9)]);
     exchange(&mut a, &mut b, later);
     assert!(b
         .tap
