@@ -143,28 +143,24 @@ impl Control {
     pub(crate) fn flush_dns(&mut self, i: usize) -> bool {
         let n = &mut self.namespaces[i];
         let mut any = false;
+        // Answers and service-stack packets are framed by the switch: the data plane is
+        // held once for all of them (no I/O: the frames go into this thread's batch).
+        let mut dp = None;
         while let Some((client, answer)) = n.dns.poll_udp_answer() {
             any = true;
-            let emitted = lock(&self.dp).lanes[i].switch.emit_dns_reply(
-                &mut self.batch.reply,
-                client,
-                &answer,
-            );
-            if let Some(len) = emitted {
+            let switch = &dp.get_or_insert_with(|| lock(&self.dp)).lanes[i].switch;
+            if let Some(len) = switch.emit_dns_reply(&mut self.batch.reply, client, &answer) {
                 self.batch.write_reply(i, len);
             }
         }
         while let Some((mac, packet)) = n.dns.poll_service_packet() {
             any = true;
-            let emitted = lock(&self.dp).lanes[i].switch.emit_service_packet(
-                &mut self.batch.reply,
-                mac,
-                &packet,
-            );
-            if let Some(len) = emitted {
+            let switch = &dp.get_or_insert_with(|| lock(&self.dp)).lanes[i].switch;
+            if let Some(len) = switch.emit_service_packet(&mut self.batch.reply, mac, &packet) {
                 self.batch.write_reply(i, len);
             }
         }
+        drop(dp);
         while let Some(transmit) = n.dns.poll_transmit() {
             any = true;
             tokio::spawn(ask_resolver(i, transmit, self.resolver_tx.clone()));
