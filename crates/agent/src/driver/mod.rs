@@ -258,32 +258,34 @@ impl Control {
     /// Creates the namespace's TAP, tunnels, switch, services and DHT state.
     pub(crate) fn add_namespace(
         &mut self,
-        ns: &crate::config::Namespace,
+        cfg: &crate::config::Namespace,
         now: Instant,
     ) -> Result<()> {
         let me = self.identity.peer_id();
         // Locally administered, unicast: 0x02 in the first byte.
-        let device_mac = setup::stable_mac([0x02, 0x48], &me, &ns.name);
-        let tap_name = crate::lan::tap_name(ns);
+        let device_mac = setup::stable_mac([0x02, 0x48], &me, &cfg.name);
+        let tap_name = crate::lan::tap_name(cfg);
         // Router and hybrid TAPs are bridge ports: their own MAC is never addressed.
-        let tap_mac = match ns.mode {
+        let tap_mac = match cfg.mode {
             Mode::Interface => device_mac,
-            Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &ns.name),
+            Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &cfg.name),
         };
         let queues = self.workers.len();
-        let (tap, offload) = setup::create_tap(ns, &tap_name, tap_mac, self.offload, queues)?;
+        let (tap, offload) = setup::create_tap(cfg, &tap_name, tap_mac, self.offload, queues)?;
         // UDP datagrams are coalesced too where the TAP takes UDP segmentation offload.
         let udp = offload && tap.udp_gso();
         let more = setup::more_queues(&tap, queues)?;
-        let lan = match ns.mode {
+        let lan = match cfg.mode {
             Mode::Interface => None,
-            Mode::Router | Mode::Hybrid => Some(crate::lan::attach(ns, &tap_name, device_mac)?),
+            Mode::Router | Mode::Hybrid => Some(crate::lan::attach(cfg, &tap_name, device_mac)?),
         };
-        if let (Mode::Hybrid, Address::Static(a), Some(subnet)) = (ns.mode, ns.address, ns.subnet) {
-            crate::lan::set_address(&ns.device, a, subnet.prefix_len())?;
+        if let (Mode::Hybrid, Address::Static(a), Some(subnet)) =
+            (cfg.mode, cfg.address, cfg.subnet)
+        {
+            crate::lan::set_address(&cfg.device, a, subnet.prefix_len())?;
         }
         let tap = Arc::new(tap);
-        let keys = NamespaceKeys::derive(&ns.name, &ns.secret);
+        let keys = NamespaceKeys::derive(&cfg.name, &cfg.secret);
         // Peers learn we are a member (and we which of them are) before anything is claimed.
         // An agent that leaves stays a proven member until it restarts: it still holds
         // the secret, and its releases must still reach the replicas.
@@ -293,21 +295,21 @@ impl Control {
         // Members known before a restart still have tunnels with us that we forgot: a
         // hello makes them start fresh ones at once rather than after theirs time out. They
         // are dialled too, but not waited for (they may be gone).
-        let remembered: Vec<SocketAddr> = setup::remembered_members(&self.state_dir, &ns.name)
+        let remembered: Vec<SocketAddr> = setup::remembered_members(&self.state_dir, &cfg.name)
             .into_iter()
-            .filter(|e| *e != self.listen && !ns.peers.contains(e))
+            .filter(|e| *e != self.listen && !cfg.peers.contains(e))
             .collect();
         for &endpoint in &remembered {
             self.overlay.dial(tcp_multiaddr(endpoint));
         }
         // A bootstrap agent is usually a member too: a tunnel with it gives every member
         // one it can relay through when two members cannot reach each other.
-        let bootstrap = ns
+        let bootstrap = cfg
             .bootstrap
             .iter()
             .filter_map(tunnel_endpoint)
-            .filter(|e| *e != self.listen && !ns.peers.contains(e));
-        let contacts: Vec<SocketAddr> = ns
+            .filter(|e| *e != self.listen && !cfg.peers.contains(e));
+        let contacts: Vec<SocketAddr> = cfg
             .peers
             .iter()
             .copied()
@@ -320,7 +322,7 @@ impl Control {
             if id.0 != self.namespaces.len() {
                 bail!(
                     "internal: the node numbered namespace '{}' {}, not {}",
-                    ns.name,
+                    cfg.name,
                     id.0,
                     self.namespaces.len()
                 );
@@ -329,18 +331,18 @@ impl Control {
                 dp.node.add_static_peer(id, endpoint, now);
             }
         }
-        let previous = std::fs::read_to_string(setup::state_file(&self.state_dir, &ns.name))
+        let previous = std::fs::read_to_string(setup::state_file(&self.state_dir, &cfg.name))
             .ok()
             .and_then(|t| t.trim().parse().ok());
         let mut membership = Membership::new(
             membership::Config {
-                name: ns.name.clone(),
+                name: cfg.name.clone(),
                 keys,
-                subnet: ns.subnet,
-                reserved: ns.reserved.clone(),
-                address: ns.address,
-                lease: ns.lease,
-                hostname: ns.hostname.clone(),
+                subnet: cfg.subnet,
+                reserved: cfg.reserved.clone(),
+                address: cfg.address,
+                lease: cfg.lease,
+                hostname: cfg.hostname.clone(),
                 previous,
             },
             Identity::from_seed(self.identity.seed()),
@@ -349,47 +351,36 @@ impl Control {
             unix_now(),
         );
         membership.set_endpoints(now, self.endpoints());
-        let mut dns = service::Service::new(ns.resolvers.clone(), ns.mtu, setup::os_seed()?)
-            .with_rate(ns.dns_rate);
-        if let Some(subnet) = ns.subnet {
-            dns.set_zone(&ns.name, subnet);
+        let mut dns = service::Service::new(cfg.resolvers.clone(), cfg.mtu, setup::os_seed()?)
+            .with_rate(cfg.dns_rate);
+        if let Some(subnet) = cfg.subnet {
+            dns.set_zone(&cfg.name, subnet);
         }
         let Some(handoffs) = migration::Handoffs::new(&me) else {
             bail!("internal: this agent's identity has no libp2p peer id");
         };
         let switch = Switch::new(hyphae_vswitch::Config {
-            mode: ns.mode,
+            mode: cfg.mode,
             // The device has a static address from the start when the subnet is known
             // (see `create_tap`); any other is set once won.
-            address: ns
+            address: cfg
                 .address
                 .fixed()
-                .filter(|_| ns.subnet.is_some())
+                .filter(|_| cfg.subnet.is_some())
                 .unwrap_or(Ipv4Addr::UNSPECIFIED),
             // Until the namespace record is read, nothing is in the subnet.
-            subnet: ns.subnet.unwrap_or(NO_SUBNET),
+            subnet: cfg.subnet.unwrap_or(NO_SUBNET),
             device_mac,
-            remote_mac: match ns.mode {
+            remote_mac: match cfg.mode {
                 Mode::Router => setup::router_remote_mac(&tag),
                 Mode::Interface | Mode::Hybrid => self.remote_mac,
             },
-            probe_timeout: ns.probe_timeout,
-            lan_timeout: ns.lan_timeout,
-            broadcast_rate: ns.broadcast_rate,
+            probe_timeout: cfg.probe_timeout,
+            lan_timeout: cfg.lan_timeout,
+            broadcast_rate: cfg.broadcast_rate,
             // A router's LAN hosts and a DHCP host get their addresses from the agent.
-            dhcp: ns.mode == Mode::Router || ns.address == Address::Dhcp,
-            tunnel_mtu: ns.mtu,
-        });
-        lock(&self.dp).lanes.push(Lane {
-            mode: ns.mode,
-            switch,
-            active: true,
-            offload,
-            group: Vec::new(),
-            group_wanted: false,
-            grace: Vec::new(),
-            tap_errors: 0,
-            offload_counters: Default::default(),
+            dhcp: cfg.mode == Mode::Router || cfg.address == Address::Dhcp,
+            tunnel_mtu: cfg.mtu,
         });
         // Each worker reads and writes a queue of its own; the control thread writes
         // through the first, which worker 0 reads.
@@ -409,12 +400,24 @@ impl Control {
                 bail!("internal: a data-path worker does not take commands");
             }
         }
+        // The lane and the namespace take the same index, the node's id for it.
+        lock(&self.dp).lanes.push(Lane {
+            mode: cfg.mode,
+            switch,
+            active: true,
+            offload,
+            group: Vec::new(),
+            group_wanted: false,
+            grace: Vec::new(),
+            tap_errors: 0,
+            offload_counters: Default::default(),
+        });
         self.namespaces.push(Joined {
-            name: ns.name.clone(),
+            name: cfg.name.clone(),
             tag,
-            device: ns.device.clone(),
-            mode: ns.mode,
-            bridge: ns.bridge.clone(),
+            device: cfg.device.clone(),
+            mode: cfg.mode,
+            bridge: cfg.bridge.clone(),
             lan,
             tap: Some(tap),
             offload,
@@ -422,21 +425,21 @@ impl Control {
             handoffs,
             group: Vec::new(),
             dhcp: None,
-            gateway: ns.gateway,
+            gateway: cfg.gateway,
             dns,
             live: false,
             error: None,
             remembered: Vec::new(),
         });
-        tracing::info!(namespace = %ns.name, device = %ns.device, address = ?ns.address,
-            subnet = ?ns.subnet, peers = ns.peers.len(), "namespace up");
+        tracing::info!(namespace = %cfg.name, device = %cfg.device, address = ?cfg.address,
+            subnet = ?cfg.subnet, peers = cfg.peers.len(), "namespace up");
         Ok(())
     }
 
     /// `hyphae join`: the namespace `name` was added to the config file; bring it up.
     pub(crate) fn join(&mut self, name: &str, now: Instant) -> Result<(), String> {
         let config = Config::load(&self.config_path).map_err(|e| format!("{e:#}"))?;
-        let Some(ns) = config.namespaces.iter().find(|n| n.name == name) else {
+        let Some(cfg) = config.namespaces.iter().find(|n| n.name == name) else {
             return Err(format!(
                 "namespace '{name}' is not in {}",
                 self.config_path.display()
@@ -451,14 +454,14 @@ impl Control {
         if let Some(other) = self
             .namespaces
             .iter()
-            .find(|n| n.active() && n.device == ns.device)
+            .find(|n| n.active() && n.device == cfg.device)
         {
             return Err(format!(
                 "device {} is already used by namespace '{}'",
-                ns.device, other.name
+                cfg.device, other.name
             ));
         }
-        self.add_namespace(ns, now).map_err(|e| format!("{e:#}"))?;
+        self.add_namespace(cfg, now).map_err(|e| format!("{e:#}"))?;
         let ready = self.overlay_ready();
         if let Some(n) = self.namespaces.last_mut() {
             n.live = true;
@@ -466,10 +469,10 @@ impl Control {
                 n.membership.start(now);
             }
         }
-        for addr in &ns.bootstrap {
+        for addr in &cfg.bootstrap {
             self.overlay.dial(addr.clone());
         }
-        for &peer in ns.peers.iter().filter(|&&p| p != self.listen) {
+        for &peer in cfg.peers.iter().filter(|&&p| p != self.listen) {
             self.overlay.dial(tcp_multiaddr(peer));
         }
         Ok(())
