@@ -151,7 +151,8 @@ for k, w in enumerate(after):
     total = [x + y for x, y in zip(total, d)]
     n = sum(d)
     mean = (w["sum_secs"] - b["sum_secs"]) / n * 1e6 if n else 0
-    lines.append(f"worker {k}: p99 {p99(w['bounds_us'], d)} µs, {n} batches, mean wait {mean:.2f} µs")
+    q = p99(w["bounds_us"], d)
+    lines.append(f"worker {k}: p99 {q}{'' if q == '-' else ' µs'}, {n} batches, mean wait {mean:.2f} µs")
 print(p99(bounds, total), sum(total))
 print("\n".join(lines))
 PY
@@ -161,19 +162,29 @@ inB() { ip netns exec "$B" "$@"; }
 status() { "$1" status --json -c "$dir/B-socket.toml"; }
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 hz=$(getconf CLK_TCK)
-wait_gone() { # pid
+# Takes processes that ended (and were waited for) off the list the cleanup kills.
+forget() { # pid...
+    local p keep=()
+    for p in "${pids[@]}"; do [[ " $* " == *" $p "* ]] || keep+=("$p"); done
+    pids=("${keep[@]}")
+}
+wait_gone() { # pid: a child of this script, stopped (SIGKILL after 5 s) and reaped
     local i
-    for i in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+    for i in $(seq 50); do
+        [ "$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null || echo Z)" = Z ] && break
+        sleep 0.1
+    done
     kill -9 "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
 }
 
-declare -A loss ooo pcount p50 p99 pmax lw batches
+declare -A loss lostn ooo pcount p50 p99 pmax lw batches
 rows=()
 notes=()
 details=()
 
 phase() { # label binary agent-pid quiet|loaded
-    local row="$1 $4" bin=$2 agent=$3 stranger="" scraper="" dns="" i n
+    local row="$1-$4" bin=$2 agent=$3 stranger="" scraper="" dns="" i n
     local out="$dir/$1-$4"
     if [ "$4" = loaded ]; then
         (
@@ -189,30 +200,38 @@ phase() { # label binary agent-pid quiet|loaded
             sleep 0.5
         done
         [ "$n" -gt "$strangers" ] ||
-            notes+=("$row: only $((n - 1)) of $strangers stranger connections up when the phase began")
+            notes+=("${row/-/ }: only $((n - 1)) of $strangers stranger connections up when the phase began")
     fi
     local cpu0 scpu0=0
     status "$bin" >"$out-before.json"
     cpu0=$(cpu "$agent")
     [ -n "$stranger" ] && scpu0=$(cpu "$stranger")
-    inB iperf3 -s -1 -B 10.212.0.12 -p 5402 -J >"$out-iperf.json" 2>&1 &
+    # Background processes are started with `ip netns exec` itself (not through a shell
+    # function, which would fork a subshell), so that $! is the process to stop.
+    ip netns exec "$B" iperf3 -s -1 -B 10.212.0.12 -p 5402 -J >"$out-iperf.json" 2>&1 &
     local server=$!
     pids+=("$server")
     sleep 0.3
     if [ "$4" = loaded ]; then
-        inB python3 "$dir/scrape.py" "$scrapes" "$secs" >"$out-scrape.txt" 2>&1 &
+        ip netns exec "$B" python3 "$dir/scrape.py" "$scrapes" "$secs" >"$out-scrape.txt" 2>&1 &
         scraper=$!
-        inB dnsperf -s 10.212.0.1 -d "$dir/queries" -Q "$dns_qps" -l "$secs" >"$out-dnsperf.txt" 2>&1 &
+        ip netns exec "$B" dnsperf -s 10.212.0.1 -d "$dir/queries" -Q "$dns_qps" -l "$secs" >"$out-dnsperf.txt" 2>&1 &
         dns=$!
         pids+=("$scraper" "$dns")
     fi
-    inA ping -i 0.01 -w "$secs" 10.212.0.12 >"$out-ping.txt" 2>&1 &
+    ip netns exec "$A" ping -i 0.01 -w "$secs" 10.212.0.12 >"$out-ping.txt" 2>&1 &
     local ping=$!
     pids+=("$ping")
-    inA iperf3 -c 10.212.0.12 -p 5402 -u -b "$rate" -l "$len" -t "$secs" >"$out-client.txt" 2>&1 ||
-        notes+=("$row: iperf3 client: $(tail -n 1 "$out-client.txt")")
+    if ! inA iperf3 -c 10.212.0.12 -p 5402 -u -b "$rate" -l "$len" -t "$secs" >"$out-client.txt" 2>&1; then
+        notes+=("${row/-/ }: iperf3 client: $(tail -n 1 "$out-client.txt")")
+        kill "$server" 2>/dev/null || true
+    fi
     wait "$server" "$ping" 2>/dev/null || true
-    [ -n "$scraper" ] && { wait "$scraper" "$dns" 2>/dev/null || true; }
+    forget "$server" "$ping"
+    if [ -n "$scraper" ]; then
+        wait "$scraper" "$dns" 2>/dev/null || true
+        forget "$scraper" "$dns"
+    fi
     local cpu1 scpu1=0
     cpu1=$(cpu "$agent")
     [ -n "$stranger" ] && scpu1=$(cpu "$stranger")
@@ -220,31 +239,35 @@ phase() { # label binary agent-pid quiet|loaded
     if [ -n "$stranger" ]; then
         kill "$stranger" 2>/dev/null || true
         wait_gone "$stranger"
+        forget "$stranger"
     fi
 
-    read -r loss[$row] ooo[$row] < <(jq -r '"\(.end.sum.lost_percent // "-") \([.end.streams[].udp.out_of_order] | add // "-")"' \
-        "$out-iperf.json" 2>/dev/null || echo "- -")
-    read -r pcount[$row] p50[$row] p99[$row] pmax[$row] < <(grep -o 'time=[0-9.]*' "$out-ping.txt" | cut -d= -f2 | sort -g |
+    local lost packets
+    read -r "loss[$row]" lost packets "ooo[$row]" < <(jq -r '.end |
+        "\(.sum.lost_percent * 10000 | round / 10000) \(.sum.lost_packets) \(.sum.packets) \([.streams[].udp.out_of_order] | add)"' \
+        "$out-iperf.json" 2>/dev/null || echo "- - - -")
+    lostn[$row]=$lost
+    read -r "pcount[$row]" "p50[$row]" "p99[$row]" "pmax[$row]" < <(grep -o 'time=[0-9.]*' "$out-ping.txt" | cut -d= -f2 | sort -g |
         awk '{ v[NR] = $1 }
              function at(q) { i = int(q * NR); if (i < q * NR) i++; if (i < 1) i = 1; return v[i] }
              END { if (NR == 0) print "0 - - -"; else printf "%d %.3f %.3f %.3f\n", NR, at(0.5), at(0.99), v[NR] }')
     python3 "$dir/lockwait.py" "$out-before.json" "$out-after.json" >"$out-lockwait.txt"
-    read -r lw[$row] batches[$row] <"$out-lockwait.txt"
+    read -r "lw[$row]" "batches[$row]" <"$out-lockwait.txt"
     rows+=("$row")
 
     local d
-    d="$row: B agent CPU $(awk -v t=$((cpu1 - cpu0)) -v hz="$hz" -v s="$secs" 'BEGIN { printf "%.2f s (%.0f%% of one core)", t / hz, 100 * t / hz / s }')"
+    d="${row/-/ }: UDP $lost of $packets datagrams lost; B agent CPU $(awk -v t=$((cpu1 - cpu0)) -v hz="$hz" -v s="$secs" 'BEGIN { printf "%.2f s (%.0f%% of one core)", t / hz, 100 * t / hz / s }')"
     d+="; B drops over the phase: $(jq -n -r --slurpfile a "$out-before.json" --slurpfile b "$out-after.json" \
         '["control_queue", "outbox"] | map("\(.) \(($b[0].drops[.] // 0) - ($a[0].drops[.] // 0))") | join(", ")')"
     d+="; B overlay peers connected: $(jq '.overlay.connected' "$out-before.json") before, $(jq '.overlay.connected' "$out-after.json") after"
     if [ "$4" = loaded ]; then
         d+=" (A and up to $strangers strangers); stranger CPU $(awk -v t=$((scpu1 - scpu0)) -v hz="$hz" 'BEGIN { printf "%.2f s", t / hz }')"
-        d+="; DNS: $(awk '/Queries sent:/ { s = $3 } /Queries completed:/ { c = $3 } /Response codes:/ { sub(/.*codes: /, ""); r = $0 }
+        d+="; DNS: $(awk '/Queries sent:/ { s = $3 } /Queries completed:/ { c = $3 } /Response codes:/ { sub(/.*codes: +/, ""); r = $0 }
             END { printf "%d of %d queries answered (%s)", c, s, r }' "$out-dnsperf.txt")"
         d+="; /metrics: $(awk '{ printf "%d of %d scrapes succeeded", $1, $2 }' "$out-scrape.txt")"
     fi
     details+=("$d")
-    while read -r line; do details+=("$row: lock wait, $line"); done < <(tail -n +2 "$out-lockwait.txt")
+    while read -r line; do details+=("${row/-/ }: lock wait, $line"); done < <(tail -n +2 "$out-lockwait.txt")
 }
 
 measure() { # label binary
@@ -276,6 +299,7 @@ measure() { # label binary
     kill "$a" "$b" 2>/dev/null || true
     wait_gone "$a"
     wait_gone "$b"
+    forget "$a" "$b"
 }
 
 measure hyphae "$HYPHAE_BIN"
@@ -285,17 +309,17 @@ echo
 echo "| phase | UDP loss % | out-of-order | ping count | ping p50 (ms) | ping p99 (ms) | ping max (ms) | lock-wait p99 (µs) | batches |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for row in "${rows[@]}"; do
-    echo "| $row | ${loss[$row]} | ${ooo[$row]} | ${pcount[$row]} | ${p50[$row]} | ${p99[$row]} | ${pmax[$row]} | ${lw[$row]} | ${batches[$row]} |"
+    echo "| ${row/-/ } | ${loss[$row]} | ${ooo[$row]} | ${pcount[$row]} | ${p50[$row]} | ${p99[$row]} | ${pmax[$row]} | ${lw[$row]} | ${batches[$row]} |"
 done
 echo
 verdict() { if [ "$1" = 1 ]; then echo PASS; elif [ "$1" = 0 ]; then echo FAIL; else echo "n/a"; fi; }
 for label in hyphae baseline; do
-    q="$label quiet" l="$label loaded"
+    q="$label-quiet" l="$label-loaded"
     [ -n "${pcount[$l]:-}" ] || continue
-    no_loss=$(awk -v x="${loss[$l]}" 'BEGIN { if (x == "-") print "-"; else print (x + 0 == 0) }')
+    no_loss=$(awk -v x="${lostn[$l]}" 'BEGIN { if (x == "-" || x == "null") print "-"; else print (x + 0 == 0) }')
     ping_ok=$(awk -v a="${p99[$l]}" -v b="${p99[$q]}" 'BEGIN { if (a == "-" || b == "-") print "-"; else print (a - b <= 0.2) }')
     lw_ok=$(awk -v x="${lw[$l]}" 'BEGIN { if (x == "-") print "-"; else if (x ~ /^>/) print 0; else print (x + 0 <= 50) }')
-    echo "Criteria ($label): no loss under load (${loss[$l]}% lost): $(verdict "$no_loss");" \
+    echo "Criteria ($label): no loss under load (${lostn[$l]} datagrams lost): $(verdict "$no_loss");" \
         "loaded ping p99 within 0.2 ms of quiet p99 (${p99[$l]} vs ${p99[$q]} ms): $(verdict "$ping_ok");" \
         "lock wait p99 < 50 µs (under ${lw[$l]} µs): $(verdict "$lw_ok")"
 done

@@ -25,7 +25,9 @@ use hyphae_overlay::proof::{ProofRequest, ProofResponse, PROOF_PROTOCOL};
 use hyphae_overlay::records::{Envelope, RecordRequest, RecordResponse, ScopedRequest};
 use hyphae_overlay::swarm::{unix_now, KAD_PROTOCOL, RECORDS_PROTOCOL};
 use hyphae_overlay::{Identity, NamespaceKeys, TAG_LEN};
-use libp2p::core::transport::{DialOpts as TransportDialOpts, ListenerId, TransportError, TransportEvent};
+use libp2p::core::transport::{
+    DialOpts as TransportDialOpts, ListenerId, TransportError, TransportEvent,
+};
 use libp2p::core::Transport;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, Message, ProtocolSupport};
@@ -60,10 +62,7 @@ fn behaviour(key: &libp2p::identity::Keypair) -> Hostile {
     let proofs = request_response::json::Behaviour::new(p, c);
     Hostile {
         kad,
-        identify: identify::Behaviour::new(identify::Config::new(
-            "/hyphae/1".into(),
-            key.public(),
-        )),
+        identify: identify::Behaviour::new(identify::Config::new("/hyphae/1".into(), key.public())),
         records,
         proofs,
     }
@@ -505,8 +504,7 @@ async fn run_crowd_member(
     let mut bootstrapped = false;
     let (mut connected, mut dialing) = (false, None);
     let mut redial = tokio::time::interval(Duration::from_secs(2));
-    let mut query =
-        tokio::time::interval_at(tokio::time::Instant::now() + jitter(every)?, every);
+    let mut query = tokio::time::interval_at(tokio::time::Instant::now() + jitter(every)?, every);
     loop {
         tokio::select! {
             _ = redial.tick(), if !connected && dialing.is_none() => {

@@ -19,7 +19,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use hyphae_testbed::hostile::{run_crowd, Crowd};
 
-const USAGE: &str = "usage: hyphae-stranger TARGET_IP:PORT IDENTITIES QUERY_EVERY_SECS SOURCE_IP...";
+const USAGE: &str =
+    "usage: hyphae-stranger TARGET_IP:PORT IDENTITIES QUERY_EVERY_SECS SOURCE_IP...";
 
 fn main() -> ExitCode {
     match run() {
