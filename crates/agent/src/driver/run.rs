@@ -29,25 +29,6 @@ enum Wake {
 /// Control requests waiting for the loop (from the control socket and the web server).
 const CALLS_LEN: usize = 16;
 
-/// The control thread's nice value once the workers are started (they keep the process's,
-/// 0 by default). Under contention CFS gives a nice-10 thread about a tenth of a nice-0
-/// one's share, and a waking worker preempts it: the DHT, strangers' connections, DHCP, DNS
-/// and scrapes of `/metrics` wait for member traffic, not the other way round. It still runs
-/// whenever a core is free, and gets its tenth on a saturated machine, which its timers
-/// (handshake retries and rekeys every 2 minutes, leases renewed in minutes) need.
-const CONTROL_NICE: libc::c_int = 10;
-
-/// Lowers this thread's priority to [`CONTROL_NICE`] (lowering needs no privilege).
-fn yield_to_workers() {
-    // SAFETY: neither call takes a pointer; setpriority on our own thread id only.
-    let tid = unsafe { libc::gettid() };
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, CONTROL_NICE) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        tracing::warn!(error = %e, "cannot lower the control thread's priority");
-    }
-}
-
 impl Control {
     /// Runs until SIGTERM or SIGINT, answering the control socket on `listener` and, if
     /// given, HTTP (`/metrics`, the topology page) on `web`.
@@ -73,8 +54,6 @@ impl Control {
         let (fatal_tx, mut fatal_rx) = mpsc::channel(unstarted.len().max(1));
         let threads = workers::spawn(&self.dp, unstarted, self.underlay_mode, &poke, &fatal_tx)?;
         tracing::info!(workers = threads.len(), "data path running");
-        // Started first, the workers keep the process's priority; this thread gives way.
-        yield_to_workers();
         let result = loop {
             let deadline = {
                 let mut dp = lock(&self.dp);
