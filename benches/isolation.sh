@@ -38,6 +38,10 @@
 #   STRANGERS            libp2p connections from the stranger, default 300
 #   QUERY_EVERY          seconds between one stranger identity's Kademlia queries, default 10
 #   SCRAPES_PER_SEC      /metrics scrapes a second, default 150
+#   LOAD_NICE            nice value of the load generators (stranger, scraper, dnsperf),
+#                        default 19: they stand for other machines (remote strangers, a
+#                        Prometheus server, DNS clients), so on this small box their own CPU
+#                        should not count as the agent's; 0 runs them as the data path's equals
 #   DNS_QPS              DNS queries a second, default 500
 #   RATE                 the UDP stream's rate (iperf3 -b), default 200M
 set -euo pipefail
@@ -47,6 +51,7 @@ secs=${SECONDS_PER_PHASE:-20}
 strangers=${STRANGERS:-300}
 query_every=${QUERY_EVERY:-10}
 scrapes=${SCRAPES_PER_SEC:-150}
+load_nice=${LOAD_NICE:-19}
 dns_qps=${DNS_QPS:-500}
 rate=${RATE:-200M}
 scripts/deps iperf3 jq dnsperf dnsutils python3 >/dev/null
@@ -189,7 +194,7 @@ phase() { # label binary agent-pid quiet|loaded
     if [ "$4" = loaded ]; then
         (
             ulimit -n 65536 2>/dev/null || true
-            exec ip netns exec "$S" "$STRANGER_BIN" 10.210.0.2:7400 "$strangers" "$query_every" "${sources[@]}"
+            exec ip netns exec "$S" nice -n "$load_nice" "$STRANGER_BIN" 10.210.0.2:7400 "$strangers" "$query_every" "${sources[@]}"
         ) >"$out-stranger.log" 2>&1 &
         stranger=$!
         pids+=("$stranger")
@@ -213,9 +218,9 @@ phase() { # label binary agent-pid quiet|loaded
     pids+=("$server")
     sleep 0.3
     if [ "$4" = loaded ]; then
-        ip netns exec "$B" python3 "$dir/scrape.py" "$scrapes" "$secs" >"$out-scrape.txt" 2>&1 &
+        ip netns exec "$B" nice -n "$load_nice" python3 "$dir/scrape.py" "$scrapes" "$secs" >"$out-scrape.txt" 2>&1 &
         scraper=$!
-        ip netns exec "$B" dnsperf -s 10.212.0.1 -d "$dir/queries" -Q "$dns_qps" -l "$secs" >"$out-dnsperf.txt" 2>&1 &
+        ip netns exec "$B" nice -n "$load_nice" dnsperf -s 10.212.0.1 -d "$dir/queries" -Q "$dns_qps" -l "$secs" >"$out-dnsperf.txt" 2>&1 &
         dns=$!
         pids+=("$scraper" "$dns")
     fi
@@ -328,6 +333,6 @@ for d in "${details[@]}"; do echo "- $d"; done
 for n in "${notes[@]}"; do echo "Note: $n"; done
 echo
 echo "$(date -u +%F), $(nproc) cores, kernel $(uname -r), ${secs}s per phase, UDP $rate in $len-byte datagrams," \
-    "$strangers strangers (a Kademlia query each every ${query_every}s), $scrapes scrapes/s, $dns_qps DNS queries/s," \
+    "$strangers strangers (a Kademlia query each every ${query_every}s), $scrapes scrapes/s, $dns_qps DNS queries/s, load generators at nice $load_nice," \
     "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}')${HYPHAE_BASELINE_BIN:+, baseline $("$HYPHAE_BASELINE_BIN" --version | awk '{print $2}')}." \
     "Lock-wait p99: the smallest histogram bound under which 99% of the phase's batches waited."
