@@ -19,11 +19,18 @@ use crate::config::Mode;
 /// Largest datagram or frame: the UDP maximum, with room for headers in front.
 pub(crate) const BUF_LEN: usize = 65536 + 64;
 
-/// What the inbox for the control thread holds at most: a few thousand DHCP requests, DNS
-/// queries, held frames and events between two of its turns. Past that they are dropped and
-/// counted (`drops.control_queue` in status): the clients retry, the frames were waiting
-/// for a lookup anyway.
+/// Requests the inbox for the control thread holds at most (DHCP requests, DNS queries,
+/// service-stack packets, frames held for a lookup: one per frame a host or LAN sends, so a
+/// flood could fill it between two turns). Past that they are dropped and counted
+/// (`drops.control_queue` in status): the clients retry, the frames were waiting for a
+/// lookup anyway. Events (a LAN host learned or lost, a tunnel's addresses or its end, a
+/// broadcast that found no group) happen once each and are never dropped for requests:
+/// they have [`INBOX_EVENTS_LEN`] more, which their sources (the switches' LAN tables, the
+/// node's tunnels) do not reach between two turns.
 pub(crate) const INBOX_LEN: usize = 4096;
+
+/// Room in the inbox beyond [`INBOX_LEN`] for events; see there.
+pub(crate) const INBOX_EVENTS_LEN: usize = 4 * INBOX_LEN;
 
 /// The data plane: the tunnels and the switches.
 pub(crate) struct DataPlane {
@@ -155,6 +162,17 @@ pub(crate) enum ToControl {
     Node(hyphae_overlay::Event),
 }
 
+impl ToControl {
+    /// Something that happened once (not a request a client repeats or a frame a sender
+    /// retransmits): never dropped for requests.
+    fn is_event(&self) -> bool {
+        matches!(
+            self,
+            Self::GroupWanted { .. } | Self::Lan { .. } | Self::Node(_)
+        )
+    }
+}
+
 impl DataPlane {
     pub(crate) fn new(node: Node) -> Self {
         Self {
@@ -167,9 +185,14 @@ impl DataPlane {
         }
     }
 
-    /// Leaves `message` for the control thread, or counts it dropped when the inbox is full.
+    /// Leaves `message` for the control thread, or counts it dropped when the inbox is full
+    /// (for a request: at [`INBOX_LEN`]; for an event: only past [`INBOX_EVENTS_LEN`] more).
     pub(crate) fn tell_control(&mut self, message: ToControl) {
-        if self.inbox.len() >= INBOX_LEN {
+        let bound = match message.is_event() {
+            true => INBOX_LEN + INBOX_EVENTS_LEN,
+            false => INBOX_LEN,
+        };
+        if self.inbox.len() >= bound {
             self.inbox_drops += 1;
             tracing::trace!(?message, "the control thread's inbox is full; dropped");
             return;
@@ -203,7 +226,7 @@ impl DataPlane {
             let lane = &mut self.lanes[i];
             if lane.active && due(lane.switch.poll_timeout()) {
                 lane.switch.handle_timeout(now);
-                self.flush_switch(i, now, out);
+                self.flush_switch(i, out);
             }
             self.lanes[i].grace.retain(|g| g.until > now);
         }

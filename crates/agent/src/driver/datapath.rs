@@ -186,7 +186,7 @@ impl DataPlane {
         }
         // Router and hybrid switches learn LAN hosts and queue probes from what they see.
         if self.lanes[i].mode != Mode::Interface {
-            self.flush_switch(i, now, out);
+            self.flush_switch(i, out);
         }
     }
 
@@ -233,13 +233,23 @@ impl DataPlane {
 
     /// Writes what switch `i` wants on its TAP (ARP probes and deferred replies) and tells
     /// the control thread what it learned about the LAN.
-    pub(crate) fn flush_switch(&mut self, i: usize, now: Instant, out: &mut Batch) {
-        let _ = now;
+    pub(crate) fn flush_switch(&mut self, i: usize, out: &mut Batch) {
         let lane = &mut self.lanes[i];
         while let Some(len) = lane.switch.poll_transmit(&mut out.reply) {
             out.write_reply(i, len);
         }
         while let Some(event) = self.lanes[i].switch.poll_event() {
+            // A host seen on this LAN again is not forwarded away any more (as
+            // `Migrate::forward_to` stops once the host shows up here).
+            let here = match event {
+                hyphae_vswitch::Event::LanHostUp(a)
+                | hyphae_vswitch::Event::GratuitousArp { address: a, .. }
+                | hyphae_vswitch::Event::LanHostHeard { address: a, .. } => Some(a),
+                hyphae_vswitch::Event::LanHostDown(_) | hyphae_vswitch::Event::Rarp(_) => None,
+            };
+            if let Some(a) = here {
+                self.lanes[i].grace.retain(|g| g.address != a);
+            }
             self.tell_control(ToControl::Lan { ns: i, event });
         }
     }
@@ -255,6 +265,8 @@ impl DataPlane {
                 Event::PeerUnreachable { ns, peer, .. } => {
                     if let Some(lane) = self.lanes.get_mut(ns.0) {
                         lane.switch.remove_peer(*peer);
+                        // Its handle is free for another tunnel: forward nothing to it.
+                        lane.grace.retain(|g| g.to != *peer);
                     }
                 }
                 Event::PeerAddresses {
@@ -284,7 +296,7 @@ impl DataPlane {
         if from_members {
             for i in 0..self.lanes.len() {
                 if self.lanes[i].mode == Mode::Router && self.lanes[i].active {
-                    self.flush_switch(i, now, out);
+                    self.flush_switch(i, out);
                 }
             }
         }

@@ -23,6 +23,7 @@ impl Control {
         {
             let mut dp = lock(&self.dp);
             std::mem::swap(&mut dp.inbox, &mut self.inbox);
+            dp.wake_control = false;
         }
         if self.inbox.is_empty() {
             return false;
@@ -57,7 +58,15 @@ impl Control {
                 }
             }
             ToControl::Hold { ns, target, frame } => {
-                if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
+                // Routed since the worker saw the frame (its resolution ended in between):
+                // through the switch again rather than waiting for a lookup already done.
+                if lock(&self.dp)
+                    .lanes
+                    .get(ns)
+                    .is_some_and(|l| l.switch.route(target).is_some())
+                {
+                    self.replays.push((ns, vec![frame]));
+                } else if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
                     n.membership.hold(now, target, &frame);
                 }
             }

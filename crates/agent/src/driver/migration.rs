@@ -279,7 +279,7 @@ impl Control {
                 Output::Probe(address) => {
                     let mut dp = lock(&self.dp);
                     dp.lanes[i].switch.probe_lan_host(address);
-                    dp.flush_switch(i, now, &mut self.batch);
+                    dp.flush_switch(i, &mut self.batch);
                 }
                 Output::Event(event) => self.handoff_event(i, now, event),
             }
@@ -371,7 +371,7 @@ impl Control {
                     dp.node
                         .accept_forwarded(NamespaceId(i), old, address, until);
                 }
-                dp.flush_switch(i, now, &mut self.batch);
+                dp.flush_switch(i, &mut self.batch);
                 drop(dp);
                 if let Some(lease) = state.dhcp {
                     if let Some(d) = n.dhcp.as_mut() {

@@ -200,7 +200,7 @@ impl Control {
         }
         let own = Identity::from_seed(identity.seed());
         let node = Node::new(identity, setup::os_seed()?);
-        let (workers, unstarted, outbox) = workers::links(sockets);
+        let (workers, unstarted, outbox) = workers::links(sockets, config.namespaces.len());
         // Bound to one address, the source never changes: nothing to roam.
         let netwatch = if config.agent.listen.ip().is_unspecified() {
             crate::netwatch::NetWatch::new()

@@ -281,6 +281,14 @@ fn the_inbox_is_bounded_and_what_does_not_fit_is_counted() {
     }
     assert_eq!(a.dp.inbox.len(), INBOX_LEN);
     assert_eq!(a.dp.inbox_drops, 128, "two batches over the bound, counted");
+    // An event happens once: a flood of requests does not crowd it out.
+    a.dp.tell_control(ToControl::GroupWanted { ns: 0 });
+    assert_eq!(a.dp.inbox.len(), INBOX_LEN + 1);
+    assert_eq!(a.dp.inbox_drops, 128);
+    assert!(matches!(
+        a.dp.inbox.last(),
+        Some(ToControl::GroupWanted { ns: 0 })
+    ));
 }
 
 #[test]

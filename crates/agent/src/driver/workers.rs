@@ -63,13 +63,14 @@ const TAP_BATCH_FRAMES: usize = 64;
 /// four 64 KiB super-frames.
 const TAP_BATCH_BYTES: usize = 4 * BUF_LEN;
 
-/// Datagrams the control thread may have waiting for worker 0 to send: a burst of
-/// handshakes and hellos to every member of a large namespace, and the frames that waited
-/// for a lookup. Past that they are dropped and counted (`drops.outbox`): handshakes are
-/// retried, held frames were retransmitted by their senders anyway.
-pub(crate) const OUTBOX_LEN: usize = 1024;
+/// Datagrams the control thread may have waiting for worker 0 to send: a burst of a hello
+/// and a handshake to every tunnel the node may hold (`MAX_PEERS`, 4096), and the frames
+/// that waited for a lookup. Past that they are dropped and counted (`drops.outbox`):
+/// handshakes are retried, held frames were retransmitted by their senders anyway.
+pub(crate) const OUTBOX_LEN: usize = 2 * hyphae_overlay::node::MAX_PEERS;
 
-/// Commands a worker may have waiting: namespaces joined and left.
+/// Commands a worker may have waiting beyond the namespaces configured at start (each sends
+/// one before the workers run): namespaces joined and left while running.
 const COMMANDS_LEN: usize = 64;
 
 /// One queue of a TAP.
@@ -154,13 +155,14 @@ pub(crate) struct Unstarted {
 /// of worker 0's outbox.
 pub(crate) fn links(
     sockets: Vec<std::net::UdpSocket>,
+    namespaces: usize,
 ) -> (Vec<WorkerLink>, Vec<Unstarted>, mpsc::Sender<Outgoing>) {
     let (outbox_tx, outbox_rx) = mpsc::channel(OUTBOX_LEN);
     let mut outbox_rx = Some(outbox_rx);
     let (links, unstarted) = sockets
         .into_iter()
         .map(|socket| {
-            let (tx, rx) = mpsc::channel(COMMANDS_LEN);
+            let (tx, rx) = mpsc::channel(namespaces + COMMANDS_LEN);
             let counters = Arc::<WorkerCounters>::default();
             (
                 WorkerLink {

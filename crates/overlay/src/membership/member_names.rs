@@ -25,7 +25,8 @@ impl Membership {
     /// of addresses not among them, so the cache stays as small as the tunnels. The name
     /// known so far stays until the answer replaces it. Nothing is read once left.
     pub fn refresh_member_names(&mut self, now: Instant, addresses: &[Ipv4Addr]) {
-        self.member_names.retain(|a, _| addresses.contains(a));
+        let current: std::collections::HashSet<&Ipv4Addr> = addresses.iter().collect();
+        self.member_names.retain(|a, _| current.contains(a));
         if self.left {
             return;
         }
