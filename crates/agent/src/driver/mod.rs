@@ -13,12 +13,14 @@
 //!
 //! The control thread's files hold its concerns: `events` (what the overlay and the
 //! memberships report), `services` (DHCP and DNS), `migration` (LAN host handoffs),
-//! `status`, `calls` (the control socket's requests); `datapath` is the data plane's batch.
+//! `joining` (`hyphae join` and `leave`), `status`, `calls` (the control socket's requests);
+//! `datapath` is the data plane's batch.
 
 mod calls;
 pub(crate) mod data;
 mod datapath;
 mod events;
+mod joining;
 mod migration;
 mod run;
 mod services;
@@ -436,48 +438,6 @@ impl Control {
         Ok(())
     }
 
-    /// `hyphae join`: the namespace `name` was added to the config file; bring it up.
-    pub(crate) fn join(&mut self, name: &str, now: Instant) -> Result<(), String> {
-        let config = Config::load(&self.config_path).map_err(|e| format!("{e:#}"))?;
-        let Some(cfg) = config.namespaces.iter().find(|n| n.name == name) else {
-            return Err(format!(
-                "namespace '{name}' is not in {}",
-                self.config_path.display()
-            ));
-        };
-        if let Some(i) = self.active(name) {
-            return Err(format!(
-                "already a member of '{name}' (device {})",
-                self.namespaces[i].device
-            ));
-        }
-        if let Some(other) = self
-            .namespaces
-            .iter()
-            .find(|n| n.active() && n.device == cfg.device)
-        {
-            return Err(format!(
-                "device {} is already used by namespace '{}'",
-                cfg.device, other.name
-            ));
-        }
-        self.add_namespace(cfg, now).map_err(|e| format!("{e:#}"))?;
-        let ready = self.overlay_ready();
-        if let Some(n) = self.namespaces.last_mut() {
-            n.live = true;
-            if ready {
-                n.membership.start(now);
-            }
-        }
-        for addr in &cfg.bootstrap {
-            self.overlay.dial(addr.clone());
-        }
-        for &peer in cfg.peers.iter().filter(|&&p| p != self.listen) {
-            self.overlay.dial(tcp_multiaddr(peer));
-        }
-        Ok(())
-    }
-
     /// Whether the memberships run: the overlay was joined, or started alone.
     pub(crate) fn overlay_ready(&self) -> bool {
         self.overlay.is_ready()
@@ -488,40 +448,6 @@ impl Control {
         self.namespaces
             .iter()
             .position(|n| n.name == name && n.active())
-    }
-
-    /// `hyphae leave`: release the namespace's addresses, drop its tunnels and its TAP.
-    pub(crate) fn leave(&mut self, name: &str, now: Instant) -> Result<usize, String> {
-        let Some(i) = self.active(name) else {
-            return Err(format!("not a member of '{name}'"));
-        };
-        Ok(self.drop_namespace(i, now))
-    }
-
-    pub(crate) fn drop_namespace(&mut self, i: usize, now: Instant) -> usize {
-        let n = &mut self.namespaces[i];
-        let released = n.membership.leave();
-        {
-            let mut dp = lock(&self.dp);
-            dp.node.remove_namespace(now, NamespaceId(i));
-            if let Some(lane) = dp.lanes.get_mut(i) {
-                lane.active = false;
-                lane.group.clear();
-                lane.grace.clear();
-            }
-        }
-        // Dropping the TAP's queues removes the device (and the hybrid veth goes with its
-        // links).
-        n.tap = None;
-        for link in &self.workers {
-            if link.commands.try_send(Command::Leave(i)).is_err() {
-                tracing::warn!(namespace = %n.name, "a data-path worker did not take the leave; its TAP queue stays open until it stops");
-            }
-        }
-        n.lan = None;
-        n.group.clear();
-        tracing::info!(namespace = %n.name, "namespace left");
-        released
     }
 
     /// The earliest deadline of the control plane's cores (the data plane's is asked of it).
@@ -677,18 +603,6 @@ impl Control {
                     lane.tap_errors += 1;
                 }
             }
-        }
-    }
-
-    /// Namespace `i` cannot be joined as configured: one joined with `hyphae join` is left
-    /// (the error shows in its status); one from the config at start stops the agent.
-    pub(crate) fn conflict(&mut self, i: usize, reason: String, now: Instant) {
-        if self.namespaces[i].live {
-            tracing::error!(namespace = %self.namespaces[i].name, "{reason}");
-            self.drop_namespace(i, now);
-            self.namespaces[i].error = Some(reason);
-        } else {
-            self.fatal = Some(reason);
         }
     }
 
