@@ -17,3 +17,5 @@ pub mod setup;
 mod topology;
 mod underlay;
 mod web;
+
+pub use driver::up;

@@ -130,7 +130,7 @@ fn main() -> ExitCode {
 
 fn execute(cmd: Cmd) -> Result<()> {
     match cmd {
-        Cmd::Up { config } => setup::up(config::Config::load(&config)?),
+        Cmd::Up { config } => hyphae_agent::up(config::Config::load(&config)?),
         Cmd::Status { config, json } => {
             let socket = config::control_socket(&config)?;
             let reply = control::request(&socket, &control::Request::Status)?;

@@ -1,6 +1,6 @@
-//! Process setup for `hyphae up`: privileges, the identity, the sockets and devices the
-//! driver owns. Everything here runs once (or once per namespace) and reports problems as
-//! one-line errors a person can act on.
+//! Process setup for `hyphae up` (`driver::up`): privileges, the identity, the sockets and
+//! devices the driver owns. Everything here runs once (or once per namespace) and reports
+//! problems as one-line errors a person can act on.
 
 use std::io::{self, ErrorKind};
 use std::net::SocketAddr;
@@ -12,41 +12,13 @@ use hyphae_overlay::{Identity, PeerId};
 use tokio::net::UnixListener;
 use tun_rs::SyncDevice;
 
-use crate::config::{Address, Config, Mode, Namespace};
+use crate::config::{Address, Mode, Namespace};
 
 /// Underlay socket buffers: room for a few milliseconds of traffic at 10 Gb/s.
 const SOCKET_BUFFER: usize = 4 << 20;
 
 /// The name of the identity key file in the state directory.
 pub const IDENTITY_FILE: &str = "identity.key";
-
-/// Runs the agent in the foreground until SIGTERM or SIGINT.
-pub fn up(config: Config) -> Result<()> {
-    require_net_admin()?;
-    // Bind first: a failed start should leave nothing behind, not even a new identity.
-    let sockets = bind_underlay(config.agent.listen, config.agent.workers)?;
-    let identity = load_or_create_identity(&config.agent.state_dir)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(async move {
-        // The control socket first: "another agent is running" is the error that says most.
-        let listener = bind_control(&config.agent.control_socket)?;
-        let result = async {
-            let web = match config.agent.metrics {
-                Some(address) => Some(bind_web(address).await?),
-                None => None,
-            };
-            crate::driver::Control::start(config.clone(), identity, sockets)?
-                .run(listener, web)
-                .await
-        }
-        .await;
-        let _ = std::fs::remove_file(&config.agent.control_socket);
-        result
-    })
-}
 
 /// 32 bytes from the operating system's RNG: the seed of a core's RNG, a new secret.
 #[allow(clippy::disallowed_methods)] // the one place the OS's RNG is read
@@ -57,7 +29,7 @@ pub fn os_seed() -> Result<[u8; 32]> {
 }
 
 /// `CAP_NET_ADMIN` is what creating TAP devices and setting their addresses needs.
-fn require_net_admin() -> Result<()> {
+pub(crate) fn require_net_admin() -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let eff = status
@@ -103,7 +75,7 @@ pub fn load_or_create_identity(state_dir: &Path) -> Result<Identity> {
 }
 
 /// The listener of `[agent] metrics`.
-async fn bind_web(address: SocketAddr) -> Result<tokio::net::TcpListener> {
+pub(crate) async fn bind_web(address: SocketAddr) -> Result<tokio::net::TcpListener> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|e| match e.kind() {
@@ -159,7 +131,7 @@ fn bind_one_underlay(listen: SocketAddr, shared: bool) -> Result<std::net::UdpSo
     Ok(socket.into())
 }
 
-fn bind_control(path: &Path) -> Result<UnixListener> {
+pub(crate) fn bind_control(path: &Path) -> Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)

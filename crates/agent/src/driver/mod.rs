@@ -23,6 +23,7 @@ mod events;
 mod joining;
 mod migration;
 mod run;
+pub use run::up;
 mod services;
 mod status;
 #[cfg(test)]

@@ -6,14 +6,16 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use super::workers::{self, lock};
 use super::Control;
+use crate::config::Config;
 use crate::control_server::Call;
+use crate::setup;
 
 /// What woke the loop.
 enum Wake {
@@ -116,6 +118,34 @@ impl Control {
         tracing::info!("stopping: removing devices");
         Ok(())
     }
+}
+
+/// Runs the agent in the foreground until SIGTERM or SIGINT.
+pub fn up(config: Config) -> Result<()> {
+    setup::require_net_admin()?;
+    // Bind first: a failed start should leave nothing behind, not even a new identity.
+    let sockets = setup::bind_underlay(config.agent.listen, config.agent.workers)?;
+    let identity = setup::load_or_create_identity(&config.agent.state_dir)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async move {
+        // The control socket first: "another agent is running" is the error that says most.
+        let listener = setup::bind_control(&config.agent.control_socket)?;
+        let result = async {
+            let web = match config.agent.metrics {
+                Some(address) => Some(setup::bind_web(address).await?),
+                None => None,
+            };
+            Control::start(config.clone(), identity, sockets)?
+                .run(listener, web)
+                .await
+        }
+        .await;
+        let _ = std::fs::remove_file(&config.agent.control_socket);
+        result
+    })
 }
 
 /// Sleeps until `deadline`, or forever without one.
