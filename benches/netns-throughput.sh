@@ -37,7 +37,7 @@ scripts/deps iperf3 wireguard-tools jq protobuf-compiler libprotobuf-dev >/dev/n
 
 HYPHAE_BIN=${HYPHAE_BIN:-target/release/hyphae}
 [ -x "$HYPHAE_BIN" ] || cargo build --release --quiet --bin hyphae
-if [ -z "${BORINGTUN_BIN:-}" ]; then
+if [ -z "${BORINGTUN_BIN:-}" ] && [[ $skip != *" boringtun "* ]]; then
     if ! command -v boringtun-cli >/dev/null; then
         echo "installing boringtun-cli from crates.io (once)..." >&2
         cargo install --quiet --locked boringtun-cli
@@ -46,7 +46,7 @@ if [ -z "${BORINGTUN_BIN:-}" ]; then
 fi
 # The current wireguard-go (TUN offload, UDP GSO/GRO), not Debian's 2022 package the interop
 # test uses.
-if [ -z "${WIREGUARD_GO_BIN:-}" ]; then
+if [ -z "${WIREGUARD_GO_BIN:-}" ] && [[ $skip != *" wireguard-go "* ]]; then
     WIREGUARD_GO_BIN=$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin/wireguard
     if [ ! -x "$WIREGUARD_GO_BIN" ]; then
         echo "installing wireguard-go with go install (once)..." >&2
