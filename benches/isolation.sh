@@ -276,17 +276,8 @@ phase() { # label binary agent-pid quiet|loaded
 }
 
 measure() { # label binary
-    rm -rf "$dir/A-socket-state" "$dir/B-socket-state"
-    HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A-socket.toml" >>"$dir/$1-A.log" 2>&1 &
-    local a=$!
-    HYPHAE_LOG=warn ip netns exec "$B" "$2" up -c "$dir/B-socket.toml" >>"$dir/$1-B.log" 2>&1 &
-    local b=$!
-    pids+=("$a" "$b")
-    local i
-    for i in $(seq 150); do
-        inA ping -c 1 -W 1 10.212.0.12 >/dev/null 2>&1 && break
-        sleep 0.2
-    done
+    pair_start "$1" "$2"
+    local a=$agent_a b=$agent_b i
     inA ping -c 1 -W 1 10.212.0.12 >/dev/null 2>&1 || { echo "$1: no tunnel from A to B" >&2; tail "$dir/$1-"*.log >&2; exit 1; }
     # Datagrams that fit the overlay device (no fragments).
     len=$(($(inA cat /sys/class/net/hyphae0/mtu) - 28))

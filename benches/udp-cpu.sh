@@ -28,17 +28,8 @@ cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 measure() { # label binary
-    rm -rf "$dir/A-socket-state" "$dir/B-socket-state"
-    HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A-socket.toml" >>"$dir/$1-A.log" 2>&1 &
-    local a=$!
-    HYPHAE_LOG=warn ip netns exec "$B" "$2" up -c "$dir/B-socket.toml" >>"$dir/$1-B.log" 2>&1 &
-    local b=$!
-    pids+=("$a" "$b")
-    local i
-    for i in $(seq 150); do
-        ip netns exec "$A" ping -c 1 -W 1 10.212.0.12 >/dev/null 2>&1 && break
-        sleep 0.2
-    done
+    pair_start "$1" "$2"
+    local a=$agent_a b=$agent_b i
     ip netns exec "$B" iperf3 -s -1 -D -p 5401 -I "$dir/iperf.pid"
     sleep 0.3
     local a0 b0 a1 b1 result

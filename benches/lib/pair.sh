@@ -5,6 +5,7 @@
 # $dir/SIDE-UNDERLAY.toml (with a third argument N, $dir/SIDE-UNDERLAY-wN.toml and
 # `workers = N`): one interface-mode member of namespace "bench" (10.212.0.11 on A,
 # .12 on B, device hyphae0) listening on its eth0 address, the other end as its peer.
+# `pair_start LABEL BINARY` starts both agents from the socket configs and waits for the tunnel.
 # Needs HYPHAE_BIN set. Usage: pair_setup PREFIX   (namespaces PREFIXA$$ and PREFIXB$$)
 
 pair_setup() {
@@ -34,6 +35,21 @@ pair_cleanup() {
     ip netns del "$A" 2>/dev/null || true
     ip netns del "$B" 2>/dev/null || true
     rm -rf "$dir"
+}
+
+pair_start() { # label binary: starts the agents of $dir/A-socket.toml and B-socket.toml,
+    # waits (30 s at most) for A to reach B over the overlay; their PIDs in $agent_a, $agent_b
+    rm -rf "$dir/A-socket-state" "$dir/B-socket-state"
+    HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A-socket.toml" >>"$dir/$1-A.log" 2>&1 &
+    agent_a=$!
+    HYPHAE_LOG=warn ip netns exec "$B" "$2" up -c "$dir/B-socket.toml" >>"$dir/$1-B.log" 2>&1 &
+    agent_b=$!
+    pids+=("$agent_a" "$agent_b")
+    local i
+    for i in $(seq 150); do
+        ip netns exec "$A" ping -c 1 -W 1 10.212.0.12 >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
 }
 
 hyphae_config() { # side (A or B), underlay (socket or af_xdp), [workers]
