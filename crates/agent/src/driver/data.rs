@@ -230,7 +230,7 @@ impl DataPlane {
             }
             self.lanes[i].grace.retain(|g| g.until > now);
         }
-        self.drain_node(now, out);
+        self.drain_node(out);
         node
     }
 }

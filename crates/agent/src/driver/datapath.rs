@@ -256,7 +256,7 @@ impl DataPlane {
 
     /// Queues what the node sends on its own (handshakes, hellos, announcements); applies
     /// its events to the switches and hands them to the control thread.
-    pub(crate) fn drain_node(&mut self, _now: Instant, out: &mut Batch) {
+    pub(crate) fn drain_node(&mut self, out: &mut Batch) {
         while let Some((to, datagram)) = self.node.poll_transmit() {
             out.send(to, &datagram);
         }
@@ -286,13 +286,8 @@ impl DataPlane {
     /// What a worker does after its batch, still holding the data plane: queues what the
     /// node sends; a router probes its LAN for hosts members sent to. Returns whether the
     /// control thread must be woken (the batch left it work, or an earlier deadline).
-    pub(crate) fn after_batch(
-        &mut self,
-        now: Instant,
-        from_members: bool,
-        out: &mut Batch,
-    ) -> bool {
-        self.drain_node(now, out);
+    pub(crate) fn after_batch(&mut self, from_members: bool, out: &mut Batch) -> bool {
+        self.drain_node(out);
         if from_members {
             for i in 0..self.lanes.len() {
                 if self.lanes[i].mode == Mode::Router && self.lanes[i].active {

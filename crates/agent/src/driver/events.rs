@@ -76,12 +76,12 @@ impl Control {
                 }
             }
             ToControl::Lan { ns, event } => self.lan_event(ns, now, event),
-            ToControl::Node(event) => self.node_event(now, event),
+            ToControl::Node(event) => self.node_event(event),
         }
     }
 
     /// What the tunnel node reported (the switches have applied their part).
-    fn node_event(&mut self, _now: Instant, event: hyphae_overlay::Event) {
+    fn node_event(&mut self, event: hyphae_overlay::Event) {
         match event {
             hyphae_overlay::Event::PeerUnreachable { ns, addresses, .. } => {
                 if let Some(n) = self.namespaces.get_mut(ns.0) {

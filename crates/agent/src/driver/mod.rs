@@ -571,7 +571,7 @@ impl Control {
                 dp.switch_frame(i, &mut frame, now, &mut self.batch);
             }
         }
-        dp.drain_node(now, &mut self.batch);
+        dp.drain_node(&mut self.batch);
         true
     }
 

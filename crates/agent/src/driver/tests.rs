@@ -86,7 +86,7 @@ impl Plane {
         }
         self.dp
             .handle_frames(now, &ranges, &mut rx, &mut self.batch);
-        let wake = self.dp.after_batch(now, false, &mut self.batch);
+        let wake = self.dp.after_batch(false, &mut self.batch);
         self.carry_out();
         wake
     }
@@ -97,7 +97,7 @@ impl Plane {
             .iter()
             .map(|(from, bytes)| Datagram { from: *from, bytes });
         self.dp.handle_datagrams(now, datagrams, &mut self.batch);
-        let wake = self.dp.after_batch(now, true, &mut self.batch);
+        let wake = self.dp.after_batch(true, &mut self.batch);
         self.carry_out();
         wake
     }
