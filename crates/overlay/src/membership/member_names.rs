@@ -1,6 +1,8 @@
 //! The host names of other members' addresses, as `hyphae status` shows them beside each
 //! tunnel: read from the DHT (the PTR each address record carries), at most once per
-//! [`MEMBER_NAME_REFRESH`] per address, and forgotten with the tunnel.
+//! [`MEMBER_NAME_REFRESH`] per address (every [`MEMBER_NAME_RETRY`] while no name is known:
+//! a member that has just joined may not have published its name yet), and forgotten with
+//! the tunnel.
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -12,6 +14,11 @@ use super::Membership;
 /// asked (a scraper asks many times a second).
 pub const MEMBER_NAME_REFRESH: Duration = Duration::from_secs(60);
 
+/// How soon an address whose name is not known (the read found no name, failed, or has not
+/// answered yet) is read again: a member that joined a moment ago names itself within
+/// seconds, and an operator watching status expects to see it then, not a minute later.
+pub const MEMBER_NAME_RETRY: Duration = Duration::from_secs(5);
+
 /// One member address's name, as last read, and when the read started.
 #[derive(Debug, Clone)]
 pub(super) struct MemberName {
@@ -21,7 +28,8 @@ pub(super) struct MemberName {
 
 impl Membership {
     /// The tunnels have members at `addresses` (each member's first): starts DHT reads of
-    /// the names of those not read within [`MEMBER_NAME_REFRESH`], and forgets the names
+    /// the names of those not read within [`MEMBER_NAME_REFRESH`] ([`MEMBER_NAME_RETRY`]
+    /// while no name is known), and forgets the names
     /// of addresses not among them, so the cache stays as small as the tunnels. The name
     /// known so far stays until the answer replaces it. Nothing is read once left.
     pub fn refresh_member_names(&mut self, now: Instant, addresses: &[Ipv4Addr]) {
@@ -31,10 +39,14 @@ impl Membership {
             return;
         }
         for &address in addresses {
-            let due = self
-                .member_names
-                .get(&address)
-                .is_none_or(|m| now.saturating_duration_since(m.read_at) >= MEMBER_NAME_REFRESH);
+            let due = self.member_names.get(&address).is_none_or(|m| {
+                let every = if m.name.is_some() {
+                    MEMBER_NAME_REFRESH
+                } else {
+                    MEMBER_NAME_RETRY
+                };
+                now.saturating_duration_since(m.read_at) >= every
+            });
             if !due {
                 continue;
             }

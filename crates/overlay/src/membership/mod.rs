@@ -60,7 +60,7 @@ use names::NameLease;
 use resolve::Resolver;
 use settings::SettingsState;
 
-pub use member_names::MEMBER_NAME_REFRESH;
+pub use member_names::{MEMBER_NAME_REFRESH, MEMBER_NAME_RETRY};
 
 /// Retry delay after a claim that no replica answered.
 const CLAIM_RETRY: Duration = Duration::from_secs(2);

@@ -159,3 +159,52 @@ fn member_names_are_read_once_a_minute_and_forgotten_with_the_tunnel() {
     assert_eq!(reads(&mut net), 0);
     assert_eq!(net.members[b].member_name(ip(10)), None);
 }
+
+#[test]
+fn a_member_without_a_name_yet_is_read_again_within_seconds() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Static(ip(10))), 1);
+    let b = net.add(config(Address::Static(ip(11))), 2);
+    net.run_for(Duration::from_secs(1));
+    let reads = |net: &mut Net| {
+        net.take_events(b)
+            .iter()
+            .filter(|e| matches!(e, Event::HolderRead { address, .. } if *address == ip(10)))
+            .count()
+    };
+    let _ = reads(&mut net);
+
+    // a has not named itself: the read finds no name.
+    let now = net.now;
+    net.members[b].refresh_member_names(now, &[ip(10)]);
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(reads(&mut net), 1);
+    assert_eq!(net.members[b].member_name(ip(10)), None);
+
+    // a names itself. Status asked often before the retry is due: no read.
+    let now = net.now;
+    net.members[a].set_hostname(now, Some("late".into()));
+    net.run_for(Duration::from_millis(500));
+    let _ = net.take_events(b);
+    for _ in 0..20 {
+        let now = net.now;
+        net.members[b].refresh_member_names(now, &[ip(10)]);
+        net.run_for(Duration::from_millis(100));
+    }
+    assert_eq!(reads(&mut net), 0);
+    assert_eq!(net.members[b].member_name(ip(10)), None);
+
+    // Once the retry is due the name is read and shown, and from then on it is read only
+    // once a minute.
+    net.run_until(now + MEMBER_NAME_RETRY);
+    let now = net.now;
+    net.members[b].refresh_member_names(now, &[ip(10)]);
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(reads(&mut net), 1);
+    assert_eq!(net.members[b].member_name(ip(10)), Some("late"));
+    net.run_until(now + MEMBER_NAME_RETRY * 2);
+    let now = net.now;
+    net.members[b].refresh_member_names(now, &[ip(10)]);
+    net.run_for(Duration::from_millis(100));
+    assert_eq!(reads(&mut net), 0);
+}
