@@ -117,8 +117,9 @@ pub(super) enum PathAction {
 pub(super) struct Peer {
     pub(super) ns: NamespaceId,
     pub(super) id: PeerId,
-    /// Its WireGuard state, shared with the workers (`shared.rs`).
-    pub(super) tunnel: Arc<Tunnel>,
+    /// Its WireGuard state, shared with the workers: shard 0, then the others both ends
+    /// accept (`shared.rs`).
+    pub(super) shards: Vec<Arc<Tunnel>>,
     /// The direct path (WireGuard roaming: the last address an authenticated packet came
     /// from directly).
     pub(super) endpoint: SocketAddr,
@@ -172,7 +173,7 @@ impl Peer {
         Self {
             ns,
             id,
-            tunnel,
+            shards: vec![tunnel],
             endpoint,
             relay: None,
             relayed: false,
@@ -210,9 +211,9 @@ impl Peer {
         self.tunn().stats().0.is_some()
     }
 
-    /// The WireGuard state, locked.
+    /// The WireGuard state of shard 0 (handshakes on hellos, keepalives, control), locked.
     pub(super) fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
-        self.tunnel.lock()
+        self.shards[0].lock()
     }
 
     /// With a session, and heard from recently.
@@ -539,7 +540,7 @@ mod tests {
             now,
             NamespaceId(0),
             them.peer_id(),
-            Arc::new(Tunnel::new(PeerHandle(0), tunn)),
+            Arc::new(Tunnel::new(PeerHandle(0), 0, tunn)),
             endpoint,
             initiator,
         )
