@@ -655,23 +655,4 @@ mod tests {
         );
         assert_eq!(b.peers().next().map(|p| p.shards), Some(2));
     }
-
-    #[test]
-    fn a_member_that_leaves_is_heard_through_the_open_path() {
-        let now = test_epoch();
-        let (mut a, mut b, _, _) = pair(now);
-        while a.poll_event().is_some() {}
-        b.remove_namespace(now, NamespaceId(0));
-        let sent: Vec<_> = std::iter::from_fn(|| b.poll_transmit()).collect();
-        assert!(!sent.is_empty(), "b tells a");
-        let mut rx = vec![0u8; 512];
-        for (_, d) in sent {
-            let opened = a.tunnels().open(&d, &mut rx);
-            let r = a.accept(now, B, opened, &rx);
-            eprintln!("{r:?}");
-        }
-        let events: Vec<_> = std::iter::from_fn(|| a.poll_event()).collect();
-        eprintln!("{events:?}");
-        assert!(a.peers().all(|p| p.addresses.is_empty()), "{events:?}");
-    }
 }
