@@ -373,6 +373,21 @@ mod tests {
         a.handle_timeout(later);
         b.handle_timeout(later);
         pump(&mut a, &mut b, later);
+        let mut out = vec![0u8; 65536];
+        for _ in 0..50 {
+            let mut moved = false;
+            while let Some((_, d)) = a.poll_transmit() {
+                moved = true;
+                b.handle_datagram(now, A, &d, &mut out);
+            }
+            while let Some((_, d)) = b.poll_transmit() {
+                moved = true;
+                a.handle_datagram(now, B, &d, &mut out);
+            }
+            if !moved {
+                break;
+            }
+        }
         let ha = a.peers().next().map(|p| p.handle).expect("a has a tunnel");
         let hb = b.peers().next().map(|p| p.handle).expect("b has a tunnel");
         assert!(b
