@@ -367,6 +367,6 @@ done
 for n in "${notes[@]}"; do echo "Note: $n"; done
 echo
 echo "$(date -u +%Y-%m-%d), $(nproc) cores, kernel $(uname -r), ${secs}s per iperf3 run, medians of $rounds," \
-    "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}'), $([ -n "${BORINGTUN_BIN:-}" ] && "$BORINGTUN_BIN" --version 2>/dev/null | head -1 || echo "boringtun not measured")," \
-    "wireguard-go $([ -n "${WIREGUARD_GO_BIN:-}" ] && "$WIREGUARD_GO_BIN" --version 2>/dev/null | awk '{print $2; exit}' || echo "not measured")," \
+    "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}'), $("$BORINGTUN_BIN" --version 2>/dev/null | head -1)," \
+    "wireguard-go $("$WIREGUARD_GO_BIN" --version 2>/dev/null | awk '{print $2; exit}')," \
     "easytier $([ -n "${EASYTIER_BIN:-}" ] && "$EASYTIER_BIN" --version 2>/dev/null | head -1 || echo "not measured")"
