@@ -4,10 +4,8 @@
 //! Whoever holds it runs a batch that is synchronous and free of I/O: frames and datagrams go
 //! in with `now`; what to send, what to write to which TAP and what the control thread must
 //! hear come out, into the caller's [`Batch`] and the data plane's bounded inbox for the
-//! control thread. The caller makes the system calls after letting go, and the AEAD is not
-//! run under it either: the batch opens data messages before and seals packets after,
-//! holding only the tunnel shard each uses. Nothing here reads a clock, opens a socket or
-//! touches a device.
+//! control thread. The caller makes the system calls after letting go. Nothing here reads a
+//! clock, opens a socket or touches a device.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::Range;

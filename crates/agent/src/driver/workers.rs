@@ -3,30 +3,23 @@
 //! memberships, the services and the control socket.
 //!
 //! Each worker owns one queue of every TAP (`IFF_MULTI_QUEUE`) and one underlay socket (the
-//! sockets share the port with `SO_REUSEPORT`), and waits on them with its own runtime. A
-//! flow stays on one worker in both directions:
-//! - each tunnel has a WireGuard session per worker (its shards, `hyphae_overlay`'s
-//!   `node/shared.rs`); a flow is sealed on the shard a hash of its addresses and ports
-//!   picks (the same both ways), and a program on the socket group
-//!   (`setup::steer_by_shard`) hands shard `k`'s datagrams to worker `k`; everything else
-//!   goes by the kernel's hash of addresses and ports;
+//! sockets share the port with `SO_REUSEPORT`), and waits on them with its own runtime. The
+//! kernel keeps a flow on one worker in both directions:
+//! - the underlay hands each datagram to a socket by a hash of its addresses and ports, so
+//!   everything from one member endpoint reaches one worker, in order;
 //! - that worker writes the member's packets to its own TAP queue, and tun's automatic
 //!   queue selection sends a flow's frames back out on the queue its packets were last
-//!   written on: the reply leaves through the same worker, sealed on the same shard.
-//!
-//! Different flows of one member thus use every worker at both ends.
+//!   written on: the reply leaves through the same worker.
 //!
 //! One turn of a worker:
 //! 1. it reads a batch without any lock (frames from one TAP queue, or one `recvmmsg`/GRO
-//!    batch from its socket), and opens the batch's data messages holding only each one's
-//!    tunnel shard (the AEAD);
-//! 2. it holds the [`DataPlane`] while the batch is checked and switched: no system call,
-//!    no await, no AEAD, no allocation once its buffers have grown; what to send and write
-//!    goes into its [`Batch`], what the control thread must hear into the data plane's
-//!    inbox;
-//! 3. it lets go, seals what it sends (holding only each one's shard), then sends, writes
-//!    (coalescing a member's frames per flow) and wakes the control thread if the batch
-//!    left it work.
+//!    batch from its socket);
+//! 2. it holds the [`DataPlane`] while the batch is switched, encrypted or decrypted: no
+//!    system call, no await, no allocation once its buffers have grown; what to send and
+//!    write goes into its [`Batch`], what the control thread must hear into the data
+//!    plane's inbox;
+//! 3. it lets go, then sends, writes (coalescing a member's frames per flow) and wakes the
+//!    control thread if the batch left it work.
 //!
 //! Worker 0 also sends what the control thread sends (handshakes, hellos, frames that
 //! waited for a lookup): the control thread has no socket, only the bounded outbox.
