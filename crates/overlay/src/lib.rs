@@ -20,7 +20,7 @@ pub use identity::{Identity, PeerId};
 pub use keys::{NamespaceKeys, MIN_SECRET_LEN, TAG_LEN};
 pub use node::{
     DropReason, Event, NamespaceId, Node, Opened, PeerDropReason, PeerHandle, PeerInfo, PeerStats,
-    Received, RelayStats, Sealer, Transmit, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT,
+    Received, RelayStats, Sealer, Transmit, Tunnel, Tunnels,
 };
 
 /// Underlay headers in front of a tunnel datagram, on an IPv6 underlay (the larger):

@@ -202,9 +202,7 @@ impl Control {
             overlay.exclude_network(subnet.into());
         }
         let own = Identity::from_seed(identity.seed());
-        let mut node = Node::new(identity, setup::os_seed()?);
-        // A tunnel's traffic may spread over one WireGuard session per worker.
-        node.set_shards(u8::try_from(sockets.len()).unwrap_or(u8::MAX));
+        let node = Node::new(identity, setup::os_seed()?);
         let (workers, unstarted, outbox) = workers::links(sockets, config.namespaces.len());
         // Bound to one address, the source never changes: nothing to roam.
         let netwatch = if config.agent.listen.ip().is_unspecified() {

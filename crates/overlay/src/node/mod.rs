@@ -72,7 +72,7 @@ pub use peer::{
     RTT_INTERVAL, UNREACHABLE_AFTER,
 };
 pub use relay::{MAX_RELAY_SESSIONS, RELAY_AFTER, RELAY_IDLE, RELAY_RETRY};
-pub use shared::{Opened, Sealer, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT};
+pub use shared::{Opened, Sealer, Tunnel, Tunnels};
 pub use stats::{DropReason, PeerDropReason, PeerStats, RelayStats};
 
 use hello::StaticPeer;
@@ -86,8 +86,7 @@ use stats::DropCounters;
 /// timer of the node (relay, probes, liveness) runs on the same tick.
 pub const TICK: Duration = Duration::from_millis(250);
 
-/// Most tunnels one node holds (receiver indices carry 12 bits of tunnel slot, then 3 of
-/// shard: see `shared.rs`).
+/// Most tunnels one node holds (receiver indices carry 24 bits of tunnel slot).
 pub const MAX_PEERS: usize = 4096;
 
 /// Most control datagrams queued for sending; beyond, the oldest are dropped.
@@ -181,10 +180,8 @@ pub struct PeerInfo<'a> {
     pub endpoint: SocketAddr,
     /// The addresses it announced.
     pub addresses: &'a [Ipv4Addr],
-    /// Time since the last completed handshake (of shard 0).
+    /// Time since the last completed handshake.
     pub handshake_age: Option<Duration>,
-    /// WireGuard sessions sets the tunnel's traffic is spread over (see `shared.rs`).
-    pub shards: usize,
     /// Counters.
     pub stats: &'a PeerStats,
 }
@@ -222,8 +219,6 @@ pub struct Node {
     next_tick: Option<Instant>,
     /// Every tunnel's WireGuard state, shared with the workers.
     tunnels: Arc<Tunnels>,
-    /// Shards this node's tunnels may have (see `shared.rs`).
-    shards: u8,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<Event>,
     drops: DropCounters,
@@ -253,7 +248,6 @@ impl Node {
             next_nonce: 0,
             next_tick: None,
             tunnels: Arc::default(),
-            shards: 1,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             drops: DropCounters::default(),
@@ -264,57 +258,6 @@ impl Node {
     /// The tunnels, for workers that seal and open outside the node (see `shared.rs`).
     pub fn tunnels(&self) -> Arc<Tunnels> {
         Arc::clone(&self.tunnels)
-    }
-
-    /// How many shards this node's tunnels may have (its workers; 1 to
-    /// [`MAX_SHARDS`](crate::wire::MAX_SHARDS)), announced to members from now on.
-    pub fn set_shards(&mut self, shards: u8) {
-        self.shards = shards.clamp(1, crate::wire::MAX_SHARDS);
-    }
-
-    /// Gives the tunnel at `handle` `n` shards (at most what both ends accept), or takes
-    /// those beyond `n` away.
-    pub(super) fn set_tunnel_shards(&mut self, handle: PeerHandle, n: u8) {
-        let n = n.clamp(1, self.shards);
-        let secret = self.x25519_secret.clone();
-        let Some(psk) = self
-            .peer(handle)
-            .and_then(|p| self.namespaces.get(p.ns.0))
-            .map(|ns| ns.keys.psk)
-        else {
-            return;
-        };
-        let tunnels = &self.tunnels;
-        let Some(peer) = self
-            .peers
-            .get_mut(handle.0 as usize)
-            .and_then(Option::as_mut)
-        else {
-            return;
-        };
-        let Ok(theirs) = peer.id.x25519() else {
-            return;
-        };
-        if peer.shards.len() > usize::from(n) {
-            peer.shards.truncate(usize::from(n));
-            tunnels.remove(handle, n);
-            return;
-        }
-        while peer.shards.len() < usize::from(n) {
-            let shard = peer.shards.len() as u8;
-            // No keepalive of its own: shard 0 keeps the path and the member's liveness.
-            let tunn = Tunn::new(
-                secret.clone(),
-                theirs,
-                Some(psk),
-                None,
-                shared::session_index(handle, shard),
-                None,
-            );
-            let tunnel = Arc::new(Tunnel::new(handle, shard, tunn));
-            tunnels.insert(Arc::clone(&tunnel));
-            peer.shards.push(tunnel);
-        }
     }
 
     /// This node's identity.
@@ -472,7 +415,6 @@ impl Node {
                 endpoint: p.endpoint,
                 addresses: &p.addresses,
                 handshake_age: p.tunn().stats().0,
-                shards: p.shards.len(),
                 stats: &p.stats,
             })
         })
@@ -623,11 +565,11 @@ impl Node {
             x25519,
             Some(self.namespaces[ns.0].keys.psk),
             Some(KEEPALIVE_SECS),
-            shared::session_index(handle, 0),
+            handle.0,
             None,
         );
         tracing::debug!(peer = ?id, %endpoint, "tunnel opened");
-        let tunnel = Arc::new(Tunnel::new(handle, 0, tunn));
+        let tunnel = Arc::new(Tunnel::new(handle, tunn));
         self.tunnels.insert(Arc::clone(&tunnel));
         self.peers[slot] = Some(Peer::new(now, ns, id, tunnel, endpoint, initiator));
         self.by_id.insert((ns, id), handle);
@@ -639,7 +581,7 @@ impl Node {
 
     fn remove_peer(&mut self, handle: PeerHandle) -> Option<Peer> {
         let peer = self.peers.get_mut(handle.0 as usize)?.take()?;
-        self.tunnels.remove(handle, 0);
+        self.tunnels.remove(handle);
         self.by_id.remove(&(peer.ns, peer.id));
         self.by_x25519.retain(|_, h| *h != handle);
         self.relays.retain(|_, s| !s.involves(handle));
@@ -878,7 +820,7 @@ mod tests {
         let mut forged = Hello::emit(&keys, &member, false);
         forged[20] ^= 1;
         let mut init = vec![0u8; INIT_PREFIX_LEN + WG_INIT_LEN];
-        emit_init_prefix(&mut init, &stranger.tag(), 0);
+        emit_init_prefix(&mut init, &stranger.tag());
         init[INIT_PREFIX_LEN] = 1;
         let mut relayed = vec![0u8; RELAY_HEADER_LEN + 32];
         emit_relay_header(&mut relayed, 77);

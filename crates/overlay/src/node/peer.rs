@@ -117,9 +117,8 @@ pub(super) enum PathAction {
 pub(super) struct Peer {
     pub(super) ns: NamespaceId,
     pub(super) id: PeerId,
-    /// Its WireGuard state, shared with the workers: shard 0, then the others both ends
-    /// accept (`shared.rs`).
-    pub(super) shards: Vec<Arc<Tunnel>>,
+    /// Its WireGuard state, shared with the workers (`shared.rs`).
+    pub(super) tunnel: Arc<Tunnel>,
     /// The direct path (WireGuard roaming: the last address an authenticated packet came
     /// from directly).
     pub(super) endpoint: SocketAddr,
@@ -173,7 +172,7 @@ impl Peer {
         Self {
             ns,
             id,
-            shards: vec![tunnel],
+            tunnel,
             endpoint,
             relay: None,
             relayed: false,
@@ -211,9 +210,9 @@ impl Peer {
         self.tunn().stats().0.is_some()
     }
 
-    /// The WireGuard state of shard 0 (handshakes on hellos, keepalives, control), locked.
+    /// The WireGuard state, locked.
     pub(super) fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
-        self.shards[0].lock()
+        self.tunnel.lock()
     }
 
     /// With a session, and heard from recently.
@@ -540,7 +539,7 @@ mod tests {
             now,
             NamespaceId(0),
             them.peer_id(),
-            Arc::new(Tunnel::new(PeerHandle(0), 0, tunn)),
+            Arc::new(Tunnel::new(PeerHandle(0), tunn)),
             endpoint,
             initiator,
         )

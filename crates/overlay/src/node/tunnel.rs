@@ -2,14 +2,13 @@
 //! out, framed for the route they take (namespace prefix of an initiation, relay header).
 
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::time::Instant;
 
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 
 use super::peer::{tunnel_error, Route};
-use super::shared::{self, frame_outgoing, Opened, Sealer, Tunnel};
+use super::shared::{frame_outgoing, Opened, Sealer, Tunnel};
 use super::stats::{DropReason, PeerDropReason};
 use super::{NamespaceId, Node, PeerHandle, Received, Transmit, SEND_HEADROOM};
 use crate::keys::TAG_LEN;
@@ -28,11 +27,7 @@ impl Node {
         out: &mut [u8],
     ) -> Received {
         match message {
-            TunnelMessage::Init {
-                tag,
-                shard,
-                message,
-            } => self.handle_init(now, route, &tag, shard, message),
+            TunnelMessage::Init { tag, message } => self.handle_init(now, route, &tag, message),
             TunnelMessage::WireGuard {
                 kind,
                 receiver,
@@ -59,23 +54,19 @@ impl Node {
         datagram: &[u8],
         out: &mut [u8],
     ) -> Received {
-        // Our receiver indices carry the tunnel slot and shard above boringtun's counter.
-        let (handle, shard) = shared::parse_receiver(receiver);
+        // Our receiver indices carry the tunnel slot above boringtun's 8-bit counter.
+        let handle = PeerHandle(receiver >> 8);
         if !self.route_matches(route, handle) {
             return Received::Dropped(DropReason::UnknownSession);
         }
-        let Some(tunnel) = self
-            .peer(handle)
-            .and_then(|p| p.shards.get(usize::from(shard)))
-            .cloned()
-        else {
+        let Some(peer) = self.peer_mut(handle) else {
             return Received::Dropped(DropReason::UnknownSession);
         };
         if out.len() < datagram.len() {
             return Received::PeerDropped(handle, PeerDropReason::TooLarge);
         }
-        let result = tunnel
-            .lock()
+        let result = peer
+            .tunn()
             .decapsulate(Some(route.source_ip()), datagram, out);
         // Only what the member's keys produced may refresh its endpoint and liveness: a
         // decrypted packet or keepalive, or a handshake response that completed. A cookie
@@ -90,7 +81,6 @@ impl Node {
                 self.queue_routed(route, &reply);
                 // Our handshake completed: send what was waiting for it.
                 let pending = completed
-                    && shard == 0
                     && self
                         .peer_mut(handle)
                         .is_some_and(|p| std::mem::take(&mut p.announce_pending));
@@ -112,7 +102,7 @@ impl Node {
                 peer.heard(now, route);
             }
         }
-        self.flush_tunnel(handle, shard);
+        self.flush_tunnel(handle);
         received
     }
 
@@ -186,7 +176,7 @@ impl Node {
                     if let Some(peer) = self.peer_mut(handle) {
                         peer.heard(now, route);
                     }
-                    self.flush_tunnel(handle, tunnel.shard());
+                    self.flush_tunnel(handle);
                     received
                 }
             }
@@ -195,42 +185,25 @@ impl Node {
         received
     }
 
-    /// Whether `tunnel` is a shard of the node's tunnel at its handle (not one removed
-    /// since).
-    fn is_current(&self, tunnel: &Arc<Tunnel>) -> bool {
-        self.peer(tunnel.handle()).is_some_and(|p| {
-            p.shards
-                .get(usize::from(tunnel.shard()))
-                .is_some_and(|t| Arc::ptr_eq(t, tunnel))
-        })
+    /// Whether `tunnel` is the node's tunnel at its handle (not one removed since).
+    fn is_current(&self, tunnel: &std::sync::Arc<Tunnel>) -> bool {
+        self.peer(tunnel.handle())
+            .is_some_and(|p| std::sync::Arc::ptr_eq(&p.tunnel, tunnel))
     }
 
-    /// A sealer for `handle` on its current route, on the shard of `packet`'s flow
-    /// ([`Sealer::seal`] then encrypts outside the node); counts `packet` as sent to the
-    /// member, as [`Node::send`] does. `None` without such a tunnel.
+    /// A sealer for `handle` on its current route ([`Sealer::seal`] then encrypts outside
+    /// the node); counts `packet` as sent to the member, as [`Node::send`] does. `None`
+    /// without such a tunnel.
     pub fn sealer(&mut self, handle: PeerHandle, packet: &[u8]) -> Option<Sealer> {
         let route = self.route(handle)?;
         let peer = self.peer_mut(handle)?;
-        let control = is_control(packet);
-        if !control {
+        if !is_control(packet) {
             peer.stats.tx_packets += 1;
             peer.stats.tx_bytes += packet.len() as u64;
         }
-        let shard = if control {
-            0
-        } else {
-            shared::flow_shard(packet, peer.shards.len())
-        };
-        let tunnel = Arc::clone(&peer.shards[shard]);
-        let fallback = (shard > 0).then(|| Arc::clone(&peer.shards[0]));
-        let ns = peer.ns;
+        let (tunnel, ns) = (std::sync::Arc::clone(&peer.tunnel), peer.ns);
         let tag = self.namespaces[ns.0].keys.tag();
-        Some(Sealer {
-            tunnel,
-            fallback,
-            route,
-            tag,
-        })
+        Some(Sealer { tunnel, route, tag })
     }
 
     fn handle_init(
@@ -238,12 +211,8 @@ impl Node {
         now: Instant,
         route: Route,
         tag: &[u8; TAG_LEN],
-        shard: u8,
         message: &[u8],
     ) -> Received {
-        if shard >= self.shards {
-            return Received::Dropped(DropReason::UnknownSession);
-        }
         let Some(ns) = self.namespace_by_tag(tag) else {
             return Received::Dropped(DropReason::UnknownNamespace);
         };
@@ -259,23 +228,12 @@ impl Node {
         if !self.route_matches(route, handle) {
             return Received::Dropped(DropReason::UnknownSession);
         }
-        // The member starts a shard we have not made yet (its announcement said how many it
-        // accepts, ours may not have reached it): made now, up to what we accept.
-        if self
-            .peer(handle)
-            .is_some_and(|p| p.shards.len() <= usize::from(shard))
-        {
-            self.set_tunnel_shards(handle, shard + 1);
-        }
         let Some(peer) = self.peer_mut(handle) else {
             return Received::Dropped(DropReason::UnknownPeer);
         };
-        let Some(tunnel) = peer.shards.get(usize::from(shard)).cloned() else {
-            return Received::Dropped(DropReason::UnknownSession);
-        };
         let mut buf = [0u8; 256];
-        let result = tunnel
-            .lock()
+        let result = peer
+            .tunn()
             .decapsulate(Some(route.source_ip()), message, &mut buf);
         match result {
             TunnResult::WriteToNetwork(reply) => {
@@ -341,7 +299,7 @@ impl Node {
         let peer = self.peer_mut(handle)?;
         let ns = peer.ns;
         let len = peer.encapsulate(packet, out)?;
-        Some(self.frame_outgoing(ns, 0, route, out, len))
+        Some(self.frame_outgoing(ns, route, out, len))
     }
 
     /// Wraps a WireGuard message lying at `out[SEND_HEADROOM..][..len]` for the wire: the
@@ -349,12 +307,11 @@ impl Node {
     pub(super) fn frame_outgoing(
         &self,
         ns: NamespaceId,
-        shard: u8,
         route: Route,
         out: &mut [u8],
         len: usize,
     ) -> Transmit {
-        frame_outgoing(&self.namespaces[ns.0].keys.tag(), shard, route, out, len)
+        frame_outgoing(&self.namespaces[ns.0].keys.tag(), route, out, len)
     }
 
     /// Queues a datagram built elsewhere (a reply boringtun produced) on `route`.
@@ -370,26 +327,23 @@ impl Node {
         }
     }
 
-    /// Sends what a tunnel's shard queued while it had no session (boringtun: repeat
-    /// decapsulate with an empty datagram until it is done).
-    fn flush_tunnel(&mut self, handle: PeerHandle, shard: u8) {
+    /// Sends what a tunnel queued while it had no session (boringtun: repeat decapsulate
+    /// with an empty datagram until it is done).
+    fn flush_tunnel(&mut self, handle: PeerHandle) {
         let mut buf = std::mem::take(&mut self.scratch);
         while let Some(route) = self.route(handle) {
-            let Some(peer) = self.peer(handle) else {
-                break;
-            };
-            let Some(tunnel) = peer.shards.get(usize::from(shard)) else {
+            let Some(peer) = self.peer_mut(handle) else {
                 break;
             };
             let ns = peer.ns;
-            let len = match tunnel
-                .lock()
+            let len = match peer
+                .tunn()
                 .decapsulate(None, &[], &mut buf[SEND_HEADROOM..])
             {
                 TunnResult::WriteToNetwork(d) => d.len(),
                 _ => break,
             };
-            let t = self.frame_outgoing(ns, shard, route, &mut buf, len);
+            let t = self.frame_outgoing(ns, route, &mut buf, len);
             self.queue_transmit(t.to, buf[t.range].to_vec());
         }
         self.scratch = buf;
@@ -404,37 +358,22 @@ impl Node {
         self.scratch = buf;
     }
 
-    /// Runs boringtun's timers of every tunnel shard (handshake retries, rekeying,
-    /// keepalives) and sends what they produce. The initiator of a tunnel with a session
-    /// starts the handshake of each other shard that has none (only one side initiates:
-    /// see `restart_handshake`).
+    /// Runs boringtun's timers of every tunnel (handshake retries, rekeying, keepalives)
+    /// and sends what they produce.
     pub(super) fn run_tunnel_timers(&mut self) {
         let mut buf = std::mem::take(&mut self.scratch);
         for handle in self.handles().collect::<Vec<_>>() {
             let Some(route) = self.route(handle) else {
                 continue;
             };
-            let Some(peer) = self.peer(handle) else {
+            let Some(peer) = self.peer_mut(handle) else {
                 continue;
             };
-            let (ns, shards) = (peer.ns, peer.shards.clone());
-            let start_shards = peer.initiator && peer.has_session();
-            for tunnel in shards {
-                let mut tunn = tunnel.lock();
-                let mut result = tunn.update_timers(&mut buf[SEND_HEADROOM..]);
-                if start_shards
-                    && tunnel.shard() > 0
-                    && !matches!(result, TunnResult::WriteToNetwork(_))
-                    && tunn.time_since_last_handshake().is_none()
-                {
-                    result = tunn.format_handshake_initiation(&mut buf[SEND_HEADROOM..], false);
-                }
-                let len = match result {
-                    TunnResult::WriteToNetwork(d) => d.len(),
-                    _ => continue,
-                };
-                drop(tunn);
-                let t = self.frame_outgoing(ns, tunnel.shard(), route, &mut buf, len);
+            let ns = peer.ns;
+            let result = peer.tunn().update_timers(&mut buf[SEND_HEADROOM..]);
+            if let TunnResult::WriteToNetwork(d) = result {
+                let len = d.len();
+                let t = self.frame_outgoing(ns, route, &mut buf, len);
                 self.queue_transmit(t.to, buf[t.range].to_vec());
             }
         }
