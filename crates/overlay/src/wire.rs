@@ -288,12 +288,12 @@ fn hello_mac(keys: &NamespaceKeys, msg: &[u8]) -> Blake2sMac<U16> {
 
 /// Writes the prefix of a wrapped initiation in front of the WireGuard initiation that
 /// starts at `buf[INIT_PREFIX_LEN..]`.
-pub fn emit_init_prefix(buf: &mut [u8], tag: &[u8; TAG_LEN]) {
+pub fn emit_init_prefix(buf: &mut [u8], keys: &NamespaceKeys) {
     buf[0] = KIND_INIT;
     buf[1] = VERSION;
     buf[2] = 0;
     buf[3] = 0;
-    buf[4..INIT_PREFIX_LEN].copy_from_slice(tag);
+    buf[4..INIT_PREFIX_LEN].copy_from_slice(&keys.tag);
 }
 
 /// Writes a relay header for `session` into `buf[..RELAY_HEADER_LEN]`.
@@ -617,7 +617,7 @@ mod tests {
         }
 
         let mut init = vec![0u8; INIT_PREFIX_LEN + WG_INIT_LEN];
-        emit_init_prefix(&mut init, &keys.tag());
+        emit_init_prefix(&mut init, &keys);
         init[INIT_PREFIX_LEN] = KIND_WG_INIT;
         assert_eq!(
             Datagram::parse(&init),

@@ -476,7 +476,7 @@ impl Control {
         let tunnels = {
             let mut dp = lock(&self.dp);
             dp.handle_timeout(now, &mut self.batch)
-                .then(|| data::TunnelList::of(&dp.node))
+                .then(|| data::Tunnels::of(&dp.node))
         };
         if let Some(tunnels) = tunnels {
             // The node ticks while it has tunnels: note whom the source address reaches and
@@ -578,7 +578,6 @@ impl Control {
     /// Carries out what this thread's turns left in its batch, with the data plane let go:
     /// datagrams to worker 0's outbox, frames to each namespace's first TAP queue.
     pub(crate) fn carry_out(&mut self) {
-        self.batch.seal_pending();
         for (to, range) in &self.batch.sends {
             let datagram = self.batch.datagram(range).to_vec();
             if self.outbox.try_send((*to, datagram)).is_err() {
@@ -687,7 +686,7 @@ impl Control {
 impl Control {
     /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
     /// restart contacts them at once (see [`setup::remembered_members`]).
-    fn remember_members(&mut self, i: usize, tunnels: &data::TunnelList) {
+    fn remember_members(&mut self, i: usize, tunnels: &data::Tunnels) {
         let mut members: Vec<(PeerId, SocketAddr)> = tunnels
             .0
             .iter()

@@ -34,7 +34,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use hyphae_overlay::Tunnels;
 use hyphae_vswitch::offload::{Coalescer, Offer, VirtioHeader, VIRTIO_HEADER_LEN};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -234,10 +233,8 @@ pub(crate) fn spawn(
     fatal: &mpsc::Sender<String>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>> {
     let mut threads = Vec::new();
-    let tunnels = lock(shared).node.tunnels();
     for (index, w) in workers.into_iter().enumerate() {
         let shared = shared.clone();
-        let tunnels = tunnels.clone();
         let mut guard = ExitGuard {
             index,
             fatal: fatal.clone(),
@@ -281,7 +278,6 @@ pub(crate) fn spawn(
                     let _ = ready_tx.send(Ok(()));
                     let mut worker = Worker {
                         shared,
-                        tunnels,
                         underlay,
                         taps: Vec::new(),
                         rx: vec![0; TAP_BATCH_BYTES],
@@ -330,8 +326,6 @@ enum Wake {
 
 struct Worker {
     shared: Shared,
-    /// The tunnels, to seal and open with outside the data plane.
-    tunnels: Arc<Tunnels>,
     underlay: Underlay,
     /// Its queue of each namespace's TAP, by namespace index.
     taps: Vec<Option<Queue>>,
@@ -415,8 +409,7 @@ impl Worker {
         self.report_underlay();
     }
 
-    /// Datagrams from the socket: one batch read and its data messages opened without the
-    /// data plane, then checked and switched with it.
+    /// Datagrams from the socket: one batch read without the data plane, handled with it.
     async fn carry_datagrams(&mut self) {
         match self.underlay.try_recv() {
             Ok(true) => {}
@@ -430,7 +423,6 @@ impl Worker {
         self.counters
             .datagrams_in
             .fetch_add(count as u64, Ordering::Relaxed);
-        self.batch.open(&self.tunnels, self.underlay.datagrams());
         let wake = {
             let (mut dp, now) = enter(&self.shared, &mut self.taps, &self.counters);
             dp.handle_datagrams(now, self.underlay.datagrams(), &mut self.batch);
@@ -453,13 +445,12 @@ impl Worker {
         self.carry_out(wake).await;
     }
 
-    /// After the data plane is let go: wakes the control thread if asked, seals, sends and
-    /// writes what the batch holds, then tells `hyphae status` what the underlay did.
+    /// After the data plane is let go: wakes the control thread if asked, sends and writes
+    /// what the batch holds, then tells `hyphae status` what the underlay did.
     async fn carry_out(&mut self, wake_control: bool) {
         if wake_control {
             self.poke.notify_one();
         }
-        self.batch.seal_pending();
         for (to, range) in &self.batch.sends {
             self.underlay.push(*to, self.batch.datagram(range)).await;
         }

@@ -48,14 +48,12 @@ mod hello;
 mod peer;
 mod relay;
 mod roam;
-mod shared;
 mod stats;
 mod tunnel;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::Range;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boringtun::noise::Tunn;
@@ -72,7 +70,6 @@ pub use peer::{
     RTT_INTERVAL, UNREACHABLE_AFTER,
 };
 pub use relay::{MAX_RELAY_SESSIONS, RELAY_AFTER, RELAY_IDLE, RELAY_RETRY};
-pub use shared::{Opened, Sealer, Tunnel, Tunnels};
 pub use stats::{DropReason, PeerDropReason, PeerStats, RelayStats};
 
 use hello::StaticPeer;
@@ -217,8 +214,6 @@ pub struct Node {
     /// When the tunnels' timers are due next ([`TICK`] after the last run); `None` while
     /// there is no tunnel.
     next_tick: Option<Instant>,
-    /// Every tunnel's WireGuard state, shared with the workers.
-    tunnels: Arc<Tunnels>,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<Event>,
     drops: DropCounters,
@@ -247,17 +242,11 @@ impl Node {
             underlay_changes: 0,
             next_nonce: 0,
             next_tick: None,
-            tunnels: Arc::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             drops: DropCounters::default(),
             scratch: vec![0; SCRATCH_LEN],
         }
-    }
-
-    /// The tunnels, for workers that seal and open outside the node (see `shared.rs`).
-    pub fn tunnels(&self) -> Arc<Tunnels> {
-        Arc::clone(&self.tunnels)
     }
 
     /// This node's identity.
@@ -414,7 +403,7 @@ impl Node {
                 id: p.id,
                 endpoint: p.endpoint,
                 addresses: &p.addresses,
-                handshake_age: p.tunn().stats().0,
+                handshake_age: p.tunn.stats().0,
                 stats: &p.stats,
             })
         })
@@ -474,13 +463,7 @@ impl Node {
                 inner,
             }) => self.handle_relayed(now, from, session, bytes, inner, out),
         };
-        self.count(&received);
-        received
-    }
-
-    /// Counts a dropped datagram under its reason: the node's, or its tunnel's.
-    fn count(&mut self, received: &Received) {
-        match received {
+        match &received {
             Received::Dropped(reason) => self.drops.count(*reason),
             Received::PeerDropped(peer, reason) => {
                 if let Some(p) = self.peer_mut(*peer) {
@@ -489,6 +472,7 @@ impl Node {
             }
             Received::Deliver { .. } | Received::Consumed => {}
         }
+        received
     }
 
     /// Encrypts an IPv4 packet for `peer` into `out`, leaving the first [`SEND_HEADROOM`]
@@ -569,9 +553,7 @@ impl Node {
             None,
         );
         tracing::debug!(peer = ?id, %endpoint, "tunnel opened");
-        let tunnel = Arc::new(Tunnel::new(handle, tunn));
-        self.tunnels.insert(Arc::clone(&tunnel));
-        self.peers[slot] = Some(Peer::new(now, ns, id, tunnel, endpoint, initiator));
+        self.peers[slot] = Some(Peer::new(now, ns, id, tunn, endpoint, initiator));
         self.by_id.insert((ns, id), handle);
         self.by_x25519.insert((ns, x25519.to_bytes()), handle);
         // boringtun's timers start with the tunnel.
@@ -581,7 +563,6 @@ impl Node {
 
     fn remove_peer(&mut self, handle: PeerHandle) -> Option<Peer> {
         let peer = self.peers.get_mut(handle.0 as usize)?.take()?;
-        self.tunnels.remove(handle);
         self.by_id.remove(&(peer.ns, peer.id));
         self.by_x25519.retain(|_, h| *h != handle);
         self.relays.retain(|_, s| !s.involves(handle));
@@ -820,7 +801,7 @@ mod tests {
         let mut forged = Hello::emit(&keys, &member, false);
         forged[20] ^= 1;
         let mut init = vec![0u8; INIT_PREFIX_LEN + WG_INIT_LEN];
-        emit_init_prefix(&mut init, &stranger.tag());
+        emit_init_prefix(&mut init, &stranger);
         init[INIT_PREFIX_LEN] = 1;
         let mut relayed = vec![0u8; RELAY_HEADER_LEN + 32];
         emit_relay_header(&mut relayed, 77);

@@ -7,7 +7,6 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boringtun::noise::errors::WireGuardError;
@@ -15,7 +14,6 @@ use boringtun::noise::{Tunn, TunnResult};
 
 use super::hello::{ANNOUNCE_INTERVAL, HELLO_INTERVAL};
 use super::relay::{RELAY_AFTER, RELAY_RETRY};
-use super::shared::Tunnel;
 use super::stats::{DropReason, PeerDropReason, PeerStats};
 use super::{NamespaceId, PeerHandle, Received, SEND_HEADROOM};
 use crate::wire::{self, is_control, WG_DATA_OVERHEAD};
@@ -117,8 +115,7 @@ pub(super) enum PathAction {
 pub(super) struct Peer {
     pub(super) ns: NamespaceId,
     pub(super) id: PeerId,
-    /// Its WireGuard state, shared with the workers (`shared.rs`).
-    pub(super) tunnel: Arc<Tunnel>,
+    pub(super) tunn: Tunn,
     /// The direct path (WireGuard roaming: the last address an authenticated packet came
     /// from directly).
     pub(super) endpoint: SocketAddr,
@@ -165,14 +162,14 @@ impl Peer {
         now: Instant,
         ns: NamespaceId,
         id: PeerId,
-        tunnel: Arc<Tunnel>,
+        tunn: Tunn,
         endpoint: SocketAddr,
         initiator: bool,
     ) -> Self {
         Self {
             ns,
             id,
-            tunnel,
+            tunn,
             endpoint,
             relay: None,
             relayed: false,
@@ -207,12 +204,7 @@ impl Peer {
 
     /// A handshake completed and its session has not expired.
     pub(super) fn has_session(&self) -> bool {
-        self.tunn().stats().0.is_some()
-    }
-
-    /// The WireGuard state, locked.
-    pub(super) fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
-        self.tunnel.lock()
+        self.tunn.stats().0.is_some()
     }
 
     /// With a session, and heard from recently.
@@ -251,7 +243,7 @@ impl Peer {
             self.stats.count_drop(PeerDropReason::TooLarge);
             return None;
         }
-        let len = match self.tunn().encapsulate(packet, &mut out[SEND_HEADROOM..]) {
+        let len = match self.tunn.encapsulate(packet, &mut out[SEND_HEADROOM..]) {
             TunnResult::WriteToNetwork(d) => d.len(),
             _ => return None,
         };
@@ -265,7 +257,7 @@ impl Peer {
     /// Writes a fresh handshake initiation into `out[SEND_HEADROOM..]`; its length.
     pub(super) fn format_initiation(&mut self, out: &mut [u8]) -> Option<usize> {
         match self
-            .tunn()
+            .tunn
             .format_handshake_initiation(&mut out[SEND_HEADROOM..], true)
         {
             TunnResult::WriteToNetwork(d) => Some(d.len()),
@@ -539,7 +531,7 @@ mod tests {
             now,
             NamespaceId(0),
             them.peer_id(),
-            Arc::new(Tunnel::new(PeerHandle(0), tunn)),
+            tunn,
             endpoint,
             initiator,
         )
@@ -547,7 +539,7 @@ mod tests {
 
     /// A tunnel whose handshake with the member completed.
     fn handshaken(now: Instant) -> Peer {
-        let p = peer(now, true);
+        let mut p = peer(now, true);
         let me = Identity::from_seed([1; 32]);
         let them = Identity::from_seed([2; 32]);
         let mut remote = Tunn::new(
@@ -559,16 +551,14 @@ mod tests {
             None,
         );
         let (mut a, mut b) = ([0u8; 256], [0u8; 256]);
-        let mut tunn = p.tunn();
-        let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut a, false)
+        let TunnResult::WriteToNetwork(init) = p.tunn.format_handshake_initiation(&mut a, false)
         else {
             panic!("no initiation");
         };
         let TunnResult::WriteToNetwork(response) = remote.decapsulate(None, init, &mut b) else {
             panic!("no response");
         };
-        let _ = tunn.decapsulate(None, response, &mut a);
-        drop(tunn);
+        let _ = p.tunn.decapsulate(None, response, &mut a);
         assert!(p.has_session());
         p
     }

@@ -8,13 +8,12 @@ use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 
 use super::peer::{tunnel_error, Route};
-use super::shared::{frame_outgoing, Opened, Sealer, Tunnel};
 use super::stats::{DropReason, PeerDropReason};
 use super::{NamespaceId, Node, PeerHandle, Received, Transmit, SEND_HEADROOM};
 use crate::keys::TAG_LEN;
 use crate::wire::{
-    emit_relay_header, is_control, Control, TunnelMessage, KIND_WG_DATA, KIND_WG_RESPONSE,
-    RELAY_HEADER_LEN,
+    emit_init_prefix, emit_relay_header, is_control, Control, TunnelMessage, INIT_PREFIX_LEN,
+    KIND_WG_DATA, KIND_WG_INIT, KIND_WG_RESPONSE, RELAY_HEADER_LEN,
 };
 
 impl Node {
@@ -66,7 +65,7 @@ impl Node {
             return Received::PeerDropped(handle, PeerDropReason::TooLarge);
         }
         let result = peer
-            .tunn()
+            .tunn
             .decapsulate(Some(route.source_ip()), datagram, out);
         // Only what the member's keys produced may refresh its endpoint and liveness: a
         // decrypted packet or keepalive, or a handshake response that completed. A cookie
@@ -90,7 +89,25 @@ impl Node {
                 (Received::Consumed, completed)
             }
             TunnResult::WriteToTunnelV4(packet, src) => {
-                (self.take_packet(now, handle, route, packet, src), true)
+                let len = packet.len();
+                let received = if is_control(packet) {
+                    let control = Control::parse(packet);
+                    self.handle_control(now, handle, route, control)
+                } else {
+                    let dst = packet
+                        .get(16..20)
+                        .and_then(|d| <[u8; 4]>::try_from(d).ok())
+                        .map(Ipv4Addr::from);
+                    match peer.accept_packet(now, src, dst, len) {
+                        Ok(()) => Received::Deliver {
+                            ns: peer.ns,
+                            peer: handle,
+                            len,
+                        },
+                        Err(reason) => Received::PeerDropped(handle, reason),
+                    }
+                };
+                (received, true)
             }
             TunnResult::WriteToTunnelV6(..) => (
                 Received::PeerDropped(handle, PeerDropReason::BadPayload),
@@ -104,106 +121,6 @@ impl Node {
         }
         self.flush_tunnel(handle);
         received
-    }
-
-    /// A packet the member's tunnel opened, by `route`: an in-tunnel control message, or a
-    /// host packet delivered if the member owns its source `src`.
-    pub(super) fn take_packet(
-        &mut self,
-        now: Instant,
-        handle: PeerHandle,
-        route: Route,
-        packet: &[u8],
-        src: Ipv4Addr,
-    ) -> Received {
-        if is_control(packet) {
-            let control = Control::parse(packet);
-            return self.handle_control(now, handle, route, control);
-        }
-        let Some(peer) = self.peer_mut(handle) else {
-            return Received::Dropped(DropReason::UnknownSession);
-        };
-        let dst = packet
-            .get(16..20)
-            .and_then(|d| <[u8; 4]>::try_from(d).ok())
-            .map(Ipv4Addr::from);
-        match peer.accept_packet(now, src, dst, packet.len()) {
-            Ok(()) => Received::Deliver {
-                ns: peer.ns,
-                peer: handle,
-                len: packet.len(),
-            },
-            Err(reason) => Received::PeerDropped(handle, reason),
-        }
-    }
-
-    /// What a worker's [`Tunnels::open`](super::Tunnels::open) made of a datagram that came
-    /// directly from `from`: a packet it opened (lying at the start of `out`) is taken as
-    /// [`Node::handle_datagram`] takes one, if its tunnel is still this node's at that
-    /// handle. Counted as there.
-    pub fn accept(
-        &mut self,
-        now: Instant,
-        from: std::net::SocketAddr,
-        opened: Opened,
-        out: &[u8],
-    ) -> Received {
-        let received = match opened {
-            Opened::NotData => Received::Dropped(DropReason::Malformed),
-            Opened::UnknownSession => Received::Dropped(DropReason::UnknownSession),
-            Opened::Refused { tunnel, received } => {
-                if self.is_current(&tunnel) {
-                    received
-                } else {
-                    Received::Dropped(DropReason::UnknownSession)
-                }
-            }
-            Opened::Packet { tunnel, len } => {
-                let handle = tunnel.handle();
-                if !self.is_current(&tunnel) {
-                    Received::Dropped(DropReason::UnknownSession)
-                } else {
-                    let route = Route::Direct(from);
-                    let received = match out.get(..len).filter(|p| p.len() >= 20) {
-                        // A keepalive.
-                        None if len == 0 => Received::Consumed,
-                        None => Received::PeerDropped(handle, PeerDropReason::BadPayload),
-                        Some(packet) => {
-                            let src = Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]);
-                            self.take_packet(now, handle, route, packet, src)
-                        }
-                    };
-                    if let Some(peer) = self.peer_mut(handle) {
-                        peer.heard(now, route);
-                    }
-                    self.flush_tunnel(handle);
-                    received
-                }
-            }
-        };
-        self.count(&received);
-        received
-    }
-
-    /// Whether `tunnel` is the node's tunnel at its handle (not one removed since).
-    fn is_current(&self, tunnel: &std::sync::Arc<Tunnel>) -> bool {
-        self.peer(tunnel.handle())
-            .is_some_and(|p| std::sync::Arc::ptr_eq(&p.tunnel, tunnel))
-    }
-
-    /// A sealer for `handle` on its current route ([`Sealer::seal`] then encrypts outside
-    /// the node); counts `packet` as sent to the member, as [`Node::send`] does. `None`
-    /// without such a tunnel.
-    pub fn sealer(&mut self, handle: PeerHandle, packet: &[u8]) -> Option<Sealer> {
-        let route = self.route(handle)?;
-        let peer = self.peer_mut(handle)?;
-        if !is_control(packet) {
-            peer.stats.tx_packets += 1;
-            peer.stats.tx_bytes += packet.len() as u64;
-        }
-        let (tunnel, ns) = (std::sync::Arc::clone(&peer.tunnel), peer.ns);
-        let tag = self.namespaces[ns.0].keys.tag();
-        Some(Sealer { tunnel, route, tag })
     }
 
     fn handle_init(
@@ -232,10 +149,10 @@ impl Node {
             return Received::Dropped(DropReason::UnknownPeer);
         };
         let mut buf = [0u8; 256];
-        let result = peer
-            .tunn()
-            .decapsulate(Some(route.source_ip()), message, &mut buf);
-        match result {
+        match peer
+            .tunn
+            .decapsulate(Some(route.source_ip()), message, &mut buf)
+        {
             TunnResult::WriteToNetwork(reply) => {
                 // A response means the initiation verified: it was made with the member's
                 // static key and a fresh timestamp. A cookie (under load) proves nothing.
@@ -311,7 +228,19 @@ impl Node {
         out: &mut [u8],
         len: usize,
     ) -> Transmit {
-        frame_outgoing(&self.namespaces[ns.0].keys.tag(), route, out, len)
+        let mut start = SEND_HEADROOM;
+        if out[SEND_HEADROOM] == KIND_WG_INIT {
+            start -= INIT_PREFIX_LEN;
+            emit_init_prefix(&mut out[start..], &self.namespaces[ns.0].keys);
+        }
+        if let Route::Relay { session, .. } = route {
+            start -= RELAY_HEADER_LEN;
+            emit_relay_header(&mut out[start..], session);
+        }
+        Transmit {
+            to: route.addr(),
+            range: start..SEND_HEADROOM + len,
+        }
     }
 
     /// Queues a datagram built elsewhere (a reply boringtun produced) on `route`.
@@ -336,10 +265,7 @@ impl Node {
                 break;
             };
             let ns = peer.ns;
-            let len = match peer
-                .tunn()
-                .decapsulate(None, &[], &mut buf[SEND_HEADROOM..])
-            {
+            let len = match peer.tunn.decapsulate(None, &[], &mut buf[SEND_HEADROOM..]) {
                 TunnResult::WriteToNetwork(d) => d.len(),
                 _ => break,
             };
@@ -370,8 +296,9 @@ impl Node {
                 continue;
             };
             let ns = peer.ns;
-            let result = peer.tunn().update_timers(&mut buf[SEND_HEADROOM..]);
-            if let TunnResult::WriteToNetwork(d) = result {
+            if let TunnResult::WriteToNetwork(d) =
+                peer.tunn.update_timers(&mut buf[SEND_HEADROOM..])
+            {
                 let len = d.len();
                 let t = self.frame_outgoing(ns, route, &mut buf, len);
                 self.queue_transmit(t.to, buf[t.range].to_vec());
