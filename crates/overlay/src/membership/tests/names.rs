@@ -107,6 +107,14 @@ fn a_dhcp_clients_name_is_held_for_its_address_and_released_with_it() {
     assert_eq!(net.holder(&keys().name_key("charlie")), None);
 }
 
+/// How many reads of `address`'s holder member `m` finished since the last call.
+fn holder_reads(net: &mut Net, m: usize, address: Ipv4Addr) -> usize {
+    net.take_events(m)
+        .iter()
+        .filter(|e| matches!(e, Event::HolderRead { address: a, .. } if *a == address))
+        .count()
+}
+
 #[test]
 fn member_names_are_read_once_a_minute_and_forgotten_with_the_tunnel() {
     let mut net = Net::new();
@@ -116,12 +124,7 @@ fn member_names_are_read_once_a_minute_and_forgotten_with_the_tunnel() {
     let b = net.add(config(Address::Static(ip(11))), 2);
     net.run_for(Duration::from_secs(1));
     assert_eq!(net.members[a].address_for("web"), Some(ip(10)));
-    let reads = |net: &mut Net| {
-        net.take_events(b)
-            .iter()
-            .filter(|e| matches!(e, Event::HolderRead { address, .. } if *address == ip(10)))
-            .count()
-    };
+    let reads = |net: &mut Net| holder_reads(net, b, ip(10));
     let _ = reads(&mut net);
 
     // The first refresh reads the name; the answer shows from then on.
@@ -166,12 +169,7 @@ fn a_member_without_a_name_yet_is_read_again_within_seconds() {
     let a = net.add(config(Address::Static(ip(10))), 1);
     let b = net.add(config(Address::Static(ip(11))), 2);
     net.run_for(Duration::from_secs(1));
-    let reads = |net: &mut Net| {
-        net.take_events(b)
-            .iter()
-            .filter(|e| matches!(e, Event::HolderRead { address, .. } if *address == ip(10)))
-            .count()
-    };
+    let reads = |net: &mut Net| holder_reads(net, b, ip(10));
     let _ = reads(&mut net);
 
     // a has not named itself: the read finds no name.
