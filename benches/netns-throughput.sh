@@ -86,7 +86,9 @@ for side in A B; do
     hyphae_config $side af_xdp
     for w in ${HYPHAE_WORKERS:-}; do hyphae_config $side socket "$w"; done
 done
+declare -A hyphae_bin hyphae_cfg
 start_hyphae() { # row binary underlay
+    hyphae_bin[$1]=$2; hyphae_cfg[$1]=$3
     HYPHAE_LOG=warn ip netns exec "$A" "$2" up -c "$dir/A-$3.toml" >>"$dir/$1-A.log" 2>&1 &
     pids+=($!); daemons[$1]=$!
     HYPHAE_LOG=warn ip netns exec "$B" "$2" up -c "$dir/B-$3.toml" >>"$dir/$1-B.log" 2>&1 &
@@ -178,8 +180,9 @@ iperf_pps() { # dst
     jq '.end.sum | (.packets - .lost_packets) / .seconds' "$dir/udp-server.json"
 }
 
+# 50 pings 20 ms apart: the average and the largest round trip (ms), "avg max".
 rtt() {
-    inA ping -c 50 -i 0.02 -q "$1" | awk -F/ '/^rtt/ { print $5 }'
+    inA ping -c 50 -i 0.02 -q "$1" | awk -F/ '/^rtt/ { print $5, $6 }'
 }
 
 # Peak RSS (MB) of each of the row's daemons while a 4-stream run goes on; prints "a / b".
@@ -203,34 +206,70 @@ rss_under_load() { # row dst
     echo "$out"
 }
 
-declare -A one four pps ping rss cpu
+# Per worker of a hyphae row: A's frames read from its TAP queues and B's datagrams received,
+# as `hyphae status --json` counts them; prints "A a0,a1,... B b0,b1,...".
+worker_counts() { # row
+    local a b
+    a=$("${hyphae_bin[$1]}" status --json -c "$dir/A-${hyphae_cfg[$1]}.toml" 2>/dev/null |
+        jq -r '[.workers[].frames_in] | join(",")')
+    b=$("${hyphae_bin[$1]}" status --json -c "$dir/B-${hyphae_cfg[$1]}.toml" 2>/dev/null |
+        jq -r '[.workers[].datagrams_in] | join(",")')
+    echo "A $a B $b"
+}
+
+# What each worker carried between two worker_counts: "A read x / y, B received x / y".
+worker_split() { # before after
+    awk -v b="$1" -v a="$2" 'BEGIN {
+        split(b, bb, " "); split(a, aa, " ")
+        for (side = 0; side < 2; side++) {
+            n1 = split(bb[2 + 2 * side], x, ","); split(aa[2 + 2 * side], y, ",")
+            out = ""
+            for (i = 1; i <= n1; i++) out = out (i > 1 ? " / " : "") (y[i] - x[i])
+            printf "%s%s %s", (side ? ", " : ""), (side ? "B received" : "A read"), out
+        }
+    }'
+}
+
+declare -A one four pps ping pingmax rss cpu cpu4 split4
 notes=()
 measure() { # row dst
     local row=$1 dst=$2 r a b t0 t1 gbps
     wait_ping "$dst"
-    local ones=() fours=() ppss=() pings=() cpus=()
+    local ones=() fours=() ppss=() pings=() pingmaxes=() cpus=() cpus4=() w0 w1 rt
+    per_gbit() { awk -v t=$(($2 - $1)) -v hz="$(getconf CLK_TCK)" -v g="$3" -v s="$secs" \
+        'BEGIN { if (g > 0) printf "%.3f", t / hz / (g * s); else print "-" }'; }
     for r in $(seq "$rounds"); do
         t0=$(cpu_ticks "$row")
         gbps=$(iperf_tcp "$dst" 1)
         t1=$(cpu_ticks "$row")
         ones+=("$gbps")
-        if [ -n "${daemons[$row]:-}" ]; then
-            cpus+=("$(awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" -v g="$gbps" -v s="$secs" \
-                'BEGIN { if (g > 0) printf "%.3f", t / hz / (g * s); else print "-" }')")
+        [ -n "${daemons[$row]:-}" ] && cpus+=("$(per_gbit "$t0" "$t1" "$gbps")")
+        [ -n "${hyphae_cfg[$row]:-}" ] && w0=$(worker_counts "$row")
+        t0=$(cpu_ticks "$row")
+        gbps=$(iperf_tcp "$dst" 4)
+        t1=$(cpu_ticks "$row")
+        fours+=("$gbps")
+        [ -n "${daemons[$row]:-}" ] && cpus4+=("$(per_gbit "$t0" "$t1" "$gbps")")
+        if [ -n "${hyphae_cfg[$row]:-}" ]; then
+            w1=$(worker_counts "$row")
+            split4[$row]=$(worker_split "$w0" "$w1")
         fi
-        fours+=("$(iperf_tcp "$dst" 4)")
         ppss+=("$(iperf_pps "$dst")")
-        pings+=("$(rtt "$dst")")
+        rt=$(rtt "$dst")
+        pings+=("${rt% *}")
+        pingmaxes+=("${rt#* }")
     done
     one[$row]=$(printf '%s\n' "${ones[@]}" | median)
     four[$row]=$(printf '%s\n' "${fours[@]}" | median)
     pps[$row]=$(printf '%s\n' "${ppss[@]}" | median)
     ping[$row]=$(printf '%s\n' "${pings[@]}" | median)
+    pingmax[$row]=$(printf '%s\n' "${pingmaxes[@]}" | median)
     if [ -n "${daemons[$row]:-}" ]; then
         cpu[$row]=$(printf '%s\n' "${cpus[@]}" | median)
+        cpu4[$row]=$(printf '%s\n' "${cpus4[@]}" | median)
         rss[$row]=$(rss_under_load "$row" "$dst")
     else
-        cpu[$row]="-"; rss[$row]="-"
+        cpu[$row]="-"; cpu4[$row]="-"; rss[$row]="-"
     fi
     printf '%s: 1 stream %.2f Gb/s, 4 streams %.2f Gb/s, 64B UDP %.0f pps, rtt %.3f ms, RSS %s MB, %s CPU s/Gbit\n' \
         "$row" "${one[$row]}" "${four[$row]}" "${pps[$row]}" "${ping[$row]}" "${rss[$row]}" "${cpu[$row]}" >&2
@@ -299,12 +338,16 @@ fi
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f", a / b; else print "-" }'; }
 echo
-echo "| path | TCP 1 stream (Gb/s) | TCP 4 streams (Gb/s) | 64 B UDP (kpps, received) | ping RTT avg (ms) | RSS under 4 streams, A / B (MB) | daemon CPU s per Gbit | 1 stream / VXLAN | 64 B pps / VXLAN |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| path | TCP 1 stream (Gb/s) | TCP 4 streams (Gb/s) | 64 B UDP (kpps, received) | ping RTT avg (ms) | ping max (ms) | RSS under 4 streams, A / B (MB) | daemon CPU s per Gbit, 1 / 4 streams | 1 stream / VXLAN | 64 B pps / VXLAN |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for row in "${rows[@]}"; do
-    printf '| %s | %.2f | %.2f | %.0f | %.3f | %s | %s | %s | %s |\n' "$row" "${one[$row]}" "${four[$row]}" \
-        "$(awk -v p="${pps[$row]}" 'BEGIN { print p / 1000 }')" "${ping[$row]}" "${rss[$row]}" "${cpu[$row]}" \
-        "$(ratio "${one[$row]}" "${one[vxlan]}")" "$(ratio "${pps[$row]}" "${pps[vxlan]}")"
+    printf '| %s | %.2f | %.2f | %.0f | %.3f | %.3f | %s | %s / %s | %s | %s |\n' "$row" "${one[$row]}" "${four[$row]}" \
+        "$(awk -v p="${pps[$row]}" 'BEGIN { print p / 1000 }')" "${ping[$row]}" "${pingmax[$row]}" "${rss[$row]}" "${cpu[$row]}" \
+        "${cpu4[$row]}" "$(ratio "${one[$row]}" "${one[vxlan]}")" "$(ratio "${pps[$row]}" "${pps[vxlan]}")"
+done
+echo
+for row in "${rows[@]}"; do
+    [ -n "${split4[$row]:-}" ] && echo "- $row, the last 4-stream run, per worker: ${split4[$row]}"
 done
 echo
 best=""
@@ -324,6 +367,6 @@ done
 for n in "${notes[@]}"; do echo "Note: $n"; done
 echo
 echo "$(date -u +%Y-%m-%d), $(nproc) cores, kernel $(uname -r), ${secs}s per iperf3 run, medians of $rounds," \
-    "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}'), $("$BORINGTUN_BIN" --version 2>/dev/null | head -1)," \
-    "wireguard-go $("$WIREGUARD_GO_BIN" --version 2>/dev/null | awk '{print $2; exit}')," \
+    "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}'), $([ -n "${BORINGTUN_BIN:-}" ] && "$BORINGTUN_BIN" --version 2>/dev/null | head -1 || echo "boringtun not measured")," \
+    "wireguard-go $([ -n "${WIREGUARD_GO_BIN:-}" ] && "$WIREGUARD_GO_BIN" --version 2>/dev/null | awk '{print $2; exit}' || echo "not measured")," \
     "easytier $([ -n "${EASYTIER_BIN:-}" ] && "$EASYTIER_BIN" --version 2>/dev/null | head -1 || echo "not measured")"

@@ -439,6 +439,10 @@ pub struct PeerStatus {
     pub name: Option<String>,
     /// Seconds since the last completed handshake; null before the first.
     pub handshake_age_secs: Option<f64>,
+    /// WireGuard sessions the tunnel's flows are spread over (shards: as many as both
+    /// agents have workers, at most 8; 1 with an agent that has none).
+    #[serde(default = "one")]
+    pub shards: usize,
     /// Packets received and delivered.
     pub rx_packets: u64,
     /// Bytes received and delivered.
@@ -541,6 +545,11 @@ pub fn peers_json(status: &Status) -> serde_json::Value {
             "peers": ns.peers,
         })).collect::<Vec<_>>()
     })
+}
+
+/// One shard: what a status from an agent before shards means.
+fn one() -> usize {
+    1
 }
 
 fn short(identity: &str) -> &str {
@@ -715,6 +724,9 @@ pub fn render(status: &Status) -> String {
             };
             if p.endpoint_changes > 0 {
                 path += &format!("  endpoint moved {} times", p.endpoint_changes);
+            }
+            if p.shards > 1 {
+                path += &format!("  {} shards", p.shards);
             }
             out += &format!(
                 "  member {}  {}  endpoint {}  {}{path}\n",

@@ -32,6 +32,7 @@ const GAUGES: &[&str] = &[
     "namespaces[].last_handoff_ms",
     "namespaces[].peers[].rtt_ms",
     "namespaces[].peers[].handshake_age_secs",
+    "namespaces[].peers[].shards",
 ];
 
 /// Status fields that are not measurements: the schema version.

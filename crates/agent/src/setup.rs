@@ -89,8 +89,10 @@ pub(crate) async fn bind_web(address: SocketAddr) -> Result<tokio::net::TcpListe
 }
 
 /// The underlay sockets, one per worker, all bound to `listen`. More than one share the
-/// port (`SO_REUSEPORT`): the kernel hands each datagram to one of them by a hash of its
-/// addresses and ports, so everything from one member endpoint reaches one worker, in order.
+/// port (`SO_REUSEPORT`), and a program on the group ([`steer_by_shard`]) hands a data
+/// message of a tunnel's shard `k` to socket `k` (worker `k`); the kernel hands the rest
+/// to one of them by a hash of its addresses and ports, so everything else from one member
+/// endpoint reaches one worker, in order.
 pub(crate) fn bind_underlay(listen: SocketAddr, count: usize) -> Result<Vec<std::net::UdpSocket>> {
     if count > 1 {
         // Any process of the same user could join a shared port, another agent too: a
@@ -98,9 +100,82 @@ pub(crate) fn bind_underlay(listen: SocketAddr, count: usize) -> Result<Vec<std:
         // refuses one that does not ask to share it).
         drop(bind_one_underlay(listen, false)?);
     }
-    (0..count.max(1))
+    let sockets = (0..count.max(1))
         .map(|_| bind_one_underlay(listen, count > 1))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    if count > 1 {
+        // Without it every shard of a member's tunnel is still opened, by the worker its
+        // endpoint hashes to: correct, only not spread.
+        if let Err(e) = steer_by_shard(&sockets[0]) {
+            tracing::warn!(error = %e, "no shard steering on the underlay sockets: a member's datagrams reach one worker");
+        }
+    }
+    Ok(sockets)
+}
+
+/// Attaches a classic BPF program to the reuseport group of `socket` (sockets join it in
+/// the order they were bound): a WireGuard data message (kind 4, 32 bytes at least) goes to
+/// the socket whose index is its shard (`hyphae_overlay::SHARD_BYTE`/`SHARD_SHIFT`); for
+/// anything else the program returns an index no socket has, and the kernel falls back to
+/// its hash. The kernel runs it on the UDP payload.
+fn steer_by_shard(socket: &std::net::UdpSocket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    const FALLBACK: u32 = u32::MAX;
+    let op = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jf: u8| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf,
+        k,
+    };
+    let mut program = [
+        // A = the payload's length; shorter than a data message: the hash.
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_LEN, 0),
+        jump(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, 32, 6),
+        // A = kind; not data: the hash.
+        op(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0),
+        jump(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 4, 4),
+        // A = the shard.
+        op(
+            libc::BPF_LD | libc::BPF_B | libc::BPF_ABS,
+            hyphae_overlay::SHARD_BYTE,
+        ),
+        op(
+            libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K,
+            hyphae_overlay::SHARD_SHIFT,
+        ),
+        op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K, 7),
+        op(libc::BPF_RET | libc::BPF_A, 0),
+        op(libc::BPF_RET | libc::BPF_K, FALLBACK),
+    ];
+    // Each failed test (at 1 and 3) skips to the last instruction (jumps count from the
+    // next one).
+    debug_assert_eq!(program.len() - 1, 2 + 6);
+    debug_assert_eq!(program.len() - 1, 4 + 4);
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    // SAFETY: `fprog` points at `program`, which outlives the call; the kernel copies it.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            std::ptr::from_ref(&fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 fn bind_one_underlay(listen: SocketAddr, shared: bool) -> Result<std::net::UdpSocket> {
@@ -296,6 +371,49 @@ pub(crate) fn remembered_members(state_dir: &Path, name: &str) -> Vec<SocketAddr
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
+
+    /// Sockets bound in order to one port on loopback, a sender with one address and port
+    /// (so the kernel's hash alone would pick one socket for all): a data message of shard
+    /// `k` reaches socket `k`, whatever else it carries; anything else reaches one socket.
+    #[test]
+    fn data_messages_reach_the_socket_of_their_shard() {
+        let sockets = bind_underlay("127.0.0.1:0".parse().unwrap(), 1).unwrap();
+        let port = sockets[0].local_addr().unwrap().port();
+        drop(sockets);
+        let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let sockets = bind_underlay(listen, 4).unwrap();
+        for s in &sockets {
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_millis(40)))
+                .unwrap();
+        }
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let receiver_of = |datagram: &[u8]| -> Vec<usize> {
+            sender.send_to(datagram, listen).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 256];
+            for (i, s) in sockets.iter().enumerate() {
+                if let Ok((n, _)) = s.recv_from(&mut buf) {
+                    assert_eq!(&buf[..n], datagram);
+                    got.push(i);
+                }
+            }
+            got
+        };
+        for shard in 0..4u8 {
+            for slot in [0u32, 7, 4095] {
+                let receiver = (slot | u32::from(shard) << 12) << 8 | 3;
+                let mut data = vec![4u8, 0, 0, 0];
+                data.extend_from_slice(&receiver.to_le_bytes());
+                data.extend_from_slice(&[0x5a; 40]);
+                assert_eq!(receiver_of(&data), [usize::from(shard)], "shard {shard}");
+            }
+        }
+        // A handshake, a hello, a short datagram: one socket each, by the hash.
+        for other in [&[1u8; 148][..], &b"H hello"[..], &[4u8; 8][..]] {
+            assert_eq!(receiver_of(other).len(), 1);
+        }
+    }
 
     #[test]
     fn the_control_socket_is_created_for_its_owner_only() {

@@ -171,17 +171,49 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
         .position(|&c| c == *written.iter().max().unwrap());
     assert_eq!(receiver, writer, "h2 wrote the flow from another worker");
 
-    // Eight flows to one member: each stays in order. iperf3's first datagram of each flow
-    // is answered, so h1 writes a packet of every flow on the worker that receives h2, and
-    // the kernel sends the rest of each flow out on that worker's queue: one member's flows
-    // share a worker.
+    // Eight flows to one member: each stays in order, and they spread over the workers at
+    // both ends. The tunnel has a WireGuard session per worker (shards), each flow is
+    // sealed on the shard its hash picks, and h2's socket group hands shard k to worker k;
+    // h2's answer to each flow's first datagram goes back on the same shard, so h1's kernel
+    // sends the rest of the flow out on that worker's queue.
+    for (host, agent) in hosts.iter().zip(&agents) {
+        let status = bed.status(host, agent).expect("status");
+        let shards: Vec<usize> = status.namespaces[0]
+            .peers
+            .iter()
+            .map(|p| p.shards)
+            .collect();
+        assert_eq!(shards, [WORKERS], "one shard per worker");
+    }
+    let (h1_before, h2_before) = (
+        workers(&bed, &hosts[0], &agents[0]),
+        workers(&bed, &hosts[1], &agents[1]),
+    );
     let (packets, lost, out_of_order) = udp_flows(&mut bed, &hosts[0], &hosts[1], 5202, 8);
-    eprintln!("eight flows: {packets} datagrams, {lost} lost, {out_of_order} out of order");
+    let read = grew(&h1_before, &workers(&bed, &hosts[0], &agents[0]), |w| {
+        w.frames_in
+    });
+    let received = grew(&h2_before, &workers(&bed, &hosts[1], &agents[1]), |w| {
+        w.datagrams_in
+    });
+    eprintln!(
+        "eight flows: {packets} datagrams, {lost} lost, {out_of_order} out of order; h1 read \
+         {read:?}, h2 received {received:?}"
+    );
     assert!(
         packets > 10_000 && lost * 10 < packets,
         "{packets} sent, {lost} lost"
     );
     assert_eq!(out_of_order, 0, "the receiver saw datagrams out of order");
+    // All eight on one shard of four: a chance of 4 in 4^8.
+    for (what, counts) in [("read by h1", &read), ("received by h2", &received)] {
+        let total: u64 = counts.iter().sum();
+        let busy = counts.iter().filter(|&&c| c * 10 >= total).count();
+        assert!(
+            busy >= 2,
+            "one member's flows were {what} on one worker: {counts:?}"
+        );
+    }
 
     // Flows that nothing answers stay on the queue their hash picks: sixteen of them are
     // read by several of h1's workers (all on one of four: a chance of 4 in 4^16).

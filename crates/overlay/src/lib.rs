@@ -19,8 +19,8 @@ pub mod wire;
 pub use identity::{Identity, PeerId};
 pub use keys::{NamespaceKeys, MIN_SECRET_LEN, TAG_LEN};
 pub use node::{
-    DropReason, Event, NamespaceId, Node, PeerDropReason, PeerHandle, PeerInfo, PeerStats,
-    Received, RelayStats, Transmit,
+    DropReason, Event, NamespaceId, Node, Opened, PeerDropReason, PeerHandle, PeerInfo, PeerStats,
+    Received, RelayStats, Sealer, Transmit, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT,
 };
 
 /// Underlay headers in front of a tunnel datagram, on an IPv6 underlay (the larger):

@@ -59,7 +59,7 @@ pub const VERSION: u8 = 1;
 
 /// Length of a hello.
 pub const HELLO_LEN: usize = 60;
-/// Bytes in front of a WireGuard initiation: kind, version, 2 reserved, tag.
+/// Bytes in front of a WireGuard initiation: kind, version, shard, 1 reserved, tag.
 pub const INIT_PREFIX_LEN: usize = 4 + TAG_LEN;
 /// Length of a WireGuard handshake initiation.
 pub const WG_INIT_LEN: usize = 148;
@@ -139,6 +139,9 @@ pub enum TunnelMessage<'a> {
     Init {
         /// The namespace tag.
         tag: [u8; TAG_LEN],
+        /// The shard of the tunnel it starts a session for (0 from agents without shards,
+        /// whose prefix had the byte reserved).
+        shard: u8,
         /// The WireGuard initiation after the prefix.
         message: &'a [u8],
     },
@@ -194,6 +197,7 @@ impl<'a> TunnelMessage<'a> {
                     .ok_or(ParseError::Truncated(kind))?;
                 Ok(TunnelMessage::Init {
                     tag,
+                    shard: datagram[2],
                     message: &datagram[INIT_PREFIX_LEN..],
                 })
             }
@@ -286,14 +290,14 @@ fn hello_mac(keys: &NamespaceKeys, msg: &[u8]) -> Blake2sMac<U16> {
     mac
 }
 
-/// Writes the prefix of a wrapped initiation in front of the WireGuard initiation that
-/// starts at `buf[INIT_PREFIX_LEN..]`.
-pub fn emit_init_prefix(buf: &mut [u8], keys: &NamespaceKeys) {
+/// Writes the prefix of a wrapped initiation for `shard` of a tunnel in front of the
+/// WireGuard initiation that starts at `buf[INIT_PREFIX_LEN..]`.
+pub fn emit_init_prefix(buf: &mut [u8], tag: &[u8; TAG_LEN], shard: u8) {
     buf[0] = KIND_INIT;
     buf[1] = VERSION;
-    buf[2] = 0;
+    buf[2] = shard;
     buf[3] = 0;
-    buf[4..INIT_PREFIX_LEN].copy_from_slice(&keys.tag);
+    buf[4..INIT_PREFIX_LEN].copy_from_slice(tag);
 }
 
 /// Writes a relay header for `session` into `buf[..RELAY_HEADER_LEN]`.
@@ -456,13 +460,22 @@ fn parse_endpoint(b: &[u8]) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
-/// An address announcement: the virtual addresses a member owns in a namespace.
+/// Most shards a tunnel has: WireGuard sessions of one member pair, one per worker, each
+/// inner flow on one of them (see `node/shared.rs`). Receiver indices carry the shard in 3
+/// bits.
+pub const MAX_SHARDS: u8 = 8;
+
+/// An address announcement: the virtual addresses a member owns in a namespace, and how
+/// many shards its tunnels may have.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announce {
     /// Set when the sender already has the receiver's announcement.
     pub have_yours: bool,
     /// The sender's addresses.
     pub addresses: Vec<Ipv4Addr>,
+    /// Shards the sender accepts, 1 to [`MAX_SHARDS`] (a trailing byte: an agent that
+    /// does not send it accepts 1, one that does not read it ignores it).
+    pub shards: u8,
 }
 
 impl Announce {
@@ -476,6 +489,7 @@ impl Announce {
         for a in &self.addresses[..n] {
             body.extend_from_slice(&a.octets());
         }
+        body.push(self.shards.clamp(1, MAX_SHARDS));
         control_packet(&body)
     }
 
@@ -492,12 +506,14 @@ impl Announce {
             return None;
         }
         let list = body.get(6..6 + 4 * n)?;
+        let shards = body.get(6 + 4 * n).copied().unwrap_or(1);
         Some(Self {
             have_yours: flags & FLAG_HAVE_YOURS != 0,
             addresses: list
                 .chunks_exact(4)
                 .map(|c| Ipv4Addr::new(c[0], c[1], c[2], c[3]))
                 .collect(),
+            shards: shards.clamp(1, MAX_SHARDS),
         })
     }
 }
@@ -532,12 +548,18 @@ mod tests {
         let a = Announce {
             have_yours: true,
             addresses: vec![Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 7)],
+            shards: 4,
         };
         let p = a.emit();
         assert!(is_control(&p));
         assert_eq!(Announce::parse(&p), Some(a.clone()));
-        assert_eq!(Control::parse(&p), Some(Control::Announce(a)));
-        for n in 0..p.len() {
+        assert_eq!(Control::parse(&p), Some(Control::Announce(a.clone())));
+        // Without the trailing shard count (an older agent's), one shard.
+        assert_eq!(
+            Announce::parse(&p[..p.len() - 1]),
+            Some(Announce { shards: 1, ..a })
+        );
+        for n in 0..p.len() - 1 {
             assert_eq!(Announce::parse(&p[..n]), None);
         }
     }
@@ -617,12 +639,13 @@ mod tests {
         }
 
         let mut init = vec![0u8; INIT_PREFIX_LEN + WG_INIT_LEN];
-        emit_init_prefix(&mut init, &keys);
+        emit_init_prefix(&mut init, &keys.tag(), 3);
         init[INIT_PREFIX_LEN] = KIND_WG_INIT;
         assert_eq!(
             Datagram::parse(&init),
             Ok(Datagram::Tunnel(TunnelMessage::Init {
                 tag: keys.tag(),
+                shard: 3,
                 message: &init[INIT_PREFIX_LEN..],
             }))
         );

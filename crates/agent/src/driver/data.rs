@@ -4,15 +4,17 @@
 //! Whoever holds it runs a batch that is synchronous and free of I/O: frames and datagrams go
 //! in with `now`; what to send, what to write to which TAP and what the control thread must
 //! hear come out, into the caller's [`Batch`] and the data plane's bounded inbox for the
-//! control thread. The caller makes the system calls after letting go. Nothing here reads a
-//! clock, opens a socket or touches a device.
+//! control thread. The caller makes the system calls after letting go, and the AEAD is not
+//! run under it either: the batch opens data messages before and seals packets after,
+//! holding only the tunnel shard each uses. Nothing here reads a clock, opens a socket or
+//! touches a device.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::time::Instant;
 
-use hyphae_overlay::{Node, PeerHandle, PeerId, Transmit};
-use hyphae_vswitch::{Client, Mac, Switch};
+use hyphae_overlay::{Node, Opened, PeerHandle, PeerId, Sealer, Transmit, Tunnels};
+use hyphae_vswitch::{Client, Mac, Switch, HEADROOM};
 
 use crate::config::Mode;
 
@@ -67,6 +69,21 @@ pub(crate) struct Lane {
     pub(crate) offload_counters: OffloadCounters,
 }
 
+impl Lane {
+    /// Router mode, after a handoff: the member a packet from the overlay goes on to, if
+    /// it is for a LAN host that moved away within its grace period.
+    pub(crate) fn grace_forward(&self, now: Instant, packet: &[u8]) -> Option<PeerHandle> {
+        if self.grace.is_empty() {
+            return None;
+        }
+        let dst = Ipv4Addr::from(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?);
+        self.grace
+            .iter()
+            .find(|g| g.address == dst && g.until > now)
+            .map(|g| g.to)
+    }
+}
+
 /// Packets for `address` go on to `to` until `until`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Grace {
@@ -77,11 +94,11 @@ pub(crate) struct Grace {
 
 /// The tunnels as the control thread needs them with the data plane let go (the members
 /// file, roaming): copied out while it is held.
-pub(crate) struct Tunnels(pub(crate) Vec<Tunnel>);
+pub(crate) struct TunnelList(pub(crate) Vec<TunnelEntry>);
 
-/// One tunnel, for [`Tunnels`].
+/// One tunnel, for [`TunnelList`].
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Tunnel {
+pub(crate) struct TunnelEntry {
     pub(crate) ns: usize,
     pub(crate) id: PeerId,
     pub(crate) endpoint: SocketAddr,
@@ -89,11 +106,11 @@ pub(crate) struct Tunnel {
     pub(crate) up: bool,
 }
 
-impl Tunnels {
+impl TunnelList {
     pub(crate) fn of(node: &Node) -> Self {
         Self(
             node.peers()
-                .map(|p| Tunnel {
+                .map(|p| TunnelEntry {
                     ns: p.ns.0,
                     id: p.id,
                     endpoint: p.endpoint,
@@ -239,11 +256,22 @@ impl DataPlane {
 /// while the data plane is held and carried out after it is let go; and the scratch
 /// buffers the batch works in. Kept from batch to batch: nothing is allocated once the
 /// buffers have grown to the largest batch seen.
+///
+/// The AEAD runs outside the data plane, holding only the tunnel it uses: a batch opens
+/// the data messages it received before taking the data plane ([`Batch::open`]), and seals
+/// what the data plane decided to send after letting it go ([`Batch::seal_pending`]).
 pub(crate) struct Batch {
     /// Datagrams to send, back to back, and where each goes.
     datagrams: Vec<u8>,
     datagrams_used: usize,
     pub(crate) sends: Vec<(SocketAddr, Range<usize>)>,
+    /// Packets to seal once the data plane is let go, back to back, and the sealer of each.
+    plain: Vec<u8>,
+    plain_used: usize,
+    seals: Vec<(Sealer, Range<usize>)>,
+    /// What [`Batch::open`] made of the first datagrams of the batch, in order, and where
+    /// each opened packet lies in the frame area (behind [`HEADROOM`]).
+    pub(crate) opened: Vec<(Opened, usize)>,
     /// Frames to write, back to back: the namespace, the bytes, and whether it is a
     /// member's frame (which may be coalesced with the next of its flow).
     frames: Vec<u8>,
@@ -276,6 +304,10 @@ impl Default for Batch {
             datagrams: vec![0; 4 * BUF_LEN],
             datagrams_used: 0,
             sends: Vec::new(),
+            plain: vec![0; 4 * BUF_LEN],
+            plain_used: 0,
+            seals: Vec::new(),
+            opened: Vec::new(),
             frames: vec![0; 4 * BUF_LEN],
             frames_used: 0,
             writes: Vec::new(),
@@ -291,12 +323,16 @@ impl Batch {
     pub(crate) fn clear(&mut self) {
         self.datagrams_used = 0;
         self.sends.clear();
+        self.plain_used = 0;
+        self.seals.clear();
+        self.opened.clear();
         self.frames_used = 0;
         self.writes.clear();
     }
 
-    /// The bytes of a datagram to send.
+    /// The bytes of a datagram to send (after [`Batch::seal_pending`]).
     pub(crate) fn datagram(&self, range: &Range<usize>) -> &[u8] {
+        debug_assert!(self.seals.is_empty(), "packets left unsealed");
         &self.datagrams[range.clone()]
     }
 
@@ -305,16 +341,72 @@ impl Batch {
         &self.frames[range.clone()]
     }
 
-    /// Encrypts `packet` for `peer` into the batch. Without a session the node queues it
-    /// and returns a handshake (sent instead) or nothing.
+    /// Queues `packet` for `peer`, to be sealed once the data plane is let go
+    /// ([`Batch::seal_pending`]). The node counts it as sent now.
     pub(crate) fn seal(&mut self, node: &mut Node, peer: PeerHandle, packet: &[u8]) {
-        let room = packet.len() + SEAL_ROOM;
-        let at = self.datagrams_used;
-        grow(&mut self.datagrams, at + room);
-        if let Some(Transmit { to, range }) = node.send(peer, packet, &mut self.datagrams[at..]) {
-            self.sends.push((to, at + range.start..at + range.end));
-            self.datagrams_used = at + range.end;
+        let Some(sealer) = node.sealer(peer, packet) else {
+            return;
+        };
+        let at = self.plain_used;
+        let end = at + packet.len();
+        grow(&mut self.plain, end);
+        self.plain[at..end].copy_from_slice(packet);
+        self.plain_used = end;
+        self.seals.push((sealer, at..end));
+    }
+
+    /// Seals the packets [`Batch::seal`] queued, each holding only its tunnel: the data
+    /// plane must not be held. Without a session a packet waits in its tunnel and a
+    /// handshake initiation (or nothing) is sent instead.
+    pub(crate) fn seal_pending(&mut self) {
+        for (sealer, range) in self.seals.drain(..) {
+            let at = self.datagrams_used;
+            grow(&mut self.datagrams, at + range.len() + SEAL_ROOM);
+            let packet = &self.plain[range];
+            if let Some(Transmit { to, range }) = sealer.seal(packet, &mut self.datagrams[at..]) {
+                self.sends.push((to, at + range.start..at + range.end));
+                self.datagrams_used = at + range.end;
+            }
         }
+        self.plain_used = 0;
+    }
+
+    /// Opens the datagrams a worker received, before it takes the data plane: the direct
+    /// data messages, each holding only its tunnel, into the frame area, up to the first
+    /// datagram that is something else (a handshake may start the session the next data
+    /// message needs: from there on the data plane handles them in order).
+    pub(crate) fn open<'a>(
+        &mut self,
+        tunnels: &Tunnels,
+        datagrams: impl Iterator<Item = crate::underlay::Datagram<'a>>,
+    ) {
+        self.opened.clear();
+        for d in datagrams {
+            if !Tunnels::is_data(d.bytes) {
+                break;
+            }
+            let at = self.frames_used;
+            let end = at + HEADROOM + d.bytes.len();
+            grow(&mut self.frames, end);
+            let opened = tunnels.open(d.bytes, &mut self.frames[at + HEADROOM..end]);
+            self.frames_used = end;
+            self.opened.push((opened, at));
+        }
+    }
+
+    /// The frame area from `at` on (a packet [`Batch::open`] opened lies behind
+    /// [`HEADROOM`]).
+    pub(crate) fn opened_room(&mut self, at: usize) -> &mut [u8] {
+        &mut self.frames[at..]
+    }
+
+    /// The first `len` bytes at `at` of the frame area are a member's frame for TAP `ns`.
+    pub(crate) fn commit_opened(&mut self, ns: usize, at: usize, len: usize) {
+        self.writes.push(Write {
+            ns,
+            range: at..at + len,
+            deliver: true,
+        });
     }
 
     /// Queues a datagram built elsewhere (a handshake, a hello).

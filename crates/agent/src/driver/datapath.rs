@@ -26,18 +26,34 @@ pub(crate) struct Pending {
 
 impl DataPlane {
     /// Datagrams from the underlay: decrypt, check, switch; the frames for the TAPs go into
-    /// `out` (members' frames, which the worker coalesces per flow).
+    /// `out` (members' frames, which the worker coalesces per flow). The first datagrams may
+    /// have been opened already ([`Batch::open`]): those are only checked and switched.
     pub(crate) fn handle_datagrams<'a>(
         &mut self,
         now: Instant,
         datagrams: impl Iterator<Item = Datagram<'a>>,
         out: &mut Batch,
     ) {
+        let mut opened = std::mem::take(&mut out.opened);
+        let mut opened_iter = opened.drain(..);
         for d in datagrams {
-            let room = out.frame_room(HEADROOM + d.bytes.len());
-            let received = self
-                .node
-                .handle_datagram(now, d.from, d.bytes, &mut room[HEADROOM..]);
+            let received = match opened_iter.next() {
+                Some((opened, at)) => {
+                    let room = out.opened_room(at + HEADROOM);
+                    match self.node.accept(now, d.from, opened, room) {
+                        Received::Deliver { ns, len, .. } => {
+                            self.deliver_opened(now, ns.0, at, len, out);
+                            continue;
+                        }
+                        other => other,
+                    }
+                }
+                None => {
+                    let room = out.frame_room(HEADROOM + d.bytes.len());
+                    self.node
+                        .handle_datagram(now, d.from, d.bytes, &mut room[HEADROOM..])
+                }
+            };
             match received {
                 Received::Deliver { ns, len, .. } => self.deliver(now, ns.0, len, out),
                 Received::Dropped(reason) => {
@@ -49,6 +65,31 @@ impl DataPlane {
                 Received::Consumed => {}
             }
         }
+        drop(opened_iter);
+        out.opened = opened;
+    }
+
+    /// A packet of `len` bytes that [`Batch::open`] opened at `at`, from a member of
+    /// namespace `i`: framed in place for the TAP, or sent on as [`DataPlane::deliver`]
+    /// does.
+    fn deliver_opened(&mut self, now: Instant, i: usize, at: usize, len: usize, out: &mut Batch) {
+        let Some(lane) = self.lanes.get_mut(i) else {
+            return;
+        };
+        let room = out.opened_room(at);
+        if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
+            let packet = room[HEADROOM..HEADROOM + len].to_vec();
+            out.seal(&mut self.node, to, &packet);
+            return;
+        }
+        if let hyphae_vswitch::Action::ToTap { len } =
+            lane.switch
+                .handle_peer_packet(now, &mut room[..HEADROOM + len], len)
+        {
+            if lane.active {
+                out.commit_opened(i, at, len);
+            }
+        }
     }
 
     /// A packet of `len` bytes from a member of namespace `i` lies in `out`'s frame room
@@ -58,20 +99,10 @@ impl DataPlane {
             return;
         };
         let room = out.frame_room(HEADROOM + len);
-        if !lane.grace.is_empty() {
-            let dst = room.get(HEADROOM + 16..HEADROOM + 20);
-            if let Some(dst) = dst.and_then(|d| <[u8; 4]>::try_from(d).ok()) {
-                let dst = std::net::Ipv4Addr::from(dst);
-                if let Some(g) = lane
-                    .grace
-                    .iter()
-                    .find(|g| g.address == dst && g.until > now)
-                {
-                    let (to, packet) = (g.to, room[HEADROOM..HEADROOM + len].to_vec());
-                    out.seal(&mut self.node, to, &packet);
-                    return;
-                }
-            }
+        if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
+            let packet = room[HEADROOM..HEADROOM + len].to_vec();
+            out.seal(&mut self.node, to, &packet);
+            return;
         }
         if let hyphae_vswitch::Action::ToTap { len } =
             lane.switch.handle_peer_packet(now, room, len)

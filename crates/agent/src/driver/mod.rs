@@ -202,7 +202,9 @@ impl Control {
             overlay.exclude_network(subnet.into());
         }
         let own = Identity::from_seed(identity.seed());
-        let node = Node::new(identity, setup::os_seed()?);
+        let mut node = Node::new(identity, setup::os_seed()?);
+        // A tunnel's traffic may spread over one WireGuard session per worker.
+        node.set_shards(u8::try_from(sockets.len()).unwrap_or(u8::MAX));
         let (workers, unstarted, outbox) = workers::links(sockets, config.namespaces.len());
         // Bound to one address, the source never changes: nothing to roam.
         let netwatch = if config.agent.listen.ip().is_unspecified() {
@@ -476,7 +478,7 @@ impl Control {
         let tunnels = {
             let mut dp = lock(&self.dp);
             dp.handle_timeout(now, &mut self.batch)
-                .then(|| data::Tunnels::of(&dp.node))
+                .then(|| data::TunnelList::of(&dp.node))
         };
         if let Some(tunnels) = tunnels {
             // The node ticks while it has tunnels: note whom the source address reaches and
@@ -578,6 +580,7 @@ impl Control {
     /// Carries out what this thread's turns left in its batch, with the data plane let go:
     /// datagrams to worker 0's outbox, frames to each namespace's first TAP queue.
     pub(crate) fn carry_out(&mut self) {
+        self.batch.seal_pending();
         for (to, range) in &self.batch.sends {
             let datagram = self.batch.datagram(range).to_vec();
             if self.outbox.try_send((*to, datagram)).is_err() {
@@ -686,7 +689,7 @@ impl Control {
 impl Control {
     /// Writes down the members namespace `i` has tunnels with now, when they changed, so a
     /// restart contacts them at once (see [`setup::remembered_members`]).
-    fn remember_members(&mut self, i: usize, tunnels: &data::Tunnels) {
+    fn remember_members(&mut self, i: usize, tunnels: &data::TunnelList) {
         let mut members: Vec<(PeerId, SocketAddr)> = tunnels
             .0
             .iter()

@@ -45,6 +45,7 @@ struct PeerSnapshot {
     rtt: Option<Duration>,
     addresses: Vec<Ipv4Addr>,
     handshake_age: Option<Duration>,
+    shards: usize,
     stats: PeerStats,
 }
 
@@ -74,6 +75,7 @@ impl DataStatus {
                     rtt: p.rtt,
                     addresses: p.addresses.to_vec(),
                     handshake_age: p.handshake_age,
+                    shards: p.shards,
                     stats: p.stats.clone(),
                 })
                 .collect(),
@@ -251,6 +253,7 @@ impl Control {
                     hyphae_dhcp_dns::dns::host_name(name).ok()
                 }),
                 handshake_age_secs: p.handshake_age.map(|d| d.as_secs_f64()),
+                shards: p.shards,
                 rx_packets: p.stats.rx_packets,
                 rx_bytes: p.stats.rx_bytes,
                 rx_forwarded: p.stats.rx_forwarded,

@@ -7,7 +7,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use hyphae_overlay::{Event, Identity, NamespaceId, NamespaceKeys, Node};
+use hyphae_overlay::{Event, Identity, NamespaceId, NamespaceKeys, Node, Opened};
 use hyphae_vswitch::{Config as SwitchConfig, Switch};
 
 use super::data::{Batch, DataPlane, Grace, Lane, ToControl, INBOX_LEN};
@@ -30,6 +30,8 @@ struct Plane {
     sent: Vec<(SocketAddr, Vec<u8>)>,
     /// Frames written to the TAP: (bytes, a member's frame).
     tap: Vec<(Vec<u8>, bool)>,
+    /// Packets the batches opened before taking the data plane.
+    opened_outside: usize,
 }
 
 fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
@@ -60,12 +62,14 @@ fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
         batch: Batch::default(),
         sent: Vec::new(),
         tap: Vec::new(),
+        opened_outside: 0,
     }
 }
 
 impl Plane {
     /// What the last batch left: datagrams to `sent`, frames to `tap`.
     fn carry_out(&mut self) {
+        self.batch.seal_pending();
         for (to, range) in &self.batch.sends {
             self.sent.push((*to, self.batch.datagram(range).to_vec()));
         }
@@ -91,11 +95,19 @@ impl Plane {
         wake
     }
 
-    /// A worker's batch of datagrams from the socket.
+    /// A worker's batch of datagrams from the socket: its data messages opened first, as
+    /// a worker does before it takes the data plane.
     fn read_socket(&mut self, now: Instant, datagrams: &[(SocketAddr, Vec<u8>)]) -> bool {
         let datagrams = datagrams
             .iter()
             .map(|(from, bytes)| Datagram { from: *from, bytes });
+        self.batch.open(&self.dp.node.tunnels(), datagrams.clone());
+        self.opened_outside += self
+            .batch
+            .opened
+            .iter()
+            .filter(|(o, _)| matches!(o, Opened::Packet { .. }))
+            .count();
         self.dp.handle_datagrams(now, datagrams, &mut self.batch);
         let wake = self.dp.after_batch(true, &mut self.batch);
         self.carry_out();
@@ -226,15 +238,22 @@ fn a_ping_crosses_two_data_planes_and_only_control_work_reaches_the_inbox() {
     assert_eq!(&reply[12..14], &[0x08, 0x06]);
     assert_eq!(&reply[6..12], &REMOTE_MAC);
 
-    // A batch of pings: sealed into the batch, one datagram each, opened at the other end
-    // and written to its TAP as members' frames, in order. No control work and no earlier
-    // deadline than the one the control thread sleeps until: no wake.
+    // A batch of pings: sealed with the batch's data plane let go, one datagram each,
+    // opened at the other end before its batch takes the data plane, and written to its TAP
+    // as members' frames, in order. No control work and no earlier deadline than the one
+    // the control thread sleeps until: no wake.
     a.dp.control_deadline = a.dp.poll_timeout();
     let pings: Vec<Vec<u8>> = (0..8).map(|seq| a.ping(VB, seq)).collect();
     let woke = a.read_tap(now, &pings);
     assert_eq!(a.sent.len(), 8);
     assert!(!woke, "nothing for the control thread");
+    let opened_before = b.opened_outside;
     exchange(&mut a, &mut b, now);
+    assert_eq!(
+        b.opened_outside - opened_before,
+        8,
+        "every ping opened outside"
+    );
     let got: Vec<&Vec<u8>> = b.tap.iter().filter(|(_, m)| *m).map(|(f, _)| f).collect();
     assert_eq!(got.len(), 8);
     for (seq, frame) in got.iter().enumerate() {

@@ -3,23 +3,30 @@
 //! memberships, the services and the control socket.
 //!
 //! Each worker owns one queue of every TAP (`IFF_MULTI_QUEUE`) and one underlay socket (the
-//! sockets share the port with `SO_REUSEPORT`), and waits on them with its own runtime. The
-//! kernel keeps a flow on one worker in both directions:
-//! - the underlay hands each datagram to a socket by a hash of its addresses and ports, so
-//!   everything from one member endpoint reaches one worker, in order;
+//! sockets share the port with `SO_REUSEPORT`), and waits on them with its own runtime. A
+//! flow stays on one worker in both directions:
+//! - each tunnel has a WireGuard session per worker (its shards, `hyphae_overlay`'s
+//!   `node/shared.rs`); a flow is sealed on the shard a hash of its addresses and ports
+//!   picks (the same both ways), and a program on the socket group
+//!   (`setup::steer_by_shard`) hands shard `k`'s datagrams to worker `k`; everything else
+//!   goes by the kernel's hash of addresses and ports;
 //! - that worker writes the member's packets to its own TAP queue, and tun's automatic
 //!   queue selection sends a flow's frames back out on the queue its packets were last
-//!   written on: the reply leaves through the same worker.
+//!   written on: the reply leaves through the same worker, sealed on the same shard.
+//!
+//! Different flows of one member thus use every worker at both ends.
 //!
 //! One turn of a worker:
 //! 1. it reads a batch without any lock (frames from one TAP queue, or one `recvmmsg`/GRO
-//!    batch from its socket);
-//! 2. it holds the [`DataPlane`] while the batch is switched, encrypted or decrypted: no
-//!    system call, no await, no allocation once its buffers have grown; what to send and
-//!    write goes into its [`Batch`], what the control thread must hear into the data
-//!    plane's inbox;
-//! 3. it lets go, then sends, writes (coalescing a member's frames per flow) and wakes the
-//!    control thread if the batch left it work.
+//!    batch from its socket), and opens the batch's data messages holding only each one's
+//!    tunnel shard (the AEAD);
+//! 2. it holds the [`DataPlane`] while the batch is checked and switched: no system call,
+//!    no await, no AEAD, no allocation once its buffers have grown; what to send and write
+//!    goes into its [`Batch`], what the control thread must hear into the data plane's
+//!    inbox;
+//! 3. it lets go, seals what it sends (holding only each one's shard), then sends, writes
+//!    (coalescing a member's frames per flow) and wakes the control thread if the batch
+//!    left it work.
 //!
 //! Worker 0 also sends what the control thread sends (handshakes, hellos, frames that
 //! waited for a lookup): the control thread has no socket, only the bounded outbox.
@@ -34,6 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use hyphae_overlay::Tunnels;
 use hyphae_vswitch::offload::{Coalescer, Offer, VirtioHeader, VIRTIO_HEADER_LEN};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -233,8 +241,10 @@ pub(crate) fn spawn(
     fatal: &mpsc::Sender<String>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>> {
     let mut threads = Vec::new();
+    let tunnels = lock(shared).node.tunnels();
     for (index, w) in workers.into_iter().enumerate() {
         let shared = shared.clone();
+        let tunnels = tunnels.clone();
         let mut guard = ExitGuard {
             index,
             fatal: fatal.clone(),
@@ -278,6 +288,7 @@ pub(crate) fn spawn(
                     let _ = ready_tx.send(Ok(()));
                     let mut worker = Worker {
                         shared,
+                        tunnels,
                         underlay,
                         taps: Vec::new(),
                         rx: vec![0; TAP_BATCH_BYTES],
@@ -326,6 +337,8 @@ enum Wake {
 
 struct Worker {
     shared: Shared,
+    /// The tunnels, to seal and open with outside the data plane.
+    tunnels: Arc<Tunnels>,
     underlay: Underlay,
     /// Its queue of each namespace's TAP, by namespace index.
     taps: Vec<Option<Queue>>,
@@ -409,7 +422,8 @@ impl Worker {
         self.report_underlay();
     }
 
-    /// Datagrams from the socket: one batch read without the data plane, handled with it.
+    /// Datagrams from the socket: one batch read and its data messages opened without the
+    /// data plane, then checked and switched with it.
     async fn carry_datagrams(&mut self) {
         match self.underlay.try_recv() {
             Ok(true) => {}
@@ -423,6 +437,7 @@ impl Worker {
         self.counters
             .datagrams_in
             .fetch_add(count as u64, Ordering::Relaxed);
+        self.batch.open(&self.tunnels, self.underlay.datagrams());
         let wake = {
             let (mut dp, now) = enter(&self.shared, &mut self.taps, &self.counters);
             dp.handle_datagrams(now, self.underlay.datagrams(), &mut self.batch);
@@ -445,12 +460,13 @@ impl Worker {
         self.carry_out(wake).await;
     }
 
-    /// After the data plane is let go: wakes the control thread if asked, sends and writes
-    /// what the batch holds, then tells `hyphae status` what the underlay did.
+    /// After the data plane is let go: wakes the control thread if asked, seals, sends and
+    /// writes what the batch holds, then tells `hyphae status` what the underlay did.
     async fn carry_out(&mut self, wake_control: bool) {
         if wake_control {
             self.poke.notify_one();
         }
+        self.batch.seal_pending();
         for (to, range) in &self.batch.sends {
             self.underlay.push(*to, self.batch.datagram(range)).await;
         }

@@ -133,7 +133,7 @@ impl Node {
             if peer.should_restart_handshake(now) {
                 let ns = peer.ns;
                 if let Some(len) = peer.format_initiation(&mut buf) {
-                    let t = self.frame_outgoing(ns, route, &mut buf, len);
+                    let t = self.frame_outgoing(ns, 0, route, &mut buf, len);
                     self.queue_transmit(t.to, buf[t.range].to_vec());
                 }
             }
@@ -152,6 +152,7 @@ impl Node {
             return Received::Consumed;
         };
         let ns = peer.ns;
+        let shards = announce.shards;
         if peer.handle_announce(&announce.addresses) {
             self.events.push_back(Event::PeerAddresses {
                 ns,
@@ -159,6 +160,7 @@ impl Node {
                 addresses: announce.addresses,
             });
         }
+        self.set_tunnel_shards(handle, shards);
         if !announce.have_yours {
             self.announce(now, handle);
         }
@@ -173,6 +175,7 @@ impl Node {
         let packet = Announce {
             have_yours: peer.have_their_announce,
             addresses: self.namespaces[peer.ns.0].addresses.clone(),
+            shards: self.shards,
         }
         .emit();
         self.send_control(handle, &packet, None);

@@ -48,12 +48,14 @@ mod hello;
 mod peer;
 mod relay;
 mod roam;
+mod shared;
 mod stats;
 mod tunnel;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boringtun::noise::Tunn;
@@ -70,6 +72,7 @@ pub use peer::{
     RTT_INTERVAL, UNREACHABLE_AFTER,
 };
 pub use relay::{MAX_RELAY_SESSIONS, RELAY_AFTER, RELAY_IDLE, RELAY_RETRY};
+pub use shared::{Opened, Sealer, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT};
 pub use stats::{DropReason, PeerDropReason, PeerStats, RelayStats};
 
 use hello::StaticPeer;
@@ -83,7 +86,8 @@ use stats::DropCounters;
 /// timer of the node (relay, probes, liveness) runs on the same tick.
 pub const TICK: Duration = Duration::from_millis(250);
 
-/// Most tunnels one node holds (receiver indices carry 24 bits of tunnel slot).
+/// Most tunnels one node holds (receiver indices carry 12 bits of tunnel slot, then 3 of
+/// shard: see `shared.rs`).
 pub const MAX_PEERS: usize = 4096;
 
 /// Most control datagrams queued for sending; beyond, the oldest are dropped.
@@ -177,8 +181,10 @@ pub struct PeerInfo<'a> {
     pub endpoint: SocketAddr,
     /// The addresses it announced.
     pub addresses: &'a [Ipv4Addr],
-    /// Time since the last completed handshake.
+    /// Time since the last completed handshake (of shard 0).
     pub handshake_age: Option<Duration>,
+    /// WireGuard sessions sets the tunnel's traffic is spread over (see `shared.rs`).
+    pub shards: usize,
     /// Counters.
     pub stats: &'a PeerStats,
 }
@@ -214,6 +220,10 @@ pub struct Node {
     /// When the tunnels' timers are due next ([`TICK`] after the last run); `None` while
     /// there is no tunnel.
     next_tick: Option<Instant>,
+    /// Every tunnel's WireGuard state, shared with the workers.
+    tunnels: Arc<Tunnels>,
+    /// Shards this node's tunnels may have (see `shared.rs`).
+    shards: u8,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<Event>,
     drops: DropCounters,
@@ -242,10 +252,68 @@ impl Node {
             underlay_changes: 0,
             next_nonce: 0,
             next_tick: None,
+            tunnels: Arc::default(),
+            shards: 1,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             drops: DropCounters::default(),
             scratch: vec![0; SCRATCH_LEN],
+        }
+    }
+
+    /// The tunnels, for workers that seal and open outside the node (see `shared.rs`).
+    pub fn tunnels(&self) -> Arc<Tunnels> {
+        Arc::clone(&self.tunnels)
+    }
+
+    /// How many shards this node's tunnels may have (its workers; 1 to
+    /// [`MAX_SHARDS`](crate::wire::MAX_SHARDS)), announced to members from now on.
+    pub fn set_shards(&mut self, shards: u8) {
+        self.shards = shards.clamp(1, crate::wire::MAX_SHARDS);
+    }
+
+    /// Gives the tunnel at `handle` `n` shards (at most what both ends accept), or takes
+    /// those beyond `n` away.
+    pub(super) fn set_tunnel_shards(&mut self, handle: PeerHandle, n: u8) {
+        let n = n.clamp(1, self.shards);
+        let secret = self.x25519_secret.clone();
+        let Some(psk) = self
+            .peer(handle)
+            .and_then(|p| self.namespaces.get(p.ns.0))
+            .map(|ns| ns.keys.psk)
+        else {
+            return;
+        };
+        let tunnels = &self.tunnels;
+        let Some(peer) = self
+            .peers
+            .get_mut(handle.0 as usize)
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        let Ok(theirs) = peer.id.x25519() else {
+            return;
+        };
+        if peer.shards.len() > usize::from(n) {
+            peer.shards.truncate(usize::from(n));
+            tunnels.remove(handle, n);
+            return;
+        }
+        while peer.shards.len() < usize::from(n) {
+            let shard = peer.shards.len() as u8;
+            // No keepalive of its own: shard 0 keeps the path and the member's liveness.
+            let tunn = Tunn::new(
+                secret.clone(),
+                theirs,
+                Some(psk),
+                None,
+                shared::session_index(handle, shard),
+                None,
+            );
+            let tunnel = Arc::new(Tunnel::new(handle, shard, tunn));
+            tunnels.insert(Arc::clone(&tunnel));
+            peer.shards.push(tunnel);
         }
     }
 
@@ -403,7 +471,8 @@ impl Node {
                 id: p.id,
                 endpoint: p.endpoint,
                 addresses: &p.addresses,
-                handshake_age: p.tunn.stats().0,
+                handshake_age: p.tunn().stats().0,
+                shards: p.shards.len(),
                 stats: &p.stats,
             })
         })
@@ -463,7 +532,13 @@ impl Node {
                 inner,
             }) => self.handle_relayed(now, from, session, bytes, inner, out),
         };
-        match &received {
+        self.count(&received);
+        received
+    }
+
+    /// Counts a dropped datagram under its reason: the node's, or its tunnel's.
+    fn count(&mut self, received: &Received) {
+        match received {
             Received::Dropped(reason) => self.drops.count(*reason),
             Received::PeerDropped(peer, reason) => {
                 if let Some(p) = self.peer_mut(*peer) {
@@ -472,7 +547,6 @@ impl Node {
             }
             Received::Deliver { .. } | Received::Consumed => {}
         }
-        received
     }
 
     /// Encrypts an IPv4 packet for `peer` into `out`, leaving the first [`SEND_HEADROOM`]
@@ -549,11 +623,13 @@ impl Node {
             x25519,
             Some(self.namespaces[ns.0].keys.psk),
             Some(KEEPALIVE_SECS),
-            handle.0,
+            shared::session_index(handle, 0),
             None,
         );
         tracing::debug!(peer = ?id, %endpoint, "tunnel opened");
-        self.peers[slot] = Some(Peer::new(now, ns, id, tunn, endpoint, initiator));
+        let tunnel = Arc::new(Tunnel::new(handle, 0, tunn));
+        self.tunnels.insert(Arc::clone(&tunnel));
+        self.peers[slot] = Some(Peer::new(now, ns, id, tunnel, endpoint, initiator));
         self.by_id.insert((ns, id), handle);
         self.by_x25519.insert((ns, x25519.to_bytes()), handle);
         // boringtun's timers start with the tunnel.
@@ -563,6 +639,7 @@ impl Node {
 
     fn remove_peer(&mut self, handle: PeerHandle) -> Option<Peer> {
         let peer = self.peers.get_mut(handle.0 as usize)?.take()?;
+        self.tunnels.remove(handle, 0);
         self.by_id.remove(&(peer.ns, peer.id));
         self.by_x25519.retain(|_, h| *h != handle);
         self.relays.retain(|_, s| !s.involves(handle));
@@ -801,7 +878,7 @@ mod tests {
         let mut forged = Hello::emit(&keys, &member, false);
         forged[20] ^= 1;
         let mut init = vec![0u8; INIT_PREFIX_LEN + WG_INIT_LEN];
-        emit_init_prefix(&mut init, &stranger);
+        emit_init_prefix(&mut init, &stranger.tag(), 0);
         init[INIT_PREFIX_LEN] = 1;
         let mut relayed = vec![0u8; RELAY_HEADER_LEN + 32];
         emit_relay_header(&mut relayed, 77);

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boringtun::noise::errors::WireGuardError;
@@ -14,6 +15,7 @@ use boringtun::noise::{Tunn, TunnResult};
 
 use super::hello::{ANNOUNCE_INTERVAL, HELLO_INTERVAL};
 use super::relay::{RELAY_AFTER, RELAY_RETRY};
+use super::shared::Tunnel;
 use super::stats::{DropReason, PeerDropReason, PeerStats};
 use super::{NamespaceId, PeerHandle, Received, SEND_HEADROOM};
 use crate::wire::{self, is_control, WG_DATA_OVERHEAD};
@@ -115,7 +117,9 @@ pub(super) enum PathAction {
 pub(super) struct Peer {
     pub(super) ns: NamespaceId,
     pub(super) id: PeerId,
-    pub(super) tunn: Tunn,
+    /// Its WireGuard state, shared with the workers: shard 0, then the others both ends
+    /// accept (`shared.rs`).
+    pub(super) shards: Vec<Arc<Tunnel>>,
     /// The direct path (WireGuard roaming: the last address an authenticated packet came
     /// from directly).
     pub(super) endpoint: SocketAddr,
@@ -162,14 +166,14 @@ impl Peer {
         now: Instant,
         ns: NamespaceId,
         id: PeerId,
-        tunn: Tunn,
+        tunnel: Arc<Tunnel>,
         endpoint: SocketAddr,
         initiator: bool,
     ) -> Self {
         Self {
             ns,
             id,
-            tunn,
+            shards: vec![tunnel],
             endpoint,
             relay: None,
             relayed: false,
@@ -204,7 +208,12 @@ impl Peer {
 
     /// A handshake completed and its session has not expired.
     pub(super) fn has_session(&self) -> bool {
-        self.tunn.stats().0.is_some()
+        self.tunn().stats().0.is_some()
+    }
+
+    /// The WireGuard state of shard 0 (handshakes on hellos, keepalives, control), locked.
+    pub(super) fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
+        self.shards[0].lock()
     }
 
     /// With a session, and heard from recently.
@@ -243,7 +252,7 @@ impl Peer {
             self.stats.count_drop(PeerDropReason::TooLarge);
             return None;
         }
-        let len = match self.tunn.encapsulate(packet, &mut out[SEND_HEADROOM..]) {
+        let len = match self.tunn().encapsulate(packet, &mut out[SEND_HEADROOM..]) {
             TunnResult::WriteToNetwork(d) => d.len(),
             _ => return None,
         };
@@ -257,7 +266,7 @@ impl Peer {
     /// Writes a fresh handshake initiation into `out[SEND_HEADROOM..]`; its length.
     pub(super) fn format_initiation(&mut self, out: &mut [u8]) -> Option<usize> {
         match self
-            .tunn
+            .tunn()
             .format_handshake_initiation(&mut out[SEND_HEADROOM..], true)
         {
             TunnResult::WriteToNetwork(d) => Some(d.len()),
@@ -531,7 +540,7 @@ mod tests {
             now,
             NamespaceId(0),
             them.peer_id(),
-            tunn,
+            Arc::new(Tunnel::new(PeerHandle(0), 0, tunn)),
             endpoint,
             initiator,
         )
@@ -539,7 +548,7 @@ mod tests {
 
     /// A tunnel whose handshake with the member completed.
     fn handshaken(now: Instant) -> Peer {
-        let mut p = peer(now, true);
+        let p = peer(now, true);
         let me = Identity::from_seed([1; 32]);
         let them = Identity::from_seed([2; 32]);
         let mut remote = Tunn::new(
@@ -551,14 +560,16 @@ mod tests {
             None,
         );
         let (mut a, mut b) = ([0u8; 256], [0u8; 256]);
-        let TunnResult::WriteToNetwork(init) = p.tunn.format_handshake_initiation(&mut a, false)
+        let mut tunn = p.tunn();
+        let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut a, false)
         else {
             panic!("no initiation");
         };
         let TunnResult::WriteToNetwork(response) = remote.decapsulate(None, init, &mut b) else {
             panic!("no response");
         };
-        let _ = p.tunn.decapsulate(None, response, &mut a);
+        let _ = tunn.decapsulate(None, response, &mut a);
+        drop(tunn);
         assert!(p.has_session());
         p
     }

@@ -2,18 +2,20 @@
 //! out, framed for the route they take (namespace prefix of an initiation, relay header).
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 
 use super::peer::{tunnel_error, Route};
+use super::shared::{self, frame_outgoing, Opened, Sealer, Tunnel};
 use super::stats::{DropReason, PeerDropReason};
 use super::{NamespaceId, Node, PeerHandle, Received, Transmit, SEND_HEADROOM};
 use crate::keys::TAG_LEN;
 use crate::wire::{
-    emit_init_prefix, emit_relay_header, is_control, Control, TunnelMessage, INIT_PREFIX_LEN,
-    KIND_WG_DATA, KIND_WG_INIT, KIND_WG_RESPONSE, RELAY_HEADER_LEN,
+    emit_relay_header, is_control, Control, TunnelMessage, KIND_WG_DATA, KIND_WG_RESPONSE,
+    RELAY_HEADER_LEN,
 };
 
 impl Node {
@@ -26,7 +28,11 @@ impl Node {
         out: &mut [u8],
     ) -> Received {
         match message {
-            TunnelMessage::Init { tag, message } => self.handle_init(now, route, &tag, message),
+            TunnelMessage::Init {
+                tag,
+                shard,
+                message,
+            } => self.handle_init(now, route, &tag, shard, message),
             TunnelMessage::WireGuard {
                 kind,
                 receiver,
@@ -53,19 +59,23 @@ impl Node {
         datagram: &[u8],
         out: &mut [u8],
     ) -> Received {
-        // Our receiver indices carry the tunnel slot above boringtun's 8-bit counter.
-        let handle = PeerHandle(receiver >> 8);
+        // Our receiver indices carry the tunnel slot and shard above boringtun's counter.
+        let (handle, shard) = shared::parse_receiver(receiver);
         if !self.route_matches(route, handle) {
             return Received::Dropped(DropReason::UnknownSession);
         }
-        let Some(peer) = self.peer_mut(handle) else {
+        let Some(tunnel) = self
+            .peer(handle)
+            .and_then(|p| p.shards.get(usize::from(shard)))
+            .cloned()
+        else {
             return Received::Dropped(DropReason::UnknownSession);
         };
         if out.len() < datagram.len() {
             return Received::PeerDropped(handle, PeerDropReason::TooLarge);
         }
-        let result = peer
-            .tunn
+        let result = tunnel
+            .lock()
             .decapsulate(Some(route.source_ip()), datagram, out);
         // Only what the member's keys produced may refresh its endpoint and liveness: a
         // decrypted packet or keepalive, or a handshake response that completed. A cookie
@@ -80,6 +90,7 @@ impl Node {
                 self.queue_routed(route, &reply);
                 // Our handshake completed: send what was waiting for it.
                 let pending = completed
+                    && shard == 0
                     && self
                         .peer_mut(handle)
                         .is_some_and(|p| std::mem::take(&mut p.announce_pending));
@@ -89,25 +100,7 @@ impl Node {
                 (Received::Consumed, completed)
             }
             TunnResult::WriteToTunnelV4(packet, src) => {
-                let len = packet.len();
-                let received = if is_control(packet) {
-                    let control = Control::parse(packet);
-                    self.handle_control(now, handle, route, control)
-                } else {
-                    let dst = packet
-                        .get(16..20)
-                        .and_then(|d| <[u8; 4]>::try_from(d).ok())
-                        .map(Ipv4Addr::from);
-                    match peer.accept_packet(now, src, dst, len) {
-                        Ok(()) => Received::Deliver {
-                            ns: peer.ns,
-                            peer: handle,
-                            len,
-                        },
-                        Err(reason) => Received::PeerDropped(handle, reason),
-                    }
-                };
-                (received, true)
+                (self.take_packet(now, handle, route, packet, src), true)
             }
             TunnResult::WriteToTunnelV6(..) => (
                 Received::PeerDropped(handle, PeerDropReason::BadPayload),
@@ -119,8 +112,125 @@ impl Node {
                 peer.heard(now, route);
             }
         }
-        self.flush_tunnel(handle);
+        self.flush_tunnel(handle, shard);
         received
+    }
+
+    /// A packet the member's tunnel opened, by `route`: an in-tunnel control message, or a
+    /// host packet delivered if the member owns its source `src`.
+    pub(super) fn take_packet(
+        &mut self,
+        now: Instant,
+        handle: PeerHandle,
+        route: Route,
+        packet: &[u8],
+        src: Ipv4Addr,
+    ) -> Received {
+        if is_control(packet) {
+            let control = Control::parse(packet);
+            return self.handle_control(now, handle, route, control);
+        }
+        let Some(peer) = self.peer_mut(handle) else {
+            return Received::Dropped(DropReason::UnknownSession);
+        };
+        let dst = packet
+            .get(16..20)
+            .and_then(|d| <[u8; 4]>::try_from(d).ok())
+            .map(Ipv4Addr::from);
+        match peer.accept_packet(now, src, dst, packet.len()) {
+            Ok(()) => Received::Deliver {
+                ns: peer.ns,
+                peer: handle,
+                len: packet.len(),
+            },
+            Err(reason) => Received::PeerDropped(handle, reason),
+        }
+    }
+
+    /// What a worker's [`Tunnels::open`](super::Tunnels::open) made of a datagram that came
+    /// directly from `from`: a packet it opened (lying at the start of `out`) is taken as
+    /// [`Node::handle_datagram`] takes one, if its tunnel is still this node's at that
+    /// handle. Counted as there.
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        from: std::net::SocketAddr,
+        opened: Opened,
+        out: &[u8],
+    ) -> Received {
+        let received = match opened {
+            Opened::NotData => Received::Dropped(DropReason::Malformed),
+            Opened::UnknownSession => Received::Dropped(DropReason::UnknownSession),
+            Opened::Refused { tunnel, received } => {
+                if self.is_current(&tunnel) {
+                    received
+                } else {
+                    Received::Dropped(DropReason::UnknownSession)
+                }
+            }
+            Opened::Packet { tunnel, len } => {
+                let handle = tunnel.handle();
+                if !self.is_current(&tunnel) {
+                    Received::Dropped(DropReason::UnknownSession)
+                } else {
+                    let route = Route::Direct(from);
+                    let received = match out.get(..len).filter(|p| p.len() >= 20) {
+                        // A keepalive.
+                        None if len == 0 => Received::Consumed,
+                        None => Received::PeerDropped(handle, PeerDropReason::BadPayload),
+                        Some(packet) => {
+                            let src = Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]);
+                            self.take_packet(now, handle, route, packet, src)
+                        }
+                    };
+                    if let Some(peer) = self.peer_mut(handle) {
+                        peer.heard(now, route);
+                    }
+                    self.flush_tunnel(handle, tunnel.shard());
+                    received
+                }
+            }
+        };
+        self.count(&received);
+        received
+    }
+
+    /// Whether `tunnel` is a shard of the node's tunnel at its handle (not one removed
+    /// since).
+    fn is_current(&self, tunnel: &Arc<Tunnel>) -> bool {
+        self.peer(tunnel.handle()).is_some_and(|p| {
+            p.shards
+                .get(usize::from(tunnel.shard()))
+                .is_some_and(|t| Arc::ptr_eq(t, tunnel))
+        })
+    }
+
+    /// A sealer for `handle` on its current route, on the shard of `packet`'s flow
+    /// ([`Sealer::seal`] then encrypts outside the node); counts `packet` as sent to the
+    /// member, as [`Node::send`] does. `None` without such a tunnel.
+    pub fn sealer(&mut self, handle: PeerHandle, packet: &[u8]) -> Option<Sealer> {
+        let route = self.route(handle)?;
+        let peer = self.peer_mut(handle)?;
+        let control = is_control(packet);
+        if !control {
+            peer.stats.tx_packets += 1;
+            peer.stats.tx_bytes += packet.len() as u64;
+        }
+        let shard = if control {
+            0
+        } else {
+            shared::flow_shard(packet, peer.shards.len())
+        };
+        let tunnel = Arc::clone(&peer.shards[shard]);
+        let fallback = (shard > 0).then(|| Arc::clone(&peer.shards[0]));
+        let ns = peer.ns;
+        let tag = self.namespaces[ns.0].keys.tag();
+        Some(Sealer {
+            tunnel,
+            fallback,
+            route,
+            tag,
+        })
     }
 
     fn handle_init(
@@ -128,8 +238,12 @@ impl Node {
         now: Instant,
         route: Route,
         tag: &[u8; TAG_LEN],
+        shard: u8,
         message: &[u8],
     ) -> Received {
+        if shard >= self.shards {
+            return Received::Dropped(DropReason::UnknownSession);
+        }
         let Some(ns) = self.namespace_by_tag(tag) else {
             return Received::Dropped(DropReason::UnknownNamespace);
         };
@@ -145,14 +259,25 @@ impl Node {
         if !self.route_matches(route, handle) {
             return Received::Dropped(DropReason::UnknownSession);
         }
+        // The member starts a shard we have not made yet (its announcement said how many it
+        // accepts, ours may not have reached it): made now, up to what we accept.
+        if self
+            .peer(handle)
+            .is_some_and(|p| p.shards.len() <= usize::from(shard))
+        {
+            self.set_tunnel_shards(handle, shard + 1);
+        }
         let Some(peer) = self.peer_mut(handle) else {
             return Received::Dropped(DropReason::UnknownPeer);
         };
+        let Some(tunnel) = peer.shards.get(usize::from(shard)).cloned() else {
+            return Received::Dropped(DropReason::UnknownSession);
+        };
         let mut buf = [0u8; 256];
-        match peer
-            .tunn
-            .decapsulate(Some(route.source_ip()), message, &mut buf)
-        {
+        let result = tunnel
+            .lock()
+            .decapsulate(Some(route.source_ip()), message, &mut buf);
+        match result {
             TunnResult::WriteToNetwork(reply) => {
                 // A response means the initiation verified: it was made with the member's
                 // static key and a fresh timestamp. A cookie (under load) proves nothing.
@@ -216,7 +341,7 @@ impl Node {
         let peer = self.peer_mut(handle)?;
         let ns = peer.ns;
         let len = peer.encapsulate(packet, out)?;
-        Some(self.frame_outgoing(ns, route, out, len))
+        Some(self.frame_outgoing(ns, 0, route, out, len))
     }
 
     /// Wraps a WireGuard message lying at `out[SEND_HEADROOM..][..len]` for the wire: the
@@ -224,23 +349,12 @@ impl Node {
     pub(super) fn frame_outgoing(
         &self,
         ns: NamespaceId,
+        shard: u8,
         route: Route,
         out: &mut [u8],
         len: usize,
     ) -> Transmit {
-        let mut start = SEND_HEADROOM;
-        if out[SEND_HEADROOM] == KIND_WG_INIT {
-            start -= INIT_PREFIX_LEN;
-            emit_init_prefix(&mut out[start..], &self.namespaces[ns.0].keys);
-        }
-        if let Route::Relay { session, .. } = route {
-            start -= RELAY_HEADER_LEN;
-            emit_relay_header(&mut out[start..], session);
-        }
-        Transmit {
-            to: route.addr(),
-            range: start..SEND_HEADROOM + len,
-        }
+        frame_outgoing(&self.namespaces[ns.0].keys.tag(), shard, route, out, len)
     }
 
     /// Queues a datagram built elsewhere (a reply boringtun produced) on `route`.
@@ -256,20 +370,26 @@ impl Node {
         }
     }
 
-    /// Sends what a tunnel queued while it had no session (boringtun: repeat decapsulate
-    /// with an empty datagram until it is done).
-    fn flush_tunnel(&mut self, handle: PeerHandle) {
+    /// Sends what a tunnel's shard queued while it had no session (boringtun: repeat
+    /// decapsulate with an empty datagram until it is done).
+    fn flush_tunnel(&mut self, handle: PeerHandle, shard: u8) {
         let mut buf = std::mem::take(&mut self.scratch);
         while let Some(route) = self.route(handle) {
-            let Some(peer) = self.peer_mut(handle) else {
+            let Some(peer) = self.peer(handle) else {
+                break;
+            };
+            let Some(tunnel) = peer.shards.get(usize::from(shard)) else {
                 break;
             };
             let ns = peer.ns;
-            let len = match peer.tunn.decapsulate(None, &[], &mut buf[SEND_HEADROOM..]) {
+            let len = match tunnel
+                .lock()
+                .decapsulate(None, &[], &mut buf[SEND_HEADROOM..])
+            {
                 TunnResult::WriteToNetwork(d) => d.len(),
                 _ => break,
             };
-            let t = self.frame_outgoing(ns, route, &mut buf, len);
+            let t = self.frame_outgoing(ns, shard, route, &mut buf, len);
             self.queue_transmit(t.to, buf[t.range].to_vec());
         }
         self.scratch = buf;
@@ -284,23 +404,37 @@ impl Node {
         self.scratch = buf;
     }
 
-    /// Runs boringtun's timers of every tunnel (handshake retries, rekeying, keepalives)
-    /// and sends what they produce.
+    /// Runs boringtun's timers of every tunnel shard (handshake retries, rekeying,
+    /// keepalives) and sends what they produce. The initiator of a tunnel with a session
+    /// starts the handshake of each other shard that has none (only one side initiates:
+    /// see `restart_handshake`).
     pub(super) fn run_tunnel_timers(&mut self) {
         let mut buf = std::mem::take(&mut self.scratch);
         for handle in self.handles().collect::<Vec<_>>() {
             let Some(route) = self.route(handle) else {
                 continue;
             };
-            let Some(peer) = self.peer_mut(handle) else {
+            let Some(peer) = self.peer(handle) else {
                 continue;
             };
-            let ns = peer.ns;
-            if let TunnResult::WriteToNetwork(d) =
-                peer.tunn.update_timers(&mut buf[SEND_HEADROOM..])
-            {
-                let len = d.len();
-                let t = self.frame_outgoing(ns, route, &mut buf, len);
+            let (ns, shards) = (peer.ns, peer.shards.clone());
+            let start_shards = peer.initiator && peer.has_session();
+            for tunnel in shards {
+                let mut tunn = tunnel.lock();
+                let mut result = tunn.update_timers(&mut buf[SEND_HEADROOM..]);
+                if start_shards
+                    && tunnel.shard() > 0
+                    && !matches!(result, TunnResult::WriteToNetwork(_))
+                    && tunn.time_since_last_handshake().is_none()
+                {
+                    result = tunn.format_handshake_initiation(&mut buf[SEND_HEADROOM..], false);
+                }
+                let len = match result {
+                    TunnResult::WriteToNetwork(d) => d.len(),
+                    _ => continue,
+                };
+                drop(tunn);
+                let t = self.frame_outgoing(ns, tunnel.shard(), route, &mut buf, len);
                 self.queue_transmit(t.to, buf[t.range].to_vec());
             }
         }
