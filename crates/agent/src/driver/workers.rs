@@ -366,7 +366,12 @@ impl Worker {
                 () = super::run::sleep_until(timer) => Wake::Timer,
             };
             match wake {
-                Wake::Command(None) => return Ok(()),
+                Wake::Command(None) => {
+                    // What the control thread queued before it stopped goes out first (a
+                    // leave's announcements: members drop us at once, not after a timeout).
+                    self.send_outbox(None).await;
+                    return Ok(());
+                }
                 Wake::Command(Some(command)) => self.command(command),
                 Wake::Outbox(first) => self.send_outbox(first).await,
                 Wake::Underlay(Ok(())) => self.carry_datagrams().await,
@@ -411,9 +416,9 @@ impl Worker {
         }
     }
 
-    /// Worker 0: sends what the control thread left in the outbox.
+    /// Worker 0: sends what the control thread left in the outbox (`first`, then the rest).
     async fn send_outbox(&mut self, first: Option<Outgoing>) {
-        let mut next = first;
+        let mut next = first.or_else(|| self.outbox.as_mut().and_then(|o| o.try_recv().ok()));
         while let Some((to, datagram)) = next {
             self.underlay.push(to, &datagram).await;
             next = self.outbox.as_mut().and_then(|o| o.try_recv().ok());
