@@ -115,6 +115,12 @@ struct NamespaceSection {
     gateway: Option<String>,
     #[serde(default, rename = "peer")]
     peers: Vec<PeerSection>,
+    #[serde(default)]
+    authority: Option<String>,
+    #[serde(default)]
+    certificate: Option<PathBuf>,
+    #[serde(default)]
+    revocations: Option<PathBuf>,
 }
 
 fn default_mode() -> String {
@@ -286,6 +292,11 @@ pub struct Namespace {
     pub dns_rate: u32,
     /// The default gateway the virtual DHCP server hands out (option 3), if any.
     pub gateway: Option<Ipv4Addr>,
+    /// With an authority: what it trusts and this member's certificate
+    /// (docs/SECURITY.md, "Certificates").
+    pub credential: Option<hyphae_overlay::proof::Credential>,
+    /// The certificate file, for messages.
+    pub certificate_path: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -297,6 +308,15 @@ impl std::fmt::Debug for Namespace {
             .field("address", &self.address)
             .finish_non_exhaustive()
     }
+}
+
+/// Reads just the state directory (where the identity is), for `hyphae id`; the default
+/// one without a config file.
+pub fn state_dir(path: &Path) -> Result<PathBuf> {
+    if !path.exists() {
+        return Ok(AgentSection::default().state_dir);
+    }
+    Ok(parse_file(path)?.agent.state_dir)
 }
 
 /// Reads just the control socket path, for the commands that talk to a running agent.
@@ -548,6 +568,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         })
         .transpose()?;
     let secret = read_secret(&s.secret_file)?;
+    let credential = read_credential(&s.name, &s.authority, &s.certificate, &s.revocations)?;
     let peers = s
         .peers
         .iter()
@@ -574,7 +595,70 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         resolvers,
         dns_rate: s.dns_rate,
         gateway,
+        credential,
+        certificate_path: s.certificate,
     })
+}
+
+/// A namespace's authority, this member's certificate and the revocation list to start
+/// from: all or none of `authority` and `certificate`. The certificate must be the
+/// authority's, for this namespace, and not expired (its identity is checked against the
+/// agent's at start).
+fn read_credential(
+    namespace: &str,
+    authority: &Option<String>,
+    certificate: &Option<PathBuf>,
+    revocations: &Option<PathBuf>,
+) -> Result<Option<hyphae_overlay::proof::Credential>> {
+    use hyphae_overlay::cert::{unarmor, Authority, Trust};
+    let (authority, path) = match (authority, certificate) {
+        (None, None) => {
+            if revocations.is_some() {
+                bail!("revocations needs an authority");
+            }
+            return Ok(None);
+        }
+        (Some(_), None) => bail!(
+            "authority is set but certificate is not (sign one with `hyphae cert sign` and name its file)"
+        ),
+        (None, Some(_)) => bail!("certificate is set but authority is not"),
+        (Some(a), Some(p)) => (a, p),
+    };
+    let authority = Authority::from_text(authority)
+        .map_err(|_| anyhow::anyhow!("authority '{authority}' is not an authority public key (base64 of 32 bytes, as `hyphae ca init` prints)"))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read certificate {}", path.display()))?;
+    let bytes = unarmor(&text).map_err(|_| {
+        anyhow::anyhow!("certificate {} is not a hyphae certificate", path.display())
+    })?;
+    let cert = authority
+        .open_certificate(&bytes)
+        .map_err(|e| anyhow::anyhow!("certificate {}: {e}", path.display()))?;
+    if cert.namespace() != namespace {
+        bail!(
+            "certificate {} is for namespace '{}', not '{namespace}'",
+            path.display(),
+            cert.namespace()
+        );
+    }
+    let mut trust = Trust::new(namespace, authority);
+    if let Some(list) = revocations {
+        let text = std::fs::read_to_string(list)
+            .with_context(|| format!("cannot read revocations {}", list.display()))?;
+        let bytes = unarmor(&text).map_err(|_| {
+            anyhow::anyhow!(
+                "revocations {} is not a hyphae revocation list",
+                list.display()
+            )
+        })?;
+        trust
+            .update(&bytes)
+            .map_err(|e| anyhow::anyhow!("revocations {}: {e}", list.display()))?;
+    }
+    Ok(Some(hyphae_overlay::proof::Credential {
+        trust,
+        certificate: bytes,
+    }))
 }
 
 /// Where the host's resolvers are read from when a namespace has no `resolvers`.
@@ -731,7 +815,9 @@ mod tests {
             &cfg,
             toml.replace("SECRET", &secret_path.display().to_string()),
         )?;
-        Config::load(&cfg)
+        let config = Config::load(&cfg);
+        let _ = std::fs::remove_dir_all(&dir);
+        config
     }
 
     const GOOD: &str = r#"
@@ -751,6 +837,82 @@ endpoint = "10.200.0.3"
 
     fn err(toml: &str, secret: Option<&str>) -> String {
         format!("{:#}", load(toml, secret).unwrap_err())
+    }
+
+    #[test]
+    fn an_authority_needs_a_certificate_of_its_own_for_this_namespace() {
+        use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
+        let dir = std::env::temp_dir().join(format!("hyphae-cert-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = AuthorityKey::from_seed([7; 32]);
+        let other = AuthorityKey::from_seed([8; 32]);
+        let request = |namespace: &str| CertificateRequest {
+            namespace: namespace.into(),
+            identity: hyphae_overlay::Identity::from_seed([1; 32]).peer_id(),
+            name: "alpha".into(),
+            groups: Vec::new(),
+            addresses: Vec::new(),
+            not_before: 0,
+            not_after: u64::MAX / 2,
+        };
+        let write = |name: &str, bytes: Vec<u8>| {
+            let path = dir.join(name);
+            std::fs::write(&path, armor("CERTIFICATE", &bytes)).unwrap();
+            path.display().to_string()
+        };
+        let good = write("good.crt", ca.sign(&request("lab")).unwrap());
+        let prod = write("prod.crt", ca.sign(&request("prod")).unwrap());
+        let foreign = write("foreign.crt", other.sign(&request("lab")).unwrap());
+        let list = dir.join("lab.revocations");
+        std::fs::write(
+            &list,
+            armor("REVOCATION LIST", &ca.revoke(3, 0, &[], &[]).unwrap()),
+        )
+        .unwrap();
+        let authority = format!("authority = \"{}\"\n", ca.authority());
+        let with = |lines: &str| GOOD.replace("address = ", &format!("{lines}address = "));
+        let secret = Some("0123456789abcdef\n");
+
+        let c = load(
+            &with(&format!(
+                "{authority}certificate = \"{good}\"\nrevocations = \"{}\"\n",
+                list.display()
+            )),
+            secret,
+        )
+        .unwrap();
+        let credential = c.namespaces[0].credential.as_ref().unwrap();
+        assert_eq!(credential.trust.authority(), ca.authority());
+        assert_eq!(credential.trust.revocations_version(), 3);
+
+        for (lines, expect) in [
+            (authority.clone(), "certificate is not"),
+            (format!("certificate = \"{good}\"\n"), "authority is not"),
+            (
+                format!("{authority}certificate = \"{prod}\"\n"),
+                "for namespace 'prod'",
+            ),
+            (
+                format!("{authority}certificate = \"{foreign}\"\n"),
+                "another authority",
+            ),
+            (
+                format!("{authority}certificate = \"/nonexistent.crt\"\n"),
+                "cannot read certificate",
+            ),
+            (
+                format!("authority = \"nope\"\ncertificate = \"{good}\"\n"),
+                "not an authority public key",
+            ),
+            (
+                format!("revocations = \"{}\"\n", list.display()),
+                "needs an authority",
+            ),
+        ] {
+            let e = err(&with(&lines), secret);
+            assert!(e.contains(expect), "{lines}: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -69,6 +69,42 @@ pub struct Status {
     pub underlay_changes: u64,
     /// One entry per namespace.
     pub namespaces: Vec<NamespaceStatus>,
+    /// Certificates refused (namespaces with an authority; docs/SECURITY.md).
+    #[serde(default)]
+    pub certificates: CertificateCounters,
+}
+
+/// Certificates of other members refused, by reason (`missing`, `malformed`,
+/// `unknown_version`, `wrong_authority`, `bad_signature`, `other_namespace`,
+/// `other_identity`, `not_yet_valid`, `expired`, `revoked`, `outdated`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CertificateCounters {
+    /// Tunnels refused or closed for the certificate their member announced.
+    pub tunnels_refused: BTreeMap<String, u64>,
+    /// Control-plane memberships (replicas, records, relays) refused or ended for the
+    /// certificate in the peer's membership proof.
+    pub members_refused: BTreeMap<String, u64>,
+    /// Announced addresses a member's certificate does not allow, left out.
+    pub addresses_not_allowed: u64,
+}
+
+/// This member's certificate in a namespace with an authority.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OwnCertificate {
+    /// The namespace authority (base64 Ed25519 public key).
+    pub authority: String,
+    /// The name it gives this member.
+    pub name: String,
+    /// The groups it names.
+    pub groups: Vec<String>,
+    /// Addresses it allows (empty: any).
+    pub addresses: Vec<String>,
+    /// End of its validity, Unix seconds.
+    pub not_after: u64,
+    /// Seconds until it expires (negative: expired).
+    pub expires_in_secs: i64,
+    /// Version of the revocation list held (0: none).
+    pub revocations_version: u64,
 }
 
 /// The underlay in [`Status`].
@@ -229,6 +265,9 @@ pub struct NamespaceStatus {
     pub name: String,
     /// Deployment mode.
     pub mode: String,
+    /// With an authority: this member's certificate and the revocation list held.
+    #[serde(default)]
+    pub certificate: Option<OwnCertificate>,
     /// Router and hybrid modes: the LAN bridge.
     #[serde(default)]
     pub bridge: Option<String>,

@@ -1,6 +1,7 @@
 //! The `hyphae` agent: configuration, device setup, the event loop wiring the vswitch to the
 //! overlay, and the control socket.
 
+pub mod ca;
 pub mod cloud_init;
 pub mod config;
 pub mod control;

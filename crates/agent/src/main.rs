@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result};
 use base64::Engine as _;
 use clap::{CommandFactory as _, Parser, Subcommand};
-use hyphae_agent::{cloud_init, config, control, doctor, join, setup};
+use hyphae_agent::{ca, cloud_init, config, control, doctor, join, setup};
 
 /// hyphae: a userspace overlay VPN. One flat private subnet for every member of a namespace.
 ///
@@ -70,6 +70,19 @@ enum Cmd {
     },
     /// Print a new random namespace secret (base64 of 32 bytes).
     Secret,
+    /// Print this host's identity (creating it if there is none yet): what a namespace
+    /// authority signs a certificate for.
+    Id {
+        /// Config file (for the state directory).
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
+        config: PathBuf,
+    },
+    /// A namespace authority: the key that signs members' certificates.
+    #[command(subcommand)]
+    Ca(CaCmd),
+    /// Member certificates and revocation lists.
+    #[command(subcommand)]
+    Cert(CertCmd),
     /// Print `#cloud-config` user-data that installs hyphae on a new VM, writes its config
     /// and the namespace secret (0600), and starts it, joining the namespace on first boot.
     CloudInit(cloud_init::CloudInitArgs),
@@ -107,6 +120,33 @@ enum NameCmd {
         #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum CaCmd {
+    /// Write a new authority key for NAMESPACE (0600; keep it offline) and print the
+    /// `authority = "..."` line every member's config needs.
+    Init {
+        /// Namespace name.
+        namespace: String,
+        /// Where to write the key (default NAMESPACE.ca.key).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CertCmd {
+    /// Sign a certificate binding a member's identity to a name, groups and, optionally,
+    /// the addresses it may claim.
+    Sign(ca::SignArgs),
+    /// Print a certificate or revocation list and check its signature.
+    Show {
+        /// The file.
+        file: PathBuf,
+    },
+    /// Write the next revocation list: revoke identities or certificates.
+    Revoke(ca::RevokeArgs),
 }
 
 fn main() -> ExitCode {
@@ -174,6 +214,28 @@ fn execute(cmd: Cmd) -> Result<()> {
         }
         Cmd::Man { dir: Some(dir) } => clap_mangen::generate_to(Cli::command(), &dir)
             .with_context(|| format!("writing the manual pages to {}", dir.display())),
+        Cmd::Id { config } => {
+            let state = config::state_dir(&config)?;
+            let identity = setup::load_or_create_identity(&state)?;
+            println!("{}", identity.peer_id());
+            Ok(())
+        }
+        Cmd::Ca(CaCmd::Init { namespace, out }) => {
+            println!("{}", ca::init(&namespace, out)?);
+            Ok(())
+        }
+        Cmd::Cert(CertCmd::Sign(args)) => {
+            print!("{}", ca::sign(&args)?);
+            Ok(())
+        }
+        Cmd::Cert(CertCmd::Show { file }) => {
+            print!("{}", ca::show(&file)?);
+            Ok(())
+        }
+        Cmd::Cert(CertCmd::Revoke(args)) => {
+            println!("{}", ca::revoke(&args)?);
+            Ok(())
+        }
         Cmd::Secret => {
             let secret = hyphae_agent::setup::os_seed()?;
             println!(

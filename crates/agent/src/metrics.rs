@@ -8,7 +8,9 @@
 //!   `namespaces[].peers[].rx_bytes` → `hyphae_peer_rx_bytes_total`;
 //! - counters end in `_total`; the few gauges ([`GAUGES`], and every boolean as 0 or 1)
 //!   do not; `_ms` and `_secs` fields are converted to `_seconds`;
-//! - a `drops` map is one counter `..._drops_total` with a `reason` label;
+//! - a `drops` map is one counter `..._drops_total` with a `reason` label, and so is a
+//!   `..._refused` map (`certificates.tunnels_refused` →
+//!   `hyphae_certificates_tunnels_refused_total{reason="revoked"}`);
 //! - labels: `namespace` (the namespace name) and, on members, `member` (its identity).
 //!   Both are bounded: namespaces by the config, members by the namespace subnet and the
 //!   tunnel limit. Nothing is labelled by flow, client address or DNS name.
@@ -33,6 +35,9 @@ const GAUGES: &[&str] = &[
     "namespaces[].peers[].rtt_ms",
     "namespaces[].peers[].handshake_age_secs",
     "namespaces[].peers[].shards",
+    "namespaces[].certificate.not_after",
+    "namespaces[].certificate.expires_in_secs",
+    "namespaces[].certificate.revocations_version",
 ];
 
 /// Status fields that are not measurements: the schema version.
@@ -156,7 +161,7 @@ impl Families {
                 Value::Bool(b) => {
                     self.gauge(&name, &path, &scope.labels, if *b { 1.0 } else { 0.0 })?;
                 }
-                Value::Object(drops) if key == "drops" => {
+                Value::Object(drops) if key == "drops" || key.ends_with("_refused") => {
                     for (reason, count) in drops {
                         let mut labels = scope.labels.clone();
                         labels.push(("reason", reason.clone()));

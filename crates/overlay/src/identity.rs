@@ -24,6 +24,12 @@ impl PeerId {
         Ok(Self(bytes))
     }
 
+    /// Parses the text form ([`fmt::Display`]: the public key in base64).
+    pub fn from_text(text: &str) -> Result<Self, Error> {
+        let bytes = B64.decode(text.trim()).map_err(|_| Error::BadIdentity)?;
+        Self::from_bytes(bytes.try_into().map_err(|_| Error::BadIdentity)?)
+    }
+
     /// The raw public key.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -129,6 +135,11 @@ mod tests {
         ));
         let b = Identity::from_text(&a.to_text()).unwrap();
         assert_eq!(a.peer_id(), b.peer_id());
+        assert_eq!(
+            PeerId::from_text(&a.peer_id().to_string()).unwrap(),
+            a.peer_id()
+        );
+        assert!(PeerId::from_text("AAAA").is_err());
         assert!(Identity::from_text("not base64!").is_err());
         assert!(Identity::from_text("AAAA").is_err());
     }

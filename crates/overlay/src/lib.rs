@@ -4,6 +4,7 @@
 //! Kademlia DHT whose replicas keep each namespace's sealed, signed records as leases won by
 //! a majority ([`records`], [`lease`], [`quorum`], [`swarm`]).
 
+pub mod cert;
 mod identity;
 mod keys;
 pub mod lease;

@@ -476,6 +476,9 @@ pub struct Announce {
     /// Shards the sender accepts, 1 to [`MAX_SHARDS`] (a trailing byte: an agent that
     /// does not send it accepts 1, one that does not read it ignores it).
     pub shards: u8,
+    /// The sender's certificate in a namespace with an authority (after the shard
+    /// count: a 2-byte length and the bytes; empty: none).
+    pub certificate: Vec<u8>,
 }
 
 impl Announce {
@@ -490,6 +493,10 @@ impl Announce {
             body.extend_from_slice(&a.octets());
         }
         body.push(self.shards.clamp(1, MAX_SHARDS));
+        if !self.certificate.is_empty() && self.certificate.len() <= crate::cert::MAX_CERT_LEN {
+            body.extend_from_slice(&(self.certificate.len() as u16).to_be_bytes());
+            body.extend_from_slice(&self.certificate);
+        }
         control_packet(&body)
     }
 
@@ -507,6 +514,16 @@ impl Announce {
         }
         let list = body.get(6..6 + 4 * n)?;
         let shards = body.get(6 + 4 * n).copied().unwrap_or(1);
+        let certificate = match body.get(7 + 4 * n..) {
+            None | Some([]) => Vec::new(),
+            Some(rest) => {
+                let len = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
+                if len > crate::cert::MAX_CERT_LEN || rest.len() != 2 + len {
+                    return None;
+                }
+                rest[2..].to_vec()
+            }
+        };
         Some(Self {
             have_yours: flags & FLAG_HAVE_YOURS != 0,
             addresses: list
@@ -514,6 +531,7 @@ impl Announce {
                 .map(|c| Ipv4Addr::new(c[0], c[1], c[2], c[3]))
                 .collect(),
             shards: shards.clamp(1, MAX_SHARDS),
+            certificate,
         })
     }
 }
@@ -549,6 +567,7 @@ mod tests {
             have_yours: true,
             addresses: vec![Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 7)],
             shards: 4,
+            certificate: Vec::new(),
         };
         let p = a.emit();
         assert!(is_control(&p));
@@ -557,11 +576,37 @@ mod tests {
         // Without the trailing shard count (an older agent's), one shard.
         assert_eq!(
             Announce::parse(&p[..p.len() - 1]),
-            Some(Announce { shards: 1, ..a })
+            Some(Announce {
+                shards: 1,
+                ..a.clone()
+            })
         );
         for n in 0..p.len() - 1 {
             assert_eq!(Announce::parse(&p[..n]), None);
         }
+
+        // With a certificate: round trip; any cut into it, or a byte more, is malformed.
+        let c = Announce {
+            certificate: vec![0xc3; 300],
+            ..a.clone()
+        };
+        let p = c.emit();
+        assert_eq!(Announce::parse(&p), Some(c));
+        for n in p.len() - 301..p.len() {
+            assert_eq!(Announce::parse(&p[..n]), None, "{n}");
+        }
+        let mut longer = p.clone();
+        longer.push(0);
+        assert_eq!(Announce::parse(&longer), None);
+        // One too large to be a certificate is not sent.
+        let huge = Announce {
+            certificate: vec![1; crate::cert::MAX_CERT_LEN + 1],
+            ..a
+        };
+        assert_eq!(
+            Announce::parse(&huge.emit()).map(|x| x.certificate),
+            Some(Vec::new())
+        );
     }
 
     #[test]

@@ -65,7 +65,7 @@ async fn spawn(identity: &Identity, bootstrap: Option<&Multiaddr>) -> Node {
         [3; 32],
     )
     .unwrap();
-    overlay.add_namespace(&keys());
+    overlay.add_namespace(&keys(), None);
     let ns = keys().tag();
     let id = overlay.local_id();
     let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
@@ -132,7 +132,7 @@ fn stranger_swarm(identity: &Identity, member: bool) -> Stranger {
     let key = libp2p::identity::Keypair::ed25519_from_bytes(identity.seed()).unwrap();
     let mut proofs = Proofs::new(key.public().to_peer_id());
     if member {
-        proofs.add_namespace(&keys(), || [9; 32]);
+        proofs.add_namespace(&keys(), None, || [9; 32]);
     }
     let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
@@ -173,7 +173,7 @@ impl Stranger {
                     },
                 ..
             })) => {
-                let answer = self.proofs.handle_challenge(peer, nonce);
+                let answer = self.proofs.handle_challenge(peer, nonce, || [9; 32]);
                 let _ = self
                     .swarm
                     .behaviour_mut()

@@ -116,7 +116,7 @@ async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Han
     // Every swarm here is a member of one control-plane namespace (the records' keys may
     // come from other namespaces' keys: replicas cannot tell).
     let ns = member_keys().tag();
-    overlay.add_namespace(&member_keys());
+    overlay.add_namespace(&member_keys(), None);
     let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
     let (ev_tx, mut ev_rx) = mpsc::channel(1024);
     tokio::spawn(async move {
@@ -750,6 +750,7 @@ async fn spawn_hostile(
                     let answer = match request {
                         ProofRequest::Challenge { .. } => ProofResponse::Proof {
                             macs: vec![[0x42; 32]],
+                            certificates: Vec::new(),
                         },
                         ProofRequest::Proof { .. } => ProofResponse::Ack,
                     };

@@ -49,7 +49,7 @@ async fn spawn(seed: u8, bootstrap: Option<&Multiaddr>) -> Member {
         [seed; 32],
     )
     .unwrap();
-    overlay.add_namespace(&keys);
+    overlay.add_namespace(&keys, None);
     let id = overlay.local_id();
     let (ask_tx, mut ask_rx) = mpsc::channel::<oneshot::Sender<Report>>(4);
     let (addr_tx, addr_rx) = oneshot::channel();

@@ -130,6 +130,7 @@ fn sybil_event(
             let answer = match request {
                 ProofRequest::Challenge { .. } => ProofResponse::Proof {
                     macs: vec![[0x42; 32]],
+                    certificates: Vec::new(),
                 },
                 ProofRequest::Proof { .. } => ProofResponse::Ack,
             };

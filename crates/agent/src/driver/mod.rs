@@ -64,6 +64,8 @@ const NO_SUBNET: ipnet::Ipv4Net = match ipnet::Ipv4Net::new(Ipv4Addr::UNSPECIFIE
 /// is the data plane's lane of the same index.
 pub(crate) struct Joined {
     pub(crate) name: String,
+    /// With an authority: this member's certificate (checked at start).
+    pub(crate) certificate: Option<hyphae_overlay::cert::Certificate>,
     /// Names the namespace in the control plane (its records and membership proofs).
     pub(crate) tag: [u8; hyphae_overlay::TAG_LEN],
     pub(crate) device: String,
@@ -267,6 +269,29 @@ impl Control {
         now: Instant,
     ) -> Result<()> {
         let me = self.identity.peer_id();
+        let mut certificate = None;
+        // Before anything is created: a certificate for another host, or out of its
+        // window, would only be refused by every member.
+        if let Some(credential) = &cfg.credential {
+            let file = cfg
+                .certificate_path
+                .as_ref()
+                .map_or_else(String::new, |p| format!(" {}", p.display()));
+            match credential
+                .trust
+                .check(&credential.certificate, &me, unix_now())
+            {
+                Ok(cert) => {
+                    tracing::info!(namespace = %cfg.name, name = cert.name(), groups = ?cert.groups(), not_after = cert.not_after(), "certificate");
+                    certificate = Some(cert);
+                }
+                Err(hyphae_overlay::cert::Refusal::OtherIdentity) => anyhow::bail!(
+                    "namespace {}: certificate{file} is not for this host's identity {me} (`hyphae id` prints it; sign one for it)",
+                    cfg.name
+                ),
+                Err(e) => anyhow::bail!("namespace {}: certificate{file}: {e}", cfg.name),
+            }
+        }
         // Locally administered, unicast: 0x02 in the first byte.
         let device_mac = setup::stable_mac([0x02, 0x48], &me, &cfg.name);
         let tap_name = crate::lan::tap_name(cfg);
@@ -294,7 +319,7 @@ impl Control {
         // Peers learn we are a member (and we which of them are) before anything is claimed.
         // An agent that leaves stays a proven member until it restarts: it still holds
         // the secret, and its releases must still reach the replicas.
-        self.overlay.add_namespace(&keys);
+        self.overlay.add_namespace(&keys, cfg.credential.clone());
         let tag = keys.tag();
         // Members hear of our address once it is won, static or not.
         // Members known before a restart still have tunnels with us that we forgot: a
@@ -324,6 +349,8 @@ impl Control {
         {
             let mut dp = lock(&self.dp);
             let id = dp.node.add_namespace(keys.clone(), Vec::new());
+            dp.node.set_credential(id, cfg.credential.clone());
+            dp.node.set_wall(unix_now());
             if id.0 != self.namespaces.len() {
                 bail!(
                     "internal: the node numbered namespace '{}' {}, not {}",
@@ -419,6 +446,7 @@ impl Control {
         });
         self.namespaces.push(Joined {
             name: cfg.name.clone(),
+            certificate,
             tag,
             device: cfg.device.clone(),
             mode: cfg.mode,
@@ -477,6 +505,8 @@ impl Control {
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
         let tunnels = {
             let mut dp = lock(&self.dp);
+            // Certificates are checked against the time of day.
+            dp.node.set_wall(unix_now());
             dp.handle_timeout(now, &mut self.batch)
                 .then(|| data::TunnelList::of(&dp.node))
         };

@@ -10,12 +10,13 @@ use hyphae_vswitch::{Counters, DropReason as SwitchDrop};
 
 use super::data::{DataPlane, OffloadCounters};
 use super::workers::{lock, LOCK_WAIT_BOUNDS_US};
-use super::Control;
+use super::{unix_now, Control};
 use crate::config::Mode;
 use crate::control::{
-    self, LockWaitStatus, NamespaceStatus, OverlayStatus, PeerStatus, RelayStatus, Status,
-    WorkerStatus, STATUS_VERSION,
+    self, CertificateCounters, LockWaitStatus, NamespaceStatus, OverlayStatus, OwnCertificate,
+    PeerStatus, RelayStatus, Status, WorkerStatus, STATUS_VERSION,
 };
+use hyphae_overlay::cert::Refusal;
 
 /// What status shows of the data plane, copied out while it is held (plain values: the
 /// formatting happens after it is let go).
@@ -26,6 +27,8 @@ struct DataStatus {
     underlay_changes: u64,
     relay: RelayStats,
     inbox_drops: u64,
+    certificates: hyphae_overlay::node::CertificateStats,
+    revocations: Vec<u64>,
 }
 
 struct LaneStatus {
@@ -86,6 +89,14 @@ impl DataStatus {
             underlay_changes: dp.node.underlay_changes(),
             relay: dp.node.relay_stats(),
             inbox_drops: dp.inbox_drops,
+            certificates: dp.node.certificate_stats(),
+            revocations: (0..dp.lanes.len())
+                .map(|i| {
+                    dp.node
+                        .trust(hyphae_overlay::NamespaceId(i))
+                        .map_or(0, |t| t.revocations_version())
+                })
+                .collect(),
         }
     }
 }
@@ -114,11 +125,23 @@ impl Control {
             .namespaces
             .iter()
             .zip(&data.lanes)
-            .map(|(p, lane)| {
+            .enumerate()
+            .map(|(i, (p, lane))| {
                 let m = &p.membership;
                 let c = &lane.counters;
                 NamespaceStatus {
                     name: p.name.clone(),
+                    certificate: p.certificate.as_ref().map(|c| OwnCertificate {
+                        authority: c.authority().to_string(),
+                        name: c.name().to_string(),
+                        groups: c.groups().to_vec(),
+                        addresses: c.addresses().iter().map(ToString::to_string).collect(),
+                        not_after: c.not_after(),
+                        expires_in_secs: i64::try_from(c.not_after())
+                            .unwrap_or(i64::MAX)
+                            .saturating_sub(i64::try_from(unix_now()).unwrap_or(i64::MAX)),
+                        revocations_version: data.revocations.get(i).copied().unwrap_or(0),
+                    }),
                     mode: match p.mode {
                         Mode::Interface => "interface".into(),
                         Mode::Router => "router".into(),
@@ -291,6 +314,22 @@ impl Control {
                     ("outbox".to_string(), self.outbox_drops),
                 ])
                 .collect(),
+            certificates: {
+                let members = self.overlay.stats().certificates_refused;
+                let tunnels = &data.certificates;
+                CertificateCounters {
+                    tunnels_refused: Refusal::ALL
+                        .iter()
+                        .map(|r| (r.as_str().to_string(), tunnels.refused_for(*r)))
+                        .collect(),
+                    members_refused: Refusal::ALL
+                        .iter()
+                        .zip(members)
+                        .map(|(r, n)| (r.as_str().to_string(), n))
+                        .collect(),
+                    addresses_not_allowed: tunnels.address_not_allowed,
+                }
+            },
             underlay: self.underlay_status(),
             workers: self.worker_status(),
             overlay: OverlayStatus {

@@ -153,11 +153,18 @@ impl Node {
         };
         let ns = peer.ns;
         let shards = announce.shards;
-        if peer.handle_announce(&announce.addresses) {
+        // In a namespace with an authority, only what its certificate allows.
+        let Some(addresses) = self.certified_addresses(handle, &announce) else {
+            return Received::Consumed;
+        };
+        let Some(peer) = self.peer_mut(handle) else {
+            return Received::Consumed;
+        };
+        if peer.handle_announce(&addresses) {
             self.events.push_back(Event::PeerAddresses {
                 ns,
                 peer: handle,
-                addresses: announce.addresses,
+                addresses,
             });
         }
         self.set_tunnel_shards(handle, shards);
@@ -176,6 +183,7 @@ impl Node {
             have_yours: peer.have_their_announce,
             addresses: self.namespaces[peer.ns.0].addresses.clone(),
             shards: self.shards,
+            certificate: self.own_certificate(peer.ns),
         }
         .emit();
         self.send_control(handle, &packet, None);

@@ -44,6 +44,7 @@
 //! probes from the new address (`roam.rs`); a member's endpoint follows the last address an
 //! authenticated packet came from directly, as in WireGuard.
 
+mod certified;
 mod hello;
 mod peer;
 mod relay;
@@ -66,6 +67,7 @@ use crate::keys::{NamespaceKeys, TAG_LEN};
 use crate::wire::{Datagram, INIT_PREFIX_LEN, RELAY_HEADER_LEN, WG_DATA_OVERHEAD};
 use crate::{Identity, PeerId};
 
+pub use certified::CertificateStats;
 pub use hello::{ANNOUNCE_INTERVAL, HELLO_INTERVAL};
 pub use peer::{
     KEEPALIVE_SECS, PEER_SILENT_AFTER, PROBE_INTERVAL, ROAM_PROBES, ROAM_PROBE_INTERVAL,
@@ -194,6 +196,9 @@ struct Namespace {
     addresses: Vec<Ipv4Addr>,
     /// False once left: its datagrams are strangers' again.
     active: bool,
+    /// With an authority: what it trusts and the certificate this member shows
+    /// (`certified.rs`).
+    credential: Option<crate::proof::Credential>,
 }
 
 /// The tunnel endpoint of one agent.
@@ -224,6 +229,10 @@ pub struct Node {
     tunnels: Arc<Tunnels>,
     /// Shards this node's tunnels may have (see `shared.rs`).
     shards: u8,
+    /// The time of day certificates are checked against, Unix seconds
+    /// ([`Node::set_wall`]).
+    wall: u64,
+    certificate_stats: CertificateStats,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<Event>,
     drops: DropCounters,
@@ -254,6 +263,8 @@ impl Node {
             next_tick: None,
             tunnels: Arc::default(),
             shards: 1,
+            wall: 0,
+            certificate_stats: CertificateStats::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             drops: DropCounters::default(),
@@ -328,6 +339,7 @@ impl Node {
             keys,
             addresses,
             active: true,
+            credential: None,
         });
         NamespaceId(self.namespaces.len() - 1)
     }
@@ -562,6 +574,7 @@ impl Node {
     /// repeated and configured endpoints hello'd.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire_silent(now);
+        self.recheck_certificates(now);
         self.run_paths(now);
         self.run_roams(now);
         self.run_tunnel_timers();

@@ -120,6 +120,8 @@ pub(super) struct Peer {
     /// Its WireGuard state, shared with the workers: shard 0, then the others both ends
     /// accept (`shared.rs`).
     pub(super) shards: Vec<Arc<Tunnel>>,
+    /// Its certificate, once it showed a good one (namespaces with an authority).
+    pub(super) certificate: Option<crate::cert::Certificate>,
     /// The direct path (WireGuard roaming: the last address an authenticated packet came
     /// from directly).
     pub(super) endpoint: SocketAddr,
@@ -174,6 +176,7 @@ impl Peer {
             ns,
             id,
             shards: vec![tunnel],
+            certificate: None,
             endpoint,
             relay: None,
             relayed: false,

@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{owner_key, NetworkId, OpId, Overlay};
-use crate::proof::{NamespaceTag, ProofRequest, ProofResponse, PROOF_LEN};
+use crate::proof::{Credential, NamespaceTag, ProofRequest, ProofResponse, PROOF_LEN};
 use crate::records::ScopedRequest;
 use crate::NamespaceKeys;
 
@@ -23,13 +23,32 @@ pub(super) struct Awaiting {
 
 impl Overlay {
     /// Makes this agent a member of the namespace with `keys` in the control plane: it
-    /// proves so to every peer, and learns which peers are members too.
-    pub fn add_namespace(&mut self, keys: &NamespaceKeys) {
+    /// proves so to every peer (with its certificate, where the namespace has an
+    /// authority), and learns which peers are members too.
+    pub fn add_namespace(&mut self, keys: &NamespaceKeys, credential: Option<Credential>) {
         let rng = &mut self.rng;
-        let sent = self.proofs.add_namespace(keys, || fresh_nonce(rng));
+        let sent = self
+            .proofs
+            .add_namespace(keys, credential, || fresh_nonce(rng));
         for (peer, request) in sent {
             self.send_proof_request(peer, request);
         }
+    }
+
+    /// Takes a newer revocation list for namespace `tag` (see
+    /// [`crate::proof::Proofs::update_revocations`]): the members it revokes are members no
+    /// longer. Returns its version.
+    pub fn update_revocations(
+        &mut self,
+        tag: &NamespaceTag,
+        list: &[u8],
+    ) -> Result<u64, crate::cert::Refusal> {
+        let (_, wall) = super::clocks();
+        let (version, ended) = self.proofs.update_revocations(tag, list, wall)?;
+        for (peer, _) in ended {
+            tracing::info!(%peer, "member revoked");
+        }
+        Ok(version)
     }
 
     /// Starts the operations whose lookups finished and whose found peers all proved (or
@@ -115,10 +134,12 @@ impl Overlay {
                 } => {
                     let response = match request {
                         ProofRequest::Challenge { nonce } => {
-                            self.proofs.handle_challenge(peer, nonce)
+                            let rng = &mut self.rng;
+                            self.proofs
+                                .handle_challenge(peer, nonce, || fresh_nonce(rng))
                         }
-                        ProofRequest::Proof { macs } => {
-                            self.proofs.handle_proof(peer, &macs);
+                        ProofRequest::Proof { macs, certificates } => {
+                            self.proofs.handle_proof(peer, &macs, &certificates, wall);
                             ProofResponse::Ack
                         }
                     };
@@ -136,8 +157,8 @@ impl Overlay {
                     if self.challenges.remove(&request_id).is_none() {
                         return;
                     }
-                    if let ProofResponse::Proof { macs } = response {
-                        let proven = self.proofs.handle_proof(peer, &macs);
+                    if let ProofResponse::Proof { macs, certificates } = response {
+                        let proven = self.proofs.handle_proof(peer, &macs, &certificates, wall);
                         if !proven.is_empty() {
                             tracing::debug!(%peer, namespaces = proven.len(), "member proven");
                         }

@@ -470,6 +470,10 @@ impl Overlay {
     /// relay reservations, the end of the wait for mDNS.
     pub fn handle_timeout(&mut self, now: Instant) {
         let (_, wall) = clocks();
+        // Members whose certificates expired are members no longer.
+        for (peer, _) in self.proofs.revalidate(wall) {
+            tracing::info!(%peer, "member certificate no longer valid");
+        }
         self.store.expire(now);
         self.next_sweep = now + STORE_SWEEP_INTERVAL;
         self.redial(now);

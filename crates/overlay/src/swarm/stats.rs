@@ -29,6 +29,10 @@ pub struct OverlayStats {
     pub proofs_unproven: u64,
     /// Proofs refused as malformed or unasked for.
     pub proofs_refused: u64,
+    /// Memberships refused or ended for their certificate, by reason (in
+    /// [`crate::cert::Refusal::ALL`]'s order).
+    pub certificates_refused: [u64; crate::cert::Refusal::ALL.len()],
+
     /// Record requests refused because the asker had not proved membership of the
     /// request's namespace, or this agent is not a member of it.
     pub requests_not_member: u64,
@@ -63,6 +67,7 @@ impl Overlay {
             accepted,
             unproven,
             refused,
+            certificates_refused,
         } = self.proofs.stats();
         OverlayStats {
             bad_envelopes: quorum.bad_envelopes,
@@ -70,6 +75,7 @@ impl Overlay {
             proofs_accepted: accepted,
             proofs_unproven: unproven,
             proofs_refused: refused,
+            certificates_refused,
             ..self.stats
         }
     }
