@@ -40,6 +40,14 @@ pub enum Request {
         /// The host name (a DNS label).
         name: Option<String>,
     },
+    /// Take a revocation list of a namespace's authority (armored, as `hyphae cert
+    /// revoke` writes it) and pass it to every member.
+    Revocations {
+        /// The namespace.
+        namespace: String,
+        /// The list.
+        list: String,
+    },
 }
 
 /// The agent's reply to [`Request::Status`].
@@ -105,6 +113,9 @@ pub struct OwnCertificate {
     pub expires_in_secs: i64,
     /// Version of the revocation list held (0: none).
     pub revocations_version: u64,
+    /// Why the other members refuse it now (`expired`, `revoked`), if they do.
+    #[serde(default)]
+    pub problem: Option<String>,
 }
 
 /// The underlay in [`Status`].
@@ -688,11 +699,36 @@ pub fn render(status: &Status) -> String {
     if !agent_drops.is_empty() {
         out += &format!("  dropped before any tunnel: {agent_drops}\n");
     }
+    let c = &status.certificates;
+    let (tunnels, members) = (nonzero(&c.tunnels_refused), nonzero(&c.members_refused));
+    if !tunnels.is_empty() || !members.is_empty() || c.addresses_not_allowed > 0 {
+        out += &format!(
+            "  certificates refused: tunnels {}  members {}  addresses not allowed {}\n",
+            if tunnels.is_empty() { "0" } else { &tunnels },
+            if members.is_empty() { "0" } else { &members },
+            c.addresses_not_allowed
+        );
+    }
     for ns in &status.namespaces {
         out += &format!(
             "namespace {}  {} mode  device {}  address {}  subnet {}\n",
             ns.name, ns.mode, ns.device, ns.address, ns.subnet
         );
+        if let Some(cert) = &ns.certificate {
+            let days = cert.expires_in_secs.div_euclid(86_400);
+            out += &format!(
+                "  certificate {}  groups [{}]  expires in {days} days  revocation list v{}  authority {}\n",
+                cert.name,
+                cert.groups.join(", "),
+                cert.revocations_version,
+                short(&cert.authority),
+            );
+            if let Some(problem) = &cert.problem {
+                out += &format!("  WARNING: this member's certificate is {problem}: the other members refuse it\n");
+            } else if cert.expires_in_secs < 7 * 86_400 {
+                out += "  WARNING: this member's certificate expires within 7 days: sign a new one (`hyphae cert sign`)\n";
+            }
+        }
         out += &format!(
             "  switch: {} to members, {} to device, {} ARP replies\n",
             ns.to_peers, ns.to_device, ns.arp_replies

@@ -133,6 +133,17 @@ enum CaCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Give a revocation list (`hyphae cert revoke`) to the running agent, which passes it
+    /// to every member of NAMESPACE within seconds; the members it revokes are cut off.
+    Publish {
+        /// Namespace name.
+        namespace: String,
+        /// The revocation list file.
+        file: PathBuf,
+        /// Config file (for the control socket path).
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -222,6 +233,33 @@ fn execute(cmd: Cmd) -> Result<()> {
         }
         Cmd::Ca(CaCmd::Init { namespace, out }) => {
             println!("{}", ca::init(&namespace, out)?);
+            Ok(())
+        }
+        Cmd::Ca(CaCmd::Publish {
+            namespace,
+            file,
+            config,
+        }) => {
+            let list = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let socket = config::control_socket(&config)?;
+            let reply = control::request(
+                &socket,
+                &control::Request::Revocations {
+                    namespace: namespace.clone(),
+                    list,
+                },
+            )?;
+            let v: serde_json::Value = serde_json::from_str(&reply)?;
+            if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+                anyhow::bail!("{e}");
+            }
+            println!(
+                "revocation list version {} published in '{namespace}'",
+                v.get("version")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0)
+            );
             Ok(())
         }
         Cmd::Cert(CertCmd::Sign(args)) => {

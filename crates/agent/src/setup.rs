@@ -351,6 +351,11 @@ pub(crate) fn state_file(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join(format!("{name}.address"))
 }
 
+/// Where the newest revocation list of namespace `name` is kept (armored).
+pub(crate) fn revocations_file(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir.join(format!("{name}.revocations"))
+}
+
 /// Where the members an agent had tunnels with in namespace `name` are kept: one
 /// `identity endpoint` a line.
 pub(crate) fn members_file(state_dir: &Path, name: &str) -> PathBuf {

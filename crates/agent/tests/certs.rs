@@ -307,3 +307,208 @@ fn certified_members_connect_and_strangers_with_the_secret_get_nothing() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// Unix time in seconds, as a float.
+fn epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The time of the last echo reply in a `ping -D` log (`[epoch] 64 bytes from ...`).
+fn last_reply(log: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .last()
+}
+
+/// The end of the last interval that carried bytes in an `iperf3 -i 0.1` client log,
+/// in seconds from the start of the stream.
+fn last_carrying_interval(log: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .filter(|l| l.contains(" sec ") && !l.contains("sender") && !l.contains("receiver"))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let i = words.iter().position(|w| *w == "sec")?;
+            let end: f64 = words.get(i - 1)?.split('-').nth(1)?.parse().ok()?;
+            let bytes: f64 = words.get(i + 1)?.parse().ok()?;
+            (bytes > 0.0).then_some(end)
+        })
+        .last()
+}
+
+/// Issue 27, item 4: a revocation published at one member reaches every member by push,
+/// and each closes the revoked member's tunnel. `HYPHAE_REVOKE_MEMBERS` members (default
+/// 4; the benchmark in docs/BENCHMARKS.md runs 10), the last one revoked while it streams
+/// TCP to the first and pings every member. Prints when each member cut it off, by its
+/// status, by the last ping reply and by the TCP stream.
+#[test]
+fn a_published_revocation_cuts_the_member_off_at_every_member() {
+    require_root();
+    let n: u8 = std::env::var("HYPHAE_REVOKE_MEMBERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+        .clamp(3, 40);
+    let mut bed = Testbed::new("rvk", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let dir = bed.dir().to_path_buf();
+    let (key, line) = authority(&dir, "lab.ca.key");
+    let mut members = Vec::new();
+    for i in 1..=n {
+        let name = format!("m{i}");
+        let (h, id) = host(&mut bed, &name, i);
+        let cert = sign(&key, &h, &id, &name);
+        let address = format!("10.203.0.{}", 10 + i);
+        let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
+        let agent = start(
+            &mut bed,
+            &h,
+            &address,
+            &name,
+            boot,
+            &format!("{line}\ncertificate = \"{cert}\"\n"),
+        );
+        members.push((h, id, agent, address.parse::<Ipv4Addr>().unwrap()));
+    }
+    for (h, _, a, _) in &members {
+        bed.claimed_address(h, a).unwrap();
+    }
+    let (revoked, revoked_id, _, revoked_address) = members.last().unwrap();
+    // Every member reaches the one to be revoked, and it streams TCP to the first.
+    for (h, _, _, _) in &members[..members.len() - 1] {
+        bed.wait_for_ping(h, *revoked_address, Duration::from_secs(30))
+            .unwrap();
+    }
+    let mut ping_logs = Vec::new();
+    for (k, (_, _, _, address)) in members[..members.len() - 1].iter().enumerate() {
+        let log = dir.join(format!("ping-{k}.log"));
+        bed.spawn(
+            &revoked.ns,
+            "ping",
+            &["-D", "-i", "0.05", "-W", "1", &address.to_string()],
+            &log,
+        )
+        .unwrap();
+        ping_logs.push(log);
+    }
+    let first = &members[0];
+    bed.spawn(
+        &first.0.ns,
+        "iperf3",
+        &["-s", "-1"],
+        &dir.join("iperf-s.log"),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let iperf = dir.join("iperf-c.log");
+    let stream_start = epoch();
+    bed.spawn(
+        &revoked.ns,
+        "iperf3",
+        &[
+            "-c",
+            &first.3.to_string(),
+            "-t",
+            "30",
+            "-b",
+            "20M",
+            "-i",
+            "0.1",
+            "--forceflush",
+        ],
+        &iperf,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        last_carrying_interval(&iperf).is_some_and(|t| t > 1.0),
+        "the stream runs: {}",
+        std::fs::read_to_string(&iperf).unwrap_or_default()
+    );
+
+    // Revoke it, published at the second member.
+    let list = dir.join("lab.revocations").display().to_string();
+    hyphae(&[
+        "cert",
+        "revoke",
+        "--ca",
+        &key,
+        "--identity",
+        revoked_id,
+        "--out",
+        &list,
+    ]);
+    let publisher = &members[1];
+    let published = epoch();
+    let out = hyphae(&[
+        "ca",
+        "publish",
+        "lab",
+        &list,
+        "-c",
+        &publisher.2.config.display().to_string(),
+    ]);
+    assert!(out.contains("version 1"), "{out}");
+
+    // Each member's status: no tunnel carrying the revoked member's address.
+    let others = &members[..members.len() - 1];
+    let mut cut: Vec<Option<f64>> = vec![None; others.len()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cut.iter().any(Option::is_none) {
+        for (k, (h, _, a, _)) in others.iter().enumerate() {
+            if cut[k].is_some() {
+                continue;
+            }
+            let st = bed.namespace_status(h, a).unwrap();
+            if !st
+                .peers
+                .iter()
+                .any(|p| &p.identity == revoked_id && !p.addresses.is_empty())
+            {
+                cut[k] = Some(epoch() - published);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still carrying the revoked member after 30 s: {cut:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let by_status: Vec<String> = cut
+        .iter()
+        .map(|c| format!("{:.3}", c.unwrap_or(-1.0)))
+        .collect();
+    let by_ping: Vec<String> = ping_logs
+        .iter()
+        .map(|l| format!("{:.3}", last_reply(l).map_or(f64::NAN, |t| t - published)))
+        .collect();
+    let by_tcp = last_carrying_interval(&iperf).map(|end| stream_start + end - published);
+    println!(
+        "revocation of 1 of {n} members: cut off after (s) by status {by_status:?}, last ping reply {by_ping:?}, TCP stream's last interval {by_tcp:?}"
+    );
+    // The revoked member reaches no one now; the others still reach each other.
+    for (h, _, _, address) in others {
+        let out = bed.ping(revoked, *address, 2).unwrap();
+        assert!(!out.status.success(), "{} still reachable", h.name);
+    }
+    let out = bed.ping(&others[0].0, others[1].3, 3).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The revoked member knows.
+    let st = bed
+        .namespace_status(revoked, &members.last().unwrap().2)
+        .unwrap();
+    assert_eq!(
+        st.certificate.and_then(|c| c.problem).as_deref(),
+        Some("revoked"),
+        "the revoked member's status says so"
+    );
+}

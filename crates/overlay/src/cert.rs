@@ -39,13 +39,13 @@ pub const VERSION: u8 = 1;
 /// Largest encoded certificate accepted.
 pub const MAX_CERT_LEN: usize = 1024;
 /// Largest encoded revocation list accepted.
-pub const MAX_LIST_LEN: usize = 1 << 20;
+pub const MAX_LIST_LEN: usize = 256 * 1024;
 /// Most groups one certificate names.
 pub const MAX_GROUPS: usize = 32;
 /// Most addresses one certificate pins.
 pub const MAX_ADDRESSES: usize = 16;
 /// Most entries (identities and certificates) one revocation list holds.
-pub const MAX_REVOKED: usize = 16_384;
+pub const MAX_REVOKED: usize = 4096;
 /// Longest namespace, member or group name, in bytes (a DNS label).
 pub const MAX_NAME_LEN: usize = 63;
 /// How far apart two members' clocks may be and still agree on a certificate: one is

@@ -33,6 +33,12 @@ impl Control {
                 Ok(released) => json!({ "ok": true, "released": released }),
                 Err(e) => json!({ "error": e }),
             },
+            Request::Revocations { namespace, list } => {
+                match self.publish_revocations(now, &namespace, &list) {
+                    Ok(version) => json!({ "ok": true, "version": version }),
+                    Err(e) => json!({ "error": e }),
+                }
+            }
             Request::SetName { namespace, name } => {
                 return self.set_name(now, &namespace, name, reply);
             }

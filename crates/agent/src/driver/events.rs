@@ -189,6 +189,9 @@ impl Control {
             } => {
                 self.member_message(now, tag, from, &body);
             }
+            OverlayEvent::Revocations { ns, list } => {
+                self.revocations_from_member(now, ns, &list);
+            }
         }
     }
 

@@ -22,6 +22,7 @@ mod datapath;
 mod events;
 mod joining;
 mod migration;
+mod revocations;
 mod run;
 pub use run::up;
 mod services;
@@ -270,9 +271,19 @@ impl Control {
     ) -> Result<()> {
         let me = self.identity.peer_id();
         let mut certificate = None;
+        // The newest revocation list seen before a restart, if newer than the config's.
+        let mut credential = cfg.credential.clone();
+        if let (Some(c), Some(list)) = (
+            credential.as_mut(),
+            revocations::kept(&self.state_dir, &cfg.name),
+        ) {
+            if let Ok(l) = c.trust.update(&list) {
+                tracing::info!(namespace = %cfg.name, version = l.version(), "revocation list kept from before");
+            }
+        }
         // Before anything is created: a certificate for another host, or out of its
         // window, would only be refused by every member.
-        if let Some(credential) = &cfg.credential {
+        if let Some(credential) = &credential {
             let file = cfg
                 .certificate_path
                 .as_ref()
@@ -319,7 +330,7 @@ impl Control {
         // Peers learn we are a member (and we which of them are) before anything is claimed.
         // An agent that leaves stays a proven member until it restarts: it still holds
         // the secret, and its releases must still reach the replicas.
-        self.overlay.add_namespace(&keys, cfg.credential.clone());
+        self.overlay.add_namespace(&keys, credential.clone());
         let tag = keys.tag();
         // Members hear of our address once it is won, static or not.
         // Members known before a restart still have tunnels with us that we forgot: a
@@ -349,7 +360,7 @@ impl Control {
         {
             let mut dp = lock(&self.dp);
             let id = dp.node.add_namespace(keys.clone(), Vec::new());
-            dp.node.set_credential(id, cfg.credential.clone());
+            dp.node.set_credential(id, credential);
             dp.node.set_wall(unix_now());
             if id.0 != self.namespaces.len() {
                 bail!(

@@ -28,7 +28,8 @@ struct DataStatus {
     relay: RelayStats,
     inbox_drops: u64,
     certificates: hyphae_overlay::node::CertificateStats,
-    revocations: Vec<u64>,
+    /// What each namespace with an authority trusts now (its revocation list).
+    trusts: Vec<Option<hyphae_overlay::cert::Trust>>,
 }
 
 struct LaneStatus {
@@ -90,12 +91,8 @@ impl DataStatus {
             relay: dp.node.relay_stats(),
             inbox_drops: dp.inbox_drops,
             certificates: dp.node.certificate_stats(),
-            revocations: (0..dp.lanes.len())
-                .map(|i| {
-                    dp.node
-                        .trust(hyphae_overlay::NamespaceId(i))
-                        .map_or(0, |t| t.revocations_version())
-                })
+            trusts: (0..dp.lanes.len())
+                .map(|i| dp.node.trust(hyphae_overlay::NamespaceId(i)).cloned())
                 .collect(),
         }
     }
@@ -140,7 +137,17 @@ impl Control {
                         expires_in_secs: i64::try_from(c.not_after())
                             .unwrap_or(i64::MAX)
                             .saturating_sub(i64::try_from(unix_now()).unwrap_or(i64::MAX)),
-                        revocations_version: data.revocations.get(i).copied().unwrap_or(0),
+                        revocations_version: data
+                            .trusts
+                            .get(i)
+                            .and_then(Option::as_ref)
+                            .map_or(0, |t| t.revocations_version()),
+                        problem: data
+                            .trusts
+                            .get(i)
+                            .and_then(Option::as_ref)
+                            .and_then(|t| t.check_current(c, unix_now()).err())
+                            .map(|e| e.to_string()),
                     }),
                     mode: match p.mode {
                         Mode::Interface => "interface".into(),

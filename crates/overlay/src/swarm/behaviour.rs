@@ -9,6 +9,7 @@ use libp2p::{
 
 use super::addr::is_memory;
 use super::guard::{self, PerIp};
+use super::revocations::{RevocationAck, RevocationPush, REVOCATIONS_PROTOCOL};
 use super::routers::{RouterAck, RouterMessage, ROUTERS_PROTOCOL};
 use super::{
     Multiaddr, OverlayError, OverlayOptions, DIAL_TIMEOUT, KAD_PROTOCOL, LOOKUP_TIMEOUT,
@@ -30,6 +31,7 @@ pub(super) struct Behaviour {
     pub(super) records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
     pub(super) proofs: request_response::json::Behaviour<ProofRequest, ProofResponse>,
     pub(super) routers: request_response::json::Behaviour<RouterMessage, RouterAck>,
+    pub(super) revocations: request_response::json::Behaviour<RevocationPush, RevocationAck>,
     pub(super) relay: relay::Behaviour,
     pub(super) relay_client: relay::client::Behaviour,
     pub(super) dcutr: dcutr::Behaviour,
@@ -133,6 +135,13 @@ fn make_behaviour(
         [(StreamProtocol::new(ROUTERS_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
     );
+    let revocations = request_response::json::Behaviour::new(
+        [(
+            StreamProtocol::new(REVOCATIONS_PROTOCOL),
+            ProtocolSupport::Full,
+        )],
+        request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
+    );
     let relay = relay::Behaviour::new(peer, guard::relay_config(admission));
     let mdns = match options.mdns {
         true => Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?),
@@ -146,6 +155,7 @@ fn make_behaviour(
         records,
         proofs,
         routers,
+        revocations,
         relay,
         relay_client,
         dcutr: dcutr::Behaviour::new(peer),

@@ -237,6 +237,9 @@ impl Overlay {
             SwarmEvent::Behaviour(BehaviourEvent::Proofs(event)) => {
                 self.handle_proofs(now, wall, event)
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Revocations(event)) => {
+                self.handle_revocations(now, wall, event)
+            }
             _ => {}
         }
     }

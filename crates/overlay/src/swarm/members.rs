@@ -35,22 +35,6 @@ impl Overlay {
         }
     }
 
-    /// Takes a newer revocation list for namespace `tag` (see
-    /// [`crate::proof::Proofs::update_revocations`]): the members it revokes are members no
-    /// longer. Returns its version.
-    pub fn update_revocations(
-        &mut self,
-        tag: &NamespaceTag,
-        list: &[u8],
-    ) -> Result<u64, crate::cert::Refusal> {
-        let (_, wall) = super::clocks();
-        let (version, ended) = self.proofs.update_revocations(tag, list, wall)?;
-        for (peer, _) in ended {
-            tracing::info!(%peer, "member revoked");
-        }
-        Ok(version)
-    }
-
     /// Starts the operations whose lookups finished and whose found peers all proved (or
     /// failed to prove) membership, or waited [`PROOF_WAIT`].
     pub(super) fn check_awaiting(&mut self, now: Instant, wall: u64) {
@@ -127,6 +111,7 @@ impl Overlay {
         wall: u64,
         event: request_response::Event<ProofRequest, ProofResponse>,
     ) {
+        let mut newly_proven = Vec::new();
         let peer = match event {
             request_response::Event::Message { peer, message, .. } => match message {
                 request_response::Message::Request {
@@ -139,7 +124,8 @@ impl Overlay {
                                 .handle_challenge(peer, nonce, || fresh_nonce(rng))
                         }
                         ProofRequest::Proof { macs, certificates } => {
-                            self.proofs.handle_proof(peer, &macs, &certificates, wall);
+                            newly_proven =
+                                self.proofs.handle_proof(peer, &macs, &certificates, wall);
                             ProofResponse::Ack
                         }
                     };
@@ -158,9 +144,9 @@ impl Overlay {
                         return;
                     }
                     if let ProofResponse::Proof { macs, certificates } = response {
-                        let proven = self.proofs.handle_proof(peer, &macs, &certificates, wall);
-                        if !proven.is_empty() {
-                            tracing::debug!(%peer, namespaces = proven.len(), "member proven");
+                        newly_proven = self.proofs.handle_proof(peer, &macs, &certificates, wall);
+                        if !newly_proven.is_empty() {
+                            tracing::debug!(%peer, namespaces = newly_proven.len(), "member proven");
                         }
                     }
                     peer
@@ -177,6 +163,9 @@ impl Overlay {
             }
             _ => return,
         };
+        if !newly_proven.is_empty() {
+            self.share_revocations(peer, &newly_proven);
+        }
         if self.proofs.is_proven(&peer) {
             self.relay_admission.admit(peer);
             self.relays.handle_proven(now, &peer);

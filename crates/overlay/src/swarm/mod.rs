@@ -52,6 +52,7 @@ mod hygiene;
 mod members;
 mod relays;
 mod requests;
+mod revocations;
 mod routers;
 mod stats;
 
@@ -86,6 +87,7 @@ pub use guard::{
 };
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
 pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL, RESERVE_RETRY};
+pub use revocations::{RevocationAck, RevocationPush, REVOCATIONS_PROTOCOL};
 pub use routers::{RouterAck, RouterMessage, MAX_ROUTER_MESSAGE, ROUTERS_PROTOCOL};
 pub use stats::OverlayStats;
 
@@ -226,6 +228,14 @@ pub enum OverlayEvent {
         from: NetworkId,
         /// The message.
         body: Vec<u8>,
+    },
+    /// A member passed on a newer revocation list of namespace `ns`, now taken by the
+    /// control plane (the tunnels must take it too).
+    Revocations {
+        /// The namespace.
+        ns: NamespaceTag,
+        /// The list as its authority signed it.
+        list: Vec<u8>,
     },
 }
 
