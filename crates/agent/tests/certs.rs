@@ -1,5 +1,6 @@
 #![allow(clippy::disallowed_methods)] // a test waits on the real clock
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
 //! Issue 27: a namespace with an authority, end to end. The operator's commands (`hyphae
 //! ca init`, `hyphae id`, `hyphae cert sign`, `hyphae cert revoke`) make the keys, then
 //! real agents run in network namespaces: two members with good certificates reach each
@@ -319,9 +320,9 @@ fn epoch() -> f64 {
 fn last_reply(log: &Path) -> Option<f64> {
     let text = std::fs::read_to_string(log).ok()?;
     text.lines()
+        .rev()
         .filter(|l| l.contains("bytes from"))
-        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-        .last()
+        .find_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
 }
 
 /// The end of the last interval that carried bytes in an `iperf3 -i 0.1` client log,
@@ -329,15 +330,20 @@ fn last_reply(log: &Path) -> Option<f64> {
 fn last_carrying_interval(log: &Path) -> Option<f64> {
     let text = std::fs::read_to_string(log).ok()?;
     text.lines()
+        .rev()
         .filter(|l| l.contains(" sec ") && !l.contains("sender") && !l.contains("receiver"))
-        .filter_map(|l| {
+        .find_map(|l| {
             let words: Vec<&str> = l.split_whitespace().collect();
             let i = words.iter().position(|w| *w == "sec")?;
-            let end: f64 = words.get(i - 1)?.split('-').nth(1)?.parse().ok()?;
+            let end: f64 = words
+                .get(i.checked_sub(1)?)?
+                .split('-')
+                .nth(1)?
+                .parse()
+                .ok()?;
             let bytes: f64 = words.get(i + 1)?.parse().ok()?;
             (bytes > 0.0).then_some(end)
         })
-        .last()
 }
 
 /// Issue 27, item 4: a revocation published at one member reaches every member by push,
