@@ -153,33 +153,71 @@ fn parse_identity(text: &str) -> Result<PeerId> {
     })
 }
 
-/// `hyphae cert sign`: writes the certificate; returns what to tell the operator.
-pub fn sign(args: &SignArgs) -> Result<String> {
-    let (namespace, key) = read_key(&args.ca)?;
-    let identity = parse_identity(&args.identity)?;
-    if !is_valid_label(&args.name) {
-        bail!(
-            "name '{}': use 1 to 63 lowercase letters, digits, '-', '_' and '.'",
-            args.name
-        );
+/// Signs a certificate with the authority key at `ca` for `identity`, valid from now for
+/// `days`: the key's namespace, the key, the certificate's bytes.
+fn sign_request(
+    ca: &Path,
+    identity: PeerId,
+    name: &str,
+    groups: &[String],
+    addresses: &[IpAddr],
+    days: u64,
+) -> Result<(String, AuthorityKey, Vec<u8>)> {
+    let (namespace, key) = read_key(ca)?;
+    if !is_valid_label(name) {
+        bail!("name '{name}': use 1 to 63 lowercase letters, digits, '-', '_' and '.'");
     }
-    if let Some(g) = args.groups.iter().find(|g| !is_valid_label(g)) {
+    if let Some(g) = groups.iter().find(|g| !is_valid_label(g)) {
         bail!("group '{g}': use 1 to 63 lowercase letters, digits, '-', '_' and '.'");
     }
-    if args.days == 0 {
+    if days == 0 {
         bail!("--days must be at least 1");
     }
     let now = crate::driver::unix_now();
     let request = CertificateRequest {
         namespace: namespace.clone(),
         identity,
-        name: args.name.clone(),
-        groups: args.groups.clone(),
-        addresses: args.addresses.clone(),
+        name: name.to_string(),
+        groups: groups.to_vec(),
+        addresses: addresses.to_vec(),
         not_before: now,
-        not_after: now.saturating_add(args.days.saturating_mul(DAY)),
+        not_after: now.saturating_add(days.saturating_mul(DAY)),
     };
     let bytes = key.sign(&request).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((namespace, key, bytes))
+}
+
+/// For `hyphae cloud-init --ca`: a certificate for `identity` in `namespace` (which must be
+/// the key's), armored, and the authority's public key.
+pub(crate) fn sign_for(
+    ca: &Path,
+    namespace: &str,
+    identity: PeerId,
+    name: &str,
+    groups: &[String],
+    days: u64,
+) -> Result<(String, String)> {
+    let (ns, key, bytes) = sign_request(ca, identity, name, groups, &[], days)?;
+    if ns != namespace {
+        bail!(
+            "{} is the authority of '{ns}', not of '{namespace}'",
+            ca.display()
+        );
+    }
+    Ok((armor(CERTIFICATE, &bytes), key.authority().to_string()))
+}
+
+/// `hyphae cert sign`: writes the certificate; returns what to tell the operator.
+pub fn sign(args: &SignArgs) -> Result<String> {
+    let identity = parse_identity(&args.identity)?;
+    let (namespace, _, bytes) = sign_request(
+        &args.ca,
+        identity,
+        &args.name,
+        &args.groups,
+        &args.addresses,
+        args.days,
+    )?;
     let path = args
         .out
         .clone()

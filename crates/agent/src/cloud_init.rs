@@ -166,6 +166,98 @@ pub struct CloudInitArgs {
     /// Underlay UDP/TCP port.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
+    /// A namespace with an authority: its key file (`hyphae ca init`). The user-data then
+    /// carries a fresh identity for the VM and a certificate signed for it, named
+    /// --hostname (or --cert-name), with --groups.
+    #[arg(long, conflicts_with_all = ["certificate", "identity_key"])]
+    pub ca: Option<PathBuf>,
+    /// With --ca: the name the certificate gives the VM (default: --hostname).
+    #[arg(long)]
+    pub cert_name: Option<String>,
+    /// With --ca: groups, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub groups: Vec<String>,
+    /// With --ca: days the certificate is valid for.
+    #[arg(long, default_value_t = 365)]
+    pub cert_days: u64,
+    /// A namespace with an authority, certificate made already (`hyphae cert sign`): its
+    /// file; needs --identity-key (the identity it was signed for) and --authority.
+    #[arg(long, requires_all = ["identity_key", "authority"])]
+    pub certificate: Option<PathBuf>,
+    /// With --certificate: the identity key file it names (`identity.key` of a state
+    /// directory).
+    #[arg(long, requires = "certificate")]
+    pub identity_key: Option<PathBuf>,
+    /// With --certificate: the namespace authority's public key.
+    #[arg(long)]
+    pub authority: Option<String>,
+}
+
+/// What a VM of a namespace with an authority gets: its identity key (stored form), its
+/// certificate (armored) and the authority.
+struct Credential {
+    identity: String,
+    certificate: String,
+    authority: String,
+}
+
+/// Where the VM's certificate goes.
+fn certificate_path(namespace: &str) -> String {
+    format!("/etc/hyphae/{namespace}.crt")
+}
+
+/// The identity and certificate the flags ask for, if any.
+fn credential(args: &CloudInitArgs) -> Result<Option<Credential>> {
+    if let Some(ca) = &args.ca {
+        let name = args
+            .cert_name
+            .clone()
+            .or_else(|| args.hostname.clone())
+            .context("--ca needs --hostname or --cert-name: the certificate names the VM")?;
+        let identity = hyphae_overlay::Identity::from_seed(crate::setup::os_seed()?);
+        let (certificate, authority) = crate::ca::sign_for(
+            ca,
+            &args.namespace,
+            identity.peer_id(),
+            &name,
+            &args.groups,
+            args.cert_days,
+        )?;
+        return Ok(Some(Credential {
+            identity: identity.to_text(),
+            certificate,
+            authority,
+        }));
+    }
+    let (Some(cert), Some(key), Some(authority)) =
+        (&args.certificate, &args.identity_key, &args.authority)
+    else {
+        return Ok(None);
+    };
+    let certificate =
+        std::fs::read_to_string(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+    let identity =
+        std::fs::read_to_string(key).with_context(|| format!("cannot read {}", key.display()))?;
+    let id = hyphae_overlay::Identity::from_text(&identity)
+        .map_err(|_| anyhow::anyhow!("{} is not an identity key", key.display()))?;
+    let bytes = hyphae_overlay::cert::unarmor(&certificate)
+        .map_err(|_| anyhow::anyhow!("{} is not a certificate", cert.display()))?;
+    let decoded = hyphae_overlay::cert::Certificate::decode(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cert.display()))?;
+    if decoded.identity() != id.peer_id() {
+        bail!(
+            "{} is for identity {}, not the one in {} ({})",
+            cert.display(),
+            decoded.identity(),
+            key.display(),
+            id.peer_id()
+        );
+    }
+    Ok(Some(Credential {
+        identity,
+        certificate,
+        authority: authority.clone(),
+    }))
 }
 
 /// How the binary gets onto the VM.
@@ -230,8 +322,9 @@ pub fn user_data(args: &CloudInitArgs) -> Result<String> {
     let underlay_mtu = args.underlay_mtu.unwrap_or(args.provider.underlay_mtu());
     let mtu = tap_mtu(underlay_mtu)?;
     let secret_path = format!("/etc/hyphae/{}.secret", args.namespace);
-    let config = config_text(args, &secret_path, mtu)?;
-    check_config(&config, &secret)?;
+    let credential = credential(args)?;
+    let config = config_text(args, &secret_path, mtu, credential.as_ref())?;
+    check_config(&config, &secret, credential.as_ref())?;
 
     let mut out = String::from("#cloud-config\n");
     let _ = writeln!(
@@ -246,6 +339,18 @@ pub fn user_data(args: &CloudInitArgs) -> Result<String> {
     out += "write_files:\n";
     file_entry(&mut out, &secret_path, "0600", Content::Base64(&secret));
     file_entry(&mut out, CONFIG_PATH, "0600", Content::Text(&config));
+    if let Some(c) = &credential {
+        // The identity the certificate names: the agent finds it in its state directory.
+        let identity = format!("/var/lib/hyphae/{}", crate::setup::IDENTITY_FILE);
+        file_entry(
+            &mut out,
+            &identity,
+            "0600",
+            Content::Base64(c.identity.as_bytes()),
+        );
+        let path = certificate_path(&args.namespace);
+        file_entry(&mut out, &path, "0644", Content::Text(&c.certificate));
+    }
     if !matches!(install, Install::Download { deb: true, .. }) {
         let unit = UNIT.replace(PACKAGE_BINARY, install.binary());
         file_entry(&mut out, UNIT_PATH, "0644", Content::Text(&unit));
@@ -271,7 +376,12 @@ fn tap_mtu(underlay_mtu: u16) -> Result<u16> {
 
 /// The VM's hyphae.toml: the defaults the unit relies on (/var/lib/hyphae, /run/hyphae),
 /// spelled out.
-fn config_text(args: &CloudInitArgs, secret_path: &str, mtu: u16) -> Result<String> {
+fn config_text(
+    args: &CloudInitArgs,
+    secret_path: &str,
+    mtu: u16,
+    credential: Option<&Credential>,
+) -> Result<String> {
     let mut doc = DocumentMut::new();
     doc.decor_mut().set_prefix(
         "# Written by `hyphae cloud-init`. Every key is in the README's configuration table.\n",
@@ -308,6 +418,10 @@ fn config_text(args: &CloudInitArgs, secret_path: &str, mtu: u16) -> Result<Stri
         ns["hostname"] = value(hostname.as_str());
     }
     ns["mtu"] = value(i64::from(mtu));
+    if let Some(c) = credential {
+        ns["authority"] = value(c.authority.as_str());
+        ns["certificate"] = value(certificate_path(&args.namespace));
+    }
     let mut namespaces = ArrayOfTables::new();
     namespaces.push(ns);
     doc["namespace"] = toml_edit::Item::ArrayOfTables(namespaces);
@@ -316,7 +430,7 @@ fn config_text(args: &CloudInitArgs, secret_path: &str, mtu: u16) -> Result<Stri
 
 /// Validates the generated config with the agent's own loader (its secret in a private
 /// temporary file), so a bad flag is an error here, not on the VM.
-fn check_config(config: &str, secret: &[u8]) -> Result<()> {
+fn check_config(config: &str, secret: &[u8], credential: Option<&Credential>) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let seed = crate::setup::os_seed()?;
     let dir = std::env::temp_dir().join(format!(
@@ -339,11 +453,18 @@ fn check_config(config: &str, secret: &[u8]) -> Result<()> {
             .open(&secret_file)?;
         std::io::Write::write_all(&mut f, secret)?;
         let mut doc: DocumentMut = config.parse()?;
+        let certificate = dir.join("certificate");
+        if let Some(c) = credential {
+            std::fs::write(&certificate, &c.certificate)?;
+        }
         if let Some(ns) = doc["namespace"]
             .as_array_of_tables_mut()
             .and_then(|a| a.get_mut(0))
         {
             ns["secret_file"] = value(secret_file.display().to_string());
+            if credential.is_some() {
+                ns["certificate"] = value(certificate.display().to_string());
+            }
         }
         let path = dir.join("hyphae.toml");
         std::fs::write(&path, doc.to_string())?;

@@ -85,7 +85,7 @@ enum Cmd {
     Cert(CertCmd),
     /// Print `#cloud-config` user-data that installs hyphae on a new VM, writes its config
     /// and the namespace secret (0600), and starts it, joining the namespace on first boot.
-    CloudInit(cloud_init::CloudInitArgs),
+    CloudInit(Box<cloud_init::CloudInitArgs>),
     /// Check this host for what the agent needs, one line per check with a fix for each
     /// failure; exit status 0 only when none failed.
     Doctor {

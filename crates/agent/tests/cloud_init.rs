@@ -201,6 +201,135 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A namespace with an authority: `--ca` gives the VM a fresh identity and a certificate
+/// for it, which the config names; the user-data passes the schema, and the identity, the
+/// certificate and the config agree.
+#[test]
+fn user_data_for_a_namespace_with_an_authority_carries_an_identity_and_its_certificate() {
+    let dir = scratch("certified");
+    let secret = dir.join("lab.secret");
+    write_secret(&secret, SECRET).unwrap();
+    let key = dir.join("lab.ca.key");
+    let out = hyphae(&["ca", "init", "lab", "--out", key.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let authority = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("authority = \"")?
+                .strip_suffix('"')
+                .map(str::to_string)
+        })
+        .expect("the authority line");
+    let out = hyphae(&[
+        "cloud-init",
+        "--namespace",
+        "lab",
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "--bootstrap",
+        "203.0.113.7:7400",
+        "--install",
+        "/usr/bin/hyphae",
+        "--ca",
+        key.to_str().unwrap(),
+        "--hostname",
+        "web",
+        "--groups",
+        "web,prod",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join("certified.yaml");
+    std::fs::write(&path, &out.stdout).unwrap();
+    let check = schema_check(&path);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let doc = parse_yaml(&path);
+
+    let id = file(&doc, "/var/lib/hyphae/identity.key");
+    assert_eq!(
+        (&id["permissions"], &id["encoding"]),
+        (&"0600".into(), &"b64".into())
+    );
+    let identity_text = base64::engine::general_purpose::STANDARD
+        .decode(id["content"].as_str().unwrap())
+        .unwrap();
+    let identity =
+        hyphae_overlay::Identity::from_text(&String::from_utf8(identity_text).unwrap()).unwrap();
+    let cert_text = file(&doc, "/etc/hyphae/lab.crt")["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cert_path = dir.join("lab.crt");
+    std::fs::write(&cert_path, &cert_text).unwrap();
+    let shown =
+        String::from_utf8_lossy(&hyphae(&["cert", "show", cert_path.to_str().unwrap()]).stdout)
+            .into_owned();
+    assert!(
+        shown.contains(&format!("identity:    {}", identity.peer_id())),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("name:        web") && shown.contains("groups:      web, prod"),
+        "{shown}"
+    );
+    assert!(shown.contains("signature:   good"), "{shown}");
+
+    let text = file(&doc, "/etc/hyphae/hyphae.toml")["content"]
+        .as_str()
+        .unwrap()
+        .replace("/etc/hyphae/lab.secret", secret.to_str().unwrap())
+        .replace("/etc/hyphae/lab.crt", cert_path.to_str().unwrap());
+    assert!(
+        text.contains(&format!("authority = \"{authority}\"")),
+        "{text}"
+    );
+    let config_path = dir.join("hyphae.toml");
+    std::fs::write(&config_path, text).unwrap();
+    let config = Config::load(&config_path).unwrap();
+    let credential = config.namespaces[0].credential.as_ref().unwrap();
+    assert!(credential
+        .trust
+        .check(&credential.certificate, &identity.peer_id(), 1_800_000_000)
+        .is_ok());
+
+    // A key of another namespace's authority is refused.
+    let other = dir.join("prod.ca.key");
+    assert!(
+        hyphae(&["ca", "init", "prod", "--out", other.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let out = hyphae(&[
+        "cloud-init",
+        "--namespace",
+        "lab",
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "--bootstrap",
+        "203.0.113.7:7400",
+        "--install",
+        "/usr/bin/hyphae",
+        "--ca",
+        other.to_str().unwrap(),
+        "--hostname",
+        "web",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("authority of 'prod'"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// examples/cloud-init/ holds the user-data of every provider, as `hyphae cloud-init`
 /// prints it today for these flags (and an example secret).
 #[test]

@@ -3,7 +3,8 @@
 //! with the agent's own loader and say what its name promises. No root needed.
 //!
 //! Each example names its secret files under /etc/hyphae; the test loads a copy whose
-//! `secret_file` lines point at a secret of its own, and nothing else changed.
+//! `secret_file` lines point at a secret of its own (and `authority` and `certificate` at
+//! an authority and a certificate of its own), and nothing else changed.
 
 use std::path::{Path, PathBuf};
 
@@ -15,24 +16,51 @@ const EXPECTED: &[(&str, &[Mode])] = &[
     ("router-site.toml", &[Mode::Router]),
     ("hybrid-host.toml", &[Mode::Hybrid]),
     ("two-namespaces.toml", &[Mode::Interface, Mode::Interface]),
+    ("certified-host.toml", &[Mode::Interface]),
 ];
 
 fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
-/// `text` with every `secret_file = "..."` (and its comment) replaced by `secret`.
-fn with_secret(text: &str, secret: &Path) -> String {
+/// `text` with every `secret_file = "..."` (and its comment) replaced by `secret`, and
+/// `authority` and `certificate` by those of a test authority.
+fn with_secret(text: &str, secret: &Path, certificate: &Path, authority: &str) -> String {
     text.lines()
         .map(|line| {
-            if line.trim_start().starts_with("secret_file") {
+            let key = line.trim_start();
+            if key.starts_with("secret_file") {
                 format!("secret_file = \"{}\"", secret.display())
+            } else if key.starts_with("certificate") {
+                format!("certificate = \"{}\"", certificate.display())
+            } else if key.starts_with("authority") {
+                format!("authority = \"{authority}\"")
             } else {
                 line.to_string()
             }
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A certificate for namespace "lab" from a test authority, in `dir`; the authority.
+fn certificate(dir: &Path) -> (PathBuf, String) {
+    use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
+    let ca = AuthorityKey::from_seed([7; 32]);
+    let bytes = ca
+        .sign(&CertificateRequest {
+            namespace: "lab".into(),
+            identity: hyphae_overlay::Identity::from_seed([1; 32]).peer_id(),
+            name: "web".into(),
+            groups: vec!["web".into()],
+            addresses: Vec::new(),
+            not_before: 0,
+            not_after: u64::MAX / 2,
+        })
+        .unwrap();
+    let path = dir.join("web.lab.crt");
+    std::fs::write(&path, armor("CERTIFICATE", &bytes)).unwrap();
+    (path, ca.authority().to_string())
 }
 
 fn load(name: &str) -> Config {
@@ -46,10 +74,13 @@ fn load(name: &str) -> Config {
     let secret = dir.join("namespace.secret");
     hyphae_testbed::write_secret(&secret, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n")
         .unwrap();
+    let (cert, authority) = certificate(&dir);
     let text = std::fs::read_to_string(examples_dir().join(name)).unwrap();
     let copy = dir.join(name);
-    std::fs::write(&copy, with_secret(&text, &secret)).unwrap();
-    Config::load(&copy).unwrap_or_else(|e| panic!("examples/{name} does not load: {e:#}"))
+    std::fs::write(&copy, with_secret(&text, &secret, &cert, &authority)).unwrap();
+    let config = Config::load(&copy);
+    let _ = std::fs::remove_dir_all(&dir);
+    config.unwrap_or_else(|e| panic!("examples/{name} does not load: {e:#}"))
 }
 
 #[test]
@@ -99,4 +130,7 @@ fn examples_say_what_their_comments_say() {
     // The first member of "home" starts it: a subnet and no bootstrap.
     assert!(home.subnet.is_some() && home.bootstrap.is_empty());
     assert!(matches!(home.address, Address::Static(_)));
+
+    let certified = load("certified-host.toml");
+    assert!(certified.namespaces[0].credential.is_some());
 }

@@ -89,6 +89,10 @@ impl Node {
                         // (it restarted, or lost us): it no longer has our addresses, and if
                         // we are the initiator, a fresh handshake is ours to start.
                         peer.have_their_announce = false;
+                        // Its other shards' sessions are gone with it: ours are dropped
+                        // (their flows go on shard 0) and made afresh from its next
+                        // announcement.
+                        self.set_tunnel_shards(handle, 1);
                         self.restart_handshake(now, handle, Route::Direct(from));
                     }
                 }

@@ -583,6 +583,48 @@ mod tests {
         );
     }
 
+    /// A member that restarts has none of its old sessions: the other end starts every
+    /// shard afresh too (on its hello), or flows on the other shards would go on being
+    /// sealed for sessions nobody holds (`dht.rs`, a restarted first member).
+    #[test]
+    fn a_member_that_restarts_gets_every_flow_through_again() {
+        let now = test_epoch();
+        let (mut a, b, ha, _) = sharded_pair(now, 4, 4);
+        drop(b);
+        let mut b = node(2);
+        b.set_shards(4);
+        b.add_static_peer(NamespaceId(0), A, now);
+        let mut t = now;
+        for _ in 0..4 {
+            a.handle_timeout(t);
+            b.handle_timeout(t);
+            pump(&mut a, &mut b, t);
+            t += crate::node::TICK;
+        }
+        let hb = b
+            .peers()
+            .next()
+            .map(|p| p.handle)
+            .expect("b has a tunnel again");
+        assert_eq!(a.peers().next().map(|p| p.handle), Some(ha));
+        let mut rx = vec![0u8; 512];
+        for port in 0..64u16 {
+            let p = udp(1, 40000 + port, 2, 5201);
+            let (tx, out) = seal(&mut a, ha, &p);
+            let opened = b.tunnels().open(&out[tx.range], &mut rx);
+            assert_eq!(
+                b.accept(t, A, opened, &rx),
+                Received::Deliver {
+                    ns: NamespaceId(0),
+                    peer: hb,
+                    len: p.len()
+                },
+                "port {port} (shard {})",
+                flow_shard(&p, 4)
+            );
+        }
+    }
+
     #[test]
     fn the_pair_has_the_shards_both_accept_and_an_agent_without_them_one() {
         let now = test_epoch();
