@@ -397,6 +397,52 @@ pub fn revoke(args: &RevokeArgs) -> Result<String> {
     ))
 }
 
+/// `hyphae cert install`: checks `file` against namespace `namespace` of the config at
+/// `config_path` (its authority, this host's identity, valid now), puts it in place of the
+/// configured certificate, and asks a running agent to switch to it.
+pub fn install(namespace: &str, file: &Path, config_path: &Path) -> Result<String> {
+    let config = crate::config::Config::load(config_path)?;
+    let ns = config
+        .namespaces
+        .iter()
+        .find(|n| n.name == namespace)
+        .with_context(|| format!("no namespace '{namespace}' in {}", config_path.display()))?;
+    let (Some(credential), Some(target)) = (&ns.credential, &ns.certificate_path) else {
+        bail!(
+            "namespace '{namespace}' has no authority in {}",
+            config_path.display()
+        );
+    };
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let bytes = unarmor(&text)
+        .map_err(|_| anyhow::anyhow!("{} is not a hyphae certificate", file.display()))?;
+    let identity = crate::setup::load_or_create_identity(&config.agent.state_dir)?.peer_id();
+    let cert = credential
+        .trust
+        .check(&bytes, &identity, crate::driver::unix_now())
+        .map_err(|e| anyhow::anyhow!("{}: {e} (for this host: `hyphae id`)", file.display()))?;
+    let staged = target.with_extension("crt.new");
+    std::fs::write(&staged, armor(CERTIFICATE, &bytes))
+        .with_context(|| format!("cannot write {}", staged.display()))?;
+    std::fs::rename(&staged, target)
+        .with_context(|| format!("cannot replace {}", target.display()))?;
+    let mut out = format!("installed as {}\n{}", target.display(), describe(&cert));
+    match crate::control::request(
+        &config.agent.control_socket,
+        &crate::control::Request::ReloadCertificates,
+    ) {
+        Ok(reply) => {
+            let v: serde_json::Value = serde_json::from_str(&reply)?;
+            for line in v["lines"].as_array().into_iter().flatten() {
+                out += &format!("agent: {}\n", line.as_str().unwrap_or_default());
+            }
+        }
+        Err(_) => out += "no agent running: it starts with this certificate\n",
+    }
+    Ok(out.trim_end().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

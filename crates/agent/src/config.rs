@@ -310,6 +310,35 @@ impl std::fmt::Debug for Namespace {
     }
 }
 
+/// A namespace with every default, for unit tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) fn tests_namespace(name: &str) -> Namespace {
+    Namespace {
+        name: name.to_string(),
+        secret: b"0123456789abcdef".to_vec(),
+        subnet: None,
+        mode: Mode::Interface,
+        device: default_device(),
+        bridge: None,
+        uplink: None,
+        probe_timeout: Duration::from_millis(default_probe_timeout_ms()),
+        lan_timeout: Duration::from_secs(default_lan_timeout_secs()),
+        broadcast_rate: default_broadcast_rate(),
+        address: Address::Auto,
+        mtu: DEFAULT_MTU,
+        peers: Vec::new(),
+        bootstrap: Vec::new(),
+        lease: Duration::from_secs(DEFAULT_LEASE_SECS),
+        reserved: Vec::new(),
+        hostname: None,
+        resolvers: Vec::new(),
+        dns_rate: default_dns_rate(),
+        gateway: None,
+        credential: None,
+        certificate_path: None,
+    }
+}
+
 /// Reads just the state directory (where the identity is), for `hyphae id`; the default
 /// one without a config file.
 pub fn state_dir(path: &Path) -> Result<PathBuf> {

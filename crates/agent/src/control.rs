@@ -40,6 +40,9 @@ pub enum Request {
         /// The host name (a DNS label).
         name: Option<String>,
     },
+    /// Read every namespace's certificate file again and switch to a renewed one
+    /// (what SIGHUP does).
+    ReloadCertificates,
     /// Take a revocation list of a namespace's authority (armored, as `hyphae cert
     /// revoke` writes it) and pass it to every member.
     Revocations {

@@ -105,6 +105,13 @@ pub fn run(config_path: &Path) -> Result<()> {
     report(capabilities(caps));
     if let Some(config) = &config {
         report(forwarding(config));
+        let identity = crate::setup::load_identity(&config.agent.state_dir);
+        let now = crate::driver::unix_now();
+        for ns in &config.namespaces {
+            if let Some(c) = certificate(ns, identity.as_ref(), now) {
+                report(c);
+            }
+        }
     }
     report(udp_offload());
     report(af_xdp(caps));
@@ -481,6 +488,62 @@ fn dial(endpoint: SocketAddr) -> std::io::Result<()> {
     TcpStream::connect_timeout(&endpoint, DIAL_TIMEOUT).map(|_| ())
 }
 
+/// A namespace's certificate: for this host's identity (if it has one yet), valid now, not
+/// revoked by the list the config names, and not expiring within 7 days.
+fn certificate(
+    ns: &crate::config::Namespace,
+    identity: Option<&hyphae_overlay::PeerId>,
+    now: u64,
+) -> Option<Check> {
+    const WEEK: u64 = 7 * 86_400;
+    let credential = ns.credential.as_ref()?;
+    let name = format!("certificate of '{}'", ns.name);
+    let file = ns
+        .certificate_path
+        .as_ref()
+        .map_or_else(String::new, |p| p.display().to_string());
+    let renew = format!(
+        "sign a new one (`hyphae cert sign --ca KEY --identity ID --name ...`) and replace {file}"
+    );
+    let cert = match hyphae_overlay::cert::Certificate::decode(&credential.certificate) {
+        Ok(cert) => cert,
+        Err(e) => return Some(check(name, Outcome::Fail(format!("{file}: {e}"), renew))),
+    };
+    if let Some(id) = identity {
+        if cert.identity() != *id {
+            return Some(check(
+                name,
+                Outcome::Fail(
+                    format!(
+                        "{file} is for identity {}, this host is {id}",
+                        cert.identity()
+                    ),
+                    format!("sign one for this host's identity (`hyphae id`) and replace {file}"),
+                ),
+            ));
+        }
+    }
+    if let Err(e) = credential.trust.check_current(&cert, now) {
+        return Some(check(name, Outcome::Fail(format!("{file} is {e}"), renew)));
+    }
+    let left = cert.not_after().saturating_sub(now);
+    if left < WEEK {
+        return Some(check(
+            name,
+            Outcome::Warn(format!("{file} expires in {} hours", left / 3600), renew),
+        ));
+    }
+    Some(check(
+        name,
+        Outcome::Pass(format!(
+            "'{}' in groups [{}], {} days left",
+            cert.name(),
+            cert.groups().join(", "),
+            left / 86_400
+        )),
+    ))
+}
+
 #[allow(clippy::disallowed_methods)] // this check is of the wall clock itself
 fn clock() -> Check {
     let now = SystemTime::now()
@@ -514,6 +577,58 @@ fn clock() -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificate_is_checked_for_this_host_its_window_and_the_week_ahead() {
+        use hyphae_overlay::cert::{AuthorityKey, CertificateRequest, Trust};
+        use hyphae_overlay::proof::Credential;
+        let ca = AuthorityKey::from_seed([7; 32]);
+        let me = hyphae_overlay::Identity::from_seed([1; 32]).peer_id();
+        let other = hyphae_overlay::Identity::from_seed([2; 32]).peer_id();
+        let now = 1_800_000_000;
+        let cfg = |end: u64| {
+            let certificate = ca
+                .sign(&CertificateRequest {
+                    namespace: "lab".into(),
+                    identity: me,
+                    name: "web".into(),
+                    groups: vec!["web".into()],
+                    addresses: Vec::new(),
+                    not_before: now - 10 * 86_400,
+                    not_after: end,
+                })
+                .unwrap();
+            Credential {
+                trust: Trust::new("lab", ca.authority()),
+                certificate,
+            }
+        };
+        let outcome = |credential: Credential, id: Option<&hyphae_overlay::PeerId>| {
+            let mut ns = crate::config::tests_namespace("lab");
+            ns.credential = Some(credential);
+            certificate(&ns, id, now).unwrap().outcome
+        };
+        assert!(
+            matches!(outcome(cfg(now + 90 * 86_400), Some(&me)), Outcome::Pass(s) if s.contains("89 days left") || s.contains("90 days left"))
+        );
+        assert!(
+            matches!(outcome(cfg(now + 3 * 86_400), Some(&me)), Outcome::Warn(s, _) if s.contains("expires in 72 hours"))
+        );
+        assert!(
+            matches!(outcome(cfg(now - 3 * 86_400), Some(&me)), Outcome::Fail(s, _) if s.contains("expired"))
+        );
+        assert!(
+            matches!(outcome(cfg(now + 90 * 86_400), Some(&other)), Outcome::Fail(s, _) if s.contains("this host is"))
+        );
+        // No identity yet (never started): the rest is still checked.
+        assert!(matches!(
+            outcome(cfg(now + 90 * 86_400), None),
+            Outcome::Pass(_)
+        ));
+        let mut ns = crate::config::tests_namespace("lab");
+        ns.credential = None;
+        assert!(certificate(&ns, Some(&me), now).is_none());
+    }
 
     #[test]
     fn a_secret_others_can_read_fails_with_its_fix() {

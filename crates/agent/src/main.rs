@@ -158,6 +158,18 @@ enum CertCmd {
     },
     /// Write the next revocation list: revoke identities or certificates.
     Revoke(ca::RevokeArgs),
+    /// Put a renewed certificate in place of NAMESPACE's (the config's `certificate`
+    /// file) after checking it, and have the running agent switch to it without dropping
+    /// a tunnel (as SIGHUP does).
+    Install {
+        /// The namespace.
+        namespace: String,
+        /// The new certificate.
+        file: PathBuf,
+        /// Config file.
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -268,6 +280,14 @@ fn execute(cmd: Cmd) -> Result<()> {
         }
         Cmd::Cert(CertCmd::Show { file }) => {
             print!("{}", ca::show(&file)?);
+            Ok(())
+        }
+        Cmd::Cert(CertCmd::Install {
+            namespace,
+            file,
+            config,
+        }) => {
+            println!("{}", ca::install(&namespace, &file, &config)?);
             Ok(())
         }
         Cmd::Cert(CertCmd::Revoke(args)) => {

@@ -43,6 +43,13 @@ pub(crate) fn require_net_admin() -> Result<()> {
     Ok(())
 }
 
+/// The identity in the state directory, if there is one that reads (`hyphae doctor`: it
+/// creates nothing).
+pub(crate) fn load_identity(state_dir: &Path) -> Option<hyphae_overlay::PeerId> {
+    let text = std::fs::read_to_string(state_dir.join(IDENTITY_FILE)).ok()?;
+    Identity::from_text(&text).ok().map(|i| i.peer_id())
+}
+
 /// Loads the identity key from the state directory, creating both on first start.
 pub fn load_or_create_identity(state_dir: &Path) -> Result<Identity> {
     let path = state_dir.join(IDENTITY_FILE);

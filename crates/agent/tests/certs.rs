@@ -307,6 +307,87 @@ fn certified_members_connect_and_strangers_with_the_secret_get_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+
+    // Renewal: alpha gets a certificate with other groups, installed while beta pings it
+    // every 20 ms; no reply is lost and beta's tunnel is the same one.
+    let before = bed.namespace_status(&beta, &b).unwrap();
+    let renewed = dir.join("alpha-renewed.crt").display().to_string();
+    hyphae(&[
+        "cert",
+        "sign",
+        "--ca",
+        &key,
+        "--identity",
+        &alpha_id,
+        "--name",
+        "alpha",
+        "--groups",
+        "ops",
+        "--days",
+        "60",
+        "--out",
+        &renewed,
+    ]);
+    let log = dir.join("renewal-ping.log");
+    let pinger = bed
+        .spawn(
+            &beta.ns,
+            "ping",
+            &["-c", "100", "-i", "0.02", "10.203.0.11"],
+            &log,
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = hyphae(&[
+        "cert",
+        "install",
+        "lab",
+        &renewed,
+        "-c",
+        &a.config.display().to_string(),
+    ]);
+    assert!(out.contains("agent: lab: renewed"), "{out}");
+    let own = bed
+        .namespace_status(&alpha, &a)
+        .unwrap()
+        .certificate
+        .unwrap();
+    assert_eq!(own.groups, ["ops"]);
+    assert!(own.expires_in_secs > 59 * 86_400, "{own:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bed.is_running(pinger) {
+        assert!(Instant::now() < deadline, "ping did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains(" 0% packet loss"), "{text}");
+    let after = bed.namespace_status(&beta, &b).unwrap();
+    let handshake = |st: &hyphae_agent::control::NamespaceStatus| {
+        st.peers
+            .iter()
+            .find(|p| p.identity == alpha_id)
+            .and_then(|p| p.handshake_age_secs)
+    };
+    assert!(
+        handshake(&after) >= handshake(&before),
+        "beta's tunnel to alpha was made again: {:?} then {:?}",
+        handshake(&before),
+        handshake(&after)
+    );
+    // A certificate for another host is refused, the renewed one stays.
+    let out = Command::new(BIN)
+        .args([
+            "cert",
+            "install",
+            "lab",
+            &beta_cert,
+            "-c",
+            &a.config.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("for another identity"));
 }
 
 /// Unix time in seconds, as a float.

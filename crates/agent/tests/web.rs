@@ -97,7 +97,7 @@ fn samples(text: &str) -> BTreeMap<String, BTreeMap<Vec<String>, f64>> {
 /// Every number (and boolean) of a status, with the metric name and labels the naming
 /// rule of the README gives it: the field's path joined by `_`, under `hyphae_namespace`
 /// (label `namespace`) or `hyphae_peer` (labels `namespace`, `member`), a `drops` map as
-/// one `..._drops` family with a `reason` label.
+/// one `..._drops` family with a `reason` label (and so a `..._refused` map).
 fn expected(
     prefix: &str,
     labels: &[String],
@@ -109,7 +109,7 @@ fn expected(
         match value {
             Value::Number(n) => out.push((name, labels.to_vec(), n.as_f64().unwrap())),
             Value::Bool(b) => out.push((name, labels.to_vec(), f64::from(u8::from(*b)))),
-            Value::Object(drops) if key == "drops" => {
+            Value::Object(drops) if key == "drops" || key.ends_with("_refused") => {
                 for (reason, n) in drops {
                     let mut l = labels.to_vec();
                     l.push(format!("reason={reason}"));

@@ -217,6 +217,37 @@ impl Proofs {
         out
     }
 
+    /// Our new certificate for namespace `tag` (a renewal). Returns the proofs to push to
+    /// every peer that challenged us, made with it.
+    pub fn renew_certificate(
+        &mut self,
+        tag: &NamespaceTag,
+        certificate: Vec<u8>,
+        mut fresh: impl FnMut() -> [u8; PROOF_LEN],
+    ) -> Vec<(PeerId, ProofRequest)> {
+        let Some(credential) = self
+            .namespaces
+            .iter_mut()
+            .find(|n| n.tag == *tag)
+            .and_then(|n| n.credential.as_mut())
+        else {
+            return Vec::new();
+        };
+        credential.certificate = certificate;
+        let peers: Vec<(PeerId, [u8; PROOF_LEN])> = self
+            .peers
+            .iter()
+            .filter_map(|(id, p)| Some((*id, p.received?)))
+            .collect();
+        peers
+            .into_iter()
+            .map(|(peer, nonce)| {
+                let (macs, certificates) = self.proof(&peer, &nonce, &mut fresh);
+                (peer, ProofRequest::Proof { macs, certificates })
+            })
+            .collect()
+    }
+
     /// Forgets one of our namespaces (peers that proved only it are members of nothing we
     /// hold). Peers keep our old proof: harmless, it names a namespace we have left.
     pub fn remove_namespace(&mut self, tag: &NamespaceTag) {

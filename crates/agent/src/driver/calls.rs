@@ -33,6 +33,9 @@ impl Control {
                 Ok(released) => json!({ "ok": true, "released": released }),
                 Err(e) => json!({ "error": e }),
             },
+            Request::ReloadCertificates => {
+                json!({ "ok": true, "lines": self.reload_certificates(now) })
+            }
             Request::Revocations { namespace, list } => {
                 match self.publish_revocations(now, &namespace, &list) {
                     Ok(version) => json!({ "ok": true, "version": version }),

@@ -67,6 +67,8 @@ pub(crate) struct Joined {
     pub(crate) name: String,
     /// With an authority: this member's certificate (checked at start).
     pub(crate) certificate: Option<hyphae_overlay::cert::Certificate>,
+    /// Where it is read from again on SIGHUP or `hyphae cert install` (a renewal).
+    pub(crate) certificate_path: Option<PathBuf>,
     /// Names the namespace in the control plane (its records and membership proofs).
     pub(crate) tag: [u8; hyphae_overlay::TAG_LEN],
     pub(crate) device: String,
@@ -458,6 +460,7 @@ impl Control {
         self.namespaces.push(Joined {
             name: cfg.name.clone(),
             certificate,
+            certificate_path: cfg.certificate_path.clone(),
             tag,
             device: cfg.device.clone(),
             mode: cfg.mode,

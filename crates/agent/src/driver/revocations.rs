@@ -77,6 +77,65 @@ impl Control {
     }
 }
 
+impl Control {
+    /// SIGHUP or `hyphae cert install`: each namespace with an authority reads its
+    /// certificate file again; a new one that checks out (this identity, this namespace,
+    /// the authority, valid now) replaces the old without dropping a tunnel: members hear
+    /// it in announcements and proofs at once. Returns one line per namespace.
+    pub(crate) fn reload_certificates(&mut self, now: Instant) -> Vec<String> {
+        let me = self.identity.peer_id();
+        let mut lines = Vec::new();
+        for i in 0..self.namespaces.len() {
+            let n = &self.namespaces[i];
+            let (Some(path), Some(old), true) = (
+                n.certificate_path.clone(),
+                n.certificate.as_ref(),
+                n.active(),
+            ) else {
+                continue;
+            };
+            let name = n.name.clone();
+            let trust = lock(&self.dp).node.trust(NamespaceId(i)).cloned();
+            let read = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                .and_then(|text| {
+                    unarmor(&text).map_err(|_| format!("{} is not a certificate", path.display()))
+                })
+                .and_then(|bytes| {
+                    let trust = trust.ok_or_else(|| "no authority".to_string())?;
+                    let cert = trust
+                        .check(&bytes, &me, super::unix_now())
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    Ok((bytes, cert))
+                });
+            match read {
+                Err(e) => {
+                    tracing::warn!(namespace = %name, "certificate not renewed: {e}");
+                    lines.push(format!("{name}: not renewed: {e}"));
+                }
+                Ok((_, cert)) if cert.fingerprint() == old.fingerprint() => {
+                    lines.push(format!("{name}: unchanged"));
+                }
+                Ok((bytes, cert)) => {
+                    lock(&self.dp)
+                        .node
+                        .renew_certificate(now, NamespaceId(i), bytes.clone());
+                    let tag = self.namespaces[i].tag;
+                    self.overlay.renew_certificate(&tag, bytes);
+                    tracing::info!(namespace = %name, name = cert.name(), groups = ?cert.groups(), not_after = cert.not_after(), "certificate renewed");
+                    lines.push(format!(
+                        "{name}: renewed ('{}', valid until Unix {})",
+                        cert.name(),
+                        cert.not_after()
+                    ));
+                    self.namespaces[i].certificate = Some(cert);
+                }
+            }
+        }
+        lines
+    }
+}
+
 /// The newest list kept in the state directory for namespace `name`, if any.
 pub(crate) fn kept(state_dir: &std::path::Path, name: &str) -> Option<Vec<u8>> {
     let text = std::fs::read_to_string(crate::setup::revocations_file(state_dir, name)).ok()?;

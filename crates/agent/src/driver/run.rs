@@ -20,6 +20,7 @@ use crate::setup;
 /// What woke the loop.
 enum Wake {
     Stop,
+    Reload,
     NetChange,
     Overlay(hyphae_overlay::swarm::OverlayEvent),
     Resolver(super::services::ResolverReply),
@@ -47,6 +48,7 @@ impl Control {
         tokio::spawn(crate::control_server::serve(listener, ctl_tx));
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sighup = signal(SignalKind::hangup())?;
         let mut resolver_rx = self
             .resolver_rx
             .take()
@@ -70,6 +72,7 @@ impl Control {
             let wake = tokio::select! {
                 _ = sigterm.recv() => Wake::Stop,
                 _ = sigint.recv() => Wake::Stop,
+                _ = sighup.recv() => Wake::Reload,
                 () = std::future::poll_fn(|cx| match netwatch {
                     Some(w) => w.poll_readable(cx),
                     None => std::task::Poll::Pending,
@@ -85,6 +88,11 @@ impl Control {
             let now = Instant::now();
             match wake {
                 Wake::Stop => break Ok(()),
+                Wake::Reload => {
+                    for line in self.reload_certificates(now) {
+                        tracing::info!("SIGHUP: {line}");
+                    }
+                }
                 Wake::WorkerStopped(reason) => {
                     tracing::error!("{reason}; the agent stops");
                     break Err(anyhow::anyhow!(reason));

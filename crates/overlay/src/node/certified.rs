@@ -89,6 +89,24 @@ impl Node {
         Ok(version)
     }
 
+    /// This member's new certificate in namespace `ns` (a renewal): every member with a
+    /// session hears it in an announcement at once; no tunnel is dropped.
+    pub fn renew_certificate(&mut self, now: Instant, ns: NamespaceId, certificate: Vec<u8>) {
+        let Some(credential) = self
+            .namespaces
+            .get_mut(ns.0)
+            .and_then(|n| n.credential.as_mut())
+        else {
+            return;
+        };
+        credential.certificate = certificate;
+        for handle in self.handles_in(ns) {
+            if self.peer(handle).is_some_and(|p| p.has_session()) {
+                self.announce(now, handle);
+            }
+        }
+    }
+
     /// Certificate checks, counted.
     pub fn certificate_stats(&self) -> CertificateStats {
         self.certificate_stats

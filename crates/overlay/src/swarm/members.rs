@@ -35,6 +35,18 @@ impl Overlay {
         }
     }
 
+    /// This agent's new certificate for namespace `tag` (a renewal): pushed to every peer
+    /// in a fresh proof; memberships stand meanwhile.
+    pub fn renew_certificate(&mut self, tag: &NamespaceTag, certificate: Vec<u8>) {
+        let rng = &mut self.rng;
+        let sent = self
+            .proofs
+            .renew_certificate(tag, certificate, || fresh_nonce(rng));
+        for (peer, request) in sent {
+            self.send_proof_request(peer, request);
+        }
+    }
+
     /// Starts the operations whose lookups finished and whose found peers all proved (or
     /// failed to prove) membership, or waited [`PROOF_WAIT`].
     pub(super) fn check_awaiting(&mut self, now: Instant, wall: u64) {
