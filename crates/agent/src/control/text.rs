@@ -1,0 +1,302 @@
+//! The control protocol's replies for people: `hyphae status` and `hyphae peers` as text,
+//! and the JSON `hyphae peers --json` prints.
+
+use std::collections::BTreeMap;
+
+use super::{Status, WorkerStatus};
+
+/// Renders the members of every namespace as a table, for `hyphae peers`.
+pub fn render_peers(status: &Status) -> String {
+    let mut out = String::new();
+    for ns in &status.namespaces {
+        out += &format!(
+            "namespace {}  (this member: {})\n",
+            ns.name,
+            if ns.address.is_empty() {
+                "no address yet"
+            } else {
+                &ns.address
+            }
+        );
+        if let Some(e) = &ns.address_error {
+            out += &format!("  address: {e}\n");
+        }
+        if ns.peers.is_empty() {
+            out += "  no members connected\n";
+            continue;
+        }
+        out += &format!(
+            "  {:<18} {:<14} {:<22} {:<28} {:>9}\n",
+            "ADDRESS", "MEMBER", "ENDPOINT", "PATH", "RTT"
+        );
+        for p in &ns.peers {
+            let path = match &p.relay {
+                Some(via) if p.path == "relayed" => format!(
+                    "relayed via {}",
+                    p.relay_addresses
+                        .first()
+                        .cloned()
+                        .unwrap_or_else(|| short(via).to_string())
+                ),
+                _ => p.path.clone(),
+            };
+            out += &format!(
+                "  {:<18} {:<14} {:<22} {:<28} {:>9}\n",
+                if p.addresses.is_empty() {
+                    "-".to_string()
+                } else {
+                    p.addresses.join(",")
+                },
+                short(&p.identity),
+                p.endpoint,
+                path,
+                p.rtt_ms.map_or("-".to_string(), |ms| format!("{ms:.2} ms")),
+            );
+        }
+    }
+    out
+}
+
+/// The members of every namespace as JSON, for `hyphae peers --json`.
+pub fn peers_json(status: &Status) -> serde_json::Value {
+    serde_json::json!({
+        "namespaces": status.namespaces.iter().map(|ns| serde_json::json!({
+            "name": ns.name,
+            "address": ns.address,
+            "peers": ns.peers,
+        })).collect::<Vec<_>>()
+    })
+}
+
+fn short(identity: &str) -> &str {
+    &identity[..identity.len().min(12)]
+}
+
+/// Renders a status for people.
+pub fn render(status: &Status) -> String {
+    let mut out = String::new();
+    out += &format!(
+        "agent {}  listening on {}\n",
+        status.identity, status.listen
+    );
+    let u = &status.underlay;
+    if u.path == "af_xdp" {
+        out +=
+            &format!(
+            "underlay af_xdp on {} ({} XDP, {}, {} queue{})  rx {} tx {} frames, {} via socket\n",
+            u.interface.as_deref().unwrap_or("?"),
+            u.xdp_mode.as_deref().unwrap_or("?"),
+            if u.zero_copy { "zero-copy" } else { "copy mode" },
+            u.queues,
+            if u.queues == 1 { "" } else { "s" },
+            u.rx_frames,
+            u.tx_frames,
+            u.tx_via_socket,
+        );
+    } else {
+        out += "underlay socket\n";
+    }
+    if !status.workers.is_empty() {
+        // Per worker, in order: how the traffic spreads (a flow stays on one worker).
+        let each = |count: fn(&WorkerStatus) -> u64| {
+            let counts: Vec<String> = status
+                .workers
+                .iter()
+                .map(|w| count(w).to_string())
+                .collect();
+            counts.join("/")
+        };
+        let p99: Vec<String> = status
+            .workers
+            .iter()
+            .map(|w| match w.lock_wait.quantile_us(0.99) {
+                Some(us) => format!("<{us}"),
+                None if w.lock_wait.counts.iter().sum::<u64>() == 0 => "-".into(),
+                None => format!(">{}", w.lock_wait.bounds_us.last().copied().unwrap_or(0)),
+            })
+            .collect();
+        out += &format!(
+            "workers {}  frames from devices {}  datagrams in {}  lock wait p99 {} us\n",
+            status.workers.len(),
+            each(|w| w.frames_in),
+            each(|w| w.datagrams_in),
+            p99.join("/"),
+        );
+    }
+    out += &format!(
+        "overlay {}  {} peers connected{}\n",
+        status.overlay.peer_id,
+        status.overlay.connected,
+        if status.overlay.joined {
+            ""
+        } else {
+            "  (joining)"
+        }
+    );
+    if !status.overlay.relays.is_empty() {
+        out += &format!(
+            "reachable through relay {}\n",
+            status.overlay.relays.join(", ")
+        );
+    }
+    if !status.overlay.relayed_peers.is_empty() {
+        out += &format!(
+            "control plane relayed to {}\n",
+            status.overlay.relayed_peers.join(", ")
+        );
+    }
+    if status.relay.sessions > 0 || status.relay.packets > 0 {
+        out += &format!(
+            "relaying {} sessions for other members: {} pkts / {} B\n",
+            status.relay.sessions, status.relay.packets, status.relay.bytes
+        );
+    }
+    let refused = nonzero(&status.overlay.refused);
+    if !refused.is_empty() {
+        out += &format!("  refused to peers: {refused}\n");
+    }
+    if status.underlay_changes > 0 {
+        out += &format!(
+            "underlay address changed {} times (members told at once)\n",
+            status.underlay_changes
+        );
+    }
+    let agent_drops = nonzero(&status.drops);
+    if !agent_drops.is_empty() {
+        out += &format!("  dropped before any tunnel: {agent_drops}\n");
+    }
+    let c = &status.certificates;
+    let (tunnels, members) = (nonzero(&c.tunnels_refused), nonzero(&c.members_refused));
+    if !tunnels.is_empty() || !members.is_empty() || c.addresses_not_allowed > 0 {
+        out += &format!(
+            "  certificates refused: tunnels {}  members {}  addresses not allowed {}\n",
+            if tunnels.is_empty() { "0" } else { &tunnels },
+            if members.is_empty() { "0" } else { &members },
+            c.addresses_not_allowed
+        );
+    }
+    for ns in &status.namespaces {
+        out += &format!(
+            "namespace {}  {} mode  device {}  address {}  subnet {}\n",
+            ns.name, ns.mode, ns.device, ns.address, ns.subnet
+        );
+        if let Some(cert) = &ns.certificate {
+            let days = cert.expires_in_secs.div_euclid(86_400);
+            out += &format!(
+                "  certificate {}  groups [{}]  expires in {days} days  revocation list v{}  authority {}\n",
+                cert.name,
+                cert.groups.join(", "),
+                cert.revocations_version,
+                short(&cert.authority),
+            );
+            if let Some(problem) = &cert.problem {
+                out += &format!("  WARNING: this member's certificate is {problem}: the other members refuse it\n");
+            } else if cert.expires_in_secs < 7 * 86_400 {
+                out += "  WARNING: this member's certificate expires within 7 days: sign a new one (`hyphae cert sign`)\n";
+            }
+        }
+        out += &format!(
+            "  switch: {} to members, {} to device, {} ARP replies\n",
+            ns.to_peers, ns.to_device, ns.arp_replies
+        );
+        if ns.mss_clamped + ns.fragmented + ns.frag_needed > 0 {
+            out += &format!(
+                "  larger than the tunnel: {} MSS clamped, {} fragmented, {} fragmentation needed\n",
+                ns.mss_clamped, ns.fragmented, ns.frag_needed
+            );
+        }
+        if ns.offload {
+            out += &format!(
+                "  offload on: {} super-frames in ({} segments), {} coalesced writes ({} frames merged)\n",
+                ns.super_frames, ns.segments, ns.coalesced_writes, ns.coalesced_frames
+            );
+        } else {
+            out += "  offload off\n";
+        }
+        let d = nonzero(&ns.drops);
+        if !d.is_empty() {
+            out += &format!("  switch drops: {d}\n");
+        }
+        if let Some(e) = &ns.address_error {
+            out += &format!("  address: {e}\n");
+        }
+        if ns.address_conflicts > 0 {
+            out += &format!(
+                "  address conflicts (partitions merged): {} given up\n",
+                ns.address_conflicts
+            );
+        }
+        if let Some(e) = &ns.name_error {
+            out += &format!("  name: {e}\n");
+        }
+        if !ns.names.is_empty() {
+            let names: Vec<String> = ns
+                .names
+                .iter()
+                .map(|(n, a)| format!("{n}.{} {a}", ns.name))
+                .collect();
+            out += &format!("  names: {}\n", names.join(", "));
+        }
+        if !ns.dns.address.is_empty() {
+            out += &format!(
+                "  dns {}: {} queries ({} tcp), {} answered, {} nxdomain, {} forwarded, {} refused, {} servfail\n",
+                ns.dns.address,
+                ns.dns.udp_queries + ns.dns.tcp_queries,
+                ns.dns.tcp_queries,
+                ns.dns.answered,
+                ns.dns.nxdomain,
+                ns.dns.forwarded,
+                ns.dns.refused,
+                ns.dns.servfail
+            );
+        }
+        if ns.peers.is_empty() {
+            out += "  no members connected\n";
+        }
+        for p in &ns.peers {
+            let hs = p
+                .handshake_age_secs
+                .map_or("no handshake yet".to_string(), |s| {
+                    format!("handshake {s:.0}s ago")
+                });
+            let mut path = match &p.relay {
+                Some(via) if p.path == "relayed" => format!("  relayed via {}", short(via)),
+                _ => String::new(),
+            };
+            if p.endpoint_changes > 0 {
+                path += &format!("  endpoint moved {} times", p.endpoint_changes);
+            }
+            if p.shards > 1 {
+                path += &format!("  {} shards", p.shards);
+            }
+            out += &format!(
+                "  member {}  {}  endpoint {}  {}{path}\n",
+                if p.addresses.is_empty() {
+                    "(no address yet)".to_string()
+                } else {
+                    p.addresses.join(",")
+                },
+                short(&p.identity),
+                p.endpoint,
+                hs
+            );
+            out += &format!(
+                "    in {} pkts / {} B   out {} pkts / {} B\n",
+                p.rx_packets, p.rx_bytes, p.tx_packets, p.tx_bytes
+            );
+            let d = nonzero(&p.drops);
+            if !d.is_empty() {
+                out += &format!("    drops: {d}\n");
+            }
+        }
+    }
+    out
+}
+
+fn nonzero(m: &BTreeMap<String, u64>) -> String {
+    m.iter()
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
