@@ -149,19 +149,7 @@ fn remote_neighbour(bed: &Testbed, vm: &Host) -> String {
 
 /// `dig +short @SERVICE name` inside `host`.
 fn resolve(bed: &Testbed, host: &Host, name: &str) -> Vec<String> {
-    let server = format!("@{SERVICE}");
-    let out = bed
-        .ns_output(
-            &host.ns,
-            "dig",
-            &[&server, "+time=2", "+tries=2", "+short", name],
-        )
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.trim().to_string())
-        .filter(|l| !l.is_empty() && !l.starts_with(';'))
-        .collect()
+    bed.dig_short(host, SERVICE, name).unwrap()
 }
 
 /// A `udhcpc` script that sets the address it is given.

@@ -653,6 +653,22 @@ impl Testbed {
         }
     }
 
+    /// `dig +short NAME` at DNS server `server` (an address) from inside `host`: the answer
+    /// lines (2 s per try, 2 tries).
+    pub fn dig_short(&self, host: &Host, server: &str, name: &str) -> Result<Vec<String>> {
+        let server = format!("@{server}");
+        let out = self.ns_output(
+            &host.ns,
+            "dig",
+            &[&server, "+time=2", "+tries=2", "+short", name],
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty() && !l.starts_with(';'))
+            .collect())
+    }
+
     /// Waits (up to 30 s) until the agent holds its address in the DHT; returns it.
     pub fn claimed_address(&self, host: &Host, agent: &AgentHandle) -> Result<Ipv4Addr> {
         let deadline = Instant::now() + Duration::from_secs(30);

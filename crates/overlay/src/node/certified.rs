@@ -226,9 +226,8 @@ mod tests {
     use super::*;
     use crate::cert::{AuthorityKey, CertificateRequest};
     use crate::node::{test_epoch, Received};
-    use crate::{Identity, NamespaceKeys};
+    use crate::Identity;
 
-    const SECRET: &[u8] = b"correct horse battery staple";
     const WALL: u64 = 1_800_000_000;
     const DAY: u64 = 86_400;
 
@@ -252,11 +251,8 @@ mod tests {
     /// A member at 10.201.0.SEED of "lab" under `ca()`, showing `certificate` (none: it
     /// holds the secret only).
     fn node(seed: u8, certificate: Option<Vec<u8>>) -> (Node, NamespaceId) {
-        let mut node = Node::new(Identity::from_seed([seed; 32]), [seed; 32]);
-        let ns = node.add_namespace(
-            NamespaceKeys::derive("lab", SECRET),
-            vec![Ipv4Addr::new(10, 201, 0, seed)],
-        );
+        let mut node = crate::node::testing::member(seed);
+        let ns = NamespaceId(0);
         node.set_credential(
             ns,
             certificate.map(|certificate| Credential {
@@ -272,30 +268,9 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
-    /// Moves datagrams between `a` (port 1) and `b` (port 2) until both are quiet; what
-    /// each delivered.
-    fn pump(a: &mut Node, b: &mut Node, now: Instant) -> (usize, usize) {
-        let mut out = vec![0u8; 65536];
-        let mut delivered = (0, 0);
-        for _ in 0..50 {
-            let mut moved = false;
-            while let Some((_, d)) = a.poll_transmit() {
-                moved = true;
-                if let Received::Deliver { .. } = b.handle_datagram(now, addr(1), &d, &mut out) {
-                    delivered.1 += 1;
-                }
-            }
-            while let Some((_, d)) = b.poll_transmit() {
-                moved = true;
-                if let Received::Deliver { .. } = a.handle_datagram(now, addr(2), &d, &mut out) {
-                    delivered.0 += 1;
-                }
-            }
-            if !moved {
-                break;
-            }
-        }
-        delivered
+    /// Moves datagrams between `a` (port 1) and `b` (port 2) until both are quiet.
+    fn pump(a: &mut Node, b: &mut Node, now: Instant) {
+        crate::node::testing::pump(a, addr(1), b, addr(2), now);
     }
 
     /// `a` (10.201.0.1) contacts `b` (10.201.0.2); returns `a`'s handle of `b` and `b`'s

@@ -51,6 +51,8 @@ mod relay;
 mod roam;
 mod shared;
 mod stats;
+#[cfg(test)]
+mod testing;
 mod tunnel;
 
 use std::collections::{HashMap, VecDeque};
@@ -745,16 +747,10 @@ fn test_epoch() -> Instant {
 mod tests {
     use super::*;
     use crate::wire::{emit_init_prefix, emit_relay_header, Hello, WG_INIT_LEN};
-
-    const SECRET: &[u8] = b"correct horse battery staple";
+    use testing::SECRET;
 
     fn node(seed: u8) -> (Node, NamespaceId) {
-        let mut node = Node::new(Identity::from_seed([seed; 32]), [seed; 32]);
-        let ns = node.add_namespace(
-            NamespaceKeys::derive("lab", SECRET),
-            vec![Ipv4Addr::new(10, 201, 0, seed)],
-        );
-        (node, ns)
+        (testing::member(seed), NamespaceId(0))
     }
 
     fn addr(port: u16) -> SocketAddr {
@@ -763,21 +759,7 @@ mod tests {
 
     /// Moves datagrams between `a` (at port 1) and `b` (at port 2) until both are quiet.
     fn pump(a: &mut Node, b: &mut Node, now: Instant) {
-        let mut out = vec![0u8; 65536];
-        for _ in 0..50 {
-            let mut moved = false;
-            while let Some((_, d)) = a.poll_transmit() {
-                moved = true;
-                b.handle_datagram(now, addr(1), &d, &mut out);
-            }
-            while let Some((_, d)) = b.poll_transmit() {
-                moved = true;
-                a.handle_datagram(now, addr(2), &d, &mut out);
-            }
-            if !moved {
-                return;
-            }
-        }
+        testing::pump(a, addr(1), b, addr(2), now);
     }
 
     #[test]

@@ -86,24 +86,17 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::keys::NamespaceKeys;
     use crate::node::{
         test_epoch, DropReason, NamespaceId, PeerDropReason, Received, ROAM_PROBES,
         ROAM_PROBE_INTERVAL,
     };
-    use crate::Identity;
 
     const A1: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2)), 7400);
     const A2: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 9, 2)), 7400);
     const B: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 2, 2)), 7400);
 
     fn node(seed: u8) -> Node {
-        let mut node = Node::new(Identity::from_seed([seed; 32]), [seed; 32]);
-        node.add_namespace(
-            NamespaceKeys::derive("lab", b"correct horse battery staple"),
-            vec![Ipv4Addr::new(10, 201, 0, seed)],
-        );
-        node
+        crate::node::testing::member(seed)
     }
 
     /// `a` at `a_at` and `b` at `B`: datagrams move until both are quiet; a datagram to an

@@ -319,20 +319,13 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::keys::NamespaceKeys;
     use crate::node::{test_epoch, DropReason, NamespaceId, Node, PeerDropReason};
-    use crate::Identity;
 
     const A: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2)), 7400);
     const B: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 2, 2)), 7400);
 
     fn node(seed: u8) -> Node {
-        let mut node = Node::new(Identity::from_seed([seed; 32]), [seed; 32]);
-        node.add_namespace(
-            NamespaceKeys::derive("lab", b"correct horse battery staple"),
-            vec![Ipv4Addr::new(10, 201, 0, seed)],
-        );
-        node
+        crate::node::testing::member(seed)
     }
 
     /// `a` at A and `b` at B with a session and each other's addresses; the handles of
@@ -343,21 +336,7 @@ mod tests {
 
     /// Moves datagrams between `a` (at A) and `b` (at B) until both are quiet.
     fn pump(a: &mut Node, b: &mut Node, now: Instant) {
-        let mut out = vec![0u8; 65536];
-        for _ in 0..50 {
-            let mut moved = false;
-            while let Some((_, d)) = a.poll_transmit() {
-                moved = true;
-                b.handle_datagram(now, A, &d, &mut out);
-            }
-            while let Some((_, d)) = b.poll_transmit() {
-                moved = true;
-                a.handle_datagram(now, B, &d, &mut out);
-            }
-            if !moved {
-                return;
-            }
-        }
+        crate::node::testing::pump(a, A, b, B, now);
     }
 
     /// [`pair`], with `a` accepting `sa` shards and `b` `sb`, after a tick of the timers
