@@ -100,6 +100,17 @@ pub struct CertificateCounters {
     pub members_refused: BTreeMap<String, u64>,
     /// Announced addresses a member's certificate does not allow, left out.
     pub addresses_not_allowed: u64,
+    /// As a replica: claims refused because the owner's certificate does not allow them
+    /// (an address it does not pin, a name not its own).
+    #[serde(default)]
+    pub claims_not_allowed: u64,
+    /// As a replica: leases taken from their holder for the member whose certificate
+    /// pins the address or carries the name.
+    #[serde(default)]
+    pub claims_preempted: u64,
+    /// As a replica: records and group entries of revoked or expired members dropped.
+    #[serde(default)]
+    pub records_dropped: u64,
 }
 
 /// This member's certificate in a namespace with an authority.

@@ -587,3 +587,317 @@ fn a_published_revocation_cuts_the_member_off_at_every_member() {
         "the revoked member's status says so"
     );
 }
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Issue 27, items 3, 4 and 8: what a certificate gives its holder stays its holder's.
+/// The authority is made here (it signs an expired certificate, which `hyphae cert sign`
+/// never writes). beta, whose certificate pins nothing, takes 10.203.0.21 while alpha,
+/// whose certificate pins it, is away; alpha comes and gets it back from the replicas.
+/// Then four insiders that hold the namespace secret speak the overlay's protocols to
+/// carol: one with a good certificate asks for what it may not have (another member's
+/// name, a claim that lies about its key, a claim that does not say what it is on);
+/// one certified for another namespace of the same authority, one revoked and one
+/// expired are refused everything.
+#[test]
+fn pinned_addresses_and_names_hold_against_members_gone_bad() {
+    use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest, Trust};
+    use hyphae_overlay::proof::Credential;
+    use hyphae_overlay::records::{encode, MemberInfo, NameInfo, RecordRequest, Subject};
+    use hyphae_overlay::{Identity, NamespaceKeys, PeerId};
+    use hyphae_testbed::insider::{claim, probe, Insider};
+
+    require_root();
+    let mut bed = Testbed::new("crp", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let ca = AuthorityKey::from_seed([0x27; 32]);
+    let line = format!("authority = \"{}\"", ca.authority());
+    let now = unix_now();
+    let sign = |id: PeerId, namespace: &str, name: &str, pins: &[Ipv4Addr], until: u64| {
+        ca.sign(&CertificateRequest {
+            namespace: namespace.into(),
+            identity: id,
+            name: name.into(),
+            groups: vec!["web".into()],
+            addresses: pins.iter().map(|a| (*a).into()).collect(),
+            not_before: now - 7200,
+            not_after: until,
+        })
+        .unwrap()
+    };
+    let day = now + 86_400;
+    let list = bed.dir().join("lab.revocations");
+    let revoked = Identity::from_seed([0x52; 32]);
+    std::fs::write(
+        &list,
+        armor(
+            "REVOCATION LIST",
+            &ca.revoke(1, now, &[revoked.peer_id()], &[]).unwrap(),
+        ),
+    )
+    .unwrap();
+    let member = |host: &Host, id: &str, name: &str, pins: &[Ipv4Addr]| {
+        let bytes = sign(PeerId::from_text(id).unwrap(), "lab", name, pins, day);
+        let path = host.dir.join("lab.crt");
+        std::fs::write(&path, armor("CERTIFICATE", &bytes)).unwrap();
+        format!(
+            "{line}\ncertificate = \"{}\"\nrevocations = \"{}\"\n",
+            path.display(),
+            list.display()
+        )
+    };
+    let pinned = Ipv4Addr::new(10, 203, 0, 21);
+
+    let (carol, carol_id) = host(&mut bed, "carol", 1);
+    let (beta, beta_id) = host(&mut bed, "beta", 2);
+    let (alpha, alpha_id) = host(&mut bed, "alpha", 3);
+    let c = start(
+        &mut bed,
+        &carol,
+        "10.203.0.31",
+        "carol",
+        None,
+        &member(&carol, &carol_id, "carol", &[]),
+    );
+    let boot = Some(carol.underlay);
+    let b = start(
+        &mut bed,
+        &beta,
+        "10.203.0.21",
+        "beta",
+        boot,
+        &member(&beta, &beta_id, "beta", &[]),
+    );
+    assert_eq!(bed.claimed_address(&beta, &b).unwrap(), pinned);
+
+    // alpha's certificate pins the address beta holds: `auto` means it, and the replicas
+    // take it from beta.
+    let a = start(
+        &mut bed,
+        &alpha,
+        "auto",
+        "alpha",
+        boot,
+        &member(&alpha, &alpha_id, "alpha", &[pinned]),
+    );
+    assert_eq!(bed.claimed_address(&alpha, &a).unwrap(), pinned);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = bed.namespace_status(&beta, &b).unwrap();
+        let at_carol = bed.namespace_status(&carol, &c).unwrap();
+        let routed_to = |id: &str| {
+            at_carol
+                .peers
+                .iter()
+                .any(|p| p.identity == id && p.addresses.iter().any(|x| x == "10.203.0.21"))
+        };
+        if !st.address_claimed && routed_to(&alpha_id) && !routed_to(&beta_id) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "beta still holds {pinned} after 30 s: {:?} {:?}",
+            st.address,
+            at_carol.peers
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    bed.wait_for_ping(&carol, pinned, Duration::from_secs(20))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while dig(&bed, &carol, "alpha.lab") != ["10.203.0.21"] {
+        assert!(
+            Instant::now() < deadline,
+            "alpha.lab does not resolve at carol"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let preempted: u64 = [(&alpha, &a), (&beta, &b), (&carol, &c)]
+        .iter()
+        .map(|(h, m)| bed.status(h, m).unwrap().certificates.claims_preempted)
+        .sum();
+    assert!(preempted >= 2, "leases taken back at {preempted} replicas");
+
+    // beta cannot take alpha's name either: its agent refuses to ask.
+    let out = Command::new(BIN)
+        .args([
+            "name",
+            "set",
+            "lab",
+            "alpha",
+            "-c",
+            &b.config.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has an authority"), "{err}");
+
+    // The insiders, from a host of their own, at carol.
+    let keys = NamespaceKeys::derive("lab", SECRET.trim().as_bytes());
+    let lair = bed.add_host("lair", Ipv4Addr::new(10, 200, 0, 66)).unwrap();
+    let target: libp2p::Multiaddr = format!("/ip4/{}/tcp/7400", carol.underlay).parse().unwrap();
+    let insider = |who: &Identity, bytes: Vec<u8>, requests| Insider {
+        identity: Identity::from_seed(who.seed()),
+        keys: keys.clone(),
+        credential: Credential {
+            trust: Trust::new("lab", ca.authority()),
+            certificate: bytes,
+        },
+        target: target.clone(),
+        requests,
+    };
+    let address = |who: &Identity, key: Ipv4Addr, subject: Option<Subject>| {
+        let info = MemberInfo {
+            endpoints: vec![],
+            name: None,
+            subject,
+        };
+        claim(&keys, who, &keys.address_key(key), &encode(&info)).unwrap()
+    };
+    let ip = |last: u8| Ipv4Addr::new(10, 203, 0, last);
+
+    let mallory = Identity::from_seed([0x4d; 32]);
+    let name = NameInfo {
+        address: pinned,
+        subject: Some(Subject::Name("alpha".into())),
+    };
+    let requests = vec![
+        (
+            "another member's name".to_string(),
+            claim(&keys, &mallory, &keys.name_key("alpha"), &encode(&name)).unwrap(),
+        ),
+        (
+            "a claim that lies about its key".into(),
+            address(&mallory, ip(41), Some(Subject::Address(ip(40)))),
+        ),
+        (
+            "a claim that does not say what it is on".into(),
+            address(&mallory, ip(42), None),
+        ),
+        (
+            "alpha's pinned address".into(),
+            address(&mallory, pinned, Some(Subject::Address(pinned))),
+        ),
+        (
+            "a free address".into(),
+            address(&mallory, ip(43), Some(Subject::Address(ip(43)))),
+        ),
+        (
+            "give it back".into(),
+            RecordRequest::Release {
+                key: keys.address_key(ip(43)).to_vec(),
+            },
+        ),
+        (
+            "read alpha's record".into(),
+            RecordRequest::Get {
+                key: keys.address_key(pinned).to_vec(),
+            },
+        ),
+    ];
+    let bytes = sign(mallory.peer_id(), "lab", "mallory", &[], day);
+    let answers = probe(
+        &lair.ns,
+        insider(&mallory, bytes, requests),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    println!("mallory: {answers:?}");
+    let got: Vec<&str> = answers.iter().map(|(_, a)| a.as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            "Refused(not_allowed)",
+            "Refused(not_allowed)",
+            "Refused(not_allowed)",
+            "Held",
+            "Granted",
+            "Released",
+            "Value(some)"
+        ],
+        "{answers:?}"
+    );
+
+    // Refused everything: certified for another namespace, revoked, expired.
+    let eve = Identity::from_seed([0x45; 32]);
+    let old = Identity::from_seed([0x4f; 32]);
+    for (who, bytes, label) in [
+        (
+            &eve,
+            sign(eve.peer_id(), "prod", "eve", &[], day),
+            "other namespace",
+        ),
+        (
+            &revoked,
+            sign(revoked.peer_id(), "lab", "rev", &[], day),
+            "revoked",
+        ),
+        (
+            &old,
+            sign(old.peer_id(), "lab", "old", &[], now - 3600),
+            "expired",
+        ),
+    ] {
+        let requests = vec![
+            (
+                "a free address".to_string(),
+                address(who, ip(44), Some(Subject::Address(ip(44)))),
+            ),
+            (
+                "read alpha's record".into(),
+                RecordRequest::Get {
+                    key: keys.address_key(pinned).to_vec(),
+                },
+            ),
+            (
+                "join the group".into(),
+                RecordRequest::Join {
+                    key: keys.group_key().to_vec(),
+                    envelope: match address(who, ip(44), None) {
+                        RecordRequest::Claim { envelope, .. } => envelope,
+                        other => panic!("{other:?}"),
+                    },
+                },
+            ),
+        ];
+        let answers = probe(
+            &lair.ns,
+            insider(who, bytes, requests),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert!(
+            answers.iter().all(|(_, a)| a == "NotMember"),
+            "{label}: {answers:?}"
+        );
+    }
+    let counters = bed.status(&carol, &c).unwrap().certificates;
+    for reason in ["other_namespace", "revoked", "expired"] {
+        assert!(
+            counters.members_refused.get(reason).copied().unwrap_or(0) > 0,
+            "{reason}: {counters:?}"
+        );
+    }
+    assert_eq!(counters.claims_not_allowed, 3, "{counters:?}");
+    // Nothing of theirs is anywhere: 10.203.0.44 is nobody's, and alpha keeps its own.
+    for (h, m) in [(&alpha, &a), (&beta, &b), (&carol, &c)] {
+        let st = bed.namespace_status(h, m).unwrap();
+        assert!(
+            !st.peers
+                .iter()
+                .any(|p| p.addresses.iter().any(|x| x == "10.203.0.44")),
+            "{}: {:?}",
+            h.name,
+            st.peers
+        );
+    }
+    assert_eq!(bed.claimed_address(&alpha, &a).unwrap(), pinned);
+}

@@ -491,6 +491,11 @@ impl Trust {
         self.list.as_deref()
     }
 
+    /// The identities the list held revokes outright.
+    pub fn revoked_identities(&self) -> impl Iterator<Item = &[u8; 32]> {
+        self.revoked_identities.iter()
+    }
+
     /// Whether the list held revokes `identity` outright.
     pub fn is_revoked(&self, identity: &PeerId) -> bool {
         self.revoked_identities.contains(identity.as_bytes())

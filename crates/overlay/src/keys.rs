@@ -32,6 +32,15 @@ pub struct NamespaceKeys {
     pub(crate) proof_key: [u8; 32],
 }
 
+impl std::fmt::Debug for NamespaceKeys {
+    /// The tag only: the keys are secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceKeys")
+            .field("tag", &self.tag)
+            .finish_non_exhaustive()
+    }
+}
+
 impl NamespaceKeys {
     /// Derives the keys of namespace `name` from its secret.
     pub fn derive(name: &str, secret: &[u8]) -> Self {

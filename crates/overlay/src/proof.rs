@@ -166,6 +166,8 @@ struct Namespace {
     proof_key: [u8; 32],
     seal_key: [u8; 32],
     credential: Option<Credential>,
+    /// All its keys, where it has an authority (a replica opens claims with them).
+    keys: Option<NamespaceKeys>,
 }
 
 /// Which connected peers proved which of our namespaces.
@@ -203,6 +205,7 @@ impl Proofs {
             tag,
             proof_key: keys.proof_key,
             seal_key: keys.seal_key,
+            keys: credential.is_some().then(|| keys.clone()),
             credential,
         });
         let peers: Vec<PeerId> = self.peers.keys().copied().collect();
@@ -410,6 +413,14 @@ impl Proofs {
             .find(|n| n.tag == *tag)
             .and_then(|n| n.credential.as_ref())
             .map(|c| &c.trust)
+    }
+
+    /// The keys of namespace `tag`, if it has an authority.
+    pub fn certified_keys(&self, tag: &NamespaceTag) -> Option<&NamespaceKeys> {
+        self.namespaces
+            .iter()
+            .find(|n| n.tag == *tag)
+            .and_then(|n| n.keys.as_ref())
     }
 
     /// The certificate `peer` proved namespace `tag` with, if it has an authority.

@@ -92,11 +92,15 @@ pub enum Refusal {
     NamespaceQuota,
     /// The namespace's members together are over its request rate.
     NamespaceRateLimited,
+    /// The namespace has an authority and the owner's certificate does not allow this
+    /// claim: an address it does not pin, a name that is not its own, or a claim that does
+    /// not say what it is for ([`crate::records::certified`]).
+    NotAllowed,
 }
 
 impl Refusal {
     /// Every reason, in a fixed order (for counters).
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Self::OwnerQuota,
         Self::RequesterQuota,
         Self::StoreFull,
@@ -105,6 +109,7 @@ impl Refusal {
         Self::RateLimited,
         Self::NamespaceQuota,
         Self::NamespaceRateLimited,
+        Self::NotAllowed,
     ];
 
     /// The reason's name in status (`owner_quota`, ...).
@@ -118,6 +123,7 @@ impl Refusal {
             Self::RateLimited => "rate_limited",
             Self::NamespaceQuota => "namespace_quota",
             Self::NamespaceRateLimited => "namespace_rate_limited",
+            Self::NotAllowed => "not_allowed",
         }
     }
 }
@@ -373,6 +379,7 @@ mod store_tests {
         encode(&MemberInfo {
             endpoints: vec!["10.0.0.1:7400".parse().unwrap()],
             name: None,
+            subject: None,
         })
     }
 

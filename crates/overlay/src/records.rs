@@ -37,6 +37,7 @@ use crate::quota::{
 };
 use crate::{Identity, NamespaceKeys};
 
+pub mod certified;
 pub mod transfer;
 
 /// A record's key in the DHT.
@@ -277,7 +278,20 @@ fn signed_message(key: &RecordKey, owner: &OwnerKey, expires: u64, sealed: &[u8]
     m
 }
 
-/// The holder of a virtual address and where to reach it: the value of an address lease.
+/// What a lease is on, written inside its sealed value: a replica of a namespace with an
+/// authority opens a claim and checks it against the owner's certificate
+/// ([`certified`]). It names its key: a replica derives the key from it and compares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Subject {
+    /// The lease on this virtual address ([`NamespaceKeys::address_key`]).
+    Address(Ipv4Addr),
+    /// The lease on this host name ([`NamespaceKeys::name_key`]).
+    Name(String),
+}
+
+/// The holder of a virtual address and where to reach it: the value of an address lease
+/// (and of a member's entry in the broadcast group, without `subject`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberInfo {
     /// The member's underlay endpoints (its tunnel UDP socket), best first.
@@ -285,6 +299,9 @@ pub struct MemberInfo {
     /// The host name held for this address (its PTR), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The address the lease is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Subject>,
 }
 
 /// The value of a name lease: the address the name stands for (an A record).
@@ -292,6 +309,9 @@ pub struct MemberInfo {
 pub struct NameInfo {
     /// The address, one its owner holds.
     pub address: Ipv4Addr,
+    /// The name the lease is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Subject>,
 }
 
 /// Encodes a record plaintext.
@@ -437,6 +457,11 @@ pub struct StoreStats {
     pub held: u64,
     /// Requests refused by a quota or rate limit, by reason ([`crate::quota`]).
     pub refusals: Refusals,
+    /// Leases taken from their holder for a claim with priority: a pinned address or a
+    /// certificate's name claimed by its holder ([`certified`]).
+    pub preempted: u64,
+    /// Records and group entries dropped because their owner was revoked.
+    pub revoked_dropped: u64,
 }
 
 /// A record kept: the owner's envelope, its (verified) owner, the peer that placed it and
@@ -513,16 +538,42 @@ impl RecordStore {
         ns: Option<NamespaceTag>,
         request: RecordRequest,
     ) -> RecordResponse {
+        if let Some(refused) = self.limit(now, requester, ns) {
+            return refused;
+        }
+        self.answer(now, now_unix, requester, ns, request)
+    }
+
+    /// The request rates: a refusal when `requester` (or namespace `ns`) is over its rate.
+    fn limit(
+        &mut self,
+        now: Instant,
+        requester: Option<OwnerKey>,
+        ns: Option<NamespaceTag>,
+    ) -> Option<RecordResponse> {
         let via = requester.unwrap_or(ANONYMOUS);
         let own = requester.is_some() && requester == self.local;
         if !own && !self.rates.allow(now, via) {
-            return self.refuse(Refusal::RateLimited);
+            return Some(self.refuse(Refusal::RateLimited));
         }
         if let Some(tag) = ns {
             if !own && !self.ns_rates.allow(now, tag) {
-                return self.refuse(Refusal::NamespaceRateLimited);
+                return Some(self.refuse(Refusal::NamespaceRateLimited));
             }
         }
+        None
+    }
+
+    /// Answers a request that is within the rates.
+    fn answer(
+        &mut self,
+        now: Instant,
+        now_unix: u64,
+        requester: Option<OwnerKey>,
+        ns: Option<NamespaceTag>,
+        request: RecordRequest,
+    ) -> RecordResponse {
+        let via = requester.unwrap_or(ANONYMOUS);
         match request {
             RecordRequest::Claim { key, envelope } => {
                 let Ok(key) = RecordKey::try_from(key.as_slice()) else {
@@ -800,6 +851,7 @@ mod tests {
         encode(&MemberInfo {
             endpoints: vec!["10.0.0.1:7400".parse().unwrap()],
             name: None,
+            subject: None,
         })
     }
 
@@ -868,6 +920,7 @@ mod tests {
         let named = MemberInfo {
             endpoints: old.endpoints.clone(),
             name: Some("web".into()),
+            subject: None,
         };
         assert_eq!(decode::<MemberInfo>(&encode(&named)).unwrap(), named);
     }

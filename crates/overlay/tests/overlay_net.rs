@@ -187,6 +187,7 @@ fn envelope(keys: &NamespaceKeys, who: &Identity, key: &RecordKey, port: u16) ->
     let info = MemberInfo {
         endpoints: vec![([10, 200, 0, 1], port).into()],
         name: None,
+        subject: None,
     };
     let mut rng: rand::rngs::StdRng = rand::SeedableRng::from_seed([port as u8; 32]);
     // Valid for an hour: these tests claim once and never renew, so on a slow, busy machine

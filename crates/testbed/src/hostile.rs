@@ -37,11 +37,11 @@ use libp2p::{identify, kad, noise, tcp, yamux, Multiaddr, StreamProtocol, Swarm}
 
 /// A stranger's protocols: Kademlia served honestly, records and proofs answered with lies.
 #[derive(libp2p::swarm::NetworkBehaviour)]
-struct Hostile {
+pub(crate) struct Hostile {
     kad: kad::Behaviour<kad::store::MemoryStore>,
     identify: identify::Behaviour,
-    records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
-    proofs: request_response::json::Behaviour<ProofRequest, ProofResponse>,
+    pub(crate) records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
+    pub(crate) proofs: request_response::json::Behaviour<ProofRequest, ProofResponse>,
 }
 
 /// A stranger's behaviour for `key`: Kademlia as a server, identify, records and proofs.
@@ -68,7 +68,7 @@ fn behaviour(key: &libp2p::identity::Keypair) -> Hostile {
     }
 }
 
-fn swarm(seed: [u8; 32]) -> Result<Swarm<Hostile>> {
+pub(crate) fn swarm(seed: [u8; 32]) -> Result<Swarm<Hostile>> {
     let key = libp2p::identity::Keypair::ed25519_from_bytes(seed)?;
     Ok(libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 pub mod hostile;
+pub mod insider;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 

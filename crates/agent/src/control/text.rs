@@ -175,6 +175,12 @@ pub fn render(status: &Status) -> String {
             c.addresses_not_allowed
         );
     }
+    if c.claims_not_allowed + c.claims_preempted + c.records_dropped > 0 {
+        out += &format!(
+            "  as a replica: claims not allowed {}  taken back for their holder {}  records of revoked members dropped {}\n",
+            c.claims_not_allowed, c.claims_preempted, c.records_dropped
+        );
+    }
     for ns in &status.namespaces {
         out += &format!(
             "namespace {}  {} mode  device {}  address {}  subnet {}\n",

@@ -17,12 +17,12 @@
 //! `datapath` is the data plane's batch.
 
 mod calls;
+mod certificates;
 pub(crate) mod data;
 mod datapath;
 mod events;
 mod joining;
 mod migration;
-mod revocations;
 mod run;
 pub use run::up;
 mod services;
@@ -277,7 +277,7 @@ impl Control {
         let mut credential = cfg.credential.clone();
         if let (Some(c), Some(list)) = (
             credential.as_mut(),
-            revocations::kept(&self.state_dir, &cfg.name),
+            certificates::kept(&self.state_dir, &cfg.name),
         ) {
             if let Ok(l) = c.trust.update(&list) {
                 tracing::info!(namespace = %cfg.name, version = l.version(), "revocation list kept from before");
@@ -305,6 +305,15 @@ impl Control {
                 Err(e) => anyhow::bail!("namespace {}: certificate{file}: {e}", cfg.name),
             }
         }
+        // The certificate names this host and may pin its addresses.
+        let certified;
+        let cfg = match &certificate {
+            Some(cert) => {
+                certified = certificates::certified_config(cfg, cert)?;
+                &certified
+            }
+            None => cfg,
+        };
         // Locally administered, unicast: 0x02 in the first byte.
         let device_mac = setup::stable_mac([0x02, 0x48], &me, &cfg.name);
         let tap_name = crate::lan::tap_name(cfg);
@@ -396,6 +405,9 @@ impl Control {
             unix_now(),
         );
         membership.set_endpoints(now, self.endpoints());
+        if certificate.is_some() {
+            membership.set_certified_name(now, cfg.hostname.clone());
+        }
         let mut dns = service::Service::new(cfg.resolvers.clone(), cfg.mtu, setup::os_seed()?)
             .with_rate(cfg.dns_rate);
         if let Some(subnet) = cfg.subnet {

@@ -228,6 +228,15 @@ impl Control {
             );
         }
         let m = &mut self.namespaces[i].membership;
+        if let Some(own) = m.certified_name() {
+            let own = own.unwrap_or("none (the certificate's name is not a host name)");
+            return answer(
+                reply,
+                Err(format!(
+                    "namespace '{namespace}' has an authority: this host's name is its certificate's ({own}); sign a certificate with another name to change it"
+                )),
+            );
+        }
         if let (Some(name), Some(owned)) = (&name, m.owned()) {
             if m.address_for(name) == Some(owned) {
                 return answer(reply, Ok(format!("{name}.{namespace} is {owned}")));

@@ -17,6 +17,7 @@ use crate::control::{
     PeerStatus, RelayStatus, Status, WorkerStatus, STATUS_VERSION,
 };
 use hyphae_overlay::cert::Refusal;
+use hyphae_overlay::quota::Refusal as StoreRefusal;
 
 /// What status shows of the data plane, copied out while it is held (plain values: the
 /// formatting happens after it is let go).
@@ -324,6 +325,7 @@ impl Control {
             certificates: {
                 let members = self.overlay.stats().certificates_refused;
                 let tunnels = &data.certificates;
+                let store = self.overlay.store_stats();
                 CertificateCounters {
                     tunnels_refused: Refusal::ALL
                         .iter()
@@ -335,6 +337,9 @@ impl Control {
                         .map(|(r, n)| (r.as_str().to_string(), n))
                         .collect(),
                     addresses_not_allowed: tunnels.address_not_allowed,
+                    claims_not_allowed: store.refusals.get(StoreRefusal::NotAllowed),
+                    claims_preempted: store.preempted,
+                    records_dropped: store.revoked_dropped,
                 }
             },
             underlay: self.underlay_status(),

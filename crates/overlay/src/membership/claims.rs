@@ -589,7 +589,7 @@ impl Membership {
         self.reseal.remove(&address);
         let name = self.name_for(address).map(str::to_string);
         let key = self.keys.address_key(address);
-        self.seal_member(&key, now, name)
+        self.seal_member(&key, now, name, Some(address))
     }
 
     /// When the record of `address`, just won, is next claimed: at once if a name was won

@@ -43,7 +43,7 @@ impl Membership {
         if self.group.next_announce.is_some_and(|t| now >= t) {
             let key = self.keys.group_key();
             self.group.next_announce = Some(now + self.lease / 3);
-            if let Some(envelope) = self.seal_member(&key, now, None) {
+            if let Some(envelope) = self.seal_member(&key, now, None, None) {
                 self.request(Request::Announce { key, envelope });
             }
         }

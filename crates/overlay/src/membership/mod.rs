@@ -44,7 +44,7 @@ use ipnet::Ipv4Net;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::records::{Envelope, MemberInfo, RecordKey};
+use crate::records::{Envelope, MemberInfo, RecordKey, Subject};
 use crate::swarm::ClaimResult;
 use crate::{Identity, NamespaceKeys, PeerId};
 
@@ -310,6 +310,9 @@ pub struct Membership {
     /// clients apart: an address claimed for one client is never claimed for another.
     dhcp_clients: HashMap<Ipv4Addr, Vec<u8>>,
     hostname: Option<String>,
+    /// In a namespace with an authority, the name its certificate gives this member (its
+    /// only name: `Some(None)` when the certificate's name is not a host name).
+    certified_name: Option<Option<String>>,
     names: BTreeMap<String, NameLease>,
     name_error: Option<String>,
     name_conflicts: u64,
@@ -366,6 +369,7 @@ impl Membership {
             dhcp_tried: HashMap::new(),
             dhcp_clients: HashMap::new(),
             hostname: config.hostname,
+            certified_name: None,
             names: BTreeMap::new(),
             name_error: None,
             name_conflicts: 0,
@@ -706,16 +710,19 @@ impl Membership {
         .ok()
     }
 
-    /// A member record for `key`: where to reach this member, and `name`.
+    /// A member record for `key`: where to reach this member, `name`, and the address the
+    /// lease is on (none for a group entry).
     fn seal_member(
         &mut self,
         key: &RecordKey,
         now: Instant,
         name: Option<String>,
+        address: Option<Ipv4Addr>,
     ) -> Option<Envelope> {
         let info = MemberInfo {
             endpoints: self.endpoints.clone(),
             name,
+            subject: address.map(Subject::Address),
         };
         self.seal_record(key, now, &crate::records::encode(&info))
     }

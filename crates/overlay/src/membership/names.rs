@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use super::{holder_name, Event, Membership, Purpose, Request, Token, CLAIM_RETRY, CONFLICT_RETRY};
-use crate::records::{encode, NameInfo};
+use crate::records::{encode, NameInfo, Subject};
 use crate::swarm::ClaimResult;
 
 /// A name this member holds (or claims): a lease on the name's key.
@@ -67,9 +67,31 @@ impl Membership {
         }
     }
 
+    /// In a namespace with an authority, the certificate names this member: `name` (its
+    /// certificate's name, if that is a host name) becomes its hostname and its only name.
+    /// The replicas refuse it any other ([`crate::records::certified`]), so its DHCP
+    /// clients and LAN hosts keep their automatic names.
+    pub fn set_certified_name(&mut self, now: Instant, name: Option<String>) {
+        self.certified_name = Some(name.clone());
+        if self.hostname != name {
+            self.set_hostname(now, name);
+        }
+    }
+
+    /// The name a certificate gives this member, in a namespace with an authority
+    /// (`Some(None)`: none, its certificate's name is not a host name).
+    pub fn certified_name(&self) -> Option<Option<&str>> {
+        self.certified_name.as_ref().map(Option::as_deref)
+    }
+
     /// A DHCP client at `address` calls itself `name` (option 12): hold the name for it,
-    /// unless the address is this host's own and named by the config.
+    /// unless the address is this host's own and named by the config, or the namespace has
+    /// an authority (the certificate's name is this member's only one).
     pub fn name_client(&mut self, now: Instant, address: Ipv4Addr, name: String) {
+        if self.certified_name.is_some() {
+            tracing::debug!(namespace = %self.name, %name, %address, "a DHCP client's name is not claimed: the certificate names this member");
+            return;
+        }
         let own = self.own.owned == Some(address);
         if (own && self.hostname.is_some()) || !self.holds(address) {
             return;
@@ -141,7 +163,14 @@ impl Membership {
             let key = self.keys.name_key(&name);
             let renewal = self.names.get(&name).is_some_and(|n| n.owned);
             let token = self
-                .seal_record(&key, now, &encode(&NameInfo { address }))
+                .seal_record(
+                    &key,
+                    now,
+                    &encode(&NameInfo {
+                        address,
+                        subject: Some(Subject::Name(name.clone())),
+                    }),
+                )
                 .map(|envelope| {
                     let purpose = Purpose::Name {
                         name: name.clone(),

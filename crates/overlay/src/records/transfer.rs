@@ -128,6 +128,7 @@ mod tests {
             let info = encode(&MemberInfo {
                 endpoints: vec![],
                 name: None,
+                subject: None,
             });
             let mut rng: rand::rngs::StdRng = rand::SeedableRng::from_seed([7; 32]);
             Envelope::seal(&self.keys, m, &self.key, NOW + 60, &info, &mut rng).unwrap()

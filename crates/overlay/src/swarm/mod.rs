@@ -480,9 +480,16 @@ impl Overlay {
     /// relay reservations, the end of the wait for mDNS.
     pub fn handle_timeout(&mut self, now: Instant) {
         let (_, wall) = clocks();
-        // Members whose certificates expired are members no longer.
-        for (peer, _) in self.proofs.revalidate(wall) {
+        // Members whose certificates expired are members no longer, and hold nothing here.
+        let ended = self.proofs.revalidate(wall);
+        let mut tags: Vec<NamespaceTag> = ended.iter().map(|(_, tag)| *tag).collect();
+        tags.sort_unstable();
+        tags.dedup();
+        for (peer, _) in &ended {
             tracing::info!(%peer, "member certificate no longer valid");
+        }
+        for tag in &tags {
+            self.drop_revoked(now, tag, &ended);
         }
         self.store.expire(now);
         self.next_sweep = now + STORE_SWEEP_INTERVAL;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use libp2p::request_response;
 
-use super::{owner_key, NetworkId, OpId, Overlay, OverlayEvent, MAX_DEFERRED};
+use super::{network_id, owner_key, NetworkId, OpId, Overlay, OverlayEvent, MAX_DEFERRED};
 use crate::proof::NamespaceTag;
 use crate::quorum::Kind;
 use crate::records::{Envelope, RecordKey, RecordRequest, RecordResponse, ScopedRequest};
@@ -125,13 +125,26 @@ impl Overlay {
         scoped: ScopedRequest,
         channel: request_response::ResponseChannel<RecordResponse>,
     ) {
-        let response = if self.proofs.is_member(&peer, &scoped.ns) {
-            self.store
-                .handle_in(now, wall, owner_key(&peer), Some(scoped.ns), scoped.request)
-        } else {
+        let response = if !self.proofs.is_member(&peer, &scoped.ns) {
             self.stats.requests_not_member += 1;
             tracing::debug!(%peer, "record request from a peer not proven a member: refused");
             RecordResponse::NotMember
+        } else if let Some(keys) = self.proofs.certified_keys(&scoped.ns) {
+            // Claims are checked against their owner's certificate (records::certified).
+            let proofs = &self.proofs;
+            let ns = scoped.ns;
+            self.store.handle_certified(
+                now,
+                wall,
+                owner_key(&peer),
+                ns,
+                keys,
+                |owner| network_id(owner).and_then(|id| proofs.certificate(&id, &ns)),
+                scoped.request,
+            )
+        } else {
+            self.store
+                .handle_in(now, wall, owner_key(&peer), Some(scoped.ns), scoped.request)
         };
         let _ = self
             .swarm

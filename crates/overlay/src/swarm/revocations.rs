@@ -14,9 +14,10 @@ use base64::Engine as _;
 use libp2p::request_response;
 use serde::{Deserialize, Serialize};
 
-use super::{NetworkId, Overlay, OverlayEvent};
+use super::{owner_key, NetworkId, Overlay, OverlayEvent};
 use crate::cert::{Refusal, MAX_LIST_LEN};
 use crate::proof::NamespaceTag;
+use crate::records::OwnerKey;
 
 /// The protocol name.
 pub const REVOCATIONS_PROTOCOL: &str = "/hyphae/revocations/1";
@@ -46,15 +47,45 @@ impl Overlay {
     /// longer, and every proven member of the namespace connected to this agent is given
     /// it. Returns its version.
     pub fn update_revocations(&mut self, tag: &NamespaceTag, list: &[u8]) -> Result<u64, Refusal> {
-        let (_, wall) = super::clocks();
+        let (now, wall) = super::clocks();
         // The members it revokes hear it too (their status says so).
         let members = self.proofs.members(tag);
         let (version, ended) = self.proofs.update_revocations(tag, list, wall)?;
-        for (peer, _) in ended {
+        for (peer, _) in &ended {
             tracing::info!(%peer, "member revoked");
         }
+        self.drop_revoked(now, tag, &ended);
         self.push_revocations(tag, list, &members, None);
         Ok(version)
+    }
+
+    /// A replica's part of a revocation or an expiry: the leases and group entries of
+    /// every identity the list of `tag` revokes, and of the members in `ended` (revoked by
+    /// certificate, or expired), go now, so their addresses and names are free at once.
+    pub(super) fn drop_revoked(
+        &mut self,
+        now: Instant,
+        tag: &NamespaceTag,
+        ended: &[(NetworkId, NamespaceTag)],
+    ) {
+        let mut owners: Vec<OwnerKey> = self
+            .proofs
+            .trust(tag)
+            .map(|t| t.revoked_identities().copied().collect())
+            .unwrap_or_default();
+        owners.extend(
+            ended
+                .iter()
+                .filter(|(_, t)| t == tag)
+                .filter_map(|(peer, _)| owner_key(peer)),
+        );
+        let dropped: usize = owners
+            .iter()
+            .map(|owner| self.store.drop_owner(now, tag, owner))
+            .sum();
+        if dropped > 0 {
+            tracing::info!(dropped, "records of revoked or expired members dropped");
+        }
     }
 
     /// Gives the list of `tag` to `members` but `except`.
@@ -98,7 +129,7 @@ impl Overlay {
 
     pub(super) fn handle_revocations(
         &mut self,
-        _now: Instant,
+        now: Instant,
         wall: u64,
         event: request_response::Event<RevocationPush, RevocationAck>,
     ) {
@@ -123,6 +154,7 @@ impl Overlay {
                 match self.proofs.update_revocations(&request.ns, &list, wall) {
                     Ok((version, ended)) => {
                         tracing::info!(%peer, version, revoked = ended.len(), "revocation list taken");
+                        self.drop_revoked(now, &request.ns, &ended);
                         self.push_revocations(&request.ns, &list, &members, Some(peer));
                         self.events.push_back(OverlayEvent::Revocations {
                             ns: request.ns,
