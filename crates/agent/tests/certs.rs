@@ -586,6 +586,16 @@ fn a_published_revocation_cuts_the_member_off_at_every_member() {
         Some("revoked"),
         "the revoked member's status says so"
     );
+    // The replicas dropped its records (address, name, group entry) when the list came,
+    // not at the end of their lease.
+    let dropped: u64 = others
+        .iter()
+        .map(|(h, _, a, _)| bed.status(h, a).unwrap().certificates.records_dropped)
+        .sum();
+    assert!(
+        dropped >= 2,
+        "records of the revoked member dropped: {dropped}"
+    );
 }
 
 /// Seconds since the Unix epoch.
