@@ -121,6 +121,14 @@ struct NamespaceSection {
     certificate: Option<PathBuf>,
     #[serde(default)]
     revocations: Option<PathBuf>,
+    #[serde(default)]
+    policy: Option<PathBuf>,
+    #[serde(default = "default_flows")]
+    flows: usize,
+}
+
+fn default_flows() -> usize {
+    hyphae_vswitch::policy::flows::DEFAULT_FLOWS
 }
 
 fn default_mode() -> String {
@@ -297,6 +305,13 @@ pub struct Namespace {
     pub credential: Option<hyphae_overlay::proof::Credential>,
     /// The certificate file, for messages.
     pub certificate_path: Option<PathBuf>,
+    /// The policy (docs/POLICY.md): who may open which flows to whom. Allow-all without
+    /// a `policy` file.
+    pub policy: hyphae_vswitch::policy::Policy,
+    /// The policy file, for messages and reloads.
+    pub policy_path: Option<PathBuf>,
+    /// Most flows the policy's connection table keeps.
+    pub flows: usize,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -336,6 +351,9 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         gateway: None,
         credential: None,
         certificate_path: None,
+        policy: hyphae_vswitch::policy::Policy::allow_all(),
+        policy_path: None,
+        flows: default_flows(),
     }
 }
 
@@ -598,6 +616,13 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         .transpose()?;
     let secret = read_secret(&s.secret_file)?;
     let credential = read_credential(&s.name, &s.authority, &s.certificate, &s.revocations)?;
+    let policy = match &s.policy {
+        Some(path) => read_policy(path, credential.is_some())?,
+        None => hyphae_vswitch::policy::Policy::allow_all(),
+    };
+    if s.flows == 0 {
+        bail!("flows must be at least 1 (the policy's connection table)");
+    }
     let peers = s
         .peers
         .iter()
@@ -626,7 +651,34 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         gateway,
         credential,
         certificate_path: s.certificate,
+        policy,
+        policy_path: s.policy,
+        flows: s.flows,
     })
+}
+
+/// The policy in TOML file `path`, checked (`certified`: the namespace has an authority,
+/// so rules may name groups and members). One line says what is wrong and where.
+pub(crate) fn read_policy(path: &Path, certified: bool) -> Result<hyphae_vswitch::policy::Policy> {
+    use hyphae_vswitch::policy::{Policy, PolicyFile};
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read policy {}", path.display()))?;
+    let file: PolicyFile = toml::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "policy {}: {}",
+            path.display(),
+            e.to_string().lines().collect::<Vec<_>>().join(" ")
+        )
+    })?;
+    let policy = Policy::compile(&file, certified)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if policy.rejects() {
+        bail!(
+            "policy {}: `reject` is not supported by this agent yet (denied traffic is dropped): remove it",
+            path.display()
+        );
+    }
+    Ok(policy)
 }
 
 /// A namespace's authority, this member's certificate and the revocation list to start
@@ -866,6 +918,67 @@ endpoint = "10.200.0.3"
 
     fn err(toml: &str, secret: Option<&str>) -> String {
         format!("{:#}", load(toml, secret).unwrap_err())
+    }
+
+    #[test]
+    fn a_policy_file_is_read_and_its_mistakes_name_the_file_and_rule() {
+        let dir = std::env::temp_dir().join(format!("hyphae-policy-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let good = write(
+            "good.toml",
+            "version = 2\ndefault = \"deny\"\n[[rule]]\nfrom = [\"10.201.0.0/24\"]\nto = [\"any\"]\nproto = \"tcp\"\nports = [\"22\"]\n",
+        );
+        let with = |lines: &str| GOOD.replace("address = ", &format!("{lines}address = "));
+        let secret = Some("0123456789abcdef\n");
+        let c = load(
+            &with(&format!("policy = \"{good}\"\nflows = 100\n")),
+            secret,
+        )
+        .unwrap();
+        let ns = &c.namespaces[0];
+        assert_eq!(
+            (ns.policy.version(), ns.policy.rule_count(), ns.flows),
+            (2, 1, 100)
+        );
+        assert!(load(GOOD, secret).unwrap().namespaces[0]
+            .policy
+            .is_allow_all());
+
+        let group = write(
+            "group.toml",
+            "[[rule]]\nfrom = [\"group:web\"]\nto = [\"any\"]\n",
+        );
+        let typo = write("typo.toml", "defualt = \"deny\"\n");
+        let reject = write("reject.toml", "default = \"deny\"\nreject = true\n");
+        for (lines, expect) in [
+            (
+                format!("policy = \"{group}\"\n"),
+                "policy rule 1: 'group:web' needs a namespace with an authority",
+            ),
+            (format!("policy = \"{typo}\"\n"), "unknown field `defualt`"),
+            (
+                "policy = \"/nonexistent.toml\"\n".to_string(),
+                "cannot read policy",
+            ),
+            (
+                format!("policy = \"{reject}\"\n"),
+                "`reject` is not supported",
+            ),
+            (
+                format!("policy = \"{good}\"\nflows = 0\n"),
+                "flows must be at least 1",
+            ),
+        ] {
+            let e = format!("{:#}", load(&with(&lines), secret).unwrap_err());
+            assert!(e.contains(expect), "{lines}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

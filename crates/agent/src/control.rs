@@ -432,8 +432,40 @@ pub struct NamespaceStatus {
     pub coalesced_frames: u64,
     /// Frames the switch dropped, by reason.
     pub drops: BTreeMap<String, u64>,
+    /// The namespace's policy and what it did (docs/POLICY.md).
+    #[serde(default)]
+    pub policy: PolicyStatus,
     /// The members this agent has a tunnel with.
     pub peers: Vec<PeerStatus>,
+}
+
+/// A namespace's policy in [`NamespaceStatus`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PolicyStatus {
+    /// The policy file, if any (none: every member reaches every port).
+    pub file: Option<String>,
+    /// Its version.
+    pub version: u64,
+    /// `allow` or `deny`: what happens to traffic no rule allows.
+    pub default: String,
+    /// Flows each rule opened, in the file's order.
+    pub rule_hits: Vec<u64>,
+    /// Flows the default opened (`default = "allow"`).
+    pub default_hits: u64,
+    /// Packets denied as sender (never sent) and as receiver (from a member).
+    pub denied_out: u64,
+    pub denied_in: u64,
+    /// ICMP errors dropped for no flow in the table.
+    pub stray_icmp_errors: u64,
+    /// Flows in the connection table, and its size.
+    pub flows: usize,
+    pub flows_max: usize,
+    /// Flows evicted from a full table (least recently used first), timed out, and ended
+    /// by a new policy.
+    pub flows_evicted: u64,
+    pub flows_expired: u64,
+    pub flows_revoked: u64,
 }
 
 /// The virtual DNS server in [`NamespaceStatus`].

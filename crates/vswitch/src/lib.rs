@@ -39,6 +39,7 @@
 
 pub mod mtu;
 pub mod offload;
+pub mod policy;
 pub mod udp;
 pub mod wire;
 

@@ -201,6 +201,20 @@ pub fn render(status: &Status) -> String {
                 out += "  WARNING: this member's certificate expires within 7 days: sign a new one (`hyphae cert sign`)\n";
             }
         }
+        let p = &ns.policy;
+        if let Some(file) = &p.file {
+            let hits: Vec<String> = p.rule_hits.iter().map(u64::to_string).collect();
+            out += &format!(
+                "  policy {file} v{}  default {}  flows opened by rule [{}]  denied {} sent / {} received  flows {}/{}\n",
+                p.version,
+                p.default,
+                hits.join(", "),
+                p.denied_out,
+                p.denied_in,
+                p.flows,
+                p.flows_max
+            );
+        }
         out += &format!(
             "  switch: {} to members, {} to device, {} ARP replies\n",
             ns.to_peers, ns.to_device, ns.arp_replies

@@ -34,7 +34,9 @@ impl Control {
                 Err(e) => json!({ "error": e }),
             },
             Request::ReloadCertificates => {
-                json!({ "ok": true, "lines": self.reload_certificates(now) })
+                let mut lines = self.reload_certificates(now);
+                lines.extend(self.reload_policies());
+                json!({ "ok": true, "lines": lines })
             }
             Request::Revocations { namespace, list } => {
                 match self.publish_revocations(now, &namespace, &list) {

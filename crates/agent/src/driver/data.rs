@@ -67,6 +67,8 @@ pub(crate) struct Lane {
     /// Writes to the TAP that failed.
     pub(crate) tap_errors: u64,
     pub(crate) offload_counters: OffloadCounters,
+    /// The namespace's policy, checked on every packet to and from a member.
+    pub(crate) policy: super::policy::LanePolicy,
 }
 
 impl Lane {

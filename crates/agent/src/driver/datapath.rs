@@ -41,8 +41,8 @@ impl DataPlane {
                 Some((opened, at)) => {
                     let room = out.opened_room(at + HEADROOM);
                     match self.node.accept(now, d.from, opened, room) {
-                        Received::Deliver { ns, len, .. } => {
-                            self.deliver_opened(now, ns.0, at, len, out);
+                        Received::Deliver { ns, peer, len } => {
+                            self.deliver_opened(now, ns.0, peer, at, len, out);
                             continue;
                         }
                         other => other,
@@ -55,7 +55,7 @@ impl DataPlane {
                 }
             };
             match received {
-                Received::Deliver { ns, len, .. } => self.deliver(now, ns.0, len, out),
+                Received::Deliver { ns, peer, len } => self.deliver(now, ns.0, peer, len, out),
                 Received::Dropped(reason) => {
                     tracing::trace!(from = %d.from, reason = reason.as_str(), "datagram dropped");
                 }
@@ -72,11 +72,25 @@ impl DataPlane {
     /// A packet of `len` bytes that [`Batch::open`] opened at `at`, from a member of
     /// namespace `i`: framed in place for the TAP, or sent on as [`DataPlane::deliver`]
     /// does.
-    fn deliver_opened(&mut self, now: Instant, i: usize, at: usize, len: usize, out: &mut Batch) {
+    fn deliver_opened(
+        &mut self,
+        now: Instant,
+        i: usize,
+        from: PeerHandle,
+        at: usize,
+        len: usize,
+        out: &mut Batch,
+    ) {
         let Some(lane) = self.lanes.get_mut(i) else {
             return;
         };
         let room = out.opened_room(at);
+        if !lane
+            .policy
+            .inbound(now, &self.node, from, &room[HEADROOM..HEADROOM + len])
+        {
+            return;
+        }
         if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
             let packet = room[HEADROOM..HEADROOM + len].to_vec();
             out.seal(&mut self.node, to, &packet);
@@ -94,11 +108,17 @@ impl DataPlane {
 
     /// A packet of `len` bytes from a member of namespace `i` lies in `out`'s frame room
     /// behind [`HEADROOM`]: framed for the TAP, or (a LAN host that moved away) sent on.
-    fn deliver(&mut self, now: Instant, i: usize, len: usize, out: &mut Batch) {
+    fn deliver(&mut self, now: Instant, i: usize, from: PeerHandle, len: usize, out: &mut Batch) {
         let Some(lane) = self.lanes.get_mut(i) else {
             return;
         };
         let room = out.frame_room(HEADROOM + len);
+        if !lane
+            .policy
+            .inbound(now, &self.node, from, &room[HEADROOM..HEADROOM + len])
+        {
+            return;
+        }
         if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
             let packet = room[HEADROOM..HEADROOM + len].to_vec();
             out.seal(&mut self.node, to, &packet);
@@ -187,10 +207,26 @@ impl DataPlane {
         let lane = &mut self.lanes[i];
         let action = lane.switch.handle_tap_frame(now, frame, &mut out.reply);
         match action {
-            Action::ToPeer { peer, packet } => out.seal(&mut self.node, peer, &frame[packet]),
+            Action::ToPeer { peer, packet } => {
+                if lane
+                    .policy
+                    .outbound(now, &self.node, peer, &frame[packet.clone()])
+                {
+                    out.seal(&mut self.node, peer, &frame[packet]);
+                }
+            }
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], out),
             Action::Fragment { peer, packet, mtu } => {
-                self.send_fragments(i, peer, &frame[packet], mtu, out);
+                // The whole packet is checked once; its fragments follow it.
+                let allowed = match peer {
+                    Some(to) => lane
+                        .policy
+                        .outbound(now, &self.node, to, &frame[packet.clone()]),
+                    None => true,
+                };
+                if allowed {
+                    self.send_fragments(i, peer, &frame[packet], mtu, out);
+                }
             }
             Action::Dhcp { payload, mac } => self.tell_control(ToControl::Dhcp {
                 ns: i,
@@ -296,6 +332,7 @@ impl DataPlane {
                 Event::PeerUnreachable { ns, peer, .. } => {
                     if let Some(lane) = self.lanes.get_mut(ns.0) {
                         lane.switch.remove_peer(*peer);
+                        lane.policy.forget(*peer);
                         // Its handle is free for another tunnel: forward nothing to it.
                         lane.grace.retain(|g| g.to != *peer);
                     }
@@ -307,6 +344,8 @@ impl DataPlane {
                 } => {
                     if let Some(lane) = self.lanes.get_mut(ns.0) {
                         lane.switch.set_peer_addresses(*peer, addresses);
+                        // Its certificate may have changed with them.
+                        lane.policy.forget(*peer);
                     }
                 }
             }

@@ -23,6 +23,7 @@ mod datapath;
 mod events;
 mod joining;
 mod migration;
+mod policy;
 mod run;
 pub use run::up;
 mod services;
@@ -69,6 +70,8 @@ pub(crate) struct Joined {
     pub(crate) certificate: Option<hyphae_overlay::cert::Certificate>,
     /// Where it is read from again on SIGHUP or `hyphae cert install` (a renewal).
     pub(crate) certificate_path: Option<PathBuf>,
+    /// The policy file, read again on SIGHUP.
+    pub(crate) policy_path: Option<PathBuf>,
     /// Names the namespace in the control plane (its records and membership proofs).
     pub(crate) tag: [u8; hyphae_overlay::TAG_LEN],
     pub(crate) device: String,
@@ -468,11 +471,18 @@ impl Control {
             grace: Vec::new(),
             tap_errors: 0,
             offload_counters: Default::default(),
+            policy: policy::LanePolicy::new(
+                cfg.policy.clone(),
+                cfg.policy_path.as_ref().map(|p| p.display().to_string()),
+                certificate.as_ref(),
+                cfg.flows,
+            ),
         });
         self.namespaces.push(Joined {
             name: cfg.name.clone(),
             certificate,
             certificate_path: cfg.certificate_path.clone(),
+            policy_path: cfg.policy_path.clone(),
             tag,
             device: cfg.device.clone(),
             mode: cfg.mode,

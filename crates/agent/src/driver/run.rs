@@ -92,6 +92,9 @@ impl Control {
                     for line in self.reload_certificates(now) {
                         tracing::info!("SIGHUP: {line}");
                     }
+                    for line in self.reload_policies() {
+                        tracing::info!("SIGHUP: {line}");
+                    }
                 }
                 Wake::WorkerStopped(reason) => {
                     tracing::error!("{reason}; the agent stops");

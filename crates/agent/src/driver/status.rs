@@ -14,7 +14,7 @@ use super::{unix_now, Control};
 use crate::config::Mode;
 use crate::control::{
     self, CertificateCounters, LockWaitStatus, NamespaceStatus, OverlayStatus, OwnCertificate,
-    PeerStatus, RelayStatus, Status, WorkerStatus, STATUS_VERSION,
+    PeerStatus, PolicyStatus, RelayStatus, Status, WorkerStatus, STATUS_VERSION,
 };
 use hyphae_overlay::cert::Refusal;
 use hyphae_overlay::quota::Refusal as StoreRefusal;
@@ -40,6 +40,7 @@ struct LaneStatus {
     tap_errors: u64,
     offload: bool,
     offload_counters: OffloadCounters,
+    policy: PolicyStatus,
 }
 
 struct PeerSnapshot {
@@ -67,6 +68,7 @@ impl DataStatus {
                     tap_errors: l.tap_errors,
                     offload: l.offload,
                     offload_counters: l.offload_counters,
+                    policy: l.policy.status(),
                 })
                 .collect(),
             peers: dp
@@ -253,6 +255,7 @@ impl Control {
                     segments: lane.offload_counters.segments,
                     coalesced_writes: lane.offload_counters.coalesced_writes,
                     coalesced_frames: lane.offload_counters.coalesced_frames,
+                    policy: lane.policy.clone(),
                     peers: Vec::new(),
                 }
             })

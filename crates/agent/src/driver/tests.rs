@@ -53,6 +53,12 @@ fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
         grace: Vec::new(),
         tap_errors: 0,
         offload_counters: Default::default(),
+        policy: super::policy::LanePolicy::new(
+            hyphae_vswitch::policy::Policy::allow_all(),
+            None,
+            None,
+            16,
+        ),
     });
     Plane {
         dp,

@@ -107,6 +107,12 @@ impl Node {
         }
     }
 
+    /// The certificate the member of tunnel `handle` showed, once it checked out
+    /// (namespaces with an authority).
+    pub fn peer_certificate(&self, handle: PeerHandle) -> Option<&crate::cert::Certificate> {
+        self.peer(handle)?.certificate.as_ref()
+    }
+
     /// Certificate checks, counted.
     pub fn certificate_stats(&self) -> CertificateStats {
         self.certificate_stats

@@ -1,0 +1,236 @@
+//! A namespace's policy in the data path (docs/POLICY.md): each end of a tunnel checks
+//! every packet against its own [`Firewall`], the sender before sealing (denied traffic
+//! costs no underlay) and the receiver before the switch (authoritative: it knows the
+//! sender by the certificate its tunnel showed, not by what the sender says). Router and
+//! hybrid LAN hosts go through the same checks at their router, under its certificate and
+//! their own addresses.
+//!
+//! Each member's [`Tags`] under the policy are worked out once, from its certificate, and
+//! kept until its tunnel announces again or the policy changes: the check itself compares
+//! bits, prefixes and ports.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use hyphae_overlay::cert::Certificate;
+use hyphae_overlay::{Node, PeerHandle};
+use hyphae_vswitch::policy::flows::{Firewall, Verdict};
+use hyphae_vswitch::policy::{DefaultAction, Policy, Tags};
+
+use crate::control::PolicyStatus;
+
+/// How often flows that timed out are swept from the table (each is also dropped when a
+/// packet finds it timed out).
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// One namespace's firewall, and the tags of this member and of the members it has
+/// tunnels with.
+pub(crate) struct LanePolicy {
+    firewall: Firewall,
+    own: Tags,
+    peers: HashMap<PeerHandle, Tags>,
+    next_sweep: Option<Instant>,
+    /// The policy file, for status.
+    file: Option<String>,
+    /// Packets dropped for the policy: by this member as sender, as receiver.
+    pub(crate) denied_out: u64,
+    pub(crate) denied_in: u64,
+}
+
+/// The tags `cert`'s holder has under `policy` (none without a certificate).
+fn tags_of(policy: &Policy, cert: Option<&Certificate>) -> Tags {
+    match cert {
+        Some(c) => policy.tags(c.groups().iter().map(String::as_str), Some(c.name())),
+        None => Tags::default(),
+    }
+}
+
+impl LanePolicy {
+    /// `policy` for a member whose own certificate is `own` (none without an authority),
+    /// with a table of `flows` flows.
+    pub(crate) fn new(
+        policy: Policy,
+        file: Option<String>,
+        own: Option<&Certificate>,
+        flows: usize,
+    ) -> Self {
+        Self {
+            file,
+            own: tags_of(&policy, own),
+            firewall: Firewall::new(policy, flows),
+            peers: HashMap::new(),
+            next_sweep: None,
+            denied_out: 0,
+            denied_in: 0,
+        }
+    }
+
+    /// What it did, for status.
+    pub(crate) fn status(&self) -> PolicyStatus {
+        let f = &self.firewall;
+        let stats = f.stats();
+        let flows = f.flows().stats();
+        PolicyStatus {
+            file: self.file.clone(),
+            version: f.policy().version(),
+            default: match f.policy().default_action() {
+                DefaultAction::Allow => "allow".into(),
+                DefaultAction::Deny => "deny".into(),
+            },
+            rule_hits: stats.rule_hits.clone(),
+            default_hits: stats.default_hits,
+            denied_out: self.denied_out,
+            denied_in: self.denied_in,
+            stray_icmp_errors: stats.stray_icmp_errors,
+            flows: f.flows().len(),
+            flows_max: f.flows().capacity(),
+            flows_evicted: flows.evicted,
+            flows_expired: flows.expired,
+            flows_revoked: stats.flows_revoked,
+        }
+    }
+
+    fn peer_tags(&mut self, node: &Node, peer: PeerHandle) -> Tags {
+        if let Some(tags) = self.peers.get(&peer) {
+            return *tags;
+        }
+        let tags = tags_of(self.firewall.policy(), node.peer_certificate(peer));
+        // Kept once the member showed its certificate (before, it has no addresses either).
+        if node.peer_certificate(peer).is_some() {
+            self.peers.insert(peer, tags);
+        }
+        tags
+    }
+
+    /// Whether IPv4 packet `ip` from the member of tunnel `peer` may reach this member.
+    pub(crate) fn inbound(
+        &mut self,
+        now: Instant,
+        node: &Node,
+        peer: PeerHandle,
+        ip: &[u8],
+    ) -> bool {
+        if self.firewall.is_open() {
+            return true;
+        }
+        let from = self.peer_tags(node, peer);
+        let pass = self.firewall.check(now, ip, from, self.own) == Verdict::Pass;
+        if !pass {
+            self.denied_in += 1;
+        }
+        self.sweep(now);
+        pass
+    }
+
+    /// Whether IPv4 packet `ip` from this member (or its LAN) may go to the member of
+    /// tunnel `peer`.
+    pub(crate) fn outbound(
+        &mut self,
+        now: Instant,
+        node: &Node,
+        peer: PeerHandle,
+        ip: &[u8],
+    ) -> bool {
+        if self.firewall.is_open() {
+            return true;
+        }
+        let to = self.peer_tags(node, peer);
+        let pass = self.firewall.check(now, ip, self.own, to) == Verdict::Pass;
+        if !pass {
+            self.denied_out += 1;
+        }
+        self.sweep(now);
+        pass
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        match self.next_sweep {
+            Some(t) if now < t => {}
+            _ => {
+                self.firewall.expire(now);
+                self.next_sweep = Some(now + SWEEP_INTERVAL);
+            }
+        }
+    }
+
+    /// The member of tunnel `peer` announced again (its certificate may have changed), or
+    /// its tunnel is gone: its tags are worked out afresh.
+    pub(crate) fn forget(&mut self, peer: PeerHandle) {
+        self.peers.remove(&peer);
+    }
+
+    /// Puts a new policy in place: this member's tags and every member's are worked out
+    /// under it, and the flows it no longer allows end (`members` gives, for an address,
+    /// the tunnel it is reached through; addresses of this member's own have its tags).
+    pub(crate) fn replace(
+        &mut self,
+        policy: Policy,
+        own: Option<&Certificate>,
+        own_addresses: &[Ipv4Addr],
+        node: &Node,
+        members: impl Fn(Ipv4Addr) -> Option<PeerHandle>,
+    ) {
+        self.own = tags_of(&policy, own);
+        self.peers.clear();
+        let own_tags = self.own;
+        let tags = |a: Ipv4Addr| {
+            if own_addresses.contains(&a) {
+                return own_tags;
+            }
+            members(a)
+                .map(|h| tags_of(&policy, node.peer_certificate(h)))
+                .unwrap_or_default()
+        };
+        self.firewall.replace(policy.clone(), tags);
+    }
+}
+
+impl super::Control {
+    /// SIGHUP or `hyphae cert install`: each namespace with a policy file reads it again;
+    /// a new policy that checks out takes the old one's place at once (the flows it no
+    /// longer allows end), one with a mistake leaves the old one in place. Returns one
+    /// line per namespace with a policy file.
+    pub(crate) fn reload_policies(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for i in 0..self.namespaces.len() {
+            let n = &self.namespaces[i];
+            let Some(path) = n.policy_path.clone().filter(|_| n.active()) else {
+                continue;
+            };
+            let name = n.name.clone();
+            let policy = match crate::config::read_policy(&path, n.certificate.is_some()) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(namespace = %name, "policy not reloaded: {e:#}");
+                    lines.push(format!("{name}: policy not reloaded: {e:#}"));
+                    continue;
+                }
+            };
+            let own = n.certificate.clone();
+            let own_addresses = n.membership.addresses();
+            let mut dp = super::workers::lock(&self.dp);
+            let dp = &mut *dp;
+            let Some(lane) = dp.lanes.get_mut(i) else {
+                continue;
+            };
+            if *lane.policy.firewall.policy() == policy {
+                lines.push(format!("{name}: policy unchanged"));
+                continue;
+            }
+            let version = policy.version();
+            let switch = &lane.switch;
+            let before = lane.policy.firewall.stats().flows_revoked;
+            lane.policy
+                .replace(policy, own.as_ref(), &own_addresses, &dp.node, |a| {
+                    switch.route(a)
+                });
+            let ended = lane.policy.firewall.stats().flows_revoked - before;
+            tracing::info!(namespace = %name, version, ended, "policy replaced");
+            lines.push(format!(
+                "{name}: policy v{version} in place ({ended} flows ended)"
+            ));
+        }
+        lines
+    }
+}

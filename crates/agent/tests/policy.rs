@@ -1,0 +1,121 @@
+#![allow(clippy::disallowed_methods)] // a test waits on the real clock
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Issue 28: a namespace's policy, end to end, with real clients. Three agents in network
+//! namespaces share one policy file (a namespace without an authority names addresses):
+//! default deny; alpha may open TCP to beta's port 5201; anyone may ping alpha. Then iperf3
+//! from alpha to beta runs (its replies pass back), iperf3 from gamma to beta never
+//! connects, beta's and gamma's pings reach alpha and their replies come back, and alpha's
+//! ping to beta (a flow no rule allows) never leaves alpha.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use hyphae_testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
+const SUBNET: &str = "10.204.0.0/24";
+const SECRET: &str = "the policy test namespace secret\n";
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+
+# alpha may open TCP to beta's iperf3
+[[rule]]
+from = ["10.204.0.11"]
+to = ["10.204.0.12"]
+proto = "tcp"
+ports = ["5201"]
+
+# anyone may ping alpha
+[[rule]]
+from = ["any"]
+to = ["10.204.0.11"]
+proto = "icmp"
+"#;
+
+fn start(bed: &mut Testbed, i: u8, name: &str, boot: Option<Ipv4Addr>) -> (Host, AgentHandle) {
+    let host = bed.add_host(name, Ipv4Addr::new(10, 200, 0, i)).unwrap();
+    let secret = bed.dir().join("lab.secret");
+    let policy = bed.dir().join("lab.policy.toml");
+    let lines = format!(
+        "address = \"10.204.0.{}\"\nresolvers = []\npolicy = \"{}\"\n",
+        10 + i,
+        policy.display()
+    );
+    let cfg = format!(
+        "{}{}",
+        agent_section(&host),
+        hyphae_testbed::lab_namespace(&secret, SUBNET, boot, &lines)
+    );
+    let agent = bed.start_agent(&host, &cfg).expect("agent");
+    bed.claimed_address(&host, &agent).unwrap();
+    (host, agent)
+}
+
+/// iperf3 for two seconds from `from` to 10.204.0.12:5201 (a server waits there); its
+/// output, and whether it succeeded.
+fn iperf(bed: &Testbed, from: &Host) -> (bool, String) {
+    let out = bed
+        .ns_output(
+            &from.ns,
+            "iperf3",
+            &["-c", "10.204.0.12", "-t", "2", "--connect-timeout", "3000"],
+        )
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_policy_allows_its_flows_and_their_replies_and_nothing_else() {
+    require_root();
+    let mut bed = Testbed::new("pol", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    std::fs::write(bed.dir().join("lab.policy.toml"), POLICY).unwrap();
+    let (alpha, a) = start(&mut bed, 1, "alpha", None);
+    let boot = Some(alpha.underlay);
+    let (beta, b) = start(&mut bed, 2, "beta", boot);
+    let (gamma, g) = start(&mut bed, 3, "gamma", boot);
+    let alpha_ip = Ipv4Addr::new(10, 204, 0, 11);
+
+    // Pings to alpha are allowed, and their replies come back.
+    for h in [&beta, &gamma] {
+        bed.wait_for_ping(h, alpha_ip, std::time::Duration::from_secs(30))
+            .unwrap();
+    }
+    // alpha's ping to beta: no rule allows it.
+    let out = bed.ping(&alpha, Ipv4Addr::new(10, 204, 0, 12), 2).unwrap();
+    assert!(!out.status.success(), "alpha pings beta");
+
+    // beta serves iperf3 (two clients, one after the other).
+    let log = beta.dir.join("iperf3-s.log");
+    bed.spawn(&beta.ns, "iperf3", &["-s"], &log).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (ok, text) = iperf(&bed, &alpha);
+    assert!(ok, "alpha to beta:5201 is allowed: {text}");
+    let (ok, text) = iperf(&bed, &gamma);
+    assert!(!ok, "gamma to beta:5201 is not: {text}");
+
+    // Each end counted what it did: beta opened alpha's flow under rule 1 and refused
+    // gamma's SYNs; alpha never sent its pings; gamma never sent its SYNs either.
+    let policy = |h: &Host, agent: &AgentHandle| bed.namespace_status(h, agent).unwrap().policy;
+    let at_beta = policy(&beta, &b);
+    assert_eq!(at_beta.version, 1);
+    assert_eq!(at_beta.default, "deny");
+    assert!(at_beta.rule_hits[0] >= 1, "{at_beta:?}");
+    let at_alpha = policy(&alpha, &a);
+    assert!(at_alpha.rule_hits[0] >= 1, "{at_alpha:?}");
+    assert!(
+        at_alpha.rule_hits[1] >= 2,
+        "pings of beta and gamma: {at_alpha:?}"
+    );
+    assert!(at_alpha.denied_out >= 2, "alpha's own pings: {at_alpha:?}");
+    let at_gamma = policy(&gamma, &g);
+    assert!(at_gamma.denied_out >= 1, "gamma's SYNs: {at_gamma:?}");
+    assert!(at_gamma.flows <= at_gamma.flows_max);
+}

@@ -1,0 +1,417 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::disallowed_methods)] // tests start the clock
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use super::flows::{self, Firewall, FlowTable, Parsed, Verdict};
+use super::*;
+
+fn file(text: &str) -> PolicyFile {
+    toml::from_str(text).unwrap()
+}
+
+fn compile(text: &str, certified: bool) -> Result<Policy, String> {
+    Policy::compile(&file(text), certified).map_err(|e| e.to_string())
+}
+
+const WEB_DB: &str = r#"
+version = 3
+default = "deny"
+groups = ["web", "db", "ops"]
+
+[[rule]]
+from = ["group:web"]
+to = ["group:db"]
+proto = "tcp"
+ports = ["5432", "8000-8100"]
+
+[[rule]]
+from = ["group:ops", "10.9.0.0/24"]
+to = ["any"]
+
+[[rule]]
+from = ["name:backup"]
+to = ["group:db"]
+proto = "udp"
+"#;
+
+fn ip(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 0, last)
+}
+
+fn packet(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, dport: u16) -> Packet {
+    Packet {
+        src,
+        dst,
+        proto,
+        dport,
+    }
+}
+
+#[test]
+fn rules_match_groups_names_addresses_protocols_and_ports_first_match_wins() {
+    let p = compile(WEB_DB, true).unwrap();
+    assert_eq!((p.version(), p.rule_count()), (3, 3));
+    let web = p.tags(["web"], Some("w1"));
+    let db = p.tags(["db", "unknown"], Some("d1"));
+    let ops = p.tags(["ops"], None);
+    let backup = p.tags([], Some("backup"));
+    let nobody = Tags::default();
+    let tcp = |port| packet(ip(1), ip(2), proto::TCP, port);
+    assert_eq!(p.decide(web, db, &tcp(5432)), Decision::Rule(0));
+    assert_eq!(p.decide(web, db, &tcp(8050)), Decision::Rule(0));
+    assert_eq!(p.decide(web, db, &tcp(8101)), Decision::DefaultDeny);
+    // Not the other way, and not UDP.
+    assert_eq!(p.decide(db, web, &tcp(5432)), Decision::DefaultDeny);
+    assert_eq!(
+        p.decide(web, db, &packet(ip(1), ip(2), proto::UDP, 5432)),
+        Decision::DefaultDeny
+    );
+    // ops reaches anyone on anything; so does an address in 10.9.0.0/24, whatever its tags.
+    assert_eq!(
+        p.decide(ops, nobody, &packet(ip(1), ip(2), proto::ICMP, 0)),
+        Decision::Rule(1)
+    );
+    assert_eq!(
+        p.decide(
+            nobody,
+            web,
+            &packet(Ipv4Addr::new(10, 9, 0, 7), ip(2), 47, 0)
+        ),
+        Decision::Rule(1)
+    );
+    assert_eq!(
+        p.decide(backup, db, &packet(ip(1), ip(2), proto::UDP, 9)),
+        Decision::Rule(2)
+    );
+    assert_eq!(
+        p.decide(nobody, db, &packet(ip(1), ip(2), proto::UDP, 9)),
+        Decision::DefaultDeny
+    );
+    // Default allow: what no rule names passes.
+    let open = compile("default = \"allow\"", false).unwrap();
+    assert!(open.is_allow_all());
+    assert_eq!(
+        open.decide(nobody, nobody, &tcp(22)),
+        Decision::DefaultAllow
+    );
+}
+
+#[test]
+fn mistakes_are_one_line_errors_naming_the_rule() {
+    let cases = [
+        (
+            "groups = [\"web\"]\n[[rule]]\nfrom = [\"group:wbe\"]\nto = [\"any\"]",
+            "policy rule 1: unknown group 'wbe' (not in `groups`)",
+        ),
+        (
+            "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"tcp\"\nports = [\"0\"]",
+            "policy rule 1: port '0'",
+        ),
+        (
+            "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"tcp\"\nports = [\"70000\"]",
+            "port '70000'",
+        ),
+        (
+            "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"tcp\"\nports = [\"9-3\"]",
+            "port '9-3'",
+        ),
+        (
+            "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\nports = [\"80\"]",
+            "ports need proto",
+        ),
+        (
+            "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"sctp\"",
+            "proto 'sctp'",
+        ),
+        ("[[rule]]\nfrom = []\nto = [\"any\"]", "`from` is empty"),
+        (
+            "[[rule]]\nfrom = [\"10.0.0.0/33\"]\nto = [\"any\"]",
+            "'10.0.0.0/33' in `from`",
+        ),
+        ("groups = [\"web\", \"web\"]", "group 'web' is listed twice"),
+        ("groups = [\"Web\"]", "group 'Web' is not a group name"),
+    ];
+    for (text, expect) in cases {
+        let e = compile(text, true).unwrap_err();
+        assert!(e.contains(expect), "{text}: {e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+    let many: Vec<String> = (0..65).map(|i| format!("\"g{i}\"")).collect();
+    let e = compile(&format!("groups = [{}]", many.join(",")), true).unwrap_err();
+    assert!(e.contains("65 groups, at most 64"), "{e}");
+    // Unknown fields are refused, not ignored.
+    assert!(toml::from_str::<PolicyFile>("defualt = \"deny\"").is_err());
+}
+
+#[test]
+fn without_an_authority_only_addresses_count() {
+    for text in [
+        "groups = [\"web\"]",
+        "[[rule]]\nfrom = [\"group:web\"]\nto = [\"any\"]",
+        "[[rule]]\nfrom = [\"name:alpha\"]\nto = [\"any\"]",
+    ] {
+        let e = compile(text, false).unwrap_err();
+        assert!(e.contains("needs a namespace with an authority"), "{e}");
+    }
+    let p = compile(
+        "default = \"deny\"\n[[rule]]\nfrom = [\"10.0.0.1\"]\nto = [\"10.0.0.0/24\"]\nproto = \"tcp\"\nports = [\"22\"]",
+        false,
+    )
+    .unwrap();
+    let none = Tags::default();
+    assert_eq!(
+        p.decide(none, none, &packet(ip(1), ip(2), proto::TCP, 22)),
+        Decision::Rule(0)
+    );
+    assert_eq!(
+        p.decide(none, none, &packet(ip(3), ip(2), proto::TCP, 22)),
+        Decision::DefaultDeny
+    );
+}
+
+/// IPv4 packet builders.
+fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, payload: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; 20];
+    p[0] = 0x45;
+    let len = (20 + payload.len()) as u16;
+    p[2..4].copy_from_slice(&len.to_be_bytes());
+    p[8] = 64;
+    p[9] = proto;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
+    p.extend_from_slice(payload);
+    p
+}
+
+fn tcp(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), flags: u8) -> Vec<u8> {
+    let mut t = vec![0u8; 20];
+    t[0..2].copy_from_slice(&src.1.to_be_bytes());
+    t[2..4].copy_from_slice(&dst.1.to_be_bytes());
+    t[12] = 0x50;
+    t[13] = flags;
+    ipv4(src.0, dst.0, proto::TCP, &t)
+}
+
+fn udp(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16)) -> Vec<u8> {
+    let mut u = vec![0u8; 8];
+    u[0..2].copy_from_slice(&src.1.to_be_bytes());
+    u[2..4].copy_from_slice(&dst.1.to_be_bytes());
+    ipv4(src.0, dst.0, proto::UDP, &u)
+}
+
+fn echo(src: Ipv4Addr, dst: Ipv4Addr, reply: bool, id: u16) -> Vec<u8> {
+    let mut i = vec![if reply { 0 } else { 8 }, 0, 0, 0, 0, 0, 0, 1];
+    i[4..6].copy_from_slice(&id.to_be_bytes());
+    ipv4(src, dst, proto::ICMP, &i)
+}
+
+/// An ICMP error from `from` quoting `quoted`.
+fn icmp_error(from: Ipv4Addr, quoted: &[u8]) -> Vec<u8> {
+    let mut i = vec![3, 3, 0, 0, 0, 0, 0, 0];
+    i.extend_from_slice(&quoted[..28]);
+    ipv4(from, quoted_src(quoted), proto::ICMP, &i)
+}
+
+fn quoted_src(p: &[u8]) -> Ipv4Addr {
+    Ipv4Addr::new(p[12], p[13], p[14], p[15])
+}
+
+const SYN: u8 = 0x02;
+const SYN_ACK: u8 = 0x12;
+const ACK: u8 = 0x10;
+const FIN_ACK: u8 = 0x11;
+const RST: u8 = 0x04;
+
+/// A firewall with the web/db policy, and the tags of a web and a db member.
+fn web_db(capacity: usize) -> (Firewall, Tags, Tags) {
+    let p = compile(WEB_DB, true).unwrap();
+    let (web, db) = (p.tags(["web"], None), p.tags(["db"], None));
+    (Firewall::new(p, capacity), web, db)
+}
+
+#[test]
+fn a_flow_allowed_one_way_lets_its_replies_through_and_nothing_else() {
+    let (mut fw, web, db) = (web_db(16).0, web_db(16).1, web_db(16).2);
+    let t = Instant::now();
+    let (w, d) = ((ip(1), 40000), (ip(2), 5432));
+    assert_eq!(fw.check(t, &tcp(w, d, SYN), web, db), Verdict::Pass);
+    assert_eq!(fw.check(t, &tcp(d, w, SYN_ACK), db, web), Verdict::Pass);
+    assert_eq!(fw.check(t, &tcp(w, d, ACK), web, db), Verdict::Pass);
+    // db cannot open a flow of its own to web, even from the same port to another.
+    assert_eq!(
+        fw.check(t, &tcp(d, (ip(1), 40001), SYN), db, web),
+        Verdict::Deny
+    );
+    assert_eq!(fw.stats().rule_hits, [1, 0, 0]);
+    assert_eq!(fw.stats().denied, 1);
+    // An ICMP error about the allowed flow passes; about another flow it does not.
+    let quoted = tcp(w, d, ACK);
+    assert_eq!(
+        fw.check(t, &icmp_error(ip(2), &quoted), db, web),
+        Verdict::Pass
+    );
+    let other = tcp(w, (ip(2), 22), ACK);
+    assert_eq!(
+        fw.check(t, &icmp_error(ip(2), &other), db, web),
+        Verdict::StrayIcmpError
+    );
+    // Later fragments pass; a malformed packet is passed on (the switch drops it).
+    let mut fragment = udp(w, d);
+    fragment[7] = 10;
+    assert_eq!(flows::parse(&fragment), Parsed::Fragment);
+    assert_eq!(fw.check(t, &fragment, db, web), Verdict::Pass);
+    assert_eq!(flows::parse(&[0x45, 0, 0]), Parsed::Malformed);
+}
+
+#[test]
+fn echo_replies_pass_for_the_pings_that_were_allowed() {
+    let p = compile(
+        "default = \"deny\"\ngroups = [\"ops\"]\n[[rule]]\nfrom = [\"group:ops\"]\nto = [\"any\"]\nproto = \"icmp\"",
+        true,
+    )
+    .unwrap();
+    let ops = p.tags(["ops"], None);
+    let other = Tags::default();
+    let mut fw = Firewall::new(p, 16);
+    let t = Instant::now();
+    assert_eq!(
+        fw.check(t, &echo(ip(1), ip(2), false, 7), ops, other),
+        Verdict::Pass
+    );
+    assert_eq!(
+        fw.check(t, &echo(ip(2), ip(1), true, 7), other, ops),
+        Verdict::Pass
+    );
+    assert_eq!(
+        fw.check(t, &echo(ip(2), ip(1), false, 8), other, ops),
+        Verdict::Deny
+    );
+}
+
+#[test]
+fn flows_time_out_on_the_virtual_clock_and_a_closed_one_soon() {
+    let (mut fw, web, db) = web_db(16);
+    let t = Instant::now();
+    let (w, d) = ((ip(1), 40000), (ip(2), 5432));
+    assert_eq!(fw.check(t, &tcp(w, d, SYN), web, db), Verdict::Pass);
+    // Idle less than 12 minutes: the reply still passes.
+    let later = t + flows::TCP_TIMEOUT - Duration::from_secs(1);
+    assert_eq!(fw.check(later, &tcp(d, w, ACK), db, web), Verdict::Pass);
+    // Idle more: it is forgotten, and db's packet is a new flow db may not open.
+    let much_later = later + flows::TCP_TIMEOUT + Duration::from_secs(1);
+    assert_eq!(
+        fw.check(much_later, &tcp(d, w, ACK), db, web),
+        Verdict::Deny
+    );
+    assert_eq!(fw.flows().stats().expired, 1);
+    // A FIN makes the flow short-lived.
+    let t2 = much_later;
+    let w2 = (ip(1), 40002);
+    assert_eq!(fw.check(t2, &tcp(w2, d, SYN), web, db), Verdict::Pass);
+    assert_eq!(fw.check(t2, &tcp(w2, d, FIN_ACK), web, db), Verdict::Pass);
+    let after = t2 + flows::TCP_CLOSING_TIMEOUT + Duration::from_secs(1);
+    assert_eq!(fw.check(after, &tcp(d, w2, ACK), db, web), Verdict::Deny);
+    // UDP: three minutes. expire() sweeps.
+    let p = compile(
+        "default = \"deny\"\n[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"udp\"\nports = [\"53\"]",
+        true,
+    )
+    .unwrap();
+    let none = Tags::default();
+    let mut fw = Firewall::new(p, 16);
+    let (c, s) = ((ip(1), 5353), (ip(2), 53));
+    assert_eq!(fw.check(t, &udp(c, s), none, none), Verdict::Pass);
+    assert_eq!(fw.flows().len(), 1);
+    fw.expire(t + flows::UDP_TIMEOUT - Duration::from_secs(1));
+    assert_eq!(fw.flows().len(), 1);
+    fw.expire(t + flows::UDP_TIMEOUT + Duration::from_secs(1));
+    assert!(fw.flows().is_empty());
+    assert_eq!(
+        fw.check(t + flows::UDP_TIMEOUT * 2, &udp(s, c), none, none),
+        Verdict::Deny
+    );
+}
+
+#[test]
+fn a_full_table_evicts_the_least_recently_used_flow_and_counts_it() {
+    let mut table = FlowTable::new(2);
+    let t = Instant::now();
+    let key = |port: u16| flows::FlowKey {
+        proto: proto::UDP,
+        src: ip(1),
+        dst: ip(2),
+        sport: port,
+        dport: 53,
+    };
+    table.open(t, key(1), 0, Decision::Rule(0));
+    table.open(t, key(2), 0, Decision::Rule(0));
+    // Flow 1 is used again (its reply), so flow 2 is the least recently used.
+    assert!(table.touch(t, key(1).reverse(), 0).is_some());
+    table.open(t, key(3), 0, Decision::Rule(0));
+    assert_eq!(table.len(), 2);
+    assert_eq!(table.stats().evicted, 1);
+    assert!(table.contains(t, key(1)) && table.contains(t, key(3)));
+    assert!(!table.contains(t, key(2)));
+}
+
+#[test]
+fn reject_answers_tcp_and_udp_but_never_a_reset() {
+    let p = compile("default = \"deny\"\nreject = true", true).unwrap();
+    let none = Tags::default();
+    let mut fw = Firewall::new(p, 16);
+    let t = Instant::now();
+    let (a, b) = ((ip(1), 1000), (ip(2), 80));
+    assert_eq!(fw.check(t, &tcp(a, b, SYN), none, none), Verdict::Reject);
+    assert_eq!(fw.check(t, &udp(a, b), none, none), Verdict::Reject);
+    assert_eq!(fw.check(t, &tcp(a, b, RST), none, none), Verdict::Deny);
+    assert_eq!(
+        fw.check(t, &echo(ip(1), ip(2), false, 1), none, none),
+        Verdict::Deny
+    );
+    assert_eq!((fw.stats().denied, fw.stats().rejected), (4, 2));
+}
+
+#[test]
+fn a_new_policy_keeps_the_flows_it_allows_and_ends_the_others() {
+    let (mut fw, web, db) = web_db(16);
+    let t = Instant::now();
+    let (w, d) = ((ip(1), 40000), (ip(2), 5432));
+    let (w2, d2) = ((ip(1), 40001), (ip(2), 8080));
+    assert_eq!(fw.check(t, &tcp(w, d, SYN), web, db), Verdict::Pass);
+    assert_eq!(fw.check(t, &tcp(w2, d2, SYN), web, db), Verdict::Pass);
+    // Version 4 allows 5432 only.
+    let next = compile(
+        &WEB_DB
+            .replace("version = 3", "version = 4")
+            .replace(", \"8000-8100\"", ""),
+        true,
+    )
+    .unwrap();
+    let tags = |a: Ipv4Addr| {
+        if a == ip(1) {
+            next.tags(["web"], None)
+        } else {
+            next.tags(["db"], None)
+        }
+    };
+    fw.replace(next.clone(), tags);
+    assert_eq!(fw.policy().version(), 4);
+    assert_eq!(fw.stats().flows_revoked, 1);
+    assert_eq!(fw.check(t, &tcp(d, w, ACK), db, web), Verdict::Pass);
+    assert_eq!(fw.check(t, &tcp(d2, w2, ACK), db, web), Verdict::Deny);
+    assert_eq!(fw.check(t, &tcp(w2, d2, ACK), web, db), Verdict::Deny);
+}
+
+#[test]
+fn no_policy_passes_everything_unparsed() {
+    let mut fw = Firewall::new(Policy::allow_all(), 16);
+    let t = Instant::now();
+    assert!(fw.is_open());
+    assert_eq!(
+        fw.check(t, &[1, 2, 3], Tags::default(), Tags::default()),
+        Verdict::Pass
+    );
+    assert!(fw.flows().is_empty());
+}
