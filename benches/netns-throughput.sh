@@ -16,6 +16,9 @@
 #   HYPHAE_BASELINE_BIN  another hyphae build measured as an extra row (before/after in one run)
 #   HYPHAE_WORKERS       worker counts (e.g. "1 4") each measured as an extra hyphae row,
 #                        `hyphae-wN` (the `hyphae` row runs the default: one per core)
+#   HYPHAE_POLICY_RULES  rule counts (e.g. "10 100") each measured as an extra hyphae row,
+#                        `hyphae-pN`: a default-deny policy of N rules, the last of which
+#                        allows the two members (docs/POLICY.md; issue 28's cost of a policy)
 #   ROUNDS               runs per figure, median taken (default 3)
 #   BORINGTUN_BIN        default boringtun-cli on PATH, installed with cargo if missing
 #   WIREGUARD_GO_BIN     default $(go env GOPATH)/bin/wireguard, installed with
@@ -85,6 +88,7 @@ for side in A B; do
     hyphae_config $side socket
     hyphae_config $side af_xdp
     for w in ${HYPHAE_WORKERS:-}; do hyphae_config $side socket "$w"; done
+    for n in ${HYPHAE_POLICY_RULES:-}; do hyphae_config $side socket "" "$n"; done
 done
 declare -A hyphae_bin hyphae_cfg
 start_hyphae() { # row binary underlay
@@ -329,6 +333,11 @@ for w in ${HYPHAE_WORKERS:-}; do
     start_hyphae "hyphae-w$w" "$HYPHAE_BIN" "socket-w$w"
     measure "hyphae-w$w" 10.212.0.12
     stop_row "hyphae-w$w"
+done
+for n in ${HYPHAE_POLICY_RULES:-}; do
+    start_hyphae "hyphae-p$n" "$HYPHAE_BIN" "socket-p$n"
+    measure "hyphae-p$n" 10.212.0.12
+    stop_row "hyphae-p$n"
 done
 if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
     start_hyphae hyphae-baseline "$HYPHAE_BASELINE_BIN" socket

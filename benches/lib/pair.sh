@@ -52,10 +52,21 @@ pair_start() { # label binary: starts the agents of $dir/A-socket.toml and B-soc
     done
 }
 
-hyphae_config() { # side (A or B), underlay (socket or af_xdp), [workers]
-    local side=$1 underlay=$2 workers=${3:-} me peer name
+policy_file() { # rules: a default-deny policy whose last rule allows the two members
+    local n=$1 i
+    {
+        echo 'default = "deny"'
+        for ((i = 1; i < n; i++)); do
+            printf '[[rule]]\nfrom = ["10.99.%d.0/24"]\nto = ["10.98.%d.0/24"]\nproto = "tcp"\nports = ["%d", "8000-8100"]\n' $((i % 250)) $((i % 250)) $((1000 + i))
+        done
+        printf '[[rule]]\nfrom = ["10.212.0.11", "10.212.0.12"]\nto = ["10.212.0.11", "10.212.0.12"]\n'
+    } >"$dir/policy-$n.toml"
+}
+hyphae_config() { # side (A or B), underlay (socket or af_xdp), [workers], [policy rules]
+    local side=$1 underlay=$2 workers=${3:-} rules=${4:-} me peer name
     if [ "$side" = A ]; then me=1; peer=2; else me=2; peer=1; fi
-    name=$side-$underlay${workers:+-w$workers}
+    name=$side-$underlay${workers:+-w$workers}${rules:+-p$rules}
+    [ -z "$rules" ] || policy_file "$rules"
     cat >"$dir/$name.toml" <<CONFIG
 [agent]
 state_dir = "$dir/$name-state"
@@ -70,6 +81,7 @@ subnet = "10.212.0.0/24"
 # .1 is the namespace service address (virtual DHCP/DNS): members take .11 and .12.
 address = "10.212.0.1$me"
 device = "hyphae0"
+$([ -n "$rules" ] && echo "policy = \"$dir/policy-$rules.toml\"")
 [[namespace.peer]]
 endpoint = "10.210.0.$peer:7400"
 CONFIG

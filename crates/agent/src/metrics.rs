@@ -38,6 +38,9 @@ const GAUGES: &[&str] = &[
     "namespaces[].certificate.not_after",
     "namespaces[].certificate.expires_in_secs",
     "namespaces[].certificate.revocations_version",
+    "namespaces[].policy.version",
+    "namespaces[].policy.flows",
+    "namespaces[].policy.flows_max",
 ];
 
 /// Status fields that are not measurements: the schema version.
@@ -170,6 +173,14 @@ impl Families {
                     }
                 }
                 Value::Object(inner) => self.walk(&scope.enter(path, &name, None), inner)?,
+                // Flows each policy rule opened, labelled by the rule's place in the file.
+                Value::Array(hits) if key == "rule_hits" => {
+                    for (i, count) in hits.iter().enumerate() {
+                        let mut labels = scope.labels.clone();
+                        labels.push(("rule", (i + 1).to_string()));
+                        self.counter(&name, &path, &labels, count.as_u64().unwrap_or(0))?;
+                    }
+                }
                 Value::Array(items) if key == "namespaces" || key == "peers" => {
                     let (label, id_field, prefix) = if key == "namespaces" {
                         ("namespace", "name", "hyphae_namespace")
@@ -290,6 +301,9 @@ mod tests {
             "hyphae_worker_lock_wait_seconds_bucket{worker=\"0\",le=\"+Inf\"} 61877",
             "hyphae_worker_lock_wait_seconds_count{worker=\"1\"} 29",
             "hyphae_drops_total{reason=\"control_queue\"} 0",
+            "# TYPE hyphae_namespace_policy_flows gauge",
+            "hyphae_namespace_policy_flows_max{namespace=\"lab\"} 65536",
+            "hyphae_namespace_policy_denied_in_total{namespace=\"lab\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
         }

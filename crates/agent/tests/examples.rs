@@ -4,7 +4,8 @@
 //!
 //! Each example names its secret files under /etc/hyphae; the test loads a copy whose
 //! `secret_file` lines point at a secret of its own (and `authority` and `certificate` at
-//! an authority and a certificate of its own), and nothing else changed.
+//! an authority and a certificate of its own, `policy` at examples/policy/web-db.toml),
+//! and nothing else changed.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,11 @@ fn with_secret(text: &str, secret: &Path, certificate: &Path, authority: &str) -
                 format!("certificate = \"{}\"", certificate.display())
             } else if key.starts_with("authority") {
                 format!("authority = \"{authority}\"")
+            } else if key.starts_with("policy") {
+                format!(
+                    "policy = \"{}\"",
+                    examples_dir().join("policy/web-db.toml").display()
+                )
             } else {
                 line.to_string()
             }
@@ -133,4 +139,11 @@ fn examples_say_what_their_comments_say() {
 
     let certified = load("certified-host.toml");
     assert!(certified.namespaces[0].credential.is_some());
+    // Its policy is examples/policy/web-db.toml: four rules, default deny.
+    let policy = &certified.namespaces[0].policy;
+    assert_eq!((policy.version(), policy.rule_count()), (1, 4));
+    assert_eq!(
+        policy.default_action(),
+        hyphae_vswitch::policy::DefaultAction::Deny
+    );
 }
