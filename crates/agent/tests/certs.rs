@@ -394,27 +394,6 @@ fn last_reply(log: &Path) -> Option<f64> {
         .find_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
 }
 
-/// The end of the last interval that carried bytes in an `iperf3 -i 0.1` client log,
-/// in seconds from the start of the stream.
-fn last_carrying_interval(log: &Path) -> Option<f64> {
-    let text = std::fs::read_to_string(log).ok()?;
-    text.lines()
-        .rev()
-        .filter(|l| l.contains(" sec ") && !l.contains("sender") && !l.contains("receiver"))
-        .find_map(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            let i = words.iter().position(|w| *w == "sec")?;
-            let end: f64 = words
-                .get(i.checked_sub(1)?)?
-                .split('-')
-                .nth(1)?
-                .parse()
-                .ok()?;
-            let bytes: f64 = words.get(i + 1)?.parse().ok()?;
-            (bytes > 0.0).then_some(end)
-        })
-}
-
 /// Issue 27, item 4: a revocation published at one member reaches every member by push,
 /// and each closes the revoked member's tunnel. `HYPHAE_REVOKE_MEMBERS` members (default
 /// 4; the benchmark in docs/BENCHMARKS.md runs 10), the last one revoked while it streams
@@ -500,7 +479,7 @@ fn a_published_revocation_cuts_the_member_off_at_every_member() {
     .unwrap();
     std::thread::sleep(Duration::from_secs(3));
     assert!(
-        last_carrying_interval(&iperf).is_some_and(|t| t > 1.0),
+        hyphae_testbed::iperf_last_carrying(&iperf).is_some_and(|t| t > 1.0),
         "the stream runs: {}",
         std::fs::read_to_string(&iperf).unwrap_or_default()
     );
@@ -562,7 +541,8 @@ fn a_published_revocation_cuts_the_member_off_at_every_member() {
         .iter()
         .map(|l| format!("{:.3}", last_reply(l).map_or(f64::NAN, |t| t - published)))
         .collect();
-    let by_tcp = last_carrying_interval(&iperf).map(|end| stream_start + end - published);
+    let by_tcp =
+        hyphae_testbed::iperf_last_carrying(&iperf).map(|end| stream_start + end - published);
     println!(
         "revocation of 1 of {n} members: cut off after (s) by status {by_status:?}, last ping reply {by_ping:?}, TCP stream's last interval {by_tcp:?}"
     );

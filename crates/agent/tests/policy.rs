@@ -119,3 +119,113 @@ fn a_policy_allows_its_flows_and_their_replies_and_nothing_else() {
     assert!(at_gamma.denied_out >= 1, "gamma's SYNs: {at_gamma:?}");
     assert!(at_gamma.flows <= at_gamma.flows_max);
 }
+
+/// Unix time in seconds, as a float.
+fn epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Issue 28, item 5: a new policy applies to running flows without dropping the ones it
+/// still allows. alpha streams TCP to beta on two ports, both allowed by version 1;
+/// version 2 allows only the first. Both agents read it on SIGHUP while the streams run:
+/// the first goes on, the second stops carrying within 5 s.
+#[test]
+fn a_policy_update_mid_stream_keeps_what_it_allows_and_stops_the_rest() {
+    require_root();
+    let mut bed = Testbed::new("polu", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let version = |v: u32, ports: &str| {
+        format!(
+            "version = {v}\ndefault = \"deny\"\n[[rule]]\nfrom = [\"10.204.0.11\"]\nto = [\"10.204.0.12\"]\nproto = \"tcp\"\nports = [{ports}]\n"
+        )
+    };
+    let policy = bed.dir().join("lab.policy.toml");
+    std::fs::write(&policy, version(1, "\"5201\", \"5202\"")).unwrap();
+    let (alpha, a) = start(&mut bed, 1, "alpha", None);
+    let (beta, b) = start(&mut bed, 2, "beta", Some(alpha.underlay));
+    for port in ["5201", "5202"] {
+        let log = beta.dir.join(format!("iperf3-s-{port}.log"));
+        bed.spawn(&beta.ns, "iperf3", &["-s", "-1", "-p", port], &log)
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut logs = Vec::new();
+    for port in ["5201", "5202"] {
+        let log = alpha.dir.join(format!("iperf3-c-{port}.log"));
+        bed.spawn(
+            &alpha.ns,
+            "iperf3",
+            &[
+                "-c",
+                "10.204.0.12",
+                "-p",
+                port,
+                "-t",
+                "12",
+                "-b",
+                "50M",
+                "-i",
+                "0.1",
+                "--forceflush",
+                "--connect-timeout",
+                "3000",
+            ],
+            &log,
+        )
+        .unwrap();
+        logs.push(log);
+    }
+    let started = epoch();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    for log in &logs {
+        assert!(
+            hyphae_testbed::iperf_last_carrying(log).is_some_and(|t| t > 1.0),
+            "the stream runs: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+
+    // Version 2: only 5201. Both ends read it.
+    std::fs::write(&policy, version(2, "\"5201\"")).unwrap();
+    let changed = epoch() - started;
+    for agent in [&a, &b] {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &agent.pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while bed.namespace_status(&beta, &b).unwrap().policy.version != 2
+        || bed.namespace_status(&alpha, &a).unwrap().policy.version != 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "version 2 not in place"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Let the streams run out (12 s from their start).
+    std::thread::sleep(std::time::Duration::from_secs_f64(
+        (started + 13.0 - epoch()).max(0.0),
+    ));
+    let kept = hyphae_testbed::iperf_last_carrying(&logs[0]).unwrap_or(0.0);
+    let stopped = hyphae_testbed::iperf_last_carrying(&logs[1]).unwrap_or(0.0);
+    assert!(
+        kept > 11.0,
+        "the allowed stream stopped at {kept:.1} s (policy changed at {changed:.1} s): {}",
+        std::fs::read_to_string(&logs[0]).unwrap_or_default()
+    );
+    assert!(
+        stopped < changed + 5.0,
+        "the denied stream carried until {stopped:.1} s (policy changed at {changed:.1} s)"
+    );
+    let at_beta = bed.namespace_status(&beta, &b).unwrap().policy;
+    let at_alpha = bed.namespace_status(&alpha, &a).unwrap().policy;
+    assert!(
+        at_beta.flows_revoked + at_alpha.flows_revoked >= 1,
+        "{at_beta:?} {at_alpha:?}"
+    );
+}

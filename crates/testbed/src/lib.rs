@@ -687,3 +687,24 @@ impl Testbed {
         }
     }
 }
+
+/// The end of the last interval that carried bytes in an `iperf3 -i 0.1` client log, in
+/// seconds from the start of the stream (`None` before any did).
+pub fn iperf_last_carrying(log: &Path) -> Option<f64> {
+    let text = fs::read_to_string(log).ok()?;
+    text.lines()
+        .rev()
+        .filter(|l| l.contains(" sec ") && !l.contains("sender") && !l.contains("receiver"))
+        .find_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let i = words.iter().position(|w| *w == "sec")?;
+            let end: f64 = words
+                .get(i.checked_sub(1)?)?
+                .split('-')
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let bytes: f64 = words.get(i + 1)?.parse().ok()?;
+            (bytes > 0.0).then_some(end)
+        })
+}
