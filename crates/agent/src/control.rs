@@ -54,6 +54,18 @@ pub enum Request {
         /// The list.
         list: String,
     },
+    /// What the namespace's policy here says of `traffic` (`tcp/5432`, `udp/53`, `icmp`)
+    /// from `from` to `to` (addresses, or members' certificate names), and why.
+    PolicyCheck {
+        /// The namespace.
+        namespace: String,
+        /// Who opens the flow.
+        from: String,
+        /// To whom.
+        to: String,
+        /// Protocol and destination port.
+        traffic: String,
+    },
 }
 
 /// The agent's reply to [`Request::Status`].

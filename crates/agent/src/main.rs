@@ -80,6 +80,9 @@ enum Cmd {
     /// A namespace authority: the key that signs members' certificates.
     #[command(subcommand)]
     Ca(CaCmd),
+    /// A namespace's policy (docs/POLICY.md).
+    #[command(subcommand)]
+    Policy(PolicyCmd),
     /// Member certificates and revocation lists.
     #[command(subcommand)]
     Cert(CertCmd),
@@ -140,6 +143,27 @@ enum CaCmd {
         namespace: String,
         /// The revocation list file.
         file: PathBuf,
+        /// Config file (for the control socket path).
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCmd {
+    /// Ask the running agent what NAMESPACE's policy says of a flow, and why: the rule
+    /// that allows it, or the default. Exit status 0 when allowed, 1 when denied.
+    Check {
+        /// Namespace name.
+        namespace: String,
+        /// Who opens the flow: an address, or a member's certificate name.
+        #[arg(long)]
+        from: String,
+        /// To whom: an address, or a member's certificate name.
+        #[arg(long)]
+        to: String,
+        /// What: tcp/PORT, udp/PORT or icmp.
+        traffic: String,
         /// Config file (for the control socket path).
         #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
@@ -272,6 +296,33 @@ fn execute(cmd: Cmd) -> Result<()> {
                     .and_then(serde_json::Value::as_u64)
                     .unwrap_or(0)
             );
+            Ok(())
+        }
+        Cmd::Policy(PolicyCmd::Check {
+            namespace,
+            from,
+            to,
+            traffic,
+            config,
+        }) => {
+            let socket = config::control_socket(&config)?;
+            let reply = control::request(
+                &socket,
+                &control::Request::PolicyCheck {
+                    namespace,
+                    from,
+                    to,
+                    traffic,
+                },
+            )?;
+            let v: serde_json::Value = serde_json::from_str(&reply)?;
+            if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+                anyhow::bail!("{e}");
+            }
+            println!("{}", v["message"].as_str().unwrap_or_default());
+            if v["allowed"].as_bool() != Some(true) {
+                std::process::exit(1);
+            }
             Ok(())
         }
         Cmd::Cert(CertCmd::Sign(args)) => {

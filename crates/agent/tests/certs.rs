@@ -891,3 +891,101 @@ fn pinned_addresses_and_names_hold_against_members_gone_bad() {
     }
     assert_eq!(bed.claimed_address(&alpha, &a).unwrap(), pinned);
 }
+
+/// Issue 28 with certificates: a policy by group is decided by the receiver, from the
+/// certificate the sender's tunnel showed. db and web run the policy (web may open TCP to
+/// db's port 5201); rogue, whose certificate says `guest`, runs no policy at all, so it
+/// sends whatever it likes: db drops it.
+#[test]
+fn a_policy_by_group_holds_at_the_receiver_whatever_the_sender_runs() {
+    use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
+    use hyphae_overlay::PeerId;
+
+    require_root();
+    let mut bed = Testbed::new("crg", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let ca = AuthorityKey::from_seed([0x28; 32]);
+    let now = unix_now();
+    let policy = bed.dir().join("lab.policy.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\ndefault = \"deny\"\ngroups = [\"web\", \"db\", \"guest\"]\n\
+         [[rule]]\nfrom = [\"group:web\"]\nto = [\"group:db\"]\nproto = \"tcp\"\nports = [\"5201\"]\n\
+         [[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n",
+    )
+    .unwrap();
+    let member = |bed: &mut Testbed, i: u8, name: &str, group: &str, with_policy: bool| {
+        let (h, id) = host(bed, name, i);
+        let bytes = ca
+            .sign(&CertificateRequest {
+                namespace: "lab".into(),
+                identity: PeerId::from_text(&id).unwrap(),
+                name: name.into(),
+                groups: vec![group.into()],
+                addresses: vec![],
+                not_before: now - 60,
+                not_after: now + 86_400,
+            })
+            .unwrap();
+        let cert = h.dir.join("lab.crt");
+        std::fs::write(&cert, armor("CERTIFICATE", &bytes)).unwrap();
+        let mut extra = format!(
+            "authority = \"{}\"\ncertificate = \"{}\"\n",
+            ca.authority(),
+            cert.display()
+        );
+        if with_policy {
+            extra += &format!("policy = \"{}\"\n", policy.display());
+        }
+        let address = format!("10.203.0.{}", 40 + i);
+        let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
+        let agent = start(bed, &h, &address, name, boot, &extra);
+        bed.claimed_address(&h, &agent).unwrap();
+        (h, agent)
+    };
+    let (db, d) = member(&mut bed, 1, "db", "db", true);
+    let (web, _) = member(&mut bed, 2, "web", "web", true);
+    let (rogue, r) = member(&mut bed, 3, "rogue", "guest", false);
+    let db_ip = Ipv4Addr::new(10, 203, 0, 41);
+    for h in [&web, &rogue] {
+        bed.wait_for_ping(h, db_ip, Duration::from_secs(30))
+            .unwrap();
+    }
+    bed.spawn(&db.ns, "iperf3", &["-s"], &db.dir.join("iperf3-s.log"))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let iperf = |h: &Host| {
+        bed.ns_output(
+            &h.ns,
+            "iperf3",
+            &["-c", "10.203.0.41", "-t", "2", "--connect-timeout", "3000"],
+        )
+        .unwrap()
+    };
+    let out = iperf(&web);
+    assert!(
+        out.status.success(),
+        "web to db:5201: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = iperf(&rogue);
+    assert!(!out.status.success(), "rogue reached db:5201");
+    // rogue runs no policy and denied nothing itself: db did.
+    let at_rogue = bed.namespace_status(&rogue, &r).unwrap().policy;
+    assert_eq!((at_rogue.file, at_rogue.denied_out), (None, 0));
+    let at_db = bed.namespace_status(&db, &d).unwrap().policy;
+    assert!(at_db.denied_in >= 1, "{at_db:?}");
+    assert!(at_db.rule_hits[0] >= 1, "{at_db:?}");
+    // db explains it by name, from the certificates its tunnels showed.
+    for (from, expect) in [("web", "by rule 1"), ("rogue", "default is deny")] {
+        let out = Command::new(BIN)
+            .args([
+                "policy", "check", "lab", "--from", from, "--to", "db", "tcp/5201",
+            ])
+            .args(["-c", &d.config.display().to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(expect), "{from}: {text}");
+    }
+}

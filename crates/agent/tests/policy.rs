@@ -118,6 +118,42 @@ fn a_policy_allows_its_flows_and_their_replies_and_nothing_else() {
     let at_gamma = policy(&gamma, &g);
     assert!(at_gamma.denied_out >= 1, "gamma's SYNs: {at_gamma:?}");
     assert!(at_gamma.flows <= at_gamma.flows_max);
+
+    // `hyphae policy check` at beta explains both decisions; a mistake is an error.
+    let check = |from: &str, traffic: &str| {
+        std::process::Command::new(BIN)
+            .args([
+                "policy",
+                "check",
+                "lab",
+                "--from",
+                from,
+                "--to",
+                "10.204.0.12",
+                traffic,
+            ])
+            .args(["-c", &b.config.display().to_string()])
+            .output()
+            .unwrap()
+    };
+    let out = check("10.204.0.11", "tcp/5201");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("allowed") && text.contains("by rule 1"),
+        "{text}"
+    );
+    assert!(text.contains("(version 1)"), "{text}");
+    let out = check("10.204.0.13", "tcp/5201");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("denied") && text.contains("default is deny"),
+        "{text}"
+    );
+    let out = check("10.204.0.11", "tcp");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tcp needs a port"));
 }
 
 /// Unix time in seconds, as a float.

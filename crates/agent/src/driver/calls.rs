@@ -44,6 +44,17 @@ impl Control {
                     Err(e) => json!({ "error": e }),
                 }
             }
+            Request::PolicyCheck {
+                namespace,
+                from,
+                to,
+                traffic,
+            } => match self.check_policy(&namespace, &from, &to, &traffic) {
+                Ok((allowed, message)) => {
+                    json!({ "ok": true, "allowed": allowed, "message": message })
+                }
+                Err(e) => json!({ "error": e }),
+            },
             Request::SetName { namespace, name } => {
                 return self.set_name(now, &namespace, name, reply);
             }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use hyphae_overlay::cert::Certificate;
 use hyphae_overlay::{Node, PeerHandle};
 use hyphae_vswitch::policy::flows::{Firewall, Verdict};
-use hyphae_vswitch::policy::{DefaultAction, Policy, Tags};
+use hyphae_vswitch::policy::{proto, Decision, DefaultAction, Packet, Policy, Tags};
 
 use crate::control::PolicyStatus;
 
@@ -232,5 +232,139 @@ impl super::Control {
             ));
         }
         lines
+    }
+}
+
+/// `tcp/5432`, `udp/53`, `icmp`: the protocol and destination port `hyphae policy check`
+/// asks about.
+fn parse_traffic(text: &str) -> Result<(u8, u16), String> {
+    let (proto, port) = match text.split_once('/') {
+        Some((p, port)) => (p, Some(port)),
+        None => (text, None),
+    };
+    let number = match proto {
+        "tcp" => proto::TCP,
+        "udp" => proto::UDP,
+        "icmp" => proto::ICMP,
+        other => return Err(format!("'{other}': tcp/PORT, udp/PORT or icmp")),
+    };
+    match (number, port) {
+        (proto::ICMP, None) => Ok((number, 0)),
+        (proto::ICMP, Some(_)) => Err("icmp has no port".into()),
+        (_, Some(p)) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .map(|p| (number, p))
+            .ok_or_else(|| format!("port '{p}': 1-65535")),
+        (_, None) => Err(format!("{proto} needs a port: {proto}/PORT")),
+    }
+}
+
+impl super::Control {
+    /// `hyphae policy check`: what namespace `namespace`'s policy here says of `traffic`
+    /// (`tcp/5432`) from `from` to `to` (addresses, or members' certificate names), and
+    /// why: the rule that allows it, or the default.
+    pub(crate) fn check_policy(
+        &self,
+        namespace: &str,
+        from: &str,
+        to: &str,
+        traffic: &str,
+    ) -> Result<(bool, String), String> {
+        let (proto, dport) = parse_traffic(traffic)?;
+        let i = self
+            .namespaces
+            .iter()
+            .position(|n| n.name == namespace && n.active())
+            .ok_or_else(|| format!("no namespace '{namespace}' here"))?;
+        let n = &self.namespaces[i];
+        let own_addresses = n.membership.addresses();
+        let own_name = n
+            .certificate
+            .as_ref()
+            .map(|c| c.name().to_string())
+            .or_else(|| n.membership.hostname().map(str::to_string));
+        let dp = super::workers::lock(&self.dp);
+        let lane = dp.lanes.get(i).ok_or("no such lane")?;
+        let policy = lane.policy.firewall.policy();
+        // An endpoint: its address, its tags, and how it was known.
+        let endpoint = |word: &str| -> Result<(Ipv4Addr, Tags, String), String> {
+            let address = match word.parse::<Ipv4Addr>() {
+                Ok(a) => a,
+                Err(_) if own_name.as_deref() == Some(word) => {
+                    own_addresses.first().copied().ok_or_else(|| {
+                        format!("'{word}' is this member, which holds no address yet")
+                    })?
+                }
+                Err(_) => dp
+                    .node
+                    .peers()
+                    .filter(|p| p.ns.0 == i)
+                    .find(|p| {
+                        dp.node
+                            .peer_certificate(p.handle)
+                            .is_some_and(|c| c.name() == word)
+                    })
+                    .and_then(|p| p.addresses.first().copied())
+                    .ok_or_else(|| {
+                        format!(
+                            "no member named '{word}' has a tunnel with this one (name an address)"
+                        )
+                    })?,
+            };
+            if own_addresses.contains(&address) {
+                let who = own_name.clone().unwrap_or_else(|| "this member".into());
+                return Ok((
+                    address,
+                    lane.policy.own,
+                    format!("{address} ({who}, this member)"),
+                ));
+            }
+            match lane.switch.route(address) {
+                Some(h) => {
+                    let cert = dp.node.peer_certificate(h);
+                    let who = cert.map_or_else(
+                        || "a member".to_string(),
+                        |c| format!("{}, groups [{}]", c.name(), c.groups().join(", ")),
+                    );
+                    Ok((address, tags_of(policy, cert), format!("{address} ({who})")))
+                }
+                None => Ok((
+                    address,
+                    Tags::default(),
+                    format!("{address} (no member this one knows)"),
+                )),
+            }
+        };
+        let (src, from_tags, from_text) = endpoint(from)?;
+        let (dst, to_tags, to_text) = endpoint(to)?;
+        let packet = Packet {
+            src,
+            dst,
+            proto,
+            dport,
+        };
+        let file = lane
+            .policy
+            .file
+            .clone()
+            .unwrap_or_else(|| "no policy file".into());
+        let what = format!("{traffic} from {from_text} to {to_text}");
+        let version = policy.version();
+        Ok(match policy.decide(from_tags, to_tags, &packet) {
+            Decision::Rule(r) => (
+                true,
+                format!("allowed: {what}, by rule {} of {file} (version {version})", r + 1),
+            ),
+            Decision::DefaultAllow => (
+                true,
+                format!("allowed: {what}, by the default (no rule matches; {file}, version {version})"),
+            ),
+            Decision::DefaultDeny => (
+                false,
+                format!("denied: {what}: no rule of {file} (version {version}) allows it, and the default is deny"),
+            ),
+        })
     }
 }
