@@ -670,15 +670,7 @@ pub(crate) fn read_policy(path: &Path, certified: bool) -> Result<hyphae_vswitch
             e.to_string().lines().collect::<Vec<_>>().join(" ")
         )
     })?;
-    let policy = Policy::compile(&file, certified)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    if policy.rejects() {
-        bail!(
-            "policy {}: `reject` is not supported by this agent yet (denied traffic is dropped): remove it",
-            path.display()
-        );
-    }
-    Ok(policy)
+    Policy::compile(&file, certified).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// A namespace's authority, this member's certificate and the revocation list to start
@@ -954,7 +946,6 @@ endpoint = "10.200.0.3"
             "[[rule]]\nfrom = [\"group:web\"]\nto = [\"any\"]\n",
         );
         let typo = write("typo.toml", "defualt = \"deny\"\n");
-        let reject = write("reject.toml", "default = \"deny\"\nreject = true\n");
         for (lines, expect) in [
             (
                 format!("policy = \"{group}\"\n"),
@@ -964,10 +955,6 @@ endpoint = "10.200.0.3"
             (
                 "policy = \"/nonexistent.toml\"\n".to_string(),
                 "cannot read policy",
-            ),
-            (
-                format!("policy = \"{reject}\"\n"),
-                "`reject` is not supported",
             ),
             (
                 format!("policy = \"{good}\"\nflows = 0\n"),

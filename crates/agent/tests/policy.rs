@@ -35,13 +35,24 @@ proto = "icmp"
 "#;
 
 fn start(bed: &mut Testbed, i: u8, name: &str, boot: Option<Ipv4Addr>) -> (Host, AgentHandle) {
+    let policy = bed.dir().join("lab.policy.toml");
+    start_with(bed, i, name, boot, Some(&policy))
+}
+
+/// An agent at 10.204.0.(10 + i) with `policy` (none: no policy at all).
+fn start_with(
+    bed: &mut Testbed,
+    i: u8,
+    name: &str,
+    boot: Option<Ipv4Addr>,
+    policy: Option<&Path>,
+) -> (Host, AgentHandle) {
     let host = bed.add_host(name, Ipv4Addr::new(10, 200, 0, i)).unwrap();
     let secret = bed.dir().join("lab.secret");
-    let policy = bed.dir().join("lab.policy.toml");
+    let policy = policy.map_or_else(String::new, |p| format!("policy = \"{}\"\n", p.display()));
     let lines = format!(
-        "address = \"10.204.0.{}\"\nresolvers = []\npolicy = \"{}\"\n",
-        10 + i,
-        policy.display()
+        "address = \"10.204.0.{}\"\nresolvers = []\n{policy}",
+        10 + i
     );
     let cfg = format!(
         "{}{}",
@@ -263,5 +274,47 @@ fn a_policy_update_mid_stream_keeps_what_it_allows_and_stops_the_rest() {
     assert!(
         at_beta.flows_revoked + at_alpha.flows_revoked >= 1,
         "{at_beta:?} {at_alpha:?}"
+    );
+}
+
+/// `reject = true`: a denied connection is refused at once, by the sender's own agent
+/// (alpha runs the policy) or by the receiver's (gamma runs none; beta answers through the
+/// tunnel), where without it the client waits out its timeout.
+#[test]
+fn a_rejecting_policy_refuses_connections_at_once() {
+    require_root();
+    let mut bed = Testbed::new("polr", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let policy = bed.dir().join("lab.policy.toml");
+    std::fs::write(
+        &policy,
+        "default = \"deny\"\nreject = true\n[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n",
+    )
+    .unwrap();
+    let (alpha, _) = start_with(&mut bed, 1, "alpha", None, Some(&policy));
+    let boot = Some(alpha.underlay);
+    let (beta, b) = start_with(&mut bed, 2, "beta", boot, Some(&policy));
+    let (gamma, _) = start_with(&mut bed, 3, "gamma", boot, None);
+    let beta_ip = Ipv4Addr::new(10, 204, 0, 12);
+    for h in [&alpha, &gamma] {
+        bed.wait_for_ping(h, beta_ip, std::time::Duration::from_secs(30))
+            .unwrap();
+    }
+    bed.spawn(&beta.ns, "iperf3", &["-s"], &beta.dir.join("iperf3-s.log"))
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for h in [&alpha, &gamma] {
+        let (ok, text) = iperf(&bed, h);
+        assert!(!ok, "{} reached beta: {text}", h.name);
+        assert!(
+            text.contains("Connection refused"),
+            "{} is not refused at once: {text}",
+            h.name
+        );
+    }
+    let at_beta = bed.namespace_status(&beta, &b).unwrap().policy;
+    assert!(
+        at_beta.denied_in >= 1,
+        "gamma's SYN, answered by beta: {at_beta:?}"
     );
 }

@@ -10,6 +10,8 @@ use hyphae_overlay::{Event, NamespaceId, PeerHandle, Received};
 use hyphae_vswitch::mtu::Fragments;
 use hyphae_vswitch::offload::VIRTIO_HEADER_LEN;
 use hyphae_vswitch::offload::{self, complete_checksum, Gso, Segments, VirtioHeader};
+use hyphae_vswitch::policy::flows::Verdict;
+use hyphae_vswitch::policy::reject;
 use hyphae_vswitch::{Action, HEADROOM};
 
 use super::data::{Batch, DataPlane, ToControl};
@@ -85,11 +87,16 @@ impl DataPlane {
             return;
         };
         let room = out.opened_room(at);
-        if !lane
+        match lane
             .policy
             .inbound(now, &self.node, from, &room[HEADROOM..HEADROOM + len])
         {
-            return;
+            Verdict::Pass => {}
+            Verdict::Reject => {
+                let packet = room[HEADROOM..HEADROOM + len].to_vec();
+                return self.reject_to_member(from, &packet, out);
+            }
+            Verdict::Deny | Verdict::StrayIcmpError => return,
         }
         if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
             let packet = room[HEADROOM..HEADROOM + len].to_vec();
@@ -113,11 +120,16 @@ impl DataPlane {
             return;
         };
         let room = out.frame_room(HEADROOM + len);
-        if !lane
+        match lane
             .policy
             .inbound(now, &self.node, from, &room[HEADROOM..HEADROOM + len])
         {
-            return;
+            Verdict::Pass => {}
+            Verdict::Reject => {
+                let packet = room[HEADROOM..HEADROOM + len].to_vec();
+                return self.reject_to_member(from, &packet, out);
+            }
+            Verdict::Deny | Verdict::StrayIcmpError => return,
         }
         if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
             let packet = room[HEADROOM..HEADROOM + len].to_vec();
@@ -208,24 +220,28 @@ impl DataPlane {
         let action = lane.switch.handle_tap_frame(now, frame, &mut out.reply);
         match action {
             Action::ToPeer { peer, packet } => {
-                if lane
+                match lane
                     .policy
                     .outbound(now, &self.node, peer, &frame[packet.clone()])
                 {
-                    out.seal(&mut self.node, peer, &frame[packet]);
+                    Verdict::Pass => out.seal(&mut self.node, peer, &frame[packet]),
+                    Verdict::Reject => reject_to_tap(i, frame, packet, out),
+                    Verdict::Deny | Verdict::StrayIcmpError => {}
                 }
             }
             Action::Broadcast { packet } => self.broadcast(i, &frame[packet], out),
             Action::Fragment { peer, packet, mtu } => {
                 // The whole packet is checked once; its fragments follow it.
-                let allowed = match peer {
+                let verdict = match peer {
                     Some(to) => lane
                         .policy
                         .outbound(now, &self.node, to, &frame[packet.clone()]),
-                    None => true,
+                    None => Verdict::Pass,
                 };
-                if allowed {
-                    self.send_fragments(i, peer, &frame[packet], mtu, out);
+                match verdict {
+                    Verdict::Pass => self.send_fragments(i, peer, &frame[packet], mtu, out),
+                    Verdict::Reject => reject_to_tap(i, frame, packet, out),
+                    Verdict::Deny | Verdict::StrayIcmpError => {}
                 }
             }
             Action::Dhcp { payload, mac } => self.tell_control(ToControl::Dhcp {
@@ -254,6 +270,15 @@ impl DataPlane {
         // Router and hybrid switches learn LAN hosts and queue probes from what they see.
         if self.lanes[i].mode != Mode::Interface {
             self.flush_switch(i, out);
+        }
+    }
+
+    /// The policy rejects `packet` from the member of tunnel `to`: it is told (a TCP reset,
+    /// ICMP port unreachable), through the tunnel.
+    fn reject_to_member(&mut self, to: PeerHandle, packet: &[u8], out: &mut Batch) {
+        let mut answer = [0u8; reject::MAX_ANSWER_LEN];
+        if let Some(len) = reject::answer(packet, &mut answer) {
+            out.seal(&mut self.node, to, &answer[..len]);
         }
     }
 
@@ -380,5 +405,24 @@ impl DataPlane {
             lane.offload_counters.coalesced_frames += p.coalesced_frames;
             lane.tap_errors += p.tap_errors;
         }
+    }
+}
+
+/// The policy rejects the packet at `packet` in `frame`, from TAP `i`: the host is told (a
+/// TCP reset, ICMP port unreachable) in a frame back to the MAC it came from.
+fn reject_to_tap(i: usize, frame: &[u8], packet: Range<usize>, out: &mut Batch) {
+    let (Some(macs), Some(ip)) = (frame.get(..12), frame.get(packet)) else {
+        return;
+    };
+    let eth = HEADROOM;
+    let Some(buf) = out.reply.get_mut(..eth + reject::MAX_ANSWER_LEN) else {
+        return;
+    };
+    // The answer goes from where the packet went to where it came from.
+    buf[..6].copy_from_slice(&macs[6..12]);
+    buf[6..12].copy_from_slice(&macs[..6]);
+    buf[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    if let Some(len) = reject::answer(ip, &mut buf[eth..]) {
+        out.write_reply(i, eth + len);
     }
 }

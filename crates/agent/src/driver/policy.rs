@@ -103,45 +103,46 @@ impl LanePolicy {
         tags
     }
 
-    /// Whether IPv4 packet `ip` from the member of tunnel `peer` may reach this member.
+    /// What becomes of IPv4 packet `ip` from the member of tunnel `peer`, on its way to
+    /// this member.
     pub(crate) fn inbound(
         &mut self,
         now: Instant,
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
-    ) -> bool {
+    ) -> Verdict {
         if self.firewall.is_open() {
-            return true;
+            return Verdict::Pass;
         }
         let from = self.peer_tags(node, peer);
-        let pass = self.firewall.check(now, ip, from, self.own) == Verdict::Pass;
-        if !pass {
+        let verdict = self.firewall.check(now, ip, from, self.own);
+        if verdict != Verdict::Pass {
             self.denied_in += 1;
         }
         self.sweep(now);
-        pass
+        verdict
     }
 
-    /// Whether IPv4 packet `ip` from this member (or its LAN) may go to the member of
-    /// tunnel `peer`.
+    /// What becomes of IPv4 packet `ip` from this member (or its LAN), on its way to the
+    /// member of tunnel `peer`.
     pub(crate) fn outbound(
         &mut self,
         now: Instant,
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
-    ) -> bool {
+    ) -> Verdict {
         if self.firewall.is_open() {
-            return true;
+            return Verdict::Pass;
         }
         let to = self.peer_tags(node, peer);
-        let pass = self.firewall.check(now, ip, self.own, to) == Verdict::Pass;
-        if !pass {
+        let verdict = self.firewall.check(now, ip, self.own, to);
+        if verdict != Verdict::Pass {
             self.denied_out += 1;
         }
         self.sweep(now);
-        pass
+        verdict
     }
 
     fn sweep(&mut self, now: Instant) {

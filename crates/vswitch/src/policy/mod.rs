@@ -33,6 +33,7 @@
 //! match wins. Nothing here allocates per packet.
 
 pub mod flows;
+pub mod reject;
 
 use std::fmt;
 use std::net::Ipv4Addr;

@@ -415,3 +415,73 @@ fn no_policy_passes_everything_unparsed() {
     );
     assert!(fw.flows().is_empty());
 }
+
+/// Whether the ones'-complement sum over `parts` checks out (0xffff).
+fn sums_right(parts: &[&[u8]]) -> bool {
+    parts.iter().fold(0u16, |s, p| crate::udp::checksum(s, p)) == 0xffff
+}
+
+#[test]
+fn reject_answers_a_syn_with_a_reset_and_udp_with_port_unreachable() {
+    use super::reject::{answer, MAX_ANSWER_LEN};
+    let mut out = [0u8; MAX_ANSWER_LEN];
+    // A SYN, seq 1000: RST|ACK, ack 1001, from the server back to the client.
+    let mut syn = tcp((ip(1), 40000), (ip(2), 22), SYN);
+    syn[24..28].copy_from_slice(&1000u32.to_be_bytes());
+    let len = answer(&syn, &mut out).unwrap();
+    let r = &out[..len];
+    assert_eq!(len, 40);
+    assert_eq!(
+        (&r[12..16], &r[16..20]),
+        (&ip(2).octets()[..], &ip(1).octets()[..])
+    );
+    assert_eq!(
+        (
+            u16::from_be_bytes([r[20], r[21]]),
+            u16::from_be_bytes([r[22], r[23]])
+        ),
+        (22, 40000)
+    );
+    assert_eq!(u32::from_be_bytes([r[28], r[29], r[30], r[31]]), 1001);
+    assert_eq!(r[33], 0x14);
+    assert!(sums_right(&[&r[..20]]));
+    let mut pseudo = [0u8; 12];
+    pseudo[..4].copy_from_slice(&r[12..16]);
+    pseudo[4..8].copy_from_slice(&r[16..20]);
+    pseudo[9] = 6;
+    pseudo[11] = 20;
+    assert!(sums_right(&[&pseudo, &r[20..40]]));
+    // A segment with ACK: the reset takes its ack number as its sequence number.
+    let mut ack = tcp((ip(1), 40000), (ip(2), 22), ACK);
+    ack[28..32].copy_from_slice(&77u32.to_be_bytes());
+    let len = answer(&ack, &mut out).unwrap();
+    assert_eq!(u32::from_be_bytes([out[24], out[25], out[26], out[27]]), 77);
+    assert_eq!(out[33], 0x04);
+    assert_eq!(len, 40);
+    // UDP: ICMP type 3 code 3 quoting the header and 8 bytes.
+    let datagram = udp((ip(1), 5353), (ip(2), 53));
+    let len = answer(&datagram, &mut out).unwrap();
+    let r = &out[..len];
+    assert_eq!((r[9], r[20], r[21]), (1, 3, 3));
+    assert_eq!(&r[28..], &datagram[..28]);
+    assert!(sums_right(&[&r[..20]]) && sums_right(&[&r[20..]]));
+    assert_eq!(
+        flows::parse(r),
+        Parsed::IcmpError {
+            quoted: match flows::parse(&datagram) {
+                Parsed::Flow { key, .. } => key,
+                other => panic!("{other:?}"),
+            }
+        }
+    );
+    // Nothing answers a reset, ICMP, a later fragment, a broadcast source or junk.
+    assert_eq!(answer(&tcp((ip(1), 1), (ip(2), 2), RST), &mut out), None);
+    assert_eq!(answer(&echo(ip(1), ip(2), false, 1), &mut out), None);
+    let mut fragment = udp((ip(1), 1), (ip(2), 2));
+    fragment[7] = 1;
+    assert_eq!(answer(&fragment, &mut out), None);
+    let broadcast = udp((Ipv4Addr::BROADCAST, 68), (ip(2), 67));
+    assert_eq!(answer(&broadcast, &mut out), None);
+    assert_eq!(answer(&[0x45, 0, 0], &mut out), None);
+    assert_eq!(answer(&syn, &mut [0u8; 10]), None);
+}

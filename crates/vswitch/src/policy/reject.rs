@@ -1,0 +1,111 @@
+//! What a policy with `reject = true` answers a denied packet with, so the client fails at
+//! once instead of waiting out its timeouts: a TCP reset (RFC 9293, 3.10.7.1) or, for UDP,
+//! ICMP port unreachable (RFC 792) quoting the packet's header and 8 bytes. Written as an
+//! IPv4 packet from the denied packet's destination back to its source; the caller frames
+//! it for the TAP or seals it to the member that sent it.
+
+use crate::udp::checksum;
+use crate::wire::ipv4_header_checksum;
+
+/// The longest answer: IPv4, ICMP, and the quoted header (options included) plus 8 bytes.
+pub const MAX_ANSWER_LEN: usize = 20 + 8 + 60 + 8;
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Writes the answer to denied IPv4 packet `ip` into `out`; its length. `None` when there
+/// is nothing to answer: not TCP or UDP, a reset, a fragment after the first, malformed,
+/// from an address that cannot take an answer, or `out` shorter than [`MAX_ANSWER_LEN`].
+pub fn answer(ip: &[u8], out: &mut [u8]) -> Option<usize> {
+    if ip.len() < 20 || ip[0] >> 4 != 4 || be16(ip, 6) & 0x1fff != 0 {
+        return None;
+    }
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(be16(ip, 2)).min(ip.len());
+    if ihl < 20 || total < ihl + 8 {
+        return None;
+    }
+    let (src, dst) = (&ip[12..16], &ip[16..20]);
+    if src == [0, 0, 0, 0] || src == [255, 255, 255, 255] || src[0] >= 224 {
+        return None;
+    }
+    let out = out.get_mut(..MAX_ANSWER_LEN)?;
+    let len = match ip[9] {
+        6 => tcp_reset(&ip[ihl..total], out)?,
+        17 => port_unreachable(&ip[..total], ihl, out),
+        _ => return None,
+    };
+    // The IPv4 header: from the denied packet's destination to its source.
+    out[..20].fill(0);
+    out[..12].copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 0, 0, 0]);
+    out[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+    out[9] = if ip[9] == 6 { 6 } else { 1 };
+    out[12..16].copy_from_slice(dst);
+    out[16..20].copy_from_slice(src);
+    let sum = ipv4_header_checksum(&out[..20]);
+    out[10..12].copy_from_slice(&sum.to_be_bytes());
+    if ip[9] == 6 {
+        // The TCP checksum covers a pseudo-header of the addresses, protocol and length.
+        let tcp_len = len - 20;
+        let mut pseudo = [0u8; 12];
+        pseudo[..4].copy_from_slice(dst);
+        pseudo[4..8].copy_from_slice(src);
+        pseudo[9] = 6;
+        pseudo[10..12].copy_from_slice(&(tcp_len as u16).to_be_bytes());
+        let sum = !checksum(checksum(0, &pseudo), &out[20..len]);
+        out[36..38].copy_from_slice(&sum.to_be_bytes());
+    }
+    Some(len)
+}
+
+/// The reset for TCP segment `tcp` (header and payload), at `out[20..]`; the IPv4 length.
+fn tcp_reset(tcp: &[u8], out: &mut [u8]) -> Option<usize> {
+    if tcp.len() < 20 {
+        return None;
+    }
+    let flags = tcp[13];
+    if flags & TCP_RST != 0 {
+        return None;
+    }
+    let data_offset = usize::from(tcp[12] >> 4) * 4;
+    let t = &mut out[20..40];
+    t.fill(0);
+    t[0..2].copy_from_slice(&tcp[2..4]);
+    t[2..4].copy_from_slice(&tcp[0..2]);
+    t[12] = 0x50;
+    if flags & TCP_ACK != 0 {
+        // <SEQ=SEG.ACK><CTL=RST>
+        t[4..8].copy_from_slice(&tcp[8..12]);
+        t[13] = TCP_RST;
+    } else {
+        // <SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>
+        let payload = tcp.len().saturating_sub(data_offset) as u32;
+        let len = payload + u32::from(flags & TCP_SYN != 0) + u32::from(flags & TCP_FIN != 0);
+        t[8..12].copy_from_slice(&be32(tcp, 4).wrapping_add(len).to_be_bytes());
+        t[13] = TCP_RST | TCP_ACK;
+    }
+    Some(40)
+}
+
+/// ICMP port unreachable quoting `ip`'s header and 8 bytes, at `out[20..]`; the IPv4
+/// length.
+fn port_unreachable(ip: &[u8], ihl: usize, out: &mut [u8]) -> usize {
+    let quote = &ip[..ihl + 8];
+    let len = 20 + 8 + quote.len();
+    let icmp = &mut out[20..len];
+    icmp[..8].copy_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
+    icmp[8..].copy_from_slice(quote);
+    let sum = !checksum(0, icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    len
+}
