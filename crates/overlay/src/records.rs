@@ -18,7 +18,7 @@
 //!   majority rule and the signatures contain.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use blake2::digest::{KeyInit, Mac};
@@ -39,6 +39,9 @@ use crate::{Identity, NamespaceKeys};
 
 pub mod certified;
 pub mod transfer;
+mod values;
+
+pub use values::{decode, encode, MemberInfo, NameInfo, Subject};
 
 /// A record's key in the DHT.
 pub type RecordKey = [u8; 32];
@@ -276,53 +279,6 @@ fn signed_message(key: &RecordKey, owner: &OwnerKey, expires: u64, sealed: &[u8]
     let mut m = associated_data(key, owner, expires);
     m.extend_from_slice(sealed);
     m
-}
-
-/// What a lease is on, written inside its sealed value: a replica of a namespace with an
-/// authority opens a claim and checks it against the owner's certificate
-/// ([`certified`]). It names its key: a replica derives the key from it and compares.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Subject {
-    /// The lease on this virtual address ([`NamespaceKeys::address_key`]).
-    Address(Ipv4Addr),
-    /// The lease on this host name ([`NamespaceKeys::name_key`]).
-    Name(String),
-}
-
-/// The holder of a virtual address and where to reach it: the value of an address lease
-/// (and of a member's entry in the broadcast group, without `subject`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberInfo {
-    /// The member's underlay endpoints (its tunnel UDP socket), best first.
-    pub endpoints: Vec<SocketAddr>,
-    /// The host name held for this address (its PTR), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// The address the lease is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subject: Option<Subject>,
-}
-
-/// The value of a name lease: the address the name stands for (an A record).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NameInfo {
-    /// The address, one its owner holds.
-    pub address: Ipv4Addr,
-    /// The name the lease is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subject: Option<Subject>,
-}
-
-/// Encodes a record plaintext.
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // Serializing these plain structs to JSON cannot fail.
-    serde_json::to_vec(value).unwrap_or_default()
-}
-
-/// Decodes a record plaintext.
-pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, RecordError> {
-    serde_json::from_slice(bytes).map_err(|_| RecordError::BadContent)
 }
 
 /// A request to a replica.

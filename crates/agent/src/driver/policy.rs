@@ -112,16 +112,7 @@ impl LanePolicy {
         peer: PeerHandle,
         ip: &[u8],
     ) -> Verdict {
-        if self.firewall.is_open() {
-            return Verdict::Pass;
-        }
-        let from = self.peer_tags(node, peer);
-        let verdict = self.firewall.check(now, ip, from, self.own);
-        if verdict != Verdict::Pass {
-            self.denied_in += 1;
-        }
-        self.sweep(now);
-        verdict
+        self.check(now, node, peer, ip, true)
     }
 
     /// What becomes of IPv4 packet `ip` from this member (or its LAN), on its way to the
@@ -133,13 +124,35 @@ impl LanePolicy {
         peer: PeerHandle,
         ip: &[u8],
     ) -> Verdict {
+        self.check(now, node, peer, ip, false)
+    }
+
+    /// `ip` between this member and the member of tunnel `peer`, from it (`inbound`) or
+    /// to it.
+    fn check(
+        &mut self,
+        now: Instant,
+        node: &Node,
+        peer: PeerHandle,
+        ip: &[u8],
+        inbound: bool,
+    ) -> Verdict {
         if self.firewall.is_open() {
             return Verdict::Pass;
         }
-        let to = self.peer_tags(node, peer);
-        let verdict = self.firewall.check(now, ip, self.own, to);
+        let theirs = self.peer_tags(node, peer);
+        let (from, to) = if inbound {
+            (theirs, self.own)
+        } else {
+            (self.own, theirs)
+        };
+        let verdict = self.firewall.check(now, ip, from, to);
         if verdict != Verdict::Pass {
-            self.denied_out += 1;
+            if inbound {
+                self.denied_in += 1;
+            } else {
+                self.denied_out += 1;
+            }
         }
         self.sweep(now);
         verdict
