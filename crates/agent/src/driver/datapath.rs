@@ -44,7 +44,7 @@ impl DataPlane {
                     let room = out.opened_room(at + HEADROOM);
                     match self.node.accept(now, d.from, opened, room) {
                         Received::Deliver { ns, peer, len } => {
-                            self.deliver_opened(now, ns.0, peer, at, len, out);
+                            self.deliver(now, ns.0, peer, Some(at), len, out);
                             continue;
                         }
                         other => other,
@@ -57,7 +57,9 @@ impl DataPlane {
                 }
             };
             match received {
-                Received::Deliver { ns, peer, len } => self.deliver(now, ns.0, peer, len, out),
+                Received::Deliver { ns, peer, len } => {
+                    self.deliver(now, ns.0, peer, None, len, out);
+                }
                 Received::Dropped(reason) => {
                     tracing::trace!(from = %d.from, reason = reason.as_str(), "datagram dropped");
                 }
@@ -71,68 +73,37 @@ impl DataPlane {
         out.opened = opened;
     }
 
-    /// A packet of `len` bytes that [`Batch::open`] opened at `at`, from a member of
-    /// namespace `i`: framed in place for the TAP, or sent on as [`DataPlane::deliver`]
-    /// does.
-    fn deliver_opened(
+    /// A packet of `len` bytes from the member of tunnel `from`, of namespace `i`, lies in
+    /// `out`'s frame area behind [`HEADROOM`] (`at`: where [`Batch::open`] opened it; else
+    /// in the frame room): checked by the policy, then framed in place for the TAP, or (a
+    /// LAN host that moved away) sent on.
+    fn deliver(
         &mut self,
         now: Instant,
         i: usize,
         from: PeerHandle,
-        at: usize,
+        at: Option<usize>,
         len: usize,
         out: &mut Batch,
     ) {
         let Some(lane) = self.lanes.get_mut(i) else {
             return;
         };
-        let room = out.opened_room(at);
-        match lane
-            .policy
-            .inbound(now, &self.node, from, &room[HEADROOM..HEADROOM + len])
-        {
-            Verdict::Pass => {}
-            Verdict::Reject => {
-                let packet = room[HEADROOM..HEADROOM + len].to_vec();
-                return self.reject_to_member(from, &packet, out);
-            }
-            Verdict::Deny | Verdict::StrayIcmpError => return,
-        }
-        if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
-            let packet = room[HEADROOM..HEADROOM + len].to_vec();
-            out.seal(&mut self.node, to, &packet);
-            return;
-        }
-        if let hyphae_vswitch::Action::ToTap { len } =
-            lane.switch
-                .handle_peer_packet(now, &mut room[..HEADROOM + len], len)
-        {
-            if lane.active {
-                out.commit_opened(i, at, len);
-            }
-        }
-    }
-
-    /// A packet of `len` bytes from a member of namespace `i` lies in `out`'s frame room
-    /// behind [`HEADROOM`]: framed for the TAP, or (a LAN host that moved away) sent on.
-    fn deliver(&mut self, now: Instant, i: usize, from: PeerHandle, len: usize, out: &mut Batch) {
-        let Some(lane) = self.lanes.get_mut(i) else {
-            return;
+        let room = match at {
+            Some(at) => &mut out.opened_room(at)[..HEADROOM + len],
+            None => out.frame_room(HEADROOM + len),
         };
-        let room = out.frame_room(HEADROOM + len);
-        match lane
-            .policy
-            .inbound(now, &self.node, from, &room[HEADROOM..HEADROOM + len])
-        {
+        let packet = &room[HEADROOM..];
+        match lane.policy.inbound(now, &self.node, from, packet) {
             Verdict::Pass => {}
             Verdict::Reject => {
-                let packet = room[HEADROOM..HEADROOM + len].to_vec();
+                let packet = packet.to_vec();
                 return self.reject_to_member(from, &packet, out);
             }
             Verdict::Deny | Verdict::StrayIcmpError => return,
         }
-        if let Some(to) = lane.grace_forward(now, &room[HEADROOM..HEADROOM + len]) {
-            let packet = room[HEADROOM..HEADROOM + len].to_vec();
+        if let Some(to) = lane.grace_forward(now, packet) {
+            let packet = packet.to_vec();
             out.seal(&mut self.node, to, &packet);
             return;
         }
@@ -140,7 +111,10 @@ impl DataPlane {
             lane.switch.handle_peer_packet(now, room, len)
         {
             if lane.active {
-                out.commit_frame(i, len, true);
+                match at {
+                    Some(at) => out.commit_opened(i, at, len),
+                    None => out.commit_frame(i, len, true),
+                }
             }
         }
     }
