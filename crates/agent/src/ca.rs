@@ -1,5 +1,6 @@
-//! `hyphae ca` and `hyphae cert`: a namespace authority's key, member certificates and
-//! revocation lists, as files (docs/SECURITY.md, "Certificates").
+//! `hyphae ca`, `hyphae cert` and `hyphae policy sign`: a namespace authority's key,
+//! member certificates, revocation lists and signed policies, as files
+//! (docs/SECURITY.md, "Certificates"; docs/POLICY.md, "With an authority").
 //!
 //! The authority key is a small TOML file (the namespace and the key's seed), written
 //! 0600 and never read by the agent: keep it offline. Certificates and revocation lists
@@ -15,7 +16,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use hyphae_overlay::cert::{
     armor, fingerprint, is_valid_label, unarmor, AuthorityKey, Certificate, CertificateRequest,
-    RevocationList,
+    RevocationList, SignedPolicy,
 };
 use hyphae_overlay::PeerId;
 use serde::Deserialize;
@@ -231,11 +232,76 @@ pub fn sign(args: &SignArgs) -> Result<String> {
     ))
 }
 
-/// `hyphae cert show FILE`: what a certificate or revocation list says, and whether its
-/// signature verifies under the authority it names.
+/// `hyphae policy sign`: signs the policy in TOML file `file` with the authority key at
+/// `ca`, as the version the file gives, and writes it (armored) to `out` (default: the
+/// file with extension `.policy`). The policy is compiled first: a mistake is refused
+/// here rather than at every member. Returns what to tell the operator.
+pub fn sign_policy(ca: &Path, file: &Path, out: Option<PathBuf>) -> Result<String> {
+    let (namespace, key) = read_key(ca)?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let policy = crate::config::compile_policy(&text, true, &format!("policy {}", file.display()))?;
+    if policy.version() == 0 {
+        bail!(
+            "policy {}: give it `version = 1` or higher: members take a signed policy only if its version is newer than the one they hold",
+            file.display()
+        );
+    }
+    let bytes = key
+        .sign_policy(
+            &namespace,
+            policy.version(),
+            crate::driver::unix_now(),
+            &text,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let path = out.unwrap_or_else(|| file.with_extension("policy"));
+    if path == file {
+        bail!(
+            "{} is the policy itself: name another --out",
+            path.display()
+        );
+    }
+    std::fs::write(&path, armor(crate::config::SIGNED_POLICY, &bytes))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(format!(
+        "policy version {} of '{namespace}' signed, written to {}
+publish it from any member: hyphae policy publish {namespace} {}
+",
+        policy.version(),
+        path.display(),
+        path.display()
+    ))
+}
+
+/// `hyphae cert show FILE`: what a certificate, revocation list or signed policy says,
+/// and whether its signature verifies under the authority it names.
 pub fn show(path: &Path) -> Result<String> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if crate::config::is_signed_policy(&text) {
+        let bytes = unarmor(&text)
+            .map_err(|_| anyhow::anyhow!("{} is not a signed policy", path.display()))?;
+        let policy =
+            SignedPolicy::decode(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let signature = match policy.authority().open_policy(&bytes) {
+            Ok(_) => "good".to_string(),
+            Err(e) => format!("BAD ({e})"),
+        };
+        return Ok(format!(
+            "policy of '{}' version {}
+issued:      {}
+authority:   {}
+signature:   {signature}
+
+{}",
+            policy.namespace(),
+            policy.version(),
+            when(policy.issued()),
+            policy.authority(),
+            policy.text()
+        ));
+    }
     let bytes = unarmor(&text).map_err(|_| {
         anyhow::anyhow!(
             "{} is not a hyphae certificate or revocation list",

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 mod files;
 use files::read_credential;
-pub(crate) use files::read_policy;
+pub(crate) use files::{compile_policy, is_signed_policy, read_policy, SIGNED_POLICY};
 
 /// Default underlay UDP port.
 pub const DEFAULT_PORT: u16 = 7400;
@@ -619,9 +619,9 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         })
         .transpose()?;
     let secret = read_secret(&s.secret_file)?;
-    let credential = read_credential(&s.name, &s.authority, &s.certificate, &s.revocations)?;
+    let mut credential = read_credential(&s.name, &s.authority, &s.certificate, &s.revocations)?;
     let policy = match &s.policy {
-        Some(path) => read_policy(path, credential.is_some())?,
+        Some(path) => read_policy(path, credential.as_mut().map(|c| &mut c.trust))?,
         None => hyphae_vswitch::policy::Policy::allow_all(),
     };
     if s.flows == 0 {

@@ -54,6 +54,14 @@ pub enum Request {
         /// The list.
         list: String,
     },
+    /// Take a policy signed by the namespace's authority (armored, as `hyphae policy sign`
+    /// writes it), put it in force here and pass it to every member.
+    PolicyPublish {
+        /// The namespace.
+        namespace: String,
+        /// The signed policy.
+        policy: String,
+    },
     /// What the namespace's policy here says of `traffic` (`tcp/5432`, `udp/53`, `icmp`)
     /// from `from` to `to` (addresses, or members' certificate names), and why.
     PolicyCheck {
@@ -455,10 +463,16 @@ pub struct NamespaceStatus {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct PolicyStatus {
-    /// The policy file, if any (none: every member reaches every port).
+    /// Where the policy comes from: its file, or "the authority's policy" (signed,
+    /// published to the namespace); none: no policy, every member reaches every port.
     pub file: Option<String>,
     /// Its version.
     pub version: u64,
+    /// Whether it is the authority's, signed (a namespace with an authority).
+    pub signed: bool,
+    /// Signed policies the overlay took (newer, the authority's) that this agent could not
+    /// compile: the one before stays in force.
+    pub refused: u64,
     /// `allow` or `deny`: what happens to traffic no rule allows.
     pub default: String,
     /// Flows each rule opened, in the file's order.

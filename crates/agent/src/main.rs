@@ -80,7 +80,8 @@ enum Cmd {
     /// A namespace authority: the key that signs members' certificates.
     #[command(subcommand)]
     Ca(CaCmd),
-    /// A namespace's policy (docs/POLICY.md).
+    /// A namespace's policy (docs/POLICY.md): check a flow against it, and with an
+    /// authority sign and publish it.
     #[command(subcommand)]
     Policy(PolicyCmd),
     /// Member certificates and revocation lists.
@@ -168,6 +169,30 @@ enum PolicyCmd {
         #[arg(short, long, default_value_os_t = setup::default_config_path())]
         config: PathBuf,
     },
+    /// Sign a policy file (TOML) with a namespace's authority key, as the version the file
+    /// gives (`version = N`), after checking it. Done where the key is, offline.
+    Sign {
+        /// The authority key file (`hyphae ca init`).
+        #[arg(long)]
+        ca: PathBuf,
+        /// The policy file.
+        file: PathBuf,
+        /// Where to write the signed policy (default: FILE with extension .policy).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Give a signed policy (`hyphae policy sign`) to the running agent: it is in force
+    /// there at once and every member of NAMESPACE takes it within seconds. An older or
+    /// equal version is refused (no rollback).
+    Publish {
+        /// Namespace name.
+        namespace: String,
+        /// The signed policy file.
+        file: PathBuf,
+        /// Config file (for the control socket path).
+        #[arg(short, long, default_value_os_t = setup::default_config_path())]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -175,7 +200,7 @@ enum CertCmd {
     /// Sign a certificate binding a member's identity to a name, groups and, optionally,
     /// the addresses it may claim.
     Sign(ca::SignArgs),
-    /// Print a certificate or revocation list and check its signature.
+    /// Print a certificate, revocation list or signed policy and check its signature.
     Show {
         /// The file.
         file: PathBuf,
@@ -292,6 +317,37 @@ fn execute(cmd: Cmd) -> Result<()> {
             }
             println!(
                 "revocation list version {} published in '{namespace}'",
+                v.get("version")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0)
+            );
+            Ok(())
+        }
+        Cmd::Policy(PolicyCmd::Sign { ca: key, file, out }) => {
+            print!("{}", ca::sign_policy(&key, &file, out)?);
+            Ok(())
+        }
+        Cmd::Policy(PolicyCmd::Publish {
+            namespace,
+            file,
+            config,
+        }) => {
+            let policy = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let socket = config::control_socket(&config)?;
+            let reply = control::request(
+                &socket,
+                &control::Request::PolicyPublish {
+                    namespace: namespace.clone(),
+                    policy,
+                },
+            )?;
+            let v: serde_json::Value = serde_json::from_str(&reply)?;
+            if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+                anyhow::bail!("{e}");
+            }
+            println!(
+                "policy version {} in force here and published in '{namespace}'",
                 v.get("version")
                     .and_then(serde_json::Value::as_u64)
                     .unwrap_or(0)

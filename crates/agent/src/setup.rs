@@ -363,6 +363,11 @@ pub(crate) fn revocations_file(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join(format!("{name}.revocations"))
 }
 
+/// Where the newest signed policy of namespace `name` is kept (armored).
+pub(crate) fn policy_file(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir.join(format!("{name}.policy"))
+}
+
 /// Where the members an agent had tunnels with in namespace `name` are kept: one
 /// `identity endpoint` a line.
 pub(crate) fn members_file(state_dir: &Path, name: &str) -> PathBuf {

@@ -892,12 +892,14 @@ fn pinned_addresses_and_names_hold_against_members_gone_bad() {
     assert_eq!(bed.claimed_address(&alpha, &a).unwrap(), pinned);
 }
 
-/// Issue 28 with certificates: a policy by group is decided by the receiver, from the
-/// certificate the sender's tunnel showed. db and web run the policy (web may open TCP to
-/// db's port 5201); rogue, whose certificate says `guest`, runs no policy at all, so it
-/// sends whatever it likes: db drops it.
+/// Issue 28 with certificates: a policy by group, decided at each end from the
+/// certificate the other end's tunnel showed. The authority signs it; db's config names
+/// it, and web and rogue (whose certificate says `guest`) take it from the namespace: web
+/// may open TCP to db's port 5201, rogue may not, and its own agent never sends the SYN.
+/// (A sender that runs no policy at all is dropped by the receiver: `policy.rs`,
+/// `a_rejecting_policy_refuses_connections_at_once`.)
 #[test]
-fn a_policy_by_group_holds_at_the_receiver_whatever_the_sender_runs() {
+fn a_policy_by_group_holds_at_both_ends_from_the_certificates() {
     use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
     use hyphae_overlay::PeerId;
 
@@ -906,14 +908,12 @@ fn a_policy_by_group_holds_at_the_receiver_whatever_the_sender_runs() {
     hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
     let ca = AuthorityKey::from_seed([0x28; 32]);
     let now = unix_now();
-    let policy = bed.dir().join("lab.policy.toml");
-    std::fs::write(
-        &policy,
-        "version = 1\ndefault = \"deny\"\ngroups = [\"web\", \"db\", \"guest\"]\n\
+    let policy = bed.dir().join("lab.policy");
+    let text = "version = 1\ndefault = \"deny\"\ngroups = [\"web\", \"db\", \"guest\"]\n\
          [[rule]]\nfrom = [\"group:web\"]\nto = [\"group:db\"]\nproto = \"tcp\"\nports = [\"5201\"]\n\
-         [[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n",
-    )
-    .unwrap();
+         [[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n";
+    let signed = ca.sign_policy("lab", 1, now, text).unwrap();
+    std::fs::write(&policy, armor("POLICY", &signed)).unwrap();
     let member = |bed: &mut Testbed, i: u8, name: &str, group: &str, with_policy: bool| {
         let (h, id) = host(bed, name, i);
         let bytes = ca
@@ -944,8 +944,10 @@ fn a_policy_by_group_holds_at_the_receiver_whatever_the_sender_runs() {
         (h, agent)
     };
     let (db, d) = member(&mut bed, 1, "db", "db", true);
-    let (web, _) = member(&mut bed, 2, "web", "web", true);
+    let (web, _) = member(&mut bed, 2, "web", "web", false);
     let (rogue, r) = member(&mut bed, 3, "rogue", "guest", false);
+    let members = [(db.clone(), d.clone()), (rogue.clone(), r.clone())];
+    version_everywhere(&bed, &members, 1, Duration::from_secs(20));
     let db_ip = Ipv4Addr::new(10, 203, 0, 41);
     for h in [&web, &rogue] {
         bed.wait_for_ping(h, db_ip, Duration::from_secs(30))
@@ -970,11 +972,10 @@ fn a_policy_by_group_holds_at_the_receiver_whatever_the_sender_runs() {
     );
     let out = iperf(&rogue);
     assert!(!out.status.success(), "rogue reached db:5201");
-    // rogue runs no policy and denied nothing itself: db did.
+    // rogue's own agent held its SYNs back; db opened web's flow under rule 1.
     let at_rogue = bed.namespace_status(&rogue, &r).unwrap().policy;
-    assert_eq!((at_rogue.file, at_rogue.denied_out), (None, 0));
+    assert!(at_rogue.signed && at_rogue.denied_out >= 1, "{at_rogue:?}");
     let at_db = bed.namespace_status(&db, &d).unwrap().policy;
-    assert!(at_db.denied_in >= 1, "{at_db:?}");
     assert!(at_db.rule_hits[0] >= 1, "{at_db:?}");
     // db explains it by name, from the certificates its tunnels showed.
     for (from, expect) in [("web", "by rule 1"), ("rogue", "default is deny")] {
@@ -987,5 +988,211 @@ fn a_policy_by_group_holds_at_the_receiver_whatever_the_sender_runs() {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(expect), "{from}: {text}");
+    }
+}
+
+/// Runs `hyphae ARGS -c CONFIG`: whether it succeeded, and its stdout and stderr.
+fn hyphae_at(agent: &AgentHandle, args: &[&str]) -> (bool, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["-c", &agent.config.display().to_string()])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Waits until every member of `members` holds signed policy version `v`.
+fn version_everywhere(bed: &Testbed, members: &[(Host, AgentHandle)], v: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let held: Vec<(u64, bool)> = members
+            .iter()
+            .map(|(h, a)| {
+                let p = bed.namespace_status(h, a).unwrap().policy;
+                (p.version, p.signed)
+            })
+            .collect();
+        if held.iter().all(|&h| h == (v, true)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every member holds version {v}: {held:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 28, items 1 and 5, with an authority: the namespace's policy is the one its
+/// authority signs (`hyphae policy sign`), published from any member (`hyphae policy
+/// publish`) and pushed to every other. alpha starts with version 1 in its config; beta
+/// and gamma name no policy and take it from the namespace. alpha streams TCP to beta on
+/// two ports that version 1 allows; gamma, party to neither stream, publishes version 2,
+/// which allows one: every member has it within seconds, the allowed stream goes on, the
+/// other stops within 5 s. Publishing version 1 again, anywhere, is refused.
+#[test]
+fn a_published_policy_reaches_every_member_and_never_rolls_back() {
+    require_root();
+    let mut bed = Testbed::new("cpp", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let dir = bed.dir().to_path_buf();
+    let (key, line) = authority(&dir, "lab.ca.key");
+    let policy = |v: u32, ports: &str| {
+        let toml = dir.join(format!("v{v}.toml"));
+        std::fs::write(
+            &toml,
+            format!(
+                "version = {v}\ndefault = \"deny\"\n\
+                 [[rule]]\nfrom = [\"any\"]\nto = [\"10.203.0.62\"]\nproto = \"tcp\"\nports = [{ports}]\n\
+                 [[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n"
+            ),
+        )
+        .unwrap();
+        let out = hyphae(&["policy", "sign", "--ca", &key, &toml.display().to_string()]);
+        assert!(
+            out.contains(&format!("policy version {v} of 'lab' signed")),
+            "{out}"
+        );
+        (toml, dir.join(format!("v{v}.policy")))
+    };
+    let (_, v1) = policy(1, "\"5201\", \"5202\"");
+    let (v2_toml, v2) = policy(2, "\"5201\"");
+    let shown = hyphae(&["cert", "show", &v2.display().to_string()]);
+    assert!(
+        shown.contains("version 2") && shown.contains("signature:   good"),
+        "{shown}"
+    );
+
+    let mut members = Vec::new();
+    for (i, name) in [(1u8, "alpha"), (2, "beta"), (3, "gamma")] {
+        let (h, id) = host(&mut bed, name, i);
+        let cert = sign(&key, &h, &id, name);
+        let mut extra = format!("{line}\ncertificate = \"{cert}\"\n");
+        if i == 1 {
+            extra += &format!("policy = \"{}\"\n", v1.display());
+        }
+        let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
+        let agent = start(
+            &mut bed,
+            &h,
+            &format!("10.203.0.{}", 60 + i),
+            name,
+            boot,
+            &extra,
+        );
+        bed.claimed_address(&h, &agent).unwrap();
+        members.push((h, agent));
+    }
+    // beta and gamma named no policy: they took alpha's from the namespace.
+    version_everywhere(&bed, &members, 1, Duration::from_secs(20));
+    let (alpha, beta, gamma) = (&members[0], &members[1], &members[2]);
+    bed.wait_for_ping(
+        &alpha.0,
+        Ipv4Addr::new(10, 203, 0, 62),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+
+    for port in ["5201", "5202"] {
+        let log = dir.join(format!("iperf3-s-{port}.log"));
+        bed.spawn(&beta.0.ns, "iperf3", &["-s", "-1", "-p", port], &log)
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut logs = Vec::new();
+    for port in ["5201", "5202"] {
+        let log = dir.join(format!("iperf3-c-{port}.log"));
+        bed.spawn(
+            &alpha.0.ns,
+            "iperf3",
+            &[
+                "-c",
+                "10.203.0.62",
+                "-p",
+                port,
+                "-t",
+                "12",
+                "-b",
+                "50M",
+                "-i",
+                "0.1",
+                "--forceflush",
+                "--connect-timeout",
+                "3000",
+            ],
+            &log,
+        )
+        .unwrap();
+        logs.push(log);
+    }
+    let started = epoch();
+    std::thread::sleep(Duration::from_secs(3));
+    for log in &logs {
+        assert!(
+            hyphae_testbed::iperf_last_carrying(log).is_some_and(|t| t > 1.0),
+            "the stream runs: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+
+    // A policy that is not signed, or not newer, is refused and changes nothing.
+    let (ok, text) = hyphae_at(
+        &gamma.1,
+        &["policy", "publish", "lab", &v2_toml.display().to_string()],
+    );
+    assert!(!ok && text.contains("not a signed policy"), "{text}");
+    let (ok, text) = hyphae_at(
+        &gamma.1,
+        &["policy", "publish", "lab", &v1.display().to_string()],
+    );
+    assert!(!ok && text.contains("not newer"), "{text}");
+
+    // gamma publishes version 2.
+    let published = epoch() - started;
+    let (ok, text) = hyphae_at(
+        &gamma.1,
+        &["policy", "publish", "lab", &v2.display().to_string()],
+    );
+    assert!(ok, "{text}");
+    version_everywhere(&bed, &members, 2, Duration::from_secs(5));
+    let took = epoch() - started - published;
+    println!("version 2 at every member {took:.2} s after it was published");
+
+    // No rollback at any member: version 1 again is refused where it is published, and
+    // members would refuse it pushed.
+    for (_, agent) in &members {
+        let (ok, text) = hyphae_at(
+            agent,
+            &["policy", "publish", "lab", &v1.display().to_string()],
+        );
+        assert!(!ok && text.contains("not newer"), "{text}");
+    }
+
+    std::thread::sleep(Duration::from_secs_f64((started + 13.0 - epoch()).max(0.0)));
+    let kept = hyphae_testbed::iperf_last_carrying(&logs[0]).unwrap_or(0.0);
+    let stopped = hyphae_testbed::iperf_last_carrying(&logs[1]).unwrap_or(0.0);
+    assert!(
+        kept > 11.0,
+        "the allowed stream stopped at {kept:.1} s (version 2 published at {published:.1} s): {}",
+        std::fs::read_to_string(&logs[0]).unwrap_or_default()
+    );
+    assert!(
+        stopped < published + 5.0,
+        "the denied stream carried until {stopped:.1} s (version 2 published at {published:.1} s)"
+    );
+    version_everywhere(&bed, &members, 2, Duration::from_secs(1));
+    // Each member kept it for a restart.
+    for (h, _) in &members {
+        let kept = std::fs::read_to_string(h.dir.join("state").join("lab.policy"));
+        assert!(
+            kept.is_ok_and(|t| t.contains("BEGIN HYPHAE POLICY")),
+            "{} kept no signed policy",
+            h.name
+        );
     }
 }

@@ -4,8 +4,8 @@
 //!
 //! Each example names its secret files under /etc/hyphae; the test loads a copy whose
 //! `secret_file` lines point at a secret of its own (and `authority` and `certificate` at
-//! an authority and a certificate of its own, `policy` at examples/policy/web-db.toml),
-//! and nothing else changed.
+//! an authority and a certificate of its own, `policy` at examples/policy/web-db.toml as
+//! that authority signs it), and nothing else changed.
 
 use std::path::{Path, PathBuf};
 
@@ -25,8 +25,12 @@ fn examples_dir() -> PathBuf {
 }
 
 /// `text` with every `secret_file = "..."` (and its comment) replaced by `secret`, and
-/// `authority` and `certificate` by those of a test authority.
-fn with_secret(text: &str, secret: &Path, certificate: &Path, authority: &str) -> String {
+/// `authority`, `certificate` and `policy` by those of a test authority.
+fn with_secret(
+    text: &str,
+    secret: &Path,
+    (certificate, policy, authority): &(PathBuf, PathBuf, String),
+) -> String {
     text.lines()
         .map(|line| {
             let key = line.trim_start();
@@ -37,10 +41,7 @@ fn with_secret(text: &str, secret: &Path, certificate: &Path, authority: &str) -
             } else if key.starts_with("authority") {
                 format!("authority = \"{authority}\"")
             } else if key.starts_with("policy") {
-                format!(
-                    "policy = \"{}\"",
-                    examples_dir().join("policy/web-db.toml").display()
-                )
+                format!("policy = \"{}\"", policy.display())
             } else {
                 line.to_string()
             }
@@ -49,8 +50,9 @@ fn with_secret(text: &str, secret: &Path, certificate: &Path, authority: &str) -
         .join("\n")
 }
 
-/// A certificate for namespace "lab" from a test authority, in `dir`; the authority.
-fn certificate(dir: &Path) -> (PathBuf, String) {
+/// A certificate for namespace "lab" from a test authority and that authority's signature
+/// of examples/policy/web-db.toml, in `dir`; the authority.
+fn certificate(dir: &Path) -> (PathBuf, PathBuf, String) {
     use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
     let ca = AuthorityKey::from_seed([7; 32]);
     let bytes = ca
@@ -66,7 +68,11 @@ fn certificate(dir: &Path) -> (PathBuf, String) {
         .unwrap();
     let path = dir.join("web.lab.crt");
     std::fs::write(&path, armor("CERTIFICATE", &bytes)).unwrap();
-    (path, ca.authority().to_string())
+    let text = std::fs::read_to_string(examples_dir().join("policy/web-db.toml")).unwrap();
+    let signed = ca.sign_policy("lab", 1, 0, &text).unwrap();
+    let policy = dir.join("lab.policy");
+    std::fs::write(&policy, armor("POLICY", &signed)).unwrap();
+    (path, policy, ca.authority().to_string())
 }
 
 fn load(name: &str) -> Config {
@@ -80,10 +86,10 @@ fn load(name: &str) -> Config {
     let secret = dir.join("namespace.secret");
     hyphae_testbed::write_secret(&secret, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n")
         .unwrap();
-    let (cert, authority) = certificate(&dir);
+    let authority = certificate(&dir);
     let text = std::fs::read_to_string(examples_dir().join(name)).unwrap();
     let copy = dir.join(name);
-    std::fs::write(&copy, with_secret(&text, &secret, &cert, &authority)).unwrap();
+    std::fs::write(&copy, with_secret(&text, &secret, &authority)).unwrap();
     let config = Config::load(&copy);
     let _ = std::fs::remove_dir_all(&dir);
     config.unwrap_or_else(|e| panic!("examples/{name} does not load: {e:#}"))

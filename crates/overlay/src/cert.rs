@@ -14,6 +14,8 @@
 //! revocation list  = 0x01 || postcard(RevocationBody)  || ed25519(authority, LIST_LABEL || 0x01 || body)
 //! ```
 //!
+//! The authority also signs the namespace's policy ([`policy`]).
+//!
 //! The signature covers the exact bytes received (never a re-encoding), the leading byte is
 //! the format version, and each kind of document has its own signing label, so a list can
 //! never pass as a certificate or the other way round. Decoding is bounded: at most
@@ -33,6 +35,9 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 use crate::PeerId;
+
+mod policy;
+pub use policy::{SignedPolicy, MAX_POLICY_LEN};
 
 /// The format version this code writes and reads.
 pub const VERSION: u8 = 1;
@@ -90,8 +95,8 @@ pub enum Refusal {
     /// Its identity or the certificate itself is on the revocation list.
     #[error("revoked")]
     Revoked,
-    /// A revocation list older than (or as old as) the one held.
-    #[error("not newer than the list held")]
+    /// A revocation list or policy older than (or as old as) the one held.
+    #[error("not newer than the one held")]
     Outdated,
 }
 
@@ -461,6 +466,8 @@ pub struct Trust {
     revoked_identities: HashSet<[u8; 32]>,
     revoked_certificates: HashSet<[u8; 32]>,
     list: Option<Vec<u8>>,
+    /// The newest signed policy seen: its version and bytes.
+    policy: Option<(u64, Vec<u8>)>,
 }
 
 impl Trust {
@@ -473,6 +480,7 @@ impl Trust {
             revoked_identities: HashSet::new(),
             revoked_certificates: HashSet::new(),
             list: None,
+            policy: None,
         }
     }
 

@@ -406,6 +406,22 @@ impl Proofs {
         Ok((version, self.revalidate(now)))
     }
 
+    /// Takes a signed policy for namespace `tag` if its authority signed it and it is
+    /// newer than the one held (see [`Trust::update_policy`]).
+    pub fn update_policy(
+        &mut self,
+        tag: &NamespaceTag,
+        policy: &[u8],
+    ) -> Result<crate::cert::SignedPolicy, Refusal> {
+        self.namespaces
+            .iter_mut()
+            .find(|n| n.tag == *tag)
+            .and_then(|n| n.credential.as_mut())
+            .ok_or(Refusal::WrongAuthority)?
+            .trust
+            .update_policy(policy)
+    }
+
     /// The trust of namespace `tag`, if it has an authority.
     pub fn trust(&self, tag: &NamespaceTag) -> Option<&Trust> {
         self.namespaces

@@ -7,20 +7,65 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-/// The policy in TOML file `path`, checked (`certified`: the namespace has an authority,
-/// so rules may name groups and members). One line says what is wrong and where.
-pub(crate) fn read_policy(path: &Path, certified: bool) -> Result<hyphae_vswitch::policy::Policy> {
+/// The armor word of a signed policy file.
+pub(crate) const SIGNED_POLICY: &str = "POLICY";
+
+/// Policy `text` (TOML) compiled (`certified`: the namespace has an authority, so rules may
+/// name groups and members). One line says what is wrong, after `what` (which names it).
+pub(crate) fn compile_policy(
+    text: &str,
+    certified: bool,
+    what: &str,
+) -> Result<hyphae_vswitch::policy::Policy> {
     use hyphae_vswitch::policy::{Policy, PolicyFile};
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read policy {}", path.display()))?;
-    let file: PolicyFile = toml::from_str(&text).map_err(|e| {
+    let file: PolicyFile = toml::from_str(text).map_err(|e| {
         anyhow::anyhow!(
-            "policy {}: {}",
-            path.display(),
+            "{what}: {}",
             e.to_string().lines().collect::<Vec<_>>().join(" ")
         )
     })?;
-    Policy::compile(&file, certified).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    Policy::compile(&file, certified).map_err(|e| anyhow::anyhow!("{what}: {e}"))
+}
+
+/// Whether `text` is a signed policy file (`hyphae policy sign`) rather than TOML.
+pub(crate) fn is_signed_policy(text: &str) -> bool {
+    text.trim_start()
+        .starts_with(&format!("-----BEGIN HYPHAE {SIGNED_POLICY}-----"))
+}
+
+/// The policy in file `path`, checked. Without an authority it is the TOML file itself;
+/// with one (`trust`), it must be signed by the authority (`hyphae policy sign`), and it
+/// is taken into the trust, whose newest policy is the one in force.
+pub(crate) fn read_policy(
+    path: &Path,
+    trust: Option<&mut hyphae_overlay::cert::Trust>,
+) -> Result<hyphae_vswitch::policy::Policy> {
+    use hyphae_overlay::cert::unarmor;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read policy {}", path.display()))?;
+    let shown = path.display().to_string();
+    let Some(trust) = trust else {
+        if is_signed_policy(&text) {
+            bail!("policy {shown} is signed, which only a namespace with an authority reads: name the TOML file");
+        }
+        return compile_policy(&text, false, &format!("policy {shown}"));
+    };
+    if !is_signed_policy(&text) {
+        bail!("policy {shown} is not signed: with an authority the namespace's policy is the one it signs (`hyphae policy sign --ca KEY {shown}`; name the signed file, or publish it with `hyphae policy publish`)");
+    }
+    let bytes = unarmor(&text)
+        .map_err(|_| anyhow::anyhow!("policy {shown} is not a hyphae signed policy"))?;
+    // Checked and compiled before the trust takes it: one that does not compile is never
+    // held (nor handed on).
+    let signed = trust
+        .authority()
+        .open_policy(&bytes)
+        .map_err(|e| anyhow::anyhow!("policy {shown}: {e}"))?;
+    let policy = compile_policy(signed.text(), true, &format!("policy {shown}"))?;
+    trust
+        .update_policy(&bytes)
+        .map_err(|e| anyhow::anyhow!("policy {shown}: {e}"))?;
+    Ok(policy)
 }
 
 /// A namespace's authority, this member's certificate and the revocation list to start
@@ -82,4 +127,69 @@ pub(super) fn read_credential(
         trust,
         certificate: bytes,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use hyphae_overlay::cert::{armor, AuthorityKey, Trust};
+
+    use super::*;
+
+    #[test]
+    fn with_an_authority_the_policy_is_the_one_it_signed() {
+        let dir = std::env::temp_dir().join(format!("hyphae-signed-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = AuthorityKey::from_seed([3; 32]);
+        let text = "version = 2\ndefault = \"deny\"\ngroups = [\"web\"]\n[[rule]]\nfrom = [\"group:web\"]\nto = [\"any\"]\n";
+        let write = |name: &str, body: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, body).unwrap();
+            p
+        };
+        let toml = write("plain.toml", text);
+        let signed = write(
+            "good.policy",
+            &armor(SIGNED_POLICY, &key.sign_policy("lab", 2, 0, text).unwrap()),
+        );
+        let forged = write(
+            "forged.policy",
+            &armor(
+                SIGNED_POLICY,
+                &AuthorityKey::from_seed([4; 32])
+                    .sign_policy("lab", 2, 0, text)
+                    .unwrap(),
+            ),
+        );
+        let broken = write(
+            "broken.policy",
+            &armor(
+                SIGNED_POLICY,
+                &key.sign_policy(
+                    "lab",
+                    3,
+                    0,
+                    "version = 3\n[[rule]]\nfrom = [\"group:nope\"]\nto = [\"any\"]\n",
+                )
+                .unwrap(),
+            ),
+        );
+        let error = |path: &Path, trust: Option<&mut Trust>| {
+            format!("{:#}", read_policy(path, trust).unwrap_err())
+        };
+
+        let mut trust = Trust::new("lab", key.authority());
+        let policy = read_policy(&signed, Some(&mut trust)).unwrap();
+        assert_eq!((policy.version(), policy.rule_count()), (2, 1));
+        assert_eq!(trust.policy_version(), 2);
+
+        let mut trust = Trust::new("lab", key.authority());
+        assert!(error(&toml, Some(&mut trust)).contains("is not signed"));
+        assert!(error(&forged, Some(&mut trust)).contains("issued by another authority"));
+        assert!(error(&broken, Some(&mut trust)).contains("unknown group 'nope'"));
+        assert_eq!(trust.policy_version(), 0);
+        assert!(error(&signed, None).contains("only a namespace with an authority"));
+        // Without an authority, the TOML file itself (and groups are refused).
+        assert!(error(&toml, None).contains("needs a namespace with an authority"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -44,6 +44,12 @@ impl Control {
                     Err(e) => json!({ "error": e }),
                 }
             }
+            Request::PolicyPublish { namespace, policy } => {
+                match self.publish_policy(&namespace, &policy) {
+                    Ok(version) => json!({ "ok": true, "version": version }),
+                    Err(e) => json!({ "error": e }),
+                }
+            }
             Request::PolicyCheck {
                 namespace,
                 from,

@@ -192,6 +192,9 @@ impl Control {
             OverlayEvent::Revocations { ns, list } => {
                 self.revocations_from_member(now, ns, &list);
             }
+            OverlayEvent::Policy { ns, policy } => {
+                self.policy_from_member(ns, &policy);
+            }
         }
     }
 

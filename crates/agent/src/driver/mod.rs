@@ -286,6 +286,22 @@ impl Control {
                 tracing::info!(namespace = %cfg.name, version = l.version(), "revocation list kept from before");
             }
         }
+        // And the newest signed policy.
+        if let (Some(c), Some(bytes)) = (
+            credential.as_mut(),
+            policy::kept(&self.state_dir, &cfg.name),
+        ) {
+            if let Ok(p) = c.trust.update_policy(&bytes) {
+                tracing::info!(namespace = %cfg.name, version = p.version(), "signed policy kept from before");
+            }
+        }
+        let (lane_policy, policy_source) = policy::at_start(
+            &cfg.name,
+            credential.as_ref().map(|c| &c.trust),
+            &cfg.policy,
+            cfg.policy_path.as_deref(),
+        );
+
         // Before anything is created: a certificate for another host, or out of its
         // window, would only be refused by every member.
         if let Some(credential) = &credential {
@@ -472,8 +488,8 @@ impl Control {
             tap_errors: 0,
             offload_counters: Default::default(),
             policy: policy::LanePolicy::new(
-                cfg.policy.clone(),
-                cfg.policy_path.as_ref().map(|p| p.display().to_string()),
+                lane_policy,
+                policy_source,
                 certificate.as_ref(),
                 cfg.flows,
             ),

@@ -13,12 +13,15 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use hyphae_overlay::cert::Certificate;
+use hyphae_overlay::cert::{armor, unarmor, Certificate, Refusal, SignedPolicy, Trust};
 use hyphae_overlay::{Node, PeerHandle};
 use hyphae_vswitch::policy::flows::{Firewall, Verdict};
 use hyphae_vswitch::policy::{proto, Decision, DefaultAction, Packet, Policy, Tags};
 
 use crate::control::PolicyStatus;
+
+/// Where a namespace's policy comes from when its authority signed it.
+pub(crate) const SIGNED_SOURCE: &str = "the authority's policy";
 
 /// How often flows that timed out are swept from the table (each is also dropped when a
 /// packet finds it timed out).
@@ -31,8 +34,10 @@ pub(crate) struct LanePolicy {
     own: Tags,
     peers: HashMap<PeerHandle, Tags>,
     next_sweep: Option<Instant>,
-    /// The policy file, for status.
-    file: Option<String>,
+    /// Where the policy comes from (its file, or the authority), for status and messages.
+    source: Option<String>,
+    /// Signed policies taken that did not compile.
+    pub(crate) refused: u64,
     /// Packets dropped for the policy: by this member as sender, as receiver.
     pub(crate) denied_out: u64,
     pub(crate) denied_in: u64,
@@ -51,12 +56,13 @@ impl LanePolicy {
     /// with a table of `flows` flows.
     pub(crate) fn new(
         policy: Policy,
-        file: Option<String>,
+        source: Option<String>,
         own: Option<&Certificate>,
         flows: usize,
     ) -> Self {
         Self {
-            file,
+            source,
+            refused: 0,
             own: tags_of(&policy, own),
             firewall: Firewall::new(policy, flows),
             peers: HashMap::new(),
@@ -72,8 +78,10 @@ impl LanePolicy {
         let stats = f.stats();
         let flows = f.flows().stats();
         PolicyStatus {
-            file: self.file.clone(),
+            file: self.source.clone(),
             version: f.policy().version(),
+            signed: self.source.as_deref() == Some(SIGNED_SOURCE),
+            refused: self.refused,
             default: match f.policy().default_action() {
                 DefaultAction::Allow => "allow".into(),
                 DefaultAction::Deny => "deny".into(),
@@ -201,10 +209,40 @@ impl LanePolicy {
 }
 
 impl super::Control {
-    /// SIGHUP or `hyphae cert install`: each namespace with a policy file reads it again;
-    /// a new policy that checks out takes the old one's place at once (the flows it no
-    /// longer allows end), one with a mistake leaves the old one in place. Returns one
-    /// line per namespace with a policy file.
+    /// Puts `policy` in force in namespace `i`'s data path at once: the flows it no
+    /// longer allows end. Returns what happened, in a line for the operator.
+    fn put_policy(&mut self, i: usize, policy: Policy, source: String) -> String {
+        let n = &self.namespaces[i];
+        let name = n.name.clone();
+        let own = n.certificate.clone();
+        let own_addresses = n.membership.addresses();
+        let mut dp = super::workers::lock(&self.dp);
+        let dp = &mut *dp;
+        let Some(lane) = dp.lanes.get_mut(i) else {
+            return format!("{name}: no data path");
+        };
+        if *lane.policy.firewall.policy() == policy {
+            lane.policy.source = Some(source);
+            return format!("{name}: policy unchanged");
+        }
+        let version = policy.version();
+        let switch = &lane.switch;
+        let before = lane.policy.firewall.stats().flows_revoked;
+        lane.policy
+            .replace(policy, own.as_ref(), &own_addresses, &dp.node, |a| {
+                switch.route(a)
+            });
+        lane.policy.source = Some(source);
+        let ended = lane.policy.firewall.stats().flows_revoked - before;
+        tracing::info!(namespace = %name, version, ended, "policy replaced");
+        format!("{name}: policy v{version} in force ({ended} flows ended)")
+    }
+
+    /// SIGHUP or `hyphae cert install`: each namespace with a policy file reads it again.
+    /// A new policy that checks out takes the old one's place at once (the flows it no
+    /// longer allows end); one with a mistake leaves the old one in force. With an
+    /// authority the file is signed, and a newer version is published to the namespace
+    /// as `hyphae policy publish` does. Returns one line per namespace with a policy file.
     pub(crate) fn reload_policies(&mut self) -> Vec<String> {
         let mut lines = Vec::new();
         for i in 0..self.namespaces.len() {
@@ -213,39 +251,149 @@ impl super::Control {
                 continue;
             };
             let name = n.name.clone();
-            let policy = match crate::config::read_policy(&path, n.certificate.is_some()) {
-                Ok(p) => p,
+            if n.certificate.is_some() {
+                let held = self.held_policy_version(i);
+                let line = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                    .and_then(|text| {
+                        // The file's version no newer than the one in force: nothing to do.
+                        let version = unarmor(&text)
+                            .ok()
+                            .and_then(|b| SignedPolicy::decode(&b).ok())
+                            .map(|p| p.version());
+                        match version {
+                            Some(v) if v <= held => Ok(format!(
+                                "{name}: policy v{held} in force (the file is v{v})"
+                            )),
+                            _ => self
+                                .publish_policy(&name, &text)
+                                .map(|v| format!("{name}: policy v{v} in force and published")),
+                        }
+                    });
+                lines.push(line.unwrap_or_else(|e| format!("{name}: policy not reloaded: {e}")));
+                continue;
+            }
+            match crate::config::read_policy(&path, None) {
+                Ok(policy) => lines.push(self.put_policy(i, policy, path.display().to_string())),
                 Err(e) => {
                     tracing::warn!(namespace = %name, "policy not reloaded: {e:#}");
                     lines.push(format!("{name}: policy not reloaded: {e:#}"));
-                    continue;
                 }
-            };
-            let own = n.certificate.clone();
-            let own_addresses = n.membership.addresses();
-            let mut dp = super::workers::lock(&self.dp);
-            let dp = &mut *dp;
-            let Some(lane) = dp.lanes.get_mut(i) else {
-                continue;
-            };
-            if *lane.policy.firewall.policy() == policy {
-                lines.push(format!("{name}: policy unchanged"));
-                continue;
             }
-            let version = policy.version();
-            let switch = &lane.switch;
-            let before = lane.policy.firewall.stats().flows_revoked;
-            lane.policy
-                .replace(policy, own.as_ref(), &own_addresses, &dp.node, |a| {
-                    switch.route(a)
-                });
-            let ended = lane.policy.firewall.stats().flows_revoked - before;
-            tracing::info!(namespace = %name, version, ended, "policy replaced");
-            lines.push(format!(
-                "{name}: policy v{version} in place ({ended} flows ended)"
-            ));
         }
         lines
+    }
+
+    /// `hyphae policy publish`: the signed policy in `text` (armored) for namespace
+    /// `name`, if its authority signed it and it is newer than the one held (never an
+    /// older one: no rollback), is put in force here and passed to every member. Returns
+    /// its version.
+    pub(crate) fn publish_policy(&mut self, name: &str, text: &str) -> Result<u64, String> {
+        let i = self
+            .active(name)
+            .ok_or_else(|| format!("not a member of '{name}'"))?;
+        if self.namespaces[i].certificate.is_none() {
+            return Err(format!("namespace '{name}' has no authority: its policy is the config's `policy` file (edit it, then `systemctl reload hyphae` or SIGHUP)"));
+        }
+        if !crate::config::is_signed_policy(text) {
+            return Err("not a signed policy (`hyphae policy sign` writes one)".into());
+        }
+        let bytes = unarmor(text).map_err(|_| "not a signed policy".to_string())?;
+        let signed = SignedPolicy::decode(&bytes).map_err(|e| format!("refused: {e}"))?;
+        // Checked before anyone else is given it: a policy this agent cannot read would
+        // be passed on but never in force.
+        let policy = crate::config::compile_policy(signed.text(), true, "signed policy")
+            .map_err(|e| format!("refused: {e:#}"))?;
+        let tag = self.namespaces[i].tag;
+        let version = self
+            .overlay
+            .update_policy(&tag, &bytes)
+            .map_err(|e| match e {
+                Refusal::Outdated => format!(
+                    "version {} is not newer than the policy this member holds (version {}): a policy never rolls back; sign the change as a higher version",
+                    signed.version(),
+                    self.held_policy_version(i)
+                ),
+                e => format!("refused: {e}"),
+            })?;
+        self.put_policy(i, policy, SIGNED_SOURCE.into());
+        self.keep_policy(i, &bytes);
+        tracing::info!(namespace = %name, version, "policy published");
+        Ok(version)
+    }
+
+    /// The version of the signed policy the overlay holds for namespace `i` (0: none).
+    fn held_policy_version(&self, i: usize) -> u64 {
+        self.overlay.policy_version(&self.namespaces[i].tag)
+    }
+
+    /// A member passed on a signed policy the overlay has taken (newer, the authority's).
+    pub(crate) fn policy_from_member(&mut self, tag: [u8; hyphae_overlay::TAG_LEN], bytes: &[u8]) {
+        let Some(i) = self
+            .namespaces
+            .iter()
+            .position(|n| n.tag == tag && n.active())
+        else {
+            return;
+        };
+        let name = self.namespaces[i].name.clone();
+        let compiled = SignedPolicy::decode(bytes)
+            .map_err(anyhow::Error::from)
+            .and_then(|s| crate::config::compile_policy(s.text(), true, "signed policy"));
+        match compiled {
+            Ok(policy) => {
+                let line = self.put_policy(i, policy, SIGNED_SOURCE.into());
+                tracing::info!(namespace = %name, "policy from a member: {line}");
+                self.keep_policy(i, bytes);
+            }
+            Err(e) => {
+                if let Some(lane) = super::workers::lock(&self.dp).lanes.get_mut(i) {
+                    lane.policy.refused += 1;
+                }
+                tracing::warn!(namespace = %name, "a signed policy from a member does not compile here, the one before stays in force: {e:#}");
+            }
+        }
+    }
+
+    /// Keeps signed policy `bytes` of namespace `i` in the state directory, so a restart
+    /// starts from it.
+    fn keep_policy(&self, i: usize, bytes: &[u8]) {
+        let path = crate::setup::policy_file(&self.state_dir, &self.namespaces[i].name);
+        let text = armor(crate::config::SIGNED_POLICY, bytes);
+        if let Err(e) = std::fs::write(&path, text) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot keep the signed policy");
+        }
+    }
+}
+
+/// The signed policy kept in the state directory for namespace `name`, if any.
+pub(crate) fn kept(state_dir: &std::path::Path, name: &str) -> Option<Vec<u8>> {
+    let text = std::fs::read_to_string(crate::setup::policy_file(state_dir, name)).ok()?;
+    unarmor(&text).ok()
+}
+
+/// The policy in force for a namespace at start: the newest signed one `trust` holds
+/// (from the config's file, or kept from before a restart) if any, else `configured`.
+/// Returns it and where it comes from.
+pub(crate) fn at_start(
+    name: &str,
+    trust: Option<&Trust>,
+    configured: &Policy,
+    path: Option<&std::path::Path>,
+) -> (Policy, Option<String>) {
+    let from_file = || (configured.clone(), path.map(|p| p.display().to_string()));
+    let Some(bytes) = trust.and_then(Trust::policy) else {
+        return from_file();
+    };
+    match SignedPolicy::decode(bytes)
+        .map_err(anyhow::Error::from)
+        .and_then(|s| crate::config::compile_policy(s.text(), true, "signed policy"))
+    {
+        Ok(policy) => (policy, Some(SIGNED_SOURCE.into())),
+        Err(e) => {
+            tracing::warn!(namespace = %name, "the signed policy kept does not compile: {e:#}");
+            from_file()
+        }
     }
 }
 
@@ -361,7 +509,7 @@ impl super::Control {
         };
         let file = lane
             .policy
-            .file
+            .source
             .clone()
             .unwrap_or_else(|| "no policy file".into());
         let what = format!("{traffic} from {from_text} to {to_text}");

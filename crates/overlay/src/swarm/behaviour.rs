@@ -8,8 +8,8 @@ use libp2p::{
 };
 
 use super::addr::is_memory;
+use super::authority::{AuthorityAck, AuthorityPush, AUTHORITY_PROTOCOL};
 use super::guard::{self, PerIp};
-use super::revocations::{RevocationAck, RevocationPush, REVOCATIONS_PROTOCOL};
 use super::routers::{RouterAck, RouterMessage, ROUTERS_PROTOCOL};
 use super::{
     Multiaddr, OverlayError, OverlayOptions, DIAL_TIMEOUT, KAD_PROTOCOL, LOOKUP_TIMEOUT,
@@ -31,7 +31,7 @@ pub(super) struct Behaviour {
     pub(super) records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
     pub(super) proofs: request_response::json::Behaviour<ProofRequest, ProofResponse>,
     pub(super) routers: request_response::json::Behaviour<RouterMessage, RouterAck>,
-    pub(super) revocations: request_response::json::Behaviour<RevocationPush, RevocationAck>,
+    pub(super) authority: request_response::json::Behaviour<AuthorityPush, AuthorityAck>,
     pub(super) relay: relay::Behaviour,
     pub(super) relay_client: relay::client::Behaviour,
     pub(super) dcutr: dcutr::Behaviour,
@@ -135,9 +135,9 @@ fn make_behaviour(
         [(StreamProtocol::new(ROUTERS_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
     );
-    let revocations = request_response::json::Behaviour::new(
+    let authority = request_response::json::Behaviour::new(
         [(
-            StreamProtocol::new(REVOCATIONS_PROTOCOL),
+            StreamProtocol::new(AUTHORITY_PROTOCOL),
             ProtocolSupport::Full,
         )],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT),
@@ -155,7 +155,7 @@ fn make_behaviour(
         records,
         proofs,
         routers,
-        revocations,
+        authority,
         relay,
         relay_client,
         dcutr: dcutr::Behaviour::new(peer),

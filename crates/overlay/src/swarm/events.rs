@@ -237,8 +237,8 @@ impl Overlay {
             SwarmEvent::Behaviour(BehaviourEvent::Proofs(event)) => {
                 self.handle_proofs(now, wall, event)
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Revocations(event)) => {
-                self.handle_revocations(now, wall, event)
+            SwarmEvent::Behaviour(BehaviourEvent::Authority(event)) => {
+                self.handle_authority(now, wall, event)
             }
             _ => {}
         }

@@ -176,7 +176,7 @@ impl Overlay {
             _ => return,
         };
         if !newly_proven.is_empty() {
-            self.share_revocations(peer, &newly_proven);
+            self.share_authority(peer, &newly_proven);
         }
         if self.proofs.is_proven(&peer) {
             self.relay_admission.admit(peer);

@@ -45,6 +45,7 @@
 //! calls [`Overlay::handle_timeout`] by [`Overlay::poll_timeout`] (or more often).
 
 mod addr;
+mod authority;
 mod behaviour;
 mod events;
 mod guard;
@@ -52,7 +53,6 @@ mod hygiene;
 mod members;
 mod relays;
 mod requests;
-mod revocations;
 mod routers;
 mod stats;
 
@@ -80,6 +80,7 @@ use relays::Relays;
 
 pub use crate::quorum::{ClaimResult, OpId, REPLICAS, REQUEST_TIMEOUT};
 pub use addr::{is_relayed, network_id, owner_key, tcp_multiaddr, tunnel_endpoint};
+pub use authority::{AuthorityAck, AuthorityPush, Document, AUTHORITY_PROTOCOL};
 pub use guard::{
     MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTIONS_PER_PEER, MAX_PENDING_INCOMING,
     MAX_PENDING_OUTGOING, MAX_RELAY_CIRCUITS, MAX_RELAY_CIRCUITS_PER_PEER, MAX_RELAY_RESERVATIONS,
@@ -87,7 +88,6 @@ pub use guard::{
 };
 pub use libp2p::{Multiaddr, PeerId as NetworkId};
 pub use relays::{RELAY_RESERVATIONS, RESERVE_BACKOFF, RESERVE_INTERVAL, RESERVE_RETRY};
-pub use revocations::{RevocationAck, RevocationPush, REVOCATIONS_PROTOCOL};
 pub use routers::{RouterAck, RouterMessage, MAX_ROUTER_MESSAGE, ROUTERS_PROTOCOL};
 pub use stats::OverlayStats;
 
@@ -236,6 +236,14 @@ pub enum OverlayEvent {
         ns: NamespaceTag,
         /// The list as its authority signed it.
         list: Vec<u8>,
+    },
+    /// A member passed on a newer policy of namespace `ns`, signed by its authority (the
+    /// data path must take it).
+    Policy {
+        /// The namespace.
+        ns: NamespaceTag,
+        /// The policy as its authority signed it.
+        policy: Vec<u8>,
     },
 }
 
