@@ -50,6 +50,7 @@ fn policy(n: usize) -> Policy {
         reject: false,
         groups,
         rules,
+        links: Vec::new(),
     };
     Policy::compile(&file, true).unwrap()
 }

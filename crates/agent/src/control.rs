@@ -473,6 +473,12 @@ pub struct PolicyStatus {
     /// Signed policies the overlay took (newer, the authority's) that this agent could not
     /// compile: the one before stays in force.
     pub refused: u64,
+    /// The namespaces its links name (consent to traffic through a gateway).
+    pub links: Vec<String>,
+    /// As a gateway: packets from this namespace forwarded to a linked one, and packets
+    /// for this namespace dropped for no member holding their destination.
+    pub crossed: u64,
+    pub crossing_dropped: u64,
     /// `allow` or `deny`: what happens to traffic no rule allows.
     pub default: String,
     /// Flows each rule opened, in the file's order.

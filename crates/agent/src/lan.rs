@@ -6,6 +6,8 @@
 //! working without it; the hybrid veth is removed with the namespace, as a TAP is.
 
 use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
 use std::path::Path;
 use std::process::Command;
 
@@ -120,6 +122,27 @@ pub fn set_address(device: &str, address: Ipv4Addr, prefix: u8) -> Result<()> {
         "dev",
         device,
     ])
+}
+
+/// Routes `net` (another namespace's addresses) through `gateway`, a member of this
+/// namespace on `device` (a link of the policy).
+pub fn set_route(device: &str, net: Ipv4Net, gateway: Ipv4Addr) -> Result<()> {
+    ip(&[
+        "-4",
+        "route",
+        "replace",
+        &net.to_string(),
+        "via",
+        &gateway.to_string(),
+        "dev",
+        device,
+        "onlink",
+    ])
+}
+
+/// Removes the route to `net` on `device`.
+pub fn del_route(device: &str, net: Ipv4Net) -> Result<()> {
+    ip(&["-4", "route", "del", &net.to_string(), "dev", device])
 }
 
 /// The MTU of `link`, from sysfs.

@@ -511,3 +511,37 @@ fn relay_needs_both_ends() {
     assert_eq!(r.node.drops(DropReason::UnknownSession), 1);
     assert_eq!(r.node.relay_stats().sessions, 0);
 }
+
+/// A link of the namespace's policy lets the member holding its gateway address send from
+/// the other namespace's addresses, and no other member (issue 28, consent between
+/// namespaces).
+#[test]
+fn a_link_lets_only_its_gateway_send_from_the_other_namespace() {
+    use hyphae_overlay::NamespaceId;
+
+    let now = Instant::now();
+    let mut a = host(1, 1001, SECRET, VA);
+    let mut b = host(2, 1002, SECRET, VB);
+    connect(&mut a, &mut b, now);
+    let pa = a.node.peers().next().unwrap().handle;
+    let foreign = Ipv4Addr::new(10, 202, 0, 7);
+    let mut send = |a: &mut Host, b: &mut Host| {
+        let mut out = vec![0u8; 2048];
+        let t = a.node.send(pa, &icmp(foreign, VB), &mut out).unwrap();
+        deliver(b, now, a.addr, &out[t.range])
+    };
+    let net: ipnet::Ipv4Net = "10.202.0.0/24".parse().unwrap();
+    // No link; then a link through another member: spoofed.
+    for links in [vec![], vec![(net, Ipv4Addr::new(10, 201, 0, 77))]] {
+        b.node.set_links(NamespaceId(0), links);
+        let r = send(&mut a, &mut b);
+        assert!(
+            matches!(r, Received::PeerDropped(_, PeerDropReason::SpoofedSource)),
+            "{r:?}"
+        );
+    }
+    // Through a (VA): taken.
+    b.node.set_links(NamespaceId(0), vec![(net, VA)]);
+    let r = send(&mut a, &mut b);
+    assert!(matches!(r, Received::Deliver { .. }), "{r:?}");
+}

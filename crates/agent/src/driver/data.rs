@@ -51,6 +51,8 @@ pub(crate) struct DataPlane {
 
 /// One namespace as the data plane sees it.
 pub(crate) struct Lane {
+    /// The namespace's name (the policy's links name namespaces by it).
+    pub(crate) name: String,
     pub(crate) mode: Mode,
     pub(crate) switch: Switch<PeerHandle>,
     /// False once the namespace was left.

@@ -94,7 +94,8 @@ impl DataPlane {
             None => out.frame_room(HEADROOM + len),
         };
         let packet = &room[HEADROOM..];
-        match lane.policy.inbound(now, &self.node, from, packet) {
+        let subnet = lane.switch.config().subnet;
+        match lane.policy.inbound(now, &self.node, from, packet, subnet) {
             Verdict::Pass => {}
             Verdict::Reject => {
                 let packet = packet.to_vec();
@@ -102,6 +103,12 @@ impl DataPlane {
             }
             Verdict::Deny | Verdict::StrayIcmpError => return,
         }
+        // A gateway's: for a linked namespace.
+        if let Some(j) = self.crossing(i, packet) {
+            let packet = packet.to_vec();
+            return self.cross(now, i, j, &packet, out);
+        }
+        let lane = &mut self.lanes[i];
         if let Some(to) = lane.grace_forward(now, packet) {
             let packet = packet.to_vec();
             out.seal(&mut self.node, to, &packet);
@@ -192,11 +199,12 @@ impl DataPlane {
     ) {
         let lane = &mut self.lanes[i];
         let action = lane.switch.handle_tap_frame(now, frame, &mut out.reply);
+        let subnet = lane.switch.config().subnet;
         match action {
             Action::ToPeer { peer, packet } => {
                 match lane
                     .policy
-                    .outbound(now, &self.node, peer, &frame[packet.clone()])
+                    .outbound(now, &self.node, peer, &frame[packet.clone()], subnet)
                 {
                     Verdict::Pass => out.seal(&mut self.node, peer, &frame[packet]),
                     Verdict::Reject => reject_to_tap(i, frame, packet, out),
@@ -207,9 +215,10 @@ impl DataPlane {
             Action::Fragment { peer, packet, mtu } => {
                 // The whole packet is checked once; its fragments follow it.
                 let verdict = match peer {
-                    Some(to) => lane
-                        .policy
-                        .outbound(now, &self.node, to, &frame[packet.clone()]),
+                    Some(to) => {
+                        lane.policy
+                            .outbound(now, &self.node, to, &frame[packet.clone()], subnet)
+                    }
                     None => Verdict::Pass,
                 };
                 match verdict {

@@ -22,6 +22,7 @@ pub(crate) mod data;
 mod datapath;
 mod events;
 mod joining;
+mod links;
 mod migration;
 mod policy;
 mod run;
@@ -75,6 +76,8 @@ pub(crate) struct Joined {
     /// Names the namespace in the control plane (its records and membership proofs).
     pub(crate) tag: [u8; hyphae_overlay::TAG_LEN],
     pub(crate) device: String,
+    /// Interface mode: the routes on the TAP to linked namespaces, through their gateways.
+    pub(crate) link_routes: Vec<(ipnet::Ipv4Net, Ipv4Addr)>,
     pub(crate) mode: Mode,
     /// Router and hybrid modes: the LAN bridge, and the links this namespace set up.
     pub(crate) bridge: Option<String>,
@@ -478,6 +481,7 @@ impl Control {
         }
         // The lane and the namespace take the same index, the node's id for it.
         lock(&self.dp).lanes.push(Lane {
+            name: cfg.name.clone(),
             mode: cfg.mode,
             switch,
             active: true,
@@ -501,6 +505,7 @@ impl Control {
             policy_path: cfg.policy_path.clone(),
             tag,
             device: cfg.device.clone(),
+            link_routes: Vec::new(),
             mode: cfg.mode,
             bridge: cfg.bridge.clone(),
             lan,
@@ -516,6 +521,7 @@ impl Control {
             error: None,
             remembered: Vec::new(),
         });
+        self.apply_links(i);
         tracing::info!(namespace = %cfg.name, device = %cfg.device, address = ?cfg.address,
             subnet = ?cfg.subnet, peers = cfg.peers.len(), "namespace up");
         Ok(())
@@ -707,9 +713,15 @@ impl Control {
             }
         }
         let addresses = n.membership.addresses();
-        let mut dp = lock(&self.dp);
-        dp.lanes[i].switch.set_address(address);
-        dp.node.set_addresses(now, NamespaceId(i), addresses);
+        {
+            let mut dp = lock(&self.dp);
+            dp.lanes[i].switch.set_address(address);
+            dp.node.set_addresses(now, NamespaceId(i), addresses);
+        }
+        // The device's routes went with its old address; and this member may be a gateway
+        // now.
+        self.namespaces[i].link_routes.clear();
+        self.apply_links(i);
     }
 
     /// Tells the tunnels which addresses this member holds in namespace `i` now.

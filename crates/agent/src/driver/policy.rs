@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use ipnet::Ipv4Net;
+
 use hyphae_overlay::cert::{armor, unarmor, Certificate, Refusal, SignedPolicy, Trust};
 use hyphae_overlay::{Node, PeerHandle};
 use hyphae_vswitch::policy::flows::{Firewall, Verdict};
@@ -41,6 +43,10 @@ pub(crate) struct LanePolicy {
     /// Packets dropped for the policy: by this member as sender, as receiver.
     pub(crate) denied_out: u64,
     pub(crate) denied_in: u64,
+    /// As a gateway: packets from this namespace forwarded to a linked one, and packets
+    /// for this namespace dropped because no member here holds their destination.
+    pub(crate) crossed: u64,
+    pub(crate) crossing_dropped: u64,
 }
 
 /// The tags `cert`'s holder has under `policy` (none without a certificate).
@@ -69,7 +75,14 @@ impl LanePolicy {
             next_sweep: None,
             denied_out: 0,
             denied_in: 0,
+            crossed: 0,
+            crossing_dropped: 0,
         }
+    }
+
+    /// The policy in force.
+    pub(crate) fn current(&self) -> &Policy {
+        self.firewall.policy()
     }
 
     /// What it did, for status.
@@ -90,6 +103,14 @@ impl LanePolicy {
             default_hits: stats.default_hits,
             denied_out: self.denied_out,
             denied_in: self.denied_in,
+            links: f
+                .policy()
+                .links()
+                .iter()
+                .map(|l| l.namespace.clone())
+                .collect(),
+            crossed: self.crossed,
+            crossing_dropped: self.crossing_dropped,
             stray_icmp_errors: stats.stray_icmp_errors,
             flows: f.flows().len(),
             flows_max: f.flows().capacity(),
@@ -112,47 +133,72 @@ impl LanePolicy {
     }
 
     /// What becomes of IPv4 packet `ip` from the member of tunnel `peer`, on its way to
-    /// this member.
+    /// this member (namespace `subnet`).
     pub(crate) fn inbound(
         &mut self,
         now: Instant,
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
+        subnet: Ipv4Net,
     ) -> Verdict {
-        self.check(now, node, peer, ip, true)
+        self.check(now, node, peer, ip, subnet, true)
     }
 
     /// What becomes of IPv4 packet `ip` from this member (or its LAN), on its way to the
-    /// member of tunnel `peer`.
+    /// member of tunnel `peer` (namespace `subnet`).
     pub(crate) fn outbound(
         &mut self,
         now: Instant,
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
+        subnet: Ipv4Net,
     ) -> Verdict {
-        self.check(now, node, peer, ip, false)
+        self.check(now, node, peer, ip, subnet, false)
     }
 
     /// `ip` between this member and the member of tunnel `peer`, from it (`inbound`) or
-    /// to it.
+    /// to it. An end whose address is another namespace's (a linked one, through a
+    /// gateway) has no tags here: rules name it by address.
     fn check(
         &mut self,
         now: Instant,
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
+        subnet: Ipv4Net,
         inbound: bool,
     ) -> Verdict {
         if self.firewall.is_open() {
             return Verdict::Pass;
         }
-        let theirs = self.peer_tags(node, peer);
+        let mut theirs = self.peer_tags(node, peer);
+        let mut own = self.own;
+        if let Some((src, dst)) = ip
+            .get(12..20)
+            .and_then(|a| <[u8; 8]>::try_from(a).ok())
+            .map(|a| {
+                (
+                    Ipv4Addr::new(a[0], a[1], a[2], a[3]),
+                    Ipv4Addr::new(a[4], a[5], a[6], a[7]),
+                )
+            })
+        {
+            let foreign =
+                |a: Ipv4Addr| !subnet.contains(&a) && !a.is_broadcast() && !a.is_multicast();
+            let (their_end, own_end) = if inbound { (src, dst) } else { (dst, src) };
+            if foreign(their_end) {
+                theirs = Tags::default();
+            }
+            if foreign(own_end) {
+                own = Tags::default();
+            }
+        }
         let (from, to) = if inbound {
-            (theirs, self.own)
+            (theirs, own)
         } else {
-            (self.own, theirs)
+            (own, theirs)
         };
         let verdict = self.firewall.check(now, ip, from, to);
         if verdict != Verdict::Pass {
@@ -216,24 +262,27 @@ impl super::Control {
         let name = n.name.clone();
         let own = n.certificate.clone();
         let own_addresses = n.membership.addresses();
-        let mut dp = super::workers::lock(&self.dp);
-        let dp = &mut *dp;
-        let Some(lane) = dp.lanes.get_mut(i) else {
-            return format!("{name}: no data path");
-        };
-        if *lane.policy.firewall.policy() == policy {
-            lane.policy.source = Some(source);
-            return format!("{name}: policy unchanged");
-        }
         let version = policy.version();
-        let switch = &lane.switch;
-        let before = lane.policy.firewall.stats().flows_revoked;
-        lane.policy
-            .replace(policy, own.as_ref(), &own_addresses, &dp.node, |a| {
-                switch.route(a)
-            });
-        lane.policy.source = Some(source);
-        let ended = lane.policy.firewall.stats().flows_revoked - before;
+        let ended = {
+            let mut dp = super::workers::lock(&self.dp);
+            let dp = &mut *dp;
+            let Some(lane) = dp.lanes.get_mut(i) else {
+                return format!("{name}: no data path");
+            };
+            if *lane.policy.firewall.policy() == policy {
+                lane.policy.source = Some(source);
+                return format!("{name}: policy unchanged");
+            }
+            let switch = &lane.switch;
+            let before = lane.policy.firewall.stats().flows_revoked;
+            lane.policy
+                .replace(policy, own.as_ref(), &own_addresses, &dp.node, |a| {
+                    switch.route(a)
+                });
+            lane.policy.source = Some(source);
+            lane.policy.firewall.stats().flows_revoked - before
+        };
+        self.apply_links(i);
         tracing::info!(namespace = %name, version, ended, "policy replaced");
         format!("{name}: policy v{version} in force ({ended} flows ended)")
     }

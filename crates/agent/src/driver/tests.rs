@@ -44,6 +44,7 @@ fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
     let mut dp = DataPlane::new(node);
     let subnet = SUBNET.parse().expect("a subnet");
     dp.lanes.push(Lane {
+        name: "lab".into(),
         mode: Mode::Interface,
         switch: Switch::new(SwitchConfig::interface(vip, subnet, mac, REMOTE_MAC)),
         active: true,

@@ -201,6 +201,9 @@ struct Namespace {
     /// With an authority: what it trusts and the certificate this member shows
     /// (`certified.rs`).
     credential: Option<crate::proof::Credential>,
+    /// Other namespaces' addresses whose packets a member may send as the gateway of a
+    /// link, with the gateway's address here ([`Node::set_links`]).
+    links: Vec<(ipnet::Ipv4Net, Ipv4Addr)>,
 }
 
 /// The tunnel endpoint of one agent.
@@ -342,6 +345,7 @@ impl Node {
             addresses,
             active: true,
             credential: None,
+            links: Vec::new(),
         });
         NamespaceId(self.namespaces.len() - 1)
     }
@@ -686,6 +690,29 @@ impl Node {
             .iter()
             .position(|n| n.active && &n.keys.tag == tag)
             .map(NamespaceId)
+    }
+
+    /// Namespace `ns` takes packets from other namespaces' addresses: each `(remote,
+    /// gateway)` lets the member holding `gateway` (an address of `ns`) send from
+    /// `remote`, as the gateway of a link both namespaces' policies name. Replaces the
+    /// links before.
+    pub fn set_links(&mut self, ns: NamespaceId, links: Vec<(ipnet::Ipv4Net, Ipv4Addr)>) {
+        if let Some(n) = self.namespaces.get_mut(ns.0) {
+            n.links = links;
+        }
+    }
+
+    /// Whether the member of tunnel `handle` may send from `src`, which it does not hold,
+    /// as the gateway of a link of its namespace.
+    fn via_link(&self, handle: PeerHandle, src: Ipv4Addr) -> bool {
+        self.peer(handle).is_some_and(|p| {
+            !p.addresses.contains(&src)
+                && self.namespaces.get(p.ns.0).is_some_and(|n| {
+                    n.links
+                        .iter()
+                        .any(|(net, gw)| net.contains(&src) && p.addresses.contains(gw))
+                })
+        })
     }
 
     fn peer(&self, handle: PeerHandle) -> Option<&Peer> {

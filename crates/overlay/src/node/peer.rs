@@ -277,16 +277,18 @@ impl Peer {
         }
     }
 
-    /// A decrypted host packet from `src`: counted and delivered if the member owns `src`.
-    /// A packet to `dst` from another source is taken while the member forwards to it.
+    /// A decrypted host packet from `src`: counted and delivered if the member owns `src`
+    /// (or forwards it from another namespace as the gateway of a link: `via_link`). A
+    /// packet to `dst` from another source is taken while the member forwards to it.
     pub(super) fn accept_packet(
         &mut self,
         now: Instant,
         src: Ipv4Addr,
         dst: Option<Ipv4Addr>,
         len: usize,
+        via_link: bool,
     ) -> Result<(), PeerDropReason> {
-        if !self.addresses.contains(&src) {
+        if !via_link && !self.addresses.contains(&src) {
             self.forwards.retain(|(_, until)| now < *until);
             if !dst.is_some_and(|d| self.forwards.iter().any(|(a, _)| *a == d)) {
                 return Err(PeerDropReason::SpoofedSource);
@@ -794,24 +796,24 @@ mod tests {
         let mine = Ipv4Addr::new(10, 201, 0, 2);
         assert!(p.handle_announce(&[mine]));
         assert!(!p.handle_announce(&[mine]));
-        assert_eq!(p.accept_packet(t0, mine, None, 84), Ok(()));
+        assert_eq!(p.accept_packet(t0, mine, None, 84, false), Ok(()));
         let other = Ipv4Addr::new(10, 201, 0, 99);
         let moved = Ipv4Addr::new(10, 201, 0, 50);
         assert_eq!(
-            p.accept_packet(t0, other, Some(moved), 84),
+            p.accept_packet(t0, other, Some(moved), 84, false),
             Err(PeerDropReason::SpoofedSource)
         );
         assert_eq!((p.stats.rx_packets, p.stats.rx_bytes), (1, 84));
         // A LAN host moved away from this member: what it forwards to the host is taken,
         // from any source, until the grace period ends; nothing to another address.
         p.forwards.push((moved, t0 + Duration::from_secs(5)));
-        assert_eq!(p.accept_packet(t0, other, Some(moved), 84), Ok(()));
+        assert_eq!(p.accept_packet(t0, other, Some(moved), 84, false), Ok(()));
         assert_eq!(
-            p.accept_packet(t0, other, Some(mine), 84),
+            p.accept_packet(t0, other, Some(mine), 84, false),
             Err(PeerDropReason::SpoofedSource)
         );
         assert_eq!(
-            p.accept_packet(t0 + Duration::from_secs(5), other, Some(moved), 84),
+            p.accept_packet(t0 + Duration::from_secs(5), other, Some(moved), 84, false),
             Err(PeerDropReason::SpoofedSource)
         );
         assert_eq!(p.stats.rx_forwarded, 1);

@@ -130,6 +130,7 @@ impl Node {
             let control = Control::parse(packet);
             return self.handle_control(now, handle, route, control);
         }
+        let via_link = self.via_link(handle, src);
         let Some(peer) = self.peer_mut(handle) else {
             return Received::Dropped(DropReason::UnknownSession);
         };
@@ -137,7 +138,7 @@ impl Node {
             .get(16..20)
             .and_then(|d| <[u8; 4]>::try_from(d).ok())
             .map(Ipv4Addr::from);
-        match peer.accept_packet(now, src, dst, packet.len()) {
+        match peer.accept_packet(now, src, dst, packet.len(), via_link) {
             Ok(()) => Received::Deliver {
                 ns: peer.ns,
                 peer: handle,

@@ -33,6 +33,7 @@
 //! match wins. Nothing here allocates per packet.
 
 pub mod flows;
+pub mod links;
 pub mod reject;
 
 use std::fmt;
@@ -92,6 +93,9 @@ pub struct PolicyFile {
     /// The rules, first match wins.
     #[serde(default, rename = "rule")]
     pub rules: Vec<RuleFile>,
+    /// Consent to traffic with other namespaces through a gateway ([`links`]).
+    #[serde(default, rename = "link")]
+    pub links: Vec<links::LinkFile>,
 }
 
 /// One rule as written.
@@ -116,7 +120,7 @@ fn any() -> String {
 
 /// A policy refused, with the rule and the word at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyError(String);
+pub struct PolicyError(pub(crate) String);
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -213,6 +217,7 @@ pub struct Policy {
     groups: Vec<String>,
     names: Vec<String>,
     rules: Vec<Rule>,
+    links: Vec<links::Link>,
 }
 
 impl Policy {
@@ -254,6 +259,7 @@ impl Policy {
             groups: file.groups.clone(),
             names: Vec::new(),
             rules: Vec::with_capacity(file.rules.len()),
+            links: links::compile(&file.links)?,
         };
         for (i, rule) in file.rules.iter().enumerate() {
             let from = policy.set(i, "from", &rule.from, certified)?;
@@ -383,6 +389,16 @@ impl Policy {
     /// How many rules.
     pub fn rule_count(&self) -> usize {
         self.rules.len()
+    }
+
+    /// Its links to other namespaces ([`links`]).
+    pub fn links(&self) -> &[links::Link] {
+        &self.links
+    }
+
+    /// The link to namespace `name`, if any.
+    pub fn link_to(&self, name: &str) -> Option<&links::Link> {
+        self.links.iter().find(|l| l.namespace == name)
     }
 
     /// A member with certificate `groups` and `name`, as this policy's bits (computed once

@@ -485,3 +485,66 @@ fn reject_answers_a_syn_with_a_reset_and_udp_with_port_unreachable() {
     assert_eq!(answer(&[0x45, 0, 0], &mut out), None);
     assert_eq!(answer(&syn, &mut [0u8; 10]), None);
 }
+
+#[test]
+fn links_name_a_namespace_a_gateway_and_what_it_reaches_and_mistakes_are_one_line() {
+    let p = compile(
+        "[[link]]\nnamespace = \"data\"\ngateway = \"10.1.0.250\"\nremote = [\"10.2.0.0/24\", \"10.3.0.9\"]\n",
+        false,
+    )
+    .unwrap();
+    let link = p.link_to("data").unwrap();
+    assert_eq!(link.gateway, Ipv4Addr::new(10, 1, 0, 250));
+    assert!(link.reaches(Ipv4Addr::new(10, 2, 0, 7)) && link.reaches(Ipv4Addr::new(10, 3, 0, 9)));
+    assert!(!link.reaches(Ipv4Addr::new(10, 3, 0, 10)));
+    assert_eq!((p.links().len(), p.link_to("shop")), (1, None));
+    // A link is consent, not a rule: the default still decides traffic.
+    assert!(p.is_allow_all());
+
+    let link = |body: &str| compile(&format!("[[link]]\n{body}"), false).unwrap_err();
+    for (body, expect) in [
+        (
+            "namespace = \"Data\"\ngateway = \"10.1.0.1\"\nremote = [\"10.2.0.0/24\"]\n",
+            "policy link 1: namespace 'Data' is not a namespace name",
+        ),
+        (
+            "namespace = \"data\"\ngateway = \"gw\"\nremote = [\"10.2.0.0/24\"]\n",
+            "policy link 1: gateway 'gw' is not an IPv4 address",
+        ),
+        (
+            "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = []\n",
+            "policy link 1: `remote` names 1 to 16",
+        ),
+        (
+            "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = [\"10.2.0.0/33\"]\n",
+            "policy link 1: remote '10.2.0.0/33': an address or a CIDR",
+        ),
+        (
+            "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = [\"10.0.0.0/8\"]\n",
+            "holds the gateway 10.1.0.1",
+        ),
+        (
+            "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = [\"10.2.0.0/24\"]\n\
+             [[link]]\nnamespace = \"data\"\ngateway = \"10.1.0.2\"\nremote = [\"10.3.0.0/24\"]\n",
+            "policy link 2: namespace 'data' is linked twice",
+        ),
+        (
+            "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = [\"10.2.0.0/24\"]\n\
+             [[link]]\nnamespace = \"logs\"\ngateway = \"10.1.0.2\"\nremote = [\"10.2.0.128/25\"]\n",
+            "policy link 2: remote overlaps 10.2.0.0/24",
+        ),
+        (
+            "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = [\"10.2.0.0/24\"]\nvia = 1\n",
+            "unknown field `via`",
+        ),
+    ] {
+        let e = if body.contains("via") {
+            toml::from_str::<PolicyFile>(&format!("[[link]]\n{body}"))
+                .unwrap_err()
+                .to_string()
+        } else {
+            link(body)
+        };
+        assert!(e.contains(expect), "{body}: {e}");
+    }
+}

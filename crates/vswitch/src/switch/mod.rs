@@ -19,6 +19,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use broadcast::Bucket;
+use ipnet::Ipv4Net;
 
 use crate::wire::{
     emit_arp_probe, emit_arp_reply, emit_ethernet_header, multicast_mac, udp_parts, ArpPacket,
@@ -76,6 +77,9 @@ pub struct Switch<P> {
     asked: HashMap<Ipv4Addr, Instant>,
     /// Router mode: LAN addresses whose next frame is reported ([`Event::LanHostHeard`]).
     watched: HashSet<Ipv4Addr>,
+    /// Other namespaces' addresses this one reaches through a gateway member (its address
+    /// here): the policy's links (`crate::policy::links`).
+    links: Vec<(Ipv4Net, Ipv4Addr)>,
     emits: VecDeque<Emit>,
     events: VecDeque<Event>,
     bucket_out: Bucket,
@@ -95,6 +99,7 @@ impl<P: Copy + Eq> Switch<P> {
             confirmed: HashMap::new(),
             asked: HashMap::new(),
             watched: HashSet::new(),
+            links: Vec::new(),
             emits: VecDeque::new(),
             events: VecDeque::new(),
             bucket_out: Bucket {
@@ -377,7 +382,14 @@ impl<P: Copy + Eq> Switch<P> {
                     return Action::Drop(DropReason::LanLocal);
                 }
                 if !self.config.subnet.contains(&dst) {
-                    return Action::Drop(DropReason::OutsideSubnet);
+                    // Another namespace's address, through the gateway a link names.
+                    return match self.link_gateway(dst) {
+                        Some(gateway) => match self.route(gateway) {
+                            Some(peer) => Action::ToPeer { peer, packet },
+                            None => Action::Resolve { target: gateway },
+                        },
+                        None => Action::Drop(DropReason::OutsideSubnet),
+                    };
                 }
                 match self.route(dst) {
                     Some(peer) => Action::ToPeer { peer, packet },

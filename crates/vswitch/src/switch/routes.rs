@@ -48,6 +48,21 @@ impl<P: Copy + Eq> Switch<P> {
         self.lan.retain(|a, _| subnet.contains(a));
     }
 
+    /// Reaches other namespaces' addresses through gateway members: each `(remote,
+    /// gateway)` sends what is for `remote` to the member holding `gateway` (an address of
+    /// this namespace). Replaces the links before.
+    pub fn set_links(&mut self, links: Vec<(Ipv4Net, Ipv4Addr)>) {
+        self.links = links;
+    }
+
+    /// The gateway through which `addr`, outside the subnet, is reached, if a link says.
+    pub fn link_gateway(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
+        self.links
+            .iter()
+            .find(|(net, _)| net.contains(&addr))
+            .map(|(_, gateway)| *gateway)
+    }
+
     /// Routes `addr` to `peer` because the DHT says `peer` owns it; announcements take
     /// precedence. Replaced by the next resolution of `addr`, dropped with the peer.
     pub fn add_route(&mut self, addr: Ipv4Addr, peer: P) {

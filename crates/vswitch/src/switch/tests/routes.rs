@@ -40,3 +40,43 @@ fn a_moved_route_wins_over_announcements_and_resolutions() {
     sw.move_route(a, None);
     assert_eq!(sw.route(a), None);
 }
+
+#[test]
+fn another_namespace_is_reached_through_the_gateway_a_link_names() {
+    let mut sw = switch();
+    let other = [10, 202, 0, 7];
+    assert_eq!(
+        sw.handle_tap_frame(t0(), &mut icmp_frame(other), &mut [0u8; 64]),
+        Action::Drop(DropReason::OutsideSubnet)
+    );
+    // Through 10.201.0.2 (member 7) first, then through 10.201.0.3, whose holder is not
+    // known yet: resolved like any address of the subnet.
+    sw.set_links(vec![(
+        "10.202.0.0/24".parse().unwrap(),
+        Ipv4Addr::new(10, 201, 0, 2),
+    )]);
+    assert_eq!(
+        sw.handle_tap_frame(t0(), &mut icmp_frame(other), &mut [0u8; 64]),
+        Action::ToPeer {
+            peer: 7,
+            packet: 14..42
+        }
+    );
+    sw.set_links(vec![(
+        "10.202.0.0/24".parse().unwrap(),
+        Ipv4Addr::new(10, 201, 0, 3),
+    )]);
+    assert_eq!(
+        sw.handle_tap_frame(t0(), &mut icmp_frame(other), &mut [0u8; 64]),
+        Action::Resolve {
+            target: Ipv4Addr::new(10, 201, 0, 3)
+        }
+    );
+    // Outside every link: still outside the subnet.
+    assert_eq!(
+        sw.handle_tap_frame(t0(), &mut icmp_frame([10, 203, 0, 7]), &mut [0u8; 64]),
+        Action::Drop(DropReason::OutsideSubnet)
+    );
+    sw.set_links(Vec::new());
+    assert_eq!(sw.link_gateway(Ipv4Addr::from(other)), None);
+}

@@ -1,0 +1,141 @@
+//! Consent between namespaces in the agent (docs/POLICY.md, "Between namespaces"): a
+//! namespace's policy may link it to another namespace through a gateway member of both
+//! (`hyphae_vswitch::policy::links`).
+//!
+//! - Every member of a linked namespace routes the other namespace's addresses to the
+//!   gateway (its switch, and in interface mode a route on its TAP), and takes packets from
+//!   them only from the gateway's tunnel (the node's anti-spoofing check).
+//! - The gateway forwards a packet from one namespace to the other only while both
+//!   policies link to each other through it and the addresses match both links, after
+//!   checking the packet against both policies: the first as it enters, the second as it
+//!   leaves (each end of the flow checks it again under its own).
+//!
+//! No address translation: the two namespaces' subnets must not overlap.
+
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use hyphae_overlay::NamespaceId;
+use hyphae_vswitch::policy::flows::Verdict;
+use ipnet::Ipv4Net;
+
+use super::data::{Batch, DataPlane};
+use super::workers::lock;
+use crate::config::Mode;
+
+/// The source and destination addresses of IPv4 packet `ip`.
+fn addresses(ip: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr)> {
+    let src: [u8; 4] = ip.get(12..16)?.try_into().ok()?;
+    let dst: [u8; 4] = ip.get(16..20)?.try_into().ok()?;
+    Some((src.into(), dst.into()))
+}
+
+impl DataPlane {
+    /// At a gateway: the lane a packet from a member of namespace `i` crosses into, if it
+    /// is for another namespace this member is the gateway to and both namespaces consent
+    /// (each links to the other through this member, the destination is one the first
+    /// link reaches, the source one the second reaches).
+    pub(crate) fn crossing(&self, i: usize, packet: &[u8]) -> Option<usize> {
+        let lane = self.lanes.get(i)?;
+        let links = lane.policy.current().links();
+        if links.is_empty() {
+            return None;
+        }
+        let (src, dst) = addresses(packet)?;
+        let here = lane.switch.config();
+        if here.subnet.contains(&dst) {
+            return None;
+        }
+        let link = links
+            .iter()
+            .find(|l| l.gateway == here.address && l.reaches(dst))?;
+        let (j, there) = self
+            .lanes
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.active && l.name == link.namespace)?;
+        let back = there.policy.current().link_to(&lane.name)?;
+        (back.gateway == there.switch.config().address && back.reaches(src)).then_some(j)
+    }
+
+    /// At a gateway: `packet`, which entered from namespace `i` and crosses into namespace
+    /// `j` ([`DataPlane::crossing`]), goes to the member of `j` holding its destination,
+    /// if `j`'s policy lets it leave.
+    pub(crate) fn cross(
+        &mut self,
+        now: Instant,
+        i: usize,
+        j: usize,
+        packet: &[u8],
+        out: &mut Batch,
+    ) {
+        let Some((_, dst)) = addresses(packet) else {
+            return;
+        };
+        let Some(lane) = self.lanes.get_mut(j) else {
+            return;
+        };
+        let Some(peer) = lane.switch.route(dst) else {
+            lane.policy.crossing_dropped += 1;
+            return;
+        };
+        let subnet = lane.switch.config().subnet;
+        match lane.policy.outbound(now, &self.node, peer, packet, subnet) {
+            Verdict::Pass => {
+                out.seal(&mut self.node, peer, packet);
+                if let Some(from) = self.lanes.get_mut(i) {
+                    from.policy.crossed += 1;
+                }
+            }
+            Verdict::Reject | Verdict::Deny | Verdict::StrayIcmpError => {}
+        }
+    }
+}
+
+impl super::Control {
+    /// Puts namespace `i`'s links in place: its switch routes the other namespaces'
+    /// addresses to their gateways, its tunnels take packets from them only from the
+    /// gateways, and in interface mode its TAP carries a route for each. Links through
+    /// this member itself (it is the gateway) route nothing: it forwards.
+    pub(crate) fn apply_links(&mut self, i: usize) {
+        let (routes, mode) = {
+            let mut dp = lock(&self.dp);
+            let dp = &mut *dp;
+            let Some(lane) = dp.lanes.get_mut(i) else {
+                return;
+            };
+            let own = lane.switch.config().address;
+            let routes: Vec<(Ipv4Net, Ipv4Addr)> = lane
+                .policy
+                .current()
+                .links()
+                .iter()
+                .filter(|l| l.gateway != own)
+                .flat_map(|l| l.remote.iter().map(|n| (*n, l.gateway)))
+                .collect();
+            lane.switch.set_links(routes.clone());
+            dp.node.set_links(NamespaceId(i), routes.clone());
+            (routes, lane.mode)
+        };
+        let n = &mut self.namespaces[i];
+        if mode != Mode::Interface || !n.active() {
+            return;
+        }
+        for (net, _) in n.link_routes.iter().filter(|r| !routes.contains(r)) {
+            if let Err(e) = crate::lan::del_route(&n.device, *net) {
+                tracing::debug!(device = %n.device, %net, error = %e, "cannot remove a link's route");
+            }
+        }
+        for (net, gateway) in &routes {
+            match crate::lan::set_route(&n.device, *net, *gateway) {
+                Ok(()) => {
+                    tracing::info!(namespace = %n.name, %net, %gateway, "linked namespace routed")
+                }
+                Err(e) => {
+                    tracing::warn!(device = %n.device, %net, error = %e, "cannot route a linked namespace")
+                }
+            }
+        }
+        n.link_routes = routes;
+    }
+}
