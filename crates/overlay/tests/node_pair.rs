@@ -525,7 +525,7 @@ fn a_link_lets_only_its_gateway_send_from_the_other_namespace() {
     connect(&mut a, &mut b, now);
     let pa = a.node.peers().next().unwrap().handle;
     let foreign = Ipv4Addr::new(10, 202, 0, 7);
-    let mut send = |a: &mut Host, b: &mut Host| {
+    let send = |a: &mut Host, b: &mut Host| {
         let mut out = vec![0u8; 2048];
         let t = a.node.send(pa, &icmp(foreign, VB), &mut out).unwrap();
         deliver(b, now, a.addr, &out[t.range])
