@@ -214,6 +214,15 @@ pub fn render(status: &Status) -> String {
                 p.flows,
                 p.flows_max
             );
+            if !p.links.is_empty() {
+                out += &format!(
+                    "  linked to {} (crossed as gateway: {} packets out, {} dropped in)
+",
+                    p.links.join(", "),
+                    p.crossed,
+                    p.crossing_dropped
+                );
+            }
         }
         out += &format!(
             "  switch: {} to members, {} to device, {} ARP replies\n",
