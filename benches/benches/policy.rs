@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{black_box, criterion_group, Criterion};
 use hyphae_vswitch::policy::flows::{Firewall, Verdict};
 use hyphae_vswitch::policy::{Policy, PolicyFile, RuleFile};
 
@@ -55,60 +55,90 @@ fn policy(n: usize) -> Policy {
     Policy::compile(&file, true).unwrap()
 }
 
-fn bench(c: &mut Criterion) {
+/// Each case: its name, and one step (one packet through the check) to run again and again.
+fn cases() -> Vec<(String, Box<dyn FnMut()>)> {
     let now = Instant::now();
-    let mut group = c.benchmark_group("policy");
+    let mut cases: Vec<(String, Box<dyn FnMut()>)> = Vec::new();
     let open = Policy::allow_all();
     let (web, db) = (open.tags(["web"], None), open.tags(["db"], None));
     let mut fw = Firewall::new(open, 65536);
     let p = packet(40000);
-    group.bench_function("none", |b| {
-        b.iter(|| black_box(fw.check(now, black_box(&p), web, db)))
-    });
+    cases.push((
+        "policy/none".into(),
+        Box::new(move || {
+            black_box(fw.check(now, black_box(&p), web, db));
+        }),
+    ));
     for n in [10, 100] {
         let policy = policy(n);
         let (web, db) = (policy.tags(["web"], None), policy.tags(["db"], None));
         let mut fw = Firewall::new(policy.clone(), 65536);
+        let p = packet(40000);
         assert_eq!(fw.check(now, &p, web, db), Verdict::Pass);
-        group.bench_function(format!("{n}_rules_flow_in_table"), |b| {
-            b.iter(|| black_box(fw.check(now, black_box(&p), web, db)))
-        });
-        // New flows: each packet from another address and port (2^24 of them), in a full
-        // table of 65,536 flows, so each is decided by the rules, inserted, and evicts the
-        // least recently used flow: the most a first packet costs.
-        let mut fw = Firewall::new(policy, 65536);
+        cases.push((
+            format!("policy/{n}_rules_flow_in_table"),
+            Box::new(move || {
+                black_box(fw.check(now, black_box(&p), web, db));
+            }),
+        ));
+        // New flows: each packet from another address and port (2^24 of them), in a table
+        // of 65,536 flows filled first, so each is decided by the rules, inserted, and
+        // evicts the least recently used flow: the most a first packet costs.
+        let mut fw = Firewall::new(policy.clone(), 65536);
         let mut next = 0u32;
         let mut p = packet(1);
-        group.bench_function(format!("{n}_rules_new_flow"), |b| {
-            b.iter(|| {
-                next = next.wrapping_add(1) & 0x00ff_ffff;
-                p[14] = (next >> 16) as u8;
-                p[20..22].copy_from_slice(&(next as u16).to_be_bytes());
-                black_box(fw.check(now, black_box(&p), web, db))
-            })
-        });
-    }
-    group.finish();
-}
-
-fn rules_only(c: &mut Criterion) {
-    // The rule walk alone, without the table: what `decide` costs a first packet.
-    let mut group = c.benchmark_group("policy_decide");
-    for n in [10, 100] {
-        let policy = policy(n);
-        let (web, db) = (policy.tags(["web"], None), policy.tags(["db"], None));
+        let mut step = move || {
+            next = next.wrapping_add(1) & 0x00ff_ffff;
+            p[14] = (next >> 16) as u8;
+            p[20..22].copy_from_slice(&(next as u16).to_be_bytes());
+            black_box(fw.check(now, black_box(&p), web, db));
+        };
+        for _ in 0..65536 {
+            step();
+        }
+        cases.push((format!("policy/{n}_rules_new_flow"), Box::new(step)));
+        // The rule walk alone, without the table: what `decide` costs a first packet.
         let packet = hyphae_vswitch::policy::Packet {
             src: Ipv4Addr::new(10, 201, 0, 1),
             dst: Ipv4Addr::new(10, 201, 0, 2),
             proto: 6,
             dport: 5432,
         };
-        group.bench_function(format!("{n}_rules"), |b| {
-            b.iter(|| black_box(policy.decide(web, db, black_box(&packet))))
-        });
+        cases.push((
+            format!("policy_decide/{n}_rules"),
+            Box::new(move || {
+                black_box(policy.decide(web, db, black_box(&packet)));
+            }),
+        ));
     }
-    group.finish();
+    cases
 }
 
-criterion_group!(benches, bench, rules_only);
-criterion_main!(benches);
+fn bench(c: &mut Criterion) {
+    for (name, mut step) in cases() {
+        c.bench_function(&name, |b| b.iter(&mut step));
+    }
+}
+
+criterion_group!(benches, bench);
+
+/// `HYPHAE_POLICY_STEPS=CASE:N` runs case CASE N times and nothing else, for an instruction
+/// count under callgrind (`benches/policy-instructions.sh` runs it with N and with 0, and
+/// divides the difference by N); otherwise criterion runs every case.
+fn main() {
+    if let Ok(spec) = std::env::var("HYPHAE_POLICY_STEPS") {
+        let (name, n) = spec.rsplit_once(':').expect("CASE:N");
+        let n: u64 = n.parse().expect("N, a count");
+        let mut cases = cases();
+        let (_, step) = cases
+            .iter_mut()
+            .find(|(c, _)| c == name)
+            .unwrap_or_else(|| panic!("no case {name}"));
+        for _ in 0..n {
+            step();
+        }
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
