@@ -16,6 +16,7 @@ fuzz_target!(|data: &[u8]| {
         dns: vec![Ipv4Addr::new(10, 201, 0, 1)],
         domain: "lab".into(),
         router: None,
+        routes: Vec::new(),
         lease: Duration::from_secs(600),
     });
     s.handle_request(now, data, [2, 0, 0, 0, 0, 1]);

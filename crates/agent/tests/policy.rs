@@ -512,6 +512,66 @@ fn linked_namespaces_reach_one_service_through_a_gateway_and_nothing_else() {
         "db:5202 is denied as it leaves gw into data: {at_gw_data:?}"
     );
 
+    // A router of shop: its LAN host, an ISC dhclient, is given data's subnet as a classless
+    // static route (option 121) to gw, and reaches db through it.
+    let lan = bed.add_lan("lan").unwrap();
+    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 4)).unwrap();
+    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
+    let cfg = format!(
+        "{}\n[[namespace]]\nname = \"shop\"\nsecret_file = \"{}\"\nsubnet = \"{shop}\"\n\
+         mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n\
+         resolvers = []\npolicy = \"{}\"\nbootstrap = [\"{}:7400\"]\n",
+        agent_section(&r),
+        dir.join("shop.secret").display(),
+        dir.join("shop.toml").display(),
+        gw.underlay
+    );
+    let _ra = bed.start_agent(&r, &cfg).expect("router");
+    let l = bed.add_lan_host(&lan, "l", "", 1500).unwrap();
+    bed.private_resolv_conf(&l).unwrap();
+    let conf = l.dir.join("dhclient.conf");
+    std::fs::write(
+        &conf,
+        "option rfc3442-classless-static-routes code 121 = array of unsigned integer 8;\n\
+         request subnet-mask, broadcast-address, routers, domain-name-servers, rfc3442-classless-static-routes;\n",
+    )
+    .unwrap();
+    let (pid, leases) = (l.dir.join("dhclient.pid"), l.dir.join("dhclient.leases"));
+    bed.spawn(
+        &l.ns,
+        "dhclient",
+        &[
+            "-d",
+            "-v",
+            "-4",
+            "-cf",
+            &conf.display().to_string(),
+            "-pf",
+            &pid.display().to_string(),
+            "-lf",
+            &leases.display().to_string(),
+            "eth0",
+        ],
+        &l.dir.join("dhclient.log"),
+    )
+    .unwrap();
+    bed.address_on(&l, "eth0", Duration::from_secs(40)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = bed.ns_output(&l.ns, "ip", &["-4", "route"]).unwrap();
+        let routes = String::from_utf8_lossy(&out.stdout).into_owned();
+        if routes.contains("10.205.2.0/24 via 10.205.1.250 dev eth0") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no route to data on the LAN host: {routes}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bed.wait_for_ping(&l, db_ip, Duration::from_secs(20))
+        .unwrap();
+
     // Each side withdraws its link in turn while x streams to db: the stream stops within
     // 5 s; with both links back, x reaches db again.
     // (A stream cut off leaves its iperf3 server busy for a while: one server a round.)

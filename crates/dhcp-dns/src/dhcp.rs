@@ -60,6 +60,10 @@ pub struct Settings {
     pub domain: String,
     /// A default gateway (option 3), only if the namespace configures one.
     pub router: Option<Ipv4Addr>,
+    /// Classless static routes (option 121, RFC 3442): other namespaces' addresses through
+    /// their gateways (the policy's links). With any, the default gateway is sent among
+    /// them too, since a client that takes option 121 ignores option 3.
+    pub routes: Vec<(Ipv4Net, Ipv4Addr)>,
     /// Lease time (option 51).
     pub lease: Duration,
 }
@@ -192,6 +196,12 @@ impl Server {
             out: VecDeque::new(),
             stats: Stats::default(),
         }
+    }
+
+    /// Replaces the classless static routes sent from now on ([`Settings::routes`]);
+    /// clients take them at their next renewal.
+    pub fn set_routes(&mut self, routes: Vec<(Ipv4Net, Ipv4Addr)>) {
+        self.settings.routes = routes;
     }
 
     /// Counters.
@@ -532,6 +542,13 @@ impl Server {
         if let Some(r) = s.router {
             opts.insert(DhcpOption::Router(vec![r]));
         }
+        if !s.routes.is_empty() {
+            let mut routes = s.routes.clone();
+            if let Some(r) = s.router {
+                routes.push((Ipv4Net::default(), r));
+            }
+            opts.insert(DhcpOption::ClasslessStaticRoute(routes));
+        }
         // RFC 2131 4.1: to the address the client has, else as it asked, else unicast to
         // the address offered at its hardware address (a relay is `send`'s business).
         let ciaddr = request.message.ciaddr();
@@ -720,6 +737,7 @@ mod tests {
             dns: vec![SERVER],
             domain: "lab".into(),
             router: None,
+            routes: Vec::new(),
             lease: Duration::from_secs(600),
         }
     }
@@ -989,6 +1007,41 @@ mod tests {
             );
             let (_, nak) = only_reply(&outputs(&mut s));
             assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak), "{bad}");
+        }
+    }
+
+    #[test]
+    fn linked_namespaces_are_classless_static_routes_with_the_default_among_them() {
+        let t = Instant::now();
+        let via = Ipv4Addr::new(10, 201, 0, 250);
+        let linked: Ipv4Net = "10.202.0.0/24".parse().unwrap();
+        for (router, expect) in [
+            (None, vec![(linked, via)]),
+            (
+                Some(Ipv4Addr::new(10, 201, 0, 254)),
+                vec![
+                    (linked, via),
+                    (Ipv4Net::default(), Ipv4Addr::new(10, 201, 0, 254)),
+                ],
+            ),
+        ] {
+            let mut s = Server::new(Settings {
+                router,
+                ..settings()
+            });
+            s.set_routes(vec![(linked, via)]);
+            s.handle_request(
+                t,
+                &request(MessageType::Discover, Ipv4Addr::UNSPECIFIED, vec![]),
+                MAC,
+            );
+            outputs(&mut s);
+            s.allocated(&client(), Ipv4Addr::new(10, 201, 7, 9), t);
+            let (_, offer) = only_reply(&outputs(&mut s));
+            assert_eq!(
+                offer.opts().get(OptionCode::ClasslessStaticRoute),
+                Some(&DhcpOption::ClasslessStaticRoute(expect))
+            );
         }
     }
 

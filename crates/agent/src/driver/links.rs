@@ -95,8 +95,10 @@ impl DataPlane {
 impl super::Control {
     /// Puts namespace `i`'s links in place: its switch routes the other namespaces'
     /// addresses to their gateways, its tunnels take packets from them only from the
-    /// gateways, and in interface mode its TAP carries a route for each. Links through
-    /// this member itself (it is the gateway) route nothing: it forwards.
+    /// gateways, the host's device carries a route for each (interface and hybrid modes),
+    /// and the DHCP server gives them to LAN hosts as classless static routes (router
+    /// mode; they take them at their next renewal). Links through this member itself (it
+    /// is the gateway) route nothing: it forwards.
     pub(crate) fn apply_links(&mut self, i: usize) {
         let (routes, mode) = {
             let mut dp = lock(&self.dp);
@@ -118,7 +120,11 @@ impl super::Control {
             (routes, lane.mode)
         };
         let n = &mut self.namespaces[i];
-        if mode != Mode::Interface || !n.active() {
+        if let Some(dhcp) = n.dhcp.as_mut() {
+            dhcp.set_routes(routes.clone());
+        }
+        if mode == Mode::Router || !n.active() {
+            n.link_routes = routes;
             return;
         }
         for (net, _) in n.link_routes.iter().filter(|r| !routes.contains(r)) {

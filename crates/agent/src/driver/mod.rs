@@ -76,7 +76,8 @@ pub(crate) struct Joined {
     /// Names the namespace in the control plane (its records and membership proofs).
     pub(crate) tag: [u8; hyphae_overlay::TAG_LEN],
     pub(crate) device: String,
-    /// Interface mode: the routes on the TAP to linked namespaces, through their gateways.
+    /// The routes to linked namespaces, through their gateways: on the host's device
+    /// (interface and hybrid modes), in DHCP replies (router mode).
     pub(crate) link_routes: Vec<(ipnet::Ipv4Net, Ipv4Addr)>,
     pub(crate) mode: Mode,
     /// Router and hybrid modes: the LAN bridge, and the links this namespace set up.

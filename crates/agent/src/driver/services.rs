@@ -57,6 +57,7 @@ impl Control {
             router: n
                 .gateway
                 .filter(|g| crate::config::check_in_subnet(*g, subnet).is_ok()),
+            routes: n.link_routes.clone(),
             lease: m.lease(),
         };
         n.dhcp
