@@ -146,10 +146,30 @@ impl Control {
     }
 }
 
-/// The newest list kept in the state directory for namespace `name`, if any.
-pub(crate) fn kept(state_dir: &std::path::Path, name: &str) -> Option<Vec<u8>> {
-    let text = std::fs::read_to_string(crate::setup::revocations_file(state_dir, name)).ok()?;
-    unarmor(&text).ok()
+/// The armored document kept in file `path` of the state directory, if any.
+fn kept(path: std::path::PathBuf) -> Option<Vec<u8>> {
+    unarmor(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// Namespace `cfg`'s credential (if it has an authority) with the newest revocation list
+/// and signed policy seen before a restart, where newer than the config's.
+pub(crate) fn with_kept(
+    state_dir: &std::path::Path,
+    cfg: &crate::config::Namespace,
+) -> Option<hyphae_overlay::proof::Credential> {
+    let mut credential = cfg.credential.clone()?;
+    let trust = &mut credential.trust;
+    if let Some(list) = kept(crate::setup::revocations_file(state_dir, &cfg.name)) {
+        if let Ok(l) = trust.update(&list) {
+            tracing::info!(namespace = %cfg.name, version = l.version(), "revocation list kept from before");
+        }
+    }
+    if let Some(policy) = kept(crate::setup::policy_file(state_dir, &cfg.name)) {
+        if let Ok(p) = trust.update_policy(&policy) {
+            tracing::info!(namespace = %cfg.name, version = p.version(), "signed policy kept from before");
+        }
+    }
+    Some(credential)
 }
 
 /// Namespace `cfg` as this host's certificate `cert` makes it: the certificate's name is

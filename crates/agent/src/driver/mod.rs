@@ -280,25 +280,7 @@ impl Control {
     ) -> Result<()> {
         let me = self.identity.peer_id();
         let mut certificate = None;
-        // The newest revocation list seen before a restart, if newer than the config's.
-        let mut credential = cfg.credential.clone();
-        if let (Some(c), Some(list)) = (
-            credential.as_mut(),
-            certificates::kept(&self.state_dir, &cfg.name),
-        ) {
-            if let Ok(l) = c.trust.update(&list) {
-                tracing::info!(namespace = %cfg.name, version = l.version(), "revocation list kept from before");
-            }
-        }
-        // And the newest signed policy.
-        if let (Some(c), Some(bytes)) = (
-            credential.as_mut(),
-            policy::kept(&self.state_dir, &cfg.name),
-        ) {
-            if let Ok(p) = c.trust.update_policy(&bytes) {
-                tracing::info!(namespace = %cfg.name, version = p.version(), "signed policy kept from before");
-            }
-        }
+        let credential = certificates::with_kept(&self.state_dir, cfg);
         let (lane_policy, policy_source) = policy::at_start(
             &cfg.name,
             credential.as_ref().map(|c| &c.trust),
@@ -719,8 +701,7 @@ impl Control {
             dp.lanes[i].switch.set_address(address);
             dp.node.set_addresses(now, NamespaceId(i), addresses);
         }
-        // The device's routes went with its old address; and this member may be a gateway
-        // now.
+        // The device's routes went with its old address; it may be a gateway now.
         self.namespaces[i].link_routes.clear();
         self.apply_links(i);
     }

@@ -415,12 +415,6 @@ impl super::Control {
     }
 }
 
-/// The signed policy kept in the state directory for namespace `name`, if any.
-pub(crate) fn kept(state_dir: &std::path::Path, name: &str) -> Option<Vec<u8>> {
-    let text = std::fs::read_to_string(crate::setup::policy_file(state_dir, name)).ok()?;
-    unarmor(&text).ok()
-}
-
 /// The policy in force for a namespace at start: the newest signed one `trust` holds
 /// (from the config's file, or kept from before a restart) if any, else `configured`.
 /// Returns it and where it comes from.
