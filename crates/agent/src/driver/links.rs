@@ -106,7 +106,7 @@ impl super::Control {
             let Some(lane) = dp.lanes.get_mut(i) else {
                 return;
             };
-            let own = lane.switch.config().address;
+            let (own, subnet) = (lane.switch.config().address, lane.switch.config().subnet);
             let routes: Vec<(Ipv4Net, Ipv4Addr)> = lane
                 .policy
                 .current()
@@ -114,6 +114,14 @@ impl super::Control {
                 .iter()
                 .filter(|l| l.gateway != own)
                 .flat_map(|l| l.remote.iter().map(|n| (*n, l.gateway)))
+                // Another namespace's addresses only: never a route over this one's.
+                .filter(|(n, _)| {
+                    let overlaps = n.contains(&subnet.network()) || subnet.contains(&n.network());
+                    if overlaps {
+                        tracing::warn!(remote = %n, %subnet, "a link's remote overlaps this namespace's subnet: not routed");
+                    }
+                    !overlaps
+                })
                 .collect();
             lane.switch.set_links(routes.clone());
             dp.node.set_links(NamespaceId(i), routes.clone());

@@ -111,6 +111,15 @@ pub(super) fn compile(links: &[LinkFile]) -> Result<Vec<Link>, PolicyError> {
                     .map_err(|_| error(i, format!("remote '{w}': an address or a CIDR")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(n) = remote.iter().find(|n| {
+            let a = n.network();
+            a.is_multicast() || a.is_broadcast() || a.is_loopback() || a.is_unspecified()
+        }) {
+            return Err(error(
+                i,
+                format!("remote {n} is not unicast addresses of a namespace"),
+            ));
+        }
         if let Some(n) = remote.iter().find(|n| n.contains(&gateway)) {
             return Err(error(
                 i,

@@ -27,6 +27,10 @@
 //! namespace with an authority: without one a member says what it is and nobody checks,
 //! so such a policy may name addresses only ([`Policy::compile`] refuses the rest).
 //!
+//! A policy may also link the namespace to another through a gateway member of both
+//! (`[[link]]`, [`links`]): consent for traffic between them, which each side's rules then
+//! decide.
+//!
 //! [`Policy::compile`] turns a file into the matcher: each group and name the file mentions
 //! becomes a bit, a member's certificate becomes a [`Tags`] mask once (not per packet), and
 //! a decision is a walk over the rules comparing masks, prefixes and port ranges, first

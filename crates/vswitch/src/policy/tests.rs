@@ -524,6 +524,10 @@ fn links_name_a_namespace_a_gateway_and_what_it_reaches_and_mistakes_are_one_lin
             "holds the gateway 10.1.0.1",
         ),
         (
+            "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = [\"224.0.0.0/4\"]\n",
+            "remote 224.0.0.0/4 is not unicast",
+        ),
+        (
             "namespace = \"data\"\ngateway = \"10.1.0.1\"\nremote = [\"10.2.0.0/24\"]\n\
              [[link]]\nnamespace = \"data\"\ngateway = \"10.1.0.2\"\nremote = [\"10.3.0.0/24\"]\n",
             "policy link 2: namespace 'data' is linked twice",
