@@ -129,6 +129,10 @@ struct NamespaceSection {
     policy: Option<PathBuf>,
     #[serde(default = "default_flows")]
     flows: usize,
+    #[serde(default)]
+    rate: Option<String>,
+    #[serde(default)]
+    burst: Option<u64>,
 }
 
 fn default_flows() -> usize {
@@ -316,6 +320,9 @@ pub struct Namespace {
     pub policy_path: Option<PathBuf>,
     /// Most flows the policy's connection table keeps.
     pub flows: usize,
+    /// A cap on what this member sends to the namespace's members: bits a second and a
+    /// burst in bytes (docs/QOS.md). None: no cap.
+    pub rate: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -358,6 +365,7 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         policy: hyphae_vswitch::policy::Policy::allow_all(),
         policy_path: None,
         flows: default_flows(),
+        rate: None,
     }
 }
 
@@ -624,6 +632,15 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         Some(path) => read_policy(path, credential.as_mut().map(|c| &mut c.trust))?,
         None => hyphae_vswitch::policy::Policy::allow_all(),
     };
+    let rate = match (&s.rate, s.burst) {
+        (Some(r), burst) => {
+            let bits = hyphae_vswitch::qos::parse_rate(r).map_err(|e| anyhow::anyhow!(e))?;
+            // Default: 10 ms at the rate.
+            Some((bits, burst.unwrap_or(bits / 8 / 100)))
+        }
+        (None, Some(_)) => bail!("burst needs a rate"),
+        (None, None) => None,
+    };
     if s.flows == 0 {
         bail!("flows must be at least 1 (the policy's connection table)");
     }
@@ -658,6 +675,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         policy,
         policy_path: s.policy,
         flows: s.flows,
+        rate,
     })
 }
 

@@ -455,6 +455,9 @@ pub struct NamespaceStatus {
     /// The namespace's policy and what it did (docs/POLICY.md).
     #[serde(default)]
     pub policy: PolicyStatus,
+    /// The cap on what this member sends to the namespace, if it has one (docs/QOS.md).
+    #[serde(default)]
+    pub egress: Option<RateStatus>,
     /// The members this agent has a tunnel with.
     pub peers: Vec<PeerStatus>,
 }
@@ -498,6 +501,24 @@ pub struct PolicyStatus {
     pub flows_evicted: u64,
     pub flows_expired: u64,
     pub flows_revoked: u64,
+}
+
+/// A rate cap in [`NamespaceStatus`] (docs/QOS.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RateStatus {
+    /// The cap, bits a second; the burst, bytes; the most queueing it adds.
+    pub rate: u64,
+    pub burst: u64,
+    pub max_delay_ms: u64,
+    /// Bytes sent under it (at once or after waiting), packets that waited, packets and
+    /// bytes dropped because they would have waited longer than `max_delay_ms`.
+    pub sent_bytes: u64,
+    pub delayed: u64,
+    pub dropped: u64,
+    pub dropped_bytes: u64,
+    /// Packets waiting now.
+    pub queued: usize,
 }
 
 /// The virtual DNS server in [`NamespaceStatus`].

@@ -41,6 +41,10 @@ const GAUGES: &[&str] = &[
     "namespaces[].policy.version",
     "namespaces[].policy.flows",
     "namespaces[].policy.flows_max",
+    "namespaces[].egress.rate",
+    "namespaces[].egress.burst",
+    "namespaces[].egress.max_delay_ms",
+    "namespaces[].egress.queued",
 ];
 
 /// Status fields that are not measurements: the schema version.

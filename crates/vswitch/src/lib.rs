@@ -40,6 +40,7 @@
 pub mod mtu;
 pub mod offload;
 pub mod policy;
+pub mod qos;
 pub mod udp;
 pub mod wire;
 

@@ -14,6 +14,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use hyphae_overlay::{Node, Opened, PeerHandle, PeerId, Sealer, Transmit, Tunnels};
+use hyphae_vswitch::qos::Pacer;
 use hyphae_vswitch::{Client, Mac, Switch, HEADROOM};
 
 use crate::config::Mode;
@@ -71,6 +72,9 @@ pub(crate) struct Lane {
     pub(crate) offload_counters: OffloadCounters,
     /// The namespace's policy, checked on every packet to and from a member.
     pub(crate) policy: super::policy::LanePolicy,
+    /// A cap on what this member sends to the namespace's members (`rate`): packets over
+    /// it wait here for their tokens, at most [`hyphae_vswitch::qos::MAX_DELAY`].
+    pub(crate) egress: Option<Pacer<(PeerHandle, Vec<u8>)>>,
 }
 
 impl Lane {
@@ -174,6 +178,8 @@ pub(crate) enum ToControl {
     },
     /// A broadcast found no group: read it.
     GroupWanted { ns: usize },
+    /// A rate cap began to hold packets: the data plane's timers must run when they may go.
+    Paced,
     /// What a router or hybrid switch learned about its LAN.
     Lan {
         ns: usize,
@@ -229,8 +235,13 @@ impl DataPlane {
             .iter()
             .filter(|l| l.active)
             .map(|l| l.switch.poll_timeout());
+        let paced = self
+            .lanes
+            .iter()
+            .map(|l| l.egress.as_ref().and_then(Pacer::poll_timeout));
         std::iter::once(self.node.poll_timeout())
             .chain(switches)
+            .chain(paced)
             .flatten()
             .min()
     }
@@ -251,8 +262,21 @@ impl DataPlane {
             }
             self.lanes[i].grace.retain(|g| g.until > now);
         }
+        self.release_paced(now, out);
         self.drain_node(out);
         node
+    }
+
+    /// Sends what the lanes' rate caps held and may go at `now`.
+    pub(crate) fn release_paced(&mut self, now: Instant, out: &mut Batch) {
+        for lane in &mut self.lanes {
+            let Some(pacer) = lane.egress.as_mut() else {
+                continue;
+            };
+            while let Some((peer, packet)) = pacer.poll(now) {
+                out.seal(&mut self.node, peer, &packet);
+            }
+        }
     }
 }
 

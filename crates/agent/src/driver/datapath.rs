@@ -12,6 +12,7 @@ use hyphae_vswitch::offload::VIRTIO_HEADER_LEN;
 use hyphae_vswitch::offload::{self, complete_checksum, Gso, Segments, VirtioHeader};
 use hyphae_vswitch::policy::flows::Verdict;
 use hyphae_vswitch::policy::reject;
+use hyphae_vswitch::qos::Paced;
 use hyphae_vswitch::{Action, HEADROOM};
 
 use super::data::{Batch, DataPlane, ToControl};
@@ -135,6 +136,8 @@ impl DataPlane {
         rx: &mut [u8],
         out: &mut Batch,
     ) {
+        // What a rate cap held goes first, in order, before new packets join its queue.
+        self.release_paced(now, out);
         for (i, range) in frames.iter().cloned() {
             let Some(lane) = self.lanes.get(i).filter(|l| l.active) else {
                 continue;
@@ -206,7 +209,7 @@ impl DataPlane {
                     .policy
                     .outbound(now, &self.node, peer, &frame[packet.clone()], subnet)
                 {
-                    Verdict::Pass => out.seal(&mut self.node, peer, &frame[packet]),
+                    Verdict::Pass => self.send_capped(now, i, peer, &frame[packet], out),
                     Verdict::Reject => reject_to_tap(i, frame, packet, out),
                     Verdict::Deny | Verdict::StrayIcmpError => {}
                 }
@@ -222,7 +225,7 @@ impl DataPlane {
                     None => Verdict::Pass,
                 };
                 match verdict {
-                    Verdict::Pass => self.send_fragments(i, peer, &frame[packet], mtu, out),
+                    Verdict::Pass => self.send_fragments(now, i, peer, &frame[packet], mtu, out),
                     Verdict::Reject => reject_to_tap(i, frame, packet, out),
                     Verdict::Deny | Verdict::StrayIcmpError => {}
                 }
@@ -256,6 +259,32 @@ impl DataPlane {
         }
     }
 
+    /// `packet` from this member (or its LAN) to the member of tunnel `peer`, under
+    /// namespace `i`'s rate cap if it has one: sealed now if within the rate, else held
+    /// until its tokens come (the control thread is told when the first is held), or
+    /// dropped (counted) if it would wait longer than the cap's delay.
+    fn send_capped(
+        &mut self,
+        now: Instant,
+        i: usize,
+        peer: PeerHandle,
+        packet: &[u8],
+        out: &mut Batch,
+    ) {
+        let Some(pacer) = self.lanes[i].egress.as_mut() else {
+            return out.seal(&mut self.node, peer, packet);
+        };
+        if pacer.send_now(now, packet.len()) {
+            return out.seal(&mut self.node, peer, packet);
+        }
+        let first = pacer.queued().0 == 0;
+        match pacer.push(now, (peer, packet.to_vec()), packet.len()) {
+            Paced::Now((peer, packet)) => out.seal(&mut self.node, peer, &packet),
+            Paced::Queued if first => self.tell_control(ToControl::Paced),
+            Paced::Queued | Paced::Dropped(_) => {}
+        }
+    }
+
     /// The policy rejects `packet` from the member of tunnel `to`: it is told (a TCP reset,
     /// ICMP port unreachable), through the tunnel.
     fn reject_to_member(&mut self, to: PeerHandle, packet: &[u8], out: &mut Batch) {
@@ -268,6 +297,7 @@ impl DataPlane {
     /// A packet larger than the tunnel MTU, in fragments: to `peer`, or to every member.
     fn send_fragments(
         &mut self,
+        now: Instant,
         i: usize,
         peer: Option<PeerHandle>,
         packet: &[u8],
@@ -281,7 +311,7 @@ impl DataPlane {
         let mut buf = std::mem::take(&mut out.fragment);
         while let Some(len) = fragments.next_into(&mut buf) {
             match peer {
-                Some(peer) => out.seal(&mut self.node, peer, &buf[..len]),
+                Some(peer) => self.send_capped(now, i, peer, &buf[..len], out),
                 None => self.broadcast(i, &buf[..len], out),
             }
         }

@@ -480,6 +480,9 @@ impl Control {
                 certificate.as_ref(),
                 cfg.flows,
             ),
+            egress: cfg.rate.map(|(bits, burst)| {
+                hyphae_vswitch::qos::Pacer::new(bits, burst, hyphae_vswitch::qos::MAX_DELAY)
+            }),
         });
         self.namespaces.push(Joined {
             name: cfg.name.clone(),

@@ -41,6 +41,7 @@ struct LaneStatus {
     offload: bool,
     offload_counters: OffloadCounters,
     policy: PolicyStatus,
+    egress: Option<crate::control::RateStatus>,
 }
 
 struct PeerSnapshot {
@@ -69,6 +70,19 @@ impl DataStatus {
                     offload: l.offload,
                     offload_counters: l.offload_counters,
                     policy: l.policy.status(),
+                    egress: l.egress.as_ref().map(|p| {
+                        let s = p.stats();
+                        crate::control::RateStatus {
+                            rate: p.rate_bits(),
+                            burst: p.burst(),
+                            max_delay_ms: p.max_delay().as_millis() as u64,
+                            sent_bytes: s.sent_bytes,
+                            delayed: s.delayed,
+                            dropped: s.dropped,
+                            dropped_bytes: s.dropped_bytes,
+                            queued: p.queued().0,
+                        }
+                    }),
                 })
                 .collect(),
             peers: dp
@@ -256,6 +270,7 @@ impl Control {
                     coalesced_writes: lane.offload_counters.coalesced_writes,
                     coalesced_frames: lane.offload_counters.coalesced_frames,
                     policy: lane.policy.clone(),
+                    egress: lane.egress.clone(),
                     peers: Vec::new(),
                 }
             })

@@ -60,6 +60,7 @@ fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
             None,
             16,
         ),
+        egress: None,
     });
     Plane {
         dp,
