@@ -14,6 +14,7 @@ use ipnet::Ipv4Net;
 use serde::Deserialize;
 
 mod files;
+mod qos;
 use files::read_credential;
 pub(crate) use files::{compile_policy, is_signed_policy, read_policy, SIGNED_POLICY};
 
@@ -60,6 +61,7 @@ struct AgentSection {
     underlay: String,
     offload: bool,
     workers: Option<usize>,
+    uplink_rate: Option<String>,
 }
 
 impl Default for AgentSection {
@@ -74,6 +76,7 @@ impl Default for AgentSection {
             underlay: "socket".into(),
             offload: true,
             workers: None,
+            uplink_rate: None,
         }
     }
 }
@@ -133,6 +136,8 @@ struct NamespaceSection {
     rate: Option<String>,
     #[serde(default)]
     burst: Option<u64>,
+    #[serde(default)]
+    weight: Option<u64>,
 }
 
 fn default_flows() -> usize {
@@ -205,6 +210,9 @@ pub struct Agent {
     /// Data-path threads, each with its own queue of every TAP and its own underlay socket
     /// (`crate::workers`). Default: one per core; one with an AF_XDP underlay.
     pub workers: usize,
+    /// The underlay's rate, bits a second: namespaces share it by `weight` when it is
+    /// saturated (docs/QOS.md). None: no shares.
+    pub uplink_rate: Option<u64>,
 }
 
 /// Most data-path workers (`[agent] workers`).
@@ -323,6 +331,9 @@ pub struct Namespace {
     /// A cap on what this member sends to the namespace's members: bits a second and a
     /// burst in bytes (docs/QOS.md). None: no cap.
     pub rate: Option<(u64, u64)>,
+    /// Its share of `[agent] uplink_rate` when saturated, against the other namespaces'
+    /// (default 1).
+    pub weight: Option<u64>,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -366,6 +377,7 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         policy_path: None,
         flows: default_flows(),
         rate: None,
+        weight: None,
     }
 }
 
@@ -413,6 +425,8 @@ impl Config {
             .with_context(|| format!("config {}: [agent] underlay", path.display()))?;
         let workers = workers(file.agent.workers, underlay)
             .with_context(|| format!("config {}: [agent] workers", path.display()))?;
+        let uplink_rate = qos::uplink(&file.agent.uplink_rate)
+            .with_context(|| format!("config {}: [agent] uplink_rate", path.display()))?;
         let mut namespaces: Vec<Namespace> = Vec::new();
         for section in file.namespaces {
             let name = section.name.clone();
@@ -434,6 +448,9 @@ impl Config {
                     ns.device
                 );
             }
+            if ns.weight.is_some() && uplink_rate.is_none() {
+                bail!("config {}: namespace '{}': weight shares [agent] uplink_rate, which is not set", path.display(), ns.name);
+            }
             namespaces.push(ns);
         }
         Ok(Self {
@@ -447,6 +464,7 @@ impl Config {
                 underlay,
                 offload: file.agent.offload,
                 workers,
+                uplink_rate,
             },
             namespaces,
         })
@@ -632,15 +650,8 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         Some(path) => read_policy(path, credential.as_mut().map(|c| &mut c.trust))?,
         None => hyphae_vswitch::policy::Policy::allow_all(),
     };
-    let rate = match (&s.rate, s.burst) {
-        (Some(r), burst) => {
-            let bits = hyphae_vswitch::qos::parse_rate(r).map_err(|e| anyhow::anyhow!(e))?;
-            // Default: 10 ms at the rate.
-            Some((bits, burst.unwrap_or(bits / 8 / 100)))
-        }
-        (None, Some(_)) => bail!("burst needs a rate"),
-        (None, None) => None,
-    };
+    let rate = qos::egress(&s.rate, s.burst)?;
+    let weight = qos::weight(s.weight)?;
     if s.flows == 0 {
         bail!("flows must be at least 1 (the policy's connection table)");
     }
@@ -676,6 +687,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         policy_path: s.policy,
         flows: s.flows,
         rate,
+        weight,
     })
 }
 

@@ -458,6 +458,9 @@ pub struct NamespaceStatus {
     /// The cap on what this member sends to the namespace, if it has one (docs/QOS.md).
     #[serde(default)]
     pub egress: Option<RateStatus>,
+    /// Its share of `[agent] uplink_rate`, if set (docs/QOS.md).
+    #[serde(default)]
+    pub share: Option<ShareStatus>,
     /// The members this agent has a tunnel with.
     pub peers: Vec<PeerStatus>,
 }
@@ -518,6 +521,20 @@ pub struct RateStatus {
     pub dropped: u64,
     pub dropped_bytes: u64,
     /// Packets waiting now.
+    pub queued: usize,
+}
+
+/// A namespace's share of the uplink in [`NamespaceStatus`] (docs/QOS.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ShareStatus {
+    /// Its weight, and the uplink's rate in bits a second.
+    pub weight: u64,
+    pub uplink_rate: u64,
+    /// Bytes it sent through the uplink; packets dropped (its queue held 20 ms of the
+    /// uplink); packets waiting for its turn now.
+    pub sent_bytes: u64,
+    pub dropped: u64,
     pub queued: usize,
 }
 

@@ -45,6 +45,9 @@ const GAUGES: &[&str] = &[
     "namespaces[].egress.burst",
     "namespaces[].egress.max_delay_ms",
     "namespaces[].egress.queued",
+    "namespaces[].share.weight",
+    "namespaces[].share.uplink_rate",
+    "namespaces[].share.queued",
 ];
 
 /// Status fields that are not measurements: the schema version.

@@ -99,3 +99,124 @@ fn an_egress_cap_holds_tcp_and_udp_to_its_rate() {
     assert_eq!((egress.rate, egress.max_delay_ms), (50_000_000, 20));
     assert!(egress.delayed > 0 && egress.dropped > 0, "{egress:?}");
 }
+
+/// A `[[namespace]]` `name` in 10.207.`k`.0/24 at .`host`, device `hy-NAME`.
+fn section(dir: &Path, name: &str, k: u8, host: u8, boot: Option<Ipv4Addr>, extra: &str) -> String {
+    let mut s = format!(
+        "\n[[namespace]]\nname = \"{name}\"\nsecret_file = \"{}\"\nsubnet = \"10.207.{k}.0/24\"\n\
+         address = \"10.207.{k}.{host}\"\ndevice = \"hy-{name}\"\nresolvers = []\n{extra}",
+        dir.join(format!("{name}.secret")).display()
+    );
+    if let Some(b) = boot {
+        s += &format!("bootstrap = [\"{b}:7400\"]\n");
+    }
+    s
+}
+
+/// Issue 32, item 2 (first part): three namespaces share one agent's uplink (300 Mbit/s)
+/// by weight 6:3:1. Each offers 200 Mbit/s of UDP at once, from the sender's namespaces to
+/// the receiver's: what arrives is ordered by weight and near each weight's share; then
+/// one namespace alone takes (nearly) the whole uplink.
+#[test]
+fn namespaces_share_a_saturated_uplink_by_weight() {
+    require_root();
+    let mut bed = Testbed::new("qosw", Path::new(BIN)).expect("testbed");
+    let dir = bed.dir().to_path_buf();
+    let names = [("a", 1u8, 6u64), ("b", 2, 3), ("c", 3, 1)];
+    for (name, _, _) in names {
+        hyphae_testbed::write_secret(
+            &dir.join(format!("{name}.secret")),
+            &format!("the {name} namespace secret\n"),
+        )
+        .unwrap();
+    }
+    let s = bed.add_host("s", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let mut cfg = format!("{}uplink_rate = \"300M\"\n", agent_section(&s));
+    for (name, k, w) in names {
+        cfg += &section(&dir, name, k, 11, None, &format!("weight = {w}\n"));
+    }
+    let sa = bed.start_agent(&s, &cfg).expect("sender");
+    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
+    let mut cfg = agent_section(&r);
+    for (name, k, _) in names {
+        cfg += &section(&dir, name, k, 12, Some(s.underlay), "");
+    }
+    let _ra = bed.start_agent(&r, &cfg).expect("receiver");
+    for (_, k, _) in names {
+        bed.wait_for_ping(
+            &s,
+            Ipv4Addr::new(10, 207, k, 12),
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap();
+    }
+    for (name, k, _) in names {
+        let port = format!("{}", 5200 + u16::from(k));
+        bed.spawn(
+            &r.ns,
+            "iperf3",
+            &["-s", "-p", &port],
+            &dir.join(format!("s-{name}.log")),
+        )
+        .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // All three at once, each in a thread of its own.
+    let rates: Vec<f64> = std::thread::scope(|scope| {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|(_, k, _)| {
+                let (bed, s) = (&bed, &s);
+                scope.spawn(move || {
+                    let port = format!("{}", 5200 + u16::from(*k));
+                    iperf(
+                        bed,
+                        s,
+                        Ipv4Addr::new(10, 207, *k, 12),
+                        &["-u", "-b", "200M", "-l", "1200", "-p", &port],
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let total: f64 = rates.iter().sum();
+    println!("weights 6:3:1 of 300 Mbit/s, each offering 200: {rates:.1?} (total {total:.1})");
+    assert!(
+        rates[0] > rates[1] && rates[1] > rates[2],
+        "ordered by weight: {rates:?}"
+    );
+    for ((name, _, w), got) in names.iter().zip(&rates) {
+        let share = total * *w as f64 / 10.0;
+        assert!(
+            (got - share).abs() < total * 0.08,
+            "{name} (weight {w}) got {got:.1} of {total:.1} Mbit/s, its share {share:.1}"
+        );
+    }
+    assert!(
+        (240.0..=305.0).contains(&total),
+        "the uplink carried {total:.1} Mbit/s of 300"
+    );
+    // Alone, the lightest takes the whole uplink.
+    let alone = iperf(
+        &bed,
+        &s,
+        Ipv4Addr::new(10, 207, 3, 12),
+        &["-u", "-b", "400M", "-l", "1200", "-p", "5203"],
+    );
+    println!("c alone, offering 400: {alone:.1}");
+    assert!(
+        (240.0..=305.0).contains(&alone),
+        "c alone got {alone:.1} Mbit/s of 300"
+    );
+    let share = bed
+        .status(&s, &sa)
+        .unwrap()
+        .namespaces
+        .into_iter()
+        .find(|n| n.name == "a")
+        .and_then(|n| n.share)
+        .expect("a's share in status");
+    assert_eq!((share.weight, share.uplink_rate), (6, 300_000_000));
+    assert!(share.sent_bytes > 0);
+}

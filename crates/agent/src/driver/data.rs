@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use hyphae_overlay::{Node, Opened, PeerHandle, PeerId, Sealer, Transmit, Tunnels};
-use hyphae_vswitch::qos::Pacer;
+use hyphae_vswitch::qos::{Pacer, Shares};
 use hyphae_vswitch::{Client, Mac, Switch, HEADROOM};
 
 use crate::config::Mode;
@@ -48,6 +48,9 @@ pub(crate) struct DataPlane {
     /// When the control thread wakes next on its own; a batch that sets an earlier deadline
     /// (a handshake to retry, a probe to send) wakes it.
     pub(crate) control_deadline: Option<Instant>,
+    /// `[agent] uplink_rate`: the namespaces (classes by lane index) share it by weight;
+    /// what exceeds it waits in its namespace's queue (docs/QOS.md).
+    pub(crate) shares: Option<Shares<(PeerHandle, Vec<u8>)>>,
 }
 
 /// One namespace as the data plane sees it.
@@ -178,8 +181,6 @@ pub(crate) enum ToControl {
     },
     /// A broadcast found no group: read it.
     GroupWanted { ns: usize },
-    /// A rate cap began to hold packets: the data plane's timers must run when they may go.
-    Paced,
     /// What a router or hybrid switch learned about its LAN.
     Lan {
         ns: usize,
@@ -209,6 +210,7 @@ impl DataPlane {
             inbox_drops: 0,
             wake_control: false,
             control_deadline: None,
+            shares: None,
         }
     }
 
@@ -242,6 +244,9 @@ impl DataPlane {
         std::iter::once(self.node.poll_timeout())
             .chain(switches)
             .chain(paced)
+            .chain(std::iter::once(
+                self.shares.as_ref().and_then(Shares::poll_timeout),
+            ))
             .flatten()
             .min()
     }
@@ -267,15 +272,17 @@ impl DataPlane {
         node
     }
 
-    /// Sends what the lanes' rate caps held and may go at `now`.
+    /// Sends what the lanes' rate caps and the uplink's shares held and may go at `now`:
+    /// what a cap lets go then takes its turn in the shares.
     pub(crate) fn release_paced(&mut self, now: Instant, out: &mut Batch) {
-        for lane in &mut self.lanes {
-            let Some(pacer) = lane.egress.as_mut() else {
-                continue;
-            };
-            while let Some((peer, packet)) = pacer.poll(now) {
-                out.seal(&mut self.node, peer, &packet);
+        for i in 0..self.lanes.len() {
+            while let Some((peer, packet)) = self.lanes[i].egress.as_mut().and_then(|p| p.poll(now))
+            {
+                self.send_shared(now, i, peer, packet, out);
             }
+        }
+        while let Some((_, (peer, packet))) = self.shares.as_mut().and_then(|s| s.poll(now)) {
+            out.seal(&mut self.node, peer, &packet);
         }
     }
 }

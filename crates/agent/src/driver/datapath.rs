@@ -260,9 +260,9 @@ impl DataPlane {
     }
 
     /// `packet` from this member (or its LAN) to the member of tunnel `peer`, under
-    /// namespace `i`'s rate cap if it has one: sealed now if within the rate, else held
-    /// until its tokens come (the control thread is told when the first is held), or
-    /// dropped (counted) if it would wait longer than the cap's delay.
+    /// namespace `i`'s rate cap if it has one: on at once if within the rate, else held
+    /// until its tokens come, or dropped (counted) if it would wait longer than the cap's
+    /// delay. What goes on takes its turn in the uplink's shares.
     fn send_capped(
         &mut self,
         now: Instant,
@@ -272,16 +272,53 @@ impl DataPlane {
         out: &mut Batch,
     ) {
         let Some(pacer) = self.lanes[i].egress.as_mut() else {
-            return out.seal(&mut self.node, peer, packet);
+            return self.send_shared_ref(now, i, peer, packet, out);
         };
         if pacer.send_now(now, packet.len()) {
-            return out.seal(&mut self.node, peer, packet);
+            return self.send_shared_ref(now, i, peer, packet, out);
         }
-        let first = pacer.queued().0 == 0;
-        match pacer.push(now, (peer, packet.to_vec()), packet.len()) {
-            Paced::Now((peer, packet)) => out.seal(&mut self.node, peer, &packet),
-            Paced::Queued if first => self.tell_control(ToControl::Paced),
-            Paced::Queued | Paced::Dropped(_) => {}
+        if let Paced::Now((peer, packet)) = pacer.push(now, (peer, packet.to_vec()), packet.len()) {
+            self.send_shared(now, i, peer, packet, out);
+        }
+    }
+
+    /// `packet` of namespace `i` for the member of tunnel `peer`, under the uplink's
+    /// shares if `[agent] uplink_rate` is set: sealed now if the uplink has room and no
+    /// namespace waits, else queued in namespace `i`'s turn (or dropped, counted).
+    fn send_shared_ref(
+        &mut self,
+        now: Instant,
+        i: usize,
+        peer: PeerHandle,
+        packet: &[u8],
+        out: &mut Batch,
+    ) {
+        if let Some(s) = self.shares.as_mut() {
+            if !s.send_now(now, i, packet.len()) {
+                let _ = s.push(now, i, (peer, packet.to_vec()), packet.len());
+                return;
+            }
+        }
+        out.seal(&mut self.node, peer, packet);
+    }
+
+    /// [`DataPlane::send_shared_ref`] for a packet already owned (one a cap held).
+    pub(crate) fn send_shared(
+        &mut self,
+        now: Instant,
+        i: usize,
+        peer: PeerHandle,
+        packet: Vec<u8>,
+        out: &mut Batch,
+    ) {
+        match self.shares.as_mut() {
+            Some(s) => {
+                let len = packet.len();
+                if let Paced::Now((peer, packet)) = s.push(now, i, (peer, packet), len) {
+                    out.seal(&mut self.node, peer, &packet);
+                }
+            }
+            None => out.seal(&mut self.node, peer, &packet),
         }
     }
 

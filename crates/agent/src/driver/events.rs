@@ -40,8 +40,6 @@ impl Control {
     fn handle_inbox(&mut self, now: Instant, message: ToControl) {
         match message {
             ToControl::Dhcp { ns, payload, mac } => self.handle_dhcp(ns, &payload, mac, now),
-            // The loop's next turn asks the data plane when its timers are due.
-            ToControl::Paced => {}
             ToControl::Dns {
                 ns,
                 payload,

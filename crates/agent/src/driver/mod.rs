@@ -243,7 +243,17 @@ impl Control {
             ops: HashMap::new(),
             fatal: None,
             namespaces: Vec::new(),
-            dp: Arc::new(Mutex::new(DataPlane::new(node))),
+            dp: Arc::new(Mutex::new(DataPlane {
+                shares: config.agent.uplink_rate.map(|rate| {
+                    // A burst of 10 ms at the rate; queues of 20 ms.
+                    hyphae_vswitch::qos::Shares::new(
+                        rate,
+                        rate / 8 / 100,
+                        hyphae_vswitch::qos::MAX_DELAY,
+                    )
+                }),
+                ..DataPlane::new(node)
+            })),
             batch: Batch::default(),
             inbox: Vec::new(),
             outbox,
@@ -484,6 +494,9 @@ impl Control {
                 hyphae_vswitch::qos::Pacer::new(bits, burst, hyphae_vswitch::qos::MAX_DELAY)
             }),
         });
+        if let Some(shares) = lock(&self.dp).shares.as_mut() {
+            shares.set_weight(i, cfg.weight.unwrap_or(1));
+        }
         self.namespaces.push(Joined {
             name: cfg.name.clone(),
             certificate,

@@ -42,6 +42,7 @@ struct LaneStatus {
     offload_counters: OffloadCounters,
     policy: PolicyStatus,
     egress: Option<crate::control::RateStatus>,
+    share: Option<crate::control::ShareStatus>,
 }
 
 struct PeerSnapshot {
@@ -62,7 +63,8 @@ impl DataStatus {
             lanes: dp
                 .lanes
                 .iter()
-                .map(|l| LaneStatus {
+                .enumerate()
+                .map(|(i, l)| LaneStatus {
                     counters: l.switch.counters().clone(),
                     address: l.switch.config().address,
                     lan_hosts: l.switch.lan_hosts(),
@@ -82,6 +84,16 @@ impl DataStatus {
                             dropped_bytes: s.dropped_bytes,
                             queued: p.queued().0,
                         }
+                    }),
+                    share: dp.shares.as_ref().and_then(|s| {
+                        let c = s.stats(i)?;
+                        Some(crate::control::ShareStatus {
+                            weight: c.weight,
+                            uplink_rate: s.rate_bits(),
+                            sent_bytes: c.sent_bytes,
+                            dropped: c.dropped,
+                            queued: c.queued,
+                        })
                     }),
                 })
                 .collect(),
@@ -271,6 +283,7 @@ impl Control {
                     coalesced_frames: lane.offload_counters.coalesced_frames,
                     policy: lane.policy.clone(),
                     egress: lane.egress.clone(),
+                    share: lane.share.clone(),
                     peers: Vec::new(),
                 }
             })

@@ -8,8 +8,11 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+mod shares;
 #[cfg(test)]
 mod tests;
+
+pub use shares::{ClassStats, Shares};
 
 /// The worst-case delay a cap adds to what it paces (its queue holds this long at the rate).
 pub const MAX_DELAY: Duration = Duration::from_millis(20);

@@ -148,3 +148,92 @@ fn a_pacer_keeps_order_and_its_queue_bounded() {
     let s = p.stats();
     assert_eq!((s.sent, s.delayed, s.dropped), (85, 20, 1));
 }
+
+/// Classes of `weights` each offered `offered` bytes a second (or nothing, where 0) in
+/// packets of `len` for `secs` on the virtual clock through an uplink of `rate` bits a
+/// second: the bytes each class got through.
+fn share(rate: u64, weights: &[u64], offered: &[u64], len: usize, secs: u64) -> Vec<u64> {
+    let t0 = Instant::now();
+    let mut s: Shares<usize> = Shares::new(rate, 16_000, 20 * MS);
+    for (c, w) in weights.iter().enumerate() {
+        s.set_weight(c, *w);
+    }
+    let gaps: Vec<Option<Duration>> = offered
+        .iter()
+        .map(|&o| (o > 0).then(|| Duration::from_nanos(len as u64 * 1_000_000_000 / o)))
+        .collect();
+    let mut next: Vec<Instant> = vec![t0; weights.len()];
+    let end = t0 + Duration::from_secs(secs);
+    let mut got = vec![0u64; weights.len()];
+    let mut now = t0;
+    while now < end {
+        for c in 0..weights.len() {
+            let Some(gap) = gaps[c] else { continue };
+            while next[c] <= now {
+                if let Paced::Now(c) = s.push(now, c, c, len) {
+                    got[c] += len as u64;
+                }
+                next[c] += gap;
+            }
+        }
+        while let Some((c, _)) = s.poll(now) {
+            got[c] += len as u64;
+        }
+        let arrival = gaps
+            .iter()
+            .zip(&next)
+            .filter_map(|(g, n)| g.map(|_| *n))
+            .min()
+            .unwrap_or(end);
+        now = s
+            .poll_timeout()
+            .map_or(arrival, |t| t.min(arrival))
+            .max(now + Duration::from_nanos(1));
+    }
+    got
+}
+
+#[test]
+fn a_saturated_uplink_is_shared_by_weight() {
+    // 80 Mbit/s (10 MB/s) for 4 s; each of three classes offers 8 MB/s.
+    let rate_bytes = 10_000_000u64 * 4;
+    for weights in [[6u64, 3, 1], [1, 1, 1], [5, 3, 2]] {
+        let got = share(80_000_000, &weights, &[8_000_000; 3], 1250, 4);
+        let total: u64 = got.iter().sum();
+        assert!(
+            total >= rate_bytes * 99 / 100,
+            "{weights:?}: {total} of {rate_bytes}"
+        );
+        let sum: u64 = weights.iter().sum();
+        for (c, w) in weights.iter().enumerate() {
+            let expected = total * w / sum;
+            let off = got[c].abs_diff(expected) as f64 / total as f64;
+            assert!(
+                off < 0.02,
+                "{weights:?}: class {c} got {} of {total}, share {expected}",
+                got[c]
+            );
+        }
+    }
+}
+
+#[test]
+fn an_idle_class_leaves_its_share_to_the_others_and_a_light_one_gets_all_it_asks() {
+    // Weights 6:3:1, the first class idle: the others split 3:1.
+    let got = share(80_000_000, &[6, 3, 1], &[0, 8_000_000, 8_000_000], 1250, 4);
+    assert_eq!(got[0], 0);
+    let total = got[1] + got[2];
+    assert!(total >= 40_000_000 * 99 / 100, "{got:?}");
+    assert!((got[1] as f64 / got[2] as f64 - 3.0).abs() < 0.1, "{got:?}");
+    // The heavy class asks for less than its share (1 MB/s of 6/10 of 10 MB/s): it gets
+    // all of it, the others the rest.
+    let got = share(
+        80_000_000,
+        &[6, 3, 1],
+        &[1_000_000, 8_000_000, 8_000_000],
+        1250,
+        4,
+    );
+    assert!(got[0] >= 4_000_000 * 99 / 100, "{got:?}");
+    assert!(got.iter().sum::<u64>() >= 40_000_000 * 99 / 100, "{got:?}");
+}
