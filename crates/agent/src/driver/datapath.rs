@@ -295,7 +295,8 @@ impl DataPlane {
     ) {
         if let Some(s) = self.shares.as_mut() {
             if !s.send_now(now, i, packet.len()) {
-                let _ = s.push(now, i, (peer, packet.to_vec()), packet.len());
+                let flow = hyphae_vswitch::qos::flow_of(packet);
+                let _ = s.push(now, i, flow, (peer, packet.to_vec()), packet.len());
                 return;
             }
         }
@@ -313,8 +314,8 @@ impl DataPlane {
     ) {
         match self.shares.as_mut() {
             Some(s) => {
-                let len = packet.len();
-                if let Paced::Now((peer, packet)) = s.push(now, i, (peer, packet), len) {
+                let (len, flow) = (packet.len(), hyphae_vswitch::qos::flow_of(&packet));
+                if let Paced::Now((peer, packet)) = s.push(now, i, flow, (peer, packet), len) {
                     out.seal(&mut self.node, peer, &packet);
                 }
             }

@@ -49,6 +49,31 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
     Ok(bits as u64)
 }
 
+/// The flow of IPv4 packet `ip`, hashed for [`Shares::push`]: its addresses, protocol and,
+/// for TCP and UDP (but fragments after the first), ports. Not a keyed hash: flows that
+/// collide only share a queue inside their own namespace.
+pub fn flow_of(ip: &[u8]) -> u64 {
+    let mut key = [0u8; 13];
+    if let Some(addrs) = ip.get(12..20) {
+        key[..8].copy_from_slice(addrs);
+    }
+    let proto = ip.get(9).copied().unwrap_or(0);
+    key[8] = proto;
+    let ihl = usize::from(ip.first().map_or(5, |b| b & 0x0f)) * 4;
+    let first_fragment = ip
+        .get(6..8)
+        .is_some_and(|f| u16::from_be_bytes([f[0], f[1]]) & 0x1fff == 0);
+    if matches!(proto, 6 | 17) && first_fragment {
+        if let Some(ports) = ip.get(ihl..ihl + 4) {
+            key[9..].copy_from_slice(ports);
+        }
+    }
+    // FNV-1a.
+    key.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// A token bucket: `rate` bytes a second, at most `burst` bytes at once. Tokens are kept
 /// in nanobytes (bytes × 10⁹) so no rounding is lost between packets.
 #[derive(Debug, Clone)]

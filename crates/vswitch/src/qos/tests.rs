@@ -43,6 +43,32 @@ fn rates_are_read_as_tc_reads_them_and_mistakes_say_so() {
 }
 
 #[test]
+fn flows_are_told_apart_by_addresses_protocol_and_ports() {
+    // TCP 10.0.0.1:1000 -> 10.0.0.2:80.
+    let mut p = vec![
+        0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
+    p.extend_from_slice(&[0x03, 0xe8, 0, 80, 0, 0, 0, 0]);
+    let base = flow_of(&p);
+    assert_eq!(flow_of(&p), base);
+    let mut other_port = p.clone();
+    other_port[21] = 81;
+    assert_ne!(flow_of(&other_port), base);
+    let mut udp = p.clone();
+    udp[9] = 17;
+    assert_ne!(flow_of(&udp), base);
+    // A later fragment has no ports: its flow is its addresses and protocol.
+    let mut frag = p.clone();
+    frag[6..8].copy_from_slice(&[0, 10]);
+    let mut frag_other = frag.clone();
+    frag_other[20] = 9;
+    assert_eq!(flow_of(&frag), flow_of(&frag_other));
+    for n in 0..p.len() {
+        let _ = flow_of(&p[..n]);
+    }
+}
+
+#[test]
 fn a_bucket_smaller_than_a_packet_still_passes_one() {
     let t0 = Instant::now();
     let mut b = TokenBucket::new(1_000_000, 10);
@@ -170,7 +196,7 @@ fn share(rate: u64, weights: &[u64], offered: &[u64], len: usize, secs: u64) -> 
         for c in 0..weights.len() {
             let Some(gap) = gaps[c] else { continue };
             while next[c] <= now {
-                if let Paced::Now(c) = s.push(now, c, c, len) {
+                if let Paced::Now(c) = s.push(now, c, 0, c, len) {
                     got[c] += len as u64;
                 }
                 next[c] += gap;
@@ -236,4 +262,36 @@ fn an_idle_class_leaves_its_share_to_the_others_and_a_light_one_gets_all_it_asks
     );
     assert!(got[0] >= 4_000_000 * 99 / 100, "{got:?}");
     assert!(got.iter().sum::<u64>() >= 40_000_000 * 99 / 100, "{got:?}");
+}
+
+#[test]
+fn a_sparse_flow_does_not_wait_behind_a_bulk_flow_of_its_class() {
+    let t0 = Instant::now();
+    // 8 Mbit/s: 1 MB/s, queues of 20 ms (20,000 bytes).
+    let mut s: Shares<(u64, u32)> = Shares::new(8_000_000, 0, 20 * MS);
+    // The bulk flow 1 fills the burst, then its class's queue, and keeps pushing.
+    let mut n = 0;
+    while let Paced::Now(_) = s.push(t0, 0, 1, (1, n), 1000) {
+        n += 1;
+    }
+    for _ in 0..40 {
+        n += 1;
+        let _ = s.push(t0, 0, 1, (1, n), 1000);
+    }
+    assert_eq!(s.stats(0).unwrap().queued, 20, "the queue holds 20 ms");
+    // A ping of flow 2 arrives: the class is full, so the bulk flow's tail makes room.
+    assert_eq!(s.push(t0, 0, 2, (2, 0), 100), Paced::Queued);
+    // It goes within two packets of the bulk flow, not after the twenty queued.
+    let mut now = t0;
+    let mut before = 0;
+    loop {
+        now = s.poll_timeout().unwrap().max(now);
+        match s.poll(now) {
+            Some((0, (2, _))) => break,
+            Some(_) => before += 1,
+            None => {}
+        }
+    }
+    assert!(before <= 2, "{before} bulk packets went first");
+    assert!(now - t0 <= 3 * MS, "the ping waited {:?}", now - t0);
 }
