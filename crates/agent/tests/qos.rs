@@ -69,7 +69,9 @@ fn iperf(bed: &Testbed, from: &Host, to: Ipv4Addr, args: &[&str]) -> f64 {
 #[test]
 fn an_egress_cap_holds_tcp_and_udp_to_its_rate() {
     require_root();
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut bed = Testbed::new("qos", Path::new(BIN)).expect("testbed");
     hyphae_testbed::write_secret(
         &bed.dir().join("lab.secret"),
@@ -156,7 +158,9 @@ fn section(dir: &Path, name: &str, k: u8, host: u8, boot: Option<Ipv4Addr>, extr
 #[test]
 fn namespaces_share_a_saturated_uplink_by_weight() {
     require_root();
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut bed = Testbed::new("qosw", Path::new(BIN)).expect("testbed");
     let dir = bed.dir().to_path_buf();
     let names = [("a", 1u8, 6u64), ("b", 2, 3), ("c", 3, 1)];
