@@ -318,6 +318,9 @@ pub(crate) struct Batch {
     pub(crate) fragment: Vec<u8>,
     /// Where a super-frame from a TAP is cut into segments, one at a time.
     pub(crate) segment: Vec<u8>,
+    /// Where a member's packet is copied to be sent on to another member (a gateway's
+    /// crossing, a moved LAN host's grace period).
+    pub(crate) forward: Vec<u8>,
 }
 
 /// One frame for a TAP.
@@ -349,6 +352,7 @@ impl Default for Batch {
             reply: vec![0; BUF_LEN.max(hyphae_vswitch::MIN_REPLY_BUF)],
             fragment: vec![0; BUF_LEN],
             segment: vec![0; BUF_LEN],
+            forward: Vec::new(),
         }
     }
 }

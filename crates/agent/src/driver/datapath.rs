@@ -87,6 +87,24 @@ impl DataPlane {
         len: usize,
         out: &mut Batch,
     ) {
+        let mut forward = std::mem::take(&mut out.forward);
+        self.deliver_with(now, i, from, at, len, out, &mut forward);
+        out.forward = forward;
+    }
+
+    /// [`DataPlane::deliver`], with the batch's buffer for a packet sent on to another
+    /// member taken out of it.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver_with(
+        &mut self,
+        now: Instant,
+        i: usize,
+        from: PeerHandle,
+        at: Option<usize>,
+        len: usize,
+        out: &mut Batch,
+        forward: &mut Vec<u8>,
+    ) {
         let Some(lane) = self.lanes.get_mut(i) else {
             return;
         };
@@ -104,16 +122,18 @@ impl DataPlane {
             }
             Verdict::Deny | Verdict::StrayIcmpError => return,
         }
-        // A gateway's: for a linked namespace.
+        // A gateway's: for a linked namespace. (Copied out of the batch's frame area,
+        // which sealing writes.)
         if let Some(j) = self.crossing(i, packet) {
-            let packet = packet.to_vec();
-            return self.cross(now, i, j, &packet, out);
+            forward.clear();
+            forward.extend_from_slice(packet);
+            return self.cross(now, i, j, forward, out);
         }
         let lane = &mut self.lanes[i];
         if let Some(to) = lane.grace_forward(now, packet) {
-            let packet = packet.to_vec();
-            out.seal(&mut self.node, to, &packet);
-            return;
+            forward.clear();
+            forward.extend_from_slice(packet);
+            return out.seal(&mut self.node, to, forward);
         }
         if let hyphae_vswitch::Action::ToTap { len } =
             lane.switch.handle_peer_packet(now, room, len)
