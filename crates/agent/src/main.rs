@@ -221,6 +221,17 @@ enum CertCmd {
     },
 }
 
+/// Sends `request` to the agent of config file `config` and returns its JSON reply; the
+/// agent's `error`, if any, is this command's.
+fn ask(config: &std::path::Path, request: &control::Request) -> anyhow::Result<serde_json::Value> {
+    let socket = config::control_socket(config)?;
+    let v: serde_json::Value = serde_json::from_str(&control::request(&socket, request)?)?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        anyhow::bail!("{e}");
+    }
+    Ok(v)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -303,18 +314,13 @@ fn execute(cmd: Cmd) -> Result<()> {
         }) => {
             let list = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
-            let socket = config::control_socket(&config)?;
-            let reply = control::request(
-                &socket,
+            let v = ask(
+                &config,
                 &control::Request::Revocations {
                     namespace: namespace.clone(),
                     list,
                 },
             )?;
-            let v: serde_json::Value = serde_json::from_str(&reply)?;
-            if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-                anyhow::bail!("{e}");
-            }
             println!(
                 "revocation list version {} published in '{namespace}'",
                 v.get("version")
@@ -334,18 +340,13 @@ fn execute(cmd: Cmd) -> Result<()> {
         }) => {
             let policy = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
-            let socket = config::control_socket(&config)?;
-            let reply = control::request(
-                &socket,
+            let v = ask(
+                &config,
                 &control::Request::PolicyPublish {
                     namespace: namespace.clone(),
                     policy,
                 },
             )?;
-            let v: serde_json::Value = serde_json::from_str(&reply)?;
-            if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-                anyhow::bail!("{e}");
-            }
             println!(
                 "policy version {} in force here and published in '{namespace}'",
                 v.get("version")
@@ -361,9 +362,8 @@ fn execute(cmd: Cmd) -> Result<()> {
             traffic,
             config,
         }) => {
-            let socket = config::control_socket(&config)?;
-            let reply = control::request(
-                &socket,
+            let v = ask(
+                &config,
                 &control::Request::PolicyCheck {
                     namespace,
                     from,
@@ -371,10 +371,6 @@ fn execute(cmd: Cmd) -> Result<()> {
                     traffic,
                 },
             )?;
-            let v: serde_json::Value = serde_json::from_str(&reply)?;
-            if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-                anyhow::bail!("{e}");
-            }
             println!("{}", v["message"].as_str().unwrap_or_default());
             if v["allowed"].as_bool() != Some(true) {
                 std::process::exit(1);
