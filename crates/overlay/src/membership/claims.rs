@@ -147,6 +147,16 @@ impl Membership {
 
     pub(super) fn own_claimed(&mut self, now: Instant, address: Ipv4Addr, result: &ClaimResult) {
         self.own.claiming = None;
+        if self.host_uses_dhcp() && self.own.owned != Some(address) {
+            // The host's DHCP client released the address while its renewal was out: the
+            // renewal may have stored the lease again after the release, so release again.
+            if matches!(result, ClaimResult::Won | ClaimResult::Kept(_)) {
+                self.request(Request::Release {
+                    key: self.keys.address_key(address),
+                });
+            }
+            return;
+        }
         match result {
             ClaimResult::Won => {
                 self.own.next = Some(self.renewal(address, now));

@@ -393,6 +393,42 @@ fn a_dhcp_host_owns_the_address_its_client_obtained() {
 }
 
 #[test]
+fn a_dhcp_release_during_the_renewal_leaves_no_lease_behind() {
+    let mut net = Net::new();
+    let d = net.add(config(Address::Dhcp), 1);
+    net.run_for(Duration::from_secs(1));
+    let now = net.now;
+    net.members[d].claim_for_dhcp(now, b"host".to_vec(), Some(ip(50)), false);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[d].owned(), Some(ip(50)));
+    // Up to the renewal: it is carried out, its answer still on the way.
+    let key = keys().address_key(ip(50));
+    let renewals = |net: &Net| {
+        net.claim_log
+            .iter()
+            .filter(|(k, r)| *k == key && *r)
+            .count()
+    };
+    while renewals(&net) == 0 {
+        let next = net.members[d].poll_timeout().expect("a renewal is due");
+        net.run_until(next);
+    }
+    assert_eq!(net.holder(&key), Some(net.id(d).as_bytes().to_vec()));
+    assert!(
+        !net.in_flight.is_empty(),
+        "the renewal's answer is on its way"
+    );
+    assert!(net.members[d].release_dhcp(ip(50)));
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[d].owned(), None);
+    assert_eq!(
+        net.holder(&key),
+        None,
+        "the late renewal was released again"
+    );
+}
+
+#[test]
 fn before_the_namespace_record_is_known_dhcp_is_refused() {
     let mut net = Net::new();
     let mut c = config(Address::None);
