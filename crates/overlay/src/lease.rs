@@ -10,6 +10,11 @@
 //! replica, which grants to one owner at a time. A claim that cannot reach a majority gives
 //! back what it was granted, so a split vote leaves nothing held.
 //!
+//! Replica sets drift as members join, so a first claim also loses to a holder that any
+//! replica names (after asking it again, in case that holder was a rival of the same moment
+//! that has since lost): a lease won while the namespace was small lives on the replicas of
+//! that time, and a newcomer's set may share only one of them ([`Claim::new`]).
+//!
 //! The owner renews by claiming again before expiry (a replica re-grants to the holder), which
 //! also re-establishes the lease on replicas that joined the set since. A crashed owner stops
 //! renewing and its lease lapses after its time-to-live.
@@ -36,6 +41,17 @@ use std::time::{Duration, Instant};
 
 /// Most keys one replica holds leases for; beyond, new keys are refused ([`Response::Full`]).
 pub const MAX_LEASES_PER_REPLICA: usize = 65536;
+
+/// How long a first claim that has its majority still waits for the other replicas: one of
+/// them may hold a lease the others never saw ([`Claim::new`]).
+pub const GRACE: Duration = Duration::from_millis(300);
+
+/// How long a first claim waits before asking again a replica that named another holder: a
+/// rival claiming at the same moment gives its grants back as soon as it loses.
+pub const RECHECK_DELAY: Duration = Duration::from_millis(50);
+
+/// How many times it asks again before the named holder counts as the key's.
+pub const RECHECKS: u8 = 4;
 
 /// A message from a claimer to a replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,6 +228,7 @@ pub type Outgoing<R, K, O> = Vec<(R, Request<K, O>)>;
 pub struct Claim<K, O, R> {
     key: K,
     owner: O,
+    ttl: Duration,
     replicas: Vec<R>,
     granted: Vec<R>,
     refused: Vec<(R, Option<O>)>,
@@ -219,11 +236,30 @@ pub struct Claim<K, O, R> {
     outcome: Option<Outcome<R, O>>,
     /// The claimer holds the key already: the merge rule applies.
     renewal: bool,
+    /// A first claim: it loses to a holder any replica names ([`Claim::new`]). Off for a
+    /// transfer, which the majority alone decides.
+    heed_holders: bool,
+    /// A majority granted but replicas are still to answer: the claim waits until then.
+    grace_until: Option<Instant>,
+    /// When the replicas that named another holder are asked again.
+    recheck_at: Option<Instant>,
+    rechecks_left: u8,
+    /// The replicas asked again and whom they had named.
+    rechecked: Vec<(R, Option<O>)>,
 }
 
 impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
     /// Starts claiming `key` for `owner` from `replicas` (the peers closest to the key); the
     /// claim is decided by `now + timeout` at the latest. Returns the requests to send.
+    ///
+    /// A first claim wins with a strict majority of grants and no replica naming another
+    /// holder. Replica sets drift as members join: a lease won while the namespace was
+    /// small lives on the replicas of that time, and a newcomer's set may share only one of
+    /// them with it, which then names the holder while the others grant. So the claim waits
+    /// for every replica (at most [`GRACE`] once it has its majority), and a replica that
+    /// names a holder is asked again ([`RECHECKS`] times, [`RECHECK_DELAY`] apart: a rival
+    /// that claimed at the same moment and lost gives its grants back); still held, the
+    /// claim is lost to that holder.
     pub fn new(
         now: Instant,
         key: K,
@@ -248,15 +284,28 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
         let mut claim = Self {
             key,
             owner,
+            ttl,
             replicas,
             granted: Vec::new(),
             refused: Vec::new(),
             deadline: now + timeout,
             outcome: None,
             renewal: false,
+            heed_holders: true,
+            grace_until: None,
+            recheck_at: None,
+            rechecks_left: RECHECKS,
+            rechecked: Vec::new(),
         };
-        claim.decide(false);
+        claim.decide(now, false);
         (claim, requests)
+    }
+
+    /// Marks the claim as a transfer (a migration handoff, [`crate::records::transfer`]):
+    /// decided by the majority of grants alone.
+    pub fn transfer(mut self) -> Self {
+        self.heed_holders = false;
+        self
     }
 
     /// Marks the claim as a renewal of a key its owner holds: it is decided only once
@@ -265,7 +314,9 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
     pub fn renewal(mut self) -> Self {
         self.renewal = true;
         self.outcome = None;
-        self.decide(false);
+        if self.replicas.is_empty() {
+            self.decide_renewal();
+        }
         self
     }
 
@@ -288,7 +339,12 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
     /// afterwards would otherwise hold the key for a loser until its lease ran out, so it
     /// is returned as a release to send at once. Keep feeding a lost claim until
     /// [`Claim::unanswered`] is zero (or its requests have failed).
-    pub fn handle_response(&mut self, from: R, response: Response<O>) -> Outgoing<R, K, O> {
+    pub fn handle_response(
+        &mut self,
+        now: Instant,
+        from: R,
+        response: Response<O>,
+    ) -> Outgoing<R, K, O> {
         if !self.replicas.contains(&from)
             || self.granted.contains(&from)
             || self.refused.iter().any(|(r, _)| *r == from)
@@ -307,7 +363,7 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
             Response::Full | Response::Released => self.refused.push((from, None)),
         }
         if !late {
-            self.decide(false);
+            self.decide(now, false);
         }
         Vec::new()
     }
@@ -315,6 +371,10 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
     /// The key claimed.
     pub fn key(&self) -> &K {
         &self.key
+    }
+
+    fn answered(&self, replica: &R) -> bool {
+        self.granted.contains(replica) || self.refused.iter().any(|(r, _)| r == replica)
     }
 
     /// Replicas that have not answered yet.
@@ -334,16 +394,48 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
         self.replicas.len()
     }
 
-    /// Past the deadline, a claim without a majority is lost.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        if now >= self.deadline {
-            self.decide(true);
+    /// Past the deadline, a claim without a majority is lost; past its grace, a first claim
+    /// with a majority is decided without the replicas still silent. Returns the requests
+    /// to send again: to the replicas that named another holder, when it is time to ask
+    /// them again.
+    pub fn handle_timeout(&mut self, now: Instant) -> Outgoing<R, K, O> {
+        let mut again = Vec::new();
+        if self.outcome.is_none() && self.recheck_at.is_some_and(|t| now >= t) {
+            self.recheck_at = None;
+            self.rechecks_left = self.rechecks_left.saturating_sub(1);
+            let owner = &self.owner;
+            let (named, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.refused)
+                .into_iter()
+                .partition(|(_, o)| o.as_ref().is_some_and(|o| o != owner));
+            self.refused = kept;
+            // Their new answers are waited for, up to the deadline.
+            self.grace_until = Some(self.deadline);
+            self.rechecked.clone_from(&named);
+            again = named
+                .into_iter()
+                .map(|(r, _)| {
+                    let request = Request::Claim {
+                        key: self.key.clone(),
+                        owner: self.owner.clone(),
+                        ttl: self.ttl,
+                    };
+                    (r, request)
+                })
+                .collect();
         }
+        self.decide(now, now >= self.deadline);
+        again
     }
 
     /// When [`Claim::handle_timeout`] wants to be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.outcome.is_none().then_some(self.deadline)
+        if self.outcome.is_some() {
+            return None;
+        }
+        [Some(self.deadline), self.grace_until, self.recheck_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The result, once decided.
@@ -360,7 +452,7 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
             .collect()
     }
 
-    fn decide(&mut self, timed_out: bool) {
+    fn decide(&mut self, now: Instant, timed_out: bool) {
         if self.outcome.is_some() {
             return;
         }
@@ -371,11 +463,41 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
             return;
         }
         let majority = self.majority();
+        let unanswered = self.unanswered();
         if !self.replicas.is_empty() && self.granted.len() >= majority {
-            self.outcome = Some(Outcome::Won);
+            if !self.heed_holders {
+                self.outcome = Some(Outcome::Won);
+                return;
+            }
+            let waited =
+                unanswered == 0 || timed_out || now >= *self.grace_until.get_or_insert(now + GRACE);
+            if !waited {
+                return;
+            }
+            let owner = &self.owner;
+            // A replica asked again that fell silent still counts for whom it named.
+            let silent = self
+                .rechecked
+                .iter()
+                .find(|(r, _)| !self.answered(r))
+                .and_then(|(_, o)| o.clone());
+            let named = silent.is_some()
+                || self
+                    .refused
+                    .iter()
+                    .any(|(_, o)| o.as_ref().is_some_and(|o| o != owner));
+            if !named {
+                self.outcome = Some(Outcome::Won);
+            } else if self.rechecks_left > 0 && !timed_out {
+                self.recheck_at.get_or_insert(now + RECHECK_DELAY);
+            } else {
+                self.outcome = Some(Outcome::Lost {
+                    holder: self.most_named_holder().or(silent),
+                    release_to: self.granted.clone(),
+                });
+            }
             return;
         }
-        let unanswered = self.replicas.len() - self.granted.len() - self.refused.len();
         let hopeless = self.granted.len() + unanswered < majority;
         if hopeless || timed_out || self.replicas.is_empty() {
             self.outcome = Some(Outcome::Lost {
@@ -488,13 +610,18 @@ mod tests {
         let t0 = Instant::now();
         let (mut a, reqs) = Claim::new(t0, 1u32, "a", TTL, vec![1, 2, 3, 4, 5], TTL);
         assert_eq!(reqs.len(), 5);
-        a.handle_response(1, Response::Granted);
-        a.handle_response(2, Response::Granted);
+        a.handle_response(t0, 1, Response::Granted);
+        a.handle_response(t0, 2, Response::Granted);
         assert_eq!(a.outcome(), None);
-        a.handle_response(2, Response::Granted); // a repeat does not count twice
-        a.handle_response(9, Response::Granted); // nor does a stranger
+        a.handle_response(t0, 2, Response::Granted); // a repeat does not count twice
+        a.handle_response(t0, 9, Response::Granted); // nor does a stranger
         assert_eq!(a.outcome(), None);
-        a.handle_response(3, Response::Granted);
+        a.handle_response(t0, 3, Response::Granted);
+        // A majority: replicas 4 and 5 are waited for (one may name an older holder),
+        // for a grace at most.
+        assert_eq!(a.outcome(), None);
+        assert_eq!(a.poll_timeout(), Some(t0 + GRACE));
+        a.handle_timeout(t0 + GRACE);
         assert_eq!(a.outcome(), Some(&Outcome::Won));
 
         let (mut b, _) = Claim::new(t0, 1u32, "b", TTL, vec![1, 2, 3, 4, 5], TTL);
@@ -502,15 +629,15 @@ mod tests {
             owner: o,
             remaining: TTL,
         };
-        b.handle_response(4, Response::Granted);
-        b.handle_response(1, held("a"));
-        b.handle_response(2, held("a"));
+        b.handle_response(t0, 4, Response::Granted);
+        b.handle_response(t0, 1, held("a"));
+        b.handle_response(t0, 2, held("a"));
         assert_eq!(
             b.outcome(),
             None,
             "replicas 3 and 5 could still make a majority"
         );
-        b.handle_response(3, held("a"));
+        b.handle_response(t0, 3, held("a"));
         assert_eq!(
             b.outcome(),
             Some(&Outcome::Lost {
@@ -522,18 +649,119 @@ mod tests {
         // for a loser until it expires; a repeat sends nothing more.
         assert_eq!(b.unanswered(), 1);
         let release = Request::Release { key: 1, owner: "b" };
-        assert_eq!(b.handle_response(5, Response::Granted), vec![(5, release)]);
+        assert_eq!(
+            b.handle_response(t0, 5, Response::Granted),
+            vec![(5, release)]
+        );
         assert_eq!(b.unanswered(), 0);
-        assert_eq!(b.handle_response(5, Response::Granted), vec![]);
+        assert_eq!(b.handle_response(t0, 5, Response::Granted), vec![]);
         // A winner keeps its late grants.
-        assert_eq!(a.handle_response(4, Response::Granted), vec![]);
+        assert_eq!(a.handle_response(t0, 4, Response::Granted), vec![]);
+    }
+
+    #[test]
+    fn a_first_claim_loses_to_a_holder_one_replica_names_after_asking_again() {
+        // A lease from when the namespace was small: only replica 1 of this set holds it.
+        let t0 = Instant::now();
+        let (mut c, _) = Claim::new(t0, 1u32, "new", TTL, vec![1, 2, 3, 4, 5], TTL);
+        for r in [2, 3, 4, 5] {
+            c.handle_response(t0, r, Response::Granted);
+        }
+        assert_eq!(c.outcome(), None, "replica 1 is waited for");
+        c.handle_response(t0, 1, held("old"));
+        assert_eq!(c.outcome(), None, "asked again first");
+        let mut at = t0;
+        for _ in 0..RECHECKS {
+            at = c.poll_timeout().expect("a recheck is due");
+            assert_eq!(at, t0.max(at), "time moves on");
+            let again = c.handle_timeout(at);
+            assert_eq!(again.len(), 1);
+            assert_eq!(again[0].0, 1);
+            assert!(matches!(again[0].1, Request::Claim { owner: "new", .. }));
+            c.handle_response(at, 1, held("old"));
+        }
+        assert!(at >= t0 + RECHECK_DELAY * u32::from(RECHECKS));
+        assert_eq!(
+            c.outcome(),
+            Some(&Outcome::Lost {
+                holder: Some("old"),
+                release_to: vec![2, 3, 4, 5]
+            })
+        );
+    }
+
+    #[test]
+    fn a_rival_that_lost_at_the_same_moment_gives_way() {
+        // `a` and `b` claim together: `a` gets three grants, `b` two; `b` loses at once and
+        // gives its grants back, and `a`, asking replicas 4 and 5 again, wins them all.
+        let t0 = Instant::now();
+        let (mut a, _) = Claim::new(t0, 1u32, "a", TTL, vec![1, 2, 3, 4, 5], TTL);
+        let (mut b, _) = Claim::new(t0, 1u32, "b", TTL, vec![1, 2, 3, 4, 5], TTL);
+        for r in [1, 2, 3] {
+            a.handle_response(t0, r, Response::Granted);
+            b.handle_response(t0, r, held("a"));
+        }
+        for r in [4, 5] {
+            b.handle_response(t0, r, Response::Granted);
+            a.handle_response(t0, r, held("b"));
+        }
+        assert!(matches!(
+            b.outcome(),
+            Some(Outcome::Lost {
+                holder: Some("a"),
+                ..
+            })
+        ));
+        assert_eq!(a.outcome(), None);
+        let at = a.poll_timeout().expect("a recheck is due");
+        assert_eq!(at, t0 + RECHECK_DELAY);
+        let again = a.handle_timeout(at);
+        assert_eq!(
+            again.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
+        a.handle_response(at, 4, Response::Granted);
+        assert_eq!(a.outcome(), None, "replica 5 is waited for");
+        a.handle_response(at, 5, Response::Granted);
+        assert_eq!(a.outcome(), Some(&Outcome::Won));
+    }
+
+    #[test]
+    fn a_replica_asked_again_that_falls_silent_still_names_its_holder() {
+        let t0 = Instant::now();
+        let deadline = Duration::from_secs(2);
+        let (mut c, _) = Claim::new(t0, 1u32, "new", TTL, vec![1, 2, 3], deadline);
+        c.handle_response(t0, 2, Response::Granted);
+        c.handle_response(t0, 3, Response::Granted);
+        c.handle_response(t0, 1, held("old"));
+        c.handle_timeout(t0 + RECHECK_DELAY);
+        assert_eq!(c.poll_timeout(), Some(t0 + deadline));
+        c.handle_timeout(t0 + deadline);
+        assert_eq!(
+            c.outcome(),
+            Some(&Outcome::Lost {
+                holder: Some("old"),
+                release_to: vec![2, 3]
+            })
+        );
+    }
+
+    #[test]
+    fn a_transfer_is_decided_by_the_majority_alone() {
+        let t0 = Instant::now();
+        let (c, _) = Claim::new(t0, 1u32, "to", TTL, vec![1, 2, 3], TTL);
+        let mut c = c.transfer();
+        c.handle_response(t0, 1, held("other"));
+        c.handle_response(t0, 2, Response::Granted);
+        c.handle_response(t0, 3, Response::Granted);
+        assert_eq!(c.outcome(), Some(&Outcome::Won));
     }
 
     #[test]
     fn silence_is_a_loss_at_the_deadline() {
         let t0 = Instant::now();
         let (mut c, _) = Claim::new(t0, 1u32, "c", TTL, vec![1, 2, 3], Duration::from_secs(2));
-        c.handle_response(1, Response::Granted);
+        c.handle_response(t0, 1, Response::Granted);
         c.handle_timeout(t0 + Duration::from_secs(1));
         assert_eq!(c.outcome(), None);
         assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(2)));
@@ -557,7 +785,7 @@ mod tests {
         let mut claim = claim.renewal();
         for (r, answer) in answers {
             assert_eq!(claim.outcome(), None, "a renewal waits for every replica");
-            claim.handle_response(*r, answer.clone());
+            claim.handle_response(t0, *r, answer.clone());
         }
         claim.outcome().cloned().expect("decided once all answered")
     }
@@ -694,8 +922,8 @@ mod tests {
         let t0 = Instant::now();
         let (claim, _) = Claim::new(t0, 1u32, "a", TTL, vec![1, 2, 3], Duration::from_secs(2));
         let mut claim = claim.renewal();
-        claim.handle_response(1, Response::Granted);
-        claim.handle_response(2, Response::Granted);
+        claim.handle_response(t0, 1, Response::Granted);
+        claim.handle_response(t0, 2, Response::Granted);
         // A majority, but replica 3 may still name a rival: not decided before it answers.
         assert_eq!(claim.outcome(), None);
         claim.handle_timeout(t0 + Duration::from_secs(2));

@@ -8,8 +8,10 @@
 //! own store) and feeds every answer, or `None` for a request that failed, to
 //! [`Table::handle_answer`].
 //!
-//! Call order: after every `handle_*` call drain [`Table::poll_release`] (leases to give back
-//! at once: a lost claim's grants, and grants that reach a claim already lost) and
+//! Call order: after every `handle_*` call drain [`Table::poll_request`] (requests to send
+//! again: a claim asks a replica that named another holder once more),
+//! [`Table::poll_release`] (leases to give back at once: a lost claim's grants, and grants
+//! that reach a claim already lost) and
 //! [`Table::poll_event`] (finished operations); call [`Table::handle_timeout`] by
 //! [`Table::poll_timeout`], when operations whose replicas did not all answer end.
 //!
@@ -86,7 +88,7 @@ pub struct Stats {
 enum Stage {
     /// Waiting for the lookup of the replicas.
     Lookup,
-    Claim(Claim<RecordKey, OwnerKey, NetworkId>),
+    Claim(Box<Claim<RecordKey, OwnerKey, NetworkId>>),
     Get {
         asked: usize,
         answers: Vec<Option<Envelope>>,
@@ -119,10 +121,12 @@ struct Op {
 pub struct Table {
     ops: HashMap<OpId, Op>,
     /// Lost claims with replicas yet to answer: a late grant is released at once.
-    lost_claims: HashMap<OpId, Claim<RecordKey, OwnerKey, NetworkId>>,
+    lost_claims: HashMap<OpId, Box<Claim<RecordKey, OwnerKey, NetworkId>>>,
     next_op: u64,
     events: VecDeque<OverlayEvent>,
     releases: VecDeque<(NetworkId, RecordKey)>,
+    /// Requests to send again (a claim asking a replica that named a holder once more).
+    requests: VecDeque<(OpId, NetworkId, RecordRequest)>,
     stats: Stats,
 }
 
@@ -187,7 +191,7 @@ impl Table {
                     key: k,
                     envelope: envelope.clone(),
                 };
-                (Stage::Claim(claim), request)
+                (Stage::Claim(Box::new(claim)), request)
             }
             Kind::Transfer(envelope) => {
                 let Some(to) = envelope.owner() else {
@@ -196,11 +200,12 @@ impl Table {
                 };
                 let (claim, _) =
                     Claim::new(now, key, to, Duration::ZERO, peers.clone(), REQUEST_TIMEOUT);
+                let claim = claim.transfer();
                 let request = RecordRequest::Transfer {
                     key: k,
                     envelope: envelope.clone(),
                 };
-                (Stage::Claim(claim), request)
+                (Stage::Claim(Box::new(claim)), request)
             }
             Kind::Get => (
                 Stage::Get {
@@ -261,7 +266,7 @@ impl Table {
             .and_then(RecordResponse::to_lease)
             .unwrap_or(lease::Response::Full);
         if let Some(claim) = self.lost_claims.get_mut(&id) {
-            let releases = claim.handle_response(replica, answer);
+            let releases = claim.handle_response(now, replica, answer);
             let key = *claim.key();
             if claim.unanswered() == 0 {
                 self.lost_claims.remove(&id);
@@ -278,7 +283,7 @@ impl Table {
         match &mut op.stage {
             Stage::Claim(claim) => {
                 // Decided claims are not in `ops`: nothing comes back to release here.
-                let _ = claim.handle_response(replica, answer);
+                let _ = claim.handle_response(now, replica, answer);
             }
             Stage::Get { answers, .. } => {
                 let envelope = match response {
@@ -319,11 +324,22 @@ impl Table {
         ids.sort();
         for id in ids {
             if let Some(Op {
+                kind,
                 stage: Stage::Claim(claim),
+                key,
                 ..
             }) = self.ops.get_mut(&id)
             {
-                claim.handle_timeout(now);
+                let again = claim.handle_timeout(now);
+                if let Kind::Claim(envelope) = kind {
+                    for (replica, _) in again {
+                        let request = RecordRequest::Claim {
+                            key: key.to_vec(),
+                            envelope: envelope.clone(),
+                        };
+                        self.requests.push_back((id, replica, request));
+                    }
+                }
             }
             self.check_done(id, now);
         }
@@ -346,6 +362,12 @@ impl Table {
     /// The next finished operation.
     pub fn poll_event(&mut self) -> Option<OverlayEvent> {
         self.events.pop_front()
+    }
+
+    /// The next request to send again, for operation `id`: its answer goes to
+    /// [`Table::handle_answer`] like the first.
+    pub fn poll_request(&mut self) -> Option<(OpId, NetworkId, RecordRequest)> {
+        self.requests.pop_front()
     }
 
     /// The next lease to give back: send `RecordRequest::Release` for the key to the replica.
@@ -617,12 +639,48 @@ mod tests {
         t.handle_answer(t0, WALL, op, r[1], GRANTED);
         assert!(claimed(&mut t).is_none());
         t.handle_answer(t0, WALL, op, r[2], GRANTED);
+        // A majority; the last two are waited for a grace (one may name an older holder).
+        assert!(claimed(&mut t).is_none());
+        assert_eq!(t.poll_timeout(), Some(t0 + lease::GRACE));
+        t.handle_timeout(t0 + lease::GRACE);
         assert_eq!(claimed(&mut t), Some((op, ClaimResult::Won, 5, 7)));
         assert_eq!(t.poll_timeout(), None);
         // A winner keeps the grants that come after.
         t.handle_answer(t0, WALL, op, r[3], GRANTED);
         assert!(claimed(&mut t).is_none());
         assert!(releases(&mut t).is_empty());
+    }
+
+    #[test]
+    fn a_claim_asks_a_replica_that_named_a_holder_again_and_loses_to_it() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        let envelope = seal(0, &key(), WALL + 60);
+        let (op, r) = started(&mut t, t0, key(), Kind::Claim(envelope.clone()));
+        for &replica in &r[..4] {
+            t.handle_answer(t0, WALL, op, replica, GRANTED);
+        }
+        t.handle_answer(t0, WALL, op, r[4], held_by(9));
+        assert!(claimed(&mut t).is_none());
+        let again = RecordRequest::Claim {
+            key: key().to_vec(),
+            envelope,
+        };
+        for _ in 0..lease::RECHECKS {
+            let at = t.poll_timeout().expect("a recheck is due");
+            t.handle_timeout(at);
+            assert_eq!(t.poll_request(), Some((op, r[4], again.clone())));
+            assert_eq!(t.poll_request(), None);
+            t.handle_answer(at, WALL, op, r[4], held_by(9));
+        }
+        assert_eq!(
+            claimed(&mut t),
+            Some((op, ClaimResult::Lost(Some(owner(9))), 5, 7))
+        );
+        assert_eq!(
+            releases(&mut t),
+            r[..4].iter().map(|p| (*p, key())).collect::<Vec<_>>()
+        );
     }
 
     #[test]

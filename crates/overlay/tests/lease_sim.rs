@@ -160,7 +160,8 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
             }
             if let Some(addr) = a.won {
                 if a.renew_at <= sim.now {
-                    a.claim = Some((addr, sim.start_claim(me, addr)));
+                    // A renewal, as the agent's: decided by the merge rule once all answered.
+                    a.claim = Some((addr, sim.start_claim(me, addr).renewal()));
                 }
                 continue;
             }
@@ -234,16 +235,17 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
                     key,
                     response,
                 } => {
+                    let now = sim.now;
                     let a = &mut allocs[to];
                     let releases = match a.claim.as_mut() {
                         Some((addr, claim)) if *addr == key => {
-                            claim.handle_response(from, response)
+                            claim.handle_response(now, from, response)
                         }
                         _ => a
                             .lost
                             .iter_mut()
                             .find(|(_, c)| c.key() == &key && c.unanswered() > 0)
-                            .map(|(_, c)| c.handle_response(from, response))
+                            .map(|(_, c)| c.handle_response(now, from, response))
                             .unwrap_or_default(),
                     };
                     for (replica, request) in releases {
@@ -260,11 +262,24 @@ fn step(sim: &mut Sim, allocs: &mut [Allocator], end: Instant, until_won: bool) 
             let Some((addr, claim)) = a.claim.as_mut() else {
                 continue;
             };
-            claim.handle_timeout(sim.now);
+            let again = claim.handle_timeout(sim.now);
+            for (replica, request) in again {
+                sim.send(Msg::ToReplica {
+                    to: replica,
+                    from: me,
+                    request,
+                });
+            }
             let addr = *addr;
             match claim.outcome().cloned() {
                 None => {}
-                Some(Outcome::Kept { .. }) => panic!("no claim here is marked a renewal"),
+                Some(Outcome::Kept { .. }) => {
+                    // Stray grants of one rival on `strong` replicas, and this owner's key
+                    // is the lower: it keeps, and renews again soon.
+                    assert!(a.won.is_some(), "only a renewal is kept");
+                    a.renew_at = sim.now + Duration::from_secs(1);
+                    a.claim = None;
+                }
                 Some(Outcome::Won) => {
                     if a.won.is_none() {
                         a.finished = Some(sim.now);

@@ -845,3 +845,52 @@ fn hostile_strangers_in_the_dht_are_never_replicas() {
         }
     });
 }
+
+/// A lease made while the namespace was small lives on the replicas of that time. A
+/// newcomer whose replica set (the closest among everyone now) shares only one of them sees
+/// that one refuse, naming the holder: it must lose, not win on the others' grants.
+#[test]
+fn a_lease_from_a_smaller_namespace_stops_a_newcomers_claim() {
+    rt().block_on(async {
+        let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
+        let mut nodes = vec![spawn(7000, None).await];
+        nodes.push(spawn(7001, Some(&nodes[0].addr.clone())).await);
+        let ids: Vec<libp2p::PeerId> = (7000..7008u64)
+            .map(|seed| {
+                let mut s = [0u8; 32];
+                s[..8].copy_from_slice(&seed.to_le_bytes());
+                s[8] = 0x5a;
+                network_id(Identity::from_seed(s).peer_id().as_bytes()).unwrap()
+            })
+            .collect();
+        // A key whose replica set among all eight leaves the holder (1) out but keeps the
+        // bootstrap (0), which the holder's set of two had: the newcomer is the farthest
+        // member of the set that is not 0.
+        let (key, newcomer) = (0..=255u8)
+            .find_map(|h| {
+                let key = keys.address_key(Ipv4Addr::new(10, 1, 0, h));
+                let set = hyphae_overlay::quorum::replicas(&key, ids[1..].to_vec(), ids[0]);
+                let newcomer = set.iter().rev().find(|p| **p != ids[0])?;
+                (set.contains(&ids[0]) && !set.contains(&ids[1]))
+                    .then(|| (key, ids.iter().position(|p| p == newcomer).unwrap()))
+            })
+            .expect("a key with such a replica set");
+        let e = envelope(&keys, &nodes[1].identity, &key, 7401);
+        nodes[1].cmd.send(Cmd::Claim(key, e)).await.unwrap();
+        assert_eq!(nodes[1].claimed().await, ClaimResult::Won);
+        for i in 2..8u64 {
+            let boot = nodes[0].addr.clone();
+            nodes.push(spawn(7000 + i, Some(&boot)).await);
+        }
+        let e = envelope(&keys, &nodes[newcomer].identity, &key, 7402);
+        nodes[newcomer].cmd.send(Cmd::Claim(key, e)).await.unwrap();
+        assert_eq!(
+            nodes[newcomer].claimed().await,
+            ClaimResult::Lost(Some(nodes[1].owner())),
+            "the newcomer took an address another member holds"
+        );
+        for n in &nodes {
+            let _ = n.cmd.send(Cmd::Stop).await;
+        }
+    });
+}

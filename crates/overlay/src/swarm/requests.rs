@@ -155,6 +155,24 @@ impl Overlay {
 
     /// Sends the releases the quorum table asks for and passes its events on.
     pub(super) fn flush_quorum(&mut self, now: Instant, wall: u64) {
+        while let Some((op, replica, request)) = self.quorum.poll_request() {
+            let Some(ns) = self.op_ns.get(&op).copied() else {
+                continue;
+            };
+            if replica == self.local {
+                let own = owner_key(&self.local);
+                let response = self.store.handle_in(now, wall, own, Some(ns), request);
+                self.quorum
+                    .handle_answer(now, wall, op, replica, Some(response));
+            } else {
+                let rid = self
+                    .swarm
+                    .behaviour_mut()
+                    .records
+                    .send_request(&replica, ScopedRequest { ns, request });
+                self.requests.insert(rid, (op, replica));
+            }
+        }
         while let Some((replica, key)) = self.quorum.poll_release() {
             self.send_release(now, wall, replica, key);
         }
