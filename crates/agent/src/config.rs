@@ -1136,7 +1136,7 @@ endpoint = "10.200.0.3"
         assert_eq!(ns.uplink.as_deref(), Some("eth1"));
         assert_eq!(ns.lan_timeout, Duration::from_secs(30));
         assert_eq!(ns.broadcast_rate, 200);
-        assert_eq!(ns.dns_rate, 1000);
+        assert_eq!(ns.dns_rate, 5000);
         let c = load(&router.replace("mode = ", "dns_rate = 0\nmode = "), s).unwrap();
         assert_eq!(c.namespaces[0].dns_rate, 0, "no limit");
         // A router has no address of its own, and needs a bridge.

@@ -570,7 +570,11 @@ pub struct DnsStatus {
     pub errors: u64,
     /// Queries dropped unread.
     pub dropped: u64,
-    /// UDP queries over their source's rate (`dns_rate`): truncated plus dropped.
+    /// UDP queries over their source's rate (`dns_rate`) that waited their turn (at most
+    /// half a second) and were answered then.
+    #[serde(default)]
+    pub rate_limited_delayed: u64,
+    /// UDP queries over their source's rate and that wait: truncated plus dropped.
     pub rate_limited: u64,
     /// Of those, answered empty and truncated (TC), so the client retries over TCP.
     pub rate_limited_truncated: u64,

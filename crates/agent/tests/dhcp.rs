@@ -570,7 +570,7 @@ fn dhcp_through_a_relay_agent() {
 /// far over `dns_rate`, gets truncated answers it retries over TCP and drops it retries
 /// after its timeout, and in the end every answer; the agent counts both.
 #[test]
-fn over_its_dns_rate_a_real_client_is_sent_to_tcp() {
+fn over_its_dns_rate_a_real_client_is_slowed_then_sent_to_tcp() {
     require_root();
     let mut bed = Testbed::new("rl", Path::new(BIN)).expect("testbed");
     let secret = bed.dir().join("lab.secret");
@@ -591,31 +591,59 @@ fn over_its_dns_rate_a_real_client_is_sent_to_tcp() {
     });
     // Past the burst the answer above took, the bucket is full again.
     std::thread::sleep(Duration::from_secs(2));
-    let batch = a.dir.join("queries");
-    std::fs::write(&batch, "alpha.lab A\n".repeat(100)).unwrap();
-    let batch = batch.display().to_string();
-    let out = bed
-        .ns_output(
-            &a.ns,
-            "dig",
-            &[
-                &format!("@{SERVICE}"),
-                "+short",
-                "+time=1",
-                "+tries=4",
-                "-f",
-                &batch,
-            ],
-        )
-        .unwrap();
+    let batch = |name: &str, n: usize| {
+        let path = a.dir.join(name);
+        std::fs::write(&path, "alpha.lab A\n".repeat(n)).unwrap();
+        path.display().to_string()
+    };
+    let dig = |batch: &str| -> Vec<String> {
+        vec![
+            format!("@{SERVICE}"),
+            "+short".into(),
+            "+time=1".into(),
+            "+tries=4".into(),
+            "-f".into(),
+            batch.into(),
+        ]
+    };
+    let count = |text: &str| text.lines().filter(|l| l.trim() == "10.201.0.10").count();
+
+    // One client asking 60 in a row, three times its rate: slowed, every answer over UDP.
+    let one = batch("one", 60);
+    let args = dig(&one);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = bed.ns_output(&a.ns, "dig", &args).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let answered = text.lines().filter(|l| l.trim() == "10.201.0.10").count();
-    assert_eq!(answered, 100, "every query answered in the end: {text}");
+    assert_eq!(count(&text), 60, "every query answered: {text}");
     let dns = ns_status(&bed, &a, &aa).dns;
-    assert!(
-        dns.rate_limited_truncated > 0 && dns.rate_limited_dropped > 0,
-        "{dns:?}"
-    );
+    assert!(dns.rate_limited_delayed >= 30, "{dns:?}");
+    assert_eq!(dns.rate_limited, 0, "nothing truncated or dropped: {dns:?}");
+    assert_eq!(dns.tcp_queries, 0, "{dns:?}");
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Twenty clients at once from the same host: more outstanding than half a second of
+    // its rate holds, so some are answered truncated, and dig asks those again over TCP.
+    let many = batch("many", 8);
+    let args = dig(&many);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let logs: Vec<(u32, std::path::PathBuf)> = (0..20)
+        .map(|i| {
+            let log = a.dir.join(format!("dig-{i}.log"));
+            (bed.spawn(&a.ns, "dig", &args, &log).unwrap(), log)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while logs.iter().any(|(pid, _)| bed.is_running(*pid)) {
+        assert!(Instant::now() < deadline, "the digs did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let answered: usize = logs
+        .iter()
+        .map(|(_, log)| count(&std::fs::read_to_string(log).unwrap()))
+        .sum();
+    assert_eq!(answered, 160, "every query answered in the end");
+    let dns = ns_status(&bed, &a, &aa).dns;
+    assert!(dns.rate_limited_truncated > 0, "{dns:?}");
     assert_eq!(
         dns.rate_limited,
         dns.rate_limited_truncated + dns.rate_limited_dropped

@@ -118,7 +118,7 @@ fn a_burst_of_queries_is_answered_in_full_reading_the_dht_once_per_key() {
     )
     .unwrap();
     let before = ns_status(&bed, &a, &aa).dns;
-    // 100 passes over the 5 names: 500 queries, under the default 1000-query burst of one
+    // 100 passes over the 5 names: 500 queries, under the default 5000-query burst of one
     // source (`dns_rate`), 20 at a time.
     let out = bed
         .ns_output(

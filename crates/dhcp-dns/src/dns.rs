@@ -95,7 +95,9 @@ pub struct Stats {
     pub errors: u64,
     /// Queries dropped unread.
     pub dropped: u64,
-    /// Queries over their source's rate answered truncated ([`Server::admit`]).
+    /// Queries over their source's rate that waited their turn ([`Server::admit`]).
+    pub rate_limited_delayed: u64,
+    /// Queries over their source's rate and wait, answered truncated.
     pub rate_limited_truncated: u64,
     /// Queries over their source's rate dropped.
     pub rate_limited_dropped: u64,
@@ -123,12 +125,14 @@ impl Server {
     }
 
     /// Whether a new UDP query (not one handed back after a lookup) from `source` is
-    /// answered, slips (answer it with [`truncated_answer`]) or is dropped, by its source's
-    /// rate ([`crate::limit`]); what is not answered is counted.
-    pub fn admit(&mut self, source: Ipv4Addr, now: Instant) -> Verdict {
-        let verdict = self.limit.handle_query(now, source);
+    /// answered, waits its turn (if `can_wait`: there is room to hold it), slips (answer it
+    /// with [`truncated_answer`]) or is dropped, by its source's rate ([`crate::limit`]);
+    /// what is not answered at once is counted.
+    pub fn admit(&mut self, now: Instant, source: Ipv4Addr, can_wait: bool) -> Verdict {
+        let verdict = self.limit.handle_query(now, source, can_wait);
         match verdict {
             Verdict::Answer => {}
+            Verdict::Delay(_) => self.stats.rate_limited_delayed += 1,
             Verdict::Truncate => self.stats.rate_limited_truncated += 1,
             Verdict::Drop => self.stats.rate_limited_dropped += 1,
         }
@@ -716,22 +720,30 @@ mod tests {
         let mut s = server(false);
         let t = Instant::now();
         let noisy = Ipv4Addr::new(10, 250, 0, 66);
-        let verdicts: Vec<_> = (0..2000).map(|_| s.admit(noisy, t)).collect();
+        let verdicts: Vec<_> = (0..2000).map(|_| s.admit(t, noisy, true)).collect();
         let answered = verdicts.iter().filter(|v| **v == Verdict::Answer).count();
         assert_eq!(answered, 500);
         let st = s.stats();
+        // Rate 500: half a second of queue, the rate in truncated answers, the rest dropped.
         assert_eq!(
-            (st.rate_limited_truncated, st.rate_limited_dropped),
-            (750, 750)
+            (
+                st.rate_limited_delayed,
+                st.rate_limited_truncated,
+                st.rate_limited_dropped
+            ),
+            (250, 500, 750)
         );
         // Another source has its own bucket.
-        assert_eq!(s.admit(Ipv4Addr::new(10, 250, 0, 7), t), Verdict::Answer);
-        // A tenth of a second later, a tenth of the rate is back.
-        let later = t + std::time::Duration::from_millis(100);
+        assert_eq!(
+            s.admit(t, Ipv4Addr::new(10, 250, 0, 7), true),
+            Verdict::Answer
+        );
+        // A second later the queue has drained and half the rate is back.
+        let later = t + std::time::Duration::from_secs(1);
         let again = (0..500)
-            .filter(|_| s.admit(noisy, later) == Verdict::Answer)
+            .filter(|_| s.admit(later, noisy, true) == Verdict::Answer)
             .count();
-        assert_eq!(again, 50);
+        assert_eq!(again, 250);
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! a [`Held`] passed with each input. `C` is how the driver names a UDP client (its MAC,
 //! address and port).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,10 @@ pub const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 
 /// Queries waiting for DHT reads at once; beyond, new ones get SERVFAIL.
 pub const MAX_WAITING: usize = 256;
+
+/// UDP queries held back for their turn (over their source's rate) at once; beyond, a
+/// query over its rate is answered truncated at once.
+pub const MAX_PACED: usize = 4096;
 
 /// A query waiting this long for a DHT read gets SERVFAIL.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(4);
@@ -100,6 +105,35 @@ struct Waiting<C> {
     since: Instant,
 }
 
+/// A UDP query over its source's rate, held until its turn.
+struct Paced<C> {
+    at: Instant,
+    /// Arrival order: queries due at the same instant go in order.
+    seq: u64,
+    query: Vec<u8>,
+    client: C,
+}
+
+impl<C> PartialEq for Paced<C> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl<C> Eq for Paced<C> {}
+
+impl<C> PartialOrd for Paced<C> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<C> Ord for Paced<C> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
 /// The namespace's zone, once its subnet is known.
 struct Zone {
     name: String,
@@ -126,6 +160,9 @@ pub struct Service<C> {
     reading: HashSet<Missing>,
     lookups: VecDeque<Missing>,
     waiting: Vec<Waiting<C>>,
+    /// UDP queries over their source's rate, earliest turn first.
+    paced: BinaryHeap<Reverse<Paced<C>>>,
+    paced_seq: u64,
     udp_answers: VecDeque<(C, Vec<u8>)>,
     stats: Stats,
 }
@@ -155,6 +192,8 @@ impl<C: Copy> Service<C> {
             reading: HashSet::new(),
             lookups: VecDeque::new(),
             waiting: Vec::new(),
+            paced: BinaryHeap::new(),
+            paced_seq: 0,
             udp_answers: VecDeque::new(),
             stats: Stats::default(),
         }
@@ -229,12 +268,22 @@ impl<C: Copy> Service<C> {
         held: &impl Held,
     ) {
         self.stats.udp_queries += 1;
+        let can_wait = self.paced.len() < MAX_PACED;
         let Some(server) = self.ready(now) else {
             self.stats.not_ready += 1;
             return;
         };
-        match server.admit(source, now) {
+        match server.admit(now, source, can_wait) {
             Verdict::Answer => self.answer(query.to_vec(), Asker::Udp(client), now, held),
+            Verdict::Delay(at) => {
+                self.paced_seq += 1;
+                self.paced.push(Reverse(Paced {
+                    at,
+                    seq: self.paced_seq,
+                    query: query.to_vec(),
+                    client,
+                }));
+            }
             Verdict::Truncate => {
                 if let Some(answer) = dns::truncated_answer(query) {
                     self.udp_answers.push_back((client, answer));
@@ -437,6 +486,11 @@ impl<C: Copy> Service<C> {
     /// Timers: lookups and resolvers that took too long, the next resolver, the service
     /// stack's retransmissions, the cache.
     pub fn handle_timeout(&mut self, now: Instant, held: &impl Held) {
+        while self.paced.peek().is_some_and(|Reverse(p)| p.at <= now) {
+            if let Some(Reverse(p)) = self.paced.pop() {
+                self.answer(p.query, Asker::Udp(p.client), now, held);
+            }
+        }
         let (late, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
             .into_iter()
             .partition(|w| now.saturating_duration_since(w.since) >= LOOKUP_TIMEOUT);
@@ -463,6 +517,7 @@ impl<C: Copy> Service<C> {
             .iter()
             .map(|w| w.since + LOOKUP_TIMEOUT)
             .chain(self.forwarder.poll_timeout())
+            .chain(self.paced.peek().map(|Reverse(p)| p.at))
             .chain(self.tcp.as_ref().and_then(tcp::Endpoint::poll_timeout))
             .min()
     }
@@ -583,6 +638,9 @@ mod tests {
         // One second of traffic: 2000 queries from the noisy host, 50 from the quiet one.
         for i in 0..2000u16 {
             let now = t + Duration::from_micros(500 * u64::from(i));
+            if s.poll_timeout().is_some_and(|at| at <= now) {
+                s.handle_timeout(now, &Web);
+            }
             s.handle_udp_query(now, &query(i), noisy, 1, &Web);
             if i % 40 == 0 {
                 s.handle_udp_query(now, &query(i), quiet, 2, &Web);
@@ -598,15 +656,23 @@ mod tests {
             }
         }
         assert_eq!(quiet_answers, 50, "the quiet host got every answer");
-        // The noisy host: its burst and rate (100 + 100 over the second, give or take the
-        // last refill), every second query over that truncated.
-        assert!((195..=200).contains(&full), "{full}");
-        let over = 2000 - full;
-        assert_eq!(cut, over.div_ceil(2));
+        // The noisy host: its burst at once (and what came back while it lasted); then half
+        // a second of queue, which lets in one more as each token comes back, answered in
+        // turn; past the queue, the rate again in truncated answers (its burst and refill);
+        // the rest dropped.
         let (_, zone, _) = s.stats();
+        let delayed = zone.rate_limited_delayed as usize;
+        let dropped = zone.rate_limited_dropped as usize;
+        let at_once = 2000 - delayed - cut - dropped;
+        assert!((100..=106).contains(&at_once), "{at_once}");
+        assert!((140..=151).contains(&delayed), "{delayed}");
+        assert!(s.paced.len() <= 50);
         assert_eq!(
-            (zone.rate_limited_truncated, zone.rate_limited_dropped),
-            (cut as u64, (over - cut) as u64)
+            full + s.paced.len(),
+            at_once + delayed,
+            "the delayed, in turn"
         );
+        assert!((185..=201).contains(&cut), "{cut}");
+        assert_eq!(zone.rate_limited_truncated, cut as u64);
     }
 }

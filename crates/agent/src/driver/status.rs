@@ -233,6 +233,7 @@ impl Control {
                             servfail: agent.servfail,
                             errors: zone.errors,
                             dropped: zone.dropped,
+                            rate_limited_delayed: zone.rate_limited_delayed,
                             rate_limited: zone.rate_limited_truncated + zone.rate_limited_dropped,
                             rate_limited_truncated: zone.rate_limited_truncated,
                             rate_limited_dropped: zone.rate_limited_dropped,
