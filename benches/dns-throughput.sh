@@ -7,12 +7,15 @@
 #     dnsmasq host D (10.201.0.53),
 # all agents on one underlay bridge. The query mix has member names (held by the asking
 # agent, or read from the DHT once and cached), IPOP automatic names and PTRs.
-# `dns_rate = 0` on both agents: one dnsperf source offers more than the default per-source
-# limit (1000/s), and the figure asked for is that of clients under their limit.
+# `dns_rate = 0` on both agents by default: one dnsperf source offers more than the default
+# per-source limit, and the figure asked for is that of clients under their limit.
+# DNS_RATE=default measures the agents at their default `dns_rate` instead (a busy client
+# over its rate: the last column counts what the agent held back, truncated and dropped).
 # Also the server's CPU time per answered query (user + system, from /proc: less sensitive to
 # other load on the machine than queries/s). Prints a Markdown table. Needs root. Usage:
 #   benches/dns-throughput.sh [seconds-per-run] [clients]      (default 10, 4)
-# Environment: HYPHAE_BIN (default target/release/hyphae, built if missing),
+# Environment: DNS_RATE (`dns_rate` of both agents: a number, or `default`; default 0),
+#              HYPHAE_BIN (default target/release/hyphae, built if missing),
 #              HYPHAE_BASELINE_BIN (optional: another hyphae build measured in the same
 #                                   run as extra rows, e.g. the previous commit).
 set -euo pipefail
@@ -20,6 +23,9 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || exec sudo -E "$0" "$@"
 secs=${1:-10}
 clients=${2:-4}
+rate=${DNS_RATE:-0}
+rate_line="dns_rate = $rate"
+[ "$rate" = default ] && rate_line=""
 scripts/deps dnsperf >/dev/null
 HYPHAE_BIN=${HYPHAE_BIN:-target/release/hyphae}
 [ -x "$HYPHAE_BIN" ] || cargo build --release --quiet --bin hyphae
@@ -65,7 +71,7 @@ listen = "$3:7400"
 name = "lab"
 secret_file = "$secret"
 subnet = "10.201.0.0/16"
-dns_rate = 0
+$rate_line
 $4
 EOF
     ip netns exec "$p-$2" "$1" up -c "$dir/$2/hyphae.toml" >"$dir/$2/agent.log" 2>&1 &
@@ -127,15 +133,27 @@ perf() {
         END { if (sent == 0) { print "- - - - 0"; exit }
               printf "%d %.2f %s %.3f %d\n", qps, 100 * lost / sent, ok == "" ? "0" : ok, lat * 1000, done }' "$dir/perf.out"
 }
-row() { # LABEL FROM SERVER [SERVER-PID]
-    local pid=${4:-} before=0 cpu="—"
+# The agent NAME's DNS counters: "delayed truncated dropped" (0 for what a build lacks).
+limited() {
+    "$HYPHAE_BIN" status -c "$dir/$1/hyphae.toml" --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)["namespaces"][0]["dns"]
+print(*(d.get(k, 0) for k in ("rate_limited_delayed", "rate_limited_truncated", "rate_limited_dropped")))'
+}
+row() { # LABEL FROM SERVER [SERVER-PID [AGENT-NAME]]
+    local pid=${4:-} name=${5:-} before=0 cpu="—" held="—" d0 t0 x0 d1 t1 x1
     [ -n "$pid" ] && before=$(ticks "$pid")
+    [ -n "$name" ] && read -r d0 t0 x0 <<<"$(limited "$name")"
     read -r qps lost ok lat done <<<"$(perf "$2" "$3")"
     if [ -n "$pid" ] && [ "$done" -gt 0 ]; then
         cpu=$(awk -v t="$(( $(ticks "$pid") - before ))" -v hz="$(getconf CLK_TCK)" -v n="$done" \
             'BEGIN { printf "%.1f", t / hz * 1e6 / n }')
     fi
-    echo "| $1 | $qps | $lost | $ok | $lat | $cpu |"
+    if [ -n "$name" ]; then
+        read -r d1 t1 x1 <<<"$(limited "$name")"
+        held="$((d1 - d0)) / $((t1 - t0)) / $((x1 - x0))"
+    fi
+    echo "| $1 | $qps | $lost | $ok | $lat | $cpu | $held |"
     last_qps=$qps
 }
 
@@ -149,17 +167,17 @@ run_agents() { # BIN LABEL
         wait_answer l1 "$q"
         wait_answer i1 "$q"
     done
-    row "$2, LAN host via router agent" l1 10.201.0.1 "${pids[1]}"
+    row "$2, LAN host via router agent" l1 10.201.0.1 "${pids[1]}" r
     lan=$last_qps
-    row "$2, interface host" i1 10.201.0.1 "${pids[0]}"
+    row "$2, interface host" i1 10.201.0.1 "${pids[0]}" i1
     iface=$last_qps
     stop_agents
 }
 
-echo "dnsperf: $clients clients, ${secs}s each, up to 200 queries outstanding; names: $(cut -d' ' -f1 "$dir/queries" | tr '\n' ' ')"
+echo "dnsperf: $clients clients, ${secs}s each, up to 200 queries outstanding; agents' dns_rate: $rate; names: $(cut -d' ' -f1 "$dir/queries" | tr '\n' ' ')"
 echo
-echo "| server | queries/s | lost % | NOERROR % | avg latency ms | server CPU µs/query |"
-echo "|---|---|---|---|---|---|"
+echo "| server | queries/s | lost % | NOERROR % | avg latency ms | server CPU µs/query | delayed / truncated / dropped |"
+echo "|---|---|---|---|---|---|---|"
 row "dnsmasq, LAN host -> dnsmasq host" l1 10.201.0.53 "${others[0]}"
 anchor=$last_qps
 if [ -n "${HYPHAE_BASELINE_BIN:-}" ]; then
