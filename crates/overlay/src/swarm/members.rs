@@ -8,9 +8,8 @@ use libp2p::request_response;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::{owner_key, NetworkId, OpId, Overlay};
+use super::{NetworkId, OpId, Overlay};
 use crate::proof::{Credential, NamespaceTag, ProofRequest, ProofResponse, PROOF_LEN};
-use crate::records::ScopedRequest;
 use crate::NamespaceKeys;
 
 /// A lookup that finished while some of the peers it found were still proving membership.
@@ -87,20 +86,7 @@ impl Overlay {
             .quorum
             .handle_replicas(now, op, members, self.local, queried);
         for (replica, request) in requests {
-            if replica == self.local {
-                let own = owner_key(&self.local);
-                let response = self.store.handle_in(now, wall, own, Some(ns), request);
-                self.quorum
-                    .handle_answer(now, wall, op, replica, Some(response));
-                self.flush_quorum(now, wall);
-            } else {
-                let rid = self
-                    .swarm
-                    .behaviour_mut()
-                    .records
-                    .send_request(&replica, ScopedRequest { ns, request });
-                self.requests.insert(rid, (op, replica));
-            }
+            self.ask_replica(now, wall, op, ns, replica, request);
         }
         self.flush_quorum(now, wall);
     }

@@ -153,24 +153,38 @@ impl Overlay {
             .send_response(channel, response);
     }
 
-    /// Sends the releases the quorum table asks for and passes its events on.
+    /// Sends `op`'s `request` to `replica`, or answers it from the local store when the
+    /// replica is this agent.
+    pub(super) fn ask_replica(
+        &mut self,
+        now: Instant,
+        wall: u64,
+        op: OpId,
+        ns: NamespaceTag,
+        replica: NetworkId,
+        request: RecordRequest,
+    ) {
+        if replica == self.local {
+            let own = owner_key(&self.local);
+            let response = self.store.handle_in(now, wall, own, Some(ns), request);
+            self.quorum
+                .handle_answer(now, wall, op, replica, Some(response));
+        } else {
+            let rid = self
+                .swarm
+                .behaviour_mut()
+                .records
+                .send_request(&replica, ScopedRequest { ns, request });
+            self.requests.insert(rid, (op, replica));
+        }
+    }
+
+    /// Sends what the quorum table asks for again, the releases it asks for, and passes
+    /// its events on.
     pub(super) fn flush_quorum(&mut self, now: Instant, wall: u64) {
         while let Some((op, replica, request)) = self.quorum.poll_request() {
-            let Some(ns) = self.op_ns.get(&op).copied() else {
-                continue;
-            };
-            if replica == self.local {
-                let own = owner_key(&self.local);
-                let response = self.store.handle_in(now, wall, own, Some(ns), request);
-                self.quorum
-                    .handle_answer(now, wall, op, replica, Some(response));
-            } else {
-                let rid = self
-                    .swarm
-                    .behaviour_mut()
-                    .records
-                    .send_request(&replica, ScopedRequest { ns, request });
-                self.requests.insert(rid, (op, replica));
+            if let Some(ns) = self.op_ns.get(&op).copied() {
+                self.ask_replica(now, wall, op, ns, replica, request);
             }
         }
         while let Some((replica, key)) = self.quorum.poll_release() {
