@@ -247,6 +247,10 @@ pub struct OverlayStatus {
     /// Grants that arrived after a claim was lost, released at once.
     #[serde(default)]
     pub late_grants_released: u64,
+    /// Group heartbeats and reads sent to the replicas a recent lookup found, without a
+    /// lookup of their own.
+    #[serde(default)]
+    pub group_lookups_saved: u64,
     /// Members holding a relay reservation for this agent (libp2p peer ids): others reach
     /// this agent's control plane through them when they cannot dial it.
     #[serde(default)]

@@ -61,6 +61,13 @@ pub const MAX_GROUP_ENTRIES: usize = 65536;
 /// Longest lease a replica grants, whatever the envelope says.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// How long a replica keeps a group entry after the member last announced it (whatever
+/// its envelope says): members announce every [`crate::membership::GROUP_HEARTBEAT`], so a
+/// member that stops without leaving drops out of the group within this much, by the
+/// replica's own clock (no writer's clock is trusted for it), while one lost announcement
+/// costs nothing.
+pub const GROUP_ENTRY_TTL: Duration = Duration::from_secs(20);
+
 /// How far a writer's clock may run ahead of a replica's.
 pub const CLOCK_SKEW_SECS: u64 = 120;
 
@@ -470,6 +477,16 @@ impl RecordStore {
         }
     }
 
+    /// A store without request rates, for tests of the quotas behind them.
+    #[cfg(test)]
+    pub(crate) fn without_rates() -> Self {
+        Self {
+            rates: RateLimiter::new(u32::MAX, u32::MAX),
+            ns_rates: RateLimiter::new(u32::MAX, u32::MAX),
+            ..Self::default()
+        }
+    }
+
     /// Answers `request` from the peer whose Ed25519 key is `requester` (authenticated by
     /// its connection), outside any namespace's quota (simulations and tests of one
     /// namespace). `now_unix` is the wall clock, for envelope expiry.
@@ -625,7 +642,10 @@ impl RecordStore {
                     self.stats.rejected += 1;
                     return RecordResponse::Rejected;
                 };
-                let until = now + Duration::from_secs(envelope.expires - now_unix).min(MAX_TTL);
+                let until = now
+                    + Duration::from_secs(envelope.expires - now_unix)
+                        .min(MAX_TTL)
+                        .min(GROUP_ENTRY_TTL);
                 self.expire_group(now, &key);
                 let group = self.groups.get(&key);
                 if !group.is_some_and(|g| g.contains_key(&owner)) {
@@ -908,7 +928,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let ea = Envelope::seal(&k, &member(1), &key, NOW + 60, &info(), &mut rng()).unwrap();
-        let eb = Envelope::seal(&k, &member(2), &key, NOW + 30, &info(), &mut rng()).unwrap();
+        let eb = Envelope::seal(&k, &member(2), &key, NOW + 10, &info(), &mut rng()).unwrap();
         assert_eq!(
             store.handle(t, NOW, None, join(ea.clone())),
             RecordResponse::Joined
@@ -941,11 +961,23 @@ mod tests {
             store.handle(t, NOW, None, join(forged)),
             RecordResponse::Rejected
         );
-        // Member 2's entry lapses after 30 s.
-        let later = t + Duration::from_secs(31);
+        // Member 2's entry lapses when its envelope does, after 10 s.
+        let later = t + Duration::from_secs(11);
         assert_eq!(members(&mut store, later).len(), 1);
         store.expire(later);
         assert_eq!(store.group_entries(), 1);
+        // Member 1's envelope runs 90 s, but the replica keeps it only GROUP_ENTRY_TTL after
+        // the last announcement: announced again, it stays; not announced, it goes.
+        let renewed = t + GROUP_ENTRY_TTL - Duration::from_secs(1);
+        let ea3 = Envelope::seal(&k, &member(1), &key, NOW + 90, &info(), &mut rng()).unwrap();
+        assert_eq!(
+            store.handle(renewed, NOW, None, join(ea3)),
+            RecordResponse::Joined
+        );
+        assert_eq!(members(&mut store, t + GROUP_ENTRY_TTL).len(), 1);
+        assert_eq!(members(&mut store, renewed + GROUP_ENTRY_TTL).len(), 0);
+        store.expire(renewed + GROUP_ENTRY_TTL);
+        assert_eq!(store.group_entries(), 0);
     }
 
     #[test]

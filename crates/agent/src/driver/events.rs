@@ -76,16 +76,18 @@ impl Control {
                 }
             }
             ToControl::Lan { ns, event } => self.lan_event(ns, now, event),
-            ToControl::Node(event) => self.node_event(event),
+            ToControl::Node(event) => self.node_event(now, event),
         }
     }
 
     /// What the tunnel node reported (the switches have applied their part).
-    fn node_event(&mut self, event: hyphae_overlay::Event) {
+    fn node_event(&mut self, now: Instant, event: hyphae_overlay::Event) {
         match event {
             hyphae_overlay::Event::PeerUnreachable { ns, addresses, .. } => {
                 if let Some(n) = self.namespaces.get_mut(ns.0) {
                     n.membership.forget(&addresses);
+                    // Gone, or only our path to it: the group says which, soon.
+                    n.membership.refresh_group_soon(now);
                 }
             }
             hyphae_overlay::Event::PeerAddresses { ns, addresses, .. } => {
@@ -295,6 +297,19 @@ impl Control {
                     if dp.node.member_handle(NamespaceId(i), member).is_none() {
                         let _ = dp.node.add_member(now, NamespaceId(i), member, endpoint);
                     }
+                }
+                // Members that stopped announcing themselves: their tunnels go unless they
+                // still answer on them.
+                let mut forgot = false;
+                for gone in n
+                    .group
+                    .iter()
+                    .filter(|m| !found.iter().any(|(f, _)| f == *m))
+                {
+                    forgot |= dp.node.forget_member(now, NamespaceId(i), *gone);
+                }
+                if forgot {
+                    dp.drain_node(&mut self.batch);
                 }
                 n.group = found.into_iter().map(|(m, _)| m).collect();
                 let lane = &mut dp.lanes[i];

@@ -390,6 +390,7 @@ impl Control {
                 rejected_requests: self.overlay.store_stats().rejected,
                 bad_envelopes: self.overlay.stats().bad_envelopes,
                 late_grants_released: self.overlay.stats().late_grants_released,
+                group_lookups_saved: self.overlay.stats().group_lookups_saved,
                 relays: self
                     .overlay
                     .relays()

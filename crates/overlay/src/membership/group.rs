@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Event, Membership, Purpose, Request, GROUP_REFRESH};
+use super::{Event, Membership, Purpose, Request, GROUP_HEARTBEAT, GROUP_REFRESH};
 use crate::records::{Envelope, MemberInfo};
 
 /// How soon the group is read after a start, or when a broadcast finds it empty.
@@ -42,7 +42,7 @@ impl Membership {
     pub(super) fn run_group(&mut self, now: Instant) {
         if self.group.next_announce.is_some_and(|t| now >= t) {
             let key = self.keys.group_key();
-            self.group.next_announce = Some(now + self.lease / 3);
+            self.group.next_announce = Some(now + GROUP_HEARTBEAT.min(self.lease / 3));
             if let Some(envelope) = self.seal_member(&key, now, None, None) {
                 self.request(Request::Announce { key, envelope });
             }

@@ -71,8 +71,16 @@ const MAX_AUTO_TRIES: usize = 64;
 /// After an `auto` claim ran out of candidates, the next try comes this much later.
 const AUTO_PAUSE: Duration = Duration::from_secs(10);
 
-/// How often the broadcast group is read again (members that joined since).
-pub const GROUP_REFRESH: Duration = Duration::from_secs(15);
+/// How often the broadcast group is read again (members that joined since, and those
+/// whose entries lapsed: with [`GROUP_HEARTBEAT`] and the replicas'
+/// [`crate::records::GROUP_ENTRY_TTL`], a member that stopped without leaving is out of
+/// every list within 30 s).
+pub const GROUP_REFRESH: Duration = Duration::from_secs(10);
+
+/// How often a member announces itself in the group again: its heartbeat. Replicas keep an
+/// entry [`crate::records::GROUP_ENTRY_TTL`] after the last one, so one lost announcement
+/// costs nothing and a member that stopped is gone from the group 12 to 20 s later.
+pub const GROUP_HEARTBEAT: Duration = Duration::from_secs(8);
 
 /// A LAN host's address or a name another member holds is claimed again this much later.
 const CONFLICT_RETRY: Duration = Duration::from_secs(30);

@@ -429,6 +429,31 @@ impl Node {
         }
     }
 
+    /// Member `id` of `ns` is out of the group (it stopped announcing itself): its tunnel
+    /// goes, with [`Event::PeerUnreachable`], unless the member still answers on it (a
+    /// session, heard from within [`UNREACHABLE_AFTER`]). Whether it went.
+    pub fn forget_member(&mut self, now: Instant, ns: NamespaceId, id: PeerId) -> bool {
+        let Some(&handle) = self.by_id.get(&(ns, id)) else {
+            return false;
+        };
+        let answering = self.peer(handle).is_some_and(|p| {
+            p.has_session() && now.saturating_duration_since(p.last_heard) < UNREACHABLE_AFTER
+        });
+        if answering {
+            return false;
+        }
+        let Some(peer) = self.remove_peer(handle) else {
+            return false;
+        };
+        tracing::info!(peer = ?peer.id, "member out of the group and silent: tunnel removed");
+        self.events.push_back(Event::PeerUnreachable {
+            ns: peer.ns,
+            peer: handle,
+            addresses: peer.addresses,
+        });
+        true
+    }
+
     pub fn member_handle(&self, ns: NamespaceId, id: PeerId) -> Option<PeerHandle> {
         self.by_id.get(&(ns, id)).copied()
     }

@@ -268,6 +268,10 @@ impl Overlay {
                         };
                         let deadline = now + PROOF_WAIT;
                         let queried = stats.num_successes();
+                        if let Some(key) = self.group_lookups.remove(&op) {
+                            self.group_replicas
+                                .insert(key, (found.clone(), queried, now));
+                        }
                         let waiting = Awaiting {
                             ns,
                             found,

@@ -96,6 +96,13 @@ pub use stats::OverlayStats;
 /// scale test) lookups cut at 4 s returned sets that disagreed, and an address was won twice.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the replicas a group's lookup found serve that group's later announcements and
+/// reads: a member's heartbeat and its reads ([`crate::membership::GROUP_HEARTBEAT`],
+/// [`crate::membership::GROUP_REFRESH`]) need no lookup each. A stale set costs at most a
+/// late view of the group (reads take the union of every replica's entries), never an
+/// address: claims always look up.
+pub const GROUP_REPLICAS_REUSE: Duration = Duration::from_secs(60);
+
 /// How long a libp2p connection's setup (TCP, noise, yamux) may take: three round trips of
 /// 600 ms (a satellite link) fit twice over.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(4);
@@ -264,6 +271,10 @@ pub struct Overlay {
     key_ns: HashMap<RecordKey, NamespaceTag>,
     op_ns: HashMap<OpId, NamespaceTag>,
     awaiting: HashMap<OpId, Awaiting>,
+    /// The peers the last lookup of each group key found, and when it ended.
+    group_replicas: HashMap<RecordKey, (Vec<NetworkId>, u32, Instant)>,
+    /// Group operations whose lookup runs: its result is kept for the next ones.
+    group_lookups: HashMap<OpId, RecordKey>,
     /// Record requests from peers whose proof is still awaited.
     deferred: HashMap<
         NetworkId,
@@ -348,6 +359,8 @@ impl Overlay {
             key_ns: HashMap::new(),
             op_ns: HashMap::new(),
             awaiting: HashMap::new(),
+            group_replicas: HashMap::new(),
+            group_lookups: HashMap::new(),
             deferred: HashMap::new(),
             rng: StdRng::from_seed(seed),
             events: VecDeque::new(),

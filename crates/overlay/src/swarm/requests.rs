@@ -5,7 +5,11 @@ use std::time::Instant;
 
 use libp2p::request_response;
 
-use super::{network_id, owner_key, NetworkId, OpId, Overlay, OverlayEvent, MAX_DEFERRED};
+use super::members::Awaiting;
+use super::{
+    clocks, network_id, owner_key, NetworkId, OpId, Overlay, OverlayEvent, GROUP_REPLICAS_REUSE,
+    MAX_DEFERRED,
+};
 use crate::proof::NamespaceTag;
 use crate::quorum::Kind;
 use crate::records::{Envelope, RecordKey, RecordRequest, RecordResponse, ScopedRequest};
@@ -54,9 +58,34 @@ impl Overlay {
     }
 
     pub(super) fn start(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind) -> OpId {
+        let group = matches!(kind, Kind::Join(_) | Kind::Members);
         let op = self.quorum.start(key, kind);
         self.key_ns.insert(key, ns);
         self.op_ns.insert(op, ns);
+        if group {
+            let (now, _) = clocks();
+            if let Some((found, queried, _)) = self
+                .group_replicas
+                .get(&key)
+                .filter(|(.., at)| now < *at + GROUP_REPLICAS_REUSE)
+            {
+                // Asked at the next `handle_timeout`, as a finished lookup would be.
+                let found = found.clone();
+                let queried = *queried;
+                self.awaiting.insert(
+                    op,
+                    Awaiting {
+                        ns,
+                        found,
+                        queried,
+                        deadline: now,
+                    },
+                );
+                self.stats.group_lookups_saved += 1;
+                return op;
+            }
+            self.group_lookups.insert(op, key);
+        }
         let query = self
             .swarm
             .behaviour_mut()

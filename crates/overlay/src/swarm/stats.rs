@@ -11,6 +11,9 @@ pub struct OverlayStats {
     pub request_failures: u64,
     /// Grants that reached a claim already lost, given straight back.
     pub late_grants_released: u64,
+    /// Group announcements and reads sent to the replicas a recent lookup found, with no
+    /// lookup of their own ([`super::GROUP_REPLICAS_REUSE`]).
+    pub group_lookups_saved: u64,
     /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
     pub refused_puts: u64,
     /// Connections opened through a relay (either direction).

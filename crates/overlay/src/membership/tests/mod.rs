@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::records::{MemberInfo, NameInfo, OwnerKey};
+use crate::records::{MemberInfo, NameInfo, OwnerKey, GROUP_ENTRY_TTL};
 
 const LEASE: Duration = Duration::from_secs(30);
 const UNIX0: u64 = 1_700_000_000;
@@ -41,7 +41,9 @@ fn config(address: Address) -> Config {
 #[derive(Default)]
 struct Replicas {
     leases: HashMap<RecordKey, Envelope>,
-    groups: HashMap<RecordKey, Vec<Envelope>>,
+    /// Group entries, each with when the replicas drop it ([`GROUP_ENTRY_TTL`] after the
+    /// last announcement, or when its envelope expires).
+    groups: HashMap<RecordKey, Vec<(Envelope, Instant)>>,
     claims: usize,
 }
 
@@ -238,8 +240,8 @@ impl Net {
             }
             Request::Announce { key, envelope } => {
                 let group = self.replicas.groups.entry(key).or_default();
-                group.retain(|e| e.owner != envelope.owner);
-                group.push(envelope);
+                group.retain(|(e, _)| e.owner != envelope.owner);
+                group.push((envelope, self.now + GROUP_ENTRY_TTL));
                 return;
             }
             Request::Members { key } => Answer::Members(
@@ -248,8 +250,8 @@ impl Net {
                     .get(&key)
                     .map(|g| {
                         g.iter()
-                            .filter(|e| Replicas::live(e, unix))
-                            .cloned()
+                            .filter(|(e, until)| Replicas::live(e, unix) && *until > self.now)
+                            .map(|(e, _)| e.clone())
                             .collect()
                     })
                     .unwrap_or_default(),

@@ -60,24 +60,55 @@ fn frames_wait_for_a_lookup_and_are_released_or_dropped() {
 #[test]
 fn the_group_lists_the_other_members_and_forgets_those_that_lapsed() {
     let mut net = Net::new();
-    let a = net.add(config(Address::Static(ip(10))), 1);
-    let b = net.add(config(Address::Static(ip(11))), 2);
-    let c = net.add(config(Address::Static(ip(12))), 3);
+    // The agent's default lease (10 minutes): how soon a member that stopped drops out of
+    // the group must not depend on it.
+    let long = |address| Config {
+        lease: Duration::from_secs(600),
+        ..config(address)
+    };
+    let a = net.add(long(Address::Static(ip(10))), 1);
+    let b = net.add(long(Address::Static(ip(11))), 2);
+    let c = net.add(long(Address::Static(ip(12))), 3);
     net.run_for(Duration::from_secs(2));
     let last_group = |net: &Net, i: usize| {
         net.events[i].iter().rev().find_map(|e| match e {
-            Event::Group(g) => Some(g.iter().map(|(p, _)| *p).collect::<Vec<_>>()),
+            Event::Group(g) => {
+                let mut ids = g.iter().map(|(p, _)| *p).collect::<Vec<_>>();
+                ids.sort();
+                Some(ids)
+            }
             _ => None,
         })
     };
-    let mut seen = last_group(&net, a).unwrap();
-    seen.sort();
     let mut others = vec![net.id(b), net.id(c)];
     others.sort();
-    assert_eq!(seen, others);
-    // c crashes: once its entry lapses, the next read leaves it out.
+    assert_eq!(last_group(&net, a).unwrap(), others);
+    // c stops without leaving: within 30 s every read leaves it out, while b, which keeps
+    // announcing, is in every read on the way.
     net.down[c] = true;
-    net.run_for(LEASE + GROUP_REFRESH);
+    let stopped = net.now;
+    net.take_events(a);
+    let mut gone_after = None;
+    while gone_after.is_none() && net.now < stopped + Duration::from_secs(60) {
+        net.run_for(Duration::from_millis(500));
+        for e in net.take_events(a) {
+            if let Event::Group(g) = e {
+                let ids: Vec<_> = g.iter().map(|(p, _)| *p).collect();
+                assert!(
+                    ids.contains(&net.id(b)),
+                    "b left out at {:?}",
+                    net.now - stopped
+                );
+                if !ids.contains(&net.id(c)) {
+                    gone_after = Some(net.now - stopped);
+                }
+            }
+        }
+    }
+    let gone_after = gone_after.expect("c never left the group");
+    assert!(gone_after <= Duration::from_secs(30), "{gone_after:?}");
+    // It stays out, and b stays in, for the rest of the lease.
+    net.run_for(Duration::from_secs(120));
     assert_eq!(last_group(&net, a).unwrap(), vec![net.id(b)]);
 }
 
