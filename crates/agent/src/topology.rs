@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::control::{NamespaceStatus, PeerStatus, Status};
+use crate::control::{NamespaceStatus, PeerStatus, RateStatus, ShareStatus, Status};
 
 /// Every namespace with this member and the members it has a tunnel with.
 #[derive(Debug, Serialize)]
@@ -27,6 +27,10 @@ struct Namespace {
     /// The other tunnels: a member just found (no handshake yet), one that left (it
     /// announced no address), or one silent since its session expired.
     connecting: usize,
+    /// Its egress cap and its share of the uplink, where configured (docs/QOS.md): the
+    /// page shows the rate each carries from the bytes sent between two polls.
+    egress: Option<RateStatus>,
+    share: Option<ShareStatus>,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,6 +74,8 @@ impl From<&NamespaceStatus> for Namespace {
                 .map(Member::from)
                 .collect(),
             connecting: ns.peers.iter().filter(|p| !is_live(p)).count(),
+            egress: ns.egress.clone(),
+            share: ns.share.clone(),
         }
     }
 }

@@ -43,6 +43,13 @@ fn start_members(bed: &mut Testbed, n: u8) -> Vec<Member> {
             &format!("[agent]\nmetrics = \"{METRICS}\"\n"),
             1,
         ) + &format!("hostname = \"{}\"\n", names[usize::from(i) - 1]);
+        // alpha's namespace has a cap and a share of a rated uplink (the page shows both).
+        let config = if i == 1 {
+            config.replacen("[agent]\n", "[agent]\nuplink_rate = \"100M\"\n", 1)
+                + "rate = \"50M\"\nweight = 3\n"
+        } else {
+            config
+        };
         let agent = bed.start_agent(&host, &config).unwrap();
         members.push(Member {
             host,
@@ -362,6 +369,13 @@ fn the_topology_page_shows_the_members_and_drops_one_that_leaves() {
     assert!(rows[&ids[0]].contains("this agent"), "{}", rows[&ids[0]]);
     assert!(rows[&ids[1]].contains("direct"), "{}", rows[&ids[1]]);
     assert!(dom.contains("live · updated"), "{dom}");
+    // alpha's cap and share, with what they carried between two polls.
+    assert!(dom.contains("egress cap 50 Mbit/s · "), "{dom}");
+    assert!(
+        dom.contains("share: weight 3 of a 100 Mbit/s uplink · "),
+        "{dom}"
+    );
+    assert!(dom.contains("B/s · 0 queued"), "{dom}");
     // Screenshots at a phone's and a desktop's width, kept with HYPHAE_KEEP_TESTBED=1.
     for (name, size) in [("phone.png", "390,844"), ("desktop.png", "1100,600")] {
         let png = bed.dir().join(name);

@@ -16,6 +16,8 @@
 //! - [`tcp`]: DNS over TCP (RFC 7766) at the service address, a sans-I/O smoltcp stack that
 //!   turns client IPv4 packets into query messages and responses back into packets.
 
+#![forbid(unsafe_code)]
+
 pub mod dhcp;
 pub mod dns;
 pub mod forward;

@@ -4,6 +4,8 @@
 //! Kademlia DHT whose replicas keep each namespace's sealed, signed records as leases won by
 //! a majority ([`records`], [`lease`], [`quorum`], [`swarm`]).
 
+#![forbid(unsafe_code)]
+
 pub mod cert;
 mod identity;
 mod keys;

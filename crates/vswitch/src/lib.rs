@@ -37,6 +37,8 @@
 //! "fragmentation needed" ([`Action::ToTap`]), any other becomes [`Action::Fragment`]; see
 //! [`mtu`].
 
+#![forbid(unsafe_code)]
+
 pub mod mtu;
 pub mod offload;
 pub mod policy;
