@@ -251,6 +251,16 @@ pub struct OverlayStatus {
     /// lookup of their own.
     #[serde(default)]
     pub group_lookups_saved: u64,
+    /// Address claims sent without a lookup to the replicas among the members this agent
+    /// knows.
+    #[serde(default)]
+    pub claims_without_lookup: u64,
+    /// Of those, claims made again after a lookup (a replica computed another set).
+    #[serde(default)]
+    pub claims_looked_up_again: u64,
+    /// Claims without a lookup this agent, as a replica, answered with another set.
+    #[serde(default)]
+    pub claims_disputed: u64,
     /// Members holding a relay reservation for this agent (libp2p peer ids): others reach
     /// this agent's control plane through them when they cannot dial it.
     #[serde(default)]

@@ -368,6 +368,18 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
         Vec::new()
     }
 
+    /// Gives the claim up undecided (its replica set proved wrong): lost, naming no
+    /// holder, with the grants received so far to give back. Later grants come back from
+    /// [`Claim::handle_response`] as releases, as for any lost claim.
+    pub fn abandon(&mut self) {
+        if self.outcome.is_none() {
+            self.outcome = Some(Outcome::Lost {
+                holder: None,
+                release_to: self.granted.clone(),
+            });
+        }
+    }
+
     /// The key claimed.
     pub fn key(&self) -> &K {
         &self.key

@@ -128,6 +128,8 @@ struct Peer {
     sent: Option<[u8; PROOF_LEN]>,
     /// Whether its answer to our challenge is still awaited.
     pending: bool,
+    /// Whether it answered our challenge (with proofs or none).
+    answered: bool,
     /// The nonce it challenged us with: pushed proofs are made over it.
     received: Option<[u8; PROOF_LEN]>,
     /// Our namespaces it proved, with its certificate where the namespace has an
@@ -316,6 +318,7 @@ impl Proofs {
             return Vec::new();
         };
         state.pending = false;
+        state.answered = true;
         if macs.len() > MAX_PROOFS || certificates.len() > MAX_PROOFS {
             self.stats.refused += 1;
             return Vec::new();
@@ -456,6 +459,14 @@ impl Proofs {
         self.peers
             .get(peer)
             .is_some_and(|p| p.proven.contains_key(tag))
+    }
+
+    /// Whether `peer` answered our challenge on its connection without proving `tag`: a
+    /// peer known not to be a member of that namespace (a member of others, a stranger).
+    pub fn is_outsider(&self, peer: &PeerId, tag: &NamespaceTag) -> bool {
+        self.peers
+            .get(peer)
+            .is_some_and(|p| p.answered && !p.proven.contains_key(tag))
     }
 
     /// Whether `peer` proved it is a member of any of our namespaces.

@@ -83,6 +83,9 @@ pub struct Stats {
     pub bad_envelopes: u64,
     /// Grants that reached a claim already lost, given straight back.
     pub late_grants_released: u64,
+    /// Claims sent without a lookup that a replica answered with another replica set:
+    /// given up at once ([`Table::handle_known_replicas`]).
+    pub replica_sets_disputed: u64,
 }
 
 enum Stage {
@@ -250,6 +253,38 @@ impl Table {
         requests
     }
 
+    /// Like [`Table::handle_replicas`], for a claim sent without a lookup to the replica
+    /// set computed from `known` (the proven members this agent knows): each replica gets
+    /// the set with the claim ([`RecordRequest::ClaimAmong`]) and grants only if it
+    /// computes the same one ([`check_replicas`]). A replica that answers with another set
+    /// ends the claim at once, lost without a holder, its grants given back: the caller
+    /// then claims again after a lookup. Other operations are started as by
+    /// [`Table::handle_replicas`].
+    pub fn handle_known_replicas(
+        &mut self,
+        now: Instant,
+        id: OpId,
+        known: Vec<NetworkId>,
+        local: NetworkId,
+    ) -> Vec<(NetworkId, RecordRequest)> {
+        let requests = self.handle_replicas(now, id, known, local, 0);
+        let set: Vec<Vec<u8>> = requests.iter().map(|(p, _)| p.to_bytes()).collect();
+        requests
+            .into_iter()
+            .map(|(p, request)| match request {
+                RecordRequest::Claim { key, envelope } => (
+                    p,
+                    RecordRequest::ClaimAmong {
+                        key,
+                        envelope,
+                        replicas: set.clone(),
+                    },
+                ),
+                other => (p, other),
+            })
+            .collect()
+    }
+
     /// `replica`'s answer to `id`'s request, or `None` if the request failed (unreachable,
     /// timed out), which counts as a refusal. `wall_secs` (Unix seconds) checks the expiry
     /// of returned envelopes.
@@ -284,6 +319,10 @@ impl Table {
             Stage::Claim(claim) => {
                 // Decided claims are not in `ops`: nothing comes back to release here.
                 let _ = claim.handle_response(now, replica, answer);
+                if matches!(response, Some(RecordResponse::Replicas { .. })) {
+                    claim.abandon();
+                    self.stats.replica_sets_disputed += 1;
+                }
             }
             Stage::Get { answers, .. } => {
                 let envelope = match response {
@@ -483,6 +522,73 @@ pub fn replicas(key: &RecordKey, mut found: Vec<NetworkId>, local: NetworkId) ->
     found
 }
 
+/// The replica set of `key` a claim without a lookup goes to: the [`REPLICAS`] closest
+/// among the proven members this agent knows (`known`) and itself, provided none of the
+/// peers of unknown membership it knows (`unproven`: routing-table peers that have not
+/// answered its membership challenge) is closer than one of them. `None` when one is: the
+/// claim then looks its replicas up.
+pub fn known_replicas(
+    key: &RecordKey,
+    known: &[NetworkId],
+    unproven: &[NetworkId],
+    local: NetworkId,
+) -> Option<Vec<NetworkId>> {
+    let set = replicas(key, [known, unproven].concat(), local);
+    set.iter().all(|p| !unproven.contains(p)).then_some(set)
+}
+
+/// A replica's check of a claim sent to the set `proposed` without a lookup
+/// ([`RecordRequest::ClaimAmong`]): `Ok` when the set this replica computes from the members
+/// it knows (`known`), the peers of unknown membership it knows (`unproven`), the proposed
+/// ones and itself is `proposed`; otherwise `Err` with its own set. A grant then means that
+/// the claimer and this replica, each from what it knows, picked the same replicas, and that
+/// this replica knows no peer closer to the key that might be a member.
+pub fn check_replicas(
+    key: &RecordKey,
+    proposed: &[NetworkId],
+    known: &[NetworkId],
+    unproven: &[NetworkId],
+    local: NetworkId,
+) -> Result<(), Vec<NetworkId>> {
+    let view = replicas(key, [known, unproven, proposed].concat(), local);
+    let (mut mine, mut theirs) = (view.clone(), proposed.to_vec());
+    mine.sort();
+    theirs.sort();
+    if mine == theirs {
+        Ok(())
+    } else {
+        Err(view)
+    }
+}
+
+/// [`check_replicas`] on a [`RecordRequest::ClaimAmong`] as it came off the wire: `key` and
+/// the proposed `replicas` as bytes. `Err(Rejected)` for a malformed key or set (more than
+/// [`REPLICAS`] peers, or bytes that are no peer id), `Err(Replicas)` with this replica's
+/// set when it computes another one.
+pub fn check_claim_among(
+    key: &[u8],
+    replicas: &[Vec<u8>],
+    known: &[NetworkId],
+    unproven: &[NetworkId],
+    local: NetworkId,
+) -> Result<(), RecordResponse> {
+    let proposed: Option<Vec<NetworkId>> = replicas
+        .iter()
+        .map(|p| NetworkId::from_bytes(p).ok())
+        .collect();
+    let (Ok(key), Some(proposed)) = (RecordKey::try_from(key), proposed) else {
+        return Err(RecordResponse::Rejected);
+    };
+    if proposed.len() > REPLICAS {
+        return Err(RecordResponse::Rejected);
+    }
+    check_replicas(&key, &proposed, known, unproven, local).map_err(|view| {
+        RecordResponse::Replicas {
+            peers: view.iter().map(|p| p.to_bytes()).collect(),
+        }
+    })
+}
+
 /// Adds one replica's group entries to `merged`, one per owner with the latest expiry; at
 /// most [`crate::records::MAX_GROUP_MEMBERS`] are read from one answer. Returns how many
 /// failed verification.
@@ -603,6 +709,7 @@ mod tests {
         std::iter::from_fn(|| t.poll_release()).collect()
     }
 
+    mod known;
     mod transfer;
 
     #[test]

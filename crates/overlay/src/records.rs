@@ -330,6 +330,19 @@ pub enum RecordRequest {
         /// The new holder's record, signed by it.
         envelope: Envelope,
     },
+    /// A [`RecordRequest::Claim`] sent without a lookup to the replica set the claimer
+    /// computed from the members it knows: the replica answers it as a claim only if it
+    /// computes the same set from the members it knows, and otherwise answers
+    /// [`RecordResponse::Replicas`] (docs/DECISIONS.md, "Claims without a lookup").
+    ClaimAmong {
+        /// The key (32 bytes).
+        key: Vec<u8>,
+        /// The value, signed by its owner.
+        envelope: Envelope,
+        /// The replica set as the claimer sees it: peer ids, at most
+        /// [`crate::quorum::REPLICAS`].
+        replicas: Vec<Vec<u8>>,
+    },
 }
 
 /// A request to a replica for one namespace's records. A replica answers it only if it is
@@ -382,6 +395,12 @@ pub enum RecordResponse {
     /// Not answered: the replica is not a member of the request's namespace, or the asker
     /// has not proved it is. Counts as no answer.
     NotMember,
+    /// A [`RecordRequest::ClaimAmong`] not answered: the replica set this replica computes
+    /// differs from the claimer's. Its own set, as peer ids.
+    Replicas {
+        /// The replica set as this replica sees it.
+        peers: Vec<Vec<u8>>,
+    },
 }
 
 impl RecordResponse {
@@ -404,7 +423,8 @@ impl RecordResponse {
             | Self::Rejected
             | Self::Value { .. }
             | Self::Joined
-            | Self::Members { .. } => lease::Response::Full,
+            | Self::Members { .. }
+            | Self::Replicas { .. } => lease::Response::Full,
         })
     }
 }
@@ -548,6 +568,15 @@ impl RecordStore {
     ) -> RecordResponse {
         let via = requester.unwrap_or(ANONYMOUS);
         match request {
+            // Its replica set is checked by the swarm, which knows the members
+            // (`swarm::requests`); here it is a claim.
+            RecordRequest::ClaimAmong { key, envelope, .. } => self.answer(
+                now,
+                now_unix,
+                requester,
+                ns,
+                RecordRequest::Claim { key, envelope },
+            ),
             RecordRequest::Claim { key, envelope } => {
                 let Ok(key) = RecordKey::try_from(key.as_slice()) else {
                     self.stats.rejected += 1;

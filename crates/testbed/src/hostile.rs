@@ -86,6 +86,7 @@ pub(crate) fn swarm(seed: [u8; 32]) -> Result<Swarm<Hostile>> {
 fn lie(request: &RecordRequest) -> RecordResponse {
     match request {
         RecordRequest::Claim { .. }
+        | RecordRequest::ClaimAmong { .. }
         | RecordRequest::Join { .. }
         | RecordRequest::Transfer { .. } => RecordResponse::Held {
             owner: vec![0x66; 32],

@@ -391,6 +391,9 @@ impl Control {
                 bad_envelopes: self.overlay.stats().bad_envelopes,
                 late_grants_released: self.overlay.stats().late_grants_released,
                 group_lookups_saved: self.overlay.stats().group_lookups_saved,
+                claims_without_lookup: self.overlay.stats().claims_without_lookup,
+                claims_looked_up_again: self.overlay.stats().claims_looked_up_again,
+                claims_disputed: self.overlay.stats().claims_disputed,
                 relays: self
                     .overlay
                     .relays()

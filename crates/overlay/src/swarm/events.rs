@@ -277,6 +277,7 @@ impl Overlay {
                             found,
                             queried,
                             deadline,
+                            known: false,
                         };
                         self.awaiting.insert(op, waiting);
                         self.check_awaiting(now, wall);

@@ -18,6 +18,9 @@ pub(super) struct Awaiting {
     pub(super) found: Vec<NetworkId>,
     pub(super) queried: u32,
     pub(super) deadline: Instant,
+    /// A claim without a lookup: its replicas are the known members'
+    /// ([`crate::quorum::Table::handle_known_replicas`]).
+    pub(super) known: bool,
 }
 
 impl Overlay {
@@ -69,7 +72,11 @@ impl Overlay {
     /// local store.
     pub(super) fn replicas_found(&mut self, now: Instant, wall: u64, op: OpId, lookup: Awaiting) {
         let Awaiting {
-            ns, found, queried, ..
+            ns,
+            found,
+            queried,
+            known,
+            ..
         } = lookup;
         let mut members = self.proofs.members(&ns);
         for peer in found {
@@ -82,9 +89,13 @@ impl Overlay {
         members.sort();
         members.dedup();
         tracing::debug!(?op, replicas = members.len(), "asking replicas");
-        let requests = self
-            .quorum
-            .handle_replicas(now, op, members, self.local, queried);
+        let requests = if known {
+            self.quorum
+                .handle_known_replicas(now, op, members, self.local)
+        } else {
+            self.quorum
+                .handle_replicas(now, op, members, self.local, queried)
+        };
         for (replica, request) in requests {
             self.ask_replica(now, wall, op, ns, replica, request);
         }

@@ -96,6 +96,17 @@ pub use stats::OverlayStats;
 /// scale test) lookups cut at 4 s returned sets that disagreed, and an address was won twice.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A claim goes without a lookup to the replica set computed from the proven members this
+/// agent is connected to when it knows at least this many, so that the set is full: each
+/// replica checks the set ([`crate::quorum::check_replicas`]), and a claim a replica
+/// disputes is made again after a lookup (docs/DECISIONS.md, "Claims without a lookup").
+pub const KNOWN_MEMBERS_FOR_CLAIMS: usize = crate::quorum::REPLICAS - 1;
+
+/// How many routing-table peers near a key [`Overlay`] looks at when it checks a replica set
+/// of a claim without a lookup (`swarm::requests`): a bound on the work, far above the
+/// handful a routing table holds closer to a key than its replicas.
+pub const MAX_UNPROVEN_NEAR: usize = 256;
+
 /// How long the replicas a group's lookup found serve that group's later announcements and
 /// reads: a member's heartbeat and its reads ([`crate::membership::GROUP_HEARTBEAT`],
 /// [`crate::membership::GROUP_REFRESH`]) need no lookup each. A stale set costs at most a
@@ -150,12 +161,17 @@ pub struct OverlayOptions {
     /// long to wait for one of them to answer before starting the overlay alone, as a
     /// first member does. `None`: wait for a bootstrap address as long as it takes.
     pub alone_after: Option<Duration>,
+    /// Claims go without a lookup to the replicas among the members this agent knows
+    /// ([`KNOWN_MEMBERS_FOR_CLAIMS`]); off, every claim looks its replicas up first (the
+    /// scale test's baseline).
+    pub claims_without_lookup: bool,
 }
 
 impl Default for OverlayOptions {
     fn default() -> Self {
         Self {
             mdns: false,
+            claims_without_lookup: true,
             idle_timeout: Duration::from_secs(60),
             alone_after: None,
         }
@@ -275,6 +291,12 @@ pub struct Overlay {
     group_replicas: HashMap<RecordKey, (Vec<NetworkId>, u32, Instant)>,
     /// Group operations whose lookup runs: its result is kept for the next ones.
     group_lookups: HashMap<OpId, RecordKey>,
+    /// Claims sent without a lookup, with what claims again after one if they fail.
+    known_claims: HashMap<OpId, (NamespaceTag, RecordKey, Envelope)>,
+    /// Claims started again after a lookup, and the operation the driver knows them as.
+    claims_again: HashMap<OpId, OpId>,
+    /// [`OverlayOptions::claims_without_lookup`].
+    claims_without_lookup: bool,
     /// Record requests from peers whose proof is still awaited.
     deferred: HashMap<
         NetworkId,
@@ -361,6 +383,9 @@ impl Overlay {
             awaiting: HashMap::new(),
             group_replicas: HashMap::new(),
             group_lookups: HashMap::new(),
+            known_claims: HashMap::new(),
+            claims_again: HashMap::new(),
+            claims_without_lookup: options.claims_without_lookup,
             deferred: HashMap::new(),
             rng: StdRng::from_seed(seed),
             events: VecDeque::new(),

@@ -3,15 +3,16 @@
 
 use std::time::Instant;
 
+use libp2p::kad::KBucketKey;
 use libp2p::request_response;
 
 use super::members::Awaiting;
 use super::{
     clocks, network_id, owner_key, NetworkId, OpId, Overlay, OverlayEvent, GROUP_REPLICAS_REUSE,
-    MAX_DEFERRED,
+    KNOWN_MEMBERS_FOR_CLAIMS, MAX_DEFERRED, MAX_UNPROVEN_NEAR,
 };
 use crate::proof::NamespaceTag;
-use crate::quorum::Kind;
+use crate::quorum::{check_claim_among, known_replicas, replicas, ClaimResult, Kind, REPLICAS};
 use crate::records::{Envelope, RecordKey, RecordRequest, RecordResponse, ScopedRequest};
 
 impl Overlay {
@@ -58,32 +59,54 @@ impl Overlay {
     }
 
     pub(super) fn start(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind) -> OpId {
+        self.start_op(ns, key, kind, self.claims_without_lookup)
+    }
+
+    /// Starts an operation: a group operation with the replicas a recent lookup found, a
+    /// claim (unless `known_ok` is false) with the replicas among the members this agent
+    /// knows, when it knows enough of them, and anything else after a lookup.
+    fn start_op(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind, known_ok: bool) -> OpId {
         let group = matches!(kind, Kind::Join(_) | Kind::Members);
+        let known_claim = match &kind {
+            Kind::Claim(envelope) if known_ok && self.knows_replicas(&ns, &key) => {
+                Some(envelope.clone())
+            }
+            _ => None,
+        };
         let op = self.quorum.start(key, kind);
         self.key_ns.insert(key, ns);
         self.op_ns.insert(op, ns);
-        if group {
-            let (now, _) = clocks();
-            if let Some((found, queried, _)) = self
+        let (now, _) = clocks();
+        let reuse = match known_claim {
+            Some(envelope) => {
+                self.known_claims.insert(op, (ns, key, envelope));
+                self.stats.claims_without_lookup += 1;
+                Some((Vec::new(), 0))
+            }
+            None if group => self
                 .group_replicas
                 .get(&key)
                 .filter(|(.., at)| now < *at + GROUP_REPLICAS_REUSE)
-            {
-                // Asked at the next `handle_timeout`, as a finished lookup would be.
-                let found = found.clone();
-                let queried = *queried;
-                self.awaiting.insert(
-                    op,
-                    Awaiting {
-                        ns,
-                        found,
-                        queried,
-                        deadline: now,
-                    },
-                );
-                self.stats.group_lookups_saved += 1;
-                return op;
-            }
+                .map(|(found, queried, _)| {
+                    self.stats.group_lookups_saved += 1;
+                    (found.clone(), *queried)
+                }),
+            None => None,
+        };
+        if let Some((found, queried)) = reuse {
+            // Asked at the next `handle_timeout`, as a finished lookup would be.
+            let known = self.known_claims.contains_key(&op);
+            let awaiting = Awaiting {
+                ns,
+                found,
+                queried,
+                deadline: now,
+                known,
+            };
+            self.awaiting.insert(op, awaiting);
+            return op;
+        }
+        if group {
             self.group_lookups.insert(op, key);
         }
         let query = self
@@ -151,13 +174,15 @@ impl Overlay {
         now: Instant,
         wall: u64,
         peer: NetworkId,
-        scoped: ScopedRequest,
+        mut scoped: ScopedRequest,
         channel: request_response::ResponseChannel<RecordResponse>,
     ) {
         let response = if !self.proofs.is_member(&peer, &scoped.ns) {
             self.stats.requests_not_member += 1;
             tracing::debug!(%peer, "record request from a peer not proven a member: refused");
             RecordResponse::NotMember
+        } else if let Some(answer) = self.screen_claim_among(&mut scoped) {
+            answer
         } else if let Some(keys) = self.proofs.certified_keys(&scoped.ns) {
             // Claims are checked against their owner's certificate (records::certified).
             let proofs = &self.proofs;
@@ -180,6 +205,82 @@ impl Overlay {
             .behaviour_mut()
             .records
             .send_response(channel, response);
+    }
+
+    /// Whether a claim of `key` can go without a lookup: this agent is connected to at
+    /// least [`KNOWN_MEMBERS_FOR_CLAIMS`] proven members of `ns`, and no peer of its routing
+    /// table of unknown membership is closer to the key than the replicas among them
+    /// ([`known_replicas`]).
+    fn knows_replicas(&mut self, ns: &NamespaceTag, key: &RecordKey) -> bool {
+        let known = self.proofs.members(ns);
+        if known.len() < KNOWN_MEMBERS_FOR_CLAIMS {
+            return false;
+        }
+        let unproven = self.unproven_near(ns, key, &known);
+        known_replicas(key, &known, &unproven, self.local).is_some()
+    }
+
+    /// The peers of the routing table closer to `key` than the farthest of the replicas
+    /// among `candidates` and this agent (all of them while those are fewer than
+    /// [`REPLICAS`]), at most [`MAX_UNPROVEN_NEAR`], whose membership of `ns` is unknown:
+    /// neither proven members nor peers that answered our challenge without `ns`.
+    pub(super) fn unproven_near(
+        &mut self,
+        ns: &NamespaceTag,
+        key: &RecordKey,
+        candidates: &[NetworkId],
+    ) -> Vec<NetworkId> {
+        let target = KBucketKey::new(key.to_vec());
+        let set = replicas(key, candidates.to_vec(), self.local);
+        let farthest = (set.len() >= REPLICAS)
+            .then(|| set.last().map(|p| KBucketKey::from(*p).distance(&target)))
+            .flatten();
+        let near: Vec<NetworkId> = self
+            .swarm
+            .behaviour_mut()
+            .kad
+            .get_closest_local_peers(&target)
+            .take_while(|k| farthest.is_none_or(|f| k.distance(&target) < f))
+            .map(|k| *k.preimage())
+            .take(MAX_UNPROVEN_NEAR)
+            .collect();
+        near.into_iter()
+            .filter(|p| {
+                *p != self.local && !self.proofs.is_member(p, ns) && !self.proofs.is_outsider(p, ns)
+            })
+            .collect()
+    }
+
+    /// A claim sent to the replica set its claimer computed ([`RecordRequest::ClaimAmong`]):
+    /// the answer when this agent computes another set (or the set is malformed); when it
+    /// computes the same one, the request becomes a plain claim for the store.
+    fn screen_claim_among(&mut self, scoped: &mut ScopedRequest) -> Option<RecordResponse> {
+        let RecordRequest::ClaimAmong { key, replicas, .. } = &scoped.request else {
+            return None;
+        };
+        let known = self.proofs.members(&scoped.ns);
+        let candidates: Vec<NetworkId> = replicas
+            .iter()
+            .filter_map(|p| NetworkId::from_bytes(p).ok())
+            .chain(known.iter().copied())
+            .collect();
+        let unproven = RecordKey::try_from(key.as_slice())
+            .map(|k| self.unproven_near(&scoped.ns, &k, &candidates))
+            .unwrap_or_default();
+        if let Err(answer) = check_claim_among(key, replicas, &known, &unproven, self.local) {
+            if matches!(answer, RecordResponse::Replicas { .. }) {
+                self.stats.claims_disputed += 1;
+            }
+            return Some(answer);
+        }
+        let request = std::mem::replace(
+            &mut scoped.request,
+            RecordRequest::Members { key: Vec::new() },
+        );
+        if let RecordRequest::ClaimAmong { key, envelope, .. } = request {
+            scoped.request = RecordRequest::Claim { key, envelope };
+        }
+        None
     }
 
     /// Sends `op`'s `request` to `replica`, or answers it from the local store when the
@@ -219,7 +320,23 @@ impl Overlay {
         while let Some((replica, key)) = self.quorum.poll_release() {
             self.send_release(now, wall, replica, key);
         }
-        while let Some(event) = self.quorum.poll_event() {
+        while let Some(mut event) = self.quorum.poll_event() {
+            if let OverlayEvent::Claimed { op, result, .. } = &mut event {
+                if let Some((ns, key, envelope)) = self.known_claims.remove(op) {
+                    if *result == ClaimResult::Lost(None) {
+                        // A replica computed another set, or none answered: look up.
+                        self.stats.claims_looked_up_again += 1;
+                        self.op_ns.remove(op);
+                        let again = self.start_op(ns, key, Kind::Claim(envelope), false);
+                        self.claims_again.insert(again, *op);
+                        continue;
+                    }
+                }
+                if let Some(first) = self.claims_again.remove(op) {
+                    self.op_ns.remove(op);
+                    *op = first;
+                }
+            }
             if let OverlayEvent::Claimed { op, .. }
             | OverlayEvent::Got { op, .. }
             | OverlayEvent::Released { op }

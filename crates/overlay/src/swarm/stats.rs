@@ -14,6 +14,14 @@ pub struct OverlayStats {
     /// Group announcements and reads sent to the replicas a recent lookup found, with no
     /// lookup of their own ([`super::GROUP_REPLICAS_REUSE`]).
     pub group_lookups_saved: u64,
+    /// Claims sent without a lookup to the replica set known members make
+    /// ([`super::KNOWN_MEMBERS_FOR_CLAIMS`]).
+    pub claims_without_lookup: u64,
+    /// Of those, claims made again after a lookup: a replica computed another set, or
+    /// none granted nor named a holder.
+    pub claims_looked_up_again: u64,
+    /// Claims without a lookup this agent, as a replica, answered with another replica set.
+    pub claims_disputed: u64,
     /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
     pub refused_puts: u64,
     /// Connections opened through a relay (either direction).
