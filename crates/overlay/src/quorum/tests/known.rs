@@ -11,6 +11,17 @@ fn by_distance(key: &RecordKey, n: u16) -> Vec<NetworkId> {
     all
 }
 
+/// A claim of `key()` by member 0 that knows members 1 to 4: the claim and its requests.
+fn started_known(
+    t: &mut Table,
+    t0: Instant,
+    envelope: &Envelope,
+) -> (OpId, Vec<(NetworkId, RecordRequest)>) {
+    let op = t.start(key(), Kind::Claim(envelope.clone()));
+    let requests = t.handle_known_replicas(t0, op, (1..=4).map(peer).collect(), peer(0));
+    (op, requests)
+}
+
 #[test]
 fn a_replica_agrees_only_with_the_set_it_computes_itself() {
     let key = key();
@@ -54,11 +65,8 @@ fn a_replica_agrees_only_with_the_set_it_computes_itself() {
 
 #[test]
 fn a_claim_without_a_lookup_carries_its_set_and_ends_when_a_replica_disputes_it() {
-    let t0 = Instant::now();
-    let mut t = Table::default();
-    let envelope = seal(0, &key(), WALL + 60);
-    let op = t.start(key(), Kind::Claim(envelope.clone()));
-    let requests = t.handle_known_replicas(t0, op, (1..=4).map(peer).collect(), peer(0));
+    let (t0, mut t, envelope) = (Instant::now(), Table::default(), seal(0, &key(), WALL + 60));
+    let (op, requests) = started_known(&mut t, t0, &envelope);
     assert_eq!(requests.len(), REPLICAS);
     let r: Vec<NetworkId> = requests.iter().map(|(p, _)| *p).collect();
     let set: Vec<Vec<u8>> = r.iter().map(|p| p.to_bytes()).collect();
@@ -92,11 +100,8 @@ fn a_claim_without_a_lookup_carries_its_set_and_ends_when_a_replica_disputes_it(
 
 #[test]
 fn a_claim_without_a_lookup_that_every_replica_accepts_is_won_as_any_claim() {
-    let t0 = Instant::now();
-    let mut t = Table::default();
-    let envelope = seal(0, &key(), WALL + 60);
-    let op = t.start(key(), Kind::Claim(envelope));
-    let requests = t.handle_known_replicas(t0, op, (1..=4).map(peer).collect(), peer(0));
+    let (t0, mut t, envelope) = (Instant::now(), Table::default(), seal(0, &key(), WALL + 60));
+    let (op, requests) = started_known(&mut t, t0, &envelope);
     for (p, _) in requests {
         t.handle_answer(t0, WALL, op, p, GRANTED);
     }
