@@ -261,6 +261,10 @@ pub struct OverlayStatus {
     /// Claims without a lookup this agent, as a replica, answered with another set.
     #[serde(default)]
     pub claims_disputed: u64,
+    /// First claims given up without asking anyone: the lookup found fewer than five
+    /// members while peers of unknown membership were near; claimed again later.
+    #[serde(default)]
+    pub claims_short_given_up: u64,
     /// Members holding a relay reservation for this agent (libp2p peer ids): others reach
     /// this agent's control plane through them when they cannot dial it.
     #[serde(default)]

@@ -86,6 +86,9 @@ pub struct Stats {
     /// Claims sent without a lookup that a replica answered with another replica set:
     /// given up at once ([`Table::handle_known_replicas`]).
     pub replica_sets_disputed: u64,
+    /// First claims given up without asking anyone: their lookup found too few members
+    /// while peers of unknown membership were near ([`Table::give_up_short`]).
+    pub short_claims_given_up: u64,
 }
 
 enum Stage {
@@ -283,6 +286,47 @@ impl Table {
                 other => (p, other),
             })
             .collect()
+    }
+
+    /// The key of `id` if it is a first claim whose replicas among `found` (and `local`)
+    /// would be fewer than [`REPLICAS`]: a set that only a small namespace may decide
+    /// ([`Table::give_up_short`]).
+    pub fn short_claim(
+        &self,
+        id: OpId,
+        found: &[NetworkId],
+        local: NetworkId,
+    ) -> Option<RecordKey> {
+        let op = self.ops.get(&id)?;
+        let short = matches!(op.kind, Kind::Claim(_))
+            && matches!(op.stage, Stage::Lookup)
+            && replicas(&op.key, found.to_vec(), local).len() < REPLICAS;
+        short.then_some(op.key)
+    }
+
+    /// Ends the first claim `id` at once, lost without a holder and asking no replica:
+    /// its lookup found fewer than [`REPLICAS`] members while peers of unknown membership
+    /// were near ([`Table::short_claim`]). A set that short may be a corner of a larger
+    /// namespace, where another claimer's set shares no replica with it, so both would win;
+    /// the caller claims again later, when its knowledge has caught up.
+    pub fn give_up_short(&mut self, id: OpId, replicas: usize, queried: u32) {
+        let first_claim = self.ops.get(&id).is_some_and(|op| {
+            matches!(op.kind, Kind::Claim(_)) && matches!(op.stage, Stage::Lookup)
+        });
+        if !first_claim {
+            return;
+        }
+        let Some(op) = self.ops.remove(&id) else {
+            return;
+        };
+        self.stats.short_claims_given_up += 1;
+        self.events.push_back(OverlayEvent::Claimed {
+            op: id,
+            key: op.key,
+            result: ClaimResult::Lost(None),
+            replicas,
+            queried,
+        });
     }
 
     /// `replica`'s answer to `id`'s request, or `None` if the request failed (unreachable,
@@ -710,6 +754,7 @@ mod tests {
     }
 
     mod known;
+    mod short;
     mod transfer;
 
     #[test]

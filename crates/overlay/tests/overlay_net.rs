@@ -487,7 +487,11 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
         let mut nodes = vec![spawn_on(MEM, 10_000, None).await];
         let mut join_times = Vec::new();
         for i in 1..N {
-            let boot = nodes[(i * 7919) % i].addr.clone();
+            // An earlier member picked by a multiplicative hash (`(i * k) % i` would always
+            // be member 0: until 2026-11-27 every swarm joined through member 0).
+            let boot = nodes[((i as u64 * 2_654_435_761) >> 8) as usize % i]
+                .addr
+                .clone();
             let t = Instant::now();
             nodes.push(spawn_on(MEM, 10_000 + i as u64, Some(&boot)).await);
             join_times.push(t.elapsed());
@@ -495,7 +499,9 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
         let build = started.elapsed();
         let keys = std::sync::Arc::new(NamespaceKeys::derive("scale", b"0123456789abcdef"));
 
-        // Everyone claims at once; a lost claim moves to another random address.
+        // Everyone claims at once; a claim lost to a holder moves to another random
+        // address, one lost without a holder (unanswered, or given up short of replicas)
+        // tries the same address again 2 s later, as an agent does (CLAIM_RETRY).
         let mut tasks = Vec::new();
         for (i, mut node) in nodes.into_iter().enumerate() {
             let keys = keys.clone();
@@ -505,15 +511,24 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
                 let mut attempts = 0;
                 let mut seed = i as u64 * 2654435761 + 1;
                 let mut claims = Vec::new();
+                let mut again = None;
                 let address = loop {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let host = 1 + ((seed >> 33) as u32 % POOL);
-                    if tried.contains(&host) {
-                        continue;
-                    }
-                    tried.insert(host);
+                    let host = match again.take() {
+                        Some(host) => {
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                            host
+                        }
+                        None => {
+                            seed = seed
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            let host = 1 + ((seed >> 33) as u32 % POOL);
+                            if !tried.insert(host) {
+                                continue;
+                            }
+                            host
+                        }
+                    };
                     attempts += 1;
                     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 9, 0, 0)) + host);
                     let key = keys.address_key(ip);
@@ -522,8 +537,12 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
                     node.cmd.send(Cmd::Claim(key, e)).await.unwrap();
                     let (result, replicas) = node.claimed_by().await;
                     claims.push(one.elapsed());
-                    if result == ClaimResult::Won {
-                        break (ip, replicas);
+                    match result {
+                        ClaimResult::Won => break (ip, replicas),
+                        ClaimResult::Lost(None) => {
+                            again = Some(host);
+                        }
+                        _ => {}
                     }
                     assert!(tried.len() < POOL as usize, "node {i} found no address");
                 };
@@ -545,7 +564,7 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
             latencies.push(latency);
             attempts.push(n);
         }
-        let (mut without_lookup, mut again, mut disputed) = (0, 0, 0);
+        let (mut without_lookup, mut again, mut disputed, mut short) = (0, 0, 0, 0);
         for n in &nodes {
             let (tx, rx) = tokio::sync::oneshot::channel();
             n.cmd.send(Cmd::Stats(tx)).await.unwrap();
@@ -553,12 +572,14 @@ fn scale_200_members_allocate_concurrently_and_survive_losing_a_fifth() {
             without_lookup += s.claims_without_lookup;
             again += s.claims_looked_up_again;
             disputed += s.claims_disputed;
+            short += s.claims_short_given_up;
         }
         claims.sort();
         println!(
             "scale: {} claims (one address each, won or lost) p50 {:.2?} p99 {:.2?}; \
              {without_lookup} without a lookup, {again} of them looked up again \
-             ({disputed} disputes from replicas); {small_sets} won by fewer than 5 replicas",
+             ({disputed} disputes from replicas); {short} given up short of replicas; \
+             {small_sets} won by fewer than 5 replicas",
             claims.len(),
             percentile(&claims, 0.5),
             percentile(&claims, 0.99),

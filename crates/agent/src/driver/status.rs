@@ -394,6 +394,7 @@ impl Control {
                 claims_without_lookup: self.overlay.stats().claims_without_lookup,
                 claims_looked_up_again: self.overlay.stats().claims_looked_up_again,
                 claims_disputed: self.overlay.stats().claims_disputed,
+                claims_short_given_up: self.overlay.stats().claims_short_given_up,
                 relays: self
                     .overlay
                     .relays()

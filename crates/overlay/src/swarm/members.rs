@@ -79,15 +79,21 @@ impl Overlay {
             ..
         } = lookup;
         let mut members = self.proofs.members(&ns);
+        let (lookup_empty, mut proving) = (found.is_empty(), 0);
         for peer in found {
             if self.proofs.is_member(&peer, &ns) {
                 members.push(peer);
             } else {
                 self.stats.unproven_replicas_skipped += 1;
+                proving += usize::from(self.proofs.is_pending(&peer));
             }
         }
         members.sort();
         members.dedup();
+        if !known && self.give_up_short(op, ns, &members, proving, lookup_empty, queried) {
+            self.flush_quorum(now, wall);
+            return;
+        }
         tracing::debug!(?op, replicas = members.len(), "asking replicas");
         let requests = if known {
             self.quorum
@@ -100,6 +106,40 @@ impl Overlay {
             self.ask_replica(now, wall, op, ns, replica, request);
         }
         self.flush_quorum(now, wall);
+    }
+
+    /// Gives up first claim `op` if its replica set among `members` would be short of
+    /// [`crate::quorum::REPLICAS`] while this agent cannot tell that the namespace is that
+    /// small: `proving` peers its lookup found are still proving membership (past
+    /// [`super::PROOF_WAIT`]), or the lookup found no one while the routing table holds
+    /// peers of unknown membership. A claimer that knows no one else decides alone (the
+    /// first member; one cut off from all others), and so does one whose every found peer
+    /// proved it is a member or not (or failed to answer: a silent stranger delays claims
+    /// by one retry at most). DECISIONS, "Short replica sets".
+    fn give_up_short(
+        &mut self,
+        op: OpId,
+        ns: NamespaceTag,
+        members: &[NetworkId],
+        proving: usize,
+        lookup_empty: bool,
+        queried: u32,
+    ) -> bool {
+        let Some(key) = self.quorum.short_claim(op, members, self.local) else {
+            return false;
+        };
+        let unsure =
+            proving > 0 || (lookup_empty && !self.unproven_near(&ns, &key, members).is_empty());
+        if unsure {
+            tracing::debug!(
+                ?op,
+                members = members.len(),
+                proving,
+                "claim short of replicas; given up"
+            );
+            self.quorum.give_up_short(op, members.len() + 1, queried);
+        }
+        unsure
     }
 
     pub(super) fn send_proof_request(&mut self, peer: NetworkId, request: ProofRequest) {

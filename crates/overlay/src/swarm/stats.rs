@@ -22,6 +22,9 @@ pub struct OverlayStats {
     pub claims_looked_up_again: u64,
     /// Claims without a lookup this agent, as a replica, answered with another replica set.
     pub claims_disputed: u64,
+    /// First claims given up without asking anyone: their lookup found fewer than five
+    /// members while peers of unknown membership were near (claimed again later).
+    pub claims_short_given_up: u64,
     /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
     pub refused_puts: u64,
     /// Connections opened through a relay (either direction).
@@ -83,6 +86,7 @@ impl Overlay {
         OverlayStats {
             bad_envelopes: quorum.bad_envelopes,
             late_grants_released: quorum.late_grants_released,
+            claims_short_given_up: quorum.short_claims_given_up,
             proofs_accepted: accepted,
             proofs_unproven: unproven,
             proofs_refused: refused,
