@@ -297,11 +297,15 @@ impl Table {
         found: &[NetworkId],
         local: NetworkId,
     ) -> Option<RecordKey> {
-        let op = self.ops.get(&id)?;
-        let short = matches!(op.kind, Kind::Claim(_))
-            && matches!(op.stage, Stage::Lookup)
-            && replicas(&op.key, found.to_vec(), local).len() < REPLICAS;
-        short.then_some(op.key)
+        let op = self.waiting_first_claim(id)?;
+        (replicas(&op.key, found.to_vec(), local).len() < REPLICAS).then_some(op.key)
+    }
+
+    /// Operation `id` if it is a first claim still waiting for its replicas.
+    fn waiting_first_claim(&self, id: OpId) -> Option<&Op> {
+        self.ops
+            .get(&id)
+            .filter(|op| matches!(op.kind, Kind::Claim(_)) && matches!(op.stage, Stage::Lookup))
     }
 
     /// Ends the first claim `id` at once, lost without a holder and asking no replica:
@@ -310,10 +314,7 @@ impl Table {
     /// namespace, where another claimer's set shares no replica with it, so both would win;
     /// the caller claims again later, when its knowledge has caught up.
     pub fn give_up_short(&mut self, id: OpId, replicas: usize, queried: u32) {
-        let first_claim = self.ops.get(&id).is_some_and(|op| {
-            matches!(op.kind, Kind::Claim(_)) && matches!(op.stage, Stage::Lookup)
-        });
-        if !first_claim {
+        if self.waiting_first_claim(id).is_none() {
             return;
         }
         let Some(op) = self.ops.remove(&id) else {
