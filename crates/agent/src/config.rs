@@ -138,6 +138,8 @@ struct NamespaceSection {
     burst: Option<u64>,
     #[serde(default)]
     weight: Option<u64>,
+    #[serde(default, rename = "cap")]
+    caps: Vec<hyphae_vswitch::qos::CapFile>,
 }
 
 fn default_flows() -> usize {
@@ -334,6 +336,9 @@ pub struct Namespace {
     /// Its share of `[agent] uplink_rate` when saturated, against the other namespaces'
     /// (default 1).
     pub weight: Option<u64>,
+    /// Caps per member, group and host, egress and ingress (`[[namespace.cap]]`,
+    /// docs/QOS.md). Empty: none.
+    pub caps: hyphae_vswitch::qos::Caps,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -378,6 +383,7 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         flows: default_flows(),
         rate: None,
         weight: None,
+        caps: Default::default(),
     }
 }
 
@@ -652,6 +658,8 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
     };
     let rate = qos::egress(&s.rate, s.burst)?;
     let weight = qos::weight(s.weight)?;
+    let caps = hyphae_vswitch::qos::Caps::compile(&s.caps, credential.is_some())
+        .map_err(|e| anyhow::anyhow!(e))?;
     if s.flows == 0 {
         bail!("flows must be at least 1 (the policy's connection table)");
     }
@@ -688,6 +696,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         flows: s.flows,
         rate,
         weight,
+        caps,
     })
 }
 
@@ -1195,6 +1204,26 @@ endpoint = "10.200.0.3"
         for e in [err(GOOD, None), err(&GOOD.replace("name = ", "nmae = "), s)] {
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    #[test]
+    fn caps_per_member_and_host_are_read_and_their_mistakes_named() {
+        let s = Some("0123456789abcdef");
+        let caps = "[[namespace.cap]]\nmembers = [\"10.201.0.9\"]\negress = \"20M\"\n\
+                    [[namespace.cap]]\nhosts = [\"10.201.3.0/24\"]\ningress = \"5M\"\nburst = 100000\n";
+        let good = GOOD.replace("[[namespace.peer]]\nendpoint = \"10.200.0.2:7400\"\n", caps);
+        let c = load(&good, s).unwrap();
+        let caps = c.namespaces[0].caps.caps();
+        assert_eq!(caps.len(), 2);
+        assert_eq!((caps[0].egress, caps[0].ingress), (Some(20_000_000), None));
+        assert_eq!((caps[1].ingress, caps[1].burst(5_000_000)), (Some(5_000_000), 100_000));
+        // Groups need an authority; a cap needs a rate; typos are named.
+        let e = err(&good.replace("10.201.0.9", "group:guests"), s);
+        assert!(e.contains("cap 1: 'group:guests' needs a namespace with an authority"), "{e}");
+        let e = err(&good.replace("ingress = \"5M\"\n", ""), s);
+        assert!(e.contains("cap 2: needs an egress or an ingress rate"), "{e}");
+        let e = err(&good.replace("egress = ", "egres = "), s);
+        assert!(e.contains("unknown field `egres`"), "{e}");
     }
 
     #[test]

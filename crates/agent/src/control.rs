@@ -479,6 +479,9 @@ pub struct NamespaceStatus {
     /// Its share of `[agent] uplink_rate`, if set (docs/QOS.md).
     #[serde(default)]
     pub share: Option<ShareStatus>,
+    /// Its caps per member, group and host, in config order (docs/QOS.md).
+    #[serde(default)]
+    pub caps: Vec<CapStatus>,
     /// The members this agent has a tunnel with.
     pub peers: Vec<PeerStatus>,
 }
@@ -539,6 +542,53 @@ pub struct RateStatus {
     pub dropped: u64,
     pub dropped_bytes: u64,
     /// Packets waiting now.
+    pub queued: usize,
+}
+
+/// A cap per member, group or host in [`NamespaceStatus`] (docs/QOS.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct CapStatus {
+    /// Its place among the namespace's `[[namespace.cap]]`, from 1.
+    pub cap: usize,
+    /// What it picks, as written (`members group:guests, hosts 10.0.0.7`).
+    pub picks: String,
+    /// Whose bucket a packet takes: `member`, `host` or `all`.
+    pub per: String,
+    /// What this side sends under it, and what it takes.
+    pub egress: Option<CapDirection>,
+    pub ingress: Option<CapDirection>,
+}
+
+/// One direction of a [`CapStatus`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct CapDirection {
+    /// The rate of each bucket, bits a second; its burst, bytes.
+    pub rate: u64,
+    pub burst: u64,
+    /// Over every bucket the cap had (forgotten idle ones included): bytes sent (at once
+    /// or after waiting), packets that waited, packets and bytes dropped (they would have
+    /// waited longer than 20 ms).
+    pub sent_bytes: u64,
+    pub delayed: u64,
+    pub dropped: u64,
+    pub dropped_bytes: u64,
+    /// Packets waiting now.
+    pub queued: usize,
+    /// The buckets in use now: one per member or host that sent within its burst time.
+    pub buckets: Vec<BucketStatus>,
+}
+
+/// One member's or host's bucket under a cap.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct BucketStatus {
+    /// The member's identity, the host's address, or `all`.
+    pub who: String,
+    pub sent_bytes: u64,
+    pub delayed: u64,
+    pub dropped: u64,
     pub queued: usize,
 }
 

@@ -11,7 +11,8 @@
 //! - a `drops` map is one counter `..._drops_total` with a `reason` label, and so is a
 //!   `..._refused` map (`certificates.tunnels_refused` →
 //!   `hyphae_certificates_tunnels_refused_total{reason="revoked"}`);
-//! - labels: `namespace` (the namespace name) and, on members, `member` (its identity).
+//! - labels: `namespace` (the namespace name), on members `member` (its identity), on a
+//!   namespace's caps per member and host `cap` (its place in the config).
 //!   Both are bounded: namespaces by the config, members by the namespace subnet and the
 //!   tunnel limit. Nothing is labelled by flow, client address or DNS name.
 
@@ -48,10 +49,16 @@ const GAUGES: &[&str] = &[
     "namespaces[].share.weight",
     "namespaces[].share.uplink_rate",
     "namespaces[].share.queued",
+    "namespaces[].caps[].egress.rate",
+    "namespaces[].caps[].egress.burst",
+    "namespaces[].caps[].egress.queued",
+    "namespaces[].caps[].ingress.rate",
+    "namespaces[].caps[].ingress.burst",
+    "namespaces[].caps[].ingress.queued",
 ];
 
 /// Status fields that are not measurements: the schema version.
-const SKIPPED: &[&str] = &["version"];
+const SKIPPED: &[&str] = &["version", "namespaces[].caps[].cap"];
 
 /// Encodes `status` in the Prometheus text format (version 0.0.4).
 pub(crate) fn encode(status: &Status) -> prometheus::Result<String> {
@@ -202,6 +209,17 @@ impl Families {
                         self.walk(&inner, item)?;
                     }
                 }
+                // Each cap per member, group or host, labelled by its place in the config
+                // (its buckets, by member or host address, are in the status only).
+                Value::Array(caps) if key == "caps" => {
+                    for item in caps {
+                        let Value::Object(item) = item else { continue };
+                        let cap = item.get("cap").and_then(Value::as_u64).unwrap_or(0);
+                        let inner =
+                            scope.enter(format!("{path}[]"), &name, Some(("cap", cap.to_string())));
+                        self.walk(&inner, item)?;
+                    }
+                }
                 // Names, addresses, identities: text, not measurements.
                 _ => {}
             }
@@ -311,11 +329,17 @@ mod tests {
             "# TYPE hyphae_namespace_policy_flows gauge",
             "hyphae_namespace_policy_flows_max{namespace=\"lab\"} 65536",
             "hyphae_namespace_policy_denied_in_total{namespace=\"lab\"} 0",
+            "hyphae_namespace_caps_egress_rate{cap=\"1\",namespace=\"lab\"} 20000000",
+            "hyphae_namespace_caps_egress_sent_bytes_total{cap=\"1\",namespace=\"lab2\"} 5120",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert!(samples.iter().all(|l| !l.starts_with("hyphae_version")));
+        // A cap's place is its label, not a metric; its buckets are not exported.
+        assert!(samples
+            .iter()
+            .all(|l| !l.starts_with("hyphae_namespace_caps_cap") && !l.contains("buckets")));
         // Times are in seconds: no metric is named in milliseconds or `secs` (a name like
         // `mss_clamped` is not a time).
         let name = |l: &&str| l.split(['{', ' ']).next().unwrap_or_default().to_string();

@@ -281,3 +281,76 @@ fn namespaces_share_a_saturated_uplink_by_weight() {
     assert_eq!((share.weight, share.uplink_rate), (6, 300_000_000));
     assert!(share.sent_bytes > 0);
 }
+
+/// Issue 32, item 1 (caps per member and on ingress): alpha caps what it sends to beta at
+/// 30 Mbit/s and what it takes from beta at 20 Mbit/s, by beta's address; gamma, which no
+/// cap names, is not slowed. Each rate is held within a tolerance no uncapped run meets
+/// (alpha to gamma carries several times more), and alpha's status shows beta's buckets.
+#[test]
+fn caps_per_member_hold_one_member_both_ways_and_leave_the_others() {
+    require_root();
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut bed = Testbed::new("qosm", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(
+        &bed.dir().join("lab.secret"),
+        "the qos test namespace secret\n",
+    )
+    .unwrap();
+    let caps = "[[namespace.cap]]\nmembers = [\"10.206.0.12\"]\negress = \"30M\"\ningress = \"20M\"\n";
+    let (alpha, a) = start(&mut bed, 1, "alpha", None, caps);
+    let (beta, _) = start(&mut bed, 2, "beta", Some(alpha.underlay), "");
+    let (gamma, _) = start(&mut bed, 3, "gamma", Some(alpha.underlay), "");
+    let ip = |i: u8| Ipv4Addr::new(10, 206, 0, 10 + i);
+    for to in [ip(2), ip(3)] {
+        bed.wait_for_ping(&alpha, to, std::time::Duration::from_secs(30))
+            .unwrap();
+    }
+    for (h, log) in [(&alpha, "a.log"), (&beta, "b.log"), (&gamma, "g.log")] {
+        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join(log))
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+
+    let to_gamma = iperf(&bed, &alpha, ip(3), &[]);
+    let to_beta = iperf(&bed, &alpha, ip(2), &[]);
+    let from_beta = iperf(&bed, &beta, ip(1), &[]);
+    let from_beta_udp = iperf(&bed, &beta, ip(1), &["-u", "-b", "100M", "-l", "1200"]);
+    println!(
+        "alpha to gamma (no cap) {to_gamma:.1} Mbit/s; alpha to beta (30M egress cap) {to_beta:.1}; \
+         beta to alpha (20M ingress cap): TCP {from_beta:.1}, UDP offered at 100M {from_beta_udp:.1}"
+    );
+    assert!(
+        to_gamma > 100.0,
+        "gamma, which no cap names, is not held: {to_gamma:.1}"
+    );
+    assert!(
+        (24.0..=31.0).contains(&to_beta),
+        "alpha to beta: {to_beta:.1} Mbit/s under a 30 Mbit/s egress cap"
+    );
+    for (what, rate) in [("TCP", from_beta), ("UDP", from_beta_udp)] {
+        assert!(
+            (12.0..=21.0).contains(&rate),
+            "beta to alpha, {what}: {rate:.1} Mbit/s under a 20 Mbit/s ingress cap"
+        );
+    }
+    let status = bed.namespace_status(&alpha, &a).unwrap();
+    let beta_id = status
+        .peers
+        .iter()
+        .find(|p| p.addresses.contains(&ip(2).to_string()))
+        .map(|p| p.identity.clone())
+        .expect("beta among alpha's peers");
+    let cap = status.caps.first().expect("alpha's cap in its status");
+    assert_eq!((cap.cap, cap.per.as_str()), (1, "member"));
+    let (egress, ingress) = (cap.egress.clone().unwrap(), cap.ingress.clone().unwrap());
+    assert_eq!((egress.rate, ingress.rate), (30_000_000, 20_000_000));
+    assert!(egress.delayed > 0 && ingress.delayed > 0 && ingress.dropped > 0, "{cap:?}");
+    for d in [&egress, &ingress] {
+        assert!(
+            d.buckets.iter().all(|b| b.who == beta_id),
+            "only beta's traffic takes the cap's buckets: {cap:?}"
+        );
+    }
+}

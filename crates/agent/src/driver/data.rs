@@ -78,6 +78,8 @@ pub(crate) struct Lane {
     /// A cap on what this member sends to the namespace's members (`rate`): packets over
     /// it wait here for their tokens, at most [`hyphae_vswitch::qos::MAX_DELAY`].
     pub(crate) egress: Option<Pacer<(PeerHandle, Vec<u8>)>>,
+    /// Caps per member, group and host, both ways (`[[namespace.cap]]`); None without.
+    pub(crate) caps: Option<super::caps::LaneCaps>,
 }
 
 impl Lane {
@@ -237,10 +239,14 @@ impl DataPlane {
             .iter()
             .filter(|l| l.active)
             .map(|l| l.switch.poll_timeout());
-        let paced = self
-            .lanes
-            .iter()
-            .map(|l| l.egress.as_ref().and_then(Pacer::poll_timeout));
+        let paced = self.lanes.iter().flat_map(|l| {
+            let caps = l.caps.as_ref();
+            [
+                l.egress.as_ref().and_then(Pacer::poll_timeout),
+                caps.and_then(|c| c.egress.poll_timeout()),
+                caps.and_then(|c| c.ingress.poll_timeout()),
+            ]
+        });
         std::iter::once(self.node.poll_timeout())
             .chain(switches)
             .chain(paced)
@@ -273,9 +279,13 @@ impl DataPlane {
     }
 
     /// Sends what the lanes' rate caps and the uplink's shares held and may go at `now`:
-    /// what a cap lets go then takes its turn in the shares.
+    /// what a member's cap lets go then meets the namespace's cap, and what that lets go
+    /// takes its turn in the shares. Frames an ingress cap held go to the TAP.
     pub(crate) fn release_paced(&mut self, now: Instant, out: &mut Batch) {
         for i in 0..self.lanes.len() {
+            if self.lanes[i].caps.is_some() {
+                self.release_caps(now, i, out);
+            }
             while let Some((peer, packet)) = self.lanes[i].egress.as_mut().and_then(|p| p.poll(now))
             {
                 self.send_shared(now, i, peer, packet, out);

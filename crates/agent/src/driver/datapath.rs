@@ -135,14 +135,30 @@ impl DataPlane {
             forward.extend_from_slice(packet);
             return out.seal(&mut self.node, to, forward);
         }
+        let capped = match lane.caps.as_mut() {
+            Some(caps) => caps.key(&self.node, from, packet, true),
+            None => None,
+        };
+        let ip_len = len;
         if let hyphae_vswitch::Action::ToTap { len } =
             lane.switch.handle_peer_packet(now, room, len)
         {
-            if lane.active {
-                match at {
-                    Some(at) => out.commit_opened(i, at, len),
-                    None => out.commit_frame(i, len, true),
+            if !lane.active {
+                return;
+            }
+            if let (Some((key, rate, burst)), Some(caps)) = (capped, lane.caps.as_mut()) {
+                if !caps
+                    .ingress
+                    .send_now(now, &key, ip_len, || super::caps::pacer(rate, burst))
+                {
+                    // Held (a copy: the batch's frame area is reused), or dropped.
+                    let _ = caps.ingress.push(now, key, room[..len].to_vec(), ip_len);
+                    return;
                 }
+            }
+            match at {
+                Some(at) => out.commit_opened(i, at, len),
+                None => out.commit_frame(i, len, true),
             }
         }
     }
@@ -279,10 +295,11 @@ impl DataPlane {
         }
     }
 
-    /// `packet` from this member (or its LAN) to the member of tunnel `peer`, under
-    /// namespace `i`'s rate cap if it has one: on at once if within the rate, else held
-    /// until its tokens come, or dropped (counted) if it would wait longer than the cap's
-    /// delay. What goes on takes its turn in the uplink's shares.
+    /// `packet` from this member (or its LAN) to the member of tunnel `peer`: under the
+    /// cap per member or host that picks it, if any, then under namespace `i`'s rate cap if
+    /// it has one. Each sends at once what is within its rate, holds what is not until its
+    /// tokens come, or drops it (counted) if it would wait longer than its delay. What goes
+    /// on takes its turn in the uplink's shares.
     fn send_capped(
         &mut self,
         now: Instant,
@@ -291,6 +308,22 @@ impl DataPlane {
         packet: &[u8],
         out: &mut Batch,
     ) {
+        if let Some(caps) = self.lanes[i].caps.as_mut() {
+            if let Some((key, rate, burst)) = caps.key(&self.node, peer, packet, false) {
+                if !caps
+                    .egress
+                    .send_now(now, &key, packet.len(), || super::caps::pacer(rate, burst))
+                {
+                    if let Paced::Now((peer, packet)) =
+                        caps.egress
+                            .push(now, key, (peer, packet.to_vec()), packet.len())
+                    {
+                        self.send_namespace_capped(now, i, peer, packet, out);
+                    }
+                    return;
+                }
+            }
+        }
         let Some(pacer) = self.lanes[i].egress.as_mut() else {
             return self.send_shared_ref(now, i, peer, packet, out);
         };
@@ -299,6 +332,45 @@ impl DataPlane {
         }
         if let Paced::Now((peer, packet)) = pacer.push(now, (peer, packet.to_vec()), packet.len()) {
             self.send_shared(now, i, peer, packet, out);
+        }
+    }
+
+    /// A packet a member's cap let go: under namespace `i`'s cap, then the shares.
+    fn send_namespace_capped(
+        &mut self,
+        now: Instant,
+        i: usize,
+        peer: PeerHandle,
+        packet: Vec<u8>,
+        out: &mut Batch,
+    ) {
+        let Some(pacer) = self.lanes[i].egress.as_mut() else {
+            return self.send_shared(now, i, peer, packet, out);
+        };
+        let len = packet.len();
+        if let Paced::Now((peer, packet)) = pacer.push(now, (peer, packet), len) {
+            self.send_shared(now, i, peer, packet, out);
+        }
+    }
+
+    /// What namespace `i`'s caps per member and host held and may go at `now`: packets on
+    /// to the namespace's cap, frames to the TAP.
+    pub(crate) fn release_caps(&mut self, now: Instant, i: usize, out: &mut Batch) {
+        while let Some((peer, packet)) =
+            self.lanes[i].caps.as_mut().and_then(|c| c.egress.poll(now))
+        {
+            self.send_namespace_capped(now, i, peer, packet, out);
+        }
+        let lane = &mut self.lanes[i];
+        let Some(caps) = lane.caps.as_mut() else {
+            return;
+        };
+        caps.sweep(now);
+        while let Some(frame) = caps.ingress.poll(now) {
+            if lane.active {
+                out.frame_room(frame.len()).copy_from_slice(&frame);
+                out.commit_frame(i, frame.len(), true);
+            }
         }
     }
 
@@ -429,6 +501,9 @@ impl DataPlane {
                     if let Some(lane) = self.lanes.get_mut(ns.0) {
                         lane.switch.remove_peer(*peer);
                         lane.policy.forget(*peer);
+                        if let Some(caps) = lane.caps.as_mut() {
+                            caps.forget(*peer);
+                        }
                         // Its handle is free for another tunnel: forward nothing to it.
                         lane.grace.retain(|g| g.to != *peer);
                     }
@@ -442,6 +517,9 @@ impl DataPlane {
                         lane.switch.set_peer_addresses(*peer, addresses);
                         // Its certificate may have changed with them.
                         lane.policy.forget(*peer);
+                        if let Some(caps) = lane.caps.as_mut() {
+                            caps.forget(*peer);
+                        }
                     }
                 }
             }

@@ -17,6 +17,7 @@
 //! `datapath` is the data plane's batch.
 
 mod calls;
+mod caps;
 mod certificates;
 pub(crate) mod data;
 mod datapath;
@@ -494,6 +495,7 @@ impl Control {
             egress: cfg.rate.map(|(bits, burst)| {
                 hyphae_vswitch::qos::Pacer::new(bits, burst, hyphae_vswitch::qos::MAX_DELAY)
             }),
+            caps: caps::LaneCaps::new(cfg.caps.clone()),
         });
         if let Some(shares) = lock(&self.dp).shares.as_mut() {
             shares.set_weight(i, cfg.weight.unwrap_or(1));

@@ -43,6 +43,7 @@ struct LaneStatus {
     policy: PolicyStatus,
     egress: Option<crate::control::RateStatus>,
     share: Option<crate::control::ShareStatus>,
+    caps: Vec<crate::control::CapStatus>,
 }
 
 struct PeerSnapshot {
@@ -85,6 +86,11 @@ impl DataStatus {
                             queued: p.queued().0,
                         }
                     }),
+                    caps: l
+                        .caps
+                        .as_ref()
+                        .map(|c| c.status(&dp.node))
+                        .unwrap_or_default(),
                     share: dp.shares.as_ref().and_then(|s| {
                         let c = s.stats(i)?;
                         Some(crate::control::ShareStatus {
@@ -285,6 +291,7 @@ impl Control {
                     policy: lane.policy.clone(),
                     egress: lane.egress.clone(),
                     share: lane.share.clone(),
+                    caps: lane.caps.clone(),
                     peers: Vec::new(),
                 }
             })

@@ -61,6 +61,7 @@ fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
             16,
         ),
         egress: None,
+        caps: None,
     });
     Plane {
         dp,

@@ -8,11 +8,17 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+pub mod caps;
 mod shares;
 #[cfg(test)]
 mod tests;
 
+pub use caps::{CapFile, Caps, Keyed};
+
 pub use shares::{ClassStats, Shares};
+
+/// The smallest burst a bucket has, bytes: one packet of 64 KiB always passes.
+pub const MIN_BURST: u64 = 65_536;
 
 /// The worst-case delay a cap adds to what it paces (its queue holds this long at the rate).
 pub const MAX_DELAY: Duration = Duration::from_millis(20);
@@ -95,7 +101,7 @@ impl TokenBucket {
     /// would never pass it).
     pub fn new(rate_bits: u64, burst: u64) -> Self {
         let rate = (rate_bits / 8).max(1);
-        let capacity = u128::from(burst.max(65_536)) * NANO;
+        let capacity = u128::from(burst.max(MIN_BURST)) * NANO;
         Self {
             rate,
             capacity,
@@ -136,6 +142,15 @@ impl TokenBucket {
         let missing = (len as u128 * NANO).saturating_sub(self.tokens);
         let nanos = missing.div_ceil(u128::from(self.rate));
         Some(last + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
+    }
+
+    /// Whether the bucket is full at `now`: quiet long enough that forgetting it and
+    /// starting a new one changes nothing.
+    pub fn is_full(&self, now: Instant) -> bool {
+        self.last.is_none_or(|last| {
+            self.tokens + now.saturating_duration_since(last).as_nanos() * u128::from(self.rate)
+                >= self.capacity
+        })
     }
 
     /// How long from `now` until `len` bytes' tokens are there (zero if they are).
@@ -282,5 +297,10 @@ impl<T> Pacer<T> {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let &(_, len) = self.queue.front()?;
         self.bucket.ready_at(len)
+    }
+
+    /// Nothing waits and the bucket is full at `now`: the pacer may be forgotten.
+    pub fn is_idle(&self, now: Instant) -> bool {
+        self.queue.is_empty() && self.bucket.is_full(now)
     }
 }

@@ -1,0 +1,197 @@
+//! A namespace's caps per member, group and host in the data path (docs/QOS.md, "Caps per
+//! member, group and host"): which cap and whose bucket a packet takes, from its tunnel's
+//! certificate (worked out once per member, as the policy's tags are) and its addresses.
+//! Egress caps hold packets before the namespace's own cap and the uplink's shares; ingress
+//! caps hold frames before the TAP.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use hyphae_overlay::{Node, PeerHandle};
+use hyphae_vswitch::qos::caps::{Per, MAX_KEYS};
+use hyphae_vswitch::qos::{Caps, Keyed, Pacer, MAX_DELAY};
+
+use crate::control::{BucketStatus, CapDirection, CapStatus};
+
+/// How often idle buckets are forgotten.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Whose bucket: a cap's index and the member, host or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct CapKey {
+    pub(crate) cap: usize,
+    pub(crate) who: Who,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Who {
+    Member(PeerHandle),
+    Host(Ipv4Addr),
+    All,
+}
+
+/// One namespace's caps and their pacers.
+pub(crate) struct LaneCaps {
+    caps: Caps,
+    /// The caps each member's certificate puts it under ([`Caps::member_mask`]).
+    masks: HashMap<PeerHandle, u64>,
+    /// Packets to members: (tunnel, packet), before the namespace's cap.
+    pub(crate) egress: Keyed<CapKey, (PeerHandle, Vec<u8>)>,
+    /// Frames from members for the TAP.
+    pub(crate) ingress: Keyed<CapKey, Vec<u8>>,
+    next_sweep: Option<Instant>,
+}
+
+impl LaneCaps {
+    /// None without caps: the data path then skips all of this.
+    pub(crate) fn new(caps: Caps) -> Option<Self> {
+        let n = caps.caps().len();
+        (n > 0).then(|| Self {
+            caps,
+            masks: HashMap::new(),
+            egress: Keyed::new(MAX_KEYS, n, |k: &CapKey| k.cap),
+            ingress: Keyed::new(MAX_KEYS, n, |k: &CapKey| k.cap),
+            next_sweep: None,
+        })
+    }
+
+    /// Forgets idle buckets, every [`SWEEP_INTERVAL`].
+    pub(crate) fn sweep(&mut self, now: Instant) {
+        if self.next_sweep.is_some_and(|t| now < t) {
+            return;
+        }
+        self.egress.sweep(now);
+        self.ingress.sweep(now);
+        self.next_sweep = Some(now + SWEEP_INTERVAL);
+    }
+
+    /// Each cap and its buckets, for status (members named by their identities).
+    pub(crate) fn status(&self, node: &Node) -> Vec<CapStatus> {
+        let who = |w: Who| match w {
+            Who::Member(h) => node
+                .peers()
+                .find(|p| p.handle == h)
+                .map_or_else(|| "a member gone".into(), |p| p.id.to_string()),
+            Who::Host(a) => a.to_string(),
+            Who::All => "all".into(),
+        };
+        let direction = |rate: Option<u64>, burst: u64, r: usize, ingress: bool| {
+            let rate = rate?;
+            let totals = if ingress {
+                self.ingress.totals(r)
+            } else {
+                self.egress.totals(r)
+            };
+            let mut buckets: Vec<BucketStatus> = Vec::new();
+            let mut queued = 0;
+            let mut add = |k: &CapKey, stats: hyphae_vswitch::qos::PacerStats, q: usize| {
+                if k.cap == r {
+                    queued += q;
+                    buckets.push(BucketStatus {
+                        who: who(k.who),
+                        sent_bytes: stats.sent_bytes,
+                        delayed: stats.delayed,
+                        dropped: stats.dropped,
+                        queued: q,
+                    });
+                }
+            };
+            if ingress {
+                self.ingress
+                    .pacers()
+                    .for_each(|(k, p)| add(k, p.stats(), p.queued().0));
+            } else {
+                self.egress
+                    .pacers()
+                    .for_each(|(k, p)| add(k, p.stats(), p.queued().0));
+            }
+            buckets.sort_by(|a, b| a.who.cmp(&b.who));
+            Some(CapDirection {
+                rate,
+                burst,
+                sent_bytes: totals.sent_bytes,
+                delayed: totals.delayed,
+                dropped: totals.dropped,
+                dropped_bytes: totals.dropped_bytes,
+                queued,
+                buckets,
+            })
+        };
+        self.caps
+            .caps()
+            .iter()
+            .enumerate()
+            .map(|(r, c)| CapStatus {
+                cap: r + 1,
+                picks: c.picks.clone(),
+                per: match c.per {
+                    Per::Member => "member",
+                    Per::Host => "host",
+                    Per::All => "all",
+                }
+                .into(),
+                egress: direction(c.egress, c.egress.map_or(0, |b| c.burst(b)), r, false),
+                ingress: direction(c.ingress, c.ingress.map_or(0, |b| c.burst(b)), r, true),
+            })
+            .collect()
+    }
+
+    fn mask(&mut self, node: &Node, peer: PeerHandle) -> u64 {
+        if let Some(m) = self.masks.get(&peer) {
+            return *m;
+        }
+        let cert = node.peer_certificate(peer);
+        let mask = match cert {
+            Some(c) => {
+                let groups: Vec<&str> = c.groups().iter().map(String::as_str).collect();
+                self.caps.member_mask(&groups, Some(c.name()))
+            }
+            None => self.caps.member_mask(&[], None),
+        };
+        // Kept once the member showed its certificate, or when no cap asks for one.
+        if cert.is_some() || !self.caps.names_certificates() {
+            self.masks.insert(peer, mask);
+        }
+        mask
+    }
+
+    /// The cap and bucket IPv4 packet `ip` takes between this side and the member of
+    /// tunnel `peer` (`ingress`: from it), with the cap's rate and burst; None if no cap
+    /// picks it.
+    pub(crate) fn key(
+        &mut self,
+        node: &Node,
+        peer: PeerHandle,
+        ip: &[u8],
+        ingress: bool,
+    ) -> Option<(CapKey, u64, u64)> {
+        let a: [u8; 8] = ip.get(12..20)?.try_into().ok()?;
+        let (src, dst) = (
+            Ipv4Addr::new(a[0], a[1], a[2], a[3]),
+            Ipv4Addr::new(a[4], a[5], a[6], a[7]),
+        );
+        let (remote, local) = if ingress { (src, dst) } else { (dst, src) };
+        let mask = self.mask(node, peer);
+        let r = self.caps.find(mask, remote, local, ingress)?;
+        let cap = &self.caps.caps()[r];
+        let rate = if ingress { cap.ingress } else { cap.egress }?;
+        let who = match cap.per {
+            Per::Member => Who::Member(peer),
+            Per::Host => Who::Host(local),
+            Per::All => Who::All,
+        };
+        Some((CapKey { cap: r, who }, rate, cap.burst(rate)))
+    }
+
+    /// The member of tunnel `peer` announced again (its certificate may have changed), or
+    /// its tunnel is gone.
+    pub(crate) fn forget(&mut self, peer: PeerHandle) {
+        self.masks.remove(&peer);
+    }
+}
+
+/// A pacer for a cap of `rate` bits a second and `burst` bytes.
+pub(crate) fn pacer<T>(rate: u64, burst: u64) -> Pacer<T> {
+    Pacer::new(rate, burst, MAX_DELAY)
+}

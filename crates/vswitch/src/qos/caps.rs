@@ -1,0 +1,381 @@
+//! Caps per member and per host (docs/QOS.md, "Caps per member, group and host"): rules
+//! that pick packets by the member at the other end of the tunnel (its certificate's groups
+//! and name, or the addresses it uses) and by the host on this side (this member or one of
+//! its LAN hosts, by address), and cap what they send (egress) and receive (ingress). Each
+//! member, or each host, has a bucket of its own, or all that a rule picks share one.
+//!
+//! [`Caps`] is the compiled list (first rule with a rate for the direction wins, as the
+//! policy's rules do); [`Keyed`] holds the pacers, one per key, made when a key first sends
+//! and forgotten once idle (a forgotten pacer's bucket was full: nothing changes when it
+//! comes back). Pure: time comes in as [`Instant`]s.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::Deserialize;
+
+use super::{parse_rate, Paced, Pacer, PacerStats};
+
+#[cfg(test)]
+mod tests;
+
+/// Most caps one namespace lists (each is a bit of a member's mask).
+pub const MAX_CAPS: usize = 64;
+
+/// Most keys (members, hosts) one [`Keyed`] paces at once; idle ones are forgotten first,
+/// and a new key past this many with none idle has its packets dropped (counted).
+pub const MAX_KEYS: usize = 4096;
+
+/// One `[[namespace.cap]]` as written in a config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapFile {
+    /// Members at the other end: `any`, `group:NAME`, `name:NAME`, addresses or CIDRs
+    /// (what the member sends from or to: a remote router's LAN hosts by their
+    /// addresses). None: any member.
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// Hosts on this side, by address or CIDR (this member's address, or its LAN hosts in
+    /// router mode). None: any.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// What this side sends them, bits a second (`"20M"`).
+    pub egress: Option<String>,
+    /// What this side takes from them, bits a second.
+    pub ingress: Option<String>,
+    /// Bytes at once after a quiet spell (default: 10 ms at the rate, at least 64 KiB).
+    pub burst: Option<u64>,
+    /// `member` (a bucket per member; the default without `hosts`), `host` (a bucket per
+    /// address on this side; the default with `hosts`) or `all` (one bucket for everything
+    /// the rule picks: a group's cap).
+    pub per: Option<String>,
+}
+
+/// Whose bucket a packet takes under a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Per {
+    /// The member at the other end's.
+    Member,
+    /// The host on this side's (by address).
+    Host,
+    /// The cap's one bucket.
+    All,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Who {
+    Any,
+    Group(String),
+    Name(String),
+    Net(Ipv4Net),
+}
+
+/// One compiled cap.
+#[derive(Debug, Clone)]
+pub struct Cap {
+    members: Vec<Who>,
+    hosts: Vec<Ipv4Net>,
+    /// Egress and ingress rates, bits a second.
+    pub egress: Option<u64>,
+    pub ingress: Option<u64>,
+    /// Burst, bytes (for the rate of each direction).
+    burst: Option<u64>,
+    pub per: Per,
+    /// What it picks, as written, for status: `members group:guests, hosts 10.0.0.0/24`.
+    pub picks: String,
+}
+
+impl Cap {
+    /// The burst for a rate of `bits` a second: as set, or 10 ms at the rate; at least
+    /// [`super::MIN_BURST`].
+    pub fn burst(&self, bits: u64) -> u64 {
+        self.burst.unwrap_or(bits / 8 / 100).max(super::MIN_BURST)
+    }
+
+    /// Whether the member set names members by certificate (`any`, groups, names), so a
+    /// member's mask depends on it.
+    fn by_certificate(&self, groups: &[&str], name: Option<&str>) -> bool {
+        self.members.is_empty()
+            || self.members.iter().any(|w| match w {
+                Who::Any => true,
+                Who::Group(g) => groups.contains(&g.as_str()),
+                Who::Name(n) => name == Some(n.as_str()),
+                Who::Net(_) => false,
+            })
+    }
+}
+
+/// A namespace's caps, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Caps {
+    caps: Vec<Cap>,
+}
+
+impl Caps {
+    /// Compiles `files`; `certified`: the namespace has an authority, so groups and names
+    /// mean something (without one, rules may name addresses only).
+    pub fn compile(files: &[CapFile], certified: bool) -> Result<Self, String> {
+        if files.len() > MAX_CAPS {
+            return Err(format!("{} caps, at most {MAX_CAPS}", files.len()));
+        }
+        let caps = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| compile_one(f, certified).map_err(|e| format!("cap {}: {e}", i + 1)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { caps })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.caps.is_empty()
+    }
+
+    pub fn caps(&self) -> &[Cap] {
+        &self.caps
+    }
+
+    /// Whether any cap names members by group or name (their masks then wait for their
+    /// certificates).
+    pub fn names_certificates(&self) -> bool {
+        self.caps.iter().any(|c| {
+            c.members
+                .iter()
+                .any(|w| matches!(w, Who::Group(_) | Who::Name(_)))
+        })
+    }
+
+    /// The caps whose member set picks a member with these certificate `groups` and
+    /// `name` by certificate (bit `r` for cap `r`); caps that name addresses are checked
+    /// per packet by [`Caps::find`].
+    pub fn member_mask(&self, groups: &[&str], name: Option<&str>) -> u64 {
+        self.caps
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.by_certificate(groups, name))
+            .fold(0, |m, (r, _)| m | 1 << r)
+    }
+
+    /// The first cap with a rate for this direction (`ingress`, else egress) over a
+    /// packet between a member of mask `mask` using address `remote` and the host on this
+    /// side at `local`.
+    pub fn find(
+        &self,
+        mask: u64,
+        remote: Ipv4Addr,
+        local: Ipv4Addr,
+        ingress: bool,
+    ) -> Option<usize> {
+        self.caps.iter().enumerate().position(|(r, c)| {
+            let rate = if ingress { c.ingress } else { c.egress };
+            rate.is_some()
+                && (mask & (1 << r) != 0
+                    || c.members
+                        .iter()
+                        .any(|w| matches!(w, Who::Net(n) if n.contains(&remote))))
+                && (c.hosts.is_empty() || c.hosts.iter().any(|n| n.contains(&local)))
+        })
+    }
+}
+
+fn compile_one(f: &CapFile, certified: bool) -> Result<Cap, String> {
+    let rate = |r: &Option<String>| r.as_deref().map(parse_rate).transpose();
+    let (egress, ingress) = (rate(&f.egress)?, rate(&f.ingress)?);
+    if egress.is_none() && ingress.is_none() {
+        return Err("needs an egress or an ingress rate".into());
+    }
+    let mut members = Vec::with_capacity(f.members.len());
+    for word in &f.members {
+        let who = if word == "any" {
+            Who::Any
+        } else if let Some(g) = word.strip_prefix("group:") {
+            Who::Group(g.to_owned())
+        } else if let Some(n) = word.strip_prefix("name:") {
+            Who::Name(n.to_owned())
+        } else {
+            Who::Net(net(word).ok_or_else(|| {
+                format!("member '{word}': any, group:NAME, name:NAME, an address or a CIDR")
+            })?)
+        };
+        if !certified && matches!(who, Who::Group(_) | Who::Name(_)) {
+            return Err(format!("'{word}' needs a namespace with an authority (without one, members' groups and names are not checked): name addresses"));
+        }
+        members.push(who);
+    }
+    let hosts = f
+        .hosts
+        .iter()
+        .map(|w| net(w).ok_or_else(|| format!("host '{w}': an address or a CIDR")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let per = match f.per.as_deref() {
+        None if hosts.is_empty() => Per::Member,
+        None | Some("host") => Per::Host,
+        Some("member") => Per::Member,
+        Some("all") => Per::All,
+        Some(other) => return Err(format!("per '{other}': member, host or all")),
+    };
+    let mut picks = Vec::new();
+    if !f.members.is_empty() {
+        picks.push(format!("members {}", f.members.join(" ")));
+    }
+    if !f.hosts.is_empty() {
+        picks.push(format!("hosts {}", f.hosts.join(" ")));
+    }
+    if picks.is_empty() {
+        picks.push("any".into());
+    }
+    Ok(Cap {
+        members,
+        hosts,
+        egress,
+        ingress,
+        burst: f.burst,
+        per,
+        picks: picks.join(", "),
+    })
+}
+
+fn net(word: &str) -> Option<Ipv4Net> {
+    word.parse::<Ipv4Net>()
+        .ok()
+        .or_else(|| word.parse::<Ipv4Addr>().ok().map(Ipv4Net::from))
+}
+
+/// Pacers by key: a member's, a host's, a cap's. What one key sends beyond its rate waits
+/// in its own queue (at most its pacer's delay), in order; keys do not wait on each other.
+#[derive(Debug)]
+pub struct Keyed<K, T> {
+    pacers: HashMap<K, Pacer<T>>,
+    /// Keys with something queued.
+    waiting: Vec<K>,
+    max_keys: usize,
+    /// Which class (a cap) a key counts under, for totals.
+    class_of: fn(&K) -> usize,
+    /// What forgotten pacers had counted, by class; and the packets of keys that found no
+    /// room for a pacer, counted as dropped.
+    forgotten: Vec<PacerStats>,
+}
+
+impl<K: Clone + Eq + Hash, T> Keyed<K, T> {
+    /// At most `max_keys` pacers at once; `class_of` says which of `classes` classes a
+    /// key's counts add to ([`Keyed::totals`]).
+    pub fn new(max_keys: usize, classes: usize, class_of: fn(&K) -> usize) -> Self {
+        Self {
+            pacers: HashMap::new(),
+            waiting: Vec::new(),
+            max_keys,
+            class_of,
+            forgotten: vec![PacerStats::default(); classes],
+        }
+    }
+
+    /// Whether `len` bytes of `key` may go at `now` without waiting; counted as sent if
+    /// so. Else [`Keyed::push`] them. `make` builds the key's pacer if it has none.
+    pub fn send_now(
+        &mut self,
+        now: std::time::Instant,
+        key: &K,
+        len: usize,
+        make: impl FnOnce() -> Pacer<T>,
+    ) -> bool {
+        if !self.pacers.contains_key(key) {
+            if self.pacers.len() >= self.max_keys {
+                self.sweep(now);
+            }
+            if self.pacers.len() >= self.max_keys {
+                return false;
+            }
+            self.pacers.insert(key.clone(), make());
+        }
+        self.pacers
+            .get_mut(key)
+            .is_some_and(|p| p.send_now(now, len))
+    }
+
+    /// An item of `len` bytes of `key`, which [`Keyed::send_now`] did not let go: queued
+    /// in its pacer, or dropped (its queue is full, or it found no room for a pacer: then
+    /// counted as dropped in its class's totals).
+    pub fn push(&mut self, now: std::time::Instant, key: K, item: T, len: usize) -> Paced<T> {
+        let Some(pacer) = self.pacers.get_mut(&key) else {
+            if let Some(f) = self.forgotten.get_mut((self.class_of)(&key)) {
+                f.dropped += 1;
+                f.dropped_bytes += len as u64;
+            }
+            return Paced::Dropped(item);
+        };
+        let was_waiting = pacer.queued().0 > 0;
+        let paced = pacer.push(now, item, len);
+        if matches!(paced, Paced::Queued) && !was_waiting {
+            self.waiting.push(key);
+        }
+        paced
+    }
+
+    /// The next queued item whose tokens have come by `now` (each key's in order).
+    pub fn poll(&mut self, now: std::time::Instant) -> Option<T> {
+        let mut k = 0;
+        while k < self.waiting.len() {
+            let Some(pacer) = self.pacers.get_mut(&self.waiting[k]) else {
+                self.waiting.swap_remove(k);
+                continue;
+            };
+            if let Some(item) = pacer.poll(now) {
+                if pacer.queued().0 == 0 {
+                    self.waiting.swap_remove(k);
+                }
+                return Some(item);
+            }
+            k += 1;
+        }
+        None
+    }
+
+    /// When the first queued item may go, if any waits.
+    pub fn poll_timeout(&self) -> Option<std::time::Instant> {
+        self.waiting
+            .iter()
+            .filter_map(|k| self.pacers.get(k)?.poll_timeout())
+            .min()
+    }
+
+    /// Forgets the pacers that are idle at `now` (nothing queued, bucket full).
+    pub fn sweep(&mut self, now: std::time::Instant) {
+        let (forgotten, class_of) = (&mut self.forgotten, self.class_of);
+        self.pacers.retain(|k, p| {
+            let idle = p.is_idle(now);
+            if idle {
+                if let Some(f) = forgotten.get_mut(class_of(k)) {
+                    add(f, p.stats());
+                }
+            }
+            !idle
+        });
+    }
+
+    /// The pacers now, by key.
+    pub fn pacers(&self) -> impl Iterator<Item = (&K, &Pacer<T>)> {
+        self.pacers.iter()
+    }
+
+    /// Counters of every pacer of `class`, forgotten ones included.
+    pub fn totals(&self, class: usize) -> PacerStats {
+        let mut t = self.forgotten.get(class).copied().unwrap_or_default();
+        for (_, p) in self
+            .pacers
+            .iter()
+            .filter(|(k, _)| (self.class_of)(k) == class)
+        {
+            add(&mut t, p.stats());
+        }
+        t
+    }
+}
+
+fn add(t: &mut PacerStats, s: PacerStats) {
+    t.sent += s.sent;
+    t.sent_bytes += s.sent_bytes;
+    t.delayed += s.delayed;
+    t.dropped += s.dropped;
+    t.dropped_bytes += s.dropped_bytes;
+}
