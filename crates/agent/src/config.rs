@@ -454,7 +454,7 @@ impl Config {
                     ns.device
                 );
             }
-            if ns.weight.is_some() && uplink_rate.is_none() {
+            if (ns.weight.is_some() || ns.caps.weighs()) && uplink_rate.is_none() {
                 bail!("config {}: namespace '{}': weight shares [agent] uplink_rate, which is not set", path.display(), ns.name);
             }
             namespaces.push(ns);
@@ -1216,12 +1216,23 @@ endpoint = "10.200.0.3"
         let caps = c.namespaces[0].caps.caps();
         assert_eq!(caps.len(), 2);
         assert_eq!((caps[0].egress, caps[0].ingress), (Some(20_000_000), None));
-        assert_eq!((caps[1].ingress, caps[1].burst(5_000_000)), (Some(5_000_000), 100_000));
+        assert_eq!(
+            (caps[1].ingress, caps[1].burst(5_000_000)),
+            (Some(5_000_000), 100_000)
+        );
         // Groups need an authority; a cap needs a rate; typos are named.
         let e = err(&good.replace("10.201.0.9", "group:guests"), s);
-        assert!(e.contains("cap 1: 'group:guests' needs a namespace with an authority"), "{e}");
+        assert!(
+            e.contains("cap 1: 'group:guests' needs a namespace with an authority"),
+            "{e}"
+        );
         let e = err(&good.replace("ingress = \"5M\"\n", ""), s);
-        assert!(e.contains("cap 2: needs an egress or an ingress rate"), "{e}");
+        assert!(
+            e.contains("cap 2: needs an egress or an ingress rate, or a weight"),
+            "{e}"
+        );
+        let e = err(&good.replace("ingress = \"5M\"\n", "weight = 3\n"), s);
+        assert!(e.contains("weight shares [agent] uplink_rate"), "{e}");
         let e = err(&good.replace("egress = ", "egres = "), s);
         assert!(e.contains("unknown field `egres`"), "{e}");
     }

@@ -558,6 +558,9 @@ pub struct CapStatus {
     /// What this side sends under it, and what it takes.
     pub egress: Option<CapDirection>,
     pub ingress: Option<CapDirection>,
+    /// The weight of each member (host, or all, by `per`) it picks inside the namespace's
+    /// share of the uplink.
+    pub weight: Option<u64>,
 }
 
 /// One direction of a [`CapStatus`].

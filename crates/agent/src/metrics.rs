@@ -55,6 +55,7 @@ const GAUGES: &[&str] = &[
     "namespaces[].caps[].ingress.rate",
     "namespaces[].caps[].ingress.burst",
     "namespaces[].caps[].ingress.queued",
+    "namespaces[].caps[].weight",
 ];
 
 /// Status fields that are not measurements: the schema version.

@@ -24,11 +24,23 @@ fn start(
     boot: Option<Ipv4Addr>,
     extra: &str,
 ) -> (Host, AgentHandle) {
+    start_with(bed, i, name, boot, "", extra)
+}
+
+/// [`start`], with `agent` lines added to the `[agent]` section.
+fn start_with(
+    bed: &mut Testbed,
+    i: u8,
+    name: &str,
+    boot: Option<Ipv4Addr>,
+    agent: &str,
+    extra: &str,
+) -> (Host, AgentHandle) {
     let host = bed.add_host(name, Ipv4Addr::new(10, 200, 0, i)).unwrap();
     let secret = bed.dir().join("lab.secret");
     let lines = format!("address = \"10.206.0.{}\"\nresolvers = []\n{extra}", 10 + i);
     let cfg = format!(
-        "{}{}",
+        "{}{agent}{}",
         agent_section(&host),
         hyphae_testbed::lab_namespace(&secret, SUBNET, boot, &lines)
     );
@@ -298,7 +310,8 @@ fn caps_per_member_hold_one_member_both_ways_and_leave_the_others() {
         "the qos test namespace secret\n",
     )
     .unwrap();
-    let caps = "[[namespace.cap]]\nmembers = [\"10.206.0.12\"]\negress = \"30M\"\ningress = \"20M\"\n";
+    let caps =
+        "[[namespace.cap]]\nmembers = [\"10.206.0.12\"]\negress = \"30M\"\ningress = \"20M\"\n";
     let (alpha, a) = start(&mut bed, 1, "alpha", None, caps);
     let (beta, _) = start(&mut bed, 2, "beta", Some(alpha.underlay), "");
     let (gamma, _) = start(&mut bed, 3, "gamma", Some(alpha.underlay), "");
@@ -346,11 +359,79 @@ fn caps_per_member_hold_one_member_both_ways_and_leave_the_others() {
     assert_eq!((cap.cap, cap.per.as_str()), (1, "member"));
     let (egress, ingress) = (cap.egress.clone().unwrap(), cap.ingress.clone().unwrap());
     assert_eq!((egress.rate, ingress.rate), (30_000_000, 20_000_000));
-    assert!(egress.delayed > 0 && ingress.delayed > 0 && ingress.dropped > 0, "{cap:?}");
+    assert!(
+        egress.delayed > 0 && ingress.delayed > 0 && ingress.dropped > 0,
+        "{cap:?}"
+    );
     for d in [&egress, &ingress] {
         assert!(
             d.buckets.iter().all(|b| b.who == beta_id),
             "only beta's traffic takes the cap's buckets: {cap:?}"
         );
     }
+}
+
+/// Issue 32, item 2 (weights per member): alpha's uplink (200 Mbit/s) is saturated by UDP
+/// to two members of one namespace at once; beta, whom a cap weighs 3, gets about three
+/// times what gamma (weight 1 by default) gets.
+#[test]
+fn members_share_a_saturated_uplink_by_their_weights() {
+    require_root();
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut bed = Testbed::new("qosmw", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(
+        &bed.dir().join("lab.secret"),
+        "the qos test namespace secret\n",
+    )
+    .unwrap();
+    let weigh = "[[namespace.cap]]\nmembers = [\"10.206.0.12\"]\nweight = 3\n";
+    let (alpha, a) = start_with(
+        &mut bed,
+        1,
+        "alpha",
+        None,
+        "uplink_rate = \"200M\"\n",
+        weigh,
+    );
+    let (beta, _) = start(&mut bed, 2, "beta", Some(alpha.underlay), "");
+    let (gamma, _) = start(&mut bed, 3, "gamma", Some(alpha.underlay), "");
+    let ip = |i: u8| Ipv4Addr::new(10, 206, 0, 10 + i);
+    for to in [ip(2), ip(3)] {
+        bed.wait_for_ping(&alpha, to, std::time::Duration::from_secs(30))
+            .unwrap();
+    }
+    for (h, log) in [(&beta, "b.log"), (&gamma, "g.log")] {
+        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join(log))
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let rates: Vec<f64> = std::thread::scope(|scope| {
+        let handles: Vec<_> = [ip(2), ip(3)]
+            .into_iter()
+            .map(|to| {
+                let (bed, alpha) = (&bed, &alpha);
+                scope.spawn(move || iperf(bed, alpha, to, &["-u", "-b", "200M", "-l", "1200"]))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let total = rates[0] + rates[1];
+    println!(
+        "weights 3:1 inside one namespace, 200 Mbit/s uplink, each offered 200: beta {:.1}, gamma {:.1} (total {total:.1})",
+        rates[0], rates[1]
+    );
+    assert!(
+        (150.0..=205.0).contains(&total),
+        "the uplink carried {total:.1} Mbit/s of 200"
+    );
+    let beta_share = rates[0] / total;
+    assert!(
+        (0.67..=0.83).contains(&beta_share),
+        "beta (weight 3) got {:.1}% of the uplink, its share 75%",
+        beta_share * 100.0
+    );
+    let cap = bed.namespace_status(&alpha, &a).unwrap().caps;
+    assert_eq!(cap.first().and_then(|c| c.weight), Some(3), "{cap:?}");
 }

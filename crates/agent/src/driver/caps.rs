@@ -133,6 +133,7 @@ impl LaneCaps {
                 .into(),
                 egress: direction(c.egress, c.egress.map_or(0, |b| c.burst(b)), r, false),
                 ingress: direction(c.ingress, c.ingress.map_or(0, |b| c.burst(b)), r, true),
+                weight: c.weight,
             })
             .collect()
     }
@@ -182,6 +183,52 @@ impl LaneCaps {
             Per::All => Who::All,
         };
         Some((CapKey { cap: r, who }, rate, cap.burst(rate)))
+    }
+
+    /// The member part of the namespace's share of the uplink that IPv4 packet `ip` to the
+    /// member of tunnel `peer` takes, and its weight ([`Shares::push_member`]): the first
+    /// cap with a weight that picks it decides (its `per` says whose part), else the member
+    /// has a part of its own of weight 1. (0, 1), one part for all, when no cap weighs.
+    ///
+    /// [`Shares::push_member`]: hyphae_vswitch::qos::Shares::push_member
+    pub(crate) fn share_member(&mut self, node: &Node, peer: PeerHandle, ip: &[u8]) -> (u64, u64) {
+        if !self.caps.weighs() {
+            return (0, 1);
+        }
+        let Some((remote, local)) = ip
+            .get(12..20)
+            .and_then(|a| <[u8; 8]>::try_from(a).ok())
+            .map(|a| {
+                (
+                    Ipv4Addr::new(a[4], a[5], a[6], a[7]),
+                    Ipv4Addr::new(a[0], a[1], a[2], a[3]),
+                )
+            })
+        else {
+            return (0, 1);
+        };
+        let mask = self.mask(node, peer);
+        let (key, weight) = match self.caps.find_weight(mask, remote, local) {
+            Some(r) => {
+                let cap = &self.caps.caps()[r];
+                let who = match cap.per {
+                    Per::Member => Who::Member(peer),
+                    Per::Host => Who::Host(local),
+                    Per::All => Who::All,
+                };
+                (CapKey { cap: r, who }, cap.weight.unwrap_or(1))
+            }
+            None => (
+                CapKey {
+                    cap: usize::MAX,
+                    who: Who::Member(peer),
+                },
+                1,
+            ),
+        };
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&key, &mut h);
+        (std::hash::Hasher::finish(&h), weight)
     }
 
     /// The member of tunnel `peer` announced again (its certificate may have changed), or

@@ -388,7 +388,11 @@ impl DataPlane {
         if let Some(s) = self.shares.as_mut() {
             if !s.send_now(now, i, packet.len()) {
                 let flow = hyphae_vswitch::qos::flow_of(packet);
-                let _ = s.push(now, i, flow, (peer, packet.to_vec()), packet.len());
+                let member = self.share_member(i, peer, packet);
+                if let Some(s) = self.shares.as_mut() {
+                    let _ =
+                        s.push_member(now, i, member, flow, (peer, packet.to_vec()), packet.len());
+                }
                 return;
             }
         }
@@ -404,14 +408,25 @@ impl DataPlane {
         packet: Vec<u8>,
         out: &mut Batch,
     ) {
-        match self.shares.as_mut() {
-            Some(s) => {
-                let (len, flow) = (packet.len(), hyphae_vswitch::qos::flow_of(&packet));
-                if let Paced::Now((peer, packet)) = s.push(now, i, flow, (peer, packet), len) {
-                    out.seal(&mut self.node, peer, &packet);
-                }
+        if self.shares.is_none() {
+            return out.seal(&mut self.node, peer, &packet);
+        }
+        let (len, flow) = (packet.len(), hyphae_vswitch::qos::flow_of(&packet));
+        let member = self.share_member(i, peer, &packet);
+        if let Some(s) = self.shares.as_mut() {
+            if let Paced::Now((peer, packet)) =
+                s.push_member(now, i, member, flow, (peer, packet), len)
+            {
+                out.seal(&mut self.node, peer, &packet);
             }
-            None => out.seal(&mut self.node, peer, &packet),
+        }
+    }
+
+    /// Which member part of namespace `i`'s share `packet` to `peer` takes, and its weight.
+    fn share_member(&mut self, i: usize, peer: PeerHandle, packet: &[u8]) -> (u64, u64) {
+        match self.lanes[i].caps.as_mut() {
+            Some(caps) => caps.share_member(&self.node, peer, packet),
+            None => (0, 1),
         }
     }
 

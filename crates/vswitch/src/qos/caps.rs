@@ -47,6 +47,9 @@ pub struct CapFile {
     pub ingress: Option<String>,
     /// Bytes at once after a quiet spell (default: 10 ms at the rate, at least 64 KiB).
     pub burst: Option<u64>,
+    /// The weight of each member (or host, or all together, by `per`) inside the
+    /// namespace's share of `[agent] uplink_rate` (1 to 1000; members no cap weighs: 1).
+    pub weight: Option<u64>,
     /// `member` (a bucket per member; the default without `hosts`), `host` (a bucket per
     /// address on this side; the default with `hosts`) or `all` (one bucket for everything
     /// the rule picks: a group's cap).
@@ -82,6 +85,8 @@ pub struct Cap {
     pub ingress: Option<u64>,
     /// Burst, bytes (for the rate of each direction).
     burst: Option<u64>,
+    /// Weight inside the namespace's share of the uplink.
+    pub weight: Option<u64>,
     pub per: Per,
     /// What it picks, as written, for status: `members group:guests, hosts 10.0.0.0/24`.
     pub picks: String,
@@ -157,6 +162,11 @@ impl Caps {
             .fold(0, |m, (r, _)| m | 1 << r)
     }
 
+    /// Whether any cap gives a weight.
+    pub fn weighs(&self) -> bool {
+        self.caps.iter().any(|c| c.weight.is_some())
+    }
+
     /// The first cap with a rate for this direction (`ingress`, else egress) over a
     /// packet between a member of mask `mask` using address `remote` and the host on this
     /// side at `local`.
@@ -167,9 +177,29 @@ impl Caps {
         local: Ipv4Addr,
         ingress: bool,
     ) -> Option<usize> {
+        self.first(mask, remote, local, |c| {
+            if ingress {
+                c.ingress.is_some()
+            } else {
+                c.egress.is_some()
+            }
+        })
+    }
+
+    /// The first cap with a weight over a packet sent to a member (as [`Caps::find`]).
+    pub fn find_weight(&self, mask: u64, remote: Ipv4Addr, local: Ipv4Addr) -> Option<usize> {
+        self.first(mask, remote, local, |c| c.weight.is_some())
+    }
+
+    fn first(
+        &self,
+        mask: u64,
+        remote: Ipv4Addr,
+        local: Ipv4Addr,
+        has: impl Fn(&Cap) -> bool,
+    ) -> Option<usize> {
         self.caps.iter().enumerate().position(|(r, c)| {
-            let rate = if ingress { c.ingress } else { c.egress };
-            rate.is_some()
+            has(c)
                 && (mask & (1 << r) != 0
                     || c.members
                         .iter()
@@ -182,8 +212,14 @@ impl Caps {
 fn compile_one(f: &CapFile, certified: bool) -> Result<Cap, String> {
     let rate = |r: &Option<String>| r.as_deref().map(parse_rate).transpose();
     let (egress, ingress) = (rate(&f.egress)?, rate(&f.ingress)?);
-    if egress.is_none() && ingress.is_none() {
-        return Err("needs an egress or an ingress rate".into());
+    if egress.is_none() && ingress.is_none() && f.weight.is_none() {
+        return Err("needs an egress or an ingress rate, or a weight".into());
+    }
+    if let Some(w) = f.weight.filter(|w| !(1..=1000).contains(w)) {
+        return Err(format!("weight {w}: 1 to 1000"));
+    }
+    if f.burst.is_some() && egress.is_none() && ingress.is_none() {
+        return Err("burst needs a rate".into());
     }
     let mut members = Vec::with_capacity(f.members.len());
     for word in &f.members {
@@ -231,6 +267,7 @@ fn compile_one(f: &CapFile, certified: bool) -> Result<Cap, String> {
         egress,
         ingress,
         burst: f.burst,
+        weight: f.weight,
         per,
         picks: picks.join(", "),
     })

@@ -8,7 +8,7 @@
 //! When a class's queue is full, the packet dropped is the tail of its fattest flow (as
 //! fq_codel does), not the newcomer: a sparse flow keeps its place.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::{Paced, TokenBucket};
@@ -30,12 +30,68 @@ struct Flow<T> {
     deficit: u64,
 }
 
+/// A member's part of a class (one per member with a weight of its own, or one for the
+/// whole class): its flows take turns inside its turn.
 #[derive(Debug, Clone)]
-struct Class<T> {
+struct Member<T> {
     weight: u64,
     flows: Vec<Flow<T>>,
     /// Flows with packets waiting, in round-robin order.
     active: VecDeque<usize>,
+    queued_bytes: u64,
+    queued: usize,
+    deficit: u64,
+}
+
+impl<T> Member<T> {
+    fn new(weight: u64) -> Self {
+        Self {
+            weight: weight.max(1),
+            flows: (0..FLOWS)
+                .map(|_| Flow {
+                    queue: VecDeque::new(),
+                    bytes: 0,
+                    deficit: 0,
+                })
+                .collect(),
+            active: VecDeque::new(),
+            queued_bytes: 0,
+            queued: 0,
+            deficit: 0,
+        }
+    }
+
+    /// Drops the last packet of its fattest flow but `keep` (if `keep` is its own flow, only
+    /// a fatter one). Returns the bytes dropped.
+    fn drop_from_fattest(&mut self, keep: Option<usize>) -> Option<usize> {
+        let floor = keep.map_or(0, |k| self.flows[k].bytes);
+        let (fattest, _) = self
+            .flows
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, f)| f.bytes)
+            .filter(|(i, f)| Some(*i) != keep && f.bytes > floor)?;
+        let f = &mut self.flows[fattest];
+        let (_, len) = f.queue.pop_back()?;
+        f.bytes -= len as u64;
+        self.queued_bytes -= len as u64;
+        self.queued -= 1;
+        if f.queue.is_empty() {
+            f.deficit = 0;
+            self.active.retain(|&i| i != fattest);
+        }
+        Some(len)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Class<T> {
+    weight: u64,
+    /// Its members' parts, by key ([`Shares::push_member`]); made when one first waits,
+    /// gone when it has nothing waiting.
+    members: HashMap<u64, Member<T>>,
+    /// Members with packets waiting, in round-robin order.
+    active: VecDeque<u64>,
     queued_bytes: u64,
     queued: usize,
     deficit: u64,
@@ -48,13 +104,7 @@ impl<T> Class<T> {
     fn new() -> Self {
         Self {
             weight: 1,
-            flows: (0..FLOWS)
-                .map(|_| Flow {
-                    queue: VecDeque::new(),
-                    bytes: 0,
-                    deficit: 0,
-                })
-                .collect(),
+            members: HashMap::new(),
             active: VecDeque::new(),
             queued_bytes: 0,
             queued: 0,
@@ -64,29 +114,43 @@ impl<T> Class<T> {
         }
     }
 
-    /// Drops the last packet of the fattest flow but `keep`, if it is fatter than `keep`.
-    /// Returns whether one went.
-    fn drop_from_fattest(&mut self, keep: usize) -> bool {
-        let Some((fattest, _)) = self
-            .flows
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, f)| f.bytes)
-            .filter(|(i, f)| *i != keep && f.bytes > self.flows[keep].bytes)
-        else {
+    /// Makes room by dropping the tail of the fattest flow of the member furthest over its
+    /// weight's part of the queue (fq_codel's rule, one level up), unless that is
+    /// `(member, flow)` itself with no fatter flow of its own. Returns whether one went.
+    fn drop_for(&mut self, member: u64, flow: usize, weight: u64) -> bool {
+        let own = self.members.get(&member).map_or(0, |m| m.queued_bytes);
+        // Bytes over weight, compared across members as bytes / weight (cross-multiplied).
+        let (&victim, _) =
+            match self
+                .members
+                .iter()
+                .filter(|(_, m)| m.queued > 0)
+                .max_by(|(_, a), (_, b)| {
+                    (u128::from(a.queued_bytes) * u128::from(b.weight))
+                        .cmp(&(u128::from(b.queued_bytes) * u128::from(a.weight)))
+                }) {
+                Some(v) => v,
+                None => return false,
+            };
+        let heavier = victim != member
+            && self.members.get(&victim).is_some_and(|v| {
+                u128::from(v.queued_bytes) * u128::from(weight.max(1))
+                    > u128::from(own) * u128::from(v.weight)
+            });
+        let keep = (!heavier).then_some(flow);
+        let target = if heavier { victim } else { member };
+        let Some(m) = self.members.get_mut(&target) else {
             return false;
         };
-        let f = &mut self.flows[fattest];
-        let Some((_, len)) = f.queue.pop_back() else {
+        let Some(len) = m.drop_from_fattest(keep) else {
             return false;
         };
-        f.bytes -= len as u64;
         self.queued_bytes -= len as u64;
         self.queued -= 1;
         self.dropped += 1;
-        if f.queue.is_empty() {
-            f.deficit = 0;
-            self.active.retain(|&i| i != fattest);
+        if m.queued == 0 {
+            self.members.remove(&target);
+            self.active.retain(|&k| k != target);
         }
         true
     }
@@ -182,24 +246,49 @@ impl<T> Shares<T> {
     /// flow. A full class queue drops the tail of its fattest flow to make room, or this
     /// item if its own flow is the fattest.
     pub fn push(&mut self, now: Instant, class: usize, flow: u64, item: T, len: usize) -> Paced<T> {
+        self.push_member(now, class, (0, 1), flow, item, len)
+    }
+
+    /// [`Shares::push`] for an item of member `member` (a key and its weight) of the class:
+    /// inside the class's turn, members with packets waiting take turns by weight, and
+    /// inside a member's turn its flows share it. A full class queue drops from the member
+    /// furthest over its weight's part.
+    pub fn push_member(
+        &mut self,
+        now: Instant,
+        class: usize,
+        member: (u64, u64),
+        flow: u64,
+        item: T,
+        len: usize,
+    ) -> Paced<T> {
         if self.send_now(now, class, len) {
             return Paced::Now(item);
         }
+        let (key, weight) = member;
         let c = &mut self.classes[class];
         let limit = (self.limit * c.weight / self.weights.max(1)).max(MIN_LIMIT);
         let fi = (flow % FLOWS as u64) as usize;
         while c.queued_bytes + len as u64 > limit {
-            if !c.drop_from_fattest(fi) {
+            if !c.drop_for(key, fi, weight) {
                 c.dropped += 1;
                 return Paced::Dropped(item);
             }
         }
-        let f = &mut c.flows[fi];
+        let m = c.members.entry(key).or_insert_with(|| Member::new(weight));
+        m.weight = weight.max(1);
+        let f = &mut m.flows[fi];
         f.queue.push_back((item, len));
         f.bytes += len as u64;
         if f.queue.len() == 1 {
             f.deficit = 0;
-            c.active.push_back(fi);
+            m.active.push_back(fi);
+        }
+        m.queued_bytes += len as u64;
+        m.queued += 1;
+        if m.queued == 1 {
+            m.deficit = 0;
+            c.active.push_back(key);
         }
         c.queued_bytes += len as u64;
         c.queued += 1;
@@ -207,7 +296,7 @@ impl<T> Shares<T> {
             c.deficit = 0;
             self.active.push_back(class);
         } else if !self.active.contains(&class) {
-            // Its last flow was emptied by drops only: take turns again.
+            // Its last member was emptied by drops only: take turns again.
             self.active.push_back(class);
         }
         Paced::Queued
@@ -215,44 +304,69 @@ impl<T> Shares<T> {
 
     /// The next item whose turn and tokens have come by `now`, with its class.
     pub fn poll(&mut self, now: Instant) -> Option<(usize, T)> {
-        // Each turn either sends or gives a class or a flow a quantum more, so this ends.
+        // Each turn either sends or gives a class, a member or a flow a quantum more, so
+        // this ends.
         loop {
             let &ci = self.active.front()?;
             let c = &mut self.classes[ci];
-            let Some(&fi) = c.active.front() else {
+            let Some(&mk) = c.active.front() else {
                 // Nothing left (dropped): off the round.
                 c.deficit = 0;
                 self.active.pop_front();
                 continue;
             };
-            let &(_, len) = c.flows[fi].queue.front()?;
-            if c.deficit < len as u64 {
+            let Some(m) = c.members.get_mut(&mk) else {
+                c.active.pop_front();
+                continue;
+            };
+            let Some(&fi) = m.active.front() else {
+                c.members.remove(&mk);
+                c.active.pop_front();
+                continue;
+            };
+            let &(_, len) = m.flows[fi].queue.front()?;
+            let len64 = len as u64;
+            if c.deficit < len64 {
                 // The class's turn is over: a quantum for the next round, to the back.
                 c.deficit += QUANTUM * c.weight;
                 self.active.rotate_left(1);
                 continue;
             }
-            if c.flows[fi].deficit < len as u64 {
-                // The flow's turn inside the class is over.
-                c.flows[fi].deficit += QUANTUM;
+            if m.deficit < len64 {
+                // The member's turn inside the class is over.
+                m.deficit += QUANTUM * m.weight;
                 c.active.rotate_left(1);
+                continue;
+            }
+            if m.flows[fi].deficit < len64 {
+                // The flow's turn inside the member is over.
+                m.flows[fi].deficit += QUANTUM;
+                m.active.rotate_left(1);
                 continue;
             }
             if !self.bucket.take(now, len) {
                 return None;
             }
-            let f = &mut c.flows[fi];
+            let f = &mut m.flows[fi];
             let (item, len) = f.queue.pop_front()?;
-            f.bytes -= len as u64;
-            f.deficit -= len as u64;
+            let len64 = len as u64;
+            f.bytes -= len64;
+            f.deficit -= len64;
             if f.queue.is_empty() {
                 f.deficit = 0;
+                m.active.pop_front();
+            }
+            m.deficit -= len64;
+            m.queued_bytes -= len64;
+            m.queued -= 1;
+            if m.queued == 0 {
+                c.members.remove(&mk);
                 c.active.pop_front();
             }
-            c.deficit -= len as u64;
-            c.queued_bytes -= len as u64;
+            c.deficit -= len64;
+            c.queued_bytes -= len64;
             c.queued -= 1;
-            c.sent_bytes += len as u64;
+            c.sent_bytes += len64;
             if c.queued == 0 {
                 c.deficit = 0;
                 self.active.pop_front();
@@ -264,8 +378,9 @@ impl<T> Shares<T> {
     /// When the next queued item may go, if any waits.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let c = &self.classes[*self.active.front()?];
-        let fi = *c.active.front()?;
-        let &(_, len) = c.flows[fi].queue.front()?;
+        let m = c.members.get(c.active.front()?)?;
+        let fi = *m.active.front()?;
+        let &(_, len) = m.flows[fi].queue.front()?;
         self.bucket.ready_at(len)
     }
 }

@@ -295,3 +295,109 @@ fn a_sparse_flow_does_not_wait_behind_a_bulk_flow_of_its_class() {
     assert!(before <= 2, "{before} bulk packets went first");
     assert!(now - t0 <= 3 * MS, "the ping waited {:?}", now - t0);
 }
+
+/// One class through an uplink of `rate` bits a second for `secs` on the virtual clock;
+/// members `(weight, flows)` each offer `offered` bytes a second spread over their flows,
+/// in packets of 1250 bytes: the bytes each member got through.
+fn member_share(rate: u64, members: &[(u64, u64)], offered: u64, secs: u64) -> Vec<u64> {
+    let t0 = Instant::now();
+    let len = 1250usize;
+    let mut s: Shares<usize> = Shares::new(rate, 16_000, 20 * MS);
+    let gap = Duration::from_nanos(len as u64 * 1_000_000_000 / offered);
+    let mut next = vec![t0; members.len()];
+    let mut sent = vec![0u64; members.len()];
+    let mut got = vec![0u64; members.len()];
+    let end = t0 + Duration::from_secs(secs);
+    let mut now = t0;
+    while now < end {
+        for (m, &(weight, flows)) in members.iter().enumerate() {
+            while next[m] <= now {
+                let flow = 100 * m as u64 + sent[m] % flows;
+                sent[m] += 1;
+                if let Paced::Now(m) = s.push_member(now, 0, (m as u64, weight), flow, m, len) {
+                    got[m] += len as u64;
+                }
+                next[m] += gap;
+            }
+        }
+        while let Some((_, m)) = s.poll(now) {
+            got[m] += len as u64;
+        }
+        let arrival = next.iter().min().copied().unwrap_or(end);
+        now = s
+            .poll_timeout()
+            .map_or(arrival, |t| t.min(arrival))
+            .max(now + Duration::from_nanos(1));
+    }
+    got
+}
+
+#[test]
+fn members_of_a_namespace_share_its_turns_by_weight_not_by_flow_count() {
+    // 80 Mbit/s (10 MB/s) for 4 s; each member offers 8 MB/s.
+    let total_rate = 40_000_000u64;
+    for members in [
+        // Weights 3:1:1; the heavy member's traffic in 8 flows, the others' in one each.
+        vec![(3u64, 8u64), (1, 1), (1, 1)],
+        // Equal weights: the member with 16 flows gets no more than the one with 1.
+        vec![(1, 16), (1, 1)],
+        vec![(6, 1), (3, 4), (1, 2)],
+    ] {
+        let got = member_share(80_000_000, &members, 8_000_000, 4);
+        let total: u64 = got.iter().sum();
+        assert!(total >= total_rate * 99 / 100, "{members:?}: {total}");
+        let sum: u64 = members.iter().map(|m| m.0).sum();
+        for (m, (w, _)) in members.iter().enumerate() {
+            let expected = total * w / sum;
+            let off = got[m].abs_diff(expected) as f64 / total as f64;
+            assert!(
+                off < 0.02,
+                "{members:?}: member {m} got {} of {total}, share {expected}",
+                got[m]
+            );
+        }
+    }
+}
+
+#[test]
+fn a_full_class_drops_from_the_member_furthest_over_its_weight() {
+    let t0 = Instant::now();
+    // 8 Mbit/s: 1 MB/s, queues of 20 ms (20,000 bytes).
+    let mut s: Shares<(u64, u32)> = Shares::new(8_000_000, 0, 20 * MS);
+    let mut n = 0;
+    while let Paced::Now(_) = s.push_member(t0, 0, (1, 1), 7, (1, n), 1000) {
+        n += 1;
+    }
+    // Member 1 fills the class's queue on its own.
+    for _ in 0..30 {
+        n += 1;
+        let _ = s.push_member(t0, 0, (1, 1), 7, (1, n), 1000);
+    }
+    assert_eq!(s.stats(0).unwrap().queued, 20);
+    // Member 2 (weight 4) queues ten packets: each takes the place of one of member 1's.
+    for k in 0..10 {
+        assert_eq!(s.push_member(t0, 0, (2, 4), 9, (2, k), 1000), Paced::Queued);
+    }
+    let stats = s.stats(0).unwrap();
+    assert_eq!(stats.queued, 20);
+    // Ten each: member 1 (weight 1) is still the furthest over its part, so it loses
+    // another, not member 2's newcomer.
+    assert_eq!(
+        s.push_member(t0, 0, (2, 4), 9, (2, 10), 1000),
+        Paced::Queued
+    );
+    // Draining: member 2 sends four packets for each of member 1's.
+    let mut now = t0;
+    let mut order = Vec::new();
+    while order.len() < 10 {
+        now = s.poll_timeout().unwrap().max(now);
+        if let Some((_, (m, _))) = s.poll(now) {
+            order.push(m);
+        }
+    }
+    let twos = order.iter().filter(|&&m| m == 2).count();
+    assert!(
+        twos >= 7,
+        "member 2 (weight 4) sent {twos} of the first 10: {order:?}"
+    );
+}

@@ -100,6 +100,29 @@ fn the_first_cap_with_a_rate_for_the_direction_picks_a_packet() {
     // The local host's ingress, before the catch-all; its egress is the catch-all's.
     assert_eq!(caps.find(other, ip("10.1.0.9"), lan_host, true), Some(2));
     assert_eq!(caps.find(other, ip("10.1.0.9"), lan_host, false), Some(3));
+    // Weights: only caps that give one.
+    assert!(!caps.weighs());
+    let weighted = Caps::compile(
+        &[
+            cap(&["group:guests"], &[], Some("10M"), None),
+            CapFile {
+                weight: Some(5),
+                ..cap(&["group:gold"], &[], None, None)
+            },
+        ],
+        true,
+    )
+    .unwrap();
+    assert!(weighted.weighs());
+    let gold = weighted.member_mask(&["gold"], None);
+    assert_eq!(weighted.find_weight(gold, ip("10.1.0.9"), me), Some(1));
+    assert_eq!(
+        weighted.find(gold, ip("10.1.0.9"), me, false),
+        None,
+        "a weight is no rate"
+    );
+    let guest = weighted.member_mask(&["guests"], None);
+    assert_eq!(weighted.find_weight(guest, ip("10.1.0.9"), me), None);
     // A member no cap names.
     let only_guests =
         Caps::compile(&[cap(&["group:guests"], &[], Some("1M"), None)], true).unwrap();
