@@ -1231,7 +1231,10 @@ endpoint = "10.200.0.3"
             e.contains("cap 2: needs an egress or an ingress rate, or a weight"),
             "{e}"
         );
-        let e = err(&good.replace("ingress = \"5M\"\nburst = 100000\n", "weight = 3\n"), s);
+        let e = err(
+            &good.replace("ingress = \"5M\"\nburst = 100000\n", "weight = 3\n"),
+            s,
+        );
         assert!(e.contains("weight shares [agent] uplink_rate"), "{e}");
         let e = err(&good.replace("egress = ", "egres = "), s);
         assert!(e.contains("unknown field `egres`"), "{e}");

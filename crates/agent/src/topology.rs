@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::control::{NamespaceStatus, PeerStatus, RateStatus, ShareStatus, Status};
+use crate::control::{CapStatus, NamespaceStatus, PeerStatus, RateStatus, ShareStatus, Status};
 
 /// Every namespace with this member and the members it has a tunnel with.
 #[derive(Debug, Serialize)]
@@ -31,6 +31,8 @@ struct Namespace {
     /// page shows the rate each carries from the bytes sent between two polls.
     egress: Option<RateStatus>,
     share: Option<ShareStatus>,
+    /// Its caps per member, group and host.
+    caps: Vec<CapStatus>,
 }
 
 #[derive(Debug, Serialize)]
@@ -76,6 +78,7 @@ impl From<&NamespaceStatus> for Namespace {
             connecting: ns.peers.iter().filter(|p| !is_live(p)).count(),
             egress: ns.egress.clone(),
             share: ns.share.clone(),
+            caps: ns.caps.clone(),
         }
     }
 }

@@ -43,10 +43,12 @@ fn start_members(bed: &mut Testbed, n: u8) -> Vec<Member> {
             &format!("[agent]\nmetrics = \"{METRICS}\"\n"),
             1,
         ) + &format!("hostname = \"{}\"\n", names[usize::from(i) - 1]);
-        // alpha's namespace has a cap and a share of a rated uplink (the page shows both).
+        // alpha's namespace has a cap, a share of a rated uplink and a cap per member (the
+        // page shows each).
         let config = if i == 1 {
             config.replacen("[agent]\n", "[agent]\nuplink_rate = \"100M\"\n", 1)
-                + "rate = \"50M\"\nweight = 3\n"
+                + "rate = \"50M\"\nweight = 3\n\
+                   [[namespace.cap]]\nmembers = [\"any\"]\ningress = \"40M\"\nweight = 2\n"
         } else {
             config
         };
@@ -376,6 +378,14 @@ fn the_topology_page_shows_the_members_and_drops_one_that_leaves() {
         "{dom}"
     );
     assert!(dom.contains("B/s · 0 queued"), "{dom}");
+    assert!(
+        dom.contains("cap 1, members any: ingress 40 Mbit/s per member · "),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("cap 1, members any: weight 2 per member"),
+        "{dom}"
+    );
     // Screenshots at a phone's and a desktop's width, kept with HYPHAE_KEEP_TESTBED=1.
     for (name, size) in [("phone.png", "390,844"), ("desktop.png", "1100,600")] {
         let png = bed.dir().join(name);
