@@ -19,7 +19,9 @@
 #              WLINK (the same for Table 4; default 400: three senders and two agents on
 #                     this 2-core machine carry about 600-700 Mbit/s in all, so at 1000 the
 #                     CPU, not the agent's scheduler, would decide the shares),
-#              TABLES (which to run: "caps weights" by default),
+#              TABLES (which to run: "caps weights" by default; "members" adds both
+#                      tables per member: caps and weights set per receiving member of one
+#                      namespace, three receivers),
 #              UPLINK (S's uplink_rate for Table 4, Mbit/s; default 94% of WLINK: the tunnel
 #                      adds about 5% to what the link carries).
 set -euo pipefail
@@ -168,6 +170,113 @@ for k in 1 2 3; do
     done
 done
 stop_agents
+echo
+steal
+fi
+if [[ $tables == *members* ]]; then
+# The same two tables per member (the paper's per-VM caps and weights): one namespace, S
+# and three receivers (R, R2, R3), S capping (then weighing) each receiver by its address.
+host r2 10.200.0.3
+host r3 10.200.0.4
+# member NAME UNDERLAY-IP HOST-NUMBER AGENT-LINES NAMESPACE-LINES: an agent in namespace a only.
+member() {
+    local name=$1 ip=$2 h=$3
+    mkdir -p "$dir/$name"
+    printf '[agent]\nstate_dir = "%s/state"\ncontrol_socket = "%s/hyphae.sock"\nlisten = "%s:7400"\n%s\n' \
+        "$dir/$name" "$dir/$name" "$ip" "$4" >"$dir/$name/hyphae.toml"
+    printf '\n[[namespace]]\nname = "a"\nsecret_file = "%s/a.secret"\nsubnet = "10.207.1.0/24"\n' \
+        "$dir" >>"$dir/$name/hyphae.toml"
+    printf 'address = "10.207.1.%d"\ndevice = "hy-a"\nresolvers = []\n%b\n' "$h" "$5" >>"$dir/$name/hyphae.toml"
+    ip netns exec "$p-$name" "$HYPHAE_BIN" up -c "$dir/$name/hyphae.toml" >"$dir/$name/agent.log" 2>&1 &
+    pids+=($!)
+}
+receivers() {
+    member r 10.200.0.2 12 "" 'bootstrap = ["10.200.0.1:7400"]'
+    member r2 10.200.0.3 13 "" 'bootstrap = ["10.200.0.1:7400"]'
+    member r3 10.200.0.4 14 "" 'bootstrap = ["10.200.0.1:7400"]'
+    for h in 12 13 14; do
+        for _ in $(seq 120); do
+            at s ping -c1 -W1 "10.207.1.$h" >/dev/null 2>&1 && continue 2
+            sleep 0.25
+        done
+        echo "member 10.207.1.$h: no ping across" >&2
+        exit 1
+    done
+}
+for h in 13 14; do
+    ip netns exec "$p-r$((h - 11))" iperf3 -s -p 5201 >"$dir/iperf-m$h.log" 2>&1 &
+    servers+=($!)
+done
+# mudp HOST OFFERED SECONDS OUT: UDP from S to member 10.207.1.HOST.
+mudp() {
+    local payload_rate
+    payload_rate=$(awk -v r="$2" -v l="$len" 'BEGIN { printf "%.0f", r * 1e6 * l / (l + 28) }')
+    at s iperf3 -c "10.207.1.$1" -p 5201 -u -b "$payload_rate" -l "$len" -t "$3" -J \
+        --connect-timeout 3000 >"$4" 2>/dev/null || true
+}
+at s tc qdisc replace dev eth0 root tbf rate "${link}mbit" burst 256kb latency 50ms
+echo
+echo "### Rate caps per member (KU Table 3, per VM): link ${link} Mbit/s, one namespace"
+echo
+capped=""
+for k in 1 2 3; do
+    capped+="[[namespace.cap]]\nmembers = [\"10.207.1.$((11 + k))\"]\negress = \"${caps[k - 1]}M\"\n"
+done
+member s 10.200.0.1 11 "" "$capped"
+receivers
+mark
+echo "| member's cap (Mbit/s) | state | offered | expected | reached | reached / expected | over the cap |"
+echo "|---|---|---|---|---|---|---|"
+for k in 1 2 3; do
+    cap=${caps[k - 1]}
+    for state in non-saturated saturated over-saturated; do
+        case $state in
+            non-saturated) offered=$((cap / 2)) ;;
+            saturated) offered=$cap ;;
+            over-saturated) offered=$((cap * 2)) ;;
+        esac
+        expected=$((offered < cap ? offered : cap))
+        mudp $((11 + k)) "$offered" "$secs" "$dir/mcap.json"
+        got=$(received "$dir/mcap.json")
+        awk -v c="$cap" -v s="$state" -v o="$offered" -v e="$expected" -v g="$got" 'BEGIN {
+            over = g > c ? sprintf("%.2f%%", 100 * (g - c) / c) : "none"
+            printf "| %d | %s | %d | %d | %.1f | %.2f%% | %s |\n", c, s, o, e, g, 100 * g / e, over }'
+        sleep 1
+    done
+done
+stop_agents
+echo
+steal
+at s tc qdisc replace dev eth0 root tbf rate "${wlink}mbit" burst 256kb latency 50ms
+echo
+echo "### Weights per member (KU Table 4, per VM): link ${wlink} Mbit/s, uplink_rate ${uplink} Mbit/s, one namespace, each member offered ${offer} Mbit/s at once"
+echo
+mark
+echo "| weights | R | R2 | R3 | shares | error against the weights (points) | total | of the link |"
+echo "|---|---|---|---|---|---|---|---|"
+for weights in "6 3 1" "1 1 1" "5 3 2"; do
+    read -r wa wb wc <<<"$weights"
+    weighed=""
+    for w in "12 $wa" "13 $wb" "14 $wc"; do
+        read -r h wt <<<"$w"
+        weighed+="[[namespace.cap]]\nmembers = [\"10.207.1.$h\"]\nweight = $wt\n"
+    done
+    member s 10.200.0.1 11 "uplink_rate = \"${uplink}M\"" "$weighed"
+    receivers
+    streams=()
+    for h in 12 13 14; do
+        mudp "$h" "$offer" "$secs" "$dir/mw-$h.json" &
+        streams+=($!)
+    done
+    wait "${streams[@]}"
+    ra=$(received "$dir/mw-12.json"); rb=$(received "$dir/mw-13.json"); rc=$(received "$dir/mw-14.json")
+    awk -v wa="$wa" -v wb="$wb" -v wc="$wc" -v a="$ra" -v b="$rb" -v c="$rc" -v lk="$wlink" 'BEGIN {
+        t = a + b + c; w = wa + wb + wc
+        ea = 100 * (a / t - wa / w); eb = 100 * (b / t - wb / w); ec = 100 * (c / t - wc / w)
+        printf "| %d:%d:%d | %.1f | %.1f | %.1f | %.1f%% / %.1f%% / %.1f%% | %+.1f / %+.1f / %+.1f | %.1f | %.1f%% |\n",
+            wa, wb, wc, a, b, c, 100 * a / t, 100 * b / t, 100 * c / t, ea, eb, ec, t, 100 * t / lk }'
+    stop_agents
+done
 echo
 steal
 fi

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+pub mod bond;
 pub mod caps;
 mod shares;
 #[cfg(test)]
