@@ -1196,3 +1196,106 @@ fn a_published_policy_reaches_every_member_and_never_rolls_back() {
         );
     }
 }
+
+/// iperf3 from `from` to `to` for 3 s, TCP: the receiver's rate, Mbit/s (0 if it failed).
+fn iperf_rate(bed: &Testbed, from: &Host, to: &str) -> f64 {
+    let out = bed
+        .ns_output(
+            &from.ns,
+            "iperf3",
+            &["-c", to, "-t", "3", "-J", "--connect-timeout", "3000"],
+        )
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e6
+}
+
+/// Issue 32 with certificates: a cap by group. srv caps what it sends to the members whose
+/// certificate says `guest` at 30 Mbit/s for the whole group (`per = "all"`): one guest
+/// alone gets the cap, two at once share it, and a `web` member is not held.
+#[test]
+fn a_cap_by_group_holds_the_whole_group_to_one_rate() {
+    use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
+    use hyphae_overlay::PeerId;
+
+    require_root();
+    let mut bed = Testbed::new("crq", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let ca = AuthorityKey::from_seed([0x32; 32]);
+    let now = unix_now();
+    let member = |bed: &mut Testbed, i: u8, name: &str, group: &str, extra: &str| {
+        let (h, id) = host(bed, name, i);
+        let bytes = ca
+            .sign(&CertificateRequest {
+                namespace: "lab".into(),
+                identity: PeerId::from_text(&id).unwrap(),
+                name: name.into(),
+                groups: vec![group.into()],
+                addresses: vec![],
+                not_before: now - 60,
+                not_after: now + 86_400,
+            })
+            .unwrap();
+        let cert = h.dir.join("lab.crt");
+        std::fs::write(&cert, armor("CERTIFICATE", &bytes)).unwrap();
+        let extra = format!(
+            "authority = \"{}\"\ncertificate = \"{}\"\n{extra}",
+            ca.authority(),
+            cert.display()
+        );
+        let address = format!("10.203.0.{}", 60 + i);
+        let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
+        let agent = start(bed, &h, &address, name, boot, &extra);
+        bed.claimed_address(&h, &agent).unwrap();
+        (h, agent)
+    };
+    let cap = "[[namespace.cap]]\nmembers = [\"group:guest\"]\negress = \"30M\"\nper = \"all\"\n";
+    let (srv, s) = member(&mut bed, 1, "srv", "ops", cap);
+    let (g1, _) = member(&mut bed, 2, "guest1", "guest", "");
+    let (g2, _) = member(&mut bed, 3, "guest2", "guest", "");
+    let (web, _) = member(&mut bed, 4, "web", "web", "");
+    let ip = |i: u8| format!("10.203.0.{}", 60 + i);
+    for h in [&g1, &g2, &web] {
+        bed.wait_for_ping(h, ip(1).parse().unwrap(), Duration::from_secs(30))
+            .unwrap();
+        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join("iperf3-s.log"))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let to_web = iperf_rate(&bed, &srv, &ip(4));
+    let alone = iperf_rate(&bed, &srv, &ip(2));
+    let (both1, both2) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| iperf_rate(&bed, &srv, &ip(2)));
+        let b = scope.spawn(|| iperf_rate(&bed, &srv, &ip(3)));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    println!(
+        "srv to web (no cap) {to_web:.1} Mbit/s; to guest1 alone {alone:.1}; to both guests at once {both1:.1} + {both2:.1} = {:.1} (30M for the group)",
+        both1 + both2
+    );
+    assert!(to_web > 100.0, "web is not a guest: {to_web:.1}");
+    assert!(
+        (24.0..=31.0).contains(&alone),
+        "one guest alone: {alone:.1} Mbit/s under the group's 30"
+    );
+    let both = both1 + both2;
+    assert!(
+        (20.0..=31.5).contains(&both) && both1 > 3.0 && both2 > 3.0,
+        "two guests at once: {both1:.1} + {both2:.1} Mbit/s under the group's 30"
+    );
+    let status = bed.namespace_status(&srv, &s).unwrap();
+    let egress = status.caps[0].egress.clone().unwrap();
+    assert_eq!(status.caps[0].per, "all");
+    assert_eq!(
+        egress
+            .buckets
+            .iter()
+            .map(|b| b.who.as_str())
+            .collect::<Vec<_>>(),
+        ["all"],
+        "one bucket for the group"
+    );
+}

@@ -435,3 +435,71 @@ fn members_share_a_saturated_uplink_by_their_weights() {
     let cap = bed.namespace_status(&alpha, &a).unwrap().caps;
     assert_eq!(cap.first().and_then(|c| c.weight), Some(3), "{cap:?}");
 }
+
+/// Issue 32, item 1 (caps per LAN host): a router-mode member caps one host of its LAN,
+/// by address, at 20 Mbit/s out of the LAN and 10 Mbit/s into it; the LAN's other host is
+/// not held. (The router's config lists the cap; alpha, an interface member, has none.)
+#[test]
+fn a_router_caps_one_lan_host_both_ways_and_leaves_the_other() {
+    require_root();
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut bed = Testbed::new("qosl", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "the qos test namespace secret\n").unwrap();
+    let lan = bed.add_lan("lan").unwrap();
+    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
+    let mtu = hyphae_agent::config::DEFAULT_MTU;
+    let capped = bed.add_lan_host(&lan, "l1", "10.206.0.31/24", mtu).unwrap();
+    let free = bed.add_lan_host(&lan, "l2", "10.206.0.32/24", mtu).unwrap();
+    let lines = "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n\
+                 resolvers = []\n[[namespace.cap]]\nhosts = [\"10.206.0.31\"]\n\
+                 egress = \"20M\"\ningress = \"10M\"\n";
+    let cfg = format!(
+        "{}{}",
+        agent_section(&r),
+        hyphae_testbed::lab_namespace(&secret, SUBNET, None, lines)
+    );
+    let ra = bed.start_agent(&r, &cfg).expect("router");
+    let (alpha, _) = start(&mut bed, 2, "alpha", Some(r.underlay), "");
+    let alpha_ip = Ipv4Addr::new(10, 206, 0, 12);
+    for h in [&capped, &free] {
+        bed.wait_for_ping(h, alpha_ip, std::time::Duration::from_secs(30))
+            .unwrap();
+        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join("iperf3-s.log"))
+            .unwrap();
+    }
+    bed.spawn(&alpha.ns, "iperf3", &["-s"], &alpha.dir.join("a.log"))
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let free_out = iperf(&bed, &free, alpha_ip, &[]);
+    let out = iperf(&bed, &capped, alpha_ip, &[]);
+    let into = iperf(&bed, &alpha, Ipv4Addr::new(10, 206, 0, 31), &[]);
+    println!(
+        "LAN host l2 (no cap) to alpha {free_out:.1} Mbit/s; l1 (capped) to alpha {out:.1} (20M); alpha to l1 {into:.1} (10M)"
+    );
+    assert!(
+        free_out > 60.0,
+        "the other LAN host is not held: {free_out:.1}"
+    );
+    assert!(
+        (16.0..=21.0).contains(&out),
+        "l1 out of the LAN: {out:.1} Mbit/s under a 20 Mbit/s cap"
+    );
+    assert!(
+        (6.0..=10.5).contains(&into),
+        "l1 from the overlay: {into:.1} Mbit/s under a 10 Mbit/s cap"
+    );
+    let status = bed.namespace_status(&r, &ra).unwrap();
+    let cap = &status.caps[0];
+    assert_eq!(cap.per, "host");
+    for d in [cap.egress.clone().unwrap(), cap.ingress.clone().unwrap()] {
+        assert_eq!(
+            d.buckets.iter().map(|b| b.who.as_str()).collect::<Vec<_>>(),
+            ["10.206.0.31"],
+            "one bucket, the capped host's: {cap:?}"
+        );
+    }
+}
