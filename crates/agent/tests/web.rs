@@ -241,10 +241,11 @@ fn metrics_cover_every_status_number_and_pass_promtool() {
         .flat_map(|series| series.keys().flatten())
         .map(|l| l.split('=').next().unwrap())
         .collect();
-    // `worker` is bounded by `[agent] workers` (at most 64), `le` by the histogram's buckets.
+    // `worker` is bounded by `[agent] workers` (at most 64), `le` by the histogram's buckets,
+    // `cap` by the namespace's caps (at most 64).
     assert_eq!(
         label_names,
-        BTreeSet::from(["le", "member", "namespace", "reason", "worker"]),
+        BTreeSet::from(["cap", "le", "member", "namespace", "reason", "worker"]),
         "only bounded labels"
     );
     // How long the workers waited for the data plane: a histogram with one series per

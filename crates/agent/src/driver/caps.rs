@@ -68,11 +68,18 @@ impl LaneCaps {
 
     /// Each cap and its buckets, for status (members named by their identities).
     pub(crate) fn status(&self, node: &Node) -> Vec<CapStatus> {
+        // Looked up once (each tunnel's entry takes its lock), not per bucket.
+        let ids: HashMap<PeerHandle, String> =
+            if self.egress.pacers().next().is_some() || self.ingress.pacers().next().is_some() {
+                node.peers().map(|p| (p.handle, p.id.to_string())).collect()
+            } else {
+                HashMap::new()
+            };
         let who = |w: Who| match w {
-            Who::Member(h) => node
-                .peers()
-                .find(|p| p.handle == h)
-                .map_or_else(|| "a member gone".into(), |p| p.id.to_string()),
+            Who::Member(h) => ids
+                .get(&h)
+                .cloned()
+                .unwrap_or_else(|| "a member gone".into()),
             Who::Host(a) => a.to_string(),
             Who::All => "all".into(),
         };
@@ -229,6 +236,14 @@ impl LaneCaps {
         let mut h = std::hash::DefaultHasher::new();
         std::hash::Hash::hash(&key, &mut h);
         (std::hash::Hasher::finish(&h), weight)
+    }
+
+    /// The tunnel `peer` is gone (its handle may go to another): its buckets and what
+    /// waits for it go too.
+    pub(crate) fn forget_queued(&mut self, peer: PeerHandle) {
+        let gone = |k: &CapKey| k.who == Who::Member(peer);
+        self.egress.forget(gone, |(h, _)| *h != peer);
+        self.ingress.forget(gone, |_| true);
     }
 
     /// The member of tunnel `peer` announced again (its certificate may have changed), or

@@ -152,7 +152,12 @@ impl DataPlane {
                     .send_now(now, &key, ip_len, || super::caps::pacer(rate, burst))
                 {
                     // Held (a copy: the batch's frame area is reused), or dropped.
-                    let _ = caps.ingress.push(now, key, room[..len].to_vec(), ip_len);
+                    if let Paced::Now(frame) =
+                        caps.ingress.push(now, key, room[..len].to_vec(), ip_len)
+                    {
+                        out.frame_room(frame.len()).copy_from_slice(&frame);
+                        out.commit_frame(i, frame.len(), true);
+                    }
                     return;
                 }
             }
@@ -516,11 +521,21 @@ impl DataPlane {
                     if let Some(lane) = self.lanes.get_mut(ns.0) {
                         lane.switch.remove_peer(*peer);
                         lane.policy.forget(*peer);
+                        // Its handle is free for another tunnel: what waits for it in a
+                        // cap or the shares goes, or it would be sealed to the next.
+                        let gone = *peer;
                         if let Some(caps) = lane.caps.as_mut() {
-                            caps.forget(*peer);
+                            caps.forget(gone);
+                            caps.forget_queued(gone);
+                        }
+                        if let Some(p) = lane.egress.as_mut() {
+                            p.retain(|(h, _)| *h != gone);
                         }
                         // Its handle is free for another tunnel: forward nothing to it.
                         lane.grace.retain(|g| g.to != *peer);
+                    }
+                    if let Some(s) = self.shares.as_mut() {
+                        s.retain(|(h, _)| *h != *peer);
                     }
                 }
                 Event::PeerAddresses {

@@ -129,7 +129,9 @@ impl Bond {
             placed => {
                 let link = self.place()?;
                 if let Some(p) = placed {
-                    self.moved += 1;
+                    if p.link != link {
+                        self.moved += 1;
+                    }
                     self.links[p.link].stats.flows -= 1;
                 } else if self.flows.len() >= MAX_FLOWS {
                     if let Some((_, old)) = self.flows.remove_lru() {

@@ -24,6 +24,9 @@ mod tests;
 /// Most caps one namespace lists (each is a bit of a member's mask).
 pub const MAX_CAPS: usize = 64;
 
+/// How often a full [`Keyed`] may be swept for room.
+const FORCED_SWEEP: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Most keys (members, hosts) one [`Keyed`] paces at once; idle ones are forgotten first,
 /// and a new key past this many with none idle has its packets dropped (counted).
 pub const MAX_KEYS: usize = 4096;
@@ -292,6 +295,8 @@ pub struct Keyed<K, T> {
     /// What forgotten pacers had counted, by class; and the packets of keys that found no
     /// room for a pacer, counted as dropped.
     forgotten: Vec<PacerStats>,
+    /// When a full table was last swept for a new key.
+    last_forced: Option<std::time::Instant>,
 }
 
 impl<K: Clone + Eq + Hash, T> Keyed<K, T> {
@@ -304,6 +309,7 @@ impl<K: Clone + Eq + Hash, T> Keyed<K, T> {
             max_keys,
             class_of,
             forgotten: vec![PacerStats::default(); classes],
+            last_forced: None,
         }
     }
 
@@ -317,7 +323,14 @@ impl<K: Clone + Eq + Hash, T> Keyed<K, T> {
         make: impl FnOnce() -> Pacer<T>,
     ) -> bool {
         if !self.pacers.contains_key(key) {
-            if self.pacers.len() >= self.max_keys {
+            // A full table is swept at most every [`FORCED_SWEEP`]: a stream of new keys
+            // with none idle costs a lookup each, not a walk of the table each.
+            if self.pacers.len() >= self.max_keys
+                && self
+                    .last_forced
+                    .is_none_or(|t| now.saturating_duration_since(t) >= FORCED_SWEEP)
+            {
+                self.last_forced = Some(now);
                 self.sweep(now);
             }
             if self.pacers.len() >= self.max_keys {
@@ -374,6 +387,27 @@ impl<K: Clone + Eq + Hash, T> Keyed<K, T> {
             .iter()
             .filter_map(|k| self.pacers.get(k)?.poll_timeout())
             .min()
+    }
+
+    /// Forgets the pacers of the keys `gone` names, queue and all (their counts stay in
+    /// the totals, the queued items as dropped), and drops the queued items of other keys
+    /// that `keep` refuses: what was queued for something that no longer exists.
+    pub fn forget(&mut self, mut gone: impl FnMut(&K) -> bool, mut keep: impl FnMut(&T) -> bool) {
+        let (forgotten, class_of) = (&mut self.forgotten, self.class_of);
+        self.pacers.retain(|k, p| {
+            if gone(k) {
+                p.retain(|_| false);
+                if let Some(f) = forgotten.get_mut(class_of(k)) {
+                    add(f, p.stats());
+                }
+                return false;
+            }
+            p.retain(&mut keep);
+            true
+        });
+        let pacers = &self.pacers;
+        self.waiting
+            .retain(|k| pacers.get(k).is_some_and(|p| p.queued().0 > 0));
     }
 
     /// Forgets the pacers that are idle at `now` (nothing queued, bucket full).

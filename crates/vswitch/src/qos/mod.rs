@@ -300,6 +300,20 @@ impl<T> Pacer<T> {
         self.bucket.ready_at(len)
     }
 
+    /// Drops the queued items `keep` refuses (counted as dropped), in order otherwise.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        let (stats, queued_bytes) = (&mut self.stats, &mut self.queued_bytes);
+        self.queue.retain(|(item, len)| {
+            let k = keep(item);
+            if !k {
+                stats.dropped += 1;
+                stats.dropped_bytes += *len as u64;
+                *queued_bytes -= *len as u64;
+            }
+            k
+        });
+    }
+
     /// Nothing waits and the bucket is full at `now`: the pacer may be forgotten.
     pub fn is_idle(&self, now: Instant) -> bool {
         self.queue.is_empty() && self.bucket.is_full(now)

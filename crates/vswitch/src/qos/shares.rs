@@ -20,6 +20,9 @@ const QUANTUM: u64 = 1500;
 /// Flow queues per class: flows are hashed onto them.
 const FLOWS: usize = 256;
 
+/// Emptied members' parts a class keeps for reuse.
+const SPARE_MEMBERS: usize = 16;
+
 /// The smallest queue a class gets, bytes.
 const MIN_LIMIT: u64 = 16 * 1024;
 
@@ -92,6 +95,9 @@ struct Class<T> {
     members: HashMap<u64, Member<T>>,
     /// Members with packets waiting, in round-robin order.
     active: VecDeque<u64>,
+    /// Emptied members' parts kept for reuse, so a backlog that comes and goes does not
+    /// allocate a part's flows each time (at most [`SPARE_MEMBERS`]).
+    spare: Vec<Member<T>>,
     queued_bytes: u64,
     queued: usize,
     deficit: u64,
@@ -106,12 +112,34 @@ impl<T> Class<T> {
             weight: 1,
             members: HashMap::new(),
             active: VecDeque::new(),
+            spare: Vec::new(),
             queued_bytes: 0,
             queued: 0,
             deficit: 0,
             sent_bytes: 0,
             dropped: 0,
         }
+    }
+
+    /// Member `key`'s part, made (or taken from the spares) if it has none.
+    fn member(&mut self, key: u64, weight: u64) -> &mut Member<T> {
+        let spare = &mut self.spare;
+        let m = self
+            .members
+            .entry(key)
+            .or_insert_with(|| spare.pop().unwrap_or_else(|| Member::new(weight)));
+        m.weight = weight.max(1);
+        m
+    }
+
+    /// Member `key` has nothing waiting: its part leaves the round and is kept for reuse.
+    fn retire(&mut self, key: u64) {
+        if let Some(m) = self.members.remove(&key) {
+            if self.spare.len() < SPARE_MEMBERS {
+                self.spare.push(m);
+            }
+        }
+        self.active.retain(|&k| k != key);
     }
 
     /// Makes room by dropping the tail of the fattest flow of the member furthest over its
@@ -149,8 +177,7 @@ impl<T> Class<T> {
         self.queued -= 1;
         self.dropped += 1;
         if m.queued == 0 {
-            self.members.remove(&target);
-            self.active.retain(|&k| k != target);
+            self.retire(target);
         }
         true
     }
@@ -269,14 +296,18 @@ impl<T> Shares<T> {
         let c = &mut self.classes[class];
         let limit = (self.limit * c.weight / self.weights.max(1)).max(MIN_LIMIT);
         let fi = (flow % FLOWS as u64) as usize;
+        if len as u64 > limit {
+            // Larger than the whole queue: it would empty the class and still not fit.
+            c.dropped += 1;
+            return Paced::Dropped(item);
+        }
         while c.queued_bytes + len as u64 > limit {
             if !c.drop_for(key, fi, weight) {
                 c.dropped += 1;
                 return Paced::Dropped(item);
             }
         }
-        let m = c.members.entry(key).or_insert_with(|| Member::new(weight));
-        m.weight = weight.max(1);
+        let m = c.member(key, weight);
         let f = &mut m.flows[fi];
         f.queue.push_back((item, len));
         f.bytes += len as u64;
@@ -294,9 +325,9 @@ impl<T> Shares<T> {
         c.queued += 1;
         if c.queued == 1 {
             c.deficit = 0;
-            self.active.push_back(class);
-        } else if !self.active.contains(&class) {
-            // Its last member was emptied by drops only: take turns again.
+        }
+        // (A class emptied by drops alone may still be in the round: never twice.)
+        if !self.active.contains(&class) {
             self.active.push_back(class);
         }
         Paced::Queued
@@ -320,8 +351,7 @@ impl<T> Shares<T> {
                 continue;
             };
             let Some(&fi) = m.active.front() else {
-                c.members.remove(&mk);
-                c.active.pop_front();
+                c.retire(mk);
                 continue;
             };
             let &(_, len) = m.flows[fi].queue.front()?;
@@ -360,8 +390,7 @@ impl<T> Shares<T> {
             m.queued_bytes -= len64;
             m.queued -= 1;
             if m.queued == 0 {
-                c.members.remove(&mk);
-                c.active.pop_front();
+                c.retire(mk);
             }
             c.deficit -= len64;
             c.queued_bytes -= len64;
@@ -375,12 +404,57 @@ impl<T> Shares<T> {
         }
     }
 
+    /// Drops the queued items `keep` refuses (counted as their class's drops): what was
+    /// queued for something that no longer exists.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        for c in &mut self.classes {
+            let mut emptied = Vec::new();
+            for (&key, m) in c.members.iter_mut() {
+                for (fi, f) in m.flows.iter_mut().enumerate() {
+                    let before = f.queue.len();
+                    let mut bytes = 0;
+                    f.queue.retain(|(item, len)| {
+                        let k = keep(item);
+                        if !k {
+                            bytes += *len as u64;
+                        }
+                        k
+                    });
+                    let gone = before - f.queue.len();
+                    if gone == 0 {
+                        continue;
+                    }
+                    f.bytes -= bytes;
+                    m.queued_bytes -= bytes;
+                    m.queued -= gone;
+                    c.queued_bytes -= bytes;
+                    c.queued -= gone;
+                    c.dropped += gone as u64;
+                    if f.queue.is_empty() {
+                        f.deficit = 0;
+                        m.active.retain(|&i| i != fi);
+                    }
+                }
+                if m.queued == 0 {
+                    emptied.push(key);
+                }
+            }
+            for key in emptied {
+                c.retire(key);
+            }
+        }
+    }
+
     /// When the next queued item may go, if any waits.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let c = &self.classes[*self.active.front()?];
-        let m = c.members.get(c.active.front()?)?;
-        let fi = *m.active.front()?;
-        let &(_, len) = m.flows[fi].queue.front()?;
+        // The first class in the round with a packet waiting (one emptied by drops may
+        // still be in it).
+        let len = self.active.iter().find_map(|&ci| {
+            let c = &self.classes[ci];
+            let m = c.active.iter().find_map(|k| c.members.get(k))?;
+            let fi = *m.active.front()?;
+            m.flows[fi].queue.front().map(|&(_, len)| len)
+        })?;
         self.bucket.ready_at(len)
     }
 }

@@ -401,3 +401,68 @@ fn a_full_class_drops_from_the_member_furthest_over_its_weight() {
         "member 2 (weight 4) sent {twos} of the first 10: {order:?}"
     );
 }
+
+#[test]
+fn retain_drops_what_waits_for_a_tunnel_gone_and_keeps_the_order_of_the_rest() {
+    let t0 = Instant::now();
+    let mut p: Pacer<(u8, u32)> = Pacer::new(8_000_000, 0, 20 * MS);
+    let mut n = 0;
+    while let Paced::Now(_) = p.push(t0, (1, n), 1000) {
+        n += 1;
+    }
+    for k in 0..6u32 {
+        assert_eq!(p.push(t0, ((k % 2) as u8, k), 1000), Paced::Queued);
+    }
+    p.retain(|(t, _)| *t != 1);
+    assert_eq!(p.queued(), (3, 3000));
+    let got: Vec<u32> = (1..=20)
+        .filter_map(|m| p.poll(t0 + MS * m))
+        .map(|(_, k)| k)
+        .collect();
+    assert_eq!(got, vec![0, 2, 4]);
+
+    let mut s: Shares<(u8, u32)> = Shares::new(8_000_000, 0, 20 * MS);
+    let mut n = 0;
+    while let Paced::Now(_) = s.push_member(t0, 0, (1, 1), 5, (1, n), 1000) {
+        n += 1;
+    }
+    for k in 0..6u32 {
+        let tunnel = (k % 2) as u8;
+        let item = (tunnel, k);
+        assert_eq!(
+            s.push_member(t0, 0, (u64::from(tunnel), 1), u64::from(k), item, 1000),
+            Paced::Queued
+        );
+    }
+    s.retain(|(t, _)| *t != 1);
+    assert_eq!(s.stats(0).unwrap().queued, 3);
+    let mut got = Vec::new();
+    let mut now = t0;
+    while let Some(at) = s.poll_timeout() {
+        now = at.max(now);
+        got.extend(std::iter::from_fn(|| s.poll(now)).map(|(_, (_, k))| k));
+    }
+    got.sort_unstable();
+    assert_eq!(got, vec![0, 2, 4]);
+}
+
+#[test]
+fn a_packet_larger_than_its_class_queue_is_dropped_without_emptying_it() {
+    let t0 = Instant::now();
+    // 8 Mbit/s: queues of 20 ms are 20,000 bytes, at least 16 KiB.
+    let mut s: Shares<u32> = Shares::new(8_000_000, 0, 20 * MS);
+    let mut n = 0;
+    while let Paced::Now(_) = s.push(t0, 0, 1, n, 1000) {
+        n += 1;
+    }
+    for k in 0..10 {
+        assert_eq!(s.push_member(t0, 0, (2, 1), 2, k, 1000), Paced::Queued);
+    }
+    assert_eq!(
+        s.push_member(t0, 0, (3, 1), 3, 99, 30_000),
+        Paced::Dropped(99)
+    );
+    // (The burst's last push was queued: 11 wait.)
+    assert_eq!(s.stats(0).unwrap().queued, 11, "the others' packets stay");
+    assert!(s.poll_timeout().is_some());
+}

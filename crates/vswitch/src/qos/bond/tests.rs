@@ -110,3 +110,20 @@ fn idle_flows_are_forgotten_and_placed_afresh() {
     let flows: usize = b.links().map(|l| l.flows).sum();
     assert_eq!(flows, 1, "the four idle flows were forgotten");
 }
+
+#[test]
+fn with_every_link_dead_a_flow_on_the_last_one_heard_is_not_counted_as_moved() {
+    let t0 = Instant::now();
+    let mut b = Bond::new(t0, &[100, 100]);
+    hear_all(&mut b, t0);
+    b.heard(1, t0 + MS);
+    assert_eq!(b.pick(t0 + MS, 5, 100), Some(0));
+    // Both go silent; link 1 was heard last. The flow moves there once, and stays.
+    let later = t0 + Duration::from_secs(2);
+    for _ in 0..5 {
+        assert_eq!(b.pick(later, 5, 100), Some(1));
+    }
+    assert_eq!(b.moved, 1);
+    let flows: Vec<usize> = b.links().map(|l| l.flows).collect();
+    assert_eq!(flows, vec![0, 1]);
+}

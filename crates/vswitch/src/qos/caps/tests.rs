@@ -241,3 +241,42 @@ fn idle_keys_are_forgotten_and_a_full_table_refuses_new_ones() {
     assert_eq!(k.pacers().count(), 1);
     assert_eq!(k.totals(0).sent_bytes, 65_536 + 2 * 1000);
 }
+
+#[test]
+fn forgetting_a_key_drops_its_queue_and_what_others_held_for_it() {
+    let t0 = Instant::now();
+    let mut k: Keyed<u8, (u8, u32)> = Keyed::new(MAX_KEYS, 1, |_| 0);
+    let make = || Pacer::new(8_000_000, 65_536, MAX_DELAY);
+    for key in [1u8, 2] {
+        while k.send_now(t0, &key, 1000, make) {}
+    }
+    // Key 1 holds two items for tunnel 7; key 2 holds one for 7 and one for 8.
+    for item in [(7, 0), (7, 1)] {
+        assert_eq!(k.push(t0, 1, item, 1000), Paced::Queued);
+    }
+    for item in [(7, 2), (8, 3)] {
+        assert_eq!(k.push(t0, 2, item, 1000), Paced::Queued);
+    }
+    let dropped_before = k.totals(0).dropped;
+    // Tunnel 7 is gone: key 1 (its own) goes, and key 2 keeps only what is for 8.
+    k.forget(|key| *key == 1, |item| item.0 != 7);
+    assert_eq!(k.pacers().count(), 1);
+    assert_eq!(k.totals(0).dropped, dropped_before + 3);
+    let later = t0 + Duration::from_secs(1);
+    assert_eq!(k.poll(later), Some((8, 3)));
+    assert_eq!(k.poll(later), None);
+    assert_eq!(k.poll_timeout(), None);
+}
+
+#[test]
+fn a_full_table_is_swept_at_most_every_hundred_milliseconds() {
+    let t0 = Instant::now();
+    let mut k: Keyed<u32, ()> = Keyed::new(1, 1, |_| 0);
+    let make = || Pacer::new(8_000_000, 65_536, MAX_DELAY);
+    assert!(k.send_now(t0, &1, 65_536, make));
+    // Key 1's bucket is empty: no room for key 2, and a sweep ran.
+    assert!(!k.send_now(t0, &2, 1000, make));
+    // By 70 ms key 1 is full again, but the last forced sweep was under 100 ms ago.
+    assert!(!k.send_now(t0 + 70 * MS, &2, 1000, make));
+    assert!(k.send_now(t0 + 100 * MS, &2, 1000, make));
+}
