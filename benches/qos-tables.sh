@@ -141,6 +141,31 @@ steal() {
         'BEGIN { printf "CPU stolen by the host during this table: %.1f%%\n", t ? 100 * s / t : 0 }'
 }
 
+# caps_rows SEND HEADER: Table 3's rows, each cap of `caps` in its three states; `SEND K
+# OFFERED SECONDS OUT` sends to the K-th capped target.
+caps_rows() {
+    local send=$1 cap state offered expected got
+    echo "| $2 | state | offered | expected | reached | reached / expected | over the cap |"
+    echo "|---|---|---|---|---|---|---|"
+    for k in 1 2 3; do
+        cap=${caps[k - 1]}
+        for state in non-saturated saturated over-saturated; do
+            case $state in
+                non-saturated) offered=$((cap / 2)) ;;
+                saturated) offered=$cap ;;
+                over-saturated) offered=$((cap * 2)) ;;
+            esac
+            expected=$((offered < cap ? offered : cap))
+            "$send" "$k" "$offered" "$secs" "$dir/cap.json"
+            got=$(received "$dir/cap.json")
+            awk -v c="$cap" -v s="$state" -v o="$offered" -v e="$expected" -v g="$got" 'BEGIN {
+                over = g > c ? sprintf("%.2f%%", 100 * (g - c) / c) : "none"
+                printf "| %d | %s | %d | %d | %.1f | %.2f%% | %s |\n", c, s, o, e, g, 100 * g / e, over }'
+            sleep 1
+        done
+    done
+}
+
 echo "Underlay of S limited with tbf; ${secs} s per run; UDP, ${len}-byte payloads."
 echo
 if [[ $tables == *caps* ]]; then
@@ -150,25 +175,7 @@ agent s 10.200.0.1 11 "" "rate = \"${caps[0]}M\"" "rate = \"${caps[1]}M\"" "rate
 agent r 10.200.0.2 12 "" 'bootstrap = ["10.200.0.1:7400"]' 'bootstrap = ["10.200.0.1:7400"]' 'bootstrap = ["10.200.0.1:7400"]'
 wait_mesh
 mark
-echo "| cap (Mbit/s) | state | offered | expected | reached | reached / expected | over the cap |"
-echo "|---|---|---|---|---|---|---|"
-for k in 1 2 3; do
-    cap=${caps[k - 1]}
-    for state in non-saturated saturated over-saturated; do
-        case $state in
-            non-saturated) offered=$((cap / 2)) ;;
-            saturated) offered=$cap ;;
-            over-saturated) offered=$((cap * 2)) ;;
-        esac
-        expected=$((offered < cap ? offered : cap))
-        udp "$k" "$offered" "$secs" "$dir/cap.json"
-        got=$(received "$dir/cap.json")
-        awk -v c="$cap" -v s="$state" -v o="$offered" -v e="$expected" -v g="$got" 'BEGIN {
-            over = g > c ? sprintf("%.2f%%", 100 * (g - c) / c) : "none"
-            printf "| %d | %s | %d | %d | %.1f | %.2f%% | %s |\n", c, s, o, e, g, 100 * g / e, over }'
-        sleep 1
-    done
-done
+caps_rows udp "cap (Mbit/s)"
 stop_agents
 echo
 steal
@@ -225,25 +232,8 @@ done
 member s 10.200.0.1 11 "" "$capped"
 receivers
 mark
-echo "| member's cap (Mbit/s) | state | offered | expected | reached | reached / expected | over the cap |"
-echo "|---|---|---|---|---|---|---|"
-for k in 1 2 3; do
-    cap=${caps[k - 1]}
-    for state in non-saturated saturated over-saturated; do
-        case $state in
-            non-saturated) offered=$((cap / 2)) ;;
-            saturated) offered=$cap ;;
-            over-saturated) offered=$((cap * 2)) ;;
-        esac
-        expected=$((offered < cap ? offered : cap))
-        mudp $((11 + k)) "$offered" "$secs" "$dir/mcap.json"
-        got=$(received "$dir/mcap.json")
-        awk -v c="$cap" -v s="$state" -v o="$offered" -v e="$expected" -v g="$got" 'BEGIN {
-            over = g > c ? sprintf("%.2f%%", 100 * (g - c) / c) : "none"
-            printf "| %d | %s | %d | %d | %.1f | %.2f%% | %s |\n", c, s, o, e, g, 100 * g / e, over }'
-        sleep 1
-    done
-done
+member_udp() { mudp $((11 + $1)) "${@:2}"; }
+caps_rows member_udp "member's cap (Mbit/s)"
 stop_agents
 echo
 steal

@@ -900,8 +900,7 @@ fn pinned_addresses_and_names_hold_against_members_gone_bad() {
 /// `a_rejecting_policy_refuses_connections_at_once`.)
 #[test]
 fn a_policy_by_group_holds_at_both_ends_from_the_certificates() {
-    use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
-    use hyphae_overlay::PeerId;
+    use hyphae_overlay::cert::{armor, AuthorityKey};
 
     require_root();
     let mut bed = Testbed::new("crg", Path::new(BIN)).expect("testbed");
@@ -915,33 +914,13 @@ fn a_policy_by_group_holds_at_both_ends_from_the_certificates() {
     let signed = ca.sign_policy("lab", 1, now, text).unwrap();
     std::fs::write(&policy, armor("POLICY", &signed)).unwrap();
     let member = |bed: &mut Testbed, i: u8, name: &str, group: &str, with_policy: bool| {
-        let (h, id) = host(bed, name, i);
-        let bytes = ca
-            .sign(&CertificateRequest {
-                namespace: "lab".into(),
-                identity: PeerId::from_text(&id).unwrap(),
-                name: name.into(),
-                groups: vec![group.into()],
-                addresses: vec![],
-                not_before: now - 60,
-                not_after: now + 86_400,
-            })
-            .unwrap();
-        let cert = h.dir.join("lab.crt");
-        std::fs::write(&cert, armor("CERTIFICATE", &bytes)).unwrap();
-        let mut extra = format!(
-            "authority = \"{}\"\ncertificate = \"{}\"\n",
-            ca.authority(),
-            cert.display()
-        );
-        if with_policy {
-            extra += &format!("policy = \"{}\"\n", policy.display());
-        }
+        let extra = if with_policy {
+            format!("policy = \"{}\"\n", policy.display())
+        } else {
+            String::new()
+        };
         let address = format!("10.203.0.{}", 40 + i);
-        let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
-        let agent = start(bed, &h, &address, name, boot, &extra);
-        bed.claimed_address(&h, &agent).unwrap();
-        (h, agent)
+        certified_member(bed, &ca, i, &address, (name, group), &extra)
     };
     let (db, d) = member(&mut bed, 1, "db", "db", true);
     let (web, _) = member(&mut bed, 2, "web", "web", false);
@@ -1218,39 +1197,15 @@ fn iperf_rate(bed: &Testbed, from: &Host, to: &str) -> f64 {
 /// alone gets the cap, two at once share it, and a `web` member is not held.
 #[test]
 fn a_cap_by_group_holds_the_whole_group_to_one_rate() {
-    use hyphae_overlay::cert::{armor, AuthorityKey, CertificateRequest};
-    use hyphae_overlay::PeerId;
+    use hyphae_overlay::cert::AuthorityKey;
 
     require_root();
     let mut bed = Testbed::new("crq", Path::new(BIN)).expect("testbed");
     hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
     let ca = AuthorityKey::from_seed([0x32; 32]);
-    let now = unix_now();
     let member = |bed: &mut Testbed, i: u8, name: &str, group: &str, extra: &str| {
-        let (h, id) = host(bed, name, i);
-        let bytes = ca
-            .sign(&CertificateRequest {
-                namespace: "lab".into(),
-                identity: PeerId::from_text(&id).unwrap(),
-                name: name.into(),
-                groups: vec![group.into()],
-                addresses: vec![],
-                not_before: now - 60,
-                not_after: now + 86_400,
-            })
-            .unwrap();
-        let cert = h.dir.join("lab.crt");
-        std::fs::write(&cert, armor("CERTIFICATE", &bytes)).unwrap();
-        let extra = format!(
-            "authority = \"{}\"\ncertificate = \"{}\"\n{extra}",
-            ca.authority(),
-            cert.display()
-        );
         let address = format!("10.203.0.{}", 60 + i);
-        let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
-        let agent = start(bed, &h, &address, name, boot, &extra);
-        bed.claimed_address(&h, &agent).unwrap();
-        (h, agent)
+        certified_member(bed, &ca, i, &address, (name, group), extra)
     };
     let cap = "[[namespace.cap]]\nmembers = [\"group:guest\"]\negress = \"30M\"\nper = \"all\"\n";
     let (srv, s) = member(&mut bed, 1, "srv", "ops", cap);
@@ -1298,4 +1253,42 @@ fn a_cap_by_group_holds_the_whole_group_to_one_rate() {
         ["all"],
         "one bucket for the group"
     );
+}
+
+/// Host `i` named `name` with a certificate of `ca` for `name` in group `group`, its agent
+/// started in "lab" at `address` (bootstrapping from host 1 unless it is host 1) with
+/// `extra` namespace keys, holding its address.
+fn certified_member(
+    bed: &mut Testbed,
+    ca: &hyphae_overlay::cert::AuthorityKey,
+    i: u8,
+    address: &str,
+    (name, group): (&str, &str),
+    extra: &str,
+) -> (Host, AgentHandle) {
+    use hyphae_overlay::cert::{armor, CertificateRequest};
+    let now = unix_now();
+    let (h, id) = host(bed, name, i);
+    let bytes = ca
+        .sign(&CertificateRequest {
+            namespace: "lab".into(),
+            identity: hyphae_overlay::PeerId::from_text(&id).unwrap(),
+            name: name.into(),
+            groups: vec![group.into()],
+            addresses: vec![],
+            not_before: now - 60,
+            not_after: now + 86_400,
+        })
+        .unwrap();
+    let cert = h.dir.join("lab.crt");
+    std::fs::write(&cert, armor("CERTIFICATE", &bytes)).unwrap();
+    let extra = format!(
+        "authority = \"{}\"\ncertificate = \"{}\"\n{extra}",
+        ca.authority(),
+        cert.display()
+    );
+    let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
+    let agent = start(bed, &h, address, name, boot, &extra);
+    bed.claimed_address(&h, &agent).unwrap();
+    (h, agent)
 }

@@ -17,6 +17,43 @@ const SUBNET: &str = "10.206.0.0/24";
 /// The tests measure rates: they run one at a time, not beside each other.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The tests' turn (see [`ONE_AT_A_TIME`]) and a testbed `label` with the lab secret.
+fn lab_bed(label: &str) -> (std::sync::MutexGuard<'static, ()>, Testbed) {
+    require_root();
+    let one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let bed = Testbed::new(label, Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(
+        &bed.dir().join("lab.secret"),
+        "the qos test namespace secret\n",
+    )
+    .unwrap();
+    (one, bed)
+}
+
+/// alpha (`agent` lines in its `[agent]` section, `extra` in its namespace), beta and
+/// gamma at .11, .12 and .13, alpha reaching both, an iperf3 server on each.
+fn trio(bed: &mut Testbed, agent: &str, extra: &str) -> [(Host, AgentHandle); 3] {
+    let alpha = start_with(bed, 1, "alpha", None, agent, extra);
+    let beta = start(bed, 2, "beta", Some(alpha.0.underlay), "");
+    let gamma = start(bed, 3, "gamma", Some(alpha.0.underlay), "");
+    for i in [12, 13] {
+        bed.wait_for_ping(
+            &alpha.0,
+            Ipv4Addr::new(10, 206, 0, i),
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap();
+    }
+    for (h, _) in [&alpha, &beta, &gamma] {
+        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join("iperf3-s.log"))
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    [alpha, beta, gamma]
+}
+
 fn start(
     bed: &mut Testbed,
     i: u8,
@@ -80,16 +117,7 @@ fn iperf(bed: &Testbed, from: &Host, to: Ipv4Addr, args: &[&str]) -> f64 {
 
 #[test]
 fn an_egress_cap_holds_tcp_and_udp_to_its_rate() {
-    require_root();
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut bed = Testbed::new("qos", Path::new(BIN)).expect("testbed");
-    hyphae_testbed::write_secret(
-        &bed.dir().join("lab.secret"),
-        "the qos test namespace secret\n",
-    )
-    .unwrap();
+    let (_one, mut bed) = lab_bed("qos");
     let (alpha, a) = start(&mut bed, 1, "alpha", None, "rate = \"50M\"\n");
     let (beta, _) = start(&mut bed, 2, "beta", Some(alpha.underlay), "");
     let (alpha_ip, beta_ip) = (Ipv4Addr::new(10, 206, 0, 11), Ipv4Addr::new(10, 206, 0, 12));
@@ -300,31 +328,11 @@ fn namespaces_share_a_saturated_uplink_by_weight() {
 /// (alpha to gamma carries several times more), and alpha's status shows beta's buckets.
 #[test]
 fn caps_per_member_hold_one_member_both_ways_and_leave_the_others() {
-    require_root();
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut bed = Testbed::new("qosm", Path::new(BIN)).expect("testbed");
-    hyphae_testbed::write_secret(
-        &bed.dir().join("lab.secret"),
-        "the qos test namespace secret\n",
-    )
-    .unwrap();
+    let (_one, mut bed) = lab_bed("qosm");
     let caps =
         "[[namespace.cap]]\nmembers = [\"10.206.0.12\"]\negress = \"30M\"\ningress = \"20M\"\n";
-    let (alpha, a) = start(&mut bed, 1, "alpha", None, caps);
-    let (beta, _) = start(&mut bed, 2, "beta", Some(alpha.underlay), "");
-    let (gamma, _) = start(&mut bed, 3, "gamma", Some(alpha.underlay), "");
+    let [(alpha, a), (beta, _), _] = trio(&mut bed, "", caps);
     let ip = |i: u8| Ipv4Addr::new(10, 206, 0, 10 + i);
-    for to in [ip(2), ip(3)] {
-        bed.wait_for_ping(&alpha, to, std::time::Duration::from_secs(30))
-            .unwrap();
-    }
-    for (h, log) in [(&alpha, "a.log"), (&beta, "b.log"), (&gamma, "g.log")] {
-        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join(log))
-            .unwrap();
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
 
     let to_gamma = iperf(&bed, &alpha, ip(3), &[]);
     let to_beta = iperf(&bed, &alpha, ip(2), &[]);
@@ -376,37 +384,10 @@ fn caps_per_member_hold_one_member_both_ways_and_leave_the_others() {
 /// times what gamma (weight 1 by default) gets.
 #[test]
 fn members_share_a_saturated_uplink_by_their_weights() {
-    require_root();
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut bed = Testbed::new("qosmw", Path::new(BIN)).expect("testbed");
-    hyphae_testbed::write_secret(
-        &bed.dir().join("lab.secret"),
-        "the qos test namespace secret\n",
-    )
-    .unwrap();
+    let (_one, mut bed) = lab_bed("qosmw");
     let weigh = "[[namespace.cap]]\nmembers = [\"10.206.0.12\"]\nweight = 3\n";
-    let (alpha, a) = start_with(
-        &mut bed,
-        1,
-        "alpha",
-        None,
-        "uplink_rate = \"200M\"\n",
-        weigh,
-    );
-    let (beta, _) = start(&mut bed, 2, "beta", Some(alpha.underlay), "");
-    let (gamma, _) = start(&mut bed, 3, "gamma", Some(alpha.underlay), "");
+    let [(alpha, a), _, _] = trio(&mut bed, "uplink_rate = \"200M\"\n", weigh);
     let ip = |i: u8| Ipv4Addr::new(10, 206, 0, 10 + i);
-    for to in [ip(2), ip(3)] {
-        bed.wait_for_ping(&alpha, to, std::time::Duration::from_secs(30))
-            .unwrap();
-    }
-    for (h, log) in [(&beta, "b.log"), (&gamma, "g.log")] {
-        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join(log))
-            .unwrap();
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
     let rates: Vec<f64> = std::thread::scope(|scope| {
         let handles: Vec<_> = [ip(2), ip(3)]
             .into_iter()
@@ -441,13 +422,8 @@ fn members_share_a_saturated_uplink_by_their_weights() {
 /// not held. (The router's config lists the cap; alpha, an interface member, has none.)
 #[test]
 fn a_router_caps_one_lan_host_both_ways_and_leaves_the_other() {
-    require_root();
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut bed = Testbed::new("qosl", Path::new(BIN)).expect("testbed");
+    let (_one, mut bed) = lab_bed("qosl");
     let secret = bed.dir().join("lab.secret");
-    hyphae_testbed::write_secret(&secret, "the qos test namespace secret\n").unwrap();
     let lan = bed.add_lan("lan").unwrap();
     let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
