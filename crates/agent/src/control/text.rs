@@ -224,6 +224,7 @@ pub fn render(status: &Status) -> String {
                 );
             }
         }
+        out += &rates(ns);
         out += &format!(
             "  switch: {} to members, {} to device, {} ARP replies\n",
             ns.to_peers, ns.to_device, ns.arp_replies
@@ -322,10 +323,107 @@ pub fn render(status: &Status) -> String {
     out
 }
 
+/// A namespace's egress cap, share of the uplink and caps per member (docs/QOS.md), a
+/// line each; nothing without them.
+fn rates(ns: &super::NamespaceStatus) -> String {
+    let mut out = String::new();
+    if let Some(e) = &ns.egress {
+        out += &format!(
+            "  egress cap {}: {} bytes sent, {} delayed, {} dropped, {} queued\n",
+            bits(e.rate),
+            e.sent_bytes,
+            e.delayed,
+            e.dropped,
+            e.queued
+        );
+    }
+    if let Some(s) = &ns.share {
+        out += &format!(
+            "  share: weight {} of a {} uplink: {} bytes sent, {} dropped, {} queued\n",
+            s.weight,
+            bits(s.uplink_rate),
+            s.sent_bytes,
+            s.dropped,
+            s.queued
+        );
+    }
+    for c in &ns.caps {
+        let mut parts = Vec::new();
+        for (dir, d) in [("egress", &c.egress), ("ingress", &c.ingress)] {
+            if let Some(d) = d {
+                parts.push(format!(
+                    "{dir} {}: {} bytes sent, {} delayed, {} dropped, {} bucket{}",
+                    bits(d.rate),
+                    d.sent_bytes,
+                    d.delayed,
+                    d.dropped,
+                    d.buckets.len(),
+                    if d.buckets.len() == 1 { "" } else { "s" }
+                ));
+            }
+        }
+        if let Some(w) = c.weight {
+            parts.push(format!("weight {w}"));
+        }
+        out += &format!(
+            "  cap {} ({}, per {}): {}\n",
+            c.cap,
+            c.picks,
+            c.per,
+            parts.join("; ")
+        );
+    }
+    out
+}
+
+/// Bits a second, as a config writes them: `50M`, `1.5G`, `800k`.
+fn bits(rate: u64) -> String {
+    let (value, unit) = match rate {
+        r if r >= 1_000_000_000 => (r as f64 / 1e9, "G"),
+        r if r >= 1_000_000 => (r as f64 / 1e6, "M"),
+        r if r >= 1_000 => (r as f64 / 1e3, "k"),
+        r => (r as f64, ""),
+    };
+    let text = format!("{value:.1}");
+    format!("{}{unit}", text.strip_suffix(".0").unwrap_or(&text))
+}
+
 fn nonzero(m: &BTreeMap<String, u64>) -> String {
     m.iter()
         .filter(|(_, v)| **v > 0)
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_and_shares_show_in_the_text_status() {
+        let doc = include_str!("../../../../docs/CONTROL.md");
+        let start = doc.find("```json\n{\n  \"version\"").unwrap() + "```json\n".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let mut status: Status = serde_json::from_str(&doc[start..end]).unwrap();
+        let text = render(&status);
+        assert!(
+            text.contains("  cap 1 (members 10.201.0.2, per member): egress 20M: 5120 bytes sent, 0 delayed, 0 dropped, 1 bucket\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("egress cap"),
+            "no namespace cap in the example: {text}"
+        );
+        status.namespaces[0].share = Some(super::super::ShareStatus {
+            weight: 3,
+            uplink_rate: 1_500_000_000,
+            ..Default::default()
+        });
+        assert!(render(&status).contains("  share: weight 3 of a 1.5G uplink: 0 bytes sent"));
+        assert_eq!(
+            (bits(800_000), bits(50_000_000), bits(8_000)),
+            ("800k".into(), "50M".into(), "8k".into())
+        );
+    }
 }
