@@ -219,27 +219,33 @@ fn share(rate: u64, weights: &[u64], offered: &[u64], len: usize, secs: u64) -> 
     got
 }
 
+/// What each class (or member) of `weights` `got` adds up to at least 99% of `rate_bytes`,
+/// and each got its weight's share of it within 2 points.
+fn assert_weighted(got: &[u64], weights: &[u64], rate_bytes: u64) {
+    let total: u64 = got.iter().sum();
+    assert!(
+        total >= rate_bytes * 99 / 100,
+        "{weights:?}: {total} of {rate_bytes}"
+    );
+    let sum: u64 = weights.iter().sum();
+    for (c, w) in weights.iter().enumerate() {
+        let expected = total * w / sum;
+        let off = got[c].abs_diff(expected) as f64 / total as f64;
+        assert!(
+            off < 0.02,
+            "{weights:?}: {c} got {} of {total}, share {expected}",
+            got[c]
+        );
+    }
+}
+
 #[test]
 fn a_saturated_uplink_is_shared_by_weight() {
     // 80 Mbit/s (10 MB/s) for 4 s; each of three classes offers 8 MB/s.
     let rate_bytes = 10_000_000u64 * 4;
     for weights in [[6u64, 3, 1], [1, 1, 1], [5, 3, 2]] {
         let got = share(80_000_000, &weights, &[8_000_000; 3], 1250, 4);
-        let total: u64 = got.iter().sum();
-        assert!(
-            total >= rate_bytes * 99 / 100,
-            "{weights:?}: {total} of {rate_bytes}"
-        );
-        let sum: u64 = weights.iter().sum();
-        for (c, w) in weights.iter().enumerate() {
-            let expected = total * w / sum;
-            let off = got[c].abs_diff(expected) as f64 / total as f64;
-            assert!(
-                off < 0.02,
-                "{weights:?}: class {c} got {} of {total}, share {expected}",
-                got[c]
-            );
-        }
+        assert_weighted(&got, &weights, rate_bytes);
     }
 }
 
@@ -344,18 +350,8 @@ fn members_of_a_namespace_share_its_turns_by_weight_not_by_flow_count() {
         vec![(6, 1), (3, 4), (1, 2)],
     ] {
         let got = member_share(80_000_000, &members, 8_000_000, 4);
-        let total: u64 = got.iter().sum();
-        assert!(total >= total_rate * 99 / 100, "{members:?}: {total}");
-        let sum: u64 = members.iter().map(|m| m.0).sum();
-        for (m, (w, _)) in members.iter().enumerate() {
-            let expected = total * w / sum;
-            let off = got[m].abs_diff(expected) as f64 / total as f64;
-            assert!(
-                off < 0.02,
-                "{members:?}: member {m} got {} of {total}, share {expected}",
-                got[m]
-            );
-        }
+        let weights: Vec<u64> = members.iter().map(|m| m.0).collect();
+        assert_weighted(&got, &weights, total_rate);
     }
 }
 
