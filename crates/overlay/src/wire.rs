@@ -75,10 +75,16 @@ const ANNOUNCE_MAGIC: &[u8; 4] = b"HYA1";
 const RELAY_REQUEST_MAGIC: &[u8; 4] = b"HYR1";
 const RELAY_OFFER_MAGIC: &[u8; 4] = b"HYO1";
 const PROBE_MAGIC: &[u8; 4] = b"HYP1";
+const UPLINKS_MAGIC: &[u8; 4] = b"HYU1";
 const FLAG_ACK: u8 = 1;
 /// Encoded length of an underlay endpoint: family (4 or 6), 16 address bytes, port.
 const ENDPOINT_LEN: usize = 19;
 const FLAG_HAVE_YOURS: u8 = 1;
+/// In an announcement: the sender reads [`Control::Uplinks`] (an agent that does not, never
+/// gets one).
+const FLAG_UPLINKS: u8 = 2;
+/// Most uplinks one member announces.
+pub const MAX_UPLINKS: usize = 8;
 /// Most addresses one announcement may carry.
 pub const MAX_ANNOUNCED: usize = 64;
 
@@ -354,6 +360,10 @@ pub enum Control {
         /// Set on the answer.
         ack: bool,
     },
+    /// The sender's underlay links (bonding, issue 32): where it listens on each and the
+    /// rate it takes there, bits a second. Sent only to members whose announcement set
+    /// [`Announce::uplinks`]; at most [`MAX_UPLINKS`]; none means "do not bond to me".
+    Uplinks(Vec<(SocketAddr, u64)>),
 }
 
 impl Control {
@@ -381,6 +391,15 @@ impl Control {
                 body.extend_from_slice(PROBE_MAGIC);
                 body.push(if *ack { FLAG_ACK } else { 0 });
                 body.extend_from_slice(&nonce.to_be_bytes());
+            }
+            Control::Uplinks(links) => {
+                let n = links.len().min(MAX_UPLINKS);
+                body.extend_from_slice(UPLINKS_MAGIC);
+                body.push(n as u8);
+                for (endpoint, rate) in &links[..n] {
+                    emit_endpoint(&mut body, *endpoint);
+                    body.extend_from_slice(&rate.to_be_bytes());
+                }
             }
         }
         control_packet(&body)
@@ -411,6 +430,21 @@ impl Control {
                     ack: b[0] & FLAG_ACK != 0,
                     nonce: u32::from_be_bytes([b[1], b[2], b[3], b[4]]),
                 })
+            }
+            m if m == UPLINKS_MAGIC => {
+                let n = usize::from(*rest.first()?);
+                let each = ENDPOINT_LEN + 8;
+                if n > MAX_UPLINKS || rest.len() != 1 + n * each {
+                    return None;
+                }
+                let links = rest[1..]
+                    .chunks_exact(each)
+                    .map(|c| {
+                        let rate = u64::from_be_bytes(c[ENDPOINT_LEN..].try_into().ok()?);
+                        Some((parse_endpoint(c)?, rate))
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Control::Uplinks(links))
             }
             _ => None,
         }
@@ -471,6 +505,8 @@ pub const MAX_SHARDS: u8 = 8;
 pub struct Announce {
     /// Set when the sender already has the receiver's announcement.
     pub have_yours: bool,
+    /// Set by an agent that reads [`Control::Uplinks`] (a flag bit older agents ignore).
+    pub uplinks: bool,
     /// The sender's addresses.
     pub addresses: Vec<Ipv4Addr>,
     /// Shards the sender accepts, 1 to [`MAX_SHARDS`] (a trailing byte: an agent that
@@ -487,7 +523,11 @@ impl Announce {
         let n = self.addresses.len().min(MAX_ANNOUNCED);
         let mut body = Vec::with_capacity(6 + 4 * n);
         body.extend_from_slice(ANNOUNCE_MAGIC);
-        body.push(if self.have_yours { FLAG_HAVE_YOURS } else { 0 });
+        let mut flags = if self.have_yours { FLAG_HAVE_YOURS } else { 0 };
+        if self.uplinks {
+            flags |= FLAG_UPLINKS;
+        }
+        body.push(flags);
         body.push(n as u8);
         for a in &self.addresses[..n] {
             body.extend_from_slice(&a.octets());
@@ -526,6 +566,7 @@ impl Announce {
         };
         Some(Self {
             have_yours: flags & FLAG_HAVE_YOURS != 0,
+            uplinks: flags & FLAG_UPLINKS != 0,
             addresses: list
                 .chunks_exact(4)
                 .map(|c| Ipv4Addr::new(c[0], c[1], c[2], c[3]))
@@ -565,6 +606,7 @@ mod tests {
     fn announce_round_trip_and_truncation() {
         let a = Announce {
             have_yours: true,
+            uplinks: true,
             addresses: vec![Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 7)],
             shards: 4,
             certificate: Vec::new(),
@@ -584,6 +626,13 @@ mod tests {
         for n in 0..p.len() - 1 {
             assert_eq!(Announce::parse(&p[..n]), None);
         }
+        // An older agent's flags: no uplinks.
+        let mut older = p.clone();
+        older[24] = FLAG_HAVE_YOURS;
+        assert_eq!(
+            Announce::parse(&older).map(|x| (x.have_yours, x.uplinks)),
+            Some((true, false))
+        );
 
         // With a certificate: round trip; any cut into it, or a byte more, is malformed.
         let c = Announce {
@@ -629,6 +678,11 @@ mod tests {
                 nonce: 7,
                 ack: false,
             },
+            Control::Uplinks(vec![
+                ("10.201.0.1:7400".parse().unwrap(), 200_000_000),
+                ("[fd00::2]:7400".parse().unwrap(), 100_000_000),
+            ]),
+            Control::Uplinks(Vec::new()),
         ];
         for m in messages {
             let p = m.emit();
@@ -652,6 +706,21 @@ mod tests {
         .emit();
         unknown[20..24].copy_from_slice(b"HYZ9");
         assert_eq!(Control::parse(&unknown), None);
+        // More uplinks than a member may have, or a count the bytes do not match: refused.
+        let nine = Control::Uplinks(vec![("10.0.0.1:1".parse().unwrap(), 1); 9]).emit();
+        assert_eq!(
+            Control::parse(&nine),
+            Some(Control::Uplinks(vec![
+                ("10.0.0.1:1".parse().unwrap(), 1);
+                MAX_UPLINKS
+            ])),
+            "only the first eight are sent"
+        );
+        let mut lying = Control::Uplinks(vec![("10.0.0.1:1".parse().unwrap(), 1)]).emit();
+        lying[24] = 2;
+        assert_eq!(Control::parse(&lying), None);
+        lying[24] = 9;
+        assert_eq!(Control::parse(&lying), None);
     }
 
     #[test]

@@ -172,8 +172,15 @@ impl Node {
             });
         }
         self.set_tunnel_shards(handle, shards);
+        let first_uplinks = announce.uplinks
+            && self
+                .peer_mut(handle)
+                .is_some_and(|p| !std::mem::replace(&mut p.speaks_uplinks, true));
         if !announce.have_yours {
+            // (Our uplinks follow our announcement.)
             self.announce(now, handle);
+        } else if first_uplinks && !self.uplinks.is_empty() {
+            self.send_uplinks(handle);
         }
         Received::Consumed
     }
@@ -185,12 +192,16 @@ impl Node {
         };
         let packet = Announce {
             have_yours: peer.have_their_announce,
+            uplinks: true,
             addresses: self.namespaces[peer.ns.0].addresses.clone(),
             shards: self.shards,
             certificate: self.own_certificate(peer.ns),
         }
         .emit();
         self.send_control(handle, &packet, None);
+        if !self.uplinks.is_empty() {
+            self.send_uplinks(handle);
+        }
         if let Some(peer) = self.peer_mut(handle) {
             peer.next_announce = now + ANNOUNCE_INTERVAL;
         }

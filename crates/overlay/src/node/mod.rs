@@ -44,6 +44,7 @@
 //! probes from the new address (`roam.rs`); a member's endpoint follows the last address an
 //! authenticated packet came from directly, as in WireGuard.
 
+mod bond;
 mod certified;
 mod hello;
 mod peer;
@@ -69,6 +70,7 @@ use crate::keys::{NamespaceKeys, TAG_LEN};
 use crate::wire::{Datagram, INIT_PREFIX_LEN, RELAY_HEADER_LEN, WG_DATA_OVERHEAD};
 use crate::{Identity, PeerId};
 
+pub use bond::{BondLink, UplinksError};
 pub use certified::CertificateStats;
 pub use hello::{ANNOUNCE_INTERVAL, HELLO_INTERVAL};
 pub use peer::{
@@ -191,6 +193,8 @@ pub struct PeerInfo<'a> {
     pub shards: usize,
     /// Counters.
     pub stats: &'a PeerStats,
+    /// The member's links this tunnel is bonded over (none: not bonded).
+    pub links: Vec<BondLink>,
 }
 
 struct Namespace {
@@ -238,6 +242,11 @@ pub struct Node {
     /// ([`Node::set_wall`]).
     wall: u64,
     certificate_stats: CertificateStats,
+    /// Our underlay links, told to members that read them (`bond.rs`).
+    uplinks: Vec<(SocketAddr, u64)>,
+    /// The time of the latest input: the bonds place flows by it when a packet is sealed
+    /// (sealing carries no time of its own).
+    last_input: Option<Instant>,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<Event>,
     drops: DropCounters,
@@ -270,6 +279,8 @@ impl Node {
             shards: 1,
             wall: 0,
             certificate_stats: CertificateStats::default(),
+            uplinks: Vec::new(),
+            last_input: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             drops: DropCounters::default(),
@@ -517,6 +528,11 @@ impl Node {
                 handshake_age: p.tunn().stats().0,
                 shards: p.shards.len(),
                 stats: &p.stats,
+                links: p
+                    .bond
+                    .as_ref()
+                    .map(bond::Bonded::status)
+                    .unwrap_or_default(),
             })
         })
     }
@@ -548,6 +564,7 @@ impl Node {
             self.poll_hello_timeout(),
             self.poll_relay_timeout(),
             self.poll_roam_timeout(),
+            self.poll_bond_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -563,6 +580,7 @@ impl Node {
         datagram: &[u8],
         out: &mut [u8],
     ) -> Received {
+        self.last_input = Some(now);
         let received = match Datagram::parse(datagram) {
             Err(e) => Received::Dropped(e.into()),
             Ok(Datagram::Hello { hello, bytes }) => self.handle_hello(now, from, hello, bytes),
@@ -604,10 +622,12 @@ impl Node {
     /// WireGuard's timers run (handshake retries, rekeying, keepalives), announcements are
     /// repeated and configured endpoints hello'd.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_input = Some(now);
         self.expire_silent(now);
         self.recheck_certificates(now);
         self.run_paths(now);
         self.run_roams(now);
+        self.run_bonds(now);
         self.run_tunnel_timers();
         self.run_hellos(now);
         self.next_tick = self.peers.iter().any(Option::is_some).then_some(now + TICK);
@@ -703,11 +723,20 @@ impl Node {
         Some(peer)
     }
 
-    /// Where datagrams for `handle` go now: through its relay while relayed, else direct.
+    /// Where datagrams for `handle` go now: through its relay while relayed, else direct
+    /// (to a live link of its bond while the endpoint's link is dead).
     fn route(&self, handle: PeerHandle) -> Option<Route> {
         let peer = self.peer(handle)?;
         let relay_endpoint = peer.relayed_via().and_then(|r| self.endpoint_of(r.via));
-        Some(peer.route(relay_endpoint))
+        match peer.route(relay_endpoint) {
+            Route::Direct(to) => Some(Route::Direct(
+                peer.bond
+                    .as_ref()
+                    .and_then(|b| b.instead_of(to))
+                    .unwrap_or(to),
+            )),
+            relayed => Some(relayed),
+        }
     }
 
     fn namespace_by_tag(&self, tag: &[u8; TAG_LEN]) -> Option<NamespaceId> {

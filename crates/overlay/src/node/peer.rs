@@ -149,6 +149,10 @@ pub(super) struct Peer {
     /// period ([`crate::Node::accept_forwarded`]).
     pub(super) forwards: Vec<(Ipv4Addr, Instant)>,
     pub(super) have_their_announce: bool,
+    /// Its announcement said it reads our uplinks (`bond.rs`).
+    pub(super) speaks_uplinks: bool,
+    /// The links it announced and the bond over them.
+    pub(super) bond: Option<super::bond::Bonded>,
     /// We initiate handshakes with this member: the side with the lower X25519 key.
     pub(super) initiator: bool,
     /// Send our announcement once the handshake in flight completes.
@@ -192,6 +196,8 @@ impl Peer {
             addresses: Vec::new(),
             forwards: Vec::new(),
             have_their_announce: false,
+            speaks_uplinks: false,
+            bond: None,
             initiator,
             announce_pending: false,
             last_forced: None,
@@ -301,10 +307,18 @@ impl Peer {
     }
 
     /// Something the member's keys produced arrived by `route`: it is alive, and a direct
-    /// packet moves its endpoint (WireGuard roaming).
+    /// packet moves its endpoint (WireGuard roaming), unless it came on one of the links
+    /// the tunnel is bonded over: that link is alive, and the endpoint stays.
     pub(super) fn heard(&mut self, now: Instant, route: Route) {
         if let Route::Direct(from) = route {
-            if from != self.endpoint {
+            let bonded = self.bond.as_mut().is_some_and(|b| match b.link_of(from) {
+                Some(link) => {
+                    b.bond.heard(link, now);
+                    true
+                }
+                None => false,
+            });
+            if !bonded && from != self.endpoint {
                 tracing::info!(peer = ?self.id, old = %self.endpoint, new = %from, "member endpoint moved");
                 self.stats.endpoint_changes += 1;
                 self.endpoint = from;

@@ -216,6 +216,12 @@ pub(super) fn flow_shard(packet: &[u8], shards: usize) -> usize {
     if shards <= 1 {
         return 0;
     }
+    (flow_hash(packet) % shards as u64) as usize
+}
+
+/// A hash of an IPv4 packet's flow (see [`flow_shard`]), the same both ways; 0 for
+/// anything shorter than an IPv4 header.
+pub(super) fn flow_hash(packet: &[u8]) -> u64 {
     let Some(h) = packet.get(..20) else {
         return 0;
     };
@@ -240,7 +246,7 @@ pub(super) fn flow_shard(packet: &[u8], shards: usize) -> usize {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^= x >> 31;
-    (x % shards as u64) as usize
+    x
 }
 
 /// Seals packets for one tunnel outside the node, as the node decided when it handed it

@@ -159,6 +159,7 @@ impl Node {
         opened: Opened,
         out: &[u8],
     ) -> Received {
+        self.last_input = Some(now);
         let received = match opened {
             Opened::NotData => Received::Dropped(DropReason::Malformed),
             Opened::UnknownSession => Received::Dropped(DropReason::UnknownSession),
@@ -208,11 +209,20 @@ impl Node {
 
     /// A sealer for `handle` on its current route, on the shard of `packet`'s flow
     /// ([`Sealer::seal`] then encrypts outside the node); counts `packet` as sent to the
-    /// member, as [`Node::send`] does. `None` without such a tunnel.
+    /// member, as [`Node::send`] does. A bonded tunnel's host packet takes its flow's link
+    /// (`bond.rs`). `None` without such a tunnel.
     pub fn sealer(&mut self, handle: PeerHandle, packet: &[u8]) -> Option<Sealer> {
-        let route = self.route(handle)?;
-        let peer = self.peer_mut(handle)?;
         let control = is_control(packet);
+        let bonded = if control {
+            None
+        } else {
+            self.bonded_route(handle, shared::flow_hash(packet), packet.len())
+        };
+        let route = match bonded {
+            Some(r) => r,
+            None => self.route(handle)?,
+        };
+        let peer = self.peer_mut(handle)?;
         if !control {
             peer.stats.tx_packets += 1;
             peer.stats.tx_bytes += packet.len() as u64;
@@ -324,6 +334,10 @@ impl Node {
                 endpoint,
                 session,
             }) => self.handle_relay_offer(now, handle, peer, endpoint, session),
+            Some(Control::Uplinks(links)) => {
+                self.handle_uplinks(now, handle, links);
+                Received::Consumed
+            }
         }
     }
 

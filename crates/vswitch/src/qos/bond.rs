@@ -101,6 +101,29 @@ impl Bond {
         }
     }
 
+    /// A bond over links a member announced, not yet heard on: each is dead until
+    /// something authenticated comes in on it (see [`Bond::heard`]), and is probed at once.
+    /// Until then flows go nowhere new: a member cannot point our data at an address that
+    /// does not answer with its keys.
+    pub fn unconfirmed(now: Instant, rates: &[u64]) -> Self {
+        let mut bond = Self::new(now, rates);
+        for l in &mut bond.links {
+            l.stats.alive = false;
+            l.probed = now.checked_sub(PROBE_INTERVAL).unwrap_or(now);
+        }
+        bond
+    }
+
+    /// Whether link `link` is alive.
+    pub fn is_alive(&self, link: usize) -> bool {
+        self.links.get(link).is_some_and(|l| l.stats.alive)
+    }
+
+    /// Whether any link is alive.
+    pub fn any_alive(&self) -> bool {
+        self.links.iter().any(|l| l.stats.alive)
+    }
+
     /// Each link's counters, in order.
     pub fn links(&self) -> impl Iterator<Item = LinkStats> + '_ {
         self.links.iter().map(|l| l.stats)

@@ -127,3 +127,33 @@ fn with_every_link_dead_a_flow_on_the_last_one_heard_is_not_counted_as_moved() {
     let flows: Vec<usize> = b.links().map(|l| l.flows).collect();
     assert_eq!(flows, vec![0, 1]);
 }
+
+#[test]
+fn announced_links_take_no_flow_until_heard_and_are_probed_at_once() {
+    let t0 = Instant::now();
+    let mut b = Bond::unconfirmed(t0, &[100, 100]);
+    assert!(!b.any_alive());
+    assert_eq!(b.poll_probe(t0), Some(0), "probed at once");
+    assert_eq!(b.poll_probe(t0), Some(1));
+    assert_eq!(b.poll_probe(t0), None, "then once per interval");
+    assert_eq!(b.poll_probe(t0 + PROBE_INTERVAL), Some(0));
+    // Only the link that answered takes flows.
+    b.heard(1, t0 + 10 * MS);
+    assert!(b.is_alive(1) && !b.is_alive(0));
+    for flow in 0..10 {
+        assert_eq!(b.pick(t0 + 20 * MS, flow, 100), Some(1));
+    }
+    b.heard(0, t0 + 30 * MS);
+    let picked: Vec<usize> = (10..20)
+        .map(|flow| b.pick(t0 + 40 * MS, flow, 100).unwrap())
+        .collect();
+    assert!(
+        picked.iter().all(|&l| l == 0),
+        "new flows even the links out"
+    );
+    assert_eq!(
+        b.links().map(|l| l.deaths).sum::<u64>(),
+        0,
+        "never alive, never died"
+    );
+}
