@@ -62,6 +62,15 @@ struct AgentSection {
     offload: bool,
     workers: Option<usize>,
     uplink_rate: Option<String>,
+    uplinks: Vec<UplinkSection>,
+}
+
+/// `[[agent.uplinks]]`: one underlay link of this host, for bonding (docs/QOS.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UplinkSection {
+    address: String,
+    rate: String,
 }
 
 impl Default for AgentSection {
@@ -77,6 +86,7 @@ impl Default for AgentSection {
             offload: true,
             workers: None,
             uplink_rate: None,
+            uplinks: Vec::new(),
         }
     }
 }
@@ -215,6 +225,10 @@ pub struct Agent {
     /// The underlay's rate, bits a second: namespaces share it by `weight` when it is
     /// saturated (docs/QOS.md). None: no shares.
     pub uplink_rate: Option<u64>,
+    /// This host's underlay links (address and port members reach it at on each, rate in
+    /// bits a second): members that read them bond to it over all of them (docs/QOS.md).
+    /// Empty: members reach it at the one address they know.
+    pub uplinks: Vec<(SocketAddr, u64)>,
 }
 
 /// Most data-path workers (`[agent] workers`).
@@ -433,6 +447,14 @@ impl Config {
             .with_context(|| format!("config {}: [agent] workers", path.display()))?;
         let uplink_rate = qos::uplink(&file.agent.uplink_rate)
             .with_context(|| format!("config {}: [agent] uplink_rate", path.display()))?;
+        let uplinks = file
+            .agent
+            .uplinks
+            .iter()
+            .map(|u| qos::uplink_link(&u.address, &u.rate, listen.port()))
+            .collect::<Result<Vec<_>>>()
+            .and_then(|links| qos::bond(links, listen, underlay))
+            .with_context(|| format!("config {}: [agent] uplinks", path.display()))?;
         let mut namespaces: Vec<Namespace> = Vec::new();
         for section in file.namespaces {
             let name = section.name.clone();
@@ -471,6 +493,7 @@ impl Config {
                 offload: file.agent.offload,
                 workers,
                 uplink_rate,
+                uplinks,
             },
             namespaces,
         })
@@ -1203,6 +1226,69 @@ endpoint = "10.200.0.3"
         assert!(err(&outside, s).contains("reserved address 10.9.0.1 is outside"));
         for e in [err(GOOD, None), err(&GOOD.replace("name = ", "nmae = "), s)] {
             assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn uplinks_are_read_and_their_mistakes_named() {
+        let s = Some("0123456789abcdef");
+        let two = "[[agent.uplinks]]\naddress = \"10.200.0.5\"\nrate = \"200M\"\n\
+                   [[agent.uplinks]]\naddress = \"10.210.0.5:7400\"\nrate = \"100M\"\n";
+        let wild = GOOD.replace(
+            "listen = \"127.0.0.1:7400\"\n",
+            "listen = \"0.0.0.0:7400\"\n",
+        );
+        let good = wild.replace("[[namespace]]", &format!("{two}[[namespace]]"));
+        let c = load(&good, s).unwrap();
+        assert_eq!(
+            c.agent.uplinks,
+            vec![
+                ("10.200.0.5:7400".parse().unwrap(), 200_000_000),
+                ("10.210.0.5:7400".parse().unwrap(), 100_000_000)
+            ]
+        );
+        assert!(load(GOOD, s).unwrap().agent.uplinks.is_empty());
+        let cases = [
+            (
+                good.replace("0.0.0.0:7400", "10.200.0.5:7400"),
+                "uplinks need [agent] listen on every address",
+            ),
+            (
+                good.replace(
+                    "[[agent.uplinks]]\naddress = \"10.210.0.5:7400\"\nrate = \"100M\"\n",
+                    "",
+                ),
+                "one uplink makes no bond",
+            ),
+            (
+                good.replace("10.210.0.5:7400", "10.200.0.5"),
+                "listed twice",
+            ),
+            (
+                good.replace("10.210.0.5:7400", "10.210.0.5:9"),
+                "on its listen port 7400",
+            ),
+            (
+                good.replace("10.210.0.5:7400", "eth1"),
+                "'eth1' is not an address",
+            ),
+            (good.replace("100M", "fast"), "10.210.0.5:7400"),
+            (
+                good.replacen(
+                    "[[agent.uplinks]]",
+                    "underlay = \"af_xdp\"\n[[agent.uplinks]]",
+                    1,
+                ),
+                "uplinks need underlay = \"socket\"",
+            ),
+        ];
+        for (toml, want) in cases {
+            let e = err(&toml, s);
+            assert!(
+                e.contains("[agent] uplinks") || e.contains("uplinks"),
+                "{e}"
+            );
+            assert!(e.contains(want), "{want}: {e}");
         }
     }
 

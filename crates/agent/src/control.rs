@@ -704,6 +704,27 @@ pub struct PeerStatus {
     pub endpoint_changes: u64,
     /// Packets of this tunnel dropped, by reason.
     pub drops: BTreeMap<String, u64>,
+    /// The member's uplinks this tunnel is bonded over (docs/QOS.md); empty when it is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkStatus>,
+}
+
+/// One link of a bonded tunnel.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LinkStatus {
+    /// The member's address on it.
+    pub endpoint: String,
+    /// The rate it announced for it, bits a second: flows are spread by it.
+    pub rate: u64,
+    /// Heard from within the last 700 ms (data or probe answers); a dead link takes no flow.
+    pub alive: bool,
+    /// Flows placed on it now.
+    pub flows: usize,
+    /// Packets and bytes sent on it.
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Times it was declared dead.
+    pub deaths: u64,
 }
 
 /// Sends one request to the agent at `socket` and returns the raw JSON reply.

@@ -95,6 +95,19 @@ pub(crate) async fn bind_web(address: SocketAddr) -> Result<tokio::net::TcpListe
     Ok(listener)
 }
 
+/// Each of `[agent] uplinks` is an address of this host: members are told to send there.
+pub(crate) fn check_uplinks_local(uplinks: &[(SocketAddr, u64)]) -> Result<()> {
+    for (addr, _) in uplinks {
+        if let Err(e) = std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), 0)) {
+            anyhow::bail!(
+                "[agent] uplinks: {} is not an address of this host ({e})",
+                addr.ip()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The underlay sockets, one per worker, all bound to `listen`. More than one share the
 /// port (`SO_REUSEPORT`), and a program on the group ([`steer_by_shard`]) hands a data
 /// message of a tunnel's shard `k` to socket `k` (worker `k`); the kernel hands the rest

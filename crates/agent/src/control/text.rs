@@ -318,6 +318,22 @@ pub fn render(status: &Status) -> String {
             if !d.is_empty() {
                 out += &format!("    drops: {d}\n");
             }
+            for l in &p.links {
+                out += &format!(
+                    "    link {}  {}  {}  {} flows  out {} pkts / {} B{}\n",
+                    l.endpoint,
+                    bits(l.rate),
+                    if l.alive { "alive" } else { "dead" },
+                    l.flows,
+                    l.tx_packets,
+                    l.tx_bytes,
+                    if l.deaths > 0 {
+                        format!("  died {} times", l.deaths)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
         }
     }
     out

@@ -219,6 +219,8 @@ impl Control {
         let mut node = Node::new(identity, setup::os_seed()?);
         // A tunnel's traffic may spread over one WireGuard session per worker.
         node.set_shards(u8::try_from(sockets.len()).unwrap_or(u8::MAX));
+        node.set_uplinks(config.agent.uplinks.clone())
+            .map_err(|e| anyhow::anyhow!("[agent] uplinks: {e}"))?;
         let (workers, unstarted, outbox) = workers::links(sockets, config.namespaces.len());
         // Bound to one address, the source never changes: nothing to roam.
         let netwatch = if config.agent.listen.ip().is_unspecified() {

@@ -135,6 +135,7 @@ impl Control {
 pub fn up(config: Config) -> Result<()> {
     setup::require_net_admin()?;
     // Bind first: a failed start should leave nothing behind, not even a new identity.
+    setup::check_uplinks_local(&config.agent.uplinks)?;
     let sockets = setup::bind_underlay(config.agent.listen, config.agent.workers)?;
     let identity = setup::load_or_create_identity(&config.agent.state_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread()

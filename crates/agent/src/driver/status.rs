@@ -56,6 +56,7 @@ struct PeerSnapshot {
     handshake_age: Option<Duration>,
     shards: usize,
     stats: PeerStats,
+    links: Vec<hyphae_overlay::node::BondLink>,
 }
 
 impl DataStatus {
@@ -116,6 +117,7 @@ impl DataStatus {
                     handshake_age: p.handshake_age,
                     shards: p.shards,
                     stats: p.stats.clone(),
+                    links: p.links,
                 })
                 .collect(),
             drops: NodeDrop::ALL
@@ -333,6 +335,19 @@ impl Control {
                 drops: PeerDropReason::ALL
                     .iter()
                     .map(|r| (r.as_str().to_string(), p.stats.drops(*r)))
+                    .collect(),
+                links: p
+                    .links
+                    .iter()
+                    .map(|l| crate::control::LinkStatus {
+                        endpoint: l.endpoint.to_string(),
+                        rate: l.stats.rate,
+                        alive: l.stats.alive,
+                        flows: l.stats.flows,
+                        tx_packets: l.stats.packets,
+                        tx_bytes: l.stats.bytes,
+                        deaths: l.stats.deaths,
+                    })
                     .collect(),
             });
         }

@@ -205,7 +205,9 @@ impl Node {
     }
 }
 
-fn check_uplinks(links: &[(SocketAddr, u64)]) -> Result<(), UplinksError> {
+/// Whether `links` may be [`Node::set_uplinks`]: none, or two to [`MAX_UPLINKS`], distinct,
+/// none at rate zero.
+pub fn check_uplinks(links: &[(SocketAddr, u64)]) -> Result<(), UplinksError> {
     if links.len() > MAX_UPLINKS {
         return Err(UplinksError::TooMany);
     }

@@ -70,7 +70,7 @@ use crate::keys::{NamespaceKeys, TAG_LEN};
 use crate::wire::{Datagram, INIT_PREFIX_LEN, RELAY_HEADER_LEN, WG_DATA_OVERHEAD};
 use crate::{Identity, PeerId};
 
-pub use bond::{BondLink, UplinksError};
+pub use bond::{check_uplinks, BondLink, UplinksError};
 pub use certified::CertificateStats;
 pub use hello::{ANNOUNCE_INTERVAL, HELLO_INTERVAL};
 pub use peer::{
