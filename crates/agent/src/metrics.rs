@@ -12,7 +12,8 @@
 //!   `..._refused` map (`certificates.tunnels_refused` →
 //!   `hyphae_certificates_tunnels_refused_total{reason="revoked"}`);
 //! - labels: `namespace` (the namespace name), on members `member` (its identity), on a
-//!   namespace's caps per member and host `cap` (its place in the config).
+//!   namespace's caps per member and host `cap` (its place in the config), on a bonded
+//!   member's links `link` (its place in the member's list, at most 8).
 //!   Both are bounded: namespaces by the config, members by the namespace subnet and the
 //!   tunnel limit. Nothing is labelled by flow, client address or DNS name.
 
@@ -56,6 +57,8 @@ const GAUGES: &[&str] = &[
     "namespaces[].caps[].ingress.burst",
     "namespaces[].caps[].ingress.queued",
     "namespaces[].caps[].weight",
+    "namespaces[].peers[].links[].rate",
+    "namespaces[].peers[].links[].flows",
 ];
 
 /// Status fields that are not measurements: the schema version.
@@ -221,6 +224,18 @@ impl Families {
                         self.walk(&inner, item)?;
                     }
                 }
+                // Each link of a bonded tunnel, labelled by its place in the member's list.
+                Value::Array(links) if key == "links" => {
+                    for (i, item) in links.iter().enumerate() {
+                        let Value::Object(item) = item else { continue };
+                        let inner = scope.enter(
+                            format!("{path}[]"),
+                            &name,
+                            Some(("link", (i + 1).to_string())),
+                        );
+                        self.walk(&inner, item)?;
+                    }
+                }
                 // Names, addresses, identities: text, not measurements.
                 _ => {}
             }
@@ -302,6 +317,38 @@ mod tests {
         second.name = "lab2".into();
         status.namespaces.push(second);
         status
+    }
+
+    #[test]
+    fn a_bonded_members_links_are_labelled_by_their_place() {
+        let mut status = status();
+        let link = |endpoint: &str, alive| crate::control::LinkStatus {
+            endpoint: endpoint.into(),
+            rate: 200_000_000,
+            alive,
+            flows: 3,
+            tx_packets: 10,
+            tx_bytes: 14_000,
+            deaths: u64::from(!alive),
+        };
+        status.namespaces[0].peers[0].links = vec![
+            link("10.200.0.2:7400", true),
+            link("10.202.0.2:7400", false),
+        ];
+        let text = encode(&status).unwrap();
+        let member = "member=\"NcM6nb8sQfGVs4T1h1m6Vt0xGmX0x2BvdSx1kbYa1Q4=\"";
+        for line in [
+            "# TYPE hyphae_peer_links_rate gauge".to_string(),
+            "# TYPE hyphae_peer_links_flows gauge".to_string(),
+            "# TYPE hyphae_peer_links_tx_bytes_total counter".to_string(),
+            format!("hyphae_peer_links_alive{{link=\"1\",{member},namespace=\"lab\"}} 1"),
+            format!("hyphae_peer_links_alive{{link=\"2\",{member},namespace=\"lab\"}} 0"),
+            format!("hyphae_peer_links_deaths_total{{link=\"2\",{member},namespace=\"lab\"}} 1"),
+            format!("hyphae_peer_links_rate{{link=\"1\",{member},namespace=\"lab\"}} 200000000"),
+        ] {
+            assert!(text.contains(&line), "no `{line}` in\n{text}");
+        }
+        assert!(!text.contains("10.202.0.2"), "an endpoint is no label");
     }
 
     #[test]

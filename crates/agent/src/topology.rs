@@ -50,6 +50,9 @@ struct Member {
     rx_bytes: u64,
     tx_bytes: u64,
     handshake_age_secs: Option<f64>,
+    /// The member's links the tunnel is bonded over (docs/QOS.md, "Bonding").
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    links: Vec<crate::control::LinkStatus>,
 }
 
 impl From<&Status> for Topology {
@@ -113,6 +116,7 @@ impl From<&PeerStatus> for Member {
             rx_bytes: p.rx_bytes,
             tx_bytes: p.tx_bytes,
             handshake_age_secs: p.handshake_age_secs,
+            links: p.links.clone(),
         }
     }
 }

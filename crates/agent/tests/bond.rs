@@ -256,16 +256,22 @@ fn two_links_carry_one_members_flows_and_a_dead_one_moves_them_within_a_second()
     println!("bond: alpha's links after the cut: {:?}", a.links);
 }
 
-/// The KU paper's Table 6, here: two links shaped to 200 and 100 Mbit/s (tbf on both
-/// ends' egress), eight TCP flows alpha -> beta over the bond, beside each link alone
+/// The KU paper's Table 6, here: two links shaped to 200 and 100 Mbit/s (or `BOND_RATES`;
+/// tbf on both ends' egress), eight TCP flows alpha -> beta over the bond, beside each link alone
 /// without the overlay (iperf3 to the other's address on it) in the same run. Prints the
 /// figures; run with `--ignored --nocapture`.
 #[test]
 #[ignore = "a benchmark: its figures are in docs/BENCHMARKS.md"]
 fn bench_bonded_throughput_against_each_link_alone() {
-    let (_one, mut p) = pair("bondb", ["200M", "100M"]);
+    // BOND_RATES="200:100": the links' rates in Mbit/s, shaped and announced alike.
+    let rates = std::env::var("BOND_RATES").unwrap_or_else(|_| "200:100".into());
+    let (r0, r1) = rates.split_once(':').expect("BOND_RATES=A:B");
+    let (r0, r1): (u32, u32) = (r0.parse().unwrap(), r1.parse().unwrap());
+    let (_one, mut p) = pair("bondb", [&format!("{r0}M"), &format!("{r1}M")]);
+    let expected = 100.0 * f64::from(r0) / f64::from(r0 + r1);
     for (host, _) in &p.hosts {
-        for (dev, rate) in [("eth0", "200mbit"), ("eth1", "100mbit")] {
+        for (dev, rate) in [("eth0", format!("{r0}mbit")), ("eth1", format!("{r1}mbit"))] {
+            let rate = rate.as_str();
             p.bed
                 .ns(
                     &host.ns,
@@ -295,7 +301,7 @@ fn bench_bonded_throughput_against_each_link_alone() {
         let share = sent[0] as f64 / (sent[0] + sent[1]) as f64;
         println!(
             "bond bench run {run}: eth0 alone {link0:.1}, eth1 alone {link1:.1}, bonded {bonded:.1} Mbit/s \
-             ({:.1}% of the two alone); eth0 carried {:.1}% of the bonded bytes (2:1 is 66.7%)",
+             ({:.1}% of the two alone); eth0 carried {:.1}% of the bonded bytes ({r0}:{r1} is {expected:.1}%)",
             100.0 * bonded / (link0 + link1),
             100.0 * share
         );
