@@ -20,7 +20,11 @@ fuzz_target!(|data: &[u8]| {
     let _ = Hello::parse(data);
     let _ = Hello::verify(data, &keys);
     let _ = Announce::parse(data);
-    let _ = Control::parse(data);
+    // What parses as uplinks is emitted as it came (the list a member bonds over).
+    if let Some(Control::Uplinks(links)) = Control::parse(data) {
+        let again = Control::Uplinks(links.clone()).emit();
+        assert_eq!(Control::parse(&again), Some(Control::Uplinks(links)));
+    }
     let _ = parse_relay(data);
     let _ = Datagram::parse(data);
 });

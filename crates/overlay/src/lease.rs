@@ -315,7 +315,8 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
         self.renewal = true;
         self.outcome = None;
         if self.replicas.is_empty() {
-            self.decide_renewal();
+            // Nobody to ask: unanswered (a rival needs replicas to show up).
+            self.decide_renewal(None);
         }
         self
     }
@@ -470,7 +471,7 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
         }
         if self.renewal {
             if self.unanswered() == 0 || timed_out || self.replicas.is_empty() {
-                self.decide_renewal();
+                self.decide_renewal((!timed_out).then_some(now));
             }
             return;
         }
@@ -523,8 +524,17 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
     /// that count are those at least [`Claim::strong`] replicas name. This owner yields if
     /// one of them has a lower key, or if it holds fewer than that itself (its rivals do
     /// not count it); it keeps the key against rivals that count but rank after it.
-    /// Without rivals that count, the majority decides as for any claim.
-    fn decide_renewal(&mut self) {
+    /// Without rivals that count, a majority of grants renews; fewer is a renewal that went
+    /// unanswered (`Lost` with no holder and nothing to give back).
+    ///
+    /// Before the merge rule decides, the replicas naming a rival that counts are asked
+    /// again (every [`RECHECK_DELAY`], up to [`RECHECKS`] times, within the deadline: `now`
+    /// is None past it): the rival may be a first claim of the same moment, granted on
+    /// replicas that lost or never had this owner's lease, which gives its grants back as
+    /// soon as it loses. Yielding to it took live owners' addresses away (the history
+    /// checker's seed 69). A rival from a merged partition is named again, and the rule
+    /// applies.
+    fn decide_renewal(&mut self, now: Option<Instant>) {
         let strong = self.strong();
         let mut rivals: Vec<&O> = Vec::new();
         for (_, owner) in &self.refused {
@@ -539,16 +549,26 @@ impl<K: Clone, O: Clone + Ord, R: Clone + Eq> Claim<K, O, R> {
             }
         }
         let Some(first) = rivals.iter().min().map(|o| (*o).clone()) else {
+            // No rival counts: a renewal short of its majority lacked answers (lost, or
+            // late), nothing more. The owner keeps its lease, and what it was granted, and
+            // renews again soon: yielding to a holder one replica names (a rival's passing
+            // grant, given back since) would take a live owner's address away, and giving
+            // back its own grants would weaken the lease it still holds. Found by the
+            // history checker (crates/testbed/tests/history.rs, seed 29).
             self.outcome = Some(if self.granted.len() >= self.majority() {
                 Outcome::Won
             } else {
                 Outcome::Lost {
-                    holder: self.most_named_holder(),
-                    release_to: self.granted.clone(),
+                    holder: None,
+                    release_to: Vec::new(),
                 }
             });
             return;
         };
+        if let Some(now) = now.filter(|_| self.rechecks_left > 0) {
+            self.recheck_at.get_or_insert(now + RECHECK_DELAY);
+            return;
+        }
         let keeps = self.owner < first && self.granted.len() >= strong;
         self.outcome = Some(if keeps {
             Outcome::Kept { rival: first }
@@ -799,7 +819,20 @@ mod tests {
             assert_eq!(claim.outcome(), None, "a renewal waits for every replica");
             claim.handle_response(t0, *r, answer.clone());
         }
-        claim.outcome().cloned().expect("decided once all answered")
+        // The replicas naming a rival that counts are asked again: each names it again
+        // (a rival from a merged partition), until the rechecks run out.
+        let mut rechecks = 0;
+        while claim.outcome().is_none() {
+            let at = claim.poll_timeout().expect("a recheck is due");
+            assert!(at < t0 + TTL, "decided before the deadline");
+            for (r, _) in claim.handle_timeout(at) {
+                let (_, answer) = answers.iter().find(|(x, _)| *x == r).unwrap();
+                claim.handle_response(at, r, answer.clone());
+            }
+            rechecks += 1;
+        }
+        assert!(rechecks <= usize::from(RECHECKS) + 1);
+        claim.outcome().cloned().expect("decided")
     }
 
     fn held(owner: &'static str) -> Response<&'static str> {
@@ -895,7 +928,8 @@ mod tests {
                 release_to: vec![1]
             }
         );
-        // Unanswered replicas and no rival: the majority decides as for any claim.
+        // Too few grants and no rival that counts: unanswered, and the owner keeps what it
+        // has (it renews again soon); it gives nothing back.
         let quiet = [
             (1, Response::Granted),
             (2, Response::Full),
@@ -905,7 +939,7 @@ mod tests {
             renew("a", &quiet),
             Outcome::Lost {
                 holder: None,
-                release_to: vec![1]
+                release_to: Vec::new()
             }
         );
         // Three partitions: the lowest key among the rivals that count keeps.
@@ -927,6 +961,58 @@ mod tests {
         );
         let a_view = [(1, Response::Granted), (2, held("b")), (3, held("c"))];
         assert_eq!(renew("a", &a_view), Outcome::Kept { rival: "b" });
+    }
+
+    #[test]
+    fn a_renewal_asks_again_before_yielding_to_a_rival_of_the_same_moment() {
+        // The history checker's seed 69: `b` renews with a majority while a newcomer `a`
+        // holds passing grants on two replicas (one restarted empty, one whose lease of
+        // `b`'s had run out). `a` loses and gives them back; asked again, they grant `b`.
+        let t0 = Instant::now();
+        let (claim, _) = Claim::new(t0, 1u32, "b", TTL, vec![1, 2, 3, 4, 5], TTL);
+        let mut claim = claim.renewal();
+        for (r, answer) in [
+            (1, Response::Granted),
+            (2, Response::Granted),
+            (3, Response::Granted),
+            (4, held("a")),
+            (5, held("a")),
+        ] {
+            claim.handle_response(t0, r, answer);
+        }
+        assert_eq!(claim.outcome(), None, "not yet: asked again first");
+        let at = claim.poll_timeout().unwrap();
+        assert_eq!(at, t0 + RECHECK_DELAY);
+        let again: Vec<u32> = claim
+            .handle_timeout(at)
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        assert_eq!(again, vec![4, 5]);
+        claim.handle_response(at, 4, Response::Granted);
+        claim.handle_response(at, 5, Response::Granted);
+        assert_eq!(claim.outcome(), Some(&Outcome::Won));
+    }
+
+    #[test]
+    fn a_renewal_short_of_answers_never_yields_to_a_rival_one_replica_names() {
+        // The history checker's seed 29: two answers lost, and one replica still holding a
+        // newcomer's passing grant (the newcomer lost and gave it back a moment later).
+        let t0 = Instant::now();
+        let (claim, _) = Claim::new(t0, 1u32, "b", TTL, vec![1, 2, 3, 4, 5], TTL);
+        let mut claim = claim.renewal();
+        claim.handle_response(t0, 1, Response::Granted);
+        claim.handle_response(t0, 2, Response::Granted);
+        claim.handle_response(t0, 3, held("a"));
+        claim.handle_timeout(t0 + TTL);
+        assert_eq!(
+            claim.outcome(),
+            Some(&Outcome::Lost {
+                holder: None,
+                release_to: Vec::new()
+            }),
+            "the owner keeps its address and its grants, and renews again"
+        );
     }
 
     #[test]

@@ -415,7 +415,8 @@ impl Table {
             }) = self.ops.get_mut(&id)
             {
                 let again = claim.handle_timeout(now);
-                if let Kind::Claim(envelope) = kind {
+                // (A renewal asks again too, before the merge rule yields to a rival.)
+                if let Kind::Claim(envelope) | Kind::Renew(envelope) = kind {
                     for (replica, _) in again {
                         let request = RecordRequest::Claim {
                             key: key.to_vec(),
@@ -875,6 +876,20 @@ mod tests {
             );
             t.handle_answer(t0, WALL, op, r[3], held_by(rival));
             t.handle_answer(t0, WALL, op, r[4], held_by(rival));
+            // The two replicas naming the rival are asked again, and name it each time (a
+            // merged partition's owner, not a claim of the moment): then the rule decides.
+            for _ in 0..lease::RECHECKS {
+                assert!(claimed(&mut t).is_none(), "asked again before it decides");
+                let at = t.poll_timeout().expect("a recheck is due");
+                t.handle_timeout(at);
+                let asked: Vec<NetworkId> = std::iter::from_fn(|| t.poll_request())
+                    .map(|(_, r, _)| r)
+                    .collect();
+                assert_eq!(asked, r[3..].to_vec());
+                for replica in asked {
+                    t.handle_answer(at, WALL, op, replica, held_by(rival));
+                }
+            }
             if keeps {
                 // Kept: the grants stay, to be completed by the next renewal.
                 assert_eq!(
