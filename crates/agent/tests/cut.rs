@@ -21,8 +21,6 @@ const LEASE_SECS: u64 = 60;
 /// Correctness deadlines, not timings.
 const CLAIM: Duration = Duration::from_secs(90);
 const CONVERGE: Duration = Duration::from_secs(60);
-/// The nftables table the test adds in each host's network namespace.
-const TABLE: &str = "hyphae_cut";
 
 fn underlay(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, 0, i)
@@ -74,34 +72,14 @@ fn claimed_within(bed: &Testbed, m: &Member, within: Duration) -> (Ipv4Addr, Dur
     }
 }
 
-fn nft(bed: &Testbed, host: &Host, args: &[&str]) {
-    let out = bed.ns(&host.ns, "nft", args).unwrap();
-    assert!(
-        out.status.success(),
-        "nft {args:?} in {}: {}",
-        host.ns,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Drops every packet between `host` and the hosts `others`, both ways.
 fn cut(bed: &Testbed, host: &Host, others: &[u8]) {
-    let set: Vec<String> = others.iter().map(|&o| underlay(o).to_string()).collect();
-    let set = format!("{{ {} }}", set.join(", "));
-    nft(bed, host, &["add", "table", "inet", TABLE]);
-    for (chain, hook, dir) in [("in", "input", "saddr"), ("out", "output", "daddr")] {
-        let spec = format!("{{ type filter hook {hook} priority 0 ; }}");
-        nft(bed, host, &["add", "chain", "inet", TABLE, chain, &spec]);
-        nft(
-            bed,
-            host,
-            &["add", "rule", "inet", TABLE, chain, "ip", dir, &set, "drop"],
-        );
-    }
+    let others: Vec<Ipv4Addr> = others.iter().map(|&o| underlay(o)).collect();
+    bed.cut(host, &others).unwrap();
 }
 
 fn heal(bed: &Testbed, host: &Host) {
-    nft(bed, host, &["delete", "table", "inet", TABLE]);
+    bed.heal(host).unwrap();
 }
 
 fn secret(dir: &Path) -> PathBuf {

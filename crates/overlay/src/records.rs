@@ -48,6 +48,18 @@ pub use values::{decode, encode, MemberInfo, NameInfo, Subject};
 /// A record's key in the DHT.
 pub type RecordKey = [u8; 32];
 
+/// One line of the lease history (target `hyphae::lease`, debug level): what this replica
+/// (`granted`, `refused` naming the holder, `released`) or this owner (`won`, `gave` to a
+/// holder) did with a key, key and owner in base64, and a duration in milliseconds (the
+/// lease granted or held, the lease won). `hyphae_testbed::history` checks a run's lines
+/// from every agent (`HYPHAE_LOG=info,hyphae::lease=debug`).
+pub fn lease_log(what: &str, key: &RecordKey, owner: &[u8], ms: u64) {
+    use base64::Engine as _;
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    tracing::debug!(target: "hyphae::lease", "{what} key={} owner={} ms={ms}",
+        b64.encode(key), b64.encode(owner));
+}
+
 /// An Ed25519 public key: who owns a record.
 pub type OwnerKey = [u8; 32];
 
@@ -476,6 +488,7 @@ impl RecordStore {
                 {
                     lease::Response::Granted => {
                         self.stats.granted += 1;
+                        lease_log("granted", &key, &owner, ttl.as_millis() as u64);
                         self.insert_value(
                             key,
                             Stored {
@@ -489,6 +502,7 @@ impl RecordStore {
                     }
                     lease::Response::Held { owner, remaining } => {
                         self.stats.held += 1;
+                        lease_log("refused", &key, &owner, remaining.as_millis() as u64);
                         RecordResponse::Held {
                             owner: owner.to_vec(),
                             remaining_ms: remaining.as_millis() as u64,
@@ -506,6 +520,7 @@ impl RecordStore {
                 };
                 self.leases
                     .handle(now, lease::Request::Release { key, owner });
+                lease_log("released", &key, &owner, 0);
                 if self.leases.holder(now, &key).is_none() {
                     self.remove_value(&key);
                 }

@@ -401,6 +401,132 @@ impl History {
     }
 }
 
+/// One lease line of an agent's log (`hyphae_overlay::records::lease_log`, with
+/// `HYPHAE_LOG=info,hyphae::lease=debug`): when (Unix milliseconds, from the log's UTC
+/// timestamp), what, the key and the other party (both base64), and a duration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseLine {
+    pub at: u64,
+    pub what: String,
+    pub key: String,
+    pub other: String,
+    pub ms: u64,
+}
+
+/// The lease lines of an agent's log; other lines are skipped.
+pub fn lease_lines(log: &str) -> Vec<LeaseLine> {
+    log.lines()
+        .filter_map(|line| {
+            let (stamp, rest) = line.split_once(' ')?;
+            let rest = rest.split_once("hyphae::lease: ")?.1;
+            let mut words = rest.split(' ');
+            let what = words.next()?.to_string();
+            let mut field = |name: &str| {
+                words
+                    .next()
+                    .and_then(|w| w.strip_prefix(name))
+                    .map(str::to_string)
+            };
+            Some(LeaseLine {
+                at: unix_ms(stamp)?,
+                what,
+                key: field("key=")?,
+                other: field("owner=")?,
+                ms: field("ms=")?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// `2026-11-27T21:35:01.123456Z` as Unix milliseconds (UTC only, as the agents log).
+pub fn unix_ms(stamp: &str) -> Option<u64> {
+    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
+    let ms: i64 = format!("{frac:0<3}").get(..3)?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from((((days * 24 + h) * 60 + min) * 60 + sec) * 1000 + ms).ok()
+}
+
+/// Builds a history from agents' logs. `logs` pairs each agent (numbered as the caller
+/// likes) with its lease lines; `ids` maps identities (base64) to those numbers; `deaths`
+/// are the kills the caller made (Unix ms: a killed agent holds nothing, and its replica
+/// loses its state). Keys are numbered in order of appearance; owners not in `ids` get
+/// numbers from 1,000,000 on. Times are Unix milliseconds (all agents of one host share
+/// the clock).
+pub fn from_logs(
+    logs: &[(Member, Vec<LeaseLine>)],
+    ids: &HashMap<String, Member>,
+    deaths: &[(Member, u64)],
+) -> History {
+    let mut keys: HashMap<String, Key> = HashMap::new();
+    let mut strangers: HashMap<String, Member> = HashMap::new();
+    let mut events: Vec<(u64, Op)> = Vec::new();
+    for (agent, lines) in logs {
+        for l in lines {
+            let n = keys.len() as Key;
+            let key = *keys.entry(l.key.clone()).or_insert(n);
+            let other = match ids.get(&l.other) {
+                Some(m) => *m,
+                None => {
+                    let n = 1_000_000 + strangers.len() as Member;
+                    *strangers.entry(l.other.clone()).or_insert(n)
+                }
+            };
+            let (replica, until) = (*agent, l.at + l.ms);
+            let op = match l.what.as_str() {
+                "granted" => Op::Granted {
+                    replica,
+                    key,
+                    owner: other,
+                    until,
+                },
+                "refused" => Op::Refused {
+                    replica,
+                    key,
+                    holder: other,
+                },
+                "released" => Op::Released {
+                    replica,
+                    key,
+                    owner: other,
+                },
+                "won" => Op::Won {
+                    owner: *agent,
+                    key,
+                    until,
+                },
+                "gave" => Op::Gave {
+                    owner: *agent,
+                    key,
+                    to: Some(other),
+                },
+                _ => continue,
+            };
+            events.push((l.at, op));
+        }
+    }
+    for &(m, at) in deaths {
+        events.push((at, Op::Died { owner: m }));
+        events.push((at, Op::Restarted { replica: m }));
+    }
+    events.sort_by_key(|(at, _)| *at);
+    let mut h = History::new();
+    for (at, op) in events {
+        h.record(at, at, op);
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -541,6 +667,58 @@ mod tests {
             }]
         );
         h.declare_partition(0, 50);
+        assert_eq!(h.check(), vec![]);
+    }
+
+    #[test]
+    fn agent_log_lines_become_events() {
+        assert_eq!(unix_ms("1970-01-01T00:00:01.5Z"), Some(1500));
+        assert_eq!(
+            unix_ms("2026-11-27T21:35:01.123456Z"),
+            Some(1_795_815_301_123)
+        );
+        assert_eq!(unix_ms("2026-11-27 21:35:01"), None);
+        let log = "2026-11-27T21:35:01.000000Z DEBUG hyphae::lease: granted key=K owner=A ms=20000\n\
+                   2026-11-27T21:35:01.010000Z  INFO hyphae_agent: agent started\n\
+                   2026-11-27T21:35:01.020000Z DEBUG hyphae::lease: won key=K owner=A ms=20000\n\
+                   2026-11-27T21:35:02.000000Z DEBUG hyphae::lease: refused key=K owner=A ms=19000\n";
+        let lines = lease_lines(log);
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0].other, "A");
+        let t0 = 1_795_815_301_000;
+        let ids = HashMap::from([("A".to_string(), 1)]);
+        // Agent 2 is the replica; agent 1 the owner (its own lines).
+        let h = from_logs(
+            &[
+                (2, vec![lines[0].clone(), lines[2].clone()]),
+                (1, vec![lines[1].clone()]),
+            ],
+            &ids,
+            &[(1, t0 + 5_000)],
+        );
+        let ops: Vec<&Op> = h.events().iter().map(|e| &e.op).collect();
+        assert_eq!(
+            ops[..3],
+            [
+                &Op::Granted {
+                    replica: 2,
+                    key: 0,
+                    owner: 1,
+                    until: t0 + 20_000
+                },
+                &Op::Won {
+                    owner: 1,
+                    key: 0,
+                    until: t0 + 20_020
+                },
+                &Op::Refused {
+                    replica: 2,
+                    key: 0,
+                    holder: 1
+                },
+            ]
+        );
+        assert_eq!(ops[3], &Op::Died { owner: 1 });
         assert_eq!(h.check(), vec![]);
     }
 

@@ -23,6 +23,9 @@ pub mod insider;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// The nftables table [`Testbed::cut`] adds.
+const CUT_TABLE: &str = "hyphae_cut";
+
 /// Runs a command to completion; an error carries its stderr.
 pub fn run(program: &str, args: &[&str]) -> Result<Output> {
     let out = Command::new(program)
@@ -284,10 +287,23 @@ impl Testbed {
     /// Starts a long-running command inside `ns`; it is killed when the testbed drops.
     /// Returns its PID (`ip netns exec` execs the program, so the PID is the program's).
     pub fn spawn(&mut self, ns: &str, program: &str, args: &[&str], log: &Path) -> Result<u32> {
+        self.spawn_with_env(ns, program, args, log, &[])
+    }
+
+    /// [`Testbed::spawn`] with `env` set for the program.
+    pub fn spawn_with_env(
+        &mut self,
+        ns: &str,
+        program: &str,
+        args: &[&str],
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<u32> {
         let log_file = fs::File::create(log)?;
         let child = Command::new("ip")
             .args(["netns", "exec", ns, program])
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
@@ -301,15 +317,26 @@ impl Testbed {
     /// Writes `config` for `host` and starts `hyphae up` with it; returns once the agent's
     /// control socket answers.
     pub fn start_agent(&mut self, host: &Host, config: &str) -> Result<AgentHandle> {
+        self.start_agent_with_env(host, config, &[])
+    }
+
+    /// [`Testbed::start_agent`] with `env` set for the agent (`HYPHAE_LOG`, say).
+    pub fn start_agent_with_env(
+        &mut self,
+        host: &Host,
+        config: &str,
+        env: &[(&str, &str)],
+    ) -> Result<AgentHandle> {
         let path = host.dir.join("hyphae.toml");
         fs::write(&path, config)?;
         let log = host.dir.join(format!("agent-{}.log", self.processes.len()));
         let bin = self.bin.display().to_string();
-        let pid = self.spawn(
+        let pid = self.spawn_with_env(
             &host.ns,
             &bin,
             &["up", "-c", &path.display().to_string()],
             &log,
+            env,
         )?;
         let agent = AgentHandle {
             pid,
@@ -401,6 +428,34 @@ impl Testbed {
             "ping",
             &["-c", &count, "-i", "0.2", "-W", "1", &to],
         )
+    }
+
+    /// Drops every packet between `host` and the underlay addresses `others`, both ways, with
+    /// an nftables table in `host`'s namespace (gone with the namespace, also when a test
+    /// fails).
+    pub fn cut(&self, host: &Host, others: &[Ipv4Addr]) -> Result<()> {
+        let set: Vec<String> = others.iter().map(ToString::to_string).collect();
+        let set = format!("{{ {} }}", set.join(", "));
+        self.ns(&host.ns, "nft", &["add", "table", "inet", CUT_TABLE])?;
+        for (chain, hook, dir) in [("in", "input", "saddr"), ("out", "output", "daddr")] {
+            let spec = format!("{{ type filter hook {hook} priority 0 ; }}");
+            self.ns(
+                &host.ns,
+                "nft",
+                &["add", "chain", "inet", CUT_TABLE, chain, &spec],
+            )?;
+            let rule = [
+                "add", "rule", "inet", CUT_TABLE, chain, "ip", dir, &set, "drop",
+            ];
+            self.ns(&host.ns, "nft", &rule)?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Testbed::cut`] on `host`.
+    pub fn heal(&self, host: &Host) -> Result<()> {
+        self.ns(&host.ns, "nft", &["delete", "table", "inet", CUT_TABLE])?;
+        Ok(())
     }
 
     /// Pings `to` from `from` until one reply arrives or `within` passes.

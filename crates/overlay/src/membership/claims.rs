@@ -157,8 +157,16 @@ impl Membership {
             }
             return;
         }
+        let key = self.keys.address_key(address);
         match result {
             ClaimResult::Won => {
+                let me = self.identity.peer_id();
+                crate::records::lease_log(
+                    "won",
+                    &key,
+                    me.as_bytes(),
+                    self.lease.as_millis() as u64,
+                );
                 self.own.next = Some(self.renewal(address, now));
                 self.own.confirmed = true;
                 self.published_endpoints = self.claim_endpoints.clone();
@@ -174,6 +182,9 @@ impl Membership {
                 self.events.push_back(Event::AddressWon(address));
             }
             ClaimResult::Lost(Some(holder)) => {
+                if self.own.owned == Some(address) {
+                    crate::records::lease_log("gave", &key, holder, 0);
+                }
                 let holder = holder_name(holder);
                 if self.own.owned.is_none() || self.own.owned == Some(address) {
                     self.address_failed(AddressError::OwnedBy {
