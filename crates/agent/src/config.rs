@@ -15,8 +15,11 @@ use serde::Deserialize;
 
 mod files;
 mod qos;
+mod underlay;
 use files::read_credential;
 pub(crate) use files::{compile_policy, is_signed_policy, read_policy, SIGNED_POLICY};
+use underlay::workers;
+pub use underlay::{UnderlayMode, MAX_WORKERS};
 
 /// Default underlay UDP port.
 pub const DEFAULT_PORT: u16 = 7400;
@@ -229,55 +232,6 @@ pub struct Agent {
     /// bits a second): members that read them bond to it over all of them (docs/QOS.md).
     /// Empty: members reach it at the one address they know.
     pub uplinks: Vec<(SocketAddr, u64)>,
-}
-
-/// Most data-path workers (`[agent] workers`).
-pub const MAX_WORKERS: usize = 64;
-
-/// `[agent] workers`: as given (1..=[`MAX_WORKERS`]), else one per core (at most
-/// [`MAX_WORKERS`]). AF_XDP has one socket per NIC queue, which the workers do not share
-/// out yet: with it the agent runs one worker.
-fn workers(given: Option<usize>, underlay: UnderlayMode) -> Result<usize> {
-    match (given, underlay) {
-        (Some(n), _) if n == 0 || n > MAX_WORKERS => {
-            bail!("{n} workers: give 1 to {MAX_WORKERS}, or leave it out for one per core")
-        }
-        (Some(n), UnderlayMode::AfXdp | UnderlayMode::Auto) if n > 1 => {
-            bail!("{n} workers need underlay = \"socket\"; AF_XDP runs one worker")
-        }
-        (Some(n), _) => Ok(n),
-        (None, UnderlayMode::Socket) => Ok(std::thread::available_parallelism()
-            .map_or(1, usize::from)
-            .min(MAX_WORKERS)),
-        (None, UnderlayMode::AfXdp | UnderlayMode::Auto) => Ok(1),
-    }
-}
-
-/// `[agent] underlay`: the UDP socket alone, or AF_XDP beside it.
-///
-/// The default is `socket`: AF_XDP puts an XDP program on the interface (which another
-/// XDP user, a CNI say, may already own), needs CAP_BPF and CAP_NET_RAW besides
-/// CAP_NET_ADMIN, and on virtual NICs (veth, most cloud NICs without zero-copy) runs in
-/// copy mode, where it is no faster than the socket. It is a choice a user makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnderlayMode {
-    /// The UDP socket (`"socket"`).
-    Socket,
-    /// AF_XDP, falling back to the socket with a warning (`"af_xdp"`).
-    AfXdp,
-    /// AF_XDP where it attaches, else the socket, said at info level (`"auto"`).
-    Auto,
-}
-
-impl UnderlayMode {
-    fn parse(text: &str) -> Result<Self> {
-        match text {
-            "socket" => Ok(Self::Socket),
-            "af_xdp" => Ok(Self::AfXdp),
-            "auto" => Ok(Self::Auto),
-            other => bail!("'{other}' is not an underlay; use \"socket\", \"af_xdp\" or \"auto\""),
-        }
-    }
 }
 
 /// How a namespace attaches to the host (IPOP Sec. 3): interface, router or hybrid.

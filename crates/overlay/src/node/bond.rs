@@ -183,24 +183,18 @@ impl Node {
             .min()
     }
 
-    /// The link a host packet of flow `flow` takes to `handle`, when the tunnel is bonded,
-    /// direct, and has a live link.
-    pub(super) fn bonded_route(
-        &mut self,
-        handle: PeerHandle,
-        flow: u64,
-        len: usize,
-    ) -> Option<Route> {
+    /// The link host packet `packet` takes to `handle` (its flow's), when the tunnel is
+    /// bonded, direct, and has a live link. An unbonded tunnel costs one check.
+    pub(super) fn bonded_route(&mut self, handle: PeerHandle, packet: &[u8]) -> Option<Route> {
         let now = self.last_input?;
         let peer = self.peer_mut(handle)?;
-        if peer.relayed {
-            return None;
-        }
-        let b = peer.bond.as_mut()?;
+        let b = peer.bond.as_mut().filter(|_| !peer.relayed)?;
         if !b.bond.any_alive() {
             return None;
         }
-        let link = b.bond.pick(now, flow, len)?;
+        let link = b
+            .bond
+            .pick(now, super::shared::flow_hash(packet), packet.len())?;
         Some(Route::Direct(b.links[link].0))
     }
 }

@@ -216,7 +216,7 @@ impl Node {
         let bonded = if control {
             None
         } else {
-            self.bonded_route(handle, shared::flow_hash(packet), packet.len())
+            self.bonded_route(handle, packet)
         };
         let route = match bonded {
             Some(r) => r,
