@@ -2,7 +2,7 @@
 #![allow(clippy::print_stdout)] // prints its figures (run with --nocapture)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Issue 33, item 5, with real agents: six agents of one namespace in network namespaces
-//! (`auto` addresses, 15 s leases) log every lease decision they make as replicas and as
+//! (`auto` addresses in a /28, so that their first picks collide, 15 s leases) log every lease decision they make as replicas and as
 //! owners (`HYPHAE_LOG=info,hyphae::lease=debug`) while the test kills two of them with
 //! SIGKILL and restarts them, and cuts the underlay in two with nftables for 10 s (a
 //! declared partition). Then `hyphae_testbed::history` checks the merged record offline:
@@ -19,7 +19,7 @@ use hyphae_testbed::history::{self, History};
 use hyphae_testbed::{join_config, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
-const SUBNET: &str = "10.208.0.0/24";
+const SUBNET: &str = "10.208.0.0/28";
 const LEASE_SECS: u64 = 15;
 const MEMBERS: u8 = 6;
 const ENV: &[(&str, &str)] = &[("HYPHAE_LOG", "info,hyphae::lease=debug")];
