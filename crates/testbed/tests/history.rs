@@ -547,14 +547,20 @@ fn no_address_ever_has_two_holders_under_random_faults() {
     }
 }
 
-#[test]
-fn claimers_that_ask_part_of_the_replica_set_are_caught() {
-    let (violations, _) = run(1, Mutation::PartOfTheSet);
+/// What the checker finds in seed 1 run with `mutation` (printed as `name`).
+fn mutant(name: &str, mutation: Mutation) -> Vec<Violation> {
+    let (violations, _) = run(1, mutation);
     println!(
-        "part of the set: {} violations, first {:?}",
+        "{name}: {} violations, first {:?}",
         violations.len(),
         violations.first()
     );
+    violations
+}
+
+#[test]
+fn claimers_that_ask_part_of_the_replica_set_are_caught() {
+    let violations = mutant("part of the set", Mutation::PartOfTheSet);
     assert!(
         violations
             .iter()
@@ -565,12 +571,7 @@ fn claimers_that_ask_part_of_the_replica_set_are_caught() {
 
 #[test]
 fn replicas_without_compare_and_set_are_caught() {
-    let (violations, _) = run(1, Mutation::NoCompareAndSet);
-    println!(
-        "no compare-and-set: {} violations, first {:?}",
-        violations.len(),
-        violations.first()
-    );
+    let violations = mutant("no compare-and-set", Mutation::NoCompareAndSet);
     assert!(
         violations
             .iter()
