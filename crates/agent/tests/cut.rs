@@ -6,13 +6,15 @@
 //! packet between the groups' underlay addresses dropped, in both directions). While cut, a
 //! newcomer on each side joins and must get an address from the members it can reach;
 //! once the cut is healed, the groups converge to one owner per address (the merge rule)
-//! and everyone pings everyone.
+//! and everyone pings everyone. Meanwhile the members close their connections across the
+//! cut once they answer no ping, and the newcomers hold off the peers they failed to dial
+//! (`overlay::swarm::liveness`).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hyphae_agent::control::NamespaceStatus;
+use hyphae_agent::control::{NamespaceStatus, OverlayStatus};
 use hyphae_testbed::{join_config, require_root, AgentHandle, Host, Testbed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
@@ -82,6 +84,19 @@ fn heal(bed: &Testbed, host: &Host) {
     bed.heal(host).unwrap();
 }
 
+/// Waits until the counter `of` `m`'s overlay status is above zero; returns it.
+fn wait_for_count(bed: &Testbed, m: &Member, of: impl Fn(&OverlayStatus) -> u64) -> u64 {
+    let start = Instant::now();
+    loop {
+        let count = of(&bed.status(&m.host, &m.agent).expect("status").overlay);
+        if count > 0 {
+            return count;
+        }
+        assert!(start.elapsed() < CONVERGE, "h{}: the counter stayed 0", m.i);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 fn secret(dir: &Path) -> PathBuf {
     let path = dir.join("lab.secret");
     hyphae_testbed::write_secret(&path, "the cut test namespace secret\n").unwrap();
@@ -120,6 +135,12 @@ fn newcomers_get_addresses_while_cut_and_the_groups_converge_after() {
     let (a7, t7) = claimed_within(&bed, &h7, CLAIM);
     println!("while cut: the newcomer on the side of two holds {a7} after {t7:.1?}");
     println!("(cut {:.1?} ago)", cut_at.elapsed());
+    // The members closed their connections across the cut once they fell silent, and the
+    // newcomers held off the peers they could not dial (so later lookups did not wait).
+    let h1 = &members[0];
+    let silent = wait_for_count(&bed, h1, |o| o.silent_connections_closed);
+    let held_off = wait_for_count(&bed, &h6, |o| o.dials_held_off);
+    println!("h1 closed {silent} silent connections; h6 held off {held_off} dials");
 
     // Heal: one owner per address among all seven, then pings across.
     for m in members.iter().chain([&h6, &h7]) {
@@ -150,7 +171,6 @@ fn newcomers_get_addresses_while_cut_and_the_groups_converge_after() {
         "healed: one owner per address after {:.1?}",
         healed.elapsed()
     );
-    let h1 = &members[0];
     for m in [&members[3], &h6, &h7] {
         let to: Ipv4Addr = ns_status(&bed, m).address.parse().unwrap();
         bed.wait_for_ping(&h1.host, to, CONVERGE)

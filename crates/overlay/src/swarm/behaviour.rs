@@ -4,12 +4,14 @@ use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{
-    connection_limits, dcutr, identify, kad, mdns, noise, relay, tcp, yamux, StreamProtocol, Swarm,
+    connection_limits, dcutr, identify, kad, mdns, noise, ping, relay, tcp, yamux, StreamProtocol,
+    Swarm,
 };
 
 use super::addr::is_memory;
 use super::authority::{AuthorityAck, AuthorityPush, AUTHORITY_PROTOCOL};
 use super::guard::{self, PerIp};
+use super::liveness::{Backoff, PING_INTERVAL, PING_TIMEOUT};
 use super::routers::{RouterAck, RouterMessage, ROUTERS_PROTOCOL};
 use super::{
     Multiaddr, OverlayError, OverlayOptions, DIAL_TIMEOUT, KAD_PROTOCOL, LOOKUP_TIMEOUT,
@@ -26,6 +28,8 @@ pub(super) struct Behaviour {
     // keeps state for it.
     pub(super) limits: connection_limits::Behaviour,
     pub(super) per_ip: PerIp,
+    /// Peers whose last dial failed are not dialled again for a while.
+    pub(super) backoff: Backoff,
     pub(super) kad: kad::Behaviour<kad::store::MemoryStore>,
     pub(super) identify: identify::Behaviour,
     pub(super) records: request_response::json::Behaviour<ScopedRequest, RecordResponse>,
@@ -36,6 +40,8 @@ pub(super) struct Behaviour {
     pub(super) relay_client: relay::client::Behaviour,
     pub(super) dcutr: dcutr::Behaviour,
     pub(super) mdns: Toggle<mdns::tokio::Behaviour>,
+    /// Off in memory: those connections cannot go silent ([`super::liveness`]).
+    pub(super) ping: Toggle<ping::Behaviour>,
 }
 
 /// The swarm of the agent with `identity`, on TCP, or in memory for a `/memory/...` `listen`
@@ -48,8 +54,9 @@ pub(super) fn build(
 ) -> Result<Swarm<Behaviour>, OverlayError> {
     let keypair = libp2p::identity::Keypair::ed25519_from_bytes(identity.seed())
         .map_err(|e| OverlayError::Identity(e.to_string()))?;
+    let pings = !is_memory(listen);
     let make = move |key: &libp2p::identity::Keypair, relay_client| {
-        make_behaviour(key, relay_client, options, admission)
+        make_behaviour(key, relay_client, options, admission, pings)
     };
     let build = |e: &dyn std::fmt::Display| OverlayError::Build(e.to_string());
     let builder = libp2p::SwarmBuilder::with_existing_identity(keypair).with_tokio();
@@ -105,6 +112,7 @@ fn make_behaviour(
     relay_client: relay::client::Behaviour,
     options: OverlayOptions,
     admission: &guard::RelayAdmission,
+    pings: bool,
 ) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
     let mut cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
     cfg.set_query_timeout(LOOKUP_TIMEOUT);
@@ -150,6 +158,7 @@ fn make_behaviour(
     Ok(Behaviour {
         limits: guard::connection_limits(),
         per_ip: PerIp::default(),
+        backoff: Backoff::default(),
         kad,
         identify,
         records,
@@ -160,5 +169,14 @@ fn make_behaviour(
         relay_client,
         dcutr: dcutr::Behaviour::new(peer),
         mdns: mdns.into(),
+        ping: pings
+            .then(|| {
+                ping::Behaviour::new(
+                    ping::Config::new()
+                        .with_interval(PING_INTERVAL)
+                        .with_timeout(PING_TIMEOUT),
+                )
+            })
+            .into(),
     })
 }

@@ -7,10 +7,11 @@ use std::time::Instant;
 use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::{DialError, ListenError, SwarmEvent};
-use libp2p::{dcutr, identify, kad, mdns, relay};
+use libp2p::{dcutr, identify, kad, mdns, ping, relay};
 
 use super::addr::{is_loopback, is_relayed, is_unspecified, without_p2p};
 use super::behaviour::BehaviourEvent;
+use super::liveness::HeldOff;
 use super::members::{fresh_nonce, Awaiting};
 use super::{NetworkId, Overlay, OverlayEvent, PROOF_WAIT};
 
@@ -83,6 +84,11 @@ impl Overlay {
                 self.connected.insert(peer_id);
                 self.connections
                     .insert(connection_id, (peer_id, endpoint.is_relayed()));
+                self.liveness.handle_established(connection_id, now);
+                self.swarm
+                    .behaviour_mut()
+                    .backoff
+                    .handle_connected(&peer_id);
                 let nonce = fresh_nonce(&mut self.rng);
                 if let Some(challenge) = self.proofs.handle_connected(peer_id, nonce) {
                     self.send_proof_request(peer_id, challenge);
@@ -124,8 +130,22 @@ impl Overlay {
                 error: DialError::Denied { cause },
                 ..
             } => {
-                self.stats.dials_refused += 1;
-                tracing::debug!(%cause, "dial refused");
+                // Dials the backoff refuses are counted there (most are Kademlia's, which
+                // the swarm does not report here).
+                if cause.downcast_ref::<HeldOff>().is_none() {
+                    self.stats.dials_refused += 1;
+                    tracing::debug!(%cause, "dial refused");
+                }
+            }
+            SwarmEvent::OutgoingConnectionError {
+                peer_id: Some(peer),
+                error: DialError::Transport(_),
+                ..
+            } => {
+                // No address of it answered (timed out, refused): not dialled again for a
+                // while, so lookups that meet it do not wait for it again.
+                tracing::debug!(%peer, "dial failed: held off");
+                self.swarm.behaviour_mut().backoff.handle_failed(peer, now);
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -134,6 +154,7 @@ impl Overlay {
                 ..
             } => {
                 self.connections.remove(&connection_id);
+                self.liveness.handle_closed(connection_id);
                 if num_established == 0 {
                     self.connected.remove(&peer_id);
                     self.over_loopback.remove(&peer_id);
@@ -227,6 +248,14 @@ impl Overlay {
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
                 }
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event {
+                connection, result, ..
+            })) => match result {
+                Ok(_) => self.liveness.handle_pong(connection, now),
+                Err(ping::Failure::Unsupported) => self.liveness.handle_unsupported(connection),
+                // A lost ping closes nothing by itself: silence for `SILENT_AFTER` does.
+                Err(_) => {}
+            },
             SwarmEvent::Behaviour(BehaviourEvent::Kad(event)) => self.handle_kad(now, wall, event),
             SwarmEvent::Behaviour(BehaviourEvent::Records(event)) => {
                 self.handle_records(now, wall, event)

@@ -50,6 +50,7 @@ mod behaviour;
 mod events;
 mod guard;
 mod hygiene;
+mod liveness;
 mod members;
 mod relays;
 mod requests;
@@ -73,6 +74,7 @@ use addr::{ip_of, is_loopback};
 use behaviour::Behaviour;
 use guard::RelayAdmission;
 use hygiene::Hygiene;
+use liveness::Liveness;
 use members::Awaiting;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -315,6 +317,8 @@ pub struct Overlay {
     connected: HashSet<NetworkId>,
     /// Open connections: the peer, and whether they go through a relay.
     connections: HashMap<ConnectionId, (NetworkId, bool)>,
+    /// Which connections answer pings; silent ones are closed.
+    liveness: Liveness,
     /// Peers connected over loopback: their loopback listen addresses are theirs (another
     /// host's `127.0.0.1` would be ours).
     over_loopback: HashSet<NetworkId>,
@@ -365,6 +369,7 @@ impl Overlay {
         let mut swarm = behaviour::build(identity, &listen, options, &relay_admission)?;
         let local = *swarm.local_peer_id();
         let listens_on_loopback = is_loopback(&listen);
+        let liveness = Liveness::new(!addr::is_memory(&listen));
         swarm
             .listen_on(listen.clone())
             .map_err(|e| OverlayError::Listen(listen, e.to_string()))?;
@@ -396,6 +401,7 @@ impl Overlay {
             listen_addrs: Vec::new(),
             connected: HashSet::new(),
             connections: HashMap::new(),
+            liveness,
             over_loopback: HashSet::new(),
             relays: Relays::new(now),
             relay_admission,
@@ -561,6 +567,14 @@ impl Overlay {
         self.check_awaiting(now, wall);
         self.quorum.handle_timeout(now);
         self.flush_quorum(now, wall);
+        self.swarm.behaviour_mut().backoff.handle_timeout(now);
+        for connection in self.liveness.silent(now) {
+            if let Some((peer, relayed)) = self.connections.get(&connection) {
+                tracing::debug!(%peer, relayed, "closing a silent connection");
+                self.stats.silent_connections_closed += 1;
+            }
+            self.swarm.close_connection(connection);
+        }
     }
 
     /// When [`Overlay::handle_timeout`] wants to run next: the earliest operation deadline,
@@ -577,6 +591,8 @@ impl Overlay {
             self.mdns_wait,
             self.alone_at,
             self.awaiting.values().map(|a| a.deadline).min(),
+            self.liveness.poll_timeout(),
+            self.swarm.behaviour().backoff.poll_timeout(),
             Some(self.next_sweep),
         ]
         .into_iter()

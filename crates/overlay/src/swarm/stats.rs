@@ -29,6 +29,10 @@ pub struct OverlayStats {
     pub refused_puts: u64,
     /// Connections opened through a relay (either direction).
     pub relayed_connections: u64,
+    /// Connections closed because they stopped answering pings ([`super::liveness`]).
+    pub silent_connections_closed: u64,
+    /// Dials not made because the peer's last dial failed ([`super::liveness::Backoff`]).
+    pub dials_held_off: u64,
     /// Relayed connections that dcutr upgraded to direct ones.
     pub hole_punches: u64,
     /// dcutr attempts that failed (the connection stays relayed).
@@ -85,6 +89,7 @@ impl Overlay {
         } = self.proofs.stats();
         OverlayStats {
             bad_envelopes: quorum.bad_envelopes,
+            dials_held_off: self.swarm.behaviour().backoff.held_off(),
             late_grants_released: quorum.late_grants_released,
             claims_short_given_up: quorum.short_claims_given_up,
             proofs_accepted: accepted,

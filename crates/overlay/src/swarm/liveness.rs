@@ -1,0 +1,318 @@
+//! Peers that cannot be reached stop holding others up.
+//!
+//! A partition or a host that lost power leaves a TCP connection that looks open for
+//! minutes: nothing is acknowledged, nothing fails. Until it closes, Kademlia keeps asking
+//! through it, relay circuits are requested over it and lookups wait out their 10 s for the
+//! answers; and a peer across the cut, handed out by every member that still lists it, is
+//! dialled again by each lookup, which waits out the dial ([`super::DIAL_TIMEOUT`]).
+//! `hyphae-agent --test cut`: a newcomer on the side of three waited 29.9 s, three lookups
+//! in a row. Two rules:
+//!
+//! - [`Liveness`]: every connection is pinged ([`PING_INTERVAL`], libp2p ping), and one
+//!   that has not answered for [`SILENT_AFTER`] is closed. The peer is then disconnected:
+//!   circuits through us to it and requests to it fail at once.
+//! - [`Backoff`]: a peer whose dial failed is not dialled again for [`DIAL_BACKOFF`]; a
+//!   lookup that meets it counts it as failed at once instead of dialling it again. A
+//!   connection with it (it dialled us, say) lifts that at once.
+//!
+//! Pure bookkeeping on the caller's clock; the swarm glue feeds it libp2p's events, closes
+//! what [`Liveness::silent`] returns and expires the backoff.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use libp2p::core::transport::PortUse;
+use libp2p::core::Endpoint;
+use libp2p::swarm::{
+    dummy, ConnectionDenied, ConnectionId, NetworkBehaviour, THandler, THandlerInEvent,
+    THandlerOutEvent, ToSwarm,
+};
+
+use super::{Multiaddr, NetworkId};
+
+/// How often each connection is pinged.
+pub(super) const PING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long one ping may wait for its answer (libp2p ping's own timeout; a connection is
+/// closed by [`SILENT_AFTER`], not by a failed ping).
+pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection with no answered ping for this long is closed: three pings missed. A
+/// lost segment costs TCP a retransmission (hundreds of milliseconds), not seconds, so
+/// a connection with 1% loss is not closed.
+pub(super) const SILENT_AFTER: Duration = Duration::from_secs(3);
+
+/// How long a peer whose dial failed is not dialled again. Long enough for the lookups a
+/// claim makes in a row; short enough that a healed partition is dialled again soon (and a
+/// connection either side opens lifts it at once).
+pub(super) const DIAL_BACKOFF: Duration = Duration::from_secs(10);
+
+/// When each open connection last answered a ping.
+#[derive(Debug, Default)]
+pub(super) struct Liveness {
+    /// Pinging is on (off for in-memory swarms, whose connections cannot go silent).
+    enabled: bool,
+    /// Open connections that speak ping: when they last answered (or opened).
+    heard: HashMap<ConnectionId, Instant>,
+}
+
+impl Liveness {
+    /// Bookkeeping for a swarm that pings (`enabled`) or does not.
+    pub(super) fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            heard: HashMap::new(),
+        }
+    }
+
+    /// A connection opened: it has [`SILENT_AFTER`] to answer its first ping.
+    pub(super) fn handle_established(&mut self, connection: ConnectionId, now: Instant) {
+        if self.enabled {
+            self.heard.insert(connection, now);
+        }
+    }
+
+    /// A ping on `connection` was answered.
+    pub(super) fn handle_pong(&mut self, connection: ConnectionId, now: Instant) {
+        if let Some(heard) = self.heard.get_mut(&connection) {
+            *heard = now;
+        }
+    }
+
+    /// The peer on `connection` does not speak ping (an older agent, another libp2p
+    /// node): its silence says nothing, so it is not watched.
+    pub(super) fn handle_unsupported(&mut self, connection: ConnectionId) {
+        self.heard.remove(&connection);
+    }
+
+    /// A connection closed.
+    pub(super) fn handle_closed(&mut self, connection: ConnectionId) {
+        self.heard.remove(&connection);
+    }
+
+    /// The connections silent for [`SILENT_AFTER`] at `now`, to close; each is returned
+    /// once.
+    pub(super) fn silent(&mut self, now: Instant) -> Vec<ConnectionId> {
+        let silent: Vec<ConnectionId> = self
+            .heard
+            .iter()
+            .filter(|(_, &heard)| now.saturating_duration_since(heard) >= SILENT_AFTER)
+            .map(|(&connection, _)| connection)
+            .collect();
+        for connection in &silent {
+            self.heard.remove(connection);
+        }
+        silent
+    }
+
+    /// When the next connection falls silent if nothing is heard from it before.
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        self.heard.values().min().map(|&heard| heard + SILENT_AFTER)
+    }
+
+    /// Connections watched now.
+    #[cfg(test)]
+    fn watched(&self) -> usize {
+        self.heard.len()
+    }
+}
+
+/// Peers not dialled until a time, because their last dial failed. A behaviour, so that a
+/// dial to one of them is refused before it starts (Kademlia then counts the peer as failed
+/// in its lookups at once).
+#[derive(Debug, Default)]
+pub(super) struct Backoff {
+    until: HashMap<NetworkId, Instant>,
+    /// Dials refused since start.
+    held_off: u64,
+}
+
+/// Why a dial was refused: the peer's last dial failed (see [`Backoff`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the last dial to this peer failed; not dialled again before its backoff ends")]
+pub(super) struct HeldOff;
+
+impl Backoff {
+    /// `peer`'s dial failed at `now`.
+    pub(super) fn handle_failed(&mut self, peer: NetworkId, now: Instant) {
+        self.until.insert(peer, now + DIAL_BACKOFF);
+    }
+
+    /// A connection with `peer` is open: it is reachable.
+    pub(super) fn handle_connected(&mut self, peer: &NetworkId) {
+        self.until.remove(peer);
+    }
+
+    /// Whether dials to `peer` are held off.
+    pub(super) fn holds_off(&self, peer: &NetworkId) -> bool {
+        self.until.contains_key(peer)
+    }
+
+    /// Dials refused since start.
+    pub(super) fn held_off(&self) -> u64 {
+        self.held_off
+    }
+
+    /// Ends the backoffs due by `now`.
+    pub(super) fn handle_timeout(&mut self, now: Instant) {
+        self.until.retain(|_, until| *until > now);
+    }
+
+    /// When the next backoff ends.
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        self.until.values().min().copied()
+    }
+}
+
+impl NetworkBehaviour for Backoff {
+    type ConnectionHandler = dummy::ConnectionHandler;
+    type ToSwarm = Infallible;
+
+    fn handle_pending_outbound_connection(
+        &mut self,
+        _connection_id: ConnectionId,
+        peer: Option<NetworkId>,
+        _addresses: &[Multiaddr],
+        _effective_role: Endpoint,
+    ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        match peer {
+            Some(peer) if self.holds_off(&peer) => {
+                self.held_off += 1;
+                Err(ConnectionDenied::new(HeldOff))
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        _connection_id: ConnectionId,
+        _peer: NetworkId,
+        _local_addr: &Multiaddr,
+        _remote_addr: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        _connection_id: ConnectionId,
+        _peer: NetworkId,
+        _addr: &Multiaddr,
+        _role_override: Endpoint,
+        _port_use: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn on_swarm_event(&mut self, _event: libp2p::swarm::FromSwarm) {}
+
+    fn on_connection_handler_event(
+        &mut self,
+        _peer_id: NetworkId,
+        _connection_id: ConnectionId,
+        event: THandlerOutEvent<Self>,
+    ) {
+        match event {}
+    }
+
+    fn poll(&mut self, _: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::disallowed_methods)] // tests start the virtual clock
+    use super::*;
+
+    #[test]
+    fn a_connection_that_answers_stays_and_one_that_falls_silent_is_closed_once() {
+        let start = Instant::now();
+        let (alive, dead) = (
+            ConnectionId::new_unchecked(1),
+            ConnectionId::new_unchecked(2),
+        );
+        let mut l = Liveness::new(true);
+        l.handle_established(alive, start);
+        l.handle_established(dead, start);
+        assert_eq!(l.poll_timeout(), Some(start + SILENT_AFTER));
+        // The first answers every ping; the second never after the cut.
+        let mut now = start;
+        let mut closed = Vec::new();
+        while now < start + Duration::from_secs(10) {
+            now += PING_INTERVAL;
+            l.handle_pong(alive, now);
+            if now <= start + Duration::from_secs(2) {
+                l.handle_pong(dead, now);
+            }
+            closed.extend(l.silent(now));
+        }
+        assert_eq!(closed, vec![dead]);
+        assert_eq!(l.watched(), 1);
+        assert_eq!(l.poll_timeout(), Some(now + SILENT_AFTER));
+    }
+
+    #[test]
+    fn a_pong_late_by_less_than_the_limit_keeps_the_connection() {
+        let start = Instant::now();
+        let c = ConnectionId::new_unchecked(7);
+        let mut l = Liveness::new(true);
+        l.handle_established(c, start);
+        // A retransmitted segment: the answer comes 2.9 s after the last one.
+        let late = start + SILENT_AFTER - Duration::from_millis(100);
+        assert!(l.silent(late).is_empty());
+        l.handle_pong(c, late);
+        assert!(l.silent(late + Duration::from_secs(2)).is_empty());
+        assert_eq!(l.silent(late + SILENT_AFTER), vec![c]);
+    }
+
+    #[test]
+    fn peers_without_ping_closed_connections_and_memory_swarms_are_not_watched() {
+        let start = Instant::now();
+        let (old, gone) = (
+            ConnectionId::new_unchecked(1),
+            ConnectionId::new_unchecked(2),
+        );
+        let mut l = Liveness::new(true);
+        l.handle_established(old, start);
+        l.handle_established(gone, start);
+        l.handle_unsupported(old);
+        l.handle_closed(gone);
+        assert!(l.silent(start + Duration::from_secs(60)).is_empty());
+        assert_eq!(l.poll_timeout(), None);
+
+        let mut off = Liveness::new(false);
+        off.handle_established(old, start);
+        assert_eq!(off.watched(), 0);
+        assert!(off.silent(start + Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn a_peer_whose_dial_failed_is_held_off_until_its_backoff_ends_or_it_connects() {
+        let start = Instant::now();
+        let (p, q) = (NetworkId::random(), NetworkId::random());
+        let mut b = Backoff::default();
+        b.handle_failed(p, start);
+        b.handle_failed(q, start + Duration::from_secs(1));
+        let id = ConnectionId::new_unchecked(1);
+        let denied = b
+            .handle_pending_outbound_connection(id, Some(p), &[], Endpoint::Dialer)
+            .unwrap_err();
+        assert!(denied.downcast_ref::<HeldOff>().is_some());
+        assert_eq!(b.held_off(), 1);
+        // Dials without a peer id (bootstrap addresses) are never held off.
+        assert!(b
+            .handle_pending_outbound_connection(id, None, &[], Endpoint::Dialer)
+            .is_ok());
+        assert_eq!(b.poll_timeout(), Some(start + DIAL_BACKOFF));
+        b.handle_timeout(start + DIAL_BACKOFF);
+        assert!(!b.holds_off(&p) && b.holds_off(&q));
+        // q dialled us: reachable, dialled again at once.
+        b.handle_connected(&q);
+        assert!(!b.holds_off(&q));
+        assert_eq!(b.poll_timeout(), None);
+    }
+}
