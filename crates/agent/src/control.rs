@@ -275,11 +275,12 @@ pub struct OverlayStatus {
     /// Connections opened through a relay since start.
     #[serde(default)]
     pub relayed_connections: u64,
-    /// Connections closed because they stopped answering pings for 3 s (a partition, a
+    /// Connections closed because they stopped answering pings for 5 s (a partition, a
     /// host gone without closing them).
     #[serde(default)]
     pub silent_connections_closed: u64,
-    /// Dials not made because the peer's last dial failed under 10 s before.
+    /// Dials not made because the peer's last dial failed slowly (timed out) under 10 s
+    /// before.
     #[serde(default)]
     pub dials_held_off: u64,
     /// Relayed connections upgraded to direct by hole punching (dcutr).

@@ -199,8 +199,8 @@ fn dhcp_and_dns_with_real_clients() {
     let l = bed
         .add_lan_host(&lan, "l", "", hyphae_agent::config::DEFAULT_MTU)
         .unwrap();
-    let (script, env_file) = udhcpc_script(&l);
-    let out = udhcpc(&bed, &l, "charlie", &script);
+    let (script, env_file) = hyphae_testbed::udhcpc_script(&l).unwrap();
+    let out = bed.udhcpc(&l, "charlie", &script).unwrap();
     assert!(
         out.status.success(),
         "udhcpc: {}{}",
@@ -381,7 +381,6 @@ fn dhcp_and_dns_with_real_clients() {
     assert!(ns_status(&bed, &a, &aa).address_claimed);
 }
 
-/// A writable `udhcpc` script that sets the address it is given and saves its environment.
 /// A router-mode member on underlay host `10.200.0.{underlay}`, bridging a new LAN
 /// `lan_name` (its `eth1`), bootstrapping from `boot`: the LAN, the host and the agent.
 fn start_router(
@@ -407,32 +406,6 @@ fn start_router(
     );
     let agent = bed.start_agent(&r, &cfg).unwrap();
     (lan, r, agent)
-}
-
-/// Runs busybox udhcpc once on `host` (asking for the name `hostname`), its lease written
-/// by `script`; up to 20 tries a second apart.
-fn udhcpc(bed: &Testbed, host: &Host, hostname: &str, script: &str) -> std::process::Output {
-    let ask = format!("hostname:{hostname}");
-    let args = [
-        "udhcpc", "-x", &ask, "-i", "eth0", "-f", "-q", "-n", "-t", "20", "-T", "1", "-s", script,
-    ];
-    bed.ns_output(&host.ns, "busybox", &args).unwrap()
-}
-
-fn udhcpc_script(host: &Host) -> (String, std::path::PathBuf) {
-    let script = host.dir.join("udhcpc.sh");
-    let env_file = host.dir.join("udhcpc.env");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in\n  bound|renew)\n    ip addr flush dev \"$interface\"\n    ip addr add \"$ip/$mask\" dev \"$interface\"\n    env > {}\n    ;;\n  deconfig) ip addr flush dev \"$interface\" ;;\nesac\n",
-            env_file.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    (script.display().to_string(), env_file)
 }
 
 /// RFC 2131 4.1 through a real relay agent: ISC `dhcrelay` sits between a client LAN and
@@ -511,8 +484,8 @@ fn dhcp_through_a_relay_agent() {
 
     // A client behind the relay.
     let c = bed.add_lan_host(&clients, "c", "", 1500).unwrap();
-    let (script, env_file) = udhcpc_script(&c);
-    let out = udhcpc(&bed, &c, "echo", &script);
+    let (script, env_file) = hyphae_testbed::udhcpc_script(&c).unwrap();
+    let out = bed.udhcpc(&c, "echo", &script).unwrap();
     let relay_said = std::fs::read_to_string(&relay_log).unwrap_or_default();
     assert!(
         out.status.success(),

@@ -744,6 +744,36 @@ impl Testbed {
     }
 }
 
+impl Testbed {
+    /// Runs busybox udhcpc once on `host` (asking for the name `hostname`), its lease written
+    /// by `script` (see [`udhcpc_script`]); up to 20 tries a second apart.
+    pub fn udhcpc(&self, host: &Host, hostname: &str, script: &str) -> Result<Output> {
+        let ask = format!("hostname:{hostname}");
+        let args = [
+            "udhcpc", "-x", &ask, "-i", "eth0", "-f", "-q", "-n", "-t", "20", "-T", "1", "-s",
+            script,
+        ];
+        self.ns_output(&host.ns, "busybox", &args)
+    }
+}
+
+/// A udhcpc script for `host` that puts the lease's address on the interface and writes the
+/// lease's variables to a file: (the script's path, that file's path).
+pub fn udhcpc_script(host: &Host) -> Result<(String, PathBuf)> {
+    use std::os::unix::fs::PermissionsExt;
+    let script = host.dir.join("udhcpc.sh");
+    let env_file = host.dir.join("udhcpc.env");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  bound|renew)\n    ip addr flush dev \"$interface\"\n    ip addr add \"$ip/$mask\" dev \"$interface\"\n    env > {}\n    ;;\n  deconfig) ip addr flush dev \"$interface\" ;;\nesac\n",
+            env_file.display()
+        ),
+    )?;
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755))?;
+    Ok((script.display().to_string(), env_file))
+}
+
 /// The end of the last interval that carried bytes in an `iperf3 -i 0.1` client log, in
 /// seconds from the start of the stream (`None` before any did).
 pub fn iperf_last_carrying(log: &Path) -> Option<f64> {

@@ -204,6 +204,7 @@ impl Node {
         }
         if let Some(peer) = self.peer_mut(handle) {
             peer.next_announce = now + ANNOUNCE_INTERVAL;
+            peer.announced = true;
         }
     }
 

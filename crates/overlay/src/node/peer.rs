@@ -157,6 +157,9 @@ pub(super) struct Peer {
     pub(super) initiator: bool,
     /// Send our announcement once the handshake in flight completes.
     pub(super) announce_pending: bool,
+    /// Our announcement went out (or waits in the tunnel) since this tunnel opened: a host
+    /// packet sent before it would be dropped as spoofed, its source not yet announced.
+    pub(super) announced: bool,
     /// Last time a hello request made us restart the handshake.
     last_forced: Option<Instant>,
     pub(super) next_announce: Instant,
@@ -200,6 +203,7 @@ impl Peer {
             bond: None,
             initiator,
             announce_pending: false,
+            announced: false,
             last_forced: None,
             // A responder whose initiator has not completed a handshake a second from now
             // asks it again (the timer path sends a hello rather than initiating).

@@ -112,6 +112,9 @@ impl Node {
                 peer.heard(now, route);
             }
         }
+        if authenticated {
+            self.announce_first(now, handle);
+        }
         self.flush_tunnel(handle, shard);
         received
     }
@@ -188,6 +191,7 @@ impl Node {
                     if let Some(peer) = self.peer_mut(handle) {
                         peer.heard(now, route);
                     }
+                    self.announce_first(now, handle);
                     self.flush_tunnel(handle, tunnel.shard());
                     received
                 }
@@ -382,6 +386,21 @@ impl Node {
                 d[RELAY_HEADER_LEN..].copy_from_slice(datagram);
                 self.queue_transmit(via, d);
             }
+        }
+    }
+
+    /// Announces us to `handle` if nothing has yet, now that its tunnel has a session that
+    /// just carried something of the member's: host packets that waited for a session
+    /// follow our announcement, never precede it, since the member drops a packet from a
+    /// source we have not announced as spoofed. (Handshakes that cross give the side that
+    /// does not initiate a session before anything announced it: a first ping was lost
+    /// that way, `hyphae-agent --test scale`.)
+    fn announce_first(&mut self, now: Instant, handle: PeerHandle) {
+        if self
+            .peer(handle)
+            .is_some_and(|p| !p.announced && p.has_session())
+        {
+            self.announce(now, handle);
         }
     }
 

@@ -88,7 +88,7 @@ impl Overlay {
                 self.swarm
                     .behaviour_mut()
                     .backoff
-                    .handle_connected(&peer_id);
+                    .handle_connected(&peer_id, connection_id);
                 let nonce = fresh_nonce(&mut self.rng);
                 if let Some(challenge) = self.proofs.handle_connected(peer_id, nonce) {
                     self.send_proof_request(peer_id, challenge);
@@ -126,26 +126,34 @@ impl Overlay {
                 send_back_addr,
                 ..
             } => self.handle_refused_connection(&send_back_addr, &cause),
+            // Dials the backoff refuses are counted there (most are Kademlia's, which the
+            // swarm does not report here).
             SwarmEvent::OutgoingConnectionError {
                 error: DialError::Denied { cause },
                 ..
-            } => {
-                // Dials the backoff refuses are counted there (most are Kademlia's, which
-                // the swarm does not report here).
-                if cause.downcast_ref::<HeldOff>().is_none() {
-                    self.stats.dials_refused += 1;
-                    tracing::debug!(%cause, "dial refused");
-                }
+            } if cause.downcast_ref::<HeldOff>().is_none() => {
+                self.stats.dials_refused += 1;
+                tracing::debug!(%cause, "dial refused");
             }
+            SwarmEvent::Dialing {
+                peer_id: Some(_),
+                connection_id,
+            } => self
+                .swarm
+                .behaviour_mut()
+                .backoff
+                .handle_dialing(connection_id, now),
             SwarmEvent::OutgoingConnectionError {
                 peer_id: Some(peer),
+                connection_id,
                 error: DialError::Transport(_),
-                ..
             } => {
-                // No address of it answered (timed out, refused): not dialled again for a
-                // while, so lookups that meet it do not wait for it again.
-                tracing::debug!(%peer, "dial failed: held off");
-                self.swarm.behaviour_mut().backoff.handle_failed(peer, now);
+                // No address of it answered: if that took long (timed out), it is not
+                // dialled again for a while, so lookups that meet it do not wait again.
+                self.swarm
+                    .behaviour_mut()
+                    .backoff
+                    .handle_failed(peer, connection_id, now);
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,

@@ -11,9 +11,11 @@
 //! - [`Liveness`]: every connection is pinged ([`PING_INTERVAL`], libp2p ping), and one
 //!   that has not answered for [`SILENT_AFTER`] is closed. The peer is then disconnected:
 //!   circuits through us to it and requests to it fail at once.
-//! - [`Backoff`]: a peer whose dial failed is not dialled again for [`DIAL_BACKOFF`]; a
-//!   lookup that meets it counts it as failed at once instead of dialling it again. A
-//!   connection with it (it dialled us, say) lifts that at once.
+//! - [`Backoff`]: a peer whose dial failed slowly ([`SLOW_DIAL`]: it timed out, its SYNs
+//!   dropped) is not dialled again for [`DIAL_BACKOFF`]; a lookup that meets it counts it
+//!   as failed at once instead of dialling it again. A dial refused at once (a member that
+//!   is not listening yet) costs nothing to repeat and is not held off. A connection with
+//!   the peer (it dialled us, say) lifts the backoff at once.
 //!
 //! Pure bookkeeping on the caller's clock; the swarm glue feeds it libp2p's events, closes
 //! what [`Liveness::silent`] returns and expires the backoff.
@@ -39,15 +41,21 @@ pub(super) const PING_INTERVAL: Duration = Duration::from_secs(1);
 /// closed by [`SILENT_AFTER`], not by a failed ping).
 pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A connection with no answered ping for this long is closed: three pings missed. A
+/// A connection with no answered ping for this long is closed: five pings missed. A
 /// lost segment costs TCP a retransmission (hundreds of milliseconds), not seconds, so
-/// a connection with 1% loss is not closed.
-pub(super) const SILENT_AFTER: Duration = Duration::from_secs(3);
+/// a connection with 1% loss is not closed; a control thread that stalls for seconds (50
+/// agents starting at once on 2 cores: `hyphae-agent --test scale`) should not lose its
+/// connections either, which it would dial again, adding to the load (3 s closed about a
+/// hundred connections per agent there).
+pub(super) const SILENT_AFTER: Duration = Duration::from_secs(5);
 
 /// How long a peer whose dial failed is not dialled again. Long enough for the lookups a
 /// claim makes in a row; short enough that a healed partition is dialled again soon (and a
 /// connection either side opens lifts it at once).
 pub(super) const DIAL_BACKOFF: Duration = Duration::from_secs(10);
+
+/// A dial that failed after this long is held off; a quicker failure is not.
+pub(super) const SLOW_DIAL: Duration = Duration::from_secs(1);
 
 /// When each open connection last answered a ping.
 #[derive(Debug, Default)]
@@ -125,6 +133,8 @@ impl Liveness {
 #[derive(Debug, Default)]
 pub(super) struct Backoff {
     until: HashMap<NetworkId, Instant>,
+    /// Dials in progress to a known peer: when each started.
+    dialing: HashMap<ConnectionId, Instant>,
     /// Dials refused since start.
     held_off: u64,
 }
@@ -135,14 +145,29 @@ pub(super) struct Backoff {
 pub(super) struct HeldOff;
 
 impl Backoff {
-    /// `peer`'s dial failed at `now`.
-    pub(super) fn handle_failed(&mut self, peer: NetworkId, now: Instant) {
-        self.until.insert(peer, now + DIAL_BACKOFF);
+    /// A dial to a known peer started.
+    pub(super) fn handle_dialing(&mut self, connection: ConnectionId, now: Instant) {
+        self.dialing.insert(connection, now);
+    }
+
+    /// The dial `connection` to `peer` failed at `now`: held off if it took
+    /// [`SLOW_DIAL`] or more.
+    pub(super) fn handle_failed(
+        &mut self,
+        peer: NetworkId,
+        connection: ConnectionId,
+        now: Instant,
+    ) {
+        let started = self.dialing.remove(&connection);
+        if started.is_some_and(|t| now.saturating_duration_since(t) >= SLOW_DIAL) {
+            self.until.insert(peer, now + DIAL_BACKOFF);
+        }
     }
 
     /// A connection with `peer` is open: it is reachable.
-    pub(super) fn handle_connected(&mut self, peer: &NetworkId) {
+    pub(super) fn handle_connected(&mut self, peer: &NetworkId, connection: ConnectionId) {
         self.until.remove(peer);
+        self.dialing.remove(&connection);
     }
 
     /// Whether dials to `peer` are held off.
@@ -155,9 +180,11 @@ impl Backoff {
         self.held_off
     }
 
-    /// Ends the backoffs due by `now`.
+    /// Ends the backoffs due by `now` (and forgets dials that ended some other way).
     pub(super) fn handle_timeout(&mut self, now: Instant) {
         self.until.retain(|_, until| *until > now);
+        self.dialing
+            .retain(|_, started| now.saturating_duration_since(*started) < DIAL_BACKOFF * 6);
     }
 
     /// When the next backoff ends.
@@ -290,13 +317,27 @@ mod tests {
         assert!(off.silent(start + Duration::from_secs(60)).is_empty());
     }
 
+    const DIAL_TIMEOUT_IN_TEST: Duration = Duration::from_secs(4);
+
     #[test]
-    fn a_peer_whose_dial_failed_is_held_off_until_its_backoff_ends_or_it_connects() {
+    fn a_peer_whose_dial_failed_slowly_is_held_off_until_its_backoff_ends_or_it_connects() {
         let start = Instant::now();
-        let (p, q) = (NetworkId::random(), NetworkId::random());
+        let (p, q, r) = (
+            NetworkId::random(),
+            NetworkId::random(),
+            NetworkId::random(),
+        );
         let mut b = Backoff::default();
-        b.handle_failed(p, start);
-        b.handle_failed(q, start + Duration::from_secs(1));
+        let dial = ConnectionId::new_unchecked;
+        for (i, t) in [(10, start), (11, start), (12, start)] {
+            b.handle_dialing(dial(i), t - DIAL_TIMEOUT_IN_TEST);
+        }
+        b.handle_failed(p, dial(10), start);
+        b.handle_failed(q, dial(11), start + Duration::from_secs(1));
+        // Refused at once (not listening yet): dialled again whenever asked.
+        b.handle_dialing(dial(13), start);
+        b.handle_failed(r, dial(13), start + Duration::from_millis(5));
+        assert!(!b.holds_off(&r));
         let id = ConnectionId::new_unchecked(1);
         let denied = b
             .handle_pending_outbound_connection(id, Some(p), &[], Endpoint::Dialer)
@@ -311,7 +352,7 @@ mod tests {
         b.handle_timeout(start + DIAL_BACKOFF);
         assert!(!b.holds_off(&p) && b.holds_off(&q));
         // q dialled us: reachable, dialled again at once.
-        b.handle_connected(&q);
+        b.handle_connected(&q, dial(99));
         assert!(!b.holds_off(&q));
         assert_eq!(b.poll_timeout(), None);
     }
