@@ -403,7 +403,9 @@ mod tests {
         );
         connect(&mut a, &mut b, now);
         assert!(b.peers().next().unwrap().addresses.is_empty());
-        assert_eq!(b.certificate_stats().address_not_allowed, 1);
+        // Refused each time a announced it (once, or twice when announcements cross).
+        let refused = b.certificate_stats().address_not_allowed;
+        assert!((1..=2).contains(&refused), "{refused}");
         assert!(
             !carries(&mut a, 1, &mut b, 2, now),
             "spoofed by its certificate"
