@@ -258,6 +258,10 @@ pub struct OverlayStatus {
     /// Of those, claims made again after a lookup (a replica computed another set).
     #[serde(default)]
     pub claims_looked_up_again: u64,
+    /// First claims made again after a lookup without the replicas' check, once replicas
+    /// disputed the set the lookup found and the members they named were dialled.
+    #[serde(default)]
+    pub claims_unchecked_after_dispute: u64,
     /// Claims without a lookup this agent, as a replica, answered with another set.
     #[serde(default)]
     pub claims_disputed: u64,

@@ -256,12 +256,12 @@ impl Table {
         requests
     }
 
-    /// Like [`Table::handle_replicas`], for a claim sent without a lookup to the replica
-    /// set computed from `known` (the proven members this agent knows): each replica gets
-    /// the set with the claim ([`RecordRequest::ClaimAmong`]) and grants only if it
-    /// computes the same one ([`check_replicas`]). A replica that answers with another set
-    /// ends the claim at once, lost without a holder, its grants given back: the caller
-    /// then claims again after a lookup. Other operations are started as by
+    /// Like [`Table::handle_replicas`], for a first claim, whose replicas are checked: each
+    /// replica gets the set computed from `known` (the proven members this agent knows, or
+    /// those its lookup found) with the claim ([`RecordRequest::ClaimAmong`]) and grants
+    /// only if it computes the same one ([`check_replicas`]). A replica that answers with
+    /// another set ends the claim at once, lost without a holder, its grants given back:
+    /// the caller claims again (after a lookup). Other operations are started as by
     /// [`Table::handle_replicas`].
     pub fn handle_known_replicas(
         &mut self,
@@ -269,8 +269,9 @@ impl Table {
         id: OpId,
         known: Vec<NetworkId>,
         local: NetworkId,
+        queried: u32,
     ) -> Vec<(NetworkId, RecordRequest)> {
-        let requests = self.handle_replicas(now, id, known, local, 0);
+        let requests = self.handle_replicas(now, id, known, local, queried);
         let set: Vec<Vec<u8>> = requests.iter().map(|(p, _)| p.to_bytes()).collect();
         requests
             .into_iter()

@@ -415,6 +415,7 @@ impl Control {
                 group_lookups_saved: self.overlay.stats().group_lookups_saved,
                 claims_without_lookup: self.overlay.stats().claims_without_lookup,
                 claims_looked_up_again: self.overlay.stats().claims_looked_up_again,
+                claims_unchecked_after_dispute: self.overlay.stats().claims_unchecked_after_dispute,
                 claims_disputed: self.overlay.stats().claims_disputed,
                 claims_short_given_up: self.overlay.stats().claims_short_given_up,
                 relays: self

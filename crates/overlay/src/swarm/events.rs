@@ -146,14 +146,21 @@ impl Overlay {
             SwarmEvent::OutgoingConnectionError {
                 peer_id: Some(peer),
                 connection_id,
-                error: DialError::Transport(_),
+                error: DialError::Transport(errors),
             } => {
                 // No address of it answered: if that took long (timed out), it is not
                 // dialled again for a while, so lookups that meet it do not wait again.
-                self.swarm
-                    .behaviour_mut()
-                    .backoff
-                    .handle_failed(peer, connection_id, now);
+                // Not when a connection with it is open anyway (a hole punch or another
+                // address failed), nor when only relayed addresses were tried (a relay at
+                // capacity says nothing of the peer).
+                let reachable = self.swarm.is_connected(&peer);
+                let relayed_only = errors.iter().all(|(addr, _)| is_relayed(addr));
+                self.swarm.behaviour_mut().backoff.handle_failed(
+                    peer,
+                    connection_id,
+                    now,
+                    !reachable && !relayed_only,
+                );
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -309,6 +316,8 @@ impl Overlay {
                             self.group_replicas
                                 .insert(key, (found.clone(), queried, now));
                         }
+                        let mut found = found;
+                        found.extend(self.meet.remove(&op).unwrap_or_default());
                         let waiting = Awaiting {
                             ns,
                             found,

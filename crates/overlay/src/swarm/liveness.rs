@@ -151,15 +151,16 @@ impl Backoff {
     }
 
     /// The dial `connection` to `peer` failed at `now`: held off if it took
-    /// [`SLOW_DIAL`] or more.
+    /// [`SLOW_DIAL`] or more and the failure says the peer is unreachable (`telling`).
     pub(super) fn handle_failed(
         &mut self,
         peer: NetworkId,
         connection: ConnectionId,
         now: Instant,
+        telling: bool,
     ) {
         let started = self.dialing.remove(&connection);
-        if started.is_some_and(|t| now.saturating_duration_since(t) >= SLOW_DIAL) {
+        if telling && started.is_some_and(|t| now.saturating_duration_since(t) >= SLOW_DIAL) {
             self.until.insert(peer, now + DIAL_BACKOFF);
         }
     }
@@ -332,11 +333,15 @@ mod tests {
         for (i, t) in [(10, start), (11, start), (12, start)] {
             b.handle_dialing(dial(i), t - DIAL_TIMEOUT_IN_TEST);
         }
-        b.handle_failed(p, dial(10), start);
-        b.handle_failed(q, dial(11), start + Duration::from_secs(1));
+        b.handle_failed(p, dial(10), start, true);
+        b.handle_failed(q, dial(11), start + Duration::from_secs(1), true);
         // Refused at once (not listening yet): dialled again whenever asked.
         b.handle_dialing(dial(13), start);
-        b.handle_failed(r, dial(13), start + Duration::from_millis(5));
+        b.handle_failed(r, dial(13), start + Duration::from_millis(5), true);
+        assert!(!b.holds_off(&r));
+        // Timed out through a relay only, or while connected anyway: says nothing.
+        b.handle_dialing(dial(14), start - DIAL_TIMEOUT_IN_TEST);
+        b.handle_failed(r, dial(14), start, false);
         assert!(!b.holds_off(&r));
         let id = ConnectionId::new_unchecked(1);
         let denied = b

@@ -8,7 +8,7 @@ use libp2p::request_response;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::{NetworkId, OpId, Overlay};
+use super::{ClaimMode, NetworkId, OpId, Overlay};
 use crate::proof::{Credential, NamespaceTag, ProofRequest, ProofResponse, PROOF_LEN};
 use crate::NamespaceKeys;
 
@@ -95,9 +95,18 @@ impl Overlay {
             return;
         }
         tracing::debug!(?op, replicas = members.len(), "asking replicas");
-        let requests = if known {
+        // Every first claim has its set checked by the replicas, after a lookup too: a
+        // lookup that could not reach the members closest to the key (unreachable for a
+        // moment, or not yet proven) ends with a set farther out, which may share no
+        // replica with the set another claimer won the key on (DECISIONS, "Claims without
+        // a lookup").
+        let checked = self
+            .checked_claims
+            .get(&op)
+            .is_some_and(|c| c.mode != ClaimMode::Plain);
+        let requests = if checked {
             self.quorum
-                .handle_known_replicas(now, op, members, self.local)
+                .handle_known_replicas(now, op, members, self.local, queried)
         } else {
             self.quorum
                 .handle_replicas(now, op, members, self.local, queried)

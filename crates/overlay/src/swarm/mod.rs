@@ -151,6 +151,26 @@ pub const STATIC_PEER_WAIT: Duration = MDNS_WAIT;
 /// before it starts an overlay of its own.
 pub const MDNS_WAIT: Duration = Duration::from_secs(2);
 
+/// How a first claim picks its replicas (DECISIONS, "Claims without a lookup").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ClaimMode {
+    /// The set among the members this agent knows, no lookup, checked by each replica.
+    Known,
+    /// The set among the members a lookup found, checked by each replica.
+    Checked,
+    /// The set among the members a lookup found, not checked: only after the replicas
+    /// disputed a checked set and this agent dialled the members they named.
+    Plain,
+}
+
+/// A first claim whose replicas check its set: what it claims again with, if they dispute.
+pub(super) struct CheckedClaim {
+    ns: NamespaceTag,
+    key: RecordKey,
+    envelope: Envelope,
+    mode: ClaimMode,
+}
+
 /// How the swarm finds members besides its bootstrap addresses, and how long it keeps
 /// connections.
 #[derive(Debug, Clone, Copy)]
@@ -293,8 +313,13 @@ pub struct Overlay {
     group_replicas: HashMap<RecordKey, (Vec<NetworkId>, u32, Instant)>,
     /// Group operations whose lookup runs: its result is kept for the next ones.
     group_lookups: HashMap<OpId, RecordKey>,
-    /// Claims sent without a lookup, with what claims again after one if they fail.
-    known_claims: HashMap<OpId, (NamespaceTag, RecordKey, Envelope)>,
+    /// First claims whose replicas check the set, with what claims again if they fail.
+    checked_claims: HashMap<OpId, CheckedClaim>,
+    /// Peers that replicas named when they disputed a claim's set.
+    disputes: HashMap<OpId, Vec<NetworkId>>,
+    /// A claim made again after a dispute: the peers named, whose proofs it waits for as
+    /// for peers its lookup found.
+    meet: HashMap<OpId, Vec<NetworkId>>,
     /// Claims started again after a lookup, and the operation the driver knows them as.
     claims_again: HashMap<OpId, OpId>,
     /// [`OverlayOptions::claims_without_lookup`].
@@ -388,7 +413,9 @@ impl Overlay {
             awaiting: HashMap::new(),
             group_replicas: HashMap::new(),
             group_lookups: HashMap::new(),
-            known_claims: HashMap::new(),
+            checked_claims: HashMap::new(),
+            disputes: HashMap::new(),
+            meet: HashMap::new(),
             claims_again: HashMap::new(),
             claims_without_lookup: options.claims_without_lookup,
             deferred: HashMap::new(),

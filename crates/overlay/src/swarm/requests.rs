@@ -8,8 +8,8 @@ use libp2p::request_response;
 
 use super::members::Awaiting;
 use super::{
-    clocks, network_id, owner_key, NetworkId, OpId, Overlay, OverlayEvent, GROUP_REPLICAS_REUSE,
-    KNOWN_MEMBERS_FOR_CLAIMS, MAX_DEFERRED, MAX_UNPROVEN_NEAR,
+    clocks, network_id, owner_key, CheckedClaim, ClaimMode, NetworkId, OpId, Overlay, OverlayEvent,
+    GROUP_REPLICAS_REUSE, KNOWN_MEMBERS_FOR_CLAIMS, MAX_DEFERRED, MAX_UNPROVEN_NEAR,
 };
 use crate::proof::NamespaceTag;
 use crate::quorum::{check_claim_among, known_replicas, replicas, ClaimResult, Kind, REPLICAS};
@@ -59,31 +59,50 @@ impl Overlay {
     }
 
     pub(super) fn start(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind) -> OpId {
-        self.start_op(ns, key, kind, self.claims_without_lookup)
+        let mode = if self.claims_without_lookup {
+            ClaimMode::Known
+        } else {
+            ClaimMode::Checked
+        };
+        self.start_op(ns, key, kind, mode)
     }
 
     /// Starts an operation: a group operation with the replicas a recent lookup found, a
-    /// claim (unless `known_ok` is false) with the replicas among the members this agent
-    /// knows, when it knows enough of them, and anything else after a lookup.
-    fn start_op(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind, known_ok: bool) -> OpId {
+    /// first claim in `mode` (in `Known` mode with the replicas among the members this
+    /// agent knows when it knows enough of them, else after a lookup), and anything else
+    /// after a lookup.
+    fn start_op(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind, mode: ClaimMode) -> OpId {
         let group = matches!(kind, Kind::Join(_) | Kind::Members);
-        let known_claim = match &kind {
-            Kind::Claim(envelope) if known_ok && self.knows_replicas(&ns, &key) => {
-                Some(envelope.clone())
+        let claim = match &kind {
+            Kind::Claim(envelope) => {
+                let known = mode == ClaimMode::Known && self.knows_replicas(&ns, &key);
+                let mode = match mode {
+                    ClaimMode::Known if !known => ClaimMode::Checked,
+                    mode => mode,
+                };
+                Some(CheckedClaim {
+                    ns,
+                    key,
+                    envelope: envelope.clone(),
+                    mode,
+                })
             }
             _ => None,
         };
+        let known_claim = claim.as_ref().is_some_and(|c| c.mode == ClaimMode::Known);
         let op = self.quorum.start(key, kind);
         self.key_ns.insert(key, ns);
         self.op_ns.insert(op, ns);
+        if let Some(claim) = claim {
+            self.checked_claims.insert(op, claim);
+        }
         let (now, _) = clocks();
         let reuse = match known_claim {
-            Some(envelope) => {
-                self.known_claims.insert(op, (ns, key, envelope));
+            true => {
                 self.stats.claims_without_lookup += 1;
                 Some((Vec::new(), 0))
             }
-            None if group => self
+            false if group => self
                 .group_replicas
                 .get(&key)
                 .filter(|(.., at)| now < *at + GROUP_REPLICAS_REUSE)
@@ -91,17 +110,16 @@ impl Overlay {
                     self.stats.group_lookups_saved += 1;
                     (found.clone(), *queried)
                 }),
-            None => None,
+            false => None,
         };
         if let Some((found, queried)) = reuse {
             // Asked at the next `handle_timeout`, as a finished lookup would be.
-            let known = self.known_claims.contains_key(&op);
             let awaiting = Awaiting {
                 ns,
                 found,
                 queried,
                 deadline: now,
-                known,
+                known: known_claim,
             };
             self.awaiting.insert(op, awaiting);
             return op;
@@ -146,6 +164,9 @@ impl Overlay {
                     response,
                 } => {
                     if let Some((op, replica)) = self.requests.remove(&request_id) {
+                        if let RecordResponse::Replicas { peers } = &response {
+                            self.meet_replicas(op, peers);
+                        }
                         // A replica that does not count us as a member gives no answer.
                         let response = (response != RecordResponse::NotMember).then_some(response);
                         self.quorum.handle_answer(now, wall, op, replica, response);
@@ -164,6 +185,22 @@ impl Overlay {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A replica disputed the set of claim `op` with `peers`, its own: the ones this agent
+    /// is not connected to are dialled, and the claim made again waits for their proofs.
+    fn meet_replicas(&mut self, op: OpId, peers: &[Vec<u8>]) {
+        let peers = peers.iter().take(REPLICAS);
+        let named = self.disputes.entry(op).or_default();
+        for peer in peers.filter_map(|p| NetworkId::from_bytes(p).ok()) {
+            if peer == self.local || named.contains(&peer) || named.len() >= 4 * REPLICAS {
+                continue;
+            }
+            named.push(peer);
+            if !self.swarm.is_connected(&peer) {
+                let _ = self.swarm.dial(peer);
+            }
         }
     }
 
@@ -322,16 +359,34 @@ impl Overlay {
         }
         while let Some(mut event) = self.quorum.poll_event() {
             if let OverlayEvent::Claimed { op, result, .. } = &mut event {
-                if let Some((ns, key, envelope)) = self.known_claims.remove(op) {
-                    if *result == ClaimResult::Lost(None) {
-                        // A replica computed another set, or none answered: look up.
-                        self.stats.claims_looked_up_again += 1;
+                let named = self.disputes.remove(op);
+                if let Some(claim) = self.checked_claims.remove(op) {
+                    // Without a lookup, a replica computed another set or none answered:
+                    // look up. After a lookup, a replica computed another set: claim on
+                    // the set found again, once the members it named were dialled.
+                    let next = match (claim.mode, &named) {
+                        (ClaimMode::Known, _) => Some(ClaimMode::Checked),
+                        (ClaimMode::Checked, Some(_)) => Some(ClaimMode::Plain),
+                        _ => None,
+                    };
+                    if let (ClaimResult::Lost(None), Some(mode)) = (&*result, next) {
+                        if mode == ClaimMode::Plain {
+                            self.stats.claims_unchecked_after_dispute += 1;
+                        } else {
+                            self.stats.claims_looked_up_again += 1;
+                        }
                         self.op_ns.remove(op);
-                        let again = self.start_op(ns, key, Kind::Claim(envelope), false);
-                        self.claims_again.insert(again, *op);
+                        let envelope = claim.envelope;
+                        let again = self.start_op(claim.ns, claim.key, Kind::Claim(envelope), mode);
+                        if let Some(named) = named {
+                            self.meet.insert(again, named);
+                        }
+                        let first = self.claims_again.remove(op).unwrap_or(*op);
+                        self.claims_again.insert(again, first);
                         continue;
                     }
                 }
+                self.meet.remove(op);
                 if let Some(first) = self.claims_again.remove(op) {
                     self.op_ns.remove(op);
                     *op = first;

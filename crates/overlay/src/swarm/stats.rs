@@ -20,6 +20,9 @@ pub struct OverlayStats {
     /// Of those, claims made again after a lookup: a replica computed another set, or
     /// none granted nor named a holder.
     pub claims_looked_up_again: u64,
+    /// First claims made again on the set a lookup found, unchecked, after replicas
+    /// disputed the set a lookup found and the members they named were dialled.
+    pub claims_unchecked_after_dispute: u64,
     /// Claims without a lookup this agent, as a replica, answered with another replica set.
     pub claims_disputed: u64,
     /// First claims given up without asking anyone: their lookup found fewer than five

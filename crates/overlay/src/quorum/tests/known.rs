@@ -18,7 +18,7 @@ fn started_known(
     envelope: &Envelope,
 ) -> (OpId, Vec<(NetworkId, RecordRequest)>) {
     let op = t.start(key(), Kind::Claim(envelope.clone()));
-    let requests = t.handle_known_replicas(t0, op, (1..=4).map(peer).collect(), peer(0));
+    let requests = t.handle_known_replicas(t0, op, (1..=4).map(peer).collect(), peer(0), 0);
     (op, requests)
 }
 
