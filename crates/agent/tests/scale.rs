@@ -177,6 +177,23 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user and system) a process has used, in seconds: /proc/<pid>/stat fields 14
+/// and 15, in clock ticks of 1/100 s (Linux's USER_HZ).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which ends with the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15, the 12th and 13th after the name.
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -280,6 +297,9 @@ fn agents_started_together_hold_distinct_addresses_ping_at_once_and_come_back_fr
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // CPU time until all were ready, before the status calls below add their own.
+    let ready_wall = started.elapsed();
+    let mut cpu: Vec<f64> = members.iter().map(|m| cpu_secs(m.agent.pid)).collect();
     print_overlay_counters(&bed, &members);
     let routers = members.iter().filter(|m| m.lan_host.is_some()).count();
     let mut times: Vec<Duration> = held.values().copied().collect();
@@ -299,6 +319,15 @@ fn agents_started_together_hold_distinct_addresses_ping_at_once_and_come_back_fr
         rss[0] as f64 / 1024.0,
         rss[n / 2] as f64 / 1024.0,
         rss[n - 1] as f64 / 1024.0
+    );
+    cpu.sort_unstable_by(f64::total_cmp);
+    println!(
+        "CPU time per agent until all were ready: median {:.2} s, max {:.2} s, all agents {:.1} s ({:.1} s of wall time on {} cores)",
+        cpu[n / 2],
+        cpu[n - 1],
+        cpu.iter().sum::<f64>(),
+        ready_wall.as_secs_f64(),
+        std::thread::available_parallelism().map_or(1, |c| c.get())
     );
 
     // The LAN hosts behind routers take an address from their router's DHCP server (which

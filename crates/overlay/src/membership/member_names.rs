@@ -1,8 +1,9 @@
 //! The host names of other members' addresses, as `hyphae status` shows them beside each
 //! tunnel: read from the DHT (the PTR each address record carries), at most once per
-//! [`MEMBER_NAME_REFRESH`] per address (every [`MEMBER_NAME_RETRY`] while no name is known:
-//! a member that has just joined may not have published its name yet), and forgotten with
-//! the tunnel.
+//! [`MEMBER_NAME_REFRESH`] per address (after [`MEMBER_NAME_RETRY`] while no name is known:
+//! a member that has just joined may not have published its name yet; twice as long after
+//! each read that found none, up to the refresh, since many members never name
+//! themselves), and forgotten with the tunnel.
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -24,6 +25,24 @@ pub const MEMBER_NAME_RETRY: Duration = Duration::from_secs(5);
 pub(super) struct MemberName {
     name: Option<String>,
     read_at: Instant,
+    /// Reads in a row that found no name.
+    unnamed_reads: u32,
+}
+
+impl MemberName {
+    /// How long after its last read the name is read again: a minute once known;
+    /// [`MEMBER_NAME_RETRY`] after the first read that found none, doubling with each
+    /// further one up to a minute. A member with no name costs each reader one read a
+    /// minute, however often status is asked, as a named one does: with a fixed retry, every
+    /// agent whose status was scraped read every nameless member every 5 s, a load that grows
+    /// with the square of the namespace (`hyphae-agent --test scale`).
+    fn due_after(&self) -> Duration {
+        if self.name.is_some() {
+            return MEMBER_NAME_REFRESH;
+        }
+        let doublings = self.unnamed_reads.saturating_sub(1).min(8);
+        (MEMBER_NAME_RETRY * 2u32.pow(doublings)).min(MEMBER_NAME_REFRESH)
+    }
 }
 
 impl Membership {
@@ -39,20 +58,25 @@ impl Membership {
             return;
         }
         for &address in addresses {
-            let due = self.member_names.get(&address).is_none_or(|m| {
-                let every = if m.name.is_some() {
-                    MEMBER_NAME_REFRESH
-                } else {
-                    MEMBER_NAME_RETRY
-                };
-                now.saturating_duration_since(m.read_at) >= every
-            });
+            let due = self
+                .member_names
+                .get(&address)
+                .is_none_or(|m| now.saturating_duration_since(m.read_at) >= m.due_after());
             if !due {
                 continue;
             }
-            let name = self.member_names.remove(&address).and_then(|m| m.name);
-            self.member_names
-                .insert(address, MemberName { name, read_at: now });
+            let (name, unnamed_reads) = self
+                .member_names
+                .remove(&address)
+                .map_or((None, 0), |m| (m.name, m.unnamed_reads));
+            self.member_names.insert(
+                address,
+                MemberName {
+                    name,
+                    read_at: now,
+                    unnamed_reads,
+                },
+            );
             self.read_holder(address);
         }
     }
@@ -67,6 +91,11 @@ impl Membership {
     pub(super) fn member_name_read(&mut self, address: Ipv4Addr, holder: &Option<Option<String>>) {
         if let Some(m) = self.member_names.get_mut(&address) {
             m.name = holder.clone().flatten();
+            m.unnamed_reads = if m.name.is_some() {
+                0
+            } else {
+                m.unnamed_reads.saturating_add(1)
+            };
         }
     }
 }

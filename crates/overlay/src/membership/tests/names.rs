@@ -206,3 +206,24 @@ fn a_member_without_a_name_yet_is_read_again_within_seconds() {
     net.run_for(Duration::from_millis(100));
     assert_eq!(reads(&mut net), 0);
 }
+
+#[test]
+fn a_member_that_never_names_itself_is_read_less_and_less_often_down_to_once_a_minute() {
+    let mut net = Net::new();
+    let _a = net.add(config(Address::Static(ip(10))), 1);
+    let b = net.add(config(Address::Static(ip(11))), 2);
+    net.run_for(Duration::from_secs(1));
+    let _ = holder_reads(&mut net, b, ip(10));
+
+    // Status asked every second for five minutes; a never names itself. Reads come 5, 10,
+    // 20, 40 s apart, then once a minute: at 0, 5, 15, 35, 75, 135, 195 and 255 s.
+    let mut reads = 0;
+    for _ in 0..300 {
+        let now = net.now;
+        net.members[b].refresh_member_names(now, &[ip(10)]);
+        net.run_for(Duration::from_secs(1));
+        reads += holder_reads(&mut net, b, ip(10));
+    }
+    assert_eq!(reads, 8);
+    assert_eq!(net.members[b].member_name(ip(10)), None);
+}
