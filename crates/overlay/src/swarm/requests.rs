@@ -191,6 +191,10 @@ impl Overlay {
     /// A replica disputed the set of claim `op` with `peers`, its own: the ones this agent
     /// is not connected to are dialled, and the claim made again waits for their proofs.
     fn meet_replicas(&mut self, op: OpId, peers: &[Vec<u8>]) {
+        // A claim already decided (a late answer) keeps nothing.
+        if !self.checked_claims.contains_key(&op) {
+            return;
+        }
         let peers = peers.iter().take(REPLICAS);
         let named = self.disputes.entry(op).or_default();
         for peer in peers.filter_map(|p| NetworkId::from_bytes(p).ok()) {
