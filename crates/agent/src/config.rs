@@ -101,6 +101,8 @@ struct NamespaceSection {
     secret_file: PathBuf,
     #[serde(default)]
     subnet: Option<String>,
+    #[serde(default)]
+    subnets: Option<Vec<String>>,
     #[serde(default = "default_mode")]
     mode: String,
     #[serde(default = "default_device")]
@@ -247,8 +249,12 @@ pub struct Namespace {
     pub name: String,
     /// The namespace secret (never printed).
     pub secret: Vec<u8>,
-    /// The namespace subnet; `None` to take it from the namespace record in the DHT.
+    /// This member's subnet (its device's, or its LAN's); `None` to take it from the
+    /// namespace record in the DHT.
     pub subnet: Option<Ipv4Net>,
+    /// A multi-subnet namespace's every subnet, in order (`subnet` is one of them; the
+    /// others are routed in one hop); empty for a one-subnet namespace.
+    pub subnets: Vec<Ipv4Net>,
     /// Deployment mode.
     pub mode: Mode,
     /// The host's device: the TAP (interface and router modes) or the host end of the veth
@@ -314,6 +320,7 @@ impl std::fmt::Debug for Namespace {
         f.debug_struct("Namespace")
             .field("name", &self.name)
             .field("subnet", &self.subnet)
+            .field("subnets", &self.subnets)
             .field("device", &self.device)
             .field("address", &self.address)
             .finish_non_exhaustive()
@@ -327,6 +334,7 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         name: name.to_string(),
         secret: b"0123456789abcdef".to_vec(),
         subnet: None,
+        subnets: Vec::new(),
         mode: Mode::Interface,
         device: default_device(),
         bridge: None,
@@ -486,7 +494,10 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         "hybrid" => Mode::Hybrid,
         other => bail!("mode '{other}' is not one of interface, router, hybrid"),
     };
-    let subnet = s.subnet.as_deref().map(parse_subnet).transpose()?;
+    let (subnet, subnets) = parse_subnets(&s)?;
+    let in_namespace = |a: &Ipv4Addr| {
+        subnet.is_some_and(|n| n.contains(a)) || subnets.iter().any(|n| n.contains(a))
+    };
     let address = match (mode, s.address.as_deref()) {
         (Mode::Router, None) => Address::None,
         (Mode::Router, Some(_)) => bail!(
@@ -557,7 +568,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
                 .parse()
                 .map_err(|_| anyhow::anyhow!("reserved '{r}' is not an IPv4 address"))?;
             match subnet {
-                Some(subnet) if !subnet.contains(&a) => {
+                Some(subnet) if !in_namespace(&a) => {
                     bail!("reserved address {a} is outside the subnet {subnet}")
                 }
                 _ => Ok(a),
@@ -649,6 +660,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         name: s.name,
         secret,
         subnet,
+        subnets,
         mode,
         device: s.device,
         bridge: s.bridge,
@@ -707,6 +719,46 @@ pub fn parse_resolver(text: &str) -> Result<SocketAddr> {
     text.parse::<SocketAddr>().map_err(|_| {
         anyhow::anyhow!("resolver '{text}' is not an IP address (with an optional :port)")
     })
+}
+
+/// A namespace's `subnet` and `subnets`: this member's subnet, and every subnet of a
+/// multi-subnet namespace (empty for one). Without `subnet`, this member's is the one of
+/// `subnets` holding its static address, else the first.
+fn parse_subnets(s: &NamespaceSection) -> Result<(Option<Ipv4Net>, Vec<Ipv4Net>)> {
+    let subnet = s.subnet.as_deref().map(parse_subnet).transpose()?;
+    let Some(list) = &s.subnets else {
+        return Ok((subnet, Vec::new()));
+    };
+    let subnets = list
+        .iter()
+        .map(|t| parse_subnet(t))
+        .collect::<Result<Vec<_>>>()?;
+    if subnets.is_empty() {
+        bail!("subnets is empty: list the namespace's subnets, or use `subnet` for one");
+    }
+    hyphae_overlay::membership::check_subnets(&subnets)
+        .map_err(|e| anyhow::anyhow!("subnets: {e}"))?;
+    let own = match subnet {
+        Some(net) if !subnets.contains(&net) => bail!(
+            "subnet {net} is not one of `subnets` ({}): it names this member's own subnet",
+            list.join(", ")
+        ),
+        Some(net) => net,
+        None => {
+            let fixed: Option<Ipv4Addr> = s.address.as_deref().and_then(|a| a.parse().ok());
+            fixed
+                .and_then(|a| subnets.iter().find(|n| n.contains(&a)))
+                .copied()
+                .unwrap_or(subnets[0])
+        }
+    };
+    // One subnet listed is the one-subnet case.
+    let subnets = if subnets.len() > 1 {
+        subnets
+    } else {
+        Vec::new()
+    };
+    Ok((Some(own), subnets))
 }
 
 /// A namespace subnet: an IPv4 CIDR with no host bits, /30 or larger.
@@ -1144,6 +1196,57 @@ endpoint = "10.200.0.3"
         assert!(err(&hybrid.replace("500", "5"), s).contains("probe_timeout_ms 5"));
         let iface_bridge = GOOD.replace("name = \"lab\"", "name = \"lab\"\nbridge = \"br0\"");
         assert!(err(&iface_bridge, s).contains("need mode = \"router\" or \"hybrid\""));
+    }
+
+    #[test]
+    fn subnets_name_a_multi_subnet_namespace_and_this_members_own() {
+        let s = Some("0123456789abcdef");
+        let multi = |subnet: &str, address: &str| {
+            GOOD.replace(
+                "subnet = \"10.201.0.0/16\"\n",
+                &format!("subnets = [\"10.1.0.0/24\", \"10.2.0.0/24\"]\n{subnet}"),
+            )
+            .replace("address = \"10.201.0.5\"", address)
+        };
+        let net = |t: &str| t.parse::<Ipv4Net>().unwrap();
+        let both = vec![net("10.1.0.0/24"), net("10.2.0.0/24")];
+        // The subnet holding the static address; else the first; else the one named.
+        for (subnet, address, own) in [
+            ("", "address = \"10.2.0.7\"", "10.2.0.0/24"),
+            ("", "", "10.1.0.0/24"),
+            ("subnet = \"10.2.0.0/24\"\n", "", "10.2.0.0/24"),
+        ] {
+            let c = load(&multi(subnet, address), s).unwrap();
+            assert_eq!(c.namespaces[0].subnet, Some(net(own)), "{subnet}{address}");
+            assert_eq!(c.namespaces[0].subnets, both);
+        }
+        // One subnet listed is the one-subnet case.
+        let one = GOOD.replace(
+            "subnet = \"10.201.0.0/16\"",
+            "subnets = [\"10.201.0.0/16\"]",
+        );
+        let c = load(&one, s).unwrap();
+        assert_eq!(c.namespaces[0].subnet, Some(net("10.201.0.0/16")));
+        assert!(c.namespaces[0].subnets.is_empty());
+        // Mistakes are named.
+        let e = err(&multi("subnet = \"10.3.0.0/24\"\n", ""), s);
+        assert!(
+            e.contains("subnet 10.3.0.0/24 is not one of `subnets`"),
+            "{e}"
+        );
+        let e = err(&multi("", "address = \"10.3.0.7\""), s);
+        assert!(e.contains("outside the subnet 10.1.0.0/24"), "{e}");
+        let overlap = multi("", "").replace("10.2.0.0/24", "10.1.0.128/25");
+        assert!(err(&overlap, s).contains("overlap"));
+        let empty = GOOD.replace("subnet = \"10.201.0.0/16\"", "subnets = []");
+        assert!(err(&empty, s).contains("subnets is empty"));
+        // A reserved address may be in any of them.
+        let reserved = multi("", "").replacen(
+            "[[namespace.peer]]",
+            "reserved = [\"10.2.0.9\"]\n[[namespace.peer]]",
+            1,
+        );
+        assert!(load(&reserved, s).is_ok());
     }
 
     #[test]

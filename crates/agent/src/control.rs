@@ -442,8 +442,17 @@ pub struct NamespaceStatus {
     /// conflict in `address_error`).
     #[serde(default)]
     pub address_conflicts: u64,
-    /// Namespace subnet; empty until the namespace record is read.
+    /// This member's subnet; empty until the namespace record is read.
     pub subnet: String,
+    /// A multi-subnet namespace's other subnets, which this member routes to in one hop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routed_subnets: Vec<String>,
+    /// Packets routed to another subnet of the namespace (TTL lowered, sent to the holder).
+    #[serde(default)]
+    pub routed: u64,
+    /// ICMP "time exceeded" sent back for packets routed with no TTL left.
+    #[serde(default)]
+    pub ttl_exceeded: u64,
     /// Why the namespace was left (a conflict with the namespace's records); only a
     /// namespace joined with `hyphae join` is left this way, and it is listed only then.
     #[serde(default, skip_serializing_if = "Option::is_none")]

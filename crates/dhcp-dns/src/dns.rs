@@ -59,6 +59,9 @@ pub struct Settings {
     pub zone: Name,
     /// The namespace subnet (reverse names and automatic names live in it).
     pub subnet: Ipv4Net,
+    /// A multi-subnet namespace's other subnets: their reverse and automatic names are the
+    /// zone's too.
+    pub routed: Vec<Ipv4Net>,
     /// Whether queries outside the zone are forwarded (resolvers configured); otherwise
     /// they are refused.
     pub forward: bool,
@@ -122,6 +125,16 @@ impl Server {
             limit: PerSource::new(settings.rate),
             settings,
         }
+    }
+
+    /// Changes the namespace's other subnets ([`Settings::routed`]).
+    pub fn set_routed(&mut self, routed: Vec<Ipv4Net>) {
+        self.settings.routed = routed;
+    }
+
+    /// The namespace's subnets: this one first.
+    fn subnets(&self) -> impl Iterator<Item = &Ipv4Net> {
+        std::iter::once(&self.settings.subnet).chain(&self.settings.routed)
     }
 
     /// Whether a new UDP query (not one handed back after a lookup) from `source` is
@@ -204,7 +217,7 @@ impl Server {
         let reverse = reverse
             .and_then(|o| <[u8; 4]>::try_from(o).ok())
             .map(Ipv4Addr::from)
-            .filter(|a| self.settings.subnet.contains(a));
+            .filter(|a| self.subnets().any(|n| n.contains(a)));
         if let Some(address) = reverse {
             response.metadata.authoritative = true;
             let holder = match names.holder_of(address) {
@@ -252,7 +265,7 @@ impl Server {
         let lookup = match host {
             None => Ok(None),
             // Automatic names stand for whatever address someone owns.
-            Some(host) => match automatic_address(host, self.settings.subnet) {
+            Some(host) => match self.subnets().find_map(|n| automatic_address(host, *n)) {
                 Some(a) => names.holder_of(a).map(|holder| holder.map(|_| a)),
                 None if host_name(host).is_ok() => names.address_of(host),
                 None => Ok(None),
@@ -308,8 +321,9 @@ impl Server {
     fn covers(&self, octets: &[u8]) -> bool {
         let mut a = [0u8; 4];
         a[..octets.len()].copy_from_slice(octets);
-        octets.len() * 8 >= usize::from(self.settings.subnet.prefix_len())
-            && self.settings.subnet.contains(&Ipv4Addr::from(a))
+        self.subnets().any(|n| {
+            octets.len() * 8 >= usize::from(n.prefix_len()) && n.contains(&Ipv4Addr::from(a))
+        })
     }
 
     fn in_zone(&self, host: &str) -> Option<Name> {
@@ -519,6 +533,7 @@ mod tests {
         Server::new(Settings {
             zone: Name::from_ascii("Lab.").unwrap(),
             subnet: "10.250.0.0/16".parse().unwrap(),
+            routed: Vec::new(),
             forward,
             rate: 500,
         })
@@ -600,6 +615,36 @@ mod tests {
         let r = ask(&mut s, "9.9.250.10.in-addr.arpa.", RecordType::PTR);
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(s.stats().nxdomain, 5);
+    }
+
+    #[test]
+    fn a_multi_subnet_namespaces_other_subnets_are_in_the_zone() {
+        let mut s = server(false);
+        let store = Store {
+            names: HashMap::from([("db".to_string(), Ipv4Addr::new(10, 251, 0, 9))]),
+            known: Default::default(),
+        };
+        let ask = |s: &mut Server, name: &str, qtype| {
+            let mut q = Message::query();
+            q.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+            match resolve(s, &q.to_vec().unwrap(), &store).0 {
+                Answer::Reply(bytes) => Message::from_vec(&bytes).unwrap(),
+                other => panic!("{name}: {other:?}"),
+            }
+        };
+        // Before it knows the other subnet: 10.251/16 is not the namespace's.
+        let r = ask(&mut s, "9.0.251.10.in-addr.arpa.", RecordType::PTR);
+        assert_eq!(r.metadata.response_code, ResponseCode::Refused);
+        s.set_routed(vec!["10.251.0.0/16".parse().unwrap()]);
+        let r = ask(&mut s, "db.lab.", RecordType::A);
+        assert_eq!(a_of(&r), vec![Ipv4Addr::new(10, 251, 0, 9)]);
+        let r = ask(&mut s, "c251000009.lab.", RecordType::A);
+        assert_eq!(a_of(&r), vec![Ipv4Addr::new(10, 251, 0, 9)]);
+        let r = ask(&mut s, "9.0.251.10.in-addr.arpa.", RecordType::PTR);
+        assert!(matches!(&r.answers[0].data, RData::PTR(PTR(n)) if n.to_string() == "db.lab."));
+        let r = ask(&mut s, "251.10.in-addr.arpa.", RecordType::SOA);
+        assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+        assert!(r.metadata.authoritative);
     }
 
     #[test]

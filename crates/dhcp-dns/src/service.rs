@@ -150,6 +150,8 @@ pub struct Service<C> {
     /// UDP queries per second per source (0: no limit).
     rate: u32,
     zone: Option<Zone>,
+    /// A multi-subnet namespace's other subnets ([`Service::set_routed`]).
+    routed: Vec<Ipv4Net>,
     server: Option<dns::Server>,
     tcp: Option<tcp::Endpoint>,
     /// Where the service stack's packets go: the MAC each client address spoke from.
@@ -184,6 +186,7 @@ impl<C: Copy> Service<C> {
             tcp_seed: u64::from_le_bytes(tcp_seed),
             rate: limit::DEFAULT_RATE,
             zone: None,
+            routed: Vec::new(),
             server: None,
             tcp: None,
             macs: HashMap::new(),
@@ -218,6 +221,15 @@ impl<C: Copy> Service<C> {
         });
     }
 
+    /// A multi-subnet namespace's other subnets: names of members there are the zone's
+    /// too. Kept across [`Service::set_zone`].
+    pub fn set_routed(&mut self, routed: Vec<Ipv4Net>) {
+        if let Some(server) = self.server.as_mut() {
+            server.set_routed(routed.clone());
+        }
+        self.routed = routed;
+    }
+
     /// Counters: the service's, the zone server's, the TCP stack's.
     pub fn stats(&self) -> (Stats, dns::Stats, tcp::Stats) {
         (
@@ -241,6 +253,7 @@ impl<C: Copy> Service<C> {
             self.server = Some(dns::Server::new(dns::Settings {
                 zone: name,
                 subnet: zone.subnet,
+                routed: self.routed.clone(),
                 forward: !self.forwarder.resolvers().is_empty(),
                 rate: self.rate,
             }));
@@ -403,8 +416,10 @@ impl<C: Copy> Service<C> {
         match (missing, found) {
             (Missing::Name(host), Found::Name(address)) => {
                 // A name only stands for an address of this namespace.
-                let address =
-                    address.filter(|a| self.zone.as_ref().is_some_and(|z| z.subnet.contains(a)));
+                let address = address.filter(|a| {
+                    self.zone.as_ref().is_some_and(|z| z.subnet.contains(a))
+                        || self.routed.iter().any(|n| n.contains(a))
+                });
                 let until = now + cache_ttl(address.is_some());
                 self.names.insert(host.clone(), (address, until));
             }

@@ -152,11 +152,17 @@ pub enum DropReason {
     /// Larger than the tunnel MTU with DF set, and no ICMP error may answer it (a broadcast,
     /// or an ICMP error itself: RFC 1122 3.2.2).
     TooBig,
+    /// Multi-subnet namespace: a broadcast or multicast of another subnet (not forwarded
+    /// there from this one, nor taken here from a member of another).
+    OtherSubnet,
+    /// Routed to another subnet with a TTL of 1 or less: answered with ICMP "time
+    /// exceeded" when it may be.
+    TtlExceeded,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 15] = [
         DropReason::Malformed,
         DropReason::UnsupportedProtocol,
         DropReason::ArpIgnored,
@@ -170,6 +176,8 @@ impl DropReason {
         DropReason::ArpProbing,
         DropReason::BroadcastFromLan,
         DropReason::TooBig,
+        DropReason::OtherSubnet,
+        DropReason::TtlExceeded,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -188,6 +196,8 @@ impl DropReason {
             DropReason::ArpProbing => "arp_probing",
             DropReason::BroadcastFromLan => "broadcast_from_lan",
             DropReason::TooBig => "too_big",
+            DropReason::OtherSubnet => "other_subnet",
+            DropReason::TtlExceeded => "ttl_exceeded",
         }
     }
 
@@ -229,6 +239,10 @@ pub struct Counters {
     pub fragmented: u64,
     /// ICMP "fragmentation needed" sent back for packets larger than the tunnel MTU with DF.
     pub frag_needed: u64,
+    /// Packets routed to another subnet of the namespace (TTL lowered, sent to its holder).
+    pub routed: u64,
+    /// ICMP "time exceeded" sent back for packets routed with no TTL left.
+    pub ttl_exceeded: u64,
     pub(crate) drops: [u64; DropReason::ALL.len()],
 }
 

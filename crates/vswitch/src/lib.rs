@@ -32,6 +32,16 @@
 //! device unless it came from this LAN. Both directions pass a token bucket
 //! (`broadcast_rate`), so a storm costs a counted drop, not the agent.
 //!
+//! Multi-subnet namespaces (Diverter): a namespace may have several subnets; the switch's
+//! device or LAN sits in one ([`Config::subnet`]) and the switch is the router to the
+//! others ([`Config::routed`]) in one hop. Hosts send to the gateway (their subnet's
+//! service address, answered by ARP like the service itself); the switch lowers the TTL
+//! (answering ICMP "time exceeded" from the gateway when it runs out, as a router would),
+//! and sends the packet straight to the member holding the destination, which frames it
+//! for its own device or LAN. Broadcast and multicast never leave their subnet: a
+//! directed broadcast to another subnet is not forwarded, and one that arrives from a
+//! member of another subnet is dropped (both counted as [`DropReason::OtherSubnet`]).
+//!
 //! Packets larger than the tunnel (`tunnel_mtu`, from a LAN at a larger MTU): a TCP SYN's
 //! MSS is clamped in place (both directions), a DF packet is answered with ICMP
 //! "fragmentation needed" ([`Action::ToTap`]), any other becomes [`Action::Fragment`]; see
@@ -113,8 +123,13 @@ pub struct Config {
     pub mode: Mode,
     /// The host's own virtual address, carried by its device (unspecified in router mode).
     pub address: Ipv4Addr,
-    /// The namespace subnet.
+    /// The subnet the host's device (or the LAN) sits in.
     pub subnet: Ipv4Net,
+    /// The namespace's other subnets (a multi-subnet namespace): this switch is their
+    /// router in one hop (Diverter). A packet from the device for one of them (sent to the
+    /// gateway, the [`service_address`] of `subnet`) has its TTL lowered once and goes
+    /// straight to the member holding its destination; broadcast stays in its subnet.
+    pub routed: Vec<Ipv4Net>,
     /// MAC of the host's device: destination of frames written for the host (interface:
     /// the TAP; hybrid: the host's veth).
     pub device_mac: Mac,
@@ -138,12 +153,23 @@ pub struct Config {
 }
 
 impl Config {
+    /// Whether `addr` is in one of the namespace's subnets (this switch's or a routed one).
+    pub fn in_namespace(&self, addr: Ipv4Addr) -> bool {
+        self.subnet.contains(&addr) || self.routed_subnet(addr).is_some()
+    }
+
+    /// The routed subnet (another subnet of the namespace) `addr` is in, if any.
+    pub fn routed_subnet(&self, addr: Ipv4Addr) -> Option<Ipv4Net> {
+        self.routed.iter().find(|n| n.contains(&addr)).copied()
+    }
+
     /// Interface-mode settings with the default timers and broadcast rate.
     pub fn interface(address: Ipv4Addr, subnet: Ipv4Net, device_mac: Mac, remote_mac: Mac) -> Self {
         Self {
             mode: Mode::Interface,
             address,
             subnet,
+            routed: Vec::new(),
             device_mac,
             remote_mac,
             probe_timeout: Duration::from_secs(2),

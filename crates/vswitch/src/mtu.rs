@@ -45,6 +45,9 @@ const IPV4_MAX_HEADER_LEN: usize = 60;
 /// How much of the offending packet an ICMP error quotes beyond its header (RFC 792).
 const QUOTED_PAYLOAD: usize = 8;
 
+/// ICMP "time exceeded" (code 0: TTL exceeded in transit).
+const ICMP_TIME_EXCEEDED: u8 = 11;
+
 /// The longest frame [`emit_frag_needed`] writes: Ethernet, IPv4, ICMP, and the quoted
 /// header (options included) plus 8 bytes.
 pub const FRAG_NEEDED_MAX_LEN: usize =
@@ -174,9 +177,36 @@ fn is_icmp_error(packet: &[u8], ihl: usize) -> bool {
 /// ([`FRAG_NEEDED_MAX_LEN`] always suffices).
 pub fn emit_frag_needed(
     buf: &mut [u8],
-    (dst_mac, src_mac): (Mac, Mac),
+    macs: (Mac, Mac),
     src: Ipv4Addr,
     mtu: u16,
+    packet: &[u8],
+) -> Option<usize> {
+    let [hi, lo] = mtu.to_be_bytes();
+    let kind = (ICMP_UNREACHABLE, ICMP_FRAG_NEEDED, [0, 0, hi, lo]);
+    emit_icmp_error(buf, macs, src, kind, packet)
+}
+
+/// Writes an Ethernet frame carrying ICMP "time exceeded in transit" (RFC 792) about the
+/// IPv4 `packet`, from the router address `src` to the packet's source, into `buf`; returns
+/// its length. `None` as for [`emit_frag_needed`].
+pub fn emit_time_exceeded(
+    buf: &mut [u8],
+    macs: (Mac, Mac),
+    src: Ipv4Addr,
+    packet: &[u8],
+) -> Option<usize> {
+    emit_icmp_error(buf, macs, src, (ICMP_TIME_EXCEEDED, 0, [0; 4]), packet)
+}
+
+/// Writes an ICMP error of `(type, code, rest of header)` about `packet` (its header and
+/// first 8 payload bytes quoted) from `src` to the packet's source: see
+/// [`emit_frag_needed`].
+fn emit_icmp_error(
+    buf: &mut [u8],
+    (dst_mac, src_mac): (Mac, Mac),
+    src: Ipv4Addr,
+    (icmp_type, code, rest): (u8, u8, [u8; 4]),
     packet: &[u8],
 ) -> Option<usize> {
     let ihl = header_len(packet)?;
@@ -225,17 +255,8 @@ pub fn emit_frag_needed(
     let sum = ipv4_header_checksum(&ip[..IPV4_MIN_HEADER_LEN]);
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
     let icmp = &mut ip[IPV4_MIN_HEADER_LEN..];
-    icmp[..ICMP_HEADER_LEN].copy_from_slice(&[
-        ICMP_UNREACHABLE,
-        ICMP_FRAG_NEEDED,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-    ]);
-    icmp[6..8].copy_from_slice(&mtu.to_be_bytes());
+    icmp[..4].copy_from_slice(&[icmp_type, code, 0, 0]);
+    icmp[4..ICMP_HEADER_LEN].copy_from_slice(&rest);
     icmp[ICMP_HEADER_LEN..].copy_from_slice(quote);
     let sum = ipv4_header_checksum(icmp);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());

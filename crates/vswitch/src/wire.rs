@@ -237,6 +237,11 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         self.0.as_ref()[9]
     }
 
+    /// Time to live.
+    pub fn ttl(&self) -> u8 {
+        self.0.as_ref()[8]
+    }
+
     /// Source address.
     pub fn src(&self) -> Ipv4Addr {
         ipv4_at(self.0.as_ref(), 12)
@@ -329,6 +334,20 @@ pub fn emit_udp(
     udp[6..8].copy_from_slice(&[0, 0]);
     udp[UDP_HEADER_LEN..].copy_from_slice(payload);
     Some(total)
+}
+
+/// Lowers the TTL of the IPv4 packet `ip` by one and updates its header checksum; false
+/// (and nothing changed) if the header is malformed or the TTL is already zero.
+pub(crate) fn decrement_ttl(ip: &mut [u8]) -> bool {
+    let header_len = ip.first().map_or(0, |b| usize::from(b & 0x0f) * 4);
+    if header_len < IPV4_MIN_HEADER_LEN || ip.len() < header_len || ip[8] == 0 {
+        return false;
+    }
+    ip[8] -= 1;
+    ip[10..12].fill(0);
+    let sum = ipv4_header_checksum(&ip[..header_len]);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    true
 }
 
 /// RFC 1071 checksum of `header` (an IPv4 header or ICMP message) whose checksum field is

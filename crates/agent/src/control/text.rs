@@ -186,6 +186,14 @@ pub fn render(status: &Status) -> String {
             "namespace {}  {} mode  device {}  address {}  subnet {}\n",
             ns.name, ns.mode, ns.device, ns.address, ns.subnet
         );
+        if !ns.routed_subnets.is_empty() {
+            out += &format!(
+                "  routes to {} in one hop: {} packets routed, {} TTL exceeded\n",
+                ns.routed_subnets.join(", "),
+                ns.routed,
+                ns.ttl_exceeded
+            );
+        }
         if let Some(cert) = &ns.certificate {
             let days = cert.expires_in_secs.div_euclid(86_400);
             out += &format!(

@@ -113,8 +113,10 @@ impl DataPlane {
             None => out.frame_room(HEADROOM + len),
         };
         let packet = &room[HEADROOM..];
-        let subnet = lane.switch.config().subnet;
-        match lane.policy.inbound(now, &self.node, from, packet, subnet) {
+        match lane
+            .policy
+            .inbound(now, &self.node, from, packet, lane.switch.config())
+        {
             Verdict::Pass => {}
             Verdict::Reject => {
                 let packet = packet.to_vec();
@@ -243,13 +245,15 @@ impl DataPlane {
     ) {
         let lane = &mut self.lanes[i];
         let action = lane.switch.handle_tap_frame(now, frame, &mut out.reply);
-        let subnet = lane.switch.config().subnet;
         match action {
             Action::ToPeer { peer, packet } => {
-                match lane
-                    .policy
-                    .outbound(now, &self.node, peer, &frame[packet.clone()], subnet)
-                {
+                match lane.policy.outbound(
+                    now,
+                    &self.node,
+                    peer,
+                    &frame[packet.clone()],
+                    lane.switch.config(),
+                ) {
                     Verdict::Pass => self.send_capped(now, i, peer, &frame[packet], out),
                     Verdict::Reject => reject_to_tap(i, frame, packet, out),
                     Verdict::Deny | Verdict::StrayIcmpError => {}
@@ -259,10 +263,13 @@ impl DataPlane {
             Action::Fragment { peer, packet, mtu } => {
                 // The whole packet is checked once; its fragments follow it.
                 let verdict = match peer {
-                    Some(to) => {
-                        lane.policy
-                            .outbound(now, &self.node, to, &frame[packet.clone()], subnet)
-                    }
+                    Some(to) => lane.policy.outbound(
+                        now,
+                        &self.node,
+                        to,
+                        &frame[packet.clone()],
+                        lane.switch.config(),
+                    ),
                     None => Verdict::Pass,
                 };
                 match verdict {

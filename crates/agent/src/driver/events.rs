@@ -261,6 +261,19 @@ impl Control {
                 // Members announced before the subnet was known: route them now.
                 dp.node.repeat_addresses(NamespaceId(i), None);
             }
+            Event::RoutedLearned(routed) => {
+                tracing::info!(namespace = %n.name, ?routed, "routing the namespace's other subnets");
+                for net in &routed {
+                    self.overlay.exclude_network((*net).into());
+                }
+                n.dns.set_routed(routed.clone());
+                {
+                    let mut dp = lock(&self.dp);
+                    dp.lanes[i].switch.set_routed(routed);
+                    dp.node.repeat_addresses(NamespaceId(i), None);
+                }
+                self.apply_links(i);
+            }
             Event::Dhcp { client, address } => {
                 self.dhcp_claimed(i, hyphae_dhcp_dns::dhcp::ClientId(client), address, now);
             }

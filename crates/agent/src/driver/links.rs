@@ -43,7 +43,7 @@ impl DataPlane {
         }
         let (src, dst) = addresses(packet)?;
         let here = lane.switch.config();
-        if here.subnet.contains(&dst) {
+        if here.in_namespace(dst) {
             return None;
         }
         let link = links
@@ -79,8 +79,10 @@ impl DataPlane {
             lane.policy.crossing_dropped += 1;
             return;
         };
-        let subnet = lane.switch.config().subnet;
-        match lane.policy.outbound(now, &self.node, peer, packet, subnet) {
+        match lane
+            .policy
+            .outbound(now, &self.node, peer, packet, lane.switch.config())
+        {
             Verdict::Pass => {
                 out.seal(&mut self.node, peer, packet);
                 if let Some(from) = self.lanes.get_mut(i) {
@@ -98,7 +100,8 @@ impl super::Control {
     /// gateways, the host's device carries a route for each (interface and hybrid modes),
     /// and the DHCP server gives them to LAN hosts as classless static routes (router
     /// mode; they take them at their next renewal). Links through this member itself (it
-    /// is the gateway) route nothing: it forwards.
+    /// is the gateway) route nothing: it forwards. A multi-subnet namespace's other
+    /// subnets get the same device and DHCP routes, through the subnet's gateway address.
     pub(crate) fn apply_links(&mut self, i: usize) {
         let (routes, mode) = {
             let mut dp = lock(&self.dp);
@@ -106,8 +109,12 @@ impl super::Control {
             let Some(lane) = dp.lanes.get_mut(i) else {
                 return;
             };
-            let (own, subnet) = (lane.switch.config().address, lane.switch.config().subnet);
-            let routes: Vec<(Ipv4Net, Ipv4Addr)> = lane
+            let config = lane.switch.config();
+            let own = config.address;
+            let subnets: Vec<Ipv4Net> = std::iter::once(config.subnet)
+                .chain(config.routed.iter().copied())
+                .collect();
+            let links: Vec<(Ipv4Net, Ipv4Addr)> = lane
                 .policy
                 .current()
                 .links()
@@ -116,16 +123,28 @@ impl super::Control {
                 .flat_map(|l| l.remote.iter().map(|n| (*n, l.gateway)))
                 // Another namespace's addresses only: never a route over this one's.
                 .filter(|(n, _)| {
-                    let overlaps = n.contains(&subnet.network()) || subnet.contains(&n.network());
-                    if overlaps {
+                    let overlap = subnets
+                        .iter()
+                        .find(|s| n.contains(&s.network()) || s.contains(&n.network()));
+                    if let Some(subnet) = overlap {
                         tracing::warn!(remote = %n, %subnet, "a link's remote overlaps this namespace's subnet: not routed");
                     }
-                    !overlaps
+                    overlap.is_none()
                 })
                 .collect();
-            lane.switch.set_links(routes.clone());
-            dp.node.set_links(NamespaceId(i), routes.clone());
-            (routes, lane.mode)
+            // A multi-subnet namespace's other subnets, through this subnet's gateway (the
+            // service address: the switch routes them in one hop).
+            let gateway = (config.subnet.prefix_len() <= 30)
+                .then(|| hyphae_vswitch::service_address(config.subnet));
+            let routed: Vec<(Ipv4Net, Ipv4Addr)> = gateway
+                .map(|g| config.routed.iter().map(|n| (*n, g)).collect())
+                .unwrap_or_default();
+            lane.switch.set_links(links.clone());
+            dp.node.set_links(NamespaceId(i), links.clone());
+            (
+                routed.into_iter().chain(links).collect::<Vec<_>>(),
+                lane.mode,
+            )
         };
         let n = &mut self.namespaces[i];
         if let Some(dhcp) = n.dhcp.as_mut() {
@@ -142,11 +161,9 @@ impl super::Control {
         }
         for (net, gateway) in &routes {
             match crate::lan::set_route(&n.device, *net, *gateway) {
-                Ok(()) => {
-                    tracing::info!(namespace = %n.name, %net, %gateway, "linked namespace routed")
-                }
+                Ok(()) => tracing::info!(namespace = %n.name, %net, %gateway, "routed"),
                 Err(e) => {
-                    tracing::warn!(device = %n.device, %net, error = %e, "cannot route a linked namespace")
+                    tracing::warn!(device = %n.device, %net, error = %e, "cannot route a linked namespace or another subnet")
                 }
             }
         }

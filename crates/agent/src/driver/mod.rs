@@ -212,8 +212,10 @@ impl Control {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
         // A namespace address is never an underlay address (the TAP's, when listening on
         // 0.0.0.0): keep them out of the DHT. Subnets learned later are added then.
-        for subnet in config.namespaces.iter().filter_map(|n| n.subnet) {
-            overlay.exclude_network(subnet.into());
+        for ns in &config.namespaces {
+            for subnet in ns.subnet.iter().chain(&ns.subnets) {
+                overlay.exclude_network((*subnet).into());
+            }
         }
         let own = Identity::from_seed(identity.seed());
         let mut node = Node::new(identity, setup::os_seed()?);
@@ -412,6 +414,7 @@ impl Control {
                 name: cfg.name.clone(),
                 keys,
                 subnet: cfg.subnet,
+                subnets: cfg.subnets.clone(),
                 reserved: cfg.reserved.clone(),
                 address: cfg.address,
                 lease: cfg.lease,
@@ -432,6 +435,7 @@ impl Control {
         if let Some(subnet) = cfg.subnet {
             dns.set_zone(&cfg.name, subnet);
         }
+        dns.set_routed(membership.routed().to_vec());
         let Some(handoffs) = migration::Handoffs::new(&me) else {
             bail!("internal: this agent's identity has no libp2p peer id");
         };
@@ -446,6 +450,7 @@ impl Control {
                 .unwrap_or(Ipv4Addr::UNSPECIFIED),
             // Until the namespace record is read, nothing is in the subnet.
             subnet: cfg.subnet.unwrap_or(NO_SUBNET),
+            routed: membership.routed().to_vec(),
             device_mac,
             remote_mac: match cfg.mode {
                 Mode::Router => setup::router_remote_mac(&tag),

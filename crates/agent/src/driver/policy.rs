@@ -13,8 +13,6 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use ipnet::Ipv4Net;
-
 use hyphae_overlay::cert::{armor, unarmor, Certificate, Refusal, SignedPolicy, Trust};
 use hyphae_overlay::{Node, PeerHandle};
 use hyphae_vswitch::policy::flows::{Firewall, Verdict};
@@ -133,29 +131,29 @@ impl LanePolicy {
     }
 
     /// What becomes of IPv4 packet `ip` from the member of tunnel `peer`, on its way to
-    /// this member (namespace `subnet`).
+    /// this member (the namespace's subnets are `namespace`'s).
     pub(crate) fn inbound(
         &mut self,
         now: Instant,
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
-        subnet: Ipv4Net,
+        namespace: &hyphae_vswitch::Config,
     ) -> Verdict {
-        self.check(now, node, peer, ip, subnet, true)
+        self.check(now, node, peer, ip, namespace, true)
     }
 
     /// What becomes of IPv4 packet `ip` from this member (or its LAN), on its way to the
-    /// member of tunnel `peer` (namespace `subnet`).
+    /// member of tunnel `peer` (the namespace's subnets are `namespace`'s).
     pub(crate) fn outbound(
         &mut self,
         now: Instant,
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
-        subnet: Ipv4Net,
+        namespace: &hyphae_vswitch::Config,
     ) -> Verdict {
-        self.check(now, node, peer, ip, subnet, false)
+        self.check(now, node, peer, ip, namespace, false)
     }
 
     /// `ip` between this member and the member of tunnel `peer`, from it (`inbound`) or
@@ -167,7 +165,7 @@ impl LanePolicy {
         node: &Node,
         peer: PeerHandle,
         ip: &[u8],
-        subnet: Ipv4Net,
+        namespace: &hyphae_vswitch::Config,
         inbound: bool,
     ) -> Verdict {
         if self.firewall.is_open() {
@@ -186,7 +184,7 @@ impl LanePolicy {
             })
         {
             let foreign =
-                |a: Ipv4Addr| !subnet.contains(&a) && !a.is_broadcast() && !a.is_multicast();
+                |a: Ipv4Addr| !namespace.in_namespace(a) && !a.is_broadcast() && !a.is_multicast();
             let (their_end, own_end) = if inbound { (src, dst) } else { (dst, src) };
             if foreign(their_end) {
                 theirs = Tags::default();

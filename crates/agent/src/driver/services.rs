@@ -53,10 +53,14 @@ impl Control {
             dns: vec![hyphae_vswitch::service_address(subnet)],
             domain: m.name().to_string(),
             // A gateway checked against a configured subnet may not fit the one the
-            // namespace record says: then none.
+            // namespace record says: then none. A multi-subnet namespace's hosts have
+            // the subnet's service address as their router unless one is configured.
             router: n
                 .gateway
-                .filter(|g| crate::config::check_in_subnet(*g, subnet).is_ok()),
+                .filter(|g| crate::config::check_in_subnet(*g, subnet).is_ok())
+                .or_else(|| {
+                    (!m.routed().is_empty()).then(|| hyphae_vswitch::service_address(subnet))
+                }),
             routes: n.link_routes.clone(),
             lease: m.lease(),
         };

@@ -52,7 +52,9 @@ pub use resolve::{
     Pending, Resolved, MAX_PENDING_FRAMES, MAX_PENDING_TARGETS, NEGATIVE_TTL, PENDING_TIMEOUT,
     RESOLVED_TTL,
 };
-pub use settings::{check_address, Settings, MAX_LEASE_SECS, MIN_LEASE_SECS};
+pub use settings::{
+    check_address, check_subnets, Settings, MAX_LEASE_SECS, MAX_SUBNETS, MIN_LEASE_SECS,
+};
 
 use claims::{DhcpClaim, Hosted, Own};
 use group::Group;
@@ -118,8 +120,12 @@ pub struct Config {
     pub name: String,
     /// Its keys.
     pub keys: NamespaceKeys,
-    /// The subnet, if configured (else it is read from the namespace record).
+    /// This member's subnet, if configured (else it is read from the namespace record: its
+    /// first subnet).
     pub subnet: Option<Ipv4Net>,
+    /// A multi-subnet namespace's every subnet, in the configured order, when configured
+    /// (`subnet` is one of them); empty for one subnet, or to take them from the record.
+    pub subnets: Vec<Ipv4Net>,
     /// Addresses no member may claim (with `subnet`, part of the record this member proposes).
     pub reserved: Vec<Ipv4Addr>,
     /// The address this member wants.
@@ -198,6 +204,9 @@ pub enum Event {
     Conflict(String),
     /// The subnet was learned from the namespace record: configure it.
     SubnetLearned(Ipv4Net),
+    /// The namespace's other subnets (routed in one hop) were learned from the namespace
+    /// record, or changed: route them.
+    RoutedLearned(Vec<Ipv4Net>),
     /// A claim for a DHCP client ended: the address won, or `None` (refused).
     Dhcp {
         /// The client id, as given to [`Membership::claim_for_dhcp`].
@@ -302,6 +311,8 @@ pub struct Membership {
     claim_endpoints: Vec<SocketAddr>,
     published_endpoints: Vec<SocketAddr>,
     subnet: Option<Ipv4Net>,
+    /// The namespace's other subnets, routed in one hop.
+    routed: Vec<Ipv4Net>,
     reserved: Vec<Ipv4Addr>,
     wanted: Address,
     lease: Duration,
@@ -354,10 +365,18 @@ impl Membership {
     ) -> Self {
         Self {
             settings: SettingsState::new(config.subnet.map(|subnet| Settings {
-                subnet,
+                // The record is the same at every member: the configured list's first.
+                subnet: config.subnets.first().copied().unwrap_or(subnet),
                 lease_secs: config.lease.as_secs(),
                 reserved: config.reserved.clone(),
+                routed: config.subnets.iter().skip(1).copied().collect(),
             })),
+            routed: config
+                .subnets
+                .iter()
+                .copied()
+                .filter(|n| Some(*n) != config.subnet)
+                .collect(),
             name: config.name,
             keys: config.keys,
             identity,
@@ -404,9 +423,14 @@ impl Membership {
         &self.keys
     }
 
-    /// The namespace subnet, once known (configured, or read from the record).
+    /// This member's subnet, once known (configured, or read from the record).
     pub fn subnet(&self) -> Option<Ipv4Net> {
         self.subnet
+    }
+
+    /// The namespace's other subnets (a multi-subnet namespace), routed in one hop.
+    pub fn routed(&self) -> &[Ipv4Net] {
+        &self.routed
     }
 
     /// The address lease time (the namespace record's, once read).

@@ -31,6 +31,9 @@ pub struct Settings {
     pub lease_secs: u64,
     /// Addresses no member may claim.
     pub reserved: Vec<Ipv4Addr>,
+    /// The namespace's further subnets (a multi-subnet namespace, routed in one hop at
+    /// each sender): every member and LAN host is in `subnet` or one of these.
+    pub routed: Vec<Ipv4Net>,
 }
 
 impl Settings {
@@ -45,8 +48,41 @@ impl Settings {
         if self.reserved.len() > MAX_RESERVED {
             return Err("too many reserved addresses".into());
         }
-        Ok(())
+        check_subnets(&self.subnets())
     }
+
+    /// Every subnet of the namespace, `subnet` first.
+    pub fn subnets(&self) -> Vec<Ipv4Net> {
+        std::iter::once(self.subnet)
+            .chain(self.routed.iter().copied())
+            .collect()
+    }
+}
+
+/// The most subnets one namespace may have.
+pub const MAX_SUBNETS: usize = 64;
+
+/// Whether `subnets` can be one namespace's: each an IPv4 network of /30 or larger, at
+/// most [`MAX_SUBNETS`], none overlapping another. Says why not, in words.
+pub fn check_subnets(subnets: &[Ipv4Net]) -> Result<(), String> {
+    if subnets.len() > MAX_SUBNETS {
+        return Err(format!(
+            "{} subnets; a namespace may have at most {MAX_SUBNETS}",
+            subnets.len()
+        ));
+    }
+    for (i, a) in subnets.iter().enumerate() {
+        if *a != a.trunc() || a.prefix_len() > 30 {
+            return Err(format!("bad subnet {a}"));
+        }
+        if let Some(b) = subnets[..i]
+            .iter()
+            .find(|b| b.contains(&a.network()) || a.contains(&b.network()))
+        {
+            return Err(format!("subnets {b} and {a} overlap"));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `address` can be a member's address in `subnet`: inside it, and not its
@@ -225,16 +261,30 @@ impl Membership {
                 return;
             }
             tracing::info!(namespace = %self.name, subnet = %settings.subnet,
-                lease_secs = settings.lease_secs, %keeper, "namespace record read");
-        } else if self.subnet != Some(settings.subnet) {
-            tracing::error!(namespace = %self.name, subnet = %settings.subnet, %keeper,
-                "the namespace record changed its subnet; keeping ours");
+                routed = ?settings.routed, lease_secs = settings.lease_secs, %keeper,
+                "namespace record read");
+        } else if !self.same_subnets(&settings) {
+            tracing::error!(namespace = %self.name, subnet = %settings.subnet,
+                routed = ?settings.routed, %keeper,
+                "the namespace record changed its subnets; keeping ours");
             return;
         }
+        // This member's own subnet, if configured, is one of the record's (checked above);
+        // else it is the record's first.
+        let local = self.subnet.unwrap_or(settings.subnet);
         if self.subnet.is_none() {
-            self.events.push_back(Event::SubnetLearned(settings.subnet));
+            self.events.push_back(Event::SubnetLearned(local));
         }
-        self.subnet = Some(settings.subnet);
+        self.subnet = Some(local);
+        let routed: Vec<Ipv4Net> = settings
+            .subnets()
+            .into_iter()
+            .filter(|n| *n != local)
+            .collect();
+        if routed != self.routed {
+            self.routed = routed.clone();
+            self.events.push_back(Event::RoutedLearned(routed));
+        }
         self.lease = Duration::from_secs(settings.lease_secs);
         self.reserved = settings.reserved.clone();
         // A record this member sealed before a restart is still its own to renew.
@@ -244,18 +294,44 @@ impl Membership {
         self.settings.proposed = Some(settings);
     }
 
+    /// Whether `settings` name the same subnets this member has (its own and the routed).
+    fn same_subnets(&self, settings: &Settings) -> bool {
+        let mut mine: Vec<Ipv4Net> = self.subnet.into_iter().chain(self.routed.clone()).collect();
+        let mut theirs = settings.subnets();
+        mine.sort();
+        theirs.sort();
+        mine == theirs
+    }
+
     /// Why the record's `settings` cannot be this member's, if they cannot.
     fn check_settings(&self, settings: &Settings, keeper: PeerId) -> Result<(), String> {
         if let Some(mine) = &self.settings.proposed {
-            if mine.subnet != settings.subnet {
+            let list = |s: &Settings| {
+                s.subnets()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            // A member configured with one subnet may be in any of a multi-subnet
+            // namespace's; one configured with several must name them all.
+            let fits = if mine.routed.is_empty() {
+                settings.subnets().contains(&mine.subnet)
+            } else {
+                self.same_subnets(settings)
+            };
+            if !fits {
                 return Err(format!(
-                    "namespace '{}': its subnet is {} (namespace record kept by member {keeper}), but this config says {}; fix `subnet` or remove it",
-                    self.name, settings.subnet, mine.subnet
+                    "namespace '{}': its subnets are {} (namespace record kept by member {keeper}), but this config says {}; fix `subnet`/`subnets` or remove them",
+                    self.name,
+                    list(settings),
+                    list(mine)
                 ));
             }
         }
+        let local = self.subnet.unwrap_or(settings.subnet);
         if let Address::Static(a) = self.wanted {
-            let problem = check_address(a, settings.subnet).err().or_else(|| {
+            let problem = check_address(a, local).err().or_else(|| {
                 settings
                     .reserved
                     .contains(&a)

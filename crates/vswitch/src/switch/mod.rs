@@ -7,6 +7,7 @@
 mod arp;
 mod broadcast;
 mod lan;
+mod router;
 mod routes;
 mod service;
 
@@ -136,6 +137,11 @@ impl<P: Copy + Eq> Switch<P> {
         reply: &mut [u8],
     ) -> Action<P> {
         let mut action = self.classify_tap_frame(frame, now, reply);
+        if !self.config.routed.is_empty() {
+            if let Action::ToPeer { packet, .. } = &action {
+                self.lower_ttl_if_routed(frame, &packet.clone());
+            }
+        }
         if let Action::ToPeer { packet, .. } | Action::Broadcast { packet } = &action {
             let mtu = self.config.tunnel_mtu;
             if frame
@@ -382,6 +388,9 @@ impl<P: Copy + Eq> Switch<P> {
                     return Action::Drop(DropReason::LanLocal);
                 }
                 if !self.config.subnet.contains(&dst) {
+                    if let Some(net) = self.config.routed_subnet(dst) {
+                        return self.route_to_subnet(&eth, &ip, net, packet, reply);
+                    }
                     // Another namespace's address, through the gateway a link names.
                     return match self.link_gateway(dst) {
                         Some(gateway) => match self.route(gateway) {
@@ -442,9 +451,21 @@ impl<P: Copy + Eq> Switch<P> {
         };
         let (dst, src, frame_len) = (ip.dst(), ip.src(), HEADROOM + ip.total_len());
         let mode = self.config.mode;
+        if self
+            .config
+            .routed_subnet(dst)
+            .is_some_and(|n| n.broadcast() == dst)
+        {
+            // Another subnet's broadcast (its members hear it): not this subnet's.
+            return Action::Drop(DropReason::OtherSubnet);
+        }
         let dst_mac = if self.is_broadcast(dst) {
             if mode != Mode::Interface && self.lan.contains_key(&src) {
                 return Action::Drop(DropReason::BroadcastFromLan);
+            }
+            // Broadcast and multicast stay in their subnet.
+            if self.config.routed_subnet(src).is_some() {
+                return Action::Drop(DropReason::OtherSubnet);
             }
             if !self.bucket_in.take(self.config.broadcast_rate, now) {
                 return Action::Drop(DropReason::BroadcastRateLimited);

@@ -9,11 +9,11 @@ use super::Switch;
 
 impl<P: Copy + Eq> Switch<P> {
     /// Makes `peer` the owner of exactly `addresses`: routes it had to others are removed.
-    /// Addresses outside the subnet, and the host's own address, are ignored.
+    /// Addresses outside the namespace's subnets, and the host's own address, are ignored.
     pub fn set_peer_addresses(&mut self, peer: P, addresses: &[Ipv4Addr]) {
         self.routes.retain(|_, p| *p != peer);
         for &addr in addresses {
-            if self.config.subnet.contains(&addr) && addr != self.config.address {
+            if self.config.in_namespace(addr) && addr != self.config.address {
                 self.routes.insert(addr, peer);
             }
         }
@@ -40,12 +40,25 @@ impl<P: Copy + Eq> Switch<P> {
         self.config.address = address;
     }
 
-    /// Changes the namespace subnet (learned after start); routes outside it are dropped.
+    /// Changes the subnet of the device or LAN (learned after start); routes outside the
+    /// namespace are dropped.
     pub fn set_subnet(&mut self, subnet: Ipv4Net) {
         self.config.subnet = subnet;
-        self.routes.retain(|a, _| subnet.contains(a));
-        self.resolved.retain(|a, _| subnet.contains(a));
+        self.forget_outside();
         self.lan.retain(|a, _| subnet.contains(a));
+    }
+
+    /// Changes the namespace's other subnets, routed in one hop (learned after start);
+    /// routes outside the namespace are dropped.
+    pub fn set_routed(&mut self, routed: Vec<Ipv4Net>) {
+        self.config.routed = routed;
+        self.forget_outside();
+    }
+
+    fn forget_outside(&mut self) {
+        let config = &self.config;
+        self.routes.retain(|a, _| config.in_namespace(*a));
+        self.resolved.retain(|a, _| config.in_namespace(*a));
     }
 
     /// Reaches other namespaces' addresses through gateway members: each `(remote,
@@ -66,7 +79,7 @@ impl<P: Copy + Eq> Switch<P> {
     /// Routes `addr` to `peer` because the DHT says `peer` owns it; announcements take
     /// precedence. Replaced by the next resolution of `addr`, dropped with the peer.
     pub fn add_route(&mut self, addr: Ipv4Addr, peer: P) {
-        if self.config.subnet.contains(&addr) && addr != self.config.address {
+        if self.config.in_namespace(addr) && addr != self.config.address {
             self.resolved.insert(addr, peer);
         }
     }

@@ -466,6 +466,71 @@ fn a_member_without_subnet_learns_it_from_the_namespace_record() {
 }
 
 #[test]
+fn a_multi_subnet_namespace_gives_each_member_its_subnet_and_the_others_to_route() {
+    let a: Ipv4Net = "10.1.0.0/24".parse().unwrap();
+    let b: Ipv4Net = "10.2.0.0/24".parse().unwrap();
+    let mut net = Net::new();
+    // The first member names both, and sits in the second.
+    let mut c = config(Address::Static(Ipv4Addr::new(10, 2, 0, 10)));
+    (c.subnet, c.subnets) = (Some(b), vec![a, b]);
+    let keeper = net.add(c, 1);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[keeper].subnet(), Some(b));
+    assert_eq!(net.members[keeper].routed(), &[a]);
+    assert_eq!(
+        net.members[keeper].owned(),
+        Some(Ipv4Addr::new(10, 2, 0, 10))
+    );
+    // A member with no subnet configured takes the first, and routes the other.
+    let mut c = config(Address::Auto);
+    c.subnet = None;
+    let first = net.add(c, 2);
+    // One configured with only the second subnet is in it, and learns the first.
+    let mut c = config(Address::Auto);
+    c.subnet = Some(b);
+    let second = net.add(c, 3);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[first].subnet(), Some(a));
+    assert!(net.events[first].contains(&Event::SubnetLearned(a)));
+    assert!(net.events[first].contains(&Event::RoutedLearned(vec![b])));
+    assert!(net.members[first].owned().is_some_and(|o| a.contains(&o)));
+    assert_eq!(net.members[second].subnet(), Some(b));
+    assert!(net.events[second].contains(&Event::RoutedLearned(vec![a])));
+    assert!(net.members[second].owned().is_some_and(|o| b.contains(&o)));
+    // A subnet that is not the namespace's, or a list that differs, is refused.
+    for (subnet, subnets) in [
+        (Some("10.3.0.0/24".parse().unwrap()), vec![]),
+        (Some(a), vec![a, "10.3.0.0/24".parse().unwrap()]),
+    ] {
+        let mut c = config(Address::Auto);
+        (c.subnet, c.subnets) = (subnet, subnets);
+        let x = net.add(c, 4);
+        net.run_for(Duration::from_secs(1));
+        let conflict = net.events[x].iter().find_map(|e| match e {
+            Event::Conflict(c) => Some(c.clone()),
+            _ => None,
+        });
+        let conflict = conflict.expect("refused");
+        assert!(conflict.contains("10.1.0.0/24, 10.2.0.0/24"), "{conflict}");
+    }
+}
+
+#[test]
+fn subnets_that_overlap_are_not_a_namespace() {
+    let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
+    assert!(check_subnets(&[n("10.1.0.0/24"), n("10.2.0.0/24")]).is_ok());
+    let err = check_subnets(&[n("10.1.0.0/16"), n("10.1.5.0/24")]).unwrap_err();
+    assert!(err.contains("overlap"), "{err}");
+    let err = check_subnets(&[n("10.1.5.0/24"), n("10.1.0.0/16")]).unwrap_err();
+    assert!(err.contains("overlap"), "{err}");
+    assert!(check_subnets(&[n("10.1.0.0/31")]).is_err());
+    let many: Vec<Ipv4Net> = (0..=MAX_SUBNETS as u32)
+        .map(|i| Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 + (i << 8)), 24).unwrap())
+        .collect();
+    assert!(check_subnets(&many).unwrap_err().contains("at most"));
+}
+
+#[test]
 fn an_address_not_won_says_why() {
     let mut net = Net::new();
     // No member holds the namespace record yet: nothing to claim in.

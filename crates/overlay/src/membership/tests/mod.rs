@@ -29,6 +29,7 @@ fn config(address: Address) -> Config {
         name: "lab".into(),
         keys: keys(),
         subnet: Some(subnet()),
+        subnets: Vec::new(),
         reserved: Vec::new(),
         address,
         lease: LEASE,

@@ -1,0 +1,234 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! A multi-subnet namespace end to end (Diverter: every agent is every subnet's gateway, and
+//! routes between subnets in one hop at the sender): real agents, a plain LAN host that
+//! gets its address, router and routes from the agent's DHCP server (busybox udhcpc), and
+//! traceroute, ping, dig as the hosts' own tools.
+//!
+//! Host `a` (interface mode) is in 10.61.0.0/24 and names both subnets; host `b`
+//! (interface mode) is configured with 10.62.0.0/24 only and learns the other from the
+//! namespace record; router `r` serves a LAN in 10.62.0.0/24 with one plain host `l`.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hyphae_agent::control::NamespaceStatus;
+use hyphae_testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
+const A: &str = "10.61.0.0/24";
+const B: &str = "10.62.0.0/24";
+const A_HOST: Ipv4Addr = Ipv4Addr::new(10, 61, 0, 10);
+const B_HOST: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 20);
+const A_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 61, 0, 1);
+const B_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 1);
+
+fn namespace(secret: &Path, subnets: &str, bootstrap: Option<Ipv4Addr>, lines: &str) -> String {
+    let mut c = format!(
+        "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\n{subnets}\nlease_secs = 30\n{lines}",
+        secret.display()
+    );
+    if let Some(b) = bootstrap {
+        c += &format!("bootstrap = [\"{b}:7400\"]\n");
+    }
+    c
+}
+
+fn ns_status(bed: &Testbed, host: &Host, agent: &AgentHandle) -> NamespaceStatus {
+    bed.status(host, agent)
+        .expect("status")
+        .namespaces
+        .remove(0)
+}
+
+fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The hops `traceroute` from `from` to `to` shows: the first address that answered on
+/// each line (`*` if none did; a host may rate-limit its ICMP errors, so one probe of three
+/// may go unanswered).
+fn hops(bed: &Testbed, from: &Host, to: Ipv4Addr) -> Vec<String> {
+    let to = to.to_string();
+    let out = bed
+        .ns_output(&from.ns, "traceroute", &["-n", "-w", "2", "-m", "5", &to])
+        .expect("traceroute");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("traceroute {to}:\n{text}");
+    text.lines()
+        .skip_while(|l| l.starts_with("traceroute"))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .find(|w| w.parse::<Ipv4Addr>().is_ok())
+                .unwrap_or("*")
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
+    require_root();
+    let mut bed = Testbed::new("sn", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
+    let both = format!("subnets = [\"{A}\", \"{B}\"]");
+
+    let a = bed.add_host("a", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&a),
+        namespace(
+            &secret,
+            &both,
+            None,
+            &format!("device = \"hyphae0\"\naddress = \"{A_HOST}\"\nhostname = \"alpha\"\n")
+        )
+    );
+    let aa = bed.start_agent(&a, &cfg).unwrap();
+    let boot = Some(a.underlay);
+
+    let b = bed.add_host("b", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&b),
+        namespace(
+            &secret,
+            &format!("subnet = \"{B}\""),
+            boot,
+            &format!("device = \"hyphae0\"\naddress = \"{B_HOST}\"\n")
+        )
+    );
+    let ba = bed.start_agent(&b, &cfg).unwrap();
+
+    let lan = bed.add_lan("lan").unwrap();
+    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 3)).unwrap();
+    bed.plug(&lan, &r.ns, "eth1", 1500).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&r),
+        namespace(
+            &secret,
+            &format!("subnet = \"{B}\""),
+            boot,
+            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
+        )
+    );
+    let ra = bed.start_agent(&r, &cfg).unwrap();
+
+    // b was told only its own subnet: it learns the other from the namespace record.
+    wait_until("b learns the other subnet", Duration::from_secs(20), || {
+        ns_status(&bed, &b, &ba).routed_subnets == vec![A.to_string()]
+    });
+    assert_eq!(ns_status(&bed, &a, &aa).routed_subnets, vec![B.to_string()]);
+    assert_eq!(bed.claimed_address(&b, &ba).unwrap(), B_HOST);
+    assert_eq!(bed.claimed_address(&a, &aa).unwrap(), A_HOST);
+    // Each interface host routes the other subnet through its own subnet's gateway.
+    let route = bed
+        .ns_output(&a.ns, "ip", &["-4", "route", "show", B])
+        .unwrap();
+    let route = String::from_utf8_lossy(&route.stdout).to_string();
+    assert!(route.contains(&format!("via {A_GATEWAY}")), "{route}");
+
+    // Across subnets: ping both ways, and one hop (the gateway) on the way.
+    bed.wait_for_ping(&a, B_HOST, Duration::from_secs(20))
+        .expect("a -> b across subnets");
+    bed.wait_for_ping(&b, A_HOST, Duration::from_secs(20))
+        .expect("b -> a across subnets");
+    assert_eq!(
+        hops(&bed, &a, B_HOST),
+        vec![A_GATEWAY.to_string(), B_HOST.to_string()]
+    );
+    assert_eq!(
+        hops(&bed, &b, A_HOST),
+        vec![B_GATEWAY.to_string(), A_HOST.to_string()]
+    );
+    let (sa, sb) = (ns_status(&bed, &a, &aa), ns_status(&bed, &b, &ba));
+    assert!(
+        sa.routed > 0 && sb.routed > 0,
+        "{} {}",
+        sa.routed,
+        sb.routed
+    );
+    // Each traceroute's first probe ran out of TTL at the sender's own agent.
+    assert!(sa.ttl_exceeded >= 1 && sb.ttl_exceeded >= 1);
+
+    // A plain LAN host behind the router gets its subnet's gateway as its router, and the
+    // other subnet as a classless static route through it.
+    let l = bed
+        .add_lan_host(&lan, "l", "", hyphae_agent::config::DEFAULT_MTU)
+        .unwrap();
+    let (script, env_file) = hyphae_testbed::udhcpc_script(&l).unwrap();
+    let out = bed.udhcpc(&l, "lima", &script).unwrap();
+    assert!(
+        out.status.success(),
+        "udhcpc: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    assert!(env.contains(&format!("router={B_GATEWAY}")), "{env}");
+    assert!(
+        env.contains(&format!("staticroutes={A} {B_GATEWAY}")),
+        "{env}"
+    );
+    let l_ip = bed.address_on(&l, "eth0", Duration::from_secs(5)).unwrap();
+    assert!(B.parse::<ipnet::Ipv4Net>().unwrap().contains(&l_ip));
+    bed.ns(
+        &l.ns,
+        "ip",
+        &["route", "add", A, "via", &B_GATEWAY.to_string()],
+    )
+    .unwrap();
+    bed.wait_for_ping(&l, A_HOST, Duration::from_secs(20))
+        .expect("LAN host -> a across subnets");
+    bed.wait_for_ping(&a, l_ip, Duration::from_secs(20))
+        .expect("a -> LAN host across subnets");
+    assert_eq!(
+        hops(&bed, &l, A_HOST),
+        vec![B_GATEWAY.to_string(), A_HOST.to_string()]
+    );
+    // Names of the other subnet answer at this subnet's service address.
+    let dig = bed
+        .dig_short(&l, &B_GATEWAY.to_string(), "alpha.lab")
+        .unwrap();
+    assert_eq!(dig, vec![A_HOST.to_string()]);
+    assert!(ns_status(&bed, &r, &ra).routed > 0);
+
+    // Broadcast stays in its subnet. A directed broadcast to b's subnet is not forwarded.
+    let other_subnet = |s: &NamespaceStatus| s.drops.get("other_subnet").copied().unwrap_or(0);
+    let ping_b = |to: &str, count: &str| {
+        let args = ["-b", "-c", count, "-i", "0.2", "-W", "1", to];
+        let _ = bed.ns_output(&a.ns, "ping", &args);
+    };
+    let a_before = other_subnet(&ns_status(&bed, &a, &aa));
+    ping_b("10.62.0.255", "3");
+    assert_eq!(other_subnet(&ns_status(&bed, &a, &aa)), a_before + 3);
+    // a's subnet broadcast goes to every member (once a has read the group), and those of
+    // the other subnet drop it: their device and LAN never hear it.
+    let (b_before, r_before) = (ns_status(&bed, &b, &ba), ns_status(&bed, &r, &ra));
+    wait_until(
+        "b and r drop a's subnet broadcast",
+        Duration::from_secs(20),
+        || {
+            ping_b("10.61.0.255", "1");
+            other_subnet(&ns_status(&bed, &b, &ba)) > other_subnet(&b_before)
+                && other_subnet(&ns_status(&bed, &r, &ra)) > other_subnet(&r_before)
+        },
+    );
+    assert_eq!(
+        ns_status(&bed, &b, &ba).broadcasts_in,
+        b_before.broadcasts_in
+    );
+    assert_eq!(
+        ns_status(&bed, &r, &ra).broadcasts_in,
+        r_before.broadcasts_in
+    );
+    assert!(ns_status(&bed, &a, &aa).broadcasts_out > 0);
+}
