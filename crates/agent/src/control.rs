@@ -453,6 +453,10 @@ pub struct NamespaceStatus {
     /// ICMP "time exceeded" sent back for packets routed with no TTL left.
     #[serde(default)]
     pub ttl_exceeded: u64,
+    /// ICMP "host unreachable" sent back for packets to another subnet's address nobody
+    /// holds.
+    #[serde(default)]
+    pub unreachable: u64,
     /// Why the namespace was left (a conflict with the namespace's records); only a
     /// namespace joined with `hyphae join` is left this way, and it is listed only then.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -149,7 +149,22 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
         hops(&bed, &b, A_HOST),
         vec![B_GATEWAY.to_string(), A_HOST.to_string()]
     );
+    // An address of the other subnet nobody holds: the gateway says so, as a router does.
+    let out = bed
+        .ns_output(
+            &a.ns,
+            "ping",
+            &["-c", "2", "-i", "0.5", "-W", "6", "10.62.0.99"],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains(&format!("From {A_GATEWAY}"))
+            && text.contains("Destination Host Unreachable"),
+        "{text}"
+    );
     let (sa, sb) = (ns_status(&bed, &a, &aa), ns_status(&bed, &b, &ba));
+    assert!(sa.unreachable >= 1);
     assert!(
         sa.routed > 0 && sb.routed > 0,
         "{} {}",

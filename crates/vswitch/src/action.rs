@@ -243,6 +243,9 @@ pub struct Counters {
     pub routed: u64,
     /// ICMP "time exceeded" sent back for packets routed with no TTL left.
     pub ttl_exceeded: u64,
+    /// ICMP "host unreachable" sent back for packets to another subnet's address nobody
+    /// holds.
+    pub unreachable: u64,
     pub(crate) drops: [u64; DropReason::ALL.len()],
 }
 

@@ -96,6 +96,10 @@ pub const LAN_PROBES: u8 = 3;
 /// before ARP for it probes the LAN again.
 pub const REMOTE_CONFIRMED: Duration = Duration::from_secs(60);
 
+/// ICMP "host unreachable" a second the switch sends about routed destinations nobody
+/// holds (also the burst), as a router limits its ICMP errors (RFC 1812 4.3.2.8).
+pub const UNREACHABLE_RATE: u32 = 10;
+
 /// The first two bytes of every agent's remote MAC (IPOP 4.1).
 pub const REMOTE_MAC_PREFIX: [u8; 2] = [0xfe, 0xfd];
 

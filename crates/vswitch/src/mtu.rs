@@ -45,6 +45,8 @@ const IPV4_MAX_HEADER_LEN: usize = 60;
 /// How much of the offending packet an ICMP error quotes beyond its header (RFC 792).
 const QUOTED_PAYLOAD: usize = 8;
 
+/// ICMP code "host unreachable".
+const ICMP_HOST_UNREACHABLE: u8 = 1;
 /// ICMP "time exceeded" (code 0: TTL exceeded in transit).
 const ICMP_TIME_EXCEEDED: u8 = 11;
 
@@ -197,6 +199,24 @@ pub fn emit_time_exceeded(
     packet: &[u8],
 ) -> Option<usize> {
     emit_icmp_error(buf, macs, src, (ICMP_TIME_EXCEEDED, 0, [0; 4]), packet)
+}
+
+/// Writes an Ethernet frame carrying ICMP "host unreachable" (RFC 792) about the IPv4
+/// `packet`, from the router address `src` to the packet's source, into `buf`; returns its
+/// length. `None` as for [`emit_frag_needed`].
+pub fn emit_host_unreachable(
+    buf: &mut [u8],
+    macs: (Mac, Mac),
+    src: Ipv4Addr,
+    packet: &[u8],
+) -> Option<usize> {
+    emit_icmp_error(
+        buf,
+        macs,
+        src,
+        (ICMP_UNREACHABLE, ICMP_HOST_UNREACHABLE, [0; 4]),
+        packet,
+    )
 }
 
 /// Writes an ICMP error of `(type, code, rest of header)` about `packet` (its header and

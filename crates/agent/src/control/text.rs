@@ -188,10 +188,11 @@ pub fn render(status: &Status) -> String {
         );
         if !ns.routed_subnets.is_empty() {
             out += &format!(
-                "  routes to {} in one hop: {} packets routed, {} TTL exceeded\n",
+                "  routes to {} in one hop: {} packets routed, {} TTL exceeded, {} host unreachable\n",
                 ns.routed_subnets.join(", "),
                 ns.routed,
-                ns.ttl_exceeded
+                ns.ttl_exceeded,
+                ns.unreachable
             );
         }
         if let Some(cert) = &ns.certificate {

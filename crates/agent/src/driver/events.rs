@@ -67,7 +67,10 @@ impl Control {
                 {
                     self.replays.push((ns, vec![frame]));
                 } else if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
-                    n.membership.hold(now, target, &frame);
+                    if !n.membership.hold(now, target, &frame) && n.membership.unowned(now, target)
+                    {
+                        self.unreachable(ns, now, &[frame]);
+                    }
                 }
             }
             ToControl::GroupWanted { ns } => {
@@ -240,6 +243,23 @@ impl Control {
         any
     }
 
+    /// `frames` of namespace `i`'s device or LAN waited for an address nobody holds: those
+    /// routed to another subnet are answered with ICMP "host unreachable" from the gateway.
+    fn unreachable(&mut self, i: usize, now: Instant, frames: &[Vec<u8>]) {
+        let mut dp = lock(&self.dp);
+        let Some(lane) = dp.lanes.get_mut(i) else {
+            return;
+        };
+        for frame in frames {
+            if let Some(len) = lane
+                .switch
+                .emit_unreachable(now, &mut self.batch.reply, frame)
+            {
+                self.batch.write_reply(i, len);
+            }
+        }
+    }
+
     /// Acts on one event of namespace `i`'s membership.
     fn apply(&mut self, i: usize, event: Event, now: Instant) {
         let n = &mut self.namespaces[i];
@@ -335,6 +355,7 @@ impl Control {
                     .handle_lookup(now, &Missing::Name(host), Found::Name(address), &held);
             }
             Event::HandOff { address, done } => self.handed_off(i, now, address, done),
+            Event::Unowned { frames, .. } => self.unreachable(i, now, &frames),
             Event::HostedClaimed { address, outcome } => {
                 self.hosted_claimed(i, now, address, outcome);
             }

@@ -268,6 +268,7 @@ impl Control {
                     routed_subnets: m.routed().iter().map(ToString::to_string).collect(),
                     routed: c.routed,
                     ttl_exceeded: c.ttl_exceeded,
+                    unreachable: c.unreachable,
                     error: p.error.clone(),
                     lookups: m.lookups(),
                     unresolved_drops: m.unresolved_drops(),

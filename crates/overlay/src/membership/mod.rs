@@ -221,6 +221,14 @@ pub enum Event {
         /// The outcome.
         result: Result<(), String>,
     },
+    /// No member holds `target`: the frames that waited for it are dropped (a router
+    /// answers them with ICMP "host unreachable").
+    Unowned {
+        /// The address looked up.
+        target: Ipv4Addr,
+        /// The frames that waited, oldest first.
+        frames: Vec<Vec<u8>>,
+    },
     /// Another member owns an address frames wait for.
     Resolved(Resolved),
     /// The broadcast group was read: the members other than this one and where to

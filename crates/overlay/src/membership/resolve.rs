@@ -147,9 +147,22 @@ impl Membership {
                 r.negative.insert(target, now + NEGATIVE_TTL);
                 if let Some(p) = r.pending.remove(&target) {
                     r.unresolved_drops += p.frames.len() as u64;
+                    self.events.push_back(Event::Unowned {
+                        target,
+                        frames: p.frames,
+                    });
                 }
             }
         }
+    }
+
+    /// Whether the last lookup of `target` found no member holding it, and is still recent
+    /// ([`NEGATIVE_TTL`]): frames for it are dropped at once.
+    pub fn unowned(&self, now: Instant, target: Ipv4Addr) -> bool {
+        self.resolver
+            .negative
+            .get(&target)
+            .is_some_and(|&t| now < t)
     }
 
     /// `addresses` lost their member: look them up afresh on the next packet.

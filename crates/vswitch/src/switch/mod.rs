@@ -85,6 +85,8 @@ pub struct Switch<P> {
     events: VecDeque<Event>,
     bucket_out: Bucket,
     bucket_in: Bucket,
+    /// ICMP "host unreachable" for routed destinations nobody holds.
+    bucket_unreachable: Bucket,
     counters: Counters,
 }
 
@@ -108,6 +110,10 @@ impl<P: Copy + Eq> Switch<P> {
                 last: None,
             },
             bucket_in: Bucket {
+                tokens: 0.0,
+                last: None,
+            },
+            bucket_unreachable: Bucket {
                 tokens: 0.0,
                 last: None,
             },

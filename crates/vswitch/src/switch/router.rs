@@ -9,9 +9,11 @@ use std::ops::Range;
 
 use ipnet::Ipv4Net;
 
+use std::time::Instant;
+
 use super::Switch;
-use crate::wire::{decrement_ttl, EthernetFrame, Ipv4Packet};
-use crate::{mtu, service_address, Action, DropReason};
+use crate::wire::{decrement_ttl, EthernetFrame, Ipv4Packet, ETHERTYPE_IPV4};
+use crate::{mtu, service_address, Action, DropReason, UNREACHABLE_RATE};
 
 impl<P: Copy + Eq> Switch<P> {
     /// A packet of the device or LAN for `dst` in `net`, another subnet of the namespace.
@@ -53,6 +55,36 @@ impl<P: Copy + Eq> Switch<P> {
             Some(peer) => Action::ToPeer { peer, packet },
             None => Action::Resolve { target: dst },
         }
+    }
+
+    /// The frame `frame` of the device or LAN waited for its destination in another subnet,
+    /// and no member holds it: builds ICMP "host unreachable" from the gateway into `buf`,
+    /// as a router answers (at most [`UNREACHABLE_RATE`] a second). Returns its length;
+    /// `None` for a destination in this subnet (the host's own ARP tells it), an ICMP error,
+    /// or over the rate.
+    pub fn emit_unreachable(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        frame: &[u8],
+    ) -> Option<usize> {
+        let eth = EthernetFrame::new_checked(frame).ok()?;
+        if eth.ethertype() != ETHERTYPE_IPV4 {
+            return None;
+        }
+        let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+        self.config.routed_subnet(ip.dst())?;
+        if !self.config.subnet.contains(&ip.src()) {
+            return None;
+        }
+        if !self.bucket_unreachable.take(UNREACHABLE_RATE, now) {
+            return None;
+        }
+        let packet = eth.payload().get(..ip.total_len())?;
+        let macs = (eth.src(), self.config.remote_mac);
+        let len = mtu::emit_host_unreachable(buf, macs, self.service(), packet)?;
+        self.counters.unreachable += 1;
+        Some(len)
     }
 
     /// Lowers the TTL of `packet` (of `frame`), about to leave for a member, if it is routed

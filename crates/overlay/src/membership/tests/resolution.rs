@@ -31,13 +31,21 @@ fn frames_wait_for_a_lookup_and_are_released_or_dropped() {
         vec![b"one".to_vec(), b"two".to_vec()]
     );
 
-    // Nobody holds .99: its frames are dropped, and it is not looked up again at once.
+    // Nobody holds .99: its frames are handed back as unowned and dropped, and it is not
+    // looked up again at once (it is unowned until the negative answer expires).
     let now = net.now;
+    assert!(!net.members[a].unowned(now, ip(99)));
     assert!(net.members[a].hold(now, ip(99), b"x"));
     net.run_for(Duration::from_millis(100));
     assert_eq!(net.members[a].unresolved_drops(), 1);
+    assert!(net.take_events(a).contains(&Event::Unowned {
+        target: ip(99),
+        frames: vec![b"x".to_vec()]
+    }));
+    assert!(net.members[a].unowned(net.now, ip(99)));
     assert!(!net.members[a].hold(net.now, ip(99), b"y"));
     assert_eq!(net.members[a].unresolved_drops(), 2);
+    assert!(!net.members[a].unowned(net.now + NEGATIVE_TTL, ip(99)));
 
     // A lookup that never ends: the frames are dropped at the 5 s limit, not before.
     net.mute.push(keys().address_key(ip(98)));

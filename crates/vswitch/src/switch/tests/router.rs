@@ -198,3 +198,41 @@ fn only_this_subnets_hosts_are_routed_and_no_one_holds_another_gateway() {
     assert_eq!(sw.route(Ipv4Addr::new(10, 3, 0, 3)), None);
     assert_eq!(sw.route(Ipv4Addr::new(10, 2, 0, 9)), Some(7));
 }
+
+#[test]
+fn a_destination_nobody_holds_in_another_subnet_is_answered_host_unreachable() {
+    let mut sw = two_subnets(Mode::Interface);
+    let mut buf = [0u8; crate::MIN_REPLY_BUF];
+    let frame = routed_frame([10, 1, 0, 5], [10, 2, 0, 77], 64);
+    let len = sw
+        .emit_unreachable(t0(), &mut buf, &frame)
+        .expect("an ICMP error");
+    let eth = EthernetFrame::new_checked(&buf[..len]).unwrap();
+    assert_eq!((eth.dst(), eth.src()), (DEVICE_MAC, REMOTE_MAC));
+    let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+    assert_eq!(ip.src(), Ipv4Addr::new(10, 1, 0, 1), "from the gateway");
+    assert_eq!(ip.dst(), Ipv4Addr::new(10, 1, 0, 5));
+    let icmp = ip.payload();
+    assert_eq!((icmp[0], icmp[1]), (3, 1), "host unreachable");
+    assert_eq!(&icmp[8..36], &frame[14..42]);
+    // Not for this subnet's addresses (the host's ARP says it), nor other sources.
+    let local = routed_frame([10, 1, 0, 5], [10, 1, 0, 77], 64);
+    assert_eq!(sw.emit_unreachable(t0(), &mut buf, &local), None);
+    let spoofed = routed_frame([10, 3, 0, 5], [10, 2, 0, 77], 64);
+    assert_eq!(sw.emit_unreachable(t0(), &mut buf, &spoofed), None);
+    assert_eq!(
+        sw.emit_unreachable(t0(), &mut buf, &arp_request([10, 2, 0, 77])),
+        None
+    );
+    // At most UNREACHABLE_RATE a second, then again as the bucket refills.
+    let sent = (0..crate::UNREACHABLE_RATE * 2)
+        .filter(|_| sw.emit_unreachable(t0(), &mut buf, &frame).is_some())
+        .count();
+    assert_eq!(sent as u32 + 1, crate::UNREACHABLE_RATE);
+    let later = t0() + Duration::from_millis(200);
+    assert!(sw.emit_unreachable(later, &mut buf, &frame).is_some());
+    assert_eq!(
+        sw.counters().unreachable,
+        u64::from(crate::UNREACHABLE_RATE) + 1
+    );
+}
