@@ -129,9 +129,13 @@ pub struct CloudInitArgs {
     /// A member to join through: host:port, host, or a libp2p multiaddr (repeatable).
     #[arg(long)]
     pub bootstrap: Vec<String>,
-    /// The namespace subnet: only for a namespace's first member (no --bootstrap).
+    /// The namespace subnet: only for a namespace's first member (no --bootstrap). In a
+    /// multi-subnet namespace, this member's own.
     #[arg(long)]
     pub subnet: Option<String>,
+    /// A multi-subnet namespace's subnets, comma-separated (a namespace's first member).
+    #[arg(long, value_delimiter = ',')]
+    pub subnets: Vec<String>,
     /// interface, router or hybrid.
     #[arg(long, default_value = "interface")]
     pub mode: String,
@@ -399,6 +403,9 @@ fn config_text(
     if let Some(subnet) = &args.subnet {
         ns["subnet"] = value(subnet.as_str());
     }
+    if !args.subnets.is_empty() {
+        ns["subnets"] = value(Array::from_iter(args.subnets.iter().map(String::as_str)));
+    }
     match (args.mode.as_str(), &args.address) {
         ("router", None) => {}
         (_, address) => ns["address"] = value(address.as_deref().unwrap_or("auto")),
@@ -411,8 +418,8 @@ fn config_text(
     }
     if !args.bootstrap.is_empty() {
         ns["bootstrap"] = value(Array::from_iter(args.bootstrap.iter().map(String::as_str)));
-    } else if args.subnet.is_none() {
-        bail!("give --bootstrap (a member to join through), or --subnet for a namespace's first member");
+    } else if args.subnet.is_none() && args.subnets.is_empty() {
+        bail!("give --bootstrap (a member to join through), or --subnet (--subnets) for a namespace's first member");
     }
     if let Some(hostname) = &args.hostname {
         ns["hostname"] = value(hostname.as_str());

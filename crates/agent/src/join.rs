@@ -38,9 +38,14 @@ pub struct JoinArgs {
     /// `auto` (a free address of the subnet) or a static address.
     #[arg(long)]
     pub address: Option<String>,
-    /// The namespace subnet; without it, the namespace record in the DHT says.
+    /// The namespace subnet; without it, the namespace record in the DHT says. In a
+    /// multi-subnet namespace, this member's own.
     #[arg(long)]
     pub subnet: Option<String>,
+    /// A multi-subnet namespace's subnets, comma-separated (a namespace's first member; the
+    /// others learn them from the namespace record).
+    #[arg(long, value_delimiter = ',')]
+    pub subnets: Vec<String>,
     /// TAP device (default: the first free hyphaeN).
     #[arg(long)]
     pub device: Option<String>,
@@ -79,6 +84,9 @@ pub fn join(args: &JoinArgs) -> Result<()> {
     t["secret_file"] = value(secret.display().to_string());
     if let Some(subnet) = &args.subnet {
         t["subnet"] = value(subnet.as_str());
+    }
+    if !args.subnets.is_empty() {
+        t["subnets"] = value(Array::from_iter(args.subnets.iter().map(String::as_str)));
     }
     t["address"] = value(args.address.as_deref().unwrap_or("auto"));
     t["device"] = value(device.as_str());

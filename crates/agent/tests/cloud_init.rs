@@ -198,6 +198,37 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bootstrap"), "{err}");
+
+    // A multi-subnet namespace's first member: its subnets go into the config, checked
+    // (overlapping ones are refused with the agent's message).
+    let multi = |subnets: &str| {
+        hyphae(&[
+            "cloud-init",
+            "--namespace",
+            "lab",
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--subnets",
+            subnets,
+            "--install",
+            "/usr/bin/hyphae",
+        ])
+    };
+    let out = multi("10.1.0.0/24,10.2.0.0/24");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(r#"subnets = ["10.1.0.0/24", "10.2.0.0/24"]"#),
+        "{text}"
+    );
+    let out = multi("10.1.0.0/16,10.1.2.0/24");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("overlap"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -247,3 +247,54 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
     );
     assert!(ns_status(&bed, &a, &aa).broadcasts_out > 0);
 }
+
+/// Issue 31, item 5: the namespace policy applies between subnets at the routing agent (the
+/// sender's): here a may ping b's subnet, and b may not open anything toward a's.
+#[test]
+fn the_policy_between_subnets_is_applied_by_the_routing_agent() {
+    require_root();
+    let mut bed = Testbed::new("sp", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
+    let policy = bed.dir().join("lab.policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = 1\ndefault = \"deny\"\n[[rule]]\nfrom = [\"{A}\"]\nto = [\"{B}\"]\nproto = \"icmp\"\n"
+        ),
+    )
+    .unwrap();
+    let both = format!("subnets = [\"{A}\", \"{B}\"]");
+    let mut members = Vec::new();
+    for (i, address) in [(1u8, A_HOST), (2, B_HOST)] {
+        let host = bed
+            .add_host(&format!("p{i}"), Ipv4Addr::new(10, 200, 0, i))
+            .unwrap();
+        let boot = (i > 1).then_some(Ipv4Addr::new(10, 200, 0, 1));
+        let lines = format!(
+            "address = \"{address}\"\nresolvers = []\npolicy = \"{}\"\n",
+            policy.display()
+        );
+        let cfg = format!(
+            "{}{}",
+            agent_section(&host),
+            namespace(&secret, &both, boot, &lines)
+        );
+        let agent = bed.start_agent(&host, &cfg).unwrap();
+        members.push((host, agent));
+    }
+    let [(a, aa), (b, ba)] = &members[..] else {
+        unreachable!()
+    };
+    assert_eq!(bed.claimed_address(b, ba).unwrap(), B_HOST);
+    bed.wait_for_ping(a, B_HOST, Duration::from_secs(20))
+        .expect("a's subnet may ping b's");
+    // b's ping toward a's subnet is a flow no rule allows: its own agent, which routes it,
+    // refuses it, and nothing reaches a.
+    let denied_in_at_a = ns_status(&bed, a, aa).policy.denied_in;
+    let out = bed.ping(b, A_HOST, 3).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains(" 0 received"), "{text}");
+    assert!(ns_status(&bed, b, ba).policy.denied_out >= 3);
+    assert_eq!(ns_status(&bed, a, aa).policy.denied_in, denied_in_at_a);
+}
