@@ -33,6 +33,8 @@ fuzz_target!(|data: &[u8]| {
         let mut s = Server::new(Settings {
             zone: "lab.".parse().expect("zone"),
             subnet: "10.201.0.0/16".parse().expect("subnet"),
+            // A second subnet of the namespace: its names and reverse names are the zone's.
+            routed: vec!["10.202.0.0/16".parse().expect("subnet")],
             forward,
             rate: 0,
         });

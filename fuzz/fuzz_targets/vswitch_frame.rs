@@ -1,5 +1,5 @@
-//! Any bytes from the TAP or from a member, in every mode: the switch drops or forwards,
-//! never panics.
+//! Any bytes from the TAP or from a member, in every mode, in a namespace with a second
+//! subnet the switch routes to: the switch drops, forwards or routes, never panics.
 #![no_main]
 
 use std::net::Ipv4Addr;
@@ -19,11 +19,16 @@ fuzz_target!(|data: &[u8]| {
         );
         config.mode = mode;
         config.dhcp = true;
+        config.routed = vec!["10.202.0.0/16".parse().expect("subnet")];
         let mut sw: Switch<u8> = Switch::new(config);
-        sw.set_peer_addresses(1, &[Ipv4Addr::new(10, 201, 0, 2)]);
+        sw.set_peer_addresses(
+            1,
+            &[Ipv4Addr::new(10, 201, 0, 2), Ipv4Addr::new(10, 202, 0, 2)],
+        );
         let mut reply = [0u8; hyphae_vswitch::MIN_REPLY_BUF];
         let mut frame = data.to_vec();
         let _ = sw.handle_tap_frame(now, &mut frame, &mut reply);
+        let _ = sw.emit_unreachable(now, &mut reply, data);
         let mut buf = vec![0u8; HEADROOM + data.len()];
         buf[HEADROOM..].copy_from_slice(data);
         let _ = sw.handle_peer_packet(now, &mut buf, data.len());

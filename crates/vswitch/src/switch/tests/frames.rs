@@ -114,11 +114,18 @@ fn hostile_frames_never_panic() {
 fn hostile_frames_in(mode: Mode) {
     let mut sw = with_mode(mode);
     sw.config.dhcp = true;
+    // A second subnet the switch routes to, so routed frames meet the router too.
+    sw.set_routed(vec!["10.202.0.0/16".parse().unwrap()]);
+    sw.set_peer_addresses(
+        7,
+        &[Ipv4Addr::new(10, 201, 0, 2), Ipv4Addr::new(10, 202, 0, 2)],
+    );
     let mut reply = [0u8; 64];
     let mut buf = [0u8; 256];
     for mut frame in [
         arp_request([10, 201, 0, 2]),
         icmp_frame([10, 201, 0, 2]),
+        icmp_frame([10, 202, 0, 2]),
         crate::captured::ECHO_REQUEST.to_vec(),
     ] {
         for n in 0..=frame.len() {
@@ -132,6 +139,7 @@ fn hostile_frames_in(mode: Mode) {
                 let mut f = frame.clone();
                 f[i] = v;
                 let _ = sw.handle_tap_frame(t0(), &mut f, &mut reply);
+                let _ = sw.emit_unreachable(t0(), &mut reply, &f);
             }
         }
     }
