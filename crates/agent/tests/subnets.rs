@@ -7,7 +7,8 @@
 //!
 //! Host `a` (interface mode) is in 10.61.0.0/24 and names both subnets; host `b`
 //! (interface mode) is configured with 10.62.0.0/24 only and learns the other from the
-//! namespace record; router `r` serves a LAN in 10.62.0.0/24 with one plain host `l`.
+//! namespace record; router `r` serves a LAN in 10.62.0.0/24 with one plain host `l`; host
+//! `h` runs hybrid mode in 10.62.0.0/24.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -21,6 +22,7 @@ const A: &str = "10.61.0.0/24";
 const B: &str = "10.62.0.0/24";
 const A_HOST: Ipv4Addr = Ipv4Addr::new(10, 61, 0, 10);
 const B_HOST: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 20);
+const H_HOST: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 30);
 const A_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 61, 0, 1);
 const B_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 1);
 
@@ -122,6 +124,22 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
     );
     let ra = bed.start_agent(&r, &cfg).unwrap();
 
+    // A hybrid host in b's subnet (its own bridge and LAN).
+    let lan2 = bed.add_lan("lan2").unwrap();
+    let h = bed.add_host("h", Ipv4Addr::new(10, 200, 0, 4)).unwrap();
+    bed.plug(&lan2, &h.ns, "eth1", 1500).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&h),
+        namespace(
+            &secret,
+            &format!("subnet = \"{B}\""),
+            boot,
+            &format!("mode = \"hybrid\"\ndevice = \"hy0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\naddress = \"{H_HOST}\"\nprobe_timeout_ms = 400\n")
+        )
+    );
+    let ha = bed.start_agent(&h, &cfg).unwrap();
+
     // b was told only its own subnet: it learns the other from the namespace record.
     wait_until("b learns the other subnet", Duration::from_secs(20), || {
         ns_status(&bed, &b, &ba).routed_subnets == vec![A.to_string()]
@@ -149,6 +167,18 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
         hops(&bed, &b, A_HOST),
         vec![B_GATEWAY.to_string(), A_HOST.to_string()]
     );
+    // The hybrid host routes through its own agent too (its veth carries the route).
+    assert_eq!(bed.claimed_address(&h, &ha).unwrap(), H_HOST);
+    bed.wait_for_ping(&h, A_HOST, Duration::from_secs(20))
+        .expect("hybrid host -> a across subnets");
+    assert_eq!(
+        hops(&bed, &h, A_HOST),
+        vec![B_GATEWAY.to_string(), A_HOST.to_string()]
+    );
+    // Within b's subnet nothing is routed: b reaches the hybrid host directly.
+    assert_eq!(hops(&bed, &b, H_HOST), vec![H_HOST.to_string()]);
+    assert!(ns_status(&bed, &h, &ha).routed > 0);
+
     // An address of the other subnet nobody holds: the gateway says so, as a router does.
     let out = bed
         .ns_output(
