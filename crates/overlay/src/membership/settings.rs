@@ -321,8 +321,13 @@ impl Membership {
                 self.same_subnets(settings)
             };
             if !fits {
+                let (theirs, fix) = if settings.routed.is_empty() {
+                    ("its subnet is", "fix `subnet` or remove it")
+                } else {
+                    ("its subnets are", "fix `subnet`/`subnets` or remove them")
+                };
                 return Err(format!(
-                    "namespace '{}': its subnets are {} (namespace record kept by member {keeper}), but this config says {}; fix `subnet`/`subnets` or remove them",
+                    "namespace '{}': {theirs} {} (namespace record kept by member {keeper}), but this config says {}; {fix}",
                     self.name,
                     list(settings),
                     list(mine)

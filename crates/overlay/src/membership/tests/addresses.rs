@@ -462,7 +462,7 @@ fn a_member_without_subnet_learns_it_from_the_namespace_record() {
         Event::Conflict(c) => Some(c.clone()),
         _ => None,
     });
-    assert!(conflict.unwrap().contains("10.201.0.0/24"));
+    assert!(conflict.unwrap().contains("its subnet is 10.201.0.0/24"));
 }
 
 #[test]
@@ -511,7 +511,10 @@ fn a_multi_subnet_namespace_gives_each_member_its_subnet_and_the_others_to_route
             _ => None,
         });
         let conflict = conflict.expect("refused");
-        assert!(conflict.contains("10.1.0.0/24, 10.2.0.0/24"), "{conflict}");
+        assert!(
+            conflict.contains("its subnets are 10.1.0.0/24, 10.2.0.0/24"),
+            "{conflict}"
+        );
     }
 }
 
