@@ -14,6 +14,7 @@ use ipnet::Ipv4Net;
 use serde::Deserialize;
 
 mod files;
+mod lan;
 mod qos;
 mod subnets;
 mod underlay;
@@ -116,6 +117,10 @@ struct NamespaceSection {
     bridge: Option<String>,
     #[serde(default)]
     uplink: Option<String>,
+    #[serde(default)]
+    lan_ports: Option<String>,
+    #[serde(default)]
+    lan_table: Vec<lan::LanTableRow>,
     #[serde(default = "default_probe_timeout_ms")]
     probe_timeout_ms: u64,
     #[serde(default = "default_lan_timeout_secs")]
@@ -267,6 +272,11 @@ pub struct Namespace {
     pub bridge: Option<String>,
     /// A LAN interface to enslave to the bridge (router and hybrid modes).
     pub uplink: Option<String>,
+    /// Router mode: how the LAN's hosts reach each other (VEB: through the bridge; VEPA:
+    /// only through the agent, checked and counted).
+    pub lan_ports: hyphae_vswitch::LanPorts,
+    /// VEPA: the only address and MAC pairs LAN hosts may send from, if not empty.
+    pub lan_table: Vec<(Ipv4Addr, hyphae_vswitch::Mac)>,
     /// Hybrid mode: how long a LAN probe waits before ARP for a remote address is answered.
     pub probe_timeout: Duration,
     /// Router mode: a LAN host silent this long is probed, then forgotten.
@@ -342,6 +352,8 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         device: default_device(),
         bridge: None,
         uplink: None,
+        lan_ports: hyphae_vswitch::LanPorts::Veb,
+        lan_table: Vec::new(),
         probe_timeout: Duration::from_millis(default_probe_timeout_ms()),
         lan_timeout: Duration::from_secs(default_lan_timeout_secs()),
         broadcast_rate: default_broadcast_rate(),
@@ -654,6 +666,7 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
     if s.flows == 0 {
         bail!("flows must be at least 1 (the policy's connection table)");
     }
+    let (lan_ports, lan_table) = lan::parse_lan_ports(&s, mode, subnet)?;
     let peers = s
         .peers
         .iter()
@@ -668,6 +681,8 @@ fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
         device: s.device,
         bridge: s.bridge,
         uplink: s.uplink,
+        lan_ports,
+        lan_table,
         probe_timeout: Duration::from_millis(s.probe_timeout_ms),
         lan_timeout: Duration::from_secs(s.lan_timeout_secs),
         broadcast_rate: s.broadcast_rate,
@@ -1137,6 +1152,65 @@ endpoint = "10.200.0.3"
         assert!(err(&hybrid.replace("500", "5"), s).contains("probe_timeout_ms 5"));
         let iface_bridge = GOOD.replace("name = \"lab\"", "name = \"lab\"\nbridge = \"br0\"");
         assert!(err(&iface_bridge, s).contains("need mode = \"router\" or \"hybrid\""));
+    }
+
+    #[test]
+    fn lan_ports_are_veb_by_default_and_vepa_takes_a_static_table() {
+        let s = Some("0123456789abcdef");
+        let router = GOOD.replace("address = \"10.201.0.5\"\n", "").replace(
+            "name = \"lab\"",
+            "name = \"lab\"\nmode = \"router\"\nbridge = \"br-lan\"",
+        );
+        let ns = &load(&router, s).unwrap().namespaces[0];
+        assert_eq!(ns.lan_ports, hyphae_vswitch::LanPorts::Veb);
+        let vepa = router.replace(
+            "mode = ",
+            "lan_ports = \"vepa\"\nlan_table = [{ address = \"10.201.0.11\", mac = \"02:00:00:00:00:11\" }]\nmode = ",
+        );
+        let ns = &load(&vepa, s).unwrap().namespaces[0];
+        assert_eq!(ns.lan_ports, hyphae_vswitch::LanPorts::Vepa);
+        assert_eq!(
+            ns.lan_table,
+            [(Ipv4Addr::new(10, 201, 0, 11), [2, 0, 0, 0, 0, 0x11])]
+        );
+        for (bad, says) in [
+            (
+                vepa.replace("\"vepa\"", "\"vpea\""),
+                "lan_ports 'vpea' is not",
+            ),
+            (
+                vepa.replace("\"vepa\"", "\"veb\""),
+                "`lan_table` needs lan_ports = \"vepa\"",
+            ),
+            (
+                vepa.replace("10.201.0.11", "10.9.0.11"),
+                "10.9.0.11 is outside",
+            ),
+            (
+                vepa.replace("02:00:00:00:00:11", "01:00:5e:00:00:11"),
+                "not a host's MAC",
+            ),
+            (
+                vepa.replace("02:00:00:00:00:11", "nonsense"),
+                "not a MAC address",
+            ),
+            (vepa.replace("address =", "adress ="), "unknown field"),
+            (
+                vepa.replace(
+                    "mode = \"router\"",
+                    "mode = \"hybrid\"\naddress = \"10.201.0.5\"",
+                ),
+                "`lan_ports` needs mode = \"router\"",
+            ),
+        ] {
+            let e = err(&bad, s);
+            assert!(e.contains(says), "{e}");
+        }
+        let twice = vepa.replace(
+            "}]",
+            "}, { address = \"10.201.0.11\", mac = \"02:00:00:00:00:12\" }]",
+        );
+        assert!(err(&twice, s).contains("lists 10.201.0.11 twice"));
     }
 
     #[test]

@@ -352,6 +352,22 @@ pub struct NamespaceStatus {
     /// Router and hybrid modes: namespace addresses seen on the LAN.
     #[serde(default)]
     pub lan_hosts: Vec<String>,
+    /// Router mode: how LAN hosts reach each other, "veb" (through the bridge) or "vepa"
+    /// (only through the agent); empty in the other modes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub lan_port_mode: String,
+    /// VEPA: frames between two LAN hosts reflected through the agent.
+    #[serde(default)]
+    pub hairpinned: u64,
+    /// VEPA: copies of LAN hosts' broadcasts written for the other LAN hosts.
+    #[serde(default)]
+    pub lan_copies: u64,
+    /// VEPA: bridge ports isolated after start (plugged in later).
+    #[serde(default)]
+    pub ports_isolated_late: u64,
+    /// VEPA: each port of the LAN bridge (the TAP's excluded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lan_ports: Vec<LanPortStatus>,
     /// The underlay endpoints this member's address record carries, as last granted by
     /// the replicas: where members that look its address up find it.
     #[serde(default)]
@@ -509,6 +525,20 @@ pub struct NamespaceStatus {
     pub caps: Vec<CapStatus>,
     /// The members this agent has a tunnel with.
     pub peers: Vec<PeerStatus>,
+}
+
+/// VEPA: one port of a router's LAN bridge in [`NamespaceStatus`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct LanPortStatus {
+    /// The port's interface name; empty for MACs the bridge no longer knows a port of.
+    pub port: String,
+    /// The MACs the bridge learned behind it.
+    pub macs: Vec<String>,
+    /// Frames from them reflected to another LAN host.
+    pub hairpinned: u64,
+    /// Frames from them dropped as spoofed (a MAC or address not theirs).
+    pub spoofed: u64,
 }
 
 /// A namespace's policy in [`NamespaceStatus`].

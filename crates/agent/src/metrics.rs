@@ -224,6 +224,17 @@ impl Families {
                         self.walk(&inner, item)?;
                     }
                 }
+                // VEPA: each port of a router's LAN bridge, labelled by its name (bounded
+                // by the bridge's ports).
+                Value::Array(ports) if key == "lan_ports" => {
+                    for item in ports {
+                        let Value::Object(item) = item else { continue };
+                        let port = item.get("port").and_then(Value::as_str).unwrap_or("");
+                        let inner =
+                            scope.enter(format!("{path}[]"), &name, Some(("port", port.into())));
+                        self.walk(&inner, item)?;
+                    }
+                }
                 // Each link of a bonded tunnel, labelled by its place in the member's list.
                 Value::Array(links) if key == "links" => {
                     for (i, item) in links.iter().enumerate() {

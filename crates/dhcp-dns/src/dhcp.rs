@@ -109,6 +109,14 @@ pub enum Output {
     Renew(Ipv4Addr),
     /// The address is free again (released, declined or expired): release its DHT lease.
     Release(Ipv4Addr),
+    /// `address` is acknowledged to the client at hardware address `mac` on the server's
+    /// own link (not through a relay): a switch that checks senders binds them.
+    Bound {
+        /// The address.
+        address: Ipv4Addr,
+        /// The client's hardware address.
+        mac: [u8; 6],
+    },
     /// The client at `address` calls itself `name` (option 12): the agent may publish it.
     Hostname {
         /// The client's address.
@@ -524,6 +532,12 @@ impl Server {
         let s = &self.settings;
         let mut m = self.base(&request.message, kind);
         m.set_yiaddr(address);
+        if kind == MessageType::Ack && !address.is_unspecified() && !request.relayed() {
+            self.out.push_back(Output::Bound {
+                address,
+                mac: mac_of(&request.message),
+            });
+        }
         let opts = m.opts_mut();
         if kind != MessageType::Ack || !address.is_unspecified() {
             let lease = u32::try_from(s.lease.as_secs()).unwrap_or(u32::MAX);

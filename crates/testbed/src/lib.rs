@@ -489,6 +489,20 @@ impl Testbed {
     /// Plugs namespace `host_ns` into `lan` with a veth named `ifname` there (up, no
     /// address, MTU `mtu`).
     pub fn plug(&mut self, lan: &str, host_ns: &str, ifname: &str, mtu: u16) -> Result<()> {
+        self.plug_into(lan, "br0", host_ns, ifname, mtu).map(|_| ())
+    }
+
+    /// Plugs namespace `host_ns` into `bridge` of namespace `lan` (a LAN's switch, or a
+    /// router host whose agent's bridge the LAN hosts sit on) with a veth named `ifname`
+    /// there; returns the port's name on the bridge side.
+    pub fn plug_into(
+        &mut self,
+        lan: &str,
+        bridge: &str,
+        host_ns: &str,
+        ifname: &str,
+        mtu: u16,
+    ) -> Result<String> {
         self.ports += 1;
         let port = format!("l{}", self.ports);
         self.ns(
@@ -498,20 +512,33 @@ impl Testbed {
                 "link", "add", &port, "type", "veth", "peer", "name", ifname, "netns", host_ns,
             ],
         )?;
-        self.ns(lan, "ip", &["link", "set", &port, "master", "br0", "up"])?;
+        self.ns(lan, "ip", &["link", "set", &port, "master", bridge, "up"])?;
         let mtu = mtu.to_string();
         self.ns(host_ns, "ip", &["link", "set", ifname, "mtu", &mtu, "up"])?;
-        Ok(())
+        Ok(port)
     }
 
     /// Adds a plain LAN host (no hyphae, no underlay): `eth0` on `lan` with `address`
     /// (`a.b.c.d/len`, or empty for none: a DHCP client's) and MTU `mtu`. Its `underlay`
     /// field holds the LAN address (unspecified without one).
     pub fn add_lan_host(&mut self, lan: &str, name: &str, address: &str, mtu: u16) -> Result<Host> {
+        self.add_lan_host_on(lan, "br0", name, address, mtu)
+    }
+
+    /// [`Testbed::add_lan_host`] on `bridge` of namespace `lan` (e.g. a router host's own
+    /// LAN bridge, created there first).
+    pub fn add_lan_host_on(
+        &mut self,
+        lan: &str,
+        bridge: &str,
+        name: &str,
+        address: &str,
+        mtu: u16,
+    ) -> Result<Host> {
         let ns = format!("{}-{name}", self.prefix);
         run("ip", &["netns", "add", &ns])?;
         self.namespaces.push(ns.clone());
-        self.plug(lan, &ns, "eth0", mtu)?;
+        self.plug_into(lan, bridge, &ns, "eth0", mtu)?;
         if !address.is_empty() {
             self.ns(
                 &ns,

@@ -69,6 +69,13 @@ pub enum Action<P> {
         /// Length of the frame.
         len: usize,
     },
+    /// VEPA: a frame from one LAN host to another, its MACs rewritten in place (from the
+    /// router MAC, to the destination host's): once the policy passes the IPv4 packet at
+    /// `packet`, write the frame (`..packet.end`) back to the TAP.
+    Hairpin {
+        /// Where the IPv4 packet lies in the frame.
+        packet: Range<usize>,
+    },
     /// No member is known to own `target`, a namespace address: the frame (an ARP request
     /// or an IPv4 packet) should wait while the overlay resolves it, and go through the
     /// switch again once a member announces the address.
@@ -158,11 +165,14 @@ pub enum DropReason {
     /// Routed to another subnet with a TTL of 1 or less: answered with ICMP "time
     /// exceeded" when it may be.
     TtlExceeded,
+    /// VEPA: a LAN host sent from a MAC or address it was not learned or leased with (or
+    /// that the static table does not list), or from the gateway's address.
+    Spoofed,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 15] = [
+    pub const ALL: [DropReason; 16] = [
         DropReason::Malformed,
         DropReason::UnsupportedProtocol,
         DropReason::ArpIgnored,
@@ -178,6 +188,7 @@ impl DropReason {
         DropReason::TooBig,
         DropReason::OtherSubnet,
         DropReason::TtlExceeded,
+        DropReason::Spoofed,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -198,6 +209,7 @@ impl DropReason {
             DropReason::TooBig => "too_big",
             DropReason::OtherSubnet => "other_subnet",
             DropReason::TtlExceeded => "ttl_exceeded",
+            DropReason::Spoofed => "spoofed",
         }
     }
 
@@ -246,6 +258,10 @@ pub struct Counters {
     /// ICMP "host unreachable" sent back for packets to another subnet's address nobody
     /// holds.
     pub unreachable: u64,
+    /// VEPA: frames between two LAN hosts reflected back to the LAN.
+    pub hairpinned: u64,
+    /// VEPA: copies of LAN hosts' broadcasts written for the other LAN hosts.
+    pub lan_copies: u64,
     pub(crate) drops: [u64; DropReason::ALL.len()],
 }
 
@@ -254,4 +270,13 @@ impl Counters {
     pub fn drops(&self, reason: DropReason) -> u64 {
         self.drops[reason.index()]
     }
+}
+
+/// VEPA: what the switch did with one LAN host's frames, by its MAC (its bridge port).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounts {
+    /// Frames from it reflected to another LAN host.
+    pub hairpinned: u64,
+    /// Frames from it dropped as spoofed.
+    pub spoofed: u64,
 }

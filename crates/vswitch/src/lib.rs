@@ -42,6 +42,13 @@
 //! directed broadcast to another subnet is not forwarded, and one that arrives from a
 //! member of another subnet is dropped (both counted as [`DropReason::OtherSubnet`]).
 //!
+//! VEPA ports (router mode, [`LanPorts::Vepa`]): the LAN bridge isolates its hosts' ports,
+//! so a frame between two LAN hosts reaches the switch (the router MAC answers ARP for
+//! them), which drops it if its sender uses a MAC or address it was not learned or leased
+//! with ([`DropReason::Spoofed`]), and else reflects it to the destination host
+//! ([`Action::Hairpin`]) after the agent's policy passed it; a LAN host's broadcast is
+//! copied to every other LAN host ([`Switch::lan_copies`]), never back to its sender.
+//!
 //! Packets larger than the tunnel (`tunnel_mtu`, from a LAN at a larger MTU): a TCP SYN's
 //! MSS is clamped in place (both directions), a DF packet is answered with ICMP
 //! "fragmentation needed" ([`Action::ToTap`]), any other becomes [`Action::Fragment`]; see
@@ -67,7 +74,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 
-pub use action::{Action, Client, Counters, DropReason, Event};
+pub use action::{Action, Client, Counters, DropReason, Event, PortCounts};
 pub use switch::Switch;
 pub use wire::Mac;
 use wire::ETH_HEADER_LEN;
@@ -120,6 +127,21 @@ pub enum Mode {
     Hybrid,
 }
 
+/// How a router-mode LAN's hosts reach each other (IEEE 802.1Qbg's two port modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LanPorts {
+    /// Virtual Ethernet Bridge: the LAN bridge switches frames between its hosts itself;
+    /// the switch sees only what leaves the LAN.
+    #[default]
+    Veb,
+    /// Virtual Ethernet Port Aggregator: the bridge isolates its ports, so a LAN host
+    /// reaches another only through the switch (proxy ARP with the router MAC), which
+    /// checks the sender against the MAC and address it was learned or leased with (or the
+    /// static table), and reflects the frame back to the LAN ("hairpin"). Broadcast and
+    /// multicast from a LAN host are copied to the other LAN hosts, never to the sender.
+    Vepa,
+}
+
 /// Settings of one namespace's switch.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -154,6 +176,12 @@ pub struct Config {
     /// device are fragmented, or answered with ICMP "fragmentation needed" if they have DF
     /// set; TCP SYNs both ways have their MSS clamped to fit it (see [`mtu`]).
     pub tunnel_mtu: u16,
+    /// Router mode: how the LAN's hosts reach each other.
+    pub lan_ports: LanPorts,
+    /// Router mode with [`LanPorts::Vepa`]: if not empty, the only address and MAC pairs
+    /// LAN hosts may send from (the VEPA paper's static address table); frames from any
+    /// other pair are dropped as spoofed.
+    pub lan_table: Vec<(Ipv4Addr, Mac)>,
 }
 
 impl Config {
@@ -181,6 +209,8 @@ impl Config {
             broadcast_rate: 200,
             dhcp: false,
             tunnel_mtu: DEFAULT_TUNNEL_MTU,
+            lan_ports: LanPorts::Veb,
+            lan_table: Vec::new(),
         }
     }
 }

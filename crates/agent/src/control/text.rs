@@ -195,6 +195,22 @@ pub fn render(status: &Status) -> String {
                 ns.unreachable
             );
         }
+        if ns.lan_port_mode == "vepa" {
+            let spoofed = ns.drops.get("spoofed").copied().unwrap_or(0);
+            out += &format!(
+                "  VEPA LAN ports: {} frames hairpinned, {} broadcast copies, {spoofed} spoofed dropped\n",
+                ns.hairpinned, ns.lan_copies
+            );
+            for p in &ns.lan_ports {
+                let port = if p.port.is_empty() { "(gone)" } else { &p.port };
+                out += &format!(
+                    "    port {port}  {}  hairpinned {}  spoofed {}\n",
+                    p.macs.join(" "),
+                    p.hairpinned,
+                    p.spoofed
+                );
+            }
+        }
         if let Some(cert) = &ns.certificate {
             let days = cert.expires_in_secs.div_euclid(86_400);
             out += &format!(

@@ -331,6 +331,8 @@ pub(crate) struct Batch {
     /// Where a member's packet is copied to be sent on to another member (a gateway's
     /// crossing, a moved LAN host's grace period).
     pub(crate) forward: Vec<u8>,
+    /// VEPA: the LAN hosts a LAN host's broadcast is copied to.
+    pub(crate) lan_copies: Vec<hyphae_vswitch::Mac>,
 }
 
 /// One frame for a TAP.
@@ -363,6 +365,7 @@ impl Default for Batch {
             fragment: vec![0; BUF_LEN],
             segment: vec![0; BUF_LEN],
             forward: Vec::new(),
+            lan_copies: Vec::new(),
         }
     }
 }

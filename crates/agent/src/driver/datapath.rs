@@ -259,7 +259,10 @@ impl DataPlane {
                     Verdict::Deny | Verdict::StrayIcmpError => {}
                 }
             }
-            Action::Broadcast { packet } => self.broadcast(i, &frame[packet], out),
+            Action::Broadcast { packet } => {
+                self.broadcast(i, &frame[packet.clone()], out);
+                self.copy_to_lan(i, &frame[..packet.end], out);
+            }
             Action::Fragment { peer, packet, mtu } => {
                 // The whole packet is checked once; its fragments follow it.
                 let verdict = match peer {
@@ -272,6 +275,9 @@ impl DataPlane {
                     ),
                     None => Verdict::Pass,
                 };
+                if peer.is_none() {
+                    self.copy_to_lan(i, &frame[..packet.end], out);
+                }
                 match verdict {
                     Verdict::Pass => self.send_fragments(now, i, peer, &frame[packet], mtu, out),
                     Verdict::Reject => reject_to_tap(i, frame, packet, out),
@@ -294,6 +300,30 @@ impl DataPlane {
                 mac,
             }),
             Action::ToTap { len } => out.write_reply(i, len),
+            Action::Hairpin { packet } => {
+                let lane = &mut self.lanes[i];
+                match lane.policy.local(now, &frame[packet.clone()]) {
+                    Verdict::Pass => {
+                        let len = packet.end;
+                        out.frame_room(len).copy_from_slice(&frame[..len]);
+                        out.commit_frame(i, len, true);
+                    }
+                    Verdict::Reject => {
+                        // Back to the sender, which the switch knows by its address.
+                        let src = frame.get(packet.start + 12..packet.start + 16);
+                        let sender = src
+                            .and_then(|a| <[u8; 4]>::try_from(a).ok())
+                            .and_then(|a| lane.switch.lan_host_mac(a.into()));
+                        if let Some(sender) = sender {
+                            // As it came: from the sender, to the router MAC.
+                            frame.copy_within(6..12, 0);
+                            frame[6..12].copy_from_slice(&sender);
+                            reject_to_tap(i, frame, packet, out);
+                        }
+                    }
+                    Verdict::Deny | Verdict::StrayIcmpError => {}
+                }
+            }
             Action::Resolve { target } => self.tell_control(ToControl::Hold {
                 ns: i,
                 target,
@@ -305,6 +335,21 @@ impl DataPlane {
         if self.lanes[i].mode != Mode::Interface {
             self.flush_switch(i, out);
         }
+    }
+
+    /// VEPA: a LAN host's broadcast `frame` (which went to the members) is written for
+    /// each other LAN host, addressed to it from the router MAC; never to its sender.
+    fn copy_to_lan(&mut self, i: usize, frame: &[u8], out: &mut Batch) {
+        let lane = &mut self.lanes[i];
+        let mut macs = std::mem::take(&mut out.lan_copies);
+        lane.switch.lan_copies(frame, &mut macs);
+        for &mac in &macs {
+            let room = out.frame_room(frame.len());
+            room.copy_from_slice(frame);
+            lane.switch.address_copy(room, mac);
+            out.commit_frame(i, frame.len(), false);
+        }
+        out.lan_copies = macs;
     }
 
     /// `packet` from this member (or its LAN) to the member of tunnel `peer`: under the

@@ -462,6 +462,8 @@ impl Control {
             // A router's LAN hosts and a DHCP host get their addresses from the agent.
             dhcp: cfg.mode == Mode::Router || cfg.address == Address::Dhcp,
             tunnel_mtu: cfg.mtu,
+            lan_ports: cfg.lan_ports,
+            lan_table: cfg.lan_table.clone(),
         });
         // Each worker reads and writes a queue of its own; the control thread writes
         // through the first, which worker 0 reads.
@@ -557,6 +559,7 @@ impl Control {
                 n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout),
                 n.dns.poll_timeout(),
                 n.handoffs.poll_timeout(),
+                n.lan.as_ref().and_then(crate::lan::Lan::poll_timeout),
             ]
         });
         std::iter::once(self.overlay.poll_timeout())
@@ -597,6 +600,9 @@ impl Control {
             let n = &mut self.namespaces[i];
             if !n.active() {
                 continue;
+            }
+            if let Some(lan) = n.lan.as_mut() {
+                lan.handle_timeout(now);
             }
             if due(n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout)) {
                 if let Some(server) = n.dhcp.as_mut() {

@@ -156,6 +156,21 @@ impl LanePolicy {
         self.check(now, node, peer, ip, namespace, false)
     }
 
+    /// What becomes of IPv4 packet `ip` between two hosts of this router's LAN (VEPA
+    /// ports: the agent reflects it): both ends have this member's tags, and rules name
+    /// them by address. A denial counts as the sender's.
+    pub(crate) fn local(&mut self, now: Instant, ip: &[u8]) -> Verdict {
+        if self.firewall.is_open() {
+            return Verdict::Pass;
+        }
+        let verdict = self.firewall.check(now, ip, self.own, self.own);
+        if verdict != Verdict::Pass {
+            self.denied_out += 1;
+        }
+        self.sweep(now);
+        verdict
+    }
+
     /// `ip` between this member and the member of tunnel `peer`, from it (`inbound`) or
     /// to it. An end whose address is another namespace's (a linked one, through a
     /// gateway) has no tags here: rules name it by address.

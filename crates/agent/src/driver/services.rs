@@ -93,7 +93,11 @@ impl Control {
                     hint,
                     exact,
                 } => n.membership.claim_for_dhcp(now, client.0, hint, exact),
+                dhcp::Output::Bound { address, mac } => {
+                    lock(&self.dp).lanes[i].switch.bind_lease(address, mac);
+                }
                 dhcp::Output::Release(address) => {
+                    lock(&self.dp).lanes[i].switch.unbind_lease(address);
                     if n.membership.release_dhcp(address) {
                         let addresses = n.membership.addresses();
                         let mut dp = lock(&self.dp);

@@ -37,6 +37,8 @@ struct LaneStatus {
     counters: Counters,
     address: Ipv4Addr,
     lan_hosts: Vec<Ipv4Addr>,
+    lan_ports: hyphae_vswitch::LanPorts,
+    port_counts: Vec<(hyphae_vswitch::Mac, hyphae_vswitch::PortCounts)>,
     tap_errors: u64,
     offload: bool,
     offload_counters: OffloadCounters,
@@ -70,6 +72,8 @@ impl DataStatus {
                     counters: l.switch.counters().clone(),
                     address: l.switch.config().address,
                     lan_hosts: l.switch.lan_hosts(),
+                    lan_ports: l.switch.config().lan_ports,
+                    port_counts: l.switch.lan_ports(),
                     tap_errors: l.tap_errors,
                     offload: l.offload,
                     offload_counters: l.offload_counters,
@@ -193,6 +197,15 @@ impl Control {
                     },
                     bridge: p.bridge.clone(),
                     lan_hosts: lane.lan_hosts.iter().map(|a| a.to_string()).collect(),
+                    lan_port_mode: match (p.mode, lane.lan_ports) {
+                        (Mode::Router, hyphae_vswitch::LanPorts::Veb) => "veb".into(),
+                        (Mode::Router, hyphae_vswitch::LanPorts::Vepa) => "vepa".into(),
+                        _ => String::new(),
+                    },
+                    hairpinned: c.hairpinned,
+                    lan_copies: c.lan_copies,
+                    ports_isolated_late: p.lan.as_ref().map_or(0, crate::lan::Lan::isolated_late),
+                    lan_ports: lan_port_status(p.lan.as_ref(), &lane.port_counts),
                     addresses: m.addresses().iter().map(|a| a.to_string()).collect(),
                     hosted_conflicts: m.hosted_conflicts(),
                     group_members: p.group.len(),
@@ -512,4 +525,48 @@ impl Control {
             })
             .collect()
     }
+}
+
+/// VEPA: each port of the LAN bridge with the MACs behind it and what the switch counted
+/// for them; MACs counted that the bridge no longer places come last, under no port.
+fn lan_port_status(
+    lan: Option<&crate::lan::Lan>,
+    counts: &[(hyphae_vswitch::Mac, hyphae_vswitch::PortCounts)],
+) -> Vec<crate::control::LanPortStatus> {
+    let Some(ports) = lan.and_then(crate::lan::Lan::ports) else {
+        return Vec::new();
+    };
+    let mac_text = |m: &hyphae_vswitch::Mac| {
+        m.iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    let mut placed = Vec::new();
+    let mut rows: Vec<crate::control::LanPortStatus> = ports
+        .into_iter()
+        .map(|(port, macs)| {
+            let mut row = crate::control::LanPortStatus {
+                port,
+                macs: macs.iter().map(mac_text).collect(),
+                ..Default::default()
+            };
+            for (mac, c) in counts.iter().filter(|(m, _)| macs.contains(m)) {
+                row.hairpinned += c.hairpinned;
+                row.spoofed += c.spoofed;
+                placed.push(*mac);
+            }
+            row
+        })
+        .collect();
+    let unplaced: Vec<_> = counts.iter().filter(|(m, _)| !placed.contains(m)).collect();
+    if !unplaced.is_empty() {
+        rows.push(crate::control::LanPortStatus {
+            port: String::new(),
+            macs: unplaced.iter().map(|(m, _)| mac_text(m)).collect(),
+            hairpinned: unplaced.iter().map(|(_, c)| c.hairpinned).sum(),
+            spoofed: unplaced.iter().map(|(_, c)| c.spoofed).sum(),
+        });
+    }
+    rows
 }

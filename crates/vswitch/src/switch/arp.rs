@@ -25,15 +25,23 @@ impl<P: Copy + Eq> Switch<P> {
         {
             return Action::Drop(DropReason::ArpIgnored);
         }
-        if self.config.mode != Mode::Interface && self.lan.contains_key(&target) {
+        let vepa = self.vepa();
+        if self.config.mode != Mode::Interface && self.lan.contains_key(&target) && !vepa {
             return Action::Drop(DropReason::LanLocal);
         }
         let service = target == self.service();
-        if service {
-            // The virtual server lives in every agent: no lookup, no LAN probe.
+        if service || (vepa && self.lan.contains_key(&target)) {
+            // The virtual server lives in every agent: no lookup, no LAN probe. A VEPA
+            // LAN host is reached through the switch.
         } else if self.route(target).is_none() {
             if target == self.config.subnet.network() || target == self.subnet_broadcast() {
                 return Action::Drop(DropReason::ArpIgnored);
+            }
+            // VEPA: the request reached no other LAN host; a silent one answers the
+            // switch's probe (once a second), and the host's next request is answered.
+            if vepa && !self.asked.contains_key(&target) {
+                self.asked.insert(target, now);
+                self.emits.push_back(Emit::Probe(target));
             }
             return Action::Resolve { target };
         }

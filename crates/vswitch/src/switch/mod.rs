@@ -10,6 +10,7 @@ mod lan;
 mod router;
 mod routes;
 mod service;
+mod vepa;
 
 #[cfg(test)]
 mod tests;
@@ -28,7 +29,7 @@ use crate::wire::{
     ETHERTYPE_RARP, ETH_HEADER_LEN, IPPROTO_UDP,
 };
 use crate::{
-    mtu, Action, Config, Counters, DropReason, Event, Mac, Mode, HEADROOM, LAN_PROBES,
+    mtu, Action, Config, Counters, DropReason, Event, Mac, Mode, PortCounts, HEADROOM, LAN_PROBES,
     REMOTE_CONFIRMED,
 };
 
@@ -88,6 +89,10 @@ pub struct Switch<P> {
     /// ICMP "host unreachable" for routed destinations nobody holds.
     bucket_unreachable: Bucket,
     counters: Counters,
+    /// VEPA: counts by LAN host MAC.
+    ports: HashMap<Mac, PortCounts>,
+    /// Addresses the agent's DHCP server leased, and to which MAC.
+    leases: HashMap<Ipv4Addr, Mac>,
 }
 
 impl<P: Copy + Eq> Switch<P> {
@@ -118,6 +123,8 @@ impl<P: Copy + Eq> Switch<P> {
                 last: None,
             },
             counters: Counters::default(),
+            ports: HashMap::new(),
+            leases: HashMap::new(),
         }
     }
 
@@ -143,6 +150,11 @@ impl<P: Copy + Eq> Switch<P> {
         reply: &mut [u8],
     ) -> Action<P> {
         let mut action = self.classify_tap_frame(frame, now, reply);
+        if let Action::Hairpin { .. } = action {
+            if !self.reflect(frame) {
+                action = Action::Drop(DropReason::Malformed);
+            }
+        }
         if !self.config.routed.is_empty() {
             if let Action::ToPeer { packet, .. } = &action {
                 self.lower_ttl_if_routed(frame, &packet.clone());
@@ -174,8 +186,8 @@ impl<P: Copy + Eq> Switch<P> {
             Action::Dhcp { .. } => self.counters.dhcp_requests += 1,
             Action::Dns { .. } => self.counters.dns_queries += 1,
             Action::Service { .. } => self.counters.service_packets += 1,
-            // Counted where they are built: ARP replies and ICMP errors.
-            Action::ToTap { .. } => {}
+            // Counted where they are built: ARP replies, ICMP errors, reflected frames.
+            Action::ToTap { .. } | Action::Hairpin { .. } => {}
             Action::Resolve { .. } => self.counters.resolves += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
         }
@@ -346,6 +358,12 @@ impl<P: Copy + Eq> Switch<P> {
                     return Action::Drop(DropReason::Malformed);
                 };
                 if mode != Mode::Interface {
+                    if self.vepa() && arp.sender_mac() != eth.src() {
+                        return self.spoof_drop(eth.src());
+                    }
+                    if self.spoofed(arp.sender_ip(), eth.src()) {
+                        return Action::Drop(DropReason::Spoofed);
+                    }
                     self.learn(arp.sender_ip(), arp.sender_mac(), now);
                 }
                 if mode == Mode::Router && arp.sender_ip() == arp.target_ip() {
@@ -361,6 +379,9 @@ impl<P: Copy + Eq> Switch<P> {
                     return Action::Drop(DropReason::Malformed);
                 };
                 if mode != Mode::Interface {
+                    if self.spoofed(ip.src(), eth.src()) {
+                        return Action::Drop(DropReason::Spoofed);
+                    }
                     self.learn(ip.src(), eth.src(), now);
                 }
                 if !ours {
@@ -406,6 +427,13 @@ impl<P: Copy + Eq> Switch<P> {
                         None => Action::Drop(DropReason::OutsideSubnet),
                     };
                 }
+                if self.vepa() && self.lan.contains_key(&dst) {
+                    // Between two LAN hosts: only from one the switch knows by this MAC.
+                    return match self.lan.get(&ip.src()) {
+                        Some(h) if h.mac == eth.src() => Action::Hairpin { packet },
+                        _ => self.spoof_drop(eth.src()),
+                    };
+                }
                 match self.route(dst) {
                     Some(peer) => Action::ToPeer { peer, packet },
                     None if mode != Mode::Interface && self.lan.contains_key(&dst) => {
@@ -438,6 +466,7 @@ impl<P: Copy + Eq> Switch<P> {
             Action::ToTap { .. } => self.counters.to_tap += 1,
             Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
             Action::ToPeer { .. }
+            | Action::Hairpin { .. }
             | Action::Resolve { .. }
             | Action::Broadcast { .. }
             | Action::Fragment { .. }

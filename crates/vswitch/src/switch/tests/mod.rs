@@ -8,6 +8,7 @@ mod lan;
 mod router;
 mod routes;
 mod service;
+mod vepa;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

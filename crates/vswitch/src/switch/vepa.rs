@@ -1,0 +1,153 @@
+//! VEPA ports (router mode, [`LanPorts::Vepa`]): the LAN bridge isolates its hosts' ports,
+//! so what one LAN host sends another comes to the switch, which checks its sender and
+//! reflects it back to the LAN (the VEPA paper's adjacent bridge in "hairpin" mode), and
+//! copies a LAN host's broadcast to the other LAN hosts but never back to it (source
+//! suppression).
+//!
+//! The switch writes every reflected frame from the router MAC, never from the sender's:
+//! the bridge learns the router MAC on the TAP's port, and each host's MAC stays on its
+//! own port.
+
+use std::net::Ipv4Addr;
+
+use super::Switch;
+use crate::wire::{EthernetFrame, Ipv4Packet, ETHERTYPE_IPV4};
+use crate::{Action, DropReason, LanPorts, Mac, Mode, PortCounts, MAX_LAN_HOSTS};
+
+impl<P: Copy + Eq> Switch<P> {
+    /// Whether the LAN's ports are VEPA ports.
+    pub(super) fn vepa(&self) -> bool {
+        self.config.mode == Mode::Router && self.config.lan_ports == LanPorts::Vepa
+    }
+
+    /// VEPA: whether a LAN frame from `mac` with source address `ip` is spoofed. Only
+    /// addresses of the subnet are checked (the unspecified source of a DHCP client is
+    /// not, and others are never routed): the gateway's, the network's and the
+    /// broadcast address are no host's; with a static table the pair must be in it;
+    /// without, an address learned (or leased) with another MAC is not this host's.
+    /// Counted per MAC.
+    pub(super) fn spoofed(&mut self, ip: Ipv4Addr, mac: Mac) -> bool {
+        if !self.vepa() || ip.is_unspecified() || !self.config.subnet.contains(&ip) {
+            return false;
+        }
+        let subnet = self.config.subnet;
+        let spoofed = if ip == self.service() || ip == subnet.network() || ip == subnet.broadcast()
+        {
+            true
+        } else if !self.config.lan_table.is_empty() {
+            !self.config.lan_table.contains(&(ip, mac))
+        } else {
+            let holder = self.lan.get(&ip).map(|h| h.mac);
+            holder
+                .or_else(|| self.leases.get(&ip).copied())
+                .is_some_and(|m| m != mac)
+        };
+        if spoofed {
+            if let Some(c) = self.port(mac) {
+                c.spoofed += 1;
+            }
+        }
+        spoofed
+    }
+
+    /// VEPA: drops a frame of `mac` as spoofed (counted for its MAC).
+    pub(super) fn spoof_drop<Q>(&mut self, mac: Mac) -> Action<Q> {
+        if let Some(c) = self.port(mac) {
+            c.spoofed += 1;
+        }
+        Action::Drop(DropReason::Spoofed)
+    }
+
+    /// VEPA: `frame`, an IPv4 frame from a LAN host for `dst` (another LAN host), leaves
+    /// the switch for `dst`: its MACs are rewritten in place. Returns whether it may.
+    pub(super) fn reflect(&mut self, frame: &mut [u8]) -> bool {
+        let (src_mac, dst) = match EthernetFrame::new_checked(&frame[..]) {
+            Ok(eth) => match Ipv4Packet::new_checked(eth.payload()) {
+                Ok(ip) => (eth.src(), ip.dst()),
+                Err(_) => return false,
+            },
+            Err(_) => return false,
+        };
+        let Some(to) = self.lan.get(&dst).map(|h| h.mac) else {
+            return false;
+        };
+        frame[..6].copy_from_slice(&to);
+        frame[6..12].copy_from_slice(&self.config.remote_mac);
+        self.counters.hairpinned += 1;
+        if let Some(c) = self.port(src_mac) {
+            c.hairpinned += 1;
+        }
+        true
+    }
+
+    /// VEPA: `frame` is a broadcast or multicast from a LAN host that went to the members
+    /// ([`Action::Broadcast`] or [`Action::Fragment`] to every member): fills `macs` with
+    /// the other LAN hosts' MACs, one each, not the sender's. The agent writes a copy of
+    /// the frame to each, from the router MAC ([`Switch::address_copy`]). Empty for any
+    /// other frame or switch.
+    ///
+    /// [`Action::Broadcast`]: crate::Action::Broadcast
+    /// [`Action::Fragment`]: crate::Action::Fragment
+    pub fn lan_copies(&mut self, frame: &[u8], macs: &mut Vec<Mac>) {
+        macs.clear();
+        if !self.vepa() {
+            return;
+        }
+        let Ok(eth) = EthernetFrame::new_checked(frame) else {
+            return;
+        };
+        if eth.ethertype() != ETHERTYPE_IPV4 {
+            return;
+        }
+        match Ipv4Packet::new_checked(eth.payload()) {
+            Ok(ip) if self.is_broadcast(ip.dst()) => {}
+            _ => return,
+        }
+        let sender = eth.src();
+        for host in self.lan.values() {
+            if host.mac != sender && !macs.contains(&host.mac) {
+                macs.push(host.mac);
+            }
+        }
+        macs.sort_unstable();
+        self.counters.lan_copies += macs.len() as u64;
+    }
+
+    /// Addresses a copy of a LAN broadcast ([`Switch::lan_copies`]) in place: to `to`,
+    /// from the router MAC.
+    pub fn address_copy(&self, frame: &mut [u8], to: Mac) {
+        if frame.len() >= 12 {
+            frame[..6].copy_from_slice(&to);
+            frame[6..12].copy_from_slice(&self.config.remote_mac);
+        }
+    }
+
+    /// The agent's DHCP server acknowledged `address` to the host at `mac` on the LAN:
+    /// under VEPA, no other MAC may send from it until it is released (at most
+    /// [`MAX_LAN_HOSTS`] kept).
+    pub fn bind_lease(&mut self, address: Ipv4Addr, mac: Mac) {
+        if self.leases.len() < MAX_LAN_HOSTS || self.leases.contains_key(&address) {
+            self.leases.insert(address, mac);
+        }
+    }
+
+    /// The DHCP lease on `address` ended (released, declined or expired).
+    pub fn unbind_lease(&mut self, address: Ipv4Addr) {
+        self.leases.remove(&address);
+    }
+
+    /// VEPA: what the switch did with each LAN host's frames, by MAC, sorted (at most
+    /// [`MAX_LAN_HOSTS`] MACs are kept apart).
+    pub fn lan_ports(&self) -> Vec<(Mac, PortCounts)> {
+        let mut v: Vec<(Mac, PortCounts)> = self.ports.iter().map(|(m, c)| (*m, *c)).collect();
+        v.sort_unstable_by_key(|(m, _)| *m);
+        v
+    }
+
+    fn port(&mut self, mac: Mac) -> Option<&mut PortCounts> {
+        if self.ports.len() >= MAX_LAN_HOSTS && !self.ports.contains_key(&mac) {
+            return None;
+        }
+        Some(self.ports.entry(mac).or_default())
+    }
+}
