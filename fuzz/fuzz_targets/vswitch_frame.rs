@@ -1,16 +1,23 @@
 //! Any bytes from the TAP or from a member, in every mode, in a namespace with a second
-//! subnet the switch routes to: the switch drops, forwards or routes, never panics.
+//! subnet the switch routes to, and a router with VEPA ports and two LAN hosts: the switch
+//! drops, forwards, routes or reflects, never panics.
 #![no_main]
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use hyphae_vswitch::{Config, Mode, Switch, HEADROOM};
+use hyphae_vswitch::{Config, LanPorts, Mode, Switch, HEADROOM};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let now = Instant::now();
-    for mode in [Mode::Interface, Mode::Router, Mode::Hybrid] {
+    let modes = [
+        (Mode::Interface, LanPorts::Veb),
+        (Mode::Router, LanPorts::Veb),
+        (Mode::Router, LanPorts::Vepa),
+        (Mode::Hybrid, LanPorts::Veb),
+    ];
+    for (mode, ports) in modes {
         let mut config = Config::interface(
             Ipv4Addr::new(10, 201, 0, 1),
             "10.201.0.0/16".parse().expect("subnet"),
@@ -18,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
             [0xfe, 0xfd, 1, 2, 3, 4],
         );
         config.mode = mode;
+        config.lan_ports = ports;
         config.dhcp = true;
         config.routed = vec!["10.202.0.0/16".parse().expect("subnet")];
         let mut sw: Switch<u8> = Switch::new(config);
@@ -25,9 +33,20 @@ fuzz_target!(|data: &[u8]| {
             1,
             &[Ipv4Addr::new(10, 201, 0, 2), Ipv4Addr::new(10, 202, 0, 2)],
         );
+        if ports == LanPorts::Vepa {
+            sw.learn_lan_host(Ipv4Addr::new(10, 201, 0, 10), [2, 0, 0, 0, 0, 0xa], now);
+            sw.learn_lan_host(Ipv4Addr::new(10, 201, 0, 11), [2, 0, 0, 0, 0, 0xb], now);
+            sw.bind_lease(Ipv4Addr::new(10, 201, 0, 12), [2, 0, 0, 0, 0, 0xc]);
+        }
         let mut reply = [0u8; hyphae_vswitch::MIN_REPLY_BUF];
         let mut frame = data.to_vec();
         let _ = sw.handle_tap_frame(now, &mut frame, &mut reply);
+        let mut macs = Vec::new();
+        sw.lan_copies(data, &mut macs);
+        for mac in macs {
+            let mut copy = data.to_vec();
+            sw.address_copy(&mut copy, mac);
+        }
         let _ = sw.emit_unreachable(now, &mut reply, data);
         let mut buf = vec![0u8; HEADROOM + data.len()];
         buf[HEADROOM..].copy_from_slice(data);

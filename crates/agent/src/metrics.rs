@@ -13,7 +13,8 @@
 //!   `hyphae_certificates_tunnels_refused_total{reason="revoked"}`);
 //! - labels: `namespace` (the namespace name), on members `member` (its identity), on a
 //!   namespace's caps per member and host `cap` (its place in the config), on a bonded
-//!   member's links `link` (its place in the member's list, at most 8).
+//!   member's links `link` (its place in the member's list, at most 8), on a VEPA router's
+//!   bridge ports `port` (the port's name).
 //!   Both are bounded: namespaces by the config, members by the namespace subnet and the
 //!   tunnel limit. Nothing is labelled by flow, client address or DNS name.
 
@@ -360,6 +361,25 @@ mod tests {
             assert!(text.contains(&line), "no `{line}` in\n{text}");
         }
         assert!(!text.contains("10.202.0.2"), "an endpoint is no label");
+    }
+
+    #[test]
+    fn a_vepa_routers_ports_are_labelled_by_their_name() {
+        let mut status = status();
+        status.namespaces[0].lan_ports = vec![crate::control::LanPortStatus {
+            port: "vnet3".into(),
+            macs: vec!["52:54:00:12:34:10".into()],
+            hairpinned: 40,
+            spoofed: 2,
+        }];
+        let text = encode(&status).unwrap();
+        for line in [
+            "hyphae_namespace_lan_ports_hairpinned_total{namespace=\"lab\",port=\"vnet3\"} 40",
+            "hyphae_namespace_lan_ports_spoofed_total{namespace=\"lab\",port=\"vnet3\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+        }
+        assert!(!text.contains("52:54:00"), "a MAC is no label");
     }
 
     #[test]

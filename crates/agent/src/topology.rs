@@ -3,7 +3,9 @@
 
 use serde::Serialize;
 
-use crate::control::{CapStatus, NamespaceStatus, PeerStatus, RateStatus, ShareStatus, Status};
+use crate::control::{
+    CapStatus, LanPortStatus, NamespaceStatus, PeerStatus, RateStatus, ShareStatus, Status,
+};
 
 /// Every namespace with this member and the members it has a tunnel with.
 #[derive(Debug, Serialize)]
@@ -33,6 +35,18 @@ struct Namespace {
     share: Option<ShareStatus>,
     /// Its caps per member, group and host.
     caps: Vec<CapStatus>,
+    /// A multi-subnet namespace: the other subnets routed in one hop, packets routed, and
+    /// those that ran out of TTL here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    routed_subnets: Vec<String>,
+    routed: u64,
+    ttl_exceeded: u64,
+    /// A router: "veb" or "vepa"; with VEPA, frames hairpinned and each bridge port.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    lan_port_mode: String,
+    hairpinned: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    lan_ports: Vec<LanPortStatus>,
 }
 
 #[derive(Debug, Serialize)]
@@ -82,6 +96,12 @@ impl From<&NamespaceStatus> for Namespace {
             egress: ns.egress.clone(),
             share: ns.share.clone(),
             caps: ns.caps.clone(),
+            routed_subnets: ns.routed_subnets.clone(),
+            routed: ns.routed,
+            ttl_exceeded: ns.ttl_exceeded,
+            lan_port_mode: ns.lan_port_mode.clone(),
+            hairpinned: ns.hairpinned,
+            lan_ports: ns.lan_ports.clone(),
         }
     }
 }

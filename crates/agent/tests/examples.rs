@@ -18,6 +18,8 @@ const EXPECTED: &[(&str, &[Mode])] = &[
     ("hybrid-host.toml", &[Mode::Hybrid]),
     ("two-namespaces.toml", &[Mode::Interface, Mode::Interface]),
     ("certified-host.toml", &[Mode::Interface]),
+    ("three-subnets.toml", &[Mode::Interface]),
+    ("vepa-site.toml", &[Mode::Router]),
 ];
 
 fn examples_dir() -> PathBuf {
@@ -142,6 +144,16 @@ fn examples_say_what_their_comments_say() {
     // The first member of "home" starts it: a subnet and no bootstrap.
     assert!(home.subnet.is_some() && home.bootstrap.is_empty());
     assert!(matches!(home.address, Address::Static(_)));
+
+    let three = load("three-subnets.toml");
+    let ns = &three.namespaces[0];
+    assert_eq!(ns.subnets.len(), 3);
+    assert_eq!(ns.subnet, Some(ns.subnets[0]));
+
+    let vepa = load("vepa-site.toml");
+    let ns = &vepa.namespaces[0];
+    assert_eq!(ns.lan_ports, hyphae_vswitch::LanPorts::Vepa);
+    assert_eq!(ns.lan_table.len(), 2);
 
     let certified = load("certified-host.toml");
     assert!(certified.namespaces[0].credential.is_some());

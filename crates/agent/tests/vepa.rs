@@ -117,7 +117,7 @@ fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
     }
     let cfg = format!(
         "{}{}",
-        agent_section(&r),
+        agent_section(&r).replacen("[agent]\n", "[agent]\nmetrics = \"127.0.0.1:9464\"\n", 1),
         namespace(&format!(
             "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nlan_ports = \"vepa\"\nbootstrap = [\"{}:7400\"]\n",
             i.underlay
@@ -291,5 +291,27 @@ fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
         s.policy.denied_out,
         s.lan_ports
     );
+    // /metrics labels the counters by port, and the topology page has them.
+    let get = |path: &str| {
+        let url = format!("http://127.0.0.1:9464/{path}");
+        text(&bed, &r.ns, "curl", &["-s", "--max-time", "10", &url])
+    };
+    let metrics = get("metrics");
+    let hairpin_port = format!(
+        "hyphae_namespace_lan_ports_hairpinned_total{{namespace=\"lab\",port=\"{}\"}}",
+        s.lan_ports
+            .iter()
+            .find(|p| p.macs.contains(&l2_mac))
+            .map(|p| p.port.clone())
+            .unwrap_or_default()
+    );
+    assert!(
+        metrics.contains(&hairpin_port),
+        "no {hairpin_port} in\n{metrics}"
+    );
+    let topology: serde_json::Value = serde_json::from_str(&get("topology.json")).unwrap();
+    let ns = &topology["namespaces"][0];
+    assert_eq!(ns["lan_port_mode"], "vepa");
+    assert!(ns["hairpinned"].as_u64().unwrap_or(0) >= 10, "{ns}");
     let _ = ia;
 }
