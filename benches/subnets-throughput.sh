@@ -106,6 +106,10 @@ wait_ping lb1 10.61.0.102
 wait_ping lp1 10.61.0.112
 wait_ping lp2 10.61.0.111
 
+if [ -n "${SHOW_PEERS:-}" ]; then
+    ip netns exec "$p-a" "$HYPHAE_BIN" status -c "$dir/a/hyphae.toml" --json |
+        jq -c '.namespaces[0].peers[] | {addresses, path, endpoint, shards}' >&2
+fi
 declare -A results
 kinds=(same routed veb vepa)
 run() {
