@@ -5,10 +5,11 @@
 //! gets its address, router and routes from the agent's DHCP server (busybox udhcpc), and
 //! traceroute, ping, dig as the hosts' own tools.
 //!
-//! Host `a` (interface mode) is in 10.61.0.0/24 and names both subnets; host `b`
-//! (interface mode) is configured with 10.62.0.0/24 only and learns the other from the
+//! Host `a` (interface mode) is in 10.61.0.0/24 and names all three subnets; host `b`
+//! (interface mode) is configured with 10.62.0.0/24 only and learns the others from the
 //! namespace record; router `r` serves a LAN in 10.62.0.0/24 with one plain host `l`; host
-//! `h` runs hybrid mode in 10.62.0.0/24.
+//! `h` runs hybrid mode in 10.63.0.0/24. iperf3 carries TCP across subnets both to a LAN
+//! host and from a hybrid host.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -20,11 +21,32 @@ use hyphae_testbed::{agent_section, require_root, AgentHandle, Host, Testbed};
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const A: &str = "10.61.0.0/24";
 const B: &str = "10.62.0.0/24";
+const C: &str = "10.63.0.0/24";
 const A_HOST: Ipv4Addr = Ipv4Addr::new(10, 61, 0, 10);
 const B_HOST: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 20);
-const H_HOST: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 30);
+const H_HOST: Ipv4Addr = Ipv4Addr::new(10, 63, 0, 30);
 const A_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 61, 0, 1);
 const B_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 62, 0, 1);
+const C_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 63, 0, 1);
+
+/// Bytes iperf3 carried over TCP in 2 s from `from` to `to` (at `address`).
+fn tcp_bytes(bed: &mut Testbed, from: &Host, to: &Host, address: Ipv4Addr, port: u16) -> u64 {
+    let port = port.to_string();
+    let log = to.dir.join(format!("iperf3-{port}.log"));
+    bed.spawn(&to.ns, "iperf3", &["-s", "-1", "-p", &port], &log)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let address = address.to_string();
+    let out = bed
+        .ns_output(
+            &from.ns,
+            "iperf3",
+            &["-c", &address, "-p", &port, "-t", "2", "-J"],
+        )
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    report["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
+}
 
 fn namespace(secret: &Path, subnets: &str, bootstrap: Option<Ipv4Addr>, lines: &str) -> String {
     let mut c = format!(
@@ -75,12 +97,12 @@ fn hops(bed: &Testbed, from: &Host, to: Ipv4Addr) -> Vec<String> {
 }
 
 #[test]
-fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
+fn hosts_of_three_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
     require_root();
     let mut bed = Testbed::new("sn", Path::new(BIN)).expect("testbed");
     let secret = bed.dir().join("lab.secret");
     hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
-    let both = format!("subnets = [\"{A}\", \"{B}\"]");
+    let all = format!("subnets = [\"{A}\", \"{B}\", \"{C}\"]");
 
     let a = bed.add_host("a", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
     let cfg = format!(
@@ -88,7 +110,7 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
         agent_section(&a),
         namespace(
             &secret,
-            &both,
+            &all,
             None,
             &format!("device = \"hyphae0\"\naddress = \"{A_HOST}\"\nhostname = \"alpha\"\n")
         )
@@ -124,7 +146,7 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
     );
     let ra = bed.start_agent(&r, &cfg).unwrap();
 
-    // A hybrid host in b's subnet (its own bridge and LAN).
+    // A hybrid host in the third subnet (its own bridge and LAN).
     let lan2 = bed.add_lan("lan2").unwrap();
     let h = bed.add_host("h", Ipv4Addr::new(10, 200, 0, 4)).unwrap();
     bed.plug(&lan2, &h.ns, "eth1", 1500).unwrap();
@@ -133,18 +155,23 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
         agent_section(&h),
         namespace(
             &secret,
-            &format!("subnet = \"{B}\""),
+            &format!("subnet = \"{C}\""),
             boot,
             &format!("mode = \"hybrid\"\ndevice = \"hy0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\naddress = \"{H_HOST}\"\nprobe_timeout_ms = 400\n")
         )
     );
     let ha = bed.start_agent(&h, &cfg).unwrap();
 
-    // b was told only its own subnet: it learns the other from the namespace record.
-    wait_until("b learns the other subnet", Duration::from_secs(20), || {
-        ns_status(&bed, &b, &ba).routed_subnets == vec![A.to_string()]
-    });
-    assert_eq!(ns_status(&bed, &a, &aa).routed_subnets, vec![B.to_string()]);
+    // b was told only its own subnet: it learns the others from the namespace record.
+    wait_until(
+        "b learns the other subnets",
+        Duration::from_secs(20),
+        || ns_status(&bed, &b, &ba).routed_subnets == vec![A.to_string(), C.to_string()],
+    );
+    assert_eq!(
+        ns_status(&bed, &a, &aa).routed_subnets,
+        vec![B.to_string(), C.to_string()]
+    );
     assert_eq!(bed.claimed_address(&b, &ba).unwrap(), B_HOST);
     assert_eq!(bed.claimed_address(&a, &aa).unwrap(), A_HOST);
     // Each interface host routes the other subnet through its own subnet's gateway.
@@ -173,11 +200,20 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
         .expect("hybrid host -> a across subnets");
     assert_eq!(
         hops(&bed, &h, A_HOST),
-        vec![B_GATEWAY.to_string(), A_HOST.to_string()]
+        vec![C_GATEWAY.to_string(), A_HOST.to_string()]
     );
-    // Within b's subnet nothing is routed: b reaches the hybrid host directly.
-    assert_eq!(hops(&bed, &b, H_HOST), vec![H_HOST.to_string()]);
+    bed.wait_for_ping(&h, B_HOST, Duration::from_secs(20))
+        .expect("hybrid host -> b across subnets");
+    assert_eq!(
+        hops(&bed, &b, H_HOST),
+        vec![B_GATEWAY.to_string(), H_HOST.to_string()]
+    );
     assert!(ns_status(&bed, &h, &ha).routed > 0);
+    let carried = tcp_bytes(&mut bed, &h, &b, B_HOST, 5201);
+    assert!(
+        carried > 1_000_000,
+        "TCP from the hybrid host to b: {carried} bytes"
+    );
 
     // An address of the other subnet nobody holds: the gateway says so, as a router does.
     let out = bed
@@ -238,6 +274,13 @@ fn hosts_of_two_subnets_reach_each_other_in_one_hop_through_their_own_agent() {
     assert_eq!(
         hops(&bed, &l, A_HOST),
         vec![B_GATEWAY.to_string(), A_HOST.to_string()]
+    );
+    // Within b's subnet nothing is routed: b reaches the LAN host directly.
+    assert_eq!(hops(&bed, &b, l_ip), vec![l_ip.to_string()]);
+    let carried = tcp_bytes(&mut bed, &a, &l, l_ip, 5202);
+    assert!(
+        carried > 1_000_000,
+        "TCP from a to the LAN host: {carried} bytes"
     );
     // Names of the other subnet answer at this subnet's service address.
     let dig = bed
