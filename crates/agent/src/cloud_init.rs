@@ -145,6 +145,10 @@ pub struct CloudInitArgs {
     /// Router and hybrid modes: the LAN interface to put on the bridge.
     #[arg(long)]
     pub uplink: Option<String>,
+    /// Router mode: `veb` (LAN hosts reach each other through the bridge) or `vepa` (only
+    /// through the agent, checked and counted).
+    #[arg(long)]
+    pub lan_ports: Option<String>,
     /// `auto`, `dhcp` or a static address (router mode: none).
     #[arg(long)]
     pub address: Option<String>,
@@ -415,6 +419,9 @@ fn config_text(
     }
     if let Some(uplink) = &args.uplink {
         ns["uplink"] = value(uplink.as_str());
+    }
+    if let Some(ports) = &args.lan_ports {
+        ns["lan_ports"] = value(ports.as_str());
     }
     if !args.bootstrap.is_empty() {
         ns["bootstrap"] = value(Array::from_iter(args.bootstrap.iter().map(String::as_str)));

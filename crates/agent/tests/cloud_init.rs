@@ -364,6 +364,61 @@ fn user_data_for_a_namespace_with_an_authority_carries_an_identity_and_its_certi
 /// examples/cloud-init/ holds the user-data of every provider, as `hyphae cloud-init`
 /// prints it today for these flags (and an example secret).
 #[test]
+fn a_router_with_vepa_ports_is_written_and_a_wrong_word_refused() {
+    let dir = scratch("vepa");
+    let secret = dir.join("lab.secret");
+    write_secret(&secret, SECRET).unwrap();
+    let run = |ports: &str| {
+        hyphae(&[
+            "cloud-init",
+            "--namespace",
+            "lab",
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--bootstrap",
+            "203.0.113.7:7400",
+            "--provider",
+            "generic",
+            "--install",
+            "/opt/hyphae/bin/hyphae",
+            "--mode",
+            "router",
+            "--bridge",
+            "br-vms",
+            "--lan-ports",
+            ports,
+        ])
+    };
+    let out = run("vepa");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join("vepa.yaml");
+    std::fs::write(&path, &out.stdout).unwrap();
+    let doc = parse_yaml(&path);
+    let text = file(&doc, "/etc/hyphae/hyphae.toml")["content"]
+        .as_str()
+        .unwrap()
+        .replace("/etc/hyphae/lab.secret", secret.to_str().unwrap());
+    let config_path = dir.join("hyphae.toml");
+    std::fs::write(&config_path, text).unwrap();
+    let config = Config::load(&config_path).unwrap();
+    assert_eq!(
+        config.namespaces[0].lan_ports,
+        hyphae_vswitch::LanPorts::Vepa
+    );
+    let out = run("vpea");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success() && err.contains("lan_ports 'vpea' is not"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn the_examples_are_what_the_command_prints() {
     let dir = scratch("examples");
     let secret = dir.join("lab.secret");
