@@ -103,37 +103,6 @@ fn interface_member(bed: &mut Testbed, secret: &Path, lease_secs: u64) -> (Host,
     (i, agent)
 }
 
-/// The bridge end (in `lan`) of `host`'s `eth0`.
-fn bridge_port(bed: &Testbed, host: &Host, lan: &str) -> String {
-    let out = bed
-        .ns_output(&host.ns, "ip", &["-o", "link", "show", "eth0"])
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let peer = text
-        .split("@if")
-        .nth(1)
-        .and_then(|rest| rest.split(':').next())
-        .unwrap_or_else(|| panic!("no veth peer in {text}"))
-        .to_string();
-    let out = bed.ns_output(lan, "ip", &["-o", "link"]).unwrap();
-    let links = String::from_utf8_lossy(&out.stdout);
-    links
-        .lines()
-        .find(|l| l.starts_with(&format!("{peer}: ")))
-        .and_then(|l| l.split(": ").nth(1))
-        .and_then(|name| name.split('@').next())
-        .unwrap_or_else(|| panic!("no link {peer} in {links}"))
-        .to_string()
-}
-
-/// Moves the bridge end `port` from `from`'s bridge to `to`'s (the host keeps IP and MAC).
-fn move_port(bed: &Testbed, port: &str, from: &str, to: &str) {
-    bed.ns(from, "ip", &["link", "set", port, "netns", to])
-        .unwrap();
-    bed.ns(to, "ip", &["link", "set", port, "master", "br0", "up"])
-        .unwrap();
-}
-
 /// The MAC `vm`'s ARP cache has for the interface member.
 fn remote_neighbour(bed: &Testbed, vm: &Host) -> String {
     let out = bed
@@ -268,7 +237,7 @@ fn a_lan_host_keeps_its_address_name_lease_and_tcp_stream_across_router_sites() 
 
     // Each way with each announcement: gratuitous ARP (arping -U) and RARP only (no
     // address in it).
-    let port = bridge_port(&bed, &vm, &r1.lan);
+    let port = bed.bridge_port(&vm, &r1.lan).unwrap();
     let sites = [&r1, &r2];
     let mut handoffs_in = [0u64; 2];
     for (k, how) in ["garp", "garp", "rarp", "rarp"].into_iter().enumerate() {
@@ -278,7 +247,7 @@ fn a_lan_host_keeps_its_address_name_lease_and_tcp_stream_across_router_sites() 
         bed.wait_for_ping(&vm, I_ADDR.parse().unwrap(), Duration::from_secs(5))
             .expect("VM -> i before the move");
         let neighbour = remote_neighbour(&bed, &vm);
-        move_port(&bed, &port, &from.lan, &to.lan);
+        bed.move_port(&port, &from.lan, &to.lan).unwrap();
         bed.ns(
             &vm.ns,
             "ip",
@@ -383,8 +352,8 @@ fn a_dead_old_router_lets_the_new_one_take_the_host_when_its_lease_lapses() {
     bed.signal(r1.agent.pid, SIGKILL).unwrap();
     assert!(!bed.is_running(r1.agent.pid), "the old router still runs");
     let killed = Instant::now();
-    let port = bridge_port(&bed, &vm, &r1.lan);
-    move_port(&bed, &port, &r1.lan, &r2.lan);
+    let port = bed.bridge_port(&vm, &r1.lan).unwrap();
+    bed.move_port(&port, &r1.lan, &r2.lan).unwrap();
     bed.ns_output(
         &vm.ns,
         "arping",

@@ -371,3 +371,117 @@ fn the_policy_between_subnets_is_applied_by_the_routing_agent() {
     assert!(ns_status(&bed, b, ba).policy.denied_out >= 3);
     assert_eq!(ns_status(&bed, a, aa).policy.denied_in, denied_in_at_a);
 }
+
+/// Issue 31, item 2: a LAN host live-migrated between two router sites of its subnet keeps
+/// its gateway without noticing: every router answers the gateway with the namespace's one
+/// router MAC, so the gateway entry in the guest's ARP cache (kept, as a live-migrated
+/// guest keeps it) is still right at the new site, and its traffic to another subnet flows
+/// after its announcement (a gratuitous ARP) with no new ARP for the gateway.
+#[test]
+fn a_host_moved_between_routers_keeps_its_gateway() {
+    require_root();
+    let mut bed = Testbed::new("sm", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
+    let both = format!("subnets = [\"{A}\", \"{B}\"]");
+    let a = bed.add_host("a", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&a),
+        namespace(
+            &secret,
+            &both,
+            None,
+            &format!("device = \"hyphae0\"\naddress = \"{A_HOST}\"\n")
+        )
+    );
+    let _aa = bed.start_agent(&a, &cfg).unwrap();
+    let mut sites = Vec::new();
+    for (k, underlay) in [(1u8, 2u8), (2, 3)] {
+        let lan = bed.add_lan(&format!("lan{k}")).unwrap();
+        let host = bed
+            .add_host(&format!("r{k}"), Ipv4Addr::new(10, 200, 0, underlay))
+            .unwrap();
+        bed.plug(&lan, &host.ns, "eth1", 1500).unwrap();
+        let cfg = format!(
+            "{}{}",
+            agent_section(&host),
+            namespace(
+                &secret,
+                &format!("subnet = \"{B}\""),
+                Some(a.underlay),
+                "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
+            )
+        );
+        let agent = bed.start_agent(&host, &cfg).unwrap();
+        sites.push((lan, host, agent));
+    }
+    let vm_ip = Ipv4Addr::new(10, 62, 0, 50);
+    let vm = bed
+        .add_lan_host(
+            &sites[0].0,
+            "vm",
+            &format!("{vm_ip}/24"),
+            hyphae_agent::config::DEFAULT_MTU,
+        )
+        .unwrap();
+    bed.ns(
+        &vm.ns,
+        "ip",
+        &["route", "add", A, "via", &B_GATEWAY.to_string()],
+    )
+    .unwrap();
+    bed.wait_for_ping(&vm, A_HOST, Duration::from_secs(30))
+        .expect("the VM reaches the other subnet through its gateway");
+    let gateway_mac = bed
+        .neighbour(&vm, B_GATEWAY)
+        .unwrap()
+        .expect("the VM's ARP entry for its gateway");
+
+    // The live migration: the VM's port moves to the other LAN; it keeps its ARP cache
+    // (moving a veth flushes it, so the gateway's entry is put back as it was) and
+    // announces itself.
+    let port = bed.bridge_port(&vm, &sites[0].0).unwrap();
+    bed.move_port(&port, &sites[0].0, &sites[1].0).unwrap();
+    bed.ns(
+        &vm.ns,
+        "ip",
+        &[
+            "neigh",
+            "replace",
+            &B_GATEWAY.to_string(),
+            "lladdr",
+            &gateway_mac,
+            "dev",
+            "eth0",
+            "nud",
+            "reachable",
+        ],
+    )
+    .unwrap();
+    let ip = vm_ip.to_string();
+    bed.ns_output(
+        &vm.ns,
+        "arping",
+        &["-q", "-U", "-c", "2", "-I", "eth0", &ip],
+    )
+    .unwrap();
+    let (_, r2, r2a) = &sites[1];
+    wait_until(
+        "the new router holds the VM",
+        Duration::from_secs(20),
+        || ns_status(&bed, r2, r2a).addresses.contains(&ip),
+    );
+    let routed_before = ns_status(&bed, r2, r2a).routed;
+    bed.wait_for_ping(&vm, A_HOST, Duration::from_secs(10))
+        .expect("the VM reaches the other subnet from the new site");
+    assert_eq!(
+        bed.neighbour(&vm, B_GATEWAY).unwrap().as_deref(),
+        Some(gateway_mac.as_str()),
+        "the gateway's MAC is the same at both sites"
+    );
+    assert!(
+        ns_status(&bed, r2, r2a).routed > routed_before,
+        "the new router routed the VM's packets"
+    );
+}

@@ -562,6 +562,47 @@ impl Testbed {
         })
     }
 
+    /// The bridge end (in `lan`) of `host`'s `eth0` veth.
+    pub fn bridge_port(&self, host: &Host, lan: &str) -> Result<String> {
+        let out = self.ns_output(&host.ns, "ip", &["-o", "link", "show", "eth0"])?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let peer = text
+            .split("@if")
+            .nth(1)
+            .and_then(|rest| rest.split(':').next())
+            .with_context(|| format!("no veth peer in {text}"))?
+            .to_string();
+        let out = self.ns_output(lan, "ip", &["-o", "link"])?;
+        let links = String::from_utf8_lossy(&out.stdout);
+        links
+            .lines()
+            .find(|l| l.starts_with(&format!("{peer}: ")))
+            .and_then(|l| l.split(": ").nth(1))
+            .and_then(|name| name.split('@').next())
+            .map(str::to_string)
+            .with_context(|| format!("no link {peer} in {links}"))
+    }
+
+    /// Moves the bridge end `port` from `from`'s bridge `br0` to `to`'s (the host keeps its
+    /// IP and MAC: a live migration between two LANs).
+    pub fn move_port(&self, port: &str, from: &str, to: &str) -> Result<()> {
+        self.ns(from, "ip", &["link", "set", port, "netns", to])?;
+        self.ns(to, "ip", &["link", "set", port, "master", "br0", "up"])?;
+        Ok(())
+    }
+
+    /// The MAC `host`'s ARP cache holds for `address` on `eth0`, if any.
+    pub fn neighbour(&self, host: &Host, address: Ipv4Addr) -> Result<Option<String>> {
+        let address = address.to_string();
+        let out = self.ns_output(&host.ns, "ip", &["neigh", "show", &address, "dev", "eth0"])?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        Ok(text
+            .split_whitespace()
+            .skip_while(|w| *w != "lladdr")
+            .nth(1)
+            .map(str::to_string))
+    }
+
     /// Gives `host` its own `/etc/resolv.conf` (empty): `ip netns exec` mounts
     /// `/etc/netns/<namespace>/resolv.conf` over the machine's, so DHCP clients that write
     /// it (dhclient-script) never touch the machine's. Returns its path; removed on drop.
