@@ -485,3 +485,88 @@ fn a_host_moved_between_routers_keeps_its_gateway() {
         "the new router routed the VM's packets"
     );
 }
+
+/// Issue 31, item 7: a DHCP client in each subnet (busybox `udhcpc` on the LAN of a router
+/// in that subnet) gets its own subnet's gateway as router and the other two subnets as
+/// classless static routes through it; then each reaches the others across subnets with
+/// only what DHCP gave it (the script installs option 121's routes).
+#[test]
+fn a_dhcp_client_in_each_subnet_gets_its_own_gateway() {
+    require_root();
+    let mut bed = Testbed::new("sd", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
+    let all = format!("subnets = [\"{A}\", \"{B}\", \"{C}\"]");
+    let subnets = [A, B, C];
+    let gateways = [A_GATEWAY, B_GATEWAY, C_GATEWAY];
+    let mut sites = Vec::new();
+    for k in 0..3u8 {
+        let lan = bed.add_lan(&format!("lan{k}")).unwrap();
+        let host = bed
+            .add_host(&format!("r{k}"), Ipv4Addr::new(10, 200, 0, k + 1))
+            .unwrap();
+        bed.plug(&lan, &host.ns, "eth1", 1500).unwrap();
+        // The first router starts the namespace with every subnet; the others name theirs.
+        let (list, boot) = match k {
+            0 => (format!("{all}\nsubnet = \"{A}\""), None),
+            _ => (
+                format!("subnet = \"{}\"", subnets[usize::from(k)]),
+                Some(Ipv4Addr::new(10, 200, 0, 1)),
+            ),
+        };
+        let cfg = format!(
+            "{}{}",
+            agent_section(&host),
+            namespace(
+                &secret,
+                &list,
+                boot,
+                "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\nresolvers = []\n"
+            )
+        );
+        let agent = bed.start_agent(&host, &cfg).unwrap();
+        sites.push((lan, host, agent));
+    }
+    let mut clients = Vec::new();
+    for (k, (lan, host, agent)) in sites.iter().enumerate() {
+        wait_until(
+            "the router knows every subnet",
+            Duration::from_secs(20),
+            || ns_status(&bed, host, agent).routed_subnets.len() == 2,
+        );
+        let l = bed
+            .add_lan_host(lan, &format!("l{k}"), "", hyphae_agent::config::DEFAULT_MTU)
+            .unwrap();
+        // The script also installs each classless static route it is given.
+        let (script, env_file) = hyphae_testbed::udhcpc_script(&l).unwrap();
+        let text = std::fs::read_to_string(&script).unwrap().replace(
+            "    env > ",
+            "    set -- $staticroutes\n    while [ $# -ge 2 ]; do ip route replace \"$1\" via \"$2\" dev \"$interface\" onlink; shift 2; done\n    env > ",
+        );
+        std::fs::write(&script, text).unwrap();
+        let out = bed.udhcpc(&l, &format!("client{k}"), &script).unwrap();
+        assert!(
+            out.status.success(),
+            "udhcpc in {}: {}{}",
+            subnets[k],
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env = std::fs::read_to_string(&env_file).unwrap();
+        let gateway = gateways[k];
+        assert!(env.contains(&format!("router={gateway}")), "{env}");
+        for (j, other) in subnets.iter().enumerate() {
+            if j != k {
+                assert!(env.contains(&format!("{other} {gateway}")), "{env}");
+            }
+        }
+        let ip = bed.address_on(&l, "eth0", Duration::from_secs(5)).unwrap();
+        assert!(subnets[k].parse::<ipnet::Ipv4Net>().unwrap().contains(&ip));
+        clients.push((l, ip));
+    }
+    for (k, (from, _)) in clients.iter().enumerate() {
+        let (_, to) = &clients[(k + 1) % 3];
+        bed.wait_for_ping(from, *to, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("client {k} -> {to}: {e}"));
+    }
+}
