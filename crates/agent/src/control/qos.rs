@@ -20,7 +20,7 @@ pub struct RateStatus {
     pub queued: usize,
 }
 
-/// A cap per member, group or host in [`NamespaceStatus`] (docs/QOS.md).
+/// A cap per member, group or host in [`NamespaceStatus`](super::NamespaceStatus) (docs/QOS.md).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct CapStatus {
@@ -70,7 +70,7 @@ pub struct BucketStatus {
     pub queued: usize,
 }
 
-/// A namespace's share of the uplink in [`NamespaceStatus`] (docs/QOS.md).
+/// A namespace's share of the uplink in [`NamespaceStatus`](super::NamespaceStatus) (docs/QOS.md).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ShareStatus {
