@@ -6,7 +6,8 @@
 //! LAN neighbour, every frame between two LAN hosts is counted as hairpinned, a host
 //! sending from another's address is dropped (and counted on its port), a port plugged in
 //! later is isolated too, a broadcast reaches the other LAN hosts and a member but never
-//! comes back to its sender, and the namespace policy applies between two LAN hosts.
+//! comes back to its sender, and the namespace policy applies between two LAN hosts (to
+//! a TCP connection and to a broadcast's copies).
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -52,13 +53,14 @@ fn spoofed(s: &NamespaceStatus) -> u64 {
     s.drops.get("spoofed").copied().unwrap_or(0)
 }
 
-/// Starts tcpdump on `device` of `host`, capturing ICMP that arrives; returns its log.
-fn capture(bed: &mut Testbed, host: &Host, device: &str) -> std::path::PathBuf {
-    let log = host.dir.join(format!("tcpdump-{device}.log"));
+/// Starts tcpdump on `device` of `host`, capturing what arrives of `filter` (one word);
+/// returns its log.
+fn capture(bed: &mut Testbed, host: &Host, device: &str, filter: &str) -> std::path::PathBuf {
+    let log = host.dir.join(format!("tcpdump-{device}-{filter}.log"));
     bed.spawn(
         &host.ns,
         "tcpdump",
-        &["-i", device, "-n", "-l", "-Q", "in", "icmp"],
+        &["-i", device, "-n", "-l", "-Q", "in", filter],
         &log,
     )
     .unwrap();
@@ -229,7 +231,7 @@ fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
     // A broadcast from l1 reaches the other LAN hosts and the member, never l1 again.
     let logs: Vec<_> = [(l1, "eth0"), (l2, "eth0"), (l3, "eth0"), (&i, "hyphae0")]
         .into_iter()
-        .map(|(h, d)| capture(&mut bed, h, d))
+        .map(|(h, d)| capture(&mut bed, h, d, "icmp"))
         .collect();
     let seen = |log: &Path| {
         std::fs::read_to_string(log)
@@ -273,6 +275,29 @@ fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
         "l1 opened TCP to l2 against the policy"
     );
     assert!(ns_status(&bed, &r, &ra).policy.denied_out > denied);
+    // A UDP broadcast is no rule's either: it is not copied to the other LAN hosts.
+    let udp_log = capture(&mut bed, l2, "eth0", "udp");
+    let denied = ns_status(&bed, &r, &ra).policy.denied_out;
+    let send = "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)\n\
+                for _ in range(3): s.sendto(b'hello', ('10.63.0.255', 9999))\n";
+    let out = bed.ns_output(&l1.ns, "python3", &["-c", send]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(
+        "the router denies the broadcast",
+        Duration::from_secs(5),
+        || ns_status(&bed, &r, &ra).policy.denied_out >= denied + 3,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let heard = std::fs::read_to_string(&udp_log).unwrap_or_default();
+    assert!(
+        !heard.contains("> 10.63.0.255.9999"),
+        "l2 heard a broadcast the policy denies:\n{heard}"
+    );
     // From l2 itself the listener is there (the denial was the policy's, not a closed port).
     let local = bed
         .ns_output(

@@ -261,7 +261,7 @@ impl DataPlane {
             }
             Action::Broadcast { packet } => {
                 self.broadcast(i, &frame[packet.clone()], out);
-                self.copy_to_lan(i, &frame[..packet.end], out);
+                self.copy_to_lan(now, i, frame, packet, out);
             }
             Action::Fragment { peer, packet, mtu } => {
                 // The whole packet is checked once; its fragments follow it.
@@ -276,7 +276,7 @@ impl DataPlane {
                     None => Verdict::Pass,
                 };
                 if peer.is_none() {
-                    self.copy_to_lan(i, &frame[..packet.end], out);
+                    self.copy_to_lan(now, i, frame, packet.clone(), out);
                 }
                 match verdict {
                     Verdict::Pass => self.send_fragments(now, i, peer, &frame[packet], mtu, out),
@@ -337,10 +337,28 @@ impl DataPlane {
         }
     }
 
-    /// VEPA: a LAN host's broadcast `frame` (which went to the members) is written for
-    /// each other LAN host, addressed to it from the router MAC; never to its sender.
-    fn copy_to_lan(&mut self, i: usize, frame: &[u8], out: &mut Batch) {
+    /// VEPA: a LAN host's broadcast `frame` (which went to the members; its IPv4 packet at
+    /// `packet`) is written for each other LAN host, addressed to it from the router MAC,
+    /// never to its sender: if the policy passes it between LAN hosts (members check it
+    /// on arrival, as for any broadcast).
+    fn copy_to_lan(
+        &mut self,
+        now: Instant,
+        i: usize,
+        frame: &[u8],
+        packet: Range<usize>,
+        out: &mut Batch,
+    ) {
         let lane = &mut self.lanes[i];
+        if lane.mode != Mode::Router
+            || lane.switch.config().lan_ports != hyphae_vswitch::LanPorts::Vepa
+        {
+            return;
+        }
+        let frame = &frame[..packet.end];
+        if lane.policy.local(now, &frame[packet]) != Verdict::Pass {
+            return;
+        }
         let mut macs = std::mem::take(&mut out.lan_copies);
         lane.switch.lan_copies(frame, &mut macs);
         for &mac in &macs {
