@@ -76,19 +76,21 @@ impl Lan {
     /// learned behind each; `None` for VEB ports.
     pub fn ports(&self) -> Option<Vec<(String, Vec<Mac>)>> {
         let v = self.vepa.as_ref()?;
-        let mut ports: Vec<(String, Vec<Mac>)> = bridge_ports(&v.bridge)
+        let mut ports: Vec<(String, u16, Vec<Mac>)> = bridge_ports(&v.bridge)
             .unwrap_or_default()
             .into_iter()
             .filter(|(name, _)| *name != v.tap)
-            .map(|(name, _)| (name, Vec::new()))
+            .map(|(name, number)| (name, number, Vec::new()))
             .collect();
-        let numbers = bridge_ports(&v.bridge).unwrap_or_default();
         for (mac, port) in learned_macs(&v.bridge).unwrap_or_default() {
-            let name = numbers.iter().find(|(_, n)| *n == port).map(|(m, _)| m);
-            if let Some(entry) = name.and_then(|m| ports.iter_mut().find(|(p, _)| p == m)) {
-                entry.1.push(mac);
+            if let Some(entry) = ports.iter_mut().find(|(_, n, _)| *n == port) {
+                entry.2.push(mac);
             }
         }
+        let mut ports: Vec<(String, Vec<Mac>)> = ports
+            .into_iter()
+            .map(|(name, _, macs)| (name, macs))
+            .collect();
         ports.sort();
         Some(ports)
     }

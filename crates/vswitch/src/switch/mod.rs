@@ -358,11 +358,11 @@ impl<P: Copy + Eq> Switch<P> {
                     return Action::Drop(DropReason::Malformed);
                 };
                 if mode != Mode::Interface {
-                    if self.vepa() && arp.sender_mac() != eth.src() {
+                    if self.vepa()
+                        && (arp.sender_mac() != eth.src()
+                            || self.spoofed(arp.sender_ip(), eth.src()))
+                    {
                         return self.spoof_drop(eth.src());
-                    }
-                    if self.spoofed(arp.sender_ip(), eth.src()) {
-                        return Action::Drop(DropReason::Spoofed);
                     }
                     self.learn(arp.sender_ip(), arp.sender_mac(), now);
                 }
@@ -380,7 +380,7 @@ impl<P: Copy + Eq> Switch<P> {
                 };
                 if mode != Mode::Interface {
                     if self.spoofed(ip.src(), eth.src()) {
-                        return Action::Drop(DropReason::Spoofed);
+                        return self.spoof_drop(eth.src());
                     }
                     self.learn(ip.src(), eth.src(), now);
                 }

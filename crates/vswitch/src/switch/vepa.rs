@@ -25,14 +25,12 @@ impl<P: Copy + Eq> Switch<P> {
     /// not, and others are never routed): the gateway's, the network's and the
     /// broadcast address are no host's; with a static table the pair must be in it;
     /// without, an address learned (or leased) with another MAC is not this host's.
-    /// Counted per MAC.
-    pub(super) fn spoofed(&mut self, ip: Ipv4Addr, mac: Mac) -> bool {
+    pub(super) fn spoofed(&self, ip: Ipv4Addr, mac: Mac) -> bool {
         if !self.vepa() || ip.is_unspecified() || !self.config.subnet.contains(&ip) {
             return false;
         }
         let subnet = self.config.subnet;
-        let spoofed = if ip == self.service() || ip == subnet.network() || ip == subnet.broadcast()
-        {
+        if ip == self.service() || ip == subnet.network() || ip == subnet.broadcast() {
             true
         } else if !self.config.lan_table.is_empty() {
             !self.config.lan_table.contains(&(ip, mac))
@@ -41,13 +39,7 @@ impl<P: Copy + Eq> Switch<P> {
             holder
                 .or_else(|| self.leases.get(&ip).copied())
                 .is_some_and(|m| m != mac)
-        };
-        if spoofed {
-            if let Some(c) = self.port(mac) {
-                c.spoofed += 1;
-            }
         }
-        spoofed
     }
 
     /// VEPA: drops a frame of `mac` as spoofed (counted for its MAC).
@@ -71,8 +63,7 @@ impl<P: Copy + Eq> Switch<P> {
         let Some(to) = self.lan.get(&dst).map(|h| h.mac) else {
             return false;
         };
-        frame[..6].copy_from_slice(&to);
-        frame[6..12].copy_from_slice(&self.config.remote_mac);
+        self.address_copy(frame, to);
         self.counters.hairpinned += 1;
         if let Some(c) = self.port(src_mac) {
             c.hairpinned += 1;
@@ -113,8 +104,8 @@ impl<P: Copy + Eq> Switch<P> {
         self.counters.lan_copies += macs.len() as u64;
     }
 
-    /// Addresses a copy of a LAN broadcast ([`Switch::lan_copies`]) in place: to `to`,
-    /// from the router MAC.
+    /// Addresses a copy of a LAN broadcast ([`Switch::lan_copies`]), or a reflected frame,
+    /// in place: to `to`, from the router MAC.
     pub fn address_copy(&self, frame: &mut [u8], to: Mac) {
         if frame.len() >= 12 {
             frame[..6].copy_from_slice(&to);
