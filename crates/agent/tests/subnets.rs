@@ -75,12 +75,13 @@ fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
 }
 
 /// The hops `traceroute` from `from` to `to` shows: the first address that answered on
-/// each line (`*` if none did; a host may rate-limit its ICMP errors, so one probe of three
-/// may go unanswered).
+/// each line (`*` if none did). ICMP echo probes (`-I`): the destination answers them with
+/// echo replies, where UDP probes get "port unreachable", which Linux rate-limits per
+/// peer, so that under load all three of a line could go unanswered.
 fn hops(bed: &Testbed, from: &Host, to: Ipv4Addr) -> Vec<String> {
     let to = to.to_string();
     let out = bed
-        .ns_output(&from.ns, "traceroute", &["-n", "-w", "2", "-m", "5", &to])
+        .ns_output(&from.ns, "traceroute", &["-I", "-n", "-w", "2", "-m", "5", &to])
         .expect("traceroute");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     eprintln!("traceroute {to}:\n{text}");
