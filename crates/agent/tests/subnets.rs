@@ -81,7 +81,11 @@ fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
 fn hops(bed: &Testbed, from: &Host, to: Ipv4Addr) -> Vec<String> {
     let to = to.to_string();
     let out = bed
-        .ns_output(&from.ns, "traceroute", &["-I", "-n", "-w", "2", "-m", "5", &to])
+        .ns_output(
+            &from.ns,
+            "traceroute",
+            &["-I", "-n", "-w", "2", "-m", "5", &to],
+        )
         .expect("traceroute");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     eprintln!("traceroute {to}:\n{text}");
