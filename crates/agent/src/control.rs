@@ -265,6 +265,10 @@ pub struct OverlayStatus {
     /// disputed the set the lookup found and the members they named were dialled.
     #[serde(default)]
     pub claims_unchecked_after_dispute: u64,
+    /// First claims after a lookup lost because a replica named a member closer to the key
+    /// than their set that this agent did not reach: made again later, never unchecked.
+    #[serde(default)]
+    pub claims_lost_to_closer_members: u64,
     /// Claims without a lookup this agent, as a replica, answered with another set.
     #[serde(default)]
     pub claims_disputed: u64,

@@ -611,7 +611,8 @@ pub fn check_replicas(
 /// [`check_replicas`] on a [`RecordRequest::ClaimAmong`] as it came off the wire: `key` and
 /// the proposed `replicas` as bytes. `Err(Rejected)` for a malformed key or set (more than
 /// [`REPLICAS`] peers, or bytes that are no peer id), `Err(Replicas)` with this replica's
-/// set when it computes another one.
+/// set when it computes another one, naming those of it outside the proposed set that are
+/// members for sure (this replica, or proven to it).
 pub fn check_claim_among(
     key: &[u8],
     replicas: &[Vec<u8>],
@@ -630,8 +631,14 @@ pub fn check_claim_among(
         return Err(RecordResponse::Rejected);
     }
     check_replicas(&key, &proposed, known, unproven, local).map_err(|view| {
+        let members = view
+            .iter()
+            .filter(|p| !proposed.contains(p) && (**p == local || known.contains(p)))
+            .map(|p| p.to_bytes())
+            .collect();
         RecordResponse::Replicas {
             peers: view.iter().map(|p| p.to_bytes()).collect(),
+            members,
         }
     })
 }

@@ -433,6 +433,7 @@ impl Control {
                 claims_without_lookup: self.overlay.stats().claims_without_lookup,
                 claims_looked_up_again: self.overlay.stats().claims_looked_up_again,
                 claims_unchecked_after_dispute: self.overlay.stats().claims_unchecked_after_dispute,
+                claims_lost_to_closer_members: self.overlay.stats().claims_lost_to_closer_members,
                 claims_disputed: self.overlay.stats().claims_disputed,
                 claims_short_given_up: self.overlay.stats().claims_short_given_up,
                 relays: self

@@ -159,8 +159,29 @@ pub(super) enum ClaimMode {
     /// The set among the members a lookup found, checked by each replica.
     Checked,
     /// The set among the members a lookup found, not checked: only after the replicas
-    /// disputed a checked set and this agent dialled the members they named.
+    /// disputed a checked set, named no member outside it (only peers of unknown
+    /// membership), and this agent dialled the peers they named.
     Plain,
+}
+
+impl ClaimMode {
+    /// What a first claim made in this mode does once lost without a holder: made again
+    /// in the mode returned, or (`None`) lost for good, for its claimer to make again
+    /// later. `disputed`: a replica answered with another set; `member_named`: one named a
+    /// member (itself, or proven to it) outside the claim's set. A claim without a lookup
+    /// looks up; a checked one a replica disputed goes on unchecked only when no member
+    /// was named, so that a peer near a key that never proves anything cannot stop its
+    /// claims for good, while a closer member this agent cannot reach (an agent under
+    /// load, a relay at capacity) is never gone around: its set may hold the key for
+    /// another owner (docs/DECISIONS.md, "Claims after a lookup are checked by the
+    /// replicas too").
+    pub(super) fn after_loss(self, disputed: bool, member_named: bool) -> Option<ClaimMode> {
+        match self {
+            ClaimMode::Known => Some(ClaimMode::Checked),
+            ClaimMode::Checked if disputed && !member_named => Some(ClaimMode::Plain),
+            ClaimMode::Checked | ClaimMode::Plain => None,
+        }
+    }
 }
 
 /// A first claim whose replicas check its set: what it claims again with, if they dispute.
@@ -317,6 +338,8 @@ pub struct Overlay {
     checked_claims: HashMap<OpId, CheckedClaim>,
     /// Peers that replicas named when they disputed a claim's set.
     disputes: HashMap<OpId, Vec<NetworkId>>,
+    /// Claims whose set a replica disputed naming a member outside it.
+    members_named: HashSet<OpId>,
     /// A claim made again after a dispute: the peers named, whose proofs it waits for as
     /// for peers its lookup found.
     meet: HashMap<OpId, Vec<NetworkId>>,
@@ -415,6 +438,7 @@ impl Overlay {
             group_lookups: HashMap::new(),
             checked_claims: HashMap::new(),
             disputes: HashMap::new(),
+            members_named: HashSet::new(),
             meet: HashMap::new(),
             claims_again: HashMap::new(),
             claims_without_lookup: options.claims_without_lookup,
@@ -730,5 +754,19 @@ mod tests {
         assert_eq!(o.alone_at, None);
         o.handle_timeout(clocks().0 + Duration::from_secs(3600));
         assert!(!o.is_ready());
+    }
+    #[test]
+    fn a_disputed_claim_goes_around_only_peers_of_unknown_membership_never_a_member() {
+        use ClaimMode::{Checked, Known, Plain};
+        // Without a lookup: a dispute, or no answer at all, looks up.
+        assert_eq!(Known.after_loss(true, true), Some(Checked));
+        assert_eq!(Known.after_loss(false, false), Some(Checked));
+        // After a lookup: only peers of unknown membership named, claimed unchecked once.
+        assert_eq!(Checked.after_loss(true, false), Some(Plain));
+        // A member named outside the set (the 50-agent duplicate): lost, made again later.
+        assert_eq!(Checked.after_loss(true, true), None);
+        // Lost with no dispute (refused, unanswered), or already unchecked: lost.
+        assert_eq!(Checked.after_loss(false, false), None);
+        assert_eq!(Plain.after_loss(true, false), None);
     }
 }

@@ -164,8 +164,8 @@ impl Overlay {
                     response,
                 } => {
                     if let Some((op, replica)) = self.requests.remove(&request_id) {
-                        if let RecordResponse::Replicas { peers } = &response {
-                            self.meet_replicas(op, peers);
+                        if let RecordResponse::Replicas { peers, members } = &response {
+                            self.meet_replicas(op, peers, members);
                         }
                         // A replica that does not count us as a member gives no answer.
                         let response = (response != RecordResponse::NotMember).then_some(response);
@@ -188,12 +188,16 @@ impl Overlay {
         }
     }
 
-    /// A replica disputed the set of claim `op` with `peers`, its own: the ones this agent
-    /// is not connected to are dialled, and the claim made again waits for their proofs.
-    fn meet_replicas(&mut self, op: OpId, peers: &[Vec<u8>]) {
+    /// A replica disputed the set of claim `op` with `peers`, its own, naming `members`
+    /// among them outside the claim's set: the ones this agent is not connected to are
+    /// dialled, and the claim made again waits for their proofs.
+    fn meet_replicas(&mut self, op: OpId, peers: &[Vec<u8>], members: &[Vec<u8>]) {
         // A claim already decided (a late answer) keeps nothing.
         if !self.checked_claims.contains_key(&op) {
             return;
+        }
+        if !members.is_empty() {
+            self.members_named.insert(op);
         }
         let peers = peers.iter().take(REPLICAS);
         let named = self.disputes.entry(op).or_default();
@@ -364,15 +368,16 @@ impl Overlay {
         while let Some(mut event) = self.quorum.poll_event() {
             if let OverlayEvent::Claimed { op, result, .. } = &mut event {
                 let named = self.disputes.remove(op);
+                let member_named = self.members_named.remove(op);
                 if let Some(claim) = self.checked_claims.remove(op) {
                     // Without a lookup, a replica computed another set or none answered:
-                    // look up. After a lookup, a replica computed another set: claim on
-                    // the set found again, once the members it named were dialled.
-                    let next = match (claim.mode, &named) {
-                        (ClaimMode::Known, _) => Some(ClaimMode::Checked),
-                        (ClaimMode::Checked, Some(_)) => Some(ClaimMode::Plain),
-                        _ => None,
-                    };
+                    // look up. After a lookup, a replica computed another set naming only
+                    // peers of unknown membership: claim on the set found again, once
+                    // those were dialled. A member named: lost, made again later.
+                    let next = claim.mode.after_loss(named.is_some(), member_named);
+                    if member_named && claim.mode == ClaimMode::Checked {
+                        self.stats.claims_lost_to_closer_members += 1;
+                    }
                     if let (ClaimResult::Lost(None), Some(mode)) = (&*result, next) {
                         if mode == ClaimMode::Plain {
                             self.stats.claims_unchecked_after_dispute += 1;

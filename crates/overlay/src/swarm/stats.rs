@@ -23,6 +23,9 @@ pub struct OverlayStats {
     /// First claims made again on the set a lookup found, unchecked, after replicas
     /// disputed the set a lookup found and the members they named were dialled.
     pub claims_unchecked_after_dispute: u64,
+    /// First claims after a lookup lost because a replica named a member closer to the key
+    /// than their set, which this agent did not reach: made again later, never unchecked.
+    pub claims_lost_to_closer_members: u64,
     /// Claims without a lookup this agent, as a replica, answered with another replica set.
     pub claims_disputed: u64,
     /// First claims given up without asking anyone: their lookup found fewer than five

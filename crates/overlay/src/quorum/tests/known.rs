@@ -81,6 +81,7 @@ fn a_claim_without_a_lookup_carries_its_set_and_ends_when_a_replica_disputes_it(
     assert!(claimed(&mut t).is_none());
     let theirs = Some(RecordResponse::Replicas {
         peers: vec![peer(9).to_bytes()],
+        members: Vec::new(),
     });
     t.handle_answer(t0, WALL, op, r[2], theirs);
     // Lost at once, naming no holder (the caller claims again after a lookup), and
@@ -133,11 +134,45 @@ fn a_malformed_set_is_rejected_not_disputed() {
         check_claim_among(&key[..31], &set, &[], &[], me),
         Err(RecordResponse::Rejected)
     );
-    // A well-formed set this replica would not pick: its own set comes back.
+    // A well-formed set this replica would not pick: its own set comes back, naming
+    // what it holds outside the proposed set that is a member for sure (itself).
     let wrong: Vec<Vec<u8>> = all[1..=REPLICAS].iter().map(|p| p.to_bytes()).collect();
     let theirs = check_claim_among(&key, &wrong, &all[1..], &[], me);
     let mine: Vec<Vec<u8>> = all[..REPLICAS].iter().map(|p| p.to_bytes()).collect();
-    assert_eq!(theirs, Err(RecordResponse::Replicas { peers: mine }));
+    assert_eq!(
+        theirs,
+        Err(RecordResponse::Replicas {
+            peers: mine,
+            members: vec![me.to_bytes()],
+        })
+    );
+}
+
+#[test]
+fn a_dispute_names_the_closer_members_apart_from_peers_of_unknown_membership() {
+    let key = key();
+    let all = by_distance(&key, 9);
+    // This replica is the 8th closest; the claimer proposed the 3rd to 7th.
+    let me = all[8];
+    let proposed: Vec<Vec<u8>> = all[2..7].iter().map(|p| p.to_bytes()).collect();
+    // It has proven the closest (all[0]) a member; the 2nd is in its routing table, unproven.
+    let known: Vec<NetworkId> = [&all[..1], &all[2..7]].concat();
+    let unproven = vec![all[1]];
+    let Err(RecordResponse::Replicas { peers, members }) =
+        check_claim_among(&key, &proposed, &known, &unproven, me)
+    else {
+        panic!("a set without the two closest is disputed");
+    };
+    let view: Vec<Vec<u8>> = all[..REPLICAS].iter().map(|p| p.to_bytes()).collect();
+    assert_eq!(peers, view);
+    assert_eq!(members, vec![all[0].to_bytes()], "the proven member only");
+    // Knowing no member outside the set, a dispute names none.
+    let Err(RecordResponse::Replicas { members, .. }) =
+        check_claim_among(&key, &proposed, &all[2..7], &unproven, me)
+    else {
+        panic!("a set without a closer peer of unknown membership is disputed");
+    };
+    assert!(members.is_empty());
 }
 
 #[test]
