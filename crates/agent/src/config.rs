@@ -3,7 +3,7 @@
 //! Every key is documented in the README. Validation turns the file into a [`Config`] whose
 //! values are all usable; anything wrong is one line naming the key and what to do.
 
-use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,13 +13,21 @@ use anyhow::{bail, Context, Result};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 
+mod addresses;
 mod files;
 mod lan;
+mod namespace;
 mod qos;
 mod subnets;
 mod underlay;
+use addresses::read_secret;
+pub(crate) use addresses::resolve;
+pub use addresses::{
+    host_resolvers, parse_bootstrap, parse_resolver, MAX_HOST_RESOLVERS, RESOLV_CONF,
+};
 use files::read_credential;
 pub(crate) use files::{compile_policy, is_signed_policy, read_policy, SIGNED_POLICY};
+use namespace::validate_namespace;
 use subnets::parse_subnets;
 pub use subnets::{check_in_subnet, parse_subnet};
 use underlay::workers;
@@ -490,330 +498,6 @@ fn metrics_address(text: &str, remote: bool) -> Result<SocketAddr> {
         );
     }
     Ok(address)
-}
-
-/// `mdns`: members may be found on the LAN, so the subnet may come from them.
-fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
-    let valid_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
-    // The name is also the namespace's DNS zone: dots separate non-empty labels.
-    if s.name.is_empty()
-        || s.name.len() > 63
-        || !s.name.chars().all(valid_name)
-        || s.name.split('.').any(str::is_empty)
-    {
-        bail!("name must be 1-63 letters, digits, '-', '_' or '.' (dots between labels, as in a domain)");
-    }
-    let mode = match s.mode.as_str() {
-        "interface" => Mode::Interface,
-        "router" => Mode::Router,
-        "hybrid" => Mode::Hybrid,
-        other => bail!("mode '{other}' is not one of interface, router, hybrid"),
-    };
-    let (subnet, subnets) = parse_subnets(&s)?;
-    let in_namespace = |a: &Ipv4Addr| {
-        subnet.is_some_and(|n| n.contains(a)) || subnets.iter().any(|n| n.contains(a))
-    };
-    let address = match (mode, s.address.as_deref()) {
-        (Mode::Router, None) => Address::None,
-        (Mode::Router, Some(_)) => bail!(
-            "mode \"router\" carries the addresses of its LAN hosts and has none of its own; remove `address`"
-        ),
-        (_, None | Some("auto")) => Address::Auto,
-        (_, Some("dhcp")) => Address::Dhcp,
-        (_, Some(text)) => {
-            let address: Ipv4Addr = text.parse().map_err(|_| {
-                anyhow::anyhow!("address '{text}' is not an IPv4 address, \"auto\" or \"dhcp\"")
-            })?;
-            if let Some(subnet) = subnet {
-                check_in_subnet(address, subnet)?;
-            }
-            Address::Static(address)
-        }
-    };
-    let valid_dev = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
-    let check_link = |key: &str, name: &str, max: usize| -> Result<()> {
-        if name.is_empty() || name.len() > max || !name.chars().all(valid_dev) {
-            bail!("{key} '{name}' is not a valid interface name (1-{max} letters, digits, '-', '_', '.')");
-        }
-        Ok(())
-    };
-    match mode {
-        Mode::Interface => {
-            if s.bridge.is_some() || s.uplink.is_some() {
-                bail!("`bridge` and `uplink` need mode = \"router\" or \"hybrid\"");
-            }
-        }
-        Mode::Router | Mode::Hybrid => {
-            let Some(bridge) = &s.bridge else {
-                bail!(
-                    "mode \"{}\" needs `bridge` (the LAN bridge; created if missing)",
-                    s.mode
-                );
-            };
-            check_link("bridge", bridge, MAX_DEVICE_NAME)?;
-            if let Some(uplink) = &s.uplink {
-                check_link("uplink", uplink, MAX_DEVICE_NAME)?;
-            }
-        }
-    }
-    // Hybrid mode names the veth's bridge end and the TAP after the device (+1 byte).
-    let max_device = if mode == Mode::Hybrid {
-        MAX_DEVICE_NAME - 1
-    } else {
-        MAX_DEVICE_NAME
-    };
-    check_link("device", &s.device, max_device)?;
-    if !(100..=60_000).contains(&s.probe_timeout_ms) {
-        bail!(
-            "probe_timeout_ms {} is outside 100..=60000",
-            s.probe_timeout_ms
-        );
-    }
-    if !(2..=3600).contains(&s.lan_timeout_secs) {
-        bail!(
-            "lan_timeout_secs {} is outside 2..=3600",
-            s.lan_timeout_secs
-        );
-    }
-    let reserved = s
-        .reserved
-        .iter()
-        .map(|r| {
-            let a: Ipv4Addr = r
-                .parse()
-                .map_err(|_| anyhow::anyhow!("reserved '{r}' is not an IPv4 address"))?;
-            match subnet {
-                Some(subnet) if !in_namespace(&a) => {
-                    bail!("reserved address {a} is outside the subnet {subnet}")
-                }
-                _ => Ok(a),
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    if let Address::Static(a) = address {
-        if reserved.contains(&a) {
-            bail!("address {a} is reserved in this namespace");
-        }
-    }
-    if subnet.is_none() && s.bootstrap.is_empty() && !mdns {
-        bail!(
-            "subnet is missing: set `subnet`, or `bootstrap` (or `mdns = true` in [agent]) to take it from the namespace"
-        );
-    }
-    if s.lease_secs < MIN_LEASE_SECS {
-        bail!(
-            "lease_secs {} is too short: use at least {MIN_LEASE_SECS}",
-            s.lease_secs
-        );
-    }
-    if s.lease_secs > MAX_LEASE_SECS {
-        bail!(
-            "lease_secs {} is longer than replicas accept: use at most {MAX_LEASE_SECS}",
-            s.lease_secs
-        );
-    }
-    let bootstrap = s
-        .bootstrap
-        .iter()
-        .map(|b| parse_bootstrap(b))
-        .collect::<Result<Vec<_>>>()?;
-    let mtu = s.mtu.unwrap_or(DEFAULT_MTU);
-    if !(576..=65000).contains(&mtu) {
-        bail!("mtu {mtu} is outside 576..=65000");
-    }
-    let hostname = match (&s.hostname, mode) {
-        (None, _) => None,
-        (Some(_), Mode::Router) => bail!(
-            "mode \"router\" has no address of its own to name; its LAN hosts name themselves (DHCP option 12)"
-        ),
-        (Some(h), _) => Some(hyphae_dhcp_dns::dns::host_name(h).map_err(|e| anyhow::anyhow!("hostname {e}"))?),
-    };
-    let resolvers = match &s.resolvers {
-        Some(list) => list
-            .iter()
-            .map(|r| parse_resolver(r))
-            .collect::<Result<Vec<_>>>()?,
-        // The agent runs on the host, so the host's resolvers (a loopback stub such as
-        // systemd-resolved's 127.0.0.53 included) are reachable from it. No file, or no
-        // nameserver in it: REFUSED, as with `resolvers = []`.
-        None => std::fs::read_to_string(RESOLV_CONF)
-            .map(|text| host_resolvers(&text))
-            .unwrap_or_default(),
-    };
-    let gateway = s
-        .gateway
-        .as_deref()
-        .map(|g| {
-            let a: Ipv4Addr = g
-                .parse()
-                .map_err(|_| anyhow::anyhow!("gateway '{g}' is not an IPv4 address"))?;
-            if let Some(subnet) = subnet {
-                check_in_subnet(a, subnet).context("gateway")?;
-            }
-            Ok::<_, anyhow::Error>(a)
-        })
-        .transpose()?;
-    let secret = read_secret(&s.secret_file)?;
-    let mut credential = read_credential(&s.name, &s.authority, &s.certificate, &s.revocations)?;
-    let policy = match &s.policy {
-        Some(path) => read_policy(path, credential.as_mut().map(|c| &mut c.trust))?,
-        None => hyphae_vswitch::policy::Policy::allow_all(),
-    };
-    let rate = qos::egress(&s.rate, s.burst)?;
-    let weight = qos::weight(s.weight)?;
-    let caps = hyphae_vswitch::qos::Caps::compile(&s.caps, credential.is_some())
-        .map_err(|e| anyhow::anyhow!(e))?;
-    if s.flows == 0 {
-        bail!("flows must be at least 1 (the policy's connection table)");
-    }
-    let (lan_ports, lan_table) = lan::parse_lan_ports(&s, mode, subnet)?;
-    let peers = s
-        .peers
-        .iter()
-        .map(|p| resolve(&p.endpoint).with_context(|| "peer endpoint".to_string()))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Namespace {
-        name: s.name,
-        secret,
-        subnet,
-        subnets,
-        mode,
-        device: s.device,
-        bridge: s.bridge,
-        uplink: s.uplink,
-        lan_ports,
-        lan_table,
-        probe_timeout: Duration::from_millis(s.probe_timeout_ms),
-        lan_timeout: Duration::from_secs(s.lan_timeout_secs),
-        broadcast_rate: s.broadcast_rate,
-        address,
-        mtu,
-        peers,
-        bootstrap,
-        lease: Duration::from_secs(s.lease_secs),
-        reserved,
-        hostname,
-        resolvers,
-        dns_rate: s.dns_rate,
-        gateway,
-        credential,
-        certificate_path: s.certificate,
-        policy,
-        policy_path: s.policy,
-        flows: s.flows,
-        rate,
-        weight,
-        caps,
-    })
-}
-
-/// Where the host's resolvers are read from when a namespace has no `resolvers`.
-pub const RESOLV_CONF: &str = "/etc/resolv.conf";
-
-/// The `nameserver` lines of a resolv.conf, at most [`MAX_HOST_RESOLVERS`], port 53 (the
-/// format of resolv.conf(5); addresses that do not parse, such as link-local IPv6 with a
-/// `%zone`, are skipped).
-pub fn host_resolvers(text: &str) -> Vec<SocketAddr> {
-    text.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            (words.next()? == "nameserver").then(|| words.next())?
-        })
-        .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
-        .map(|ip| SocketAddr::new(ip, 53))
-        .take(MAX_HOST_RESOLVERS)
-        .collect()
-}
-
-/// The C library reads at most this many nameservers (MAXNS in resolv.h): so do we.
-pub const MAX_HOST_RESOLVERS: usize = 3;
-
-/// A DNS resolver: an IP address, with port 53 unless one is given (`192.0.2.53`,
-/// `192.0.2.53:5353`, `2001:db8::53`, `[2001:db8::53]:53`).
-pub fn parse_resolver(text: &str) -> Result<SocketAddr> {
-    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
-        return Ok(SocketAddr::new(ip, 53));
-    }
-    text.parse::<SocketAddr>().map_err(|_| {
-        anyhow::anyhow!("resolver '{text}' is not an IP address (with an optional :port)")
-    })
-}
-
-/// A bootstrap address: `host:port` / `host` (the member's listen port, TCP) or a libp2p
-/// multiaddr such as `/ip4/10.200.0.1/tcp/7400/p2p/12D3...`.
-pub fn parse_bootstrap(text: &str) -> Result<Multiaddr> {
-    if text.starts_with('/') {
-        return text
-            .parse::<Multiaddr>()
-            .map_err(|e| anyhow::anyhow!("bootstrap '{text}' is not a valid multiaddr ({e})"));
-    }
-    let addr = resolve(text).with_context(|| format!("bootstrap '{text}'"))?;
-    Ok(hyphae_overlay::swarm::tcp_multiaddr(addr))
-}
-
-fn read_secret(path: &Path) -> Result<Vec<u8>> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let file = std::fs::File::open(path).with_context(|| {
-        format!(
-            "cannot read secret_file {} (create one with `(umask 077; hyphae secret > {})`)",
-            path.display(),
-            path.display()
-        )
-    })?;
-    // Anyone who can read the secret can join the namespace: like ssh with its private
-    // keys, refuse one that other users can read rather than use it.
-    let mode = file.metadata()?.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        bail!(
-            "secret_file {} is accessible by group or others (mode {mode:03o}); run `chmod 600 {}`",
-            path.display(),
-            path.display()
-        );
-    }
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut &file, &mut bytes)
-        .with_context(|| format!("cannot read secret_file {}", path.display()))?;
-    let end = bytes
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(0, |i| i + 1);
-    let secret = bytes[..end].to_vec();
-    if secret.is_empty() {
-        bail!(
-            "secret_file {} is empty (create one with `(umask 077; hyphae secret > {})`)",
-            path.display(),
-            path.display()
-        );
-    }
-    if secret.len() < hyphae_overlay::MIN_SECRET_LEN {
-        bail!(
-            "secret_file {} holds {} bytes; a namespace secret needs at least {} (use `hyphae secret`)",
-            path.display(),
-            secret.len(),
-            hyphae_overlay::MIN_SECRET_LEN
-        );
-    }
-    Ok(secret)
-}
-
-/// `host:port`, `host` (default port) or `[v6]:port`, resolved once.
-pub(crate) fn resolve(endpoint: &str) -> Result<SocketAddr> {
-    if let Ok(addr) = endpoint.parse::<SocketAddr>() {
-        return Ok(addr);
-    }
-    if let Ok(ip) = endpoint.parse::<std::net::IpAddr>() {
-        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
-    }
-    let with_port = if endpoint.rsplit_once(':').is_some() {
-        endpoint.to_string()
-    } else {
-        format!("{endpoint}:{DEFAULT_PORT}")
-    };
-    with_port
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| anyhow::anyhow!("'{endpoint}' is not an address like 10.200.0.2:7400"))
 }
 
 #[cfg(test)]

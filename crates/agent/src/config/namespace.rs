@@ -1,0 +1,228 @@
+//! One `[[namespace]]` table checked and turned into a [`Namespace`]: every field's rule
+//! and its one-line error.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use super::{
+    check_in_subnet, host_resolvers, lan, parse_bootstrap, parse_resolver, parse_subnets, qos,
+    read_credential, read_policy, read_secret, resolve, Address, Mode, Namespace, NamespaceSection,
+    DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS, RESOLV_CONF,
+};
+
+/// `mdns`: members may be found on the LAN, so the subnet may come from them.
+pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
+    let valid_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    // The name is also the namespace's DNS zone: dots separate non-empty labels.
+    if s.name.is_empty()
+        || s.name.len() > 63
+        || !s.name.chars().all(valid_name)
+        || s.name.split('.').any(str::is_empty)
+    {
+        bail!("name must be 1-63 letters, digits, '-', '_' or '.' (dots between labels, as in a domain)");
+    }
+    let mode = match s.mode.as_str() {
+        "interface" => Mode::Interface,
+        "router" => Mode::Router,
+        "hybrid" => Mode::Hybrid,
+        other => bail!("mode '{other}' is not one of interface, router, hybrid"),
+    };
+    let (subnet, subnets) = parse_subnets(&s)?;
+    let in_namespace = |a: &Ipv4Addr| {
+        subnet.is_some_and(|n| n.contains(a)) || subnets.iter().any(|n| n.contains(a))
+    };
+    let address = match (mode, s.address.as_deref()) {
+        (Mode::Router, None) => Address::None,
+        (Mode::Router, Some(_)) => bail!(
+            "mode \"router\" carries the addresses of its LAN hosts and has none of its own; remove `address`"
+        ),
+        (_, None | Some("auto")) => Address::Auto,
+        (_, Some("dhcp")) => Address::Dhcp,
+        (_, Some(text)) => {
+            let address: Ipv4Addr = text.parse().map_err(|_| {
+                anyhow::anyhow!("address '{text}' is not an IPv4 address, \"auto\" or \"dhcp\"")
+            })?;
+            if let Some(subnet) = subnet {
+                check_in_subnet(address, subnet)?;
+            }
+            Address::Static(address)
+        }
+    };
+    let valid_dev = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    let check_link = |key: &str, name: &str, max: usize| -> Result<()> {
+        if name.is_empty() || name.len() > max || !name.chars().all(valid_dev) {
+            bail!("{key} '{name}' is not a valid interface name (1-{max} letters, digits, '-', '_', '.')");
+        }
+        Ok(())
+    };
+    match mode {
+        Mode::Interface => {
+            if s.bridge.is_some() || s.uplink.is_some() {
+                bail!("`bridge` and `uplink` need mode = \"router\" or \"hybrid\"");
+            }
+        }
+        Mode::Router | Mode::Hybrid => {
+            let Some(bridge) = &s.bridge else {
+                bail!(
+                    "mode \"{}\" needs `bridge` (the LAN bridge; created if missing)",
+                    s.mode
+                );
+            };
+            check_link("bridge", bridge, MAX_DEVICE_NAME)?;
+            if let Some(uplink) = &s.uplink {
+                check_link("uplink", uplink, MAX_DEVICE_NAME)?;
+            }
+        }
+    }
+    // Hybrid mode names the veth's bridge end and the TAP after the device (+1 byte).
+    let max_device = if mode == Mode::Hybrid {
+        MAX_DEVICE_NAME - 1
+    } else {
+        MAX_DEVICE_NAME
+    };
+    check_link("device", &s.device, max_device)?;
+    if !(100..=60_000).contains(&s.probe_timeout_ms) {
+        bail!(
+            "probe_timeout_ms {} is outside 100..=60000",
+            s.probe_timeout_ms
+        );
+    }
+    if !(2..=3600).contains(&s.lan_timeout_secs) {
+        bail!(
+            "lan_timeout_secs {} is outside 2..=3600",
+            s.lan_timeout_secs
+        );
+    }
+    let reserved = s
+        .reserved
+        .iter()
+        .map(|r| {
+            let a: Ipv4Addr = r
+                .parse()
+                .map_err(|_| anyhow::anyhow!("reserved '{r}' is not an IPv4 address"))?;
+            match subnet {
+                Some(subnet) if !in_namespace(&a) => {
+                    bail!("reserved address {a} is outside the subnet {subnet}")
+                }
+                _ => Ok(a),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if let Address::Static(a) = address {
+        if reserved.contains(&a) {
+            bail!("address {a} is reserved in this namespace");
+        }
+    }
+    if subnet.is_none() && s.bootstrap.is_empty() && !mdns {
+        bail!(
+            "subnet is missing: set `subnet`, or `bootstrap` (or `mdns = true` in [agent]) to take it from the namespace"
+        );
+    }
+    if s.lease_secs < MIN_LEASE_SECS {
+        bail!(
+            "lease_secs {} is too short: use at least {MIN_LEASE_SECS}",
+            s.lease_secs
+        );
+    }
+    if s.lease_secs > MAX_LEASE_SECS {
+        bail!(
+            "lease_secs {} is longer than replicas accept: use at most {MAX_LEASE_SECS}",
+            s.lease_secs
+        );
+    }
+    let bootstrap = s
+        .bootstrap
+        .iter()
+        .map(|b| parse_bootstrap(b))
+        .collect::<Result<Vec<_>>>()?;
+    let mtu = s.mtu.unwrap_or(DEFAULT_MTU);
+    if !(576..=65000).contains(&mtu) {
+        bail!("mtu {mtu} is outside 576..=65000");
+    }
+    let hostname = match (&s.hostname, mode) {
+        (None, _) => None,
+        (Some(_), Mode::Router) => bail!(
+            "mode \"router\" has no address of its own to name; its LAN hosts name themselves (DHCP option 12)"
+        ),
+        (Some(h), _) => Some(hyphae_dhcp_dns::dns::host_name(h).map_err(|e| anyhow::anyhow!("hostname {e}"))?),
+    };
+    let resolvers = match &s.resolvers {
+        Some(list) => list
+            .iter()
+            .map(|r| parse_resolver(r))
+            .collect::<Result<Vec<_>>>()?,
+        // The agent runs on the host, so the host's resolvers (a loopback stub such as
+        // systemd-resolved's 127.0.0.53 included) are reachable from it. No file, or no
+        // nameserver in it: REFUSED, as with `resolvers = []`.
+        None => std::fs::read_to_string(RESOLV_CONF)
+            .map(|text| host_resolvers(&text))
+            .unwrap_or_default(),
+    };
+    let gateway = s
+        .gateway
+        .as_deref()
+        .map(|g| {
+            let a: Ipv4Addr = g
+                .parse()
+                .map_err(|_| anyhow::anyhow!("gateway '{g}' is not an IPv4 address"))?;
+            if let Some(subnet) = subnet {
+                check_in_subnet(a, subnet).context("gateway")?;
+            }
+            Ok::<_, anyhow::Error>(a)
+        })
+        .transpose()?;
+    let secret = read_secret(&s.secret_file)?;
+    let mut credential = read_credential(&s.name, &s.authority, &s.certificate, &s.revocations)?;
+    let policy = match &s.policy {
+        Some(path) => read_policy(path, credential.as_mut().map(|c| &mut c.trust))?,
+        None => hyphae_vswitch::policy::Policy::allow_all(),
+    };
+    let rate = qos::egress(&s.rate, s.burst)?;
+    let weight = qos::weight(s.weight)?;
+    let caps = hyphae_vswitch::qos::Caps::compile(&s.caps, credential.is_some())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    if s.flows == 0 {
+        bail!("flows must be at least 1 (the policy's connection table)");
+    }
+    let (lan_ports, lan_table) = lan::parse_lan_ports(&s, mode, subnet)?;
+    let peers = s
+        .peers
+        .iter()
+        .map(|p| resolve(&p.endpoint).with_context(|| "peer endpoint".to_string()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Namespace {
+        name: s.name,
+        secret,
+        subnet,
+        subnets,
+        mode,
+        device: s.device,
+        bridge: s.bridge,
+        uplink: s.uplink,
+        lan_ports,
+        lan_table,
+        probe_timeout: Duration::from_millis(s.probe_timeout_ms),
+        lan_timeout: Duration::from_secs(s.lan_timeout_secs),
+        broadcast_rate: s.broadcast_rate,
+        address,
+        mtu,
+        peers,
+        bootstrap,
+        lease: Duration::from_secs(s.lease_secs),
+        reserved,
+        hostname,
+        resolvers,
+        dns_rate: s.dns_rate,
+        gateway,
+        credential,
+        certificate_path: s.certificate,
+        policy,
+        policy_path: s.policy,
+        flows: s.flows,
+        rate,
+        weight,
+        caps,
+    })
+}
