@@ -612,12 +612,15 @@ pub fn check_replicas(
 /// the proposed `replicas` as bytes. `Err(Rejected)` for a malformed key or set (more than
 /// [`REPLICAS`] peers, or bytes that are no peer id), `Err(Replicas)` with this replica's
 /// set when it computes another one, naming those of it outside the proposed set that are
-/// members for sure (this replica, or proven to it).
+/// members serving the DHT for sure: this replica, or members proven to it that are in its
+/// Kademlia routing table (`dht_members`). A member that speaks no Kademlia (the
+/// compromised member of `overlay --test flood`) is never named: it holds no replica.
 pub fn check_claim_among(
     key: &[u8],
     replicas: &[Vec<u8>],
     known: &[NetworkId],
     unproven: &[NetworkId],
+    dht_members: &[NetworkId],
     local: NetworkId,
 ) -> Result<(), RecordResponse> {
     let proposed: Option<Vec<NetworkId>> = replicas
@@ -633,7 +636,7 @@ pub fn check_claim_among(
     check_replicas(&key, &proposed, known, unproven, local).map_err(|view| {
         let members = view
             .iter()
-            .filter(|p| !proposed.contains(p) && (**p == local || known.contains(p)))
+            .filter(|p| !proposed.contains(p) && (**p == local || dht_members.contains(p)))
             .map(|p| p.to_bytes())
             .collect();
         RecordResponse::Replicas {

@@ -122,9 +122,9 @@ pub enum RecordResponse {
         /// The replica set as this replica sees it.
         peers: Vec<Vec<u8>>,
         /// Those of `peers` outside the claimer's set that this replica knows are members
-        /// of the namespace (itself, or proven): a member closer to the key than the
-        /// claimer's set, which a claim must not go around. Absent from agents before it
-        /// (read as none).
+        /// of the namespace serving the DHT (itself, or proven and in its routing table):
+        /// a member closer to the key than the claimer's set, which a claim must not go
+        /// around. Absent from agents before it (read as none).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         members: Vec<Vec<u8>>,
     },

@@ -296,6 +296,20 @@ impl Overlay {
             .collect()
     }
 
+    /// Those of `known` (proven members) among the [`MAX_UNPROVEN_NEAR`] peers of the routing
+    /// table closest to `key`: members that serve the DHT.
+    fn members_in_routing_table(&mut self, key: &RecordKey, known: &[NetworkId]) -> Vec<NetworkId> {
+        let target = KBucketKey::new(key.to_vec());
+        self.swarm
+            .behaviour_mut()
+            .kad
+            .get_closest_local_peers(&target)
+            .take(MAX_UNPROVEN_NEAR)
+            .map(|k| *k.preimage())
+            .filter(|p| known.contains(p))
+            .collect()
+    }
+
     /// A claim sent to the replica set its claimer computed ([`RecordRequest::ClaimAmong`]):
     /// the answer when this agent computes another set (or the set is malformed); when it
     /// computes the same one, the request becomes a plain claim for the store.
@@ -309,10 +323,15 @@ impl Overlay {
             .filter_map(|p| NetworkId::from_bytes(p).ok())
             .chain(known.iter().copied())
             .collect();
-        let unproven = RecordKey::try_from(key.as_slice())
-            .map(|k| self.unproven_near(&scoped.ns, &k, &candidates))
+        let (unproven, dht_members) = RecordKey::try_from(key.as_slice())
+            .map(|k| {
+                let unproven = self.unproven_near(&scoped.ns, &k, &candidates);
+                (unproven, self.members_in_routing_table(&k, &known))
+            })
             .unwrap_or_default();
-        if let Err(answer) = check_claim_among(key, replicas, &known, &unproven, self.local) {
+        if let Err(answer) =
+            check_claim_among(key, replicas, &known, &unproven, &dht_members, self.local)
+        {
             if matches!(answer, RecordResponse::Replicas { .. }) {
                 self.stats.claims_disputed += 1;
             }

@@ -117,27 +117,27 @@ fn a_malformed_set_is_rejected_not_disputed() {
     let all = by_distance(&key, 8);
     let set: Vec<Vec<u8>> = all[..REPLICAS].iter().map(|p| p.to_bytes()).collect();
     let me = all[0];
-    assert_eq!(check_claim_among(&key, &set, &[], &[], me), Ok(()));
+    assert_eq!(check_claim_among(&key, &set, &[], &[], &[], me), Ok(()));
     let mut six = set.clone();
     six.push(all[6].to_bytes());
     assert_eq!(
-        check_claim_among(&key, &six, &[], &[], me),
+        check_claim_among(&key, &six, &[], &[], &[], me),
         Err(RecordResponse::Rejected)
     );
     let mut garbage = set.clone();
     garbage[1] = vec![0xff; 7];
     assert_eq!(
-        check_claim_among(&key, &garbage, &[], &[], me),
+        check_claim_among(&key, &garbage, &[], &[], &[], me),
         Err(RecordResponse::Rejected)
     );
     assert_eq!(
-        check_claim_among(&key[..31], &set, &[], &[], me),
+        check_claim_among(&key[..31], &set, &[], &[], &[], me),
         Err(RecordResponse::Rejected)
     );
     // A well-formed set this replica would not pick: its own set comes back, naming
     // what it holds outside the proposed set that is a member for sure (itself).
     let wrong: Vec<Vec<u8>> = all[1..=REPLICAS].iter().map(|p| p.to_bytes()).collect();
-    let theirs = check_claim_among(&key, &wrong, &all[1..], &[], me);
+    let theirs = check_claim_among(&key, &wrong, &all[1..], &[], &all[1..], me);
     let mine: Vec<Vec<u8>> = all[..REPLICAS].iter().map(|p| p.to_bytes()).collect();
     assert_eq!(
         theirs,
@@ -159,16 +159,24 @@ fn a_dispute_names_the_closer_members_apart_from_peers_of_unknown_membership() {
     let known: Vec<NetworkId> = [&all[..1], &all[2..7]].concat();
     let unproven = vec![all[1]];
     let Err(RecordResponse::Replicas { peers, members }) =
-        check_claim_among(&key, &proposed, &known, &unproven, me)
+        check_claim_among(&key, &proposed, &known, &unproven, &known, me)
     else {
         panic!("a set without the two closest is disputed");
     };
     let view: Vec<Vec<u8>> = all[..REPLICAS].iter().map(|p| p.to_bytes()).collect();
     assert_eq!(peers, view);
     assert_eq!(members, vec![all[0].to_bytes()], "the proven member only");
+    // The same member, proven but absent from the routing table (it speaks no Kademlia, a
+    // compromised member): disputed, not named.
+    let Err(RecordResponse::Replicas { members, .. }) =
+        check_claim_among(&key, &proposed, &known, &unproven, &all[2..7], me)
+    else {
+        panic!("a set without the two closest is disputed");
+    };
+    assert!(members.is_empty());
     // Knowing no member outside the set, a dispute names none.
     let Err(RecordResponse::Replicas { members, .. }) =
-        check_claim_among(&key, &proposed, &all[2..7], &unproven, me)
+        check_claim_among(&key, &proposed, &all[2..7], &unproven, &all[2..7], me)
     else {
         panic!("a set without a closer peer of unknown membership is disputed");
     };
