@@ -129,6 +129,7 @@ impl Drop for KeepLogs {
         let Ok(dir) = std::env::var("SCALE_KEEP_LOGS") else {
             return;
         };
+        let _ = std::fs::create_dir_all(&dir);
         for (i, host_dir) in &self.0 {
             let Ok(entries) = std::fs::read_dir(host_dir) else {
                 continue;
@@ -350,13 +351,23 @@ fn agents_started_together_hold_distinct_addresses_ping_at_once_and_come_back_fr
         let Some(lan) = &m.lan_host else { continue };
         let (script, _) = hyphae_testbed::udhcpc_script(lan).unwrap();
         // A DHCP client asks again until it gets an address: three rounds of 20 tries.
-        let out = (0..3)
-            .map(|_| bed.udhcpc(lan, &lan.name, &script).unwrap())
-            .find(|out| out.status.success());
+        let mut outs = Vec::new();
+        for _ in 0..3 {
+            let out = bed.udhcpc(lan, &lan.name, &script).unwrap();
+            let success = out.status.success();
+            outs.push(out);
+            if success {
+                break;
+            }
+        }
+        let last = outs.last().expect("one round at least");
         assert!(
-            out.is_some(),
-            "udhcpc on {}: no lease in 60 tries",
-            lan.name
+            last.status.success(),
+            "udhcpc on {}: no lease in {} rounds of 20 tries; the last said:\n{}{}",
+            lan.name,
+            outs.len(),
+            String::from_utf8_lossy(&last.stdout),
+            String::from_utf8_lossy(&last.stderr)
         );
         let a = bed.address_on(lan, "eth0", BACK).unwrap();
         lan_addresses.insert(m.i, a);

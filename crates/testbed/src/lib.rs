@@ -27,6 +27,38 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 /// The nftables table [`Testbed::cut`] adds.
 const CUT_TABLE: &str = "hyphae_cut";
 
+/// The kernel keeps one neighbour table per address family (ARP, NDP) for the whole
+/// machine, shared by every network namespace, and only the initial namespace may size it.
+/// Its default hard limit (`gc_thresh3`, 1024 entries) is far below what fifty hosts that
+/// all talk to each other fill: each host's entry for each peer on the underlay, and again
+/// on its overlay device. Past it the kernel refuses new entries ("neighbor table
+/// overflow" in the kernel log, `table_fulls` in `ip -s ntable`), and connections between
+/// hosts stand in SYN-SENT with no packet on the wire, which a test would read as a fault
+/// of the agents. So the limits are raised once per process, and never lowered: the setting
+/// belongs to the machine, and tests running in parallel share it. Where they cannot be
+/// raised (a test run inside a container's namespace), a line says so and tests go on.
+fn make_room_for_neighbours() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for family in ["ipv4", "ipv6"] {
+            for (knob, at_least) in [("gc_thresh2", 16_384u64), ("gc_thresh3", 32_768)] {
+                let path = format!("/proc/sys/net/{family}/neigh/default/{knob}");
+                let now = fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok());
+                if now.is_some_and(|v| v >= at_least) {
+                    continue;
+                }
+                if let Err(e) = fs::write(&path, at_least.to_string()) {
+                    eprintln!(
+                        "testbed: cannot raise {path} to {at_least} ({e}); many hosts may fill the neighbour table"
+                    );
+                }
+            }
+        }
+    });
+}
+
 /// Runs a command to completion; an error carries its stderr.
 pub fn run(program: &str, args: &[&str]) -> Result<Output> {
     let out = Command::new(program)
@@ -89,6 +121,7 @@ impl Testbed {
     /// A new underlay. `label` (a few letters) makes the names readable; `bin` is the
     /// `hyphae` binary to run agents with.
     pub fn new(label: &str, bin: &Path) -> Result<Self> {
+        make_room_for_neighbours();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("hy{label}{}x{n}", std::process::id());
         let switch_ns = format!("{prefix}-sw");
