@@ -276,6 +276,16 @@ pub struct OverlayStatus {
     /// members while peers of unknown membership were near; claimed again later.
     #[serde(default)]
     pub claims_short_given_up: u64,
+    /// Reads (the names of members beside their tunnels) sent to the replicas among the
+    /// members this agent is connected to, with no lookup.
+    #[serde(default)]
+    pub reads_without_lookup: u64,
+    /// Kademlia lookups this agent finished (its own, and each step of a bootstrap).
+    #[serde(default)]
+    pub kad_lookups: u64,
+    /// Kademlia requests (`FIND_NODE`, `GET_VALUE`) this agent answered for others.
+    #[serde(default)]
+    pub kad_requests_answered: u64,
     /// Members holding a relay reservation for this agent (libp2p peer ids): others reach
     /// this agent's control plane through them when they cannot dial it.
     #[serde(default)]

@@ -151,7 +151,10 @@ fn print_overlay_counters(bed: &Testbed, members: &[Member]) {
         .filter_map(|m| bed.status(&m.host, &m.agent).ok().map(|s| s.overlay))
         .collect();
     type Counter = fn(&OverlayStatus) -> u64;
-    let counters: [(&str, Counter); 8] = [
+    let counters: [(&str, Counter); 11] = [
+        ("reads_without_lookup", |o| o.reads_without_lookup),
+        ("kad_lookups", |o| o.kad_lookups),
+        ("kad_requests_answered", |o| o.kad_requests_answered),
         ("connected", |o| o.connected as u64),
         ("relayed_connections", |o| o.relayed_connections),
         ("dials_held_off", |o| o.dials_held_off),

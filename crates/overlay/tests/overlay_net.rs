@@ -20,6 +20,8 @@ enum Cmd {
     Claim(RecordKey, Envelope),
     Transfer(RecordKey, Envelope),
     Get(RecordKey),
+    /// A read from the replicas among known members, without a lookup when it can.
+    GetNear(RecordKey),
     Release(RecordKey),
     /// A message to a member (scoped to a namespace tag); replies whether it was sent.
     Send(
@@ -141,6 +143,7 @@ async fn spawn_on(listen: &str, seed: u64, bootstrap: Option<&Multiaddr>) -> Han
                     Some(Cmd::Claim(k, e)) => { overlay.claim(ns, k, e); }
                     Some(Cmd::Transfer(k, e)) => { overlay.transfer(ns, k, e); }
                     Some(Cmd::Get(k)) => { overlay.get(ns, k); }
+                    Some(Cmd::GetNear(k)) => { overlay.get_near(ns, k); }
                     Some(Cmd::Release(k)) => { overlay.release(ns, k); }
                     Some(Cmd::Send(tag, to, body, sent)) => {
                         let _ = sent.send(overlay.send_to_member(tag, to, body));
@@ -217,7 +220,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 #[test]
-fn racing_claims_have_one_winner_and_reads_agree() {
+fn racing_claims_have_one_winner_and_reads_agree_with_a_lookup_or_without() {
     rt().block_on(async {
         let mut nodes = network(8, 1000).await;
         let keys = NamespaceKeys::derive("lab", b"0123456789abcdef");
@@ -242,18 +245,35 @@ fn racing_claims_have_one_winner_and_reads_agree() {
                 }
             }
             assert!(winners.len() <= 1, "round {round}: two winners {winners:?}");
-            // Every member reads the same holder, and the value opens to its endpoint.
+            // Every member reads the same holder, and the value opens to its endpoint: after
+            // a lookup, and from the replicas among the members it knows.
             if let Some(&w) = winners.first() {
                 for reader in [0usize, 2, 5] {
-                    nodes[reader].cmd.send(Cmd::Get(key)).await.unwrap();
-                    let got = nodes[reader].got().await;
-                    let (owner, plain) = got[0].open(&keys, &key, unix_now()).unwrap();
-                    assert_eq!(owner, nodes[w].owner());
-                    let info: MemberInfo = decode(&plain).unwrap();
-                    assert_eq!(info.endpoints[0].port(), 7400 + w as u16);
+                    for near in [false, true] {
+                        let cmd = if near {
+                            Cmd::GetNear(key)
+                        } else {
+                            Cmd::Get(key)
+                        };
+                        nodes[reader].cmd.send(cmd).await.unwrap();
+                        let got = nodes[reader].got().await;
+                        let (owner, plain) = got[0].open(&keys, &key, unix_now()).unwrap();
+                        assert_eq!(owner, nodes[w].owner(), "near read: {near}");
+                        let info: MemberInfo = decode(&plain).unwrap();
+                        assert_eq!(info.endpoints[0].port(), 7400 + w as u16);
+                    }
                 }
             }
         }
+        // Eight members all connected: the reads near went without a lookup (in each
+        // round with a winner; a member not yet sure of its neighbourhood looks up).
+        let mut without_lookup = 0;
+        for reader in [0usize, 2, 5] {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            nodes[reader].cmd.send(Cmd::Stats(tx)).await.unwrap();
+            without_lookup += rx.await.unwrap().reads_without_lookup;
+        }
+        assert!(without_lookup > 0, "every near read looked its replicas up");
         for n in &nodes {
             let _ = n.cmd.send(Cmd::Stop).await;
         }

@@ -222,6 +222,7 @@ impl Control {
                     renewal: true,
                 } => self.overlay.renew(tag, key, envelope),
                 Request::Get { key } => self.overlay.get(tag, key),
+                Request::GetNear { key } => self.overlay.get_near(tag, key),
                 Request::Members { key } => self.overlay.members(tag, key),
                 Request::Transfer { key, envelope } => self.overlay.transfer(tag, key, envelope),
                 // Nothing comes back that the membership waits for.

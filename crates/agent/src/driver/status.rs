@@ -436,6 +436,9 @@ impl Control {
                 claims_lost_to_closer_members: self.overlay.stats().claims_lost_to_closer_members,
                 claims_disputed: self.overlay.stats().claims_disputed,
                 claims_short_given_up: self.overlay.stats().claims_short_given_up,
+                reads_without_lookup: self.overlay.stats().reads_without_lookup,
+                kad_lookups: self.overlay.stats().kad_lookups,
+                kad_requests_answered: self.overlay.stats().kad_requests_answered,
                 relays: self
                     .overlay
                     .relays()

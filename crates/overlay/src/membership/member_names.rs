@@ -8,7 +8,7 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use super::Membership;
+use super::{Membership, Purpose, Request};
 
 /// How often the host name of a member's address is read again from the DHT. Names change
 /// rarely; a minute keeps the reads to one per member per minute, however often status is
@@ -77,7 +77,8 @@ impl Membership {
                     unnamed_reads,
                 },
             );
-            self.read_holder(address);
+            let key = self.keys.address_key(address);
+            self.start_op(Request::GetNear { key }, Purpose::ReadHolder(address));
         }
     }
 

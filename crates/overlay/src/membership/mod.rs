@@ -163,6 +163,14 @@ pub enum Request {
         /// The key.
         key: RecordKey,
     },
+    /// Read `key` as `Get` does, but from the replicas among the members this agent is
+    /// connected to, with no Kademlia lookup, when it knows enough of them (as a claim
+    /// does, `Overlay::get_near`): for reads that come often and whose miss costs little,
+    /// the names status shows beside each tunnel. Answered by [`Membership::handle_got`].
+    GetNear {
+        /// The key.
+        key: RecordKey,
+    },
     /// Give `key` back: nothing comes back.
     Release {
         /// The key.

@@ -300,6 +300,7 @@ impl Overlay {
                     if !step.last {
                         return;
                     }
+                    self.stats.kad_lookups += 1;
                     let peers = match result {
                         Ok(ok) => ok.peers,
                         Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
@@ -335,6 +336,7 @@ impl Overlay {
                 // so waiting for the last one kept a newcomer of a cut-off group from
                 // claiming anything for most of a minute.
                 kad::QueryResult::Bootstrap(_) if !self.joined => {
+                    self.stats.kad_lookups += 1;
                     self.joined = true;
                     self.bootstrapping = false;
                     tracing::info!(
@@ -344,11 +346,16 @@ impl Overlay {
                     );
                     self.events.push_back(OverlayEvent::Joined);
                 }
+                kad::QueryResult::Bootstrap(_) => self.stats.kad_lookups += 1,
                 _ => {}
             },
             kad::Event::InboundRequest {
                 request: kad::InboundRequest::PutRecord { .. },
             } => self.stats.refused_puts += 1,
+            kad::Event::InboundRequest {
+                request:
+                    kad::InboundRequest::FindNode { .. } | kad::InboundRequest::GetRecord { .. },
+            } => self.stats.kad_requests_answered += 1,
             kad::Event::RoutingUpdated {
                 is_new_peer: true, ..
             } => self.events.push_back(OverlayEvent::NewPeer),

@@ -42,6 +42,34 @@ impl Overlay {
         self.start(ns, key, Kind::Get)
     }
 
+    /// Reads `key` from the replicas among the proven members this agent is connected to,
+    /// without a lookup, when it knows enough of them for a claim to go without one
+    /// ([`Self::knows_replicas`]); else as [`Self::get`]. For reads that come often and
+    /// whose miss costs little (a member's name for status): every lookup asks most of a
+    /// small namespace, so status scraped on every agent made a read of each member's name
+    /// a lookup per member per agent (docs/BENCHMARKS.md, "Real agents at scale").
+    pub fn get_near(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
+        if !self.knows_replicas(&ns, &key) {
+            return self.get(ns, key);
+        }
+        self.stats.reads_without_lookup += 1;
+        let op = self.quorum.start(key, Kind::Get);
+        self.key_ns.insert(key, ns);
+        self.op_ns.insert(op, ns);
+        let (now, _) = clocks();
+        // Asked at the next `handle_timeout` from the members known then, as a claim without
+        // a lookup is.
+        let awaiting = Awaiting {
+            ns,
+            found: Vec::new(),
+            queried: 0,
+            deadline: now,
+            known: true,
+        };
+        self.awaiting.insert(op, awaiting);
+        op
+    }
+
     /// Gives `key` back on its replicas (they accept it only from the owner).
     pub fn release(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
         self.start(ns, key, Kind::Release)

@@ -33,6 +33,13 @@ pub struct OverlayStats {
     pub claims_short_given_up: u64,
     /// Inbound Kademlia record puts refused (hyphae stores nothing through them).
     pub refused_puts: u64,
+    /// Reads sent to the replicas among known members with no lookup ([`super::Overlay::get_near`]).
+    pub reads_without_lookup: u64,
+    /// Kademlia lookups this agent finished: its own (replica sets, the group key) and each
+    /// step of a bootstrap (its own id, then one random key per farther bucket).
+    pub kad_lookups: u64,
+    /// Kademlia requests (`FIND_NODE`, `GET_VALUE`) this agent answered for others' lookups.
+    pub kad_requests_answered: u64,
     /// Connections opened through a relay (either direction).
     pub relayed_connections: u64,
     /// Connections closed because they stopped answering pings ([`super::liveness`]).

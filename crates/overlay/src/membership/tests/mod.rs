@@ -202,6 +202,7 @@ impl Net {
             Request::Claim { key, .. }
             | Request::Transfer { key, .. }
             | Request::Get { key }
+            | Request::GetNear { key }
             | Request::Members { key } => self.mute.contains(key),
             Request::Release { .. } | Request::Announce { .. } => false,
         };
@@ -218,7 +219,7 @@ impl Net {
                 let from = self.members[i].identity.peer_id();
                 Answer::Claimed(self.replicas.transfer(key, from.as_bytes(), envelope, unix))
             }
-            Request::Get { key } => Answer::Got(
+            Request::Get { key } | Request::GetNear { key } => Answer::Got(
                 self.replicas
                     .leases
                     .get(&key)
