@@ -49,25 +49,7 @@ impl Overlay {
     /// small namespace, so status scraped on every agent made a read of each member's name
     /// a lookup per member per agent (docs/BENCHMARKS.md, "Real agents at scale").
     pub fn get_near(&mut self, ns: NamespaceTag, key: RecordKey) -> OpId {
-        if !self.knows_replicas(&ns, &key) {
-            return self.get(ns, key);
-        }
-        self.stats.reads_without_lookup += 1;
-        let op = self.quorum.start(key, Kind::Get);
-        self.key_ns.insert(key, ns);
-        self.op_ns.insert(op, ns);
-        let (now, _) = clocks();
-        // Asked at the next `handle_timeout` from the members known then, as a claim without
-        // a lookup is.
-        let awaiting = Awaiting {
-            ns,
-            found: Vec::new(),
-            queried: 0,
-            deadline: now,
-            known: true,
-        };
-        self.awaiting.insert(op, awaiting);
-        op
+        self.start_op(ns, key, Kind::Get, ClaimMode::Checked, true)
     }
 
     /// Gives `key` back on its replicas (they accept it only from the owner).
@@ -92,14 +74,21 @@ impl Overlay {
         } else {
             ClaimMode::Checked
         };
-        self.start_op(ns, key, kind, mode)
+        self.start_op(ns, key, kind, mode, false)
     }
 
     /// Starts an operation: a group operation with the replicas a recent lookup found, a
     /// first claim in `mode` (in `Known` mode with the replicas among the members this
-    /// agent knows when it knows enough of them, else after a lookup), and anything else
-    /// after a lookup.
-    fn start_op(&mut self, ns: NamespaceTag, key: RecordKey, kind: Kind, mode: ClaimMode) -> OpId {
+    /// agent knows when it knows enough of them, else after a lookup), a read `near` as
+    /// such a claim, and anything else after a lookup.
+    fn start_op(
+        &mut self,
+        ns: NamespaceTag,
+        key: RecordKey,
+        kind: Kind,
+        mode: ClaimMode,
+        near: bool,
+    ) -> OpId {
         let group = matches!(kind, Kind::Join(_) | Kind::Members);
         let claim = match &kind {
             Kind::Claim(envelope) => {
@@ -118,6 +107,7 @@ impl Overlay {
             _ => None,
         };
         let known_claim = claim.as_ref().is_some_and(|c| c.mode == ClaimMode::Known);
+        let near_read = near && matches!(kind, Kind::Get) && self.knows_replicas(&ns, &key);
         let op = self.quorum.start(key, kind);
         self.key_ns.insert(key, ns);
         self.op_ns.insert(op, ns);
@@ -125,9 +115,13 @@ impl Overlay {
             self.checked_claims.insert(op, claim);
         }
         let (now, _) = clocks();
-        let reuse = match known_claim {
+        let known = known_claim || near_read;
+        let reuse = match known {
             true => {
-                self.stats.claims_without_lookup += 1;
+                match known_claim {
+                    true => self.stats.claims_without_lookup += 1,
+                    false => self.stats.reads_without_lookup += 1,
+                }
                 Some((Vec::new(), 0))
             }
             false if group => self
@@ -147,7 +141,7 @@ impl Overlay {
                 found,
                 queried,
                 deadline: now,
-                known: known_claim,
+                known,
             };
             self.awaiting.insert(op, awaiting);
             return op;
@@ -433,7 +427,8 @@ impl Overlay {
                         }
                         self.op_ns.remove(op);
                         let envelope = claim.envelope;
-                        let again = self.start_op(claim.ns, claim.key, Kind::Claim(envelope), mode);
+                        let again =
+                            self.start_op(claim.ns, claim.key, Kind::Claim(envelope), mode, false);
                         if let Some(named) = named {
                             self.meet.insert(again, named);
                         }
