@@ -165,7 +165,8 @@ pub enum Request {
     },
     /// Read `key` as `Get` does, but from the replicas among the members this agent is
     /// connected to, with no Kademlia lookup, when it knows enough of them (as a claim
-    /// does, `Overlay::get_near`): for reads that come often and whose miss costs little,
+    /// does) or has not joined the overlay yet (`Overlay::get_near`): for reads that come
+    /// often and whose miss costs little,
     /// the names status shows beside each tunnel. Answered by [`Membership::handle_got`].
     GetNear {
         /// The key.

@@ -335,18 +335,19 @@ impl Overlay {
                 // farther buckets; each waits out unreachable peers (10 s in libp2p-kad),
                 // so waiting for the last one kept a newcomer of a cut-off group from
                 // claiming anything for most of a minute.
-                kad::QueryResult::Bootstrap(_) if !self.joined => {
+                kad::QueryResult::Bootstrap(_) => {
                     self.stats.kad_lookups += 1;
-                    self.joined = true;
-                    self.bootstrapping = false;
-                    tracing::info!(
-                        peers = self.connected.len(),
-                        step = step.count,
-                        "joined the overlay (own id looked up)"
-                    );
-                    self.events.push_back(OverlayEvent::Joined);
+                    if !self.joined {
+                        self.joined = true;
+                        self.bootstrapping = false;
+                        tracing::info!(
+                            peers = self.connected.len(),
+                            step = step.count,
+                            "joined the overlay (own id looked up)"
+                        );
+                        self.events.push_back(OverlayEvent::Joined);
+                    }
                 }
-                kad::QueryResult::Bootstrap(_) => self.stats.kad_lookups += 1,
                 _ => {}
             },
             kad::Event::InboundRequest {

@@ -755,6 +755,32 @@ mod tests {
         o.handle_timeout(clocks().0 + Duration::from_secs(3600));
         assert!(!o.is_ready());
     }
+    #[tokio::test]
+    async fn before_it_has_joined_a_near_read_looks_nothing_up_and_still_ends() {
+        let mut o = waiting(None);
+        let keys = crate::NamespaceKeys::derive("lab", b"0123456789abcdef");
+        o.add_namespace(&keys, None);
+        let key = keys.address_key(std::net::Ipv4Addr::new(10, 1, 0, 7));
+        assert!(!o.is_joined());
+        let near = o.get_near(keys.tag(), key);
+        assert!(o.lookups.is_empty(), "a near read started a lookup");
+        assert_eq!(o.stats.reads_without_lookup, 1);
+        // Asked of the members it knows (none: itself) at the next timeout, and answered.
+        o.handle_timeout(clocks().0);
+        let got: Vec<_> = o
+            .events
+            .drain(..)
+            .filter_map(|e| match e {
+                OverlayEvent::Got { op, envelopes, .. } => Some((op, envelopes.len())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, vec![(near, 0)]);
+        // A plain read still looks its replicas up.
+        o.get(keys.tag(), key);
+        assert_eq!(o.lookups.len(), 1);
+    }
+
     #[test]
     fn a_disputed_claim_goes_around_only_peers_of_unknown_membership_never_a_member() {
         use ClaimMode::{Checked, Known, Plain};

@@ -44,7 +44,8 @@ impl Overlay {
 
     /// Reads `key` from the replicas among the proven members this agent is connected to,
     /// without a lookup, when it knows enough of them for a claim to go without one
-    /// ([`Self::knows_replicas`]); else as [`Self::get`]. For reads that come often and
+    /// ([`Self::knows_replicas`]) or has not joined yet (it then asks those it knows, maybe
+    /// none but itself); else as [`Self::get`]. For reads that come often and
     /// whose miss costs little (a member's name for status): every lookup asks most of a
     /// small namespace, so status scraped on every agent made a read of each member's name
     /// a lookup per member per agent (docs/BENCHMARKS.md, "Real agents at scale").
@@ -107,7 +108,11 @@ impl Overlay {
             _ => None,
         };
         let known_claim = claim.as_ref().is_some_and(|c| c.mode == ClaimMode::Known);
-        let near_read = near && matches!(kind, Kind::Get) && self.knows_replicas(&ns, &key);
+        // Before the agent has joined, a near read looks nothing up either: its lookups
+        // would share the new connections with the bootstrap's, which every claim waits
+        // for (a restarted agent's status, scraped at once, read every member's name).
+        let near_read =
+            near && matches!(kind, Kind::Get) && (!self.joined || self.knows_replicas(&ns, &key));
         let op = self.quorum.start(key, kind);
         self.key_ns.insert(key, ns);
         self.op_ns.insert(op, ns);
