@@ -272,46 +272,56 @@ fn agents_started_together_hold_distinct_addresses_ping_at_once_and_come_back_fr
     let spawned = started.elapsed();
 
     // All are ready; every agent but the routers holds an address, each a distinct one.
-    let mut held: HashMap<usize, Duration> = HashMap::new();
-    while held.len() < n {
-        for m in &members {
-            if let std::collections::hash_map::Entry::Vacant(e) = held.entry(m.i) {
-                if ready(&bed, m) {
-                    e.insert(started.elapsed());
-                }
-            }
-        }
-        for m in &members {
-            if !bed.is_running(m.agent.pid) {
-                let log = std::fs::read_to_string(&m.agent.log).unwrap_or_default();
-                panic!("the agent of h{} exited:\n{log}", m.i);
-            }
-        }
-        if started.elapsed() > all_claimed() {
-            let late: Vec<String> = members
-                .iter()
-                .filter(|m| !held.contains_key(&m.i))
-                .map(|m| {
-                    let status = bed
-                        .namespace_status(&m.host, &m.agent)
-                        .map(|s| (s.address_error, s.group_members));
-                    let log = std::fs::read_to_string(&m.agent.log).unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                    format!(
-                        "h{}: (address error, group members) {status:?}\n{}",
-                        m.i,
-                        tail.join("\n")
-                    )
+    // Each member is watched by a thread of its own: on the loaded machine one status call
+    // takes up to a second, so one loop over all of them saw each only every 10 s or so,
+    // and the times it took were that loop's.
+    let deadline = started + all_claimed();
+    let held: HashMap<usize, Duration> = std::thread::scope(|s| {
+        let bed = &bed;
+        let watchers: Vec<_> = members
+            .iter()
+            .map(|m| {
+                s.spawn(move || loop {
+                    if ready(bed, m) {
+                        return Some(started.elapsed());
+                    }
+                    if Instant::now() > deadline {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
                 })
-                .collect();
-            panic!(
-                "{} of {n} agents ready after {:?}; not:\n{}",
-                held.len(),
-                all_claimed(),
-                late.join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+            })
+            .collect();
+        members
+            .iter()
+            .zip(watchers)
+            .filter_map(|(m, w)| w.join().ok().flatten().map(|t| (m.i, t)))
+            .collect()
+    });
+    if held.len() < n {
+        let late: Vec<String> = members
+            .iter()
+            .filter(|m| !held.contains_key(&m.i))
+            .map(|m| {
+                let running = bed.is_running(m.agent.pid);
+                let status = bed
+                    .namespace_status(&m.host, &m.agent)
+                    .map(|s| (s.address_error, s.group_members));
+                let log = std::fs::read_to_string(&m.agent.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                format!(
+                    "h{} (running: {running}): (address error, group members) {status:?}\n{}",
+                    m.i,
+                    tail.join("\n")
+                )
+            })
+            .collect();
+        panic!(
+            "{} of {n} agents ready after {:?}; not:\n{}",
+            held.len(),
+            all_claimed(),
+            late.join("\n")
+        );
     }
     // CPU time until all were ready, before the status calls below add their own.
     let ready_wall = started.elapsed();

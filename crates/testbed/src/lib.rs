@@ -406,23 +406,19 @@ impl Testbed {
             .context("the agent is in no namespace")
     }
 
-    /// `hyphae status --json` of an agent, parsed.
+    /// An agent's status, as `hyphae status --json` reads it: asked of its control socket
+    /// (a file, reachable from any network namespace) by this process, with no `hyphae`
+    /// process started for each call: tests poll status in loops, the scale test from one
+    /// thread per agent (tests that check the command itself run it).
     pub fn status(
         &self,
-        host: &Host,
+        _host: &Host,
         agent: &AgentHandle,
     ) -> Result<hyphae_agent::control::Status> {
-        let out = self.ns(
-            &host.ns,
-            &self.bin.display().to_string(),
-            &[
-                "status",
-                "--json",
-                "-c",
-                &agent.config.display().to_string(),
-            ],
-        )?;
-        Ok(serde_json::from_slice(&out.stdout)?)
+        let socket = hyphae_agent::config::control_socket(&agent.config)?;
+        let reply =
+            hyphae_agent::control::request(&socket, &hyphae_agent::control::Request::Status)?;
+        serde_json::from_str(&reply).with_context(|| format!("not a status: {}", reply.trim()))
     }
 
     /// Whether a process this testbed started is still running.
