@@ -32,6 +32,8 @@ struct Member {
     i: u8,
     host: Host,
     agent: AgentHandle,
+    /// When its agent was started.
+    started: Instant,
 }
 
 /// Host `h{i}` with an `auto` agent bootstrapping from the hosts `boot`, cut from the hosts
@@ -49,17 +51,23 @@ fn start(bed: &mut Testbed, secret: &Path, i: u8, boot: &[u8], cut_from: &[u8]) 
             .collect();
         config += &format!("bootstrap = [{}]\n", contacts.join(", "));
     }
+    let started = Instant::now();
     let agent = bed.start_agent(&host, &config).unwrap();
-    Member { i, host, agent }
+    Member {
+        i,
+        host,
+        agent,
+        started,
+    }
 }
 
 fn ns_status(bed: &Testbed, m: &Member) -> NamespaceStatus {
     bed.namespace_status(&m.host, &m.agent).expect("status")
 }
 
-/// Waits until `m` holds an address; returns it and how long that took.
+/// Waits until `m` holds an address; returns it and how long after its start that was.
 fn claimed_within(bed: &Testbed, m: &Member, within: Duration) -> (Ipv4Addr, Duration) {
-    let start = Instant::now();
+    let start = m.started;
     loop {
         let s = ns_status(bed, m);
         if s.address_claimed {
@@ -131,9 +139,9 @@ fn newcomers_get_addresses_while_cut_and_the_groups_converge_after() {
     let h6 = start(&mut bed, &secret, 6, &[1, 2], &small);
     let h7 = start(&mut bed, &secret, 7, &[4, 5], &big);
     let (a6, t6) = claimed_within(&bed, &h6, CLAIM);
-    println!("while cut: the newcomer on the side of three holds {a6} after {t6:.1?}");
+    println!("while cut: the newcomer on the side of three holds {a6} {t6:.1?} after its start");
     let (a7, t7) = claimed_within(&bed, &h7, CLAIM);
-    println!("while cut: the newcomer on the side of two holds {a7} after {t7:.1?}");
+    println!("while cut: the newcomer on the side of two holds {a7} {t7:.1?} after its start");
     println!("(cut {:.1?} ago)", cut_at.elapsed());
     // The members closed their connections across the cut once they fell silent, and the
     // newcomers held off the peers they could not dial (so later lookups did not wait).
