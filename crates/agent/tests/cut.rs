@@ -67,14 +67,13 @@ fn ns_status(bed: &Testbed, m: &Member) -> NamespaceStatus {
 
 /// Waits until `m` holds an address; returns it and how long after its start that was.
 fn claimed_within(bed: &Testbed, m: &Member, within: Duration) -> (Ipv4Addr, Duration) {
-    let start = m.started;
     loop {
         let s = ns_status(bed, m);
         if s.address_claimed {
-            return (s.address.parse().unwrap(), start.elapsed());
+            return (s.address.parse().unwrap(), m.started.elapsed());
         }
         assert!(
-            start.elapsed() < within,
+            m.started.elapsed() < within,
             "h{} holds no address after {within:?}: {s:?}",
             m.i
         );

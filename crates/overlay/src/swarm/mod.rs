@@ -755,6 +755,7 @@ mod tests {
         o.handle_timeout(clocks().0 + Duration::from_secs(3600));
         assert!(!o.is_ready());
     }
+
     #[tokio::test]
     async fn before_it_has_joined_a_near_read_looks_nothing_up_and_still_ends() {
         let mut o = waiting(None);
