@@ -210,6 +210,13 @@ impl Control {
         let tag = self.namespaces[i].tag;
         while let Some((token, request)) = self.namespaces[i].membership.poll_request() {
             any = true;
+            #[cfg(test)]
+            if let Some(intercepted) = self.intercepted.as_mut() {
+                if let Some(op) = intercepted.request(tag, request) {
+                    self.ops.insert(op, (i, token));
+                }
+                continue;
+            }
             let op = match request {
                 Request::Claim {
                     key,

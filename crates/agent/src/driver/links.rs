@@ -155,12 +155,12 @@ impl super::Control {
             return;
         }
         for (net, _) in n.link_routes.iter().filter(|r| !routes.contains(r)) {
-            if let Err(e) = crate::lan::del_route(&n.device, *net) {
+            if let Err(e) = self.host.del_route(&n.device, *net) {
                 tracing::debug!(device = %n.device, %net, error = %e, "cannot remove a link's route");
             }
         }
         for (net, gateway) in &routes {
-            match crate::lan::set_route(&n.device, *net, *gateway) {
+            match self.host.set_route(&n.device, *net, *gateway) {
                 Ok(()) => tracing::info!(namespace = %n.name, %net, %gateway, "routed"),
                 Err(e) => {
                     tracing::warn!(device = %n.device, %net, error = %e, "cannot route a linked namespace or another subnet")

@@ -249,6 +249,13 @@ impl Control {
                 return;
             }
         };
+        #[cfg(test)]
+        if let Some(intercepted) = self.intercepted.as_mut() {
+            intercepted
+                .messages
+                .push((self.namespaces[i].tag, to, body));
+            return;
+        }
         if !self
             .overlay
             .send_to_member(self.namespaces[i].tag, to, body)

@@ -22,6 +22,7 @@ mod certificates;
 pub(crate) mod data;
 mod datapath;
 mod events;
+mod host;
 mod joining;
 mod links;
 mod migration;
@@ -30,6 +31,10 @@ mod restart;
 mod run;
 pub use run::up;
 mod services;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod sim_tests;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -54,7 +59,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::config::{Address, Config, Mode, UnderlayMode};
 use crate::setup;
 use data::{Batch, DataPlane, Lane};
-use workers::{lock, Command, Outgoing, Shared, Tap, WorkerLink};
+use workers::{lock, Command, Outgoing, Shared, WorkerLink};
 
 /// How long a `hyphae name set` waits for its claim before answering "still running".
 pub(crate) const NAME_SET_WAIT: Duration = Duration::from_secs(4);
@@ -87,7 +92,7 @@ pub(crate) struct Joined {
     pub(crate) lan: Option<crate::lan::Lan>,
     /// The TAP's first queue (the control thread writes through it; worker 0 reads it);
     /// `None` once the namespace was left.
-    pub(crate) tap: Option<Tap>,
+    pub(crate) tap: Option<host::Device>,
     /// The TAP has offloads on: a virtio-net header leads every write.
     pub(crate) offload: bool,
     /// The DHT state: address, names, resolution, group.
@@ -173,14 +178,34 @@ pub(crate) struct Control {
     pub(crate) name_waiters: Vec<NameWaiter>,
     /// Readiness and status for a service manager (`$NOTIFY_SOCKET`).
     pub(crate) notifier: crate::notify::Notifier,
+    /// Where devices, addresses and routes are made: the kernel.
+    pub(crate) host: host::Host,
+    /// The driver's deterministic tests: the DHT operations and member messages, kept for
+    /// the test to answer instead of going to the overlay.
+    #[cfg(test)]
+    pub(crate) intercepted: Option<sim::Intercepted>,
 }
 
 impl Control {
-    #[allow(clippy::disallowed_methods)] // the clock before the first turn
+    /// Starts the control plane of `config` on this machine's kernel, with a worker per
+    /// underlay socket.
     pub(crate) fn start(
         config: Config,
         identity: Identity,
         sockets: Vec<std::net::UdpSocket>,
+    ) -> Result<Self> {
+        let listen = tcp_multiaddr(config.agent.listen);
+        Self::start_on(config, identity, sockets, host::Host::Kernel, listen)
+    }
+
+    /// Starts the control plane on `host`, its overlay listening on `overlay_listen`.
+    #[allow(clippy::disallowed_methods)] // the clock before the first turn
+    pub(crate) fn start_on(
+        config: Config,
+        identity: Identity,
+        sockets: Vec<std::net::UdpSocket>,
+        mut host: host::Host,
+        overlay_listen: hyphae_overlay::swarm::Multiaddr,
     ) -> Result<Self> {
         let mut bootstrap: Vec<_> = config
             .namespaces
@@ -202,14 +227,8 @@ impl Control {
             alone_after: (only_static && !bootstrap.is_empty()).then_some(STATIC_PEER_WAIT),
             ..OverlayOptions::default()
         };
-        let mut overlay = Overlay::new(
-            &identity,
-            tcp_multiaddr(config.agent.listen),
-            bootstrap,
-            options,
-            setup::os_seed()?,
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut overlay = Overlay::new(&identity, overlay_listen, bootstrap, options, host.seed()?)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         // A namespace address is never an underlay address (the TAP's, when listening on
         // 0.0.0.0): keep them out of the DHT. Subnets learned later are added then.
         for ns in &config.namespaces {
@@ -218,7 +237,7 @@ impl Control {
             }
         }
         let own = Identity::from_seed(identity.seed());
-        let mut node = Node::new(identity, setup::os_seed()?);
+        let mut node = Node::new(identity, host.seed()?);
         // A tunnel's traffic may spread over one WireGuard session per worker.
         node.set_shards(u8::try_from(sockets.len()).unwrap_or(u8::MAX));
         node.set_uplinks(config.agent.uplinks.clone())
@@ -276,6 +295,9 @@ impl Control {
             resolver_rx: Some(resolver_rx),
             name_waiters: Vec::new(),
             notifier: crate::notify::Notifier::from_env(),
+            host,
+            #[cfg(test)]
+            intercepted: None,
         };
         let now = Instant::now();
         for cfg in &config.namespaces {
@@ -343,21 +365,23 @@ impl Control {
             Mode::Interface => device_mac,
             Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &cfg.name),
         };
-        let queues = self.workers.len();
-        let (tap, offload) = setup::create_tap(cfg, &tap_name, tap_mac, self.offload, queues)?;
         // UDP datagrams are coalesced too where the TAP takes UDP segmentation offload.
-        let udp = offload && tap.udp_gso();
-        let more = setup::more_queues(&tap, queues)?;
-        let lan = match cfg.mode {
-            Mode::Interface => None,
-            Mode::Router | Mode::Hybrid => Some(crate::lan::attach(cfg, &tap_name, device_mac)?),
-        };
-        if let (Mode::Hybrid, Address::Static(a), Some(subnet)) =
-            (cfg.mode, cfg.address, cfg.subnet)
-        {
-            crate::lan::set_address(&cfg.device, a, subnet.prefix_len())?;
-        }
-        let tap = Arc::new(tap);
+        let host::Devices {
+            tap,
+            queues,
+            offload,
+            udp,
+            lan,
+        } = self.host.create(
+            cfg,
+            &tap_name,
+            host::Macs {
+                tap: tap_mac,
+                device: device_mac,
+            },
+            self.offload,
+            self.workers.len(),
+        )?;
         let keys = NamespaceKeys::derive(&cfg.name, &cfg.secret);
         // Peers learn we are a member (and we which of them are) before anything is claimed.
         // An agent that leaves stays a proven member until it restarts: it still holds
@@ -422,7 +446,7 @@ impl Control {
                 previous,
             },
             Identity::from_seed(self.identity.seed()),
-            setup::os_seed()?,
+            self.host.seed()?,
             now,
             unix_now(),
         );
@@ -430,7 +454,7 @@ impl Control {
         if certificate.is_some() {
             membership.set_certified_name(now, cfg.hostname.clone());
         }
-        let mut dns = service::Service::new(cfg.resolvers.clone(), cfg.mtu, setup::os_seed()?)
+        let mut dns = service::Service::new(cfg.resolvers.clone(), cfg.mtu, self.host.seed()?)
             .with_rate(cfg.dns_rate);
         if let Some(subnet) = cfg.subnet {
             dns.set_zone(&cfg.name, subnet);
@@ -468,11 +492,7 @@ impl Control {
         // Each worker reads and writes a queue of its own; the control thread writes
         // through the first, which worker 0 reads.
         let i = self.namespaces.len();
-        for (link, queue) in self
-            .workers
-            .iter()
-            .zip(std::iter::once(tap.clone()).chain(more.into_iter().map(Arc::new)))
-        {
+        for (link, queue) in self.workers.iter().zip(queues) {
             let command = Command::Tap {
                 ns: i,
                 queue,
@@ -692,13 +712,13 @@ impl Control {
         }
         let mut failed = Vec::new();
         for w in &self.batch.writes {
-            let Some(n) = self.namespaces.get(w.ns) else {
+            let Some(n) = self.namespaces.get_mut(w.ns) else {
                 continue;
             };
-            let Some(tap) = n.tap.as_ref() else {
+            let Some(tap) = n.tap.as_mut() else {
                 continue;
             };
-            if !workers::write_to(tap, n.offload, self.batch.frame(&w.range)) {
+            if !tap.write(n.offload, self.batch.frame(&w.range)) {
                 failed.push(w.ns);
             }
         }
@@ -715,7 +735,7 @@ impl Control {
 
     /// Gives this member's address to the device, the switch and the tunnels.
     pub(crate) fn set_address(&mut self, i: usize, address: Ipv4Addr, now: Instant) {
-        let n = &self.namespaces[i];
+        let n = &mut self.namespaces[i];
         let (current, prefix) = {
             let dp = lock(&self.dp);
             let config = dp.lanes[i].switch.config();
@@ -723,7 +743,7 @@ impl Control {
         };
         if current != address && n.active() {
             // The TAP (interface, router) or the host's veth (hybrid), with no lock held.
-            if let Err(e) = crate::lan::set_address(&n.device, address, prefix) {
+            if let Err(e) = self.host.set_address(&n.device, address, prefix) {
                 tracing::error!(device = %n.device, error = %e, "cannot set the address");
             }
         }
