@@ -106,13 +106,9 @@ impl Control {
                 Wake::Timer => {}
                 Wake::Call(call) => self.handle_call(now, call),
             }
-            self.handle_timeout(now);
-            self.flush(now);
-            self.carry_out();
-            if let Some(reason) = self.fatal.take() {
-                break Err(anyhow::anyhow!(reason));
+            if let Err(e) = self.end_turn(now) {
+                break Err(e);
             }
-            self.notify_progress(now);
         };
         // Closing the command channels stops the workers.
         self.workers.clear();
@@ -127,6 +123,22 @@ impl Control {
         result?;
         self.release_held().await;
         tracing::info!("stopping: removing devices");
+        Ok(())
+    }
+}
+
+impl Control {
+    /// The end of every turn, after what woke the loop was handled: the cores' timers that
+    /// are due, what they asked for, then what the turn sends and writes, carried out with
+    /// the data plane let go. An error is why the agent must stop.
+    pub(crate) fn end_turn(&mut self, now: Instant) -> Result<()> {
+        self.handle_timeout(now);
+        self.flush(now);
+        self.carry_out();
+        if let Some(reason) = self.fatal.take() {
+            bail!(reason);
+        }
+        self.notify_progress(now);
         Ok(())
     }
 }

@@ -4,8 +4,7 @@
 //! machines, a simulated world, time that moves only when nothing is left to do.
 //!
 //! - **Control thread**: each turn is the loop's own (`run.rs`): the overlay's answer if one
-//!   is due, then `handle_timeout`, `flush` and `carry_out`, with the clock the simulation
-//!   gives it.
+//!   is due, then [`Control::end_turn`], with the clock the simulation gives it.
 //! - **Workers**: frames from a host and datagrams from members go through the data plane's
 //!   batch as a worker's do (data messages opened before the lock), and what the batch sends
 //!   and writes is carried out after it.
@@ -320,6 +319,18 @@ impl Sim {
         std::mem::take(&mut self.agents[k].to_host)
     }
 
+    /// Agent `k`'s answer to a control request (`hyphae status` and the like), asked in a
+    /// turn of its own as the control socket's calls are.
+    pub(crate) fn call(&mut self, k: usize, request: crate::control::Request) -> serde_json::Value {
+        let (call, mut reply) = crate::control_server::Call::new(request);
+        let control = &mut self.agents[k].control;
+        control.handle_call(self.now, call);
+        if let Err(e) = control.end_turn(self.now) {
+            panic!("agent {k} stopped: {e}");
+        }
+        reply.try_recv().expect("the call was answered in its turn")
+    }
+
     /// Runs until nothing is left to do and no timer is due before `now + span`; the clock
     /// then reads `now + span`.
     pub(crate) fn run_for(&mut self, span: Duration) {
@@ -452,9 +463,9 @@ impl Sim {
         if let Some(event) = event {
             a.control.handle_overlay(now, event);
         }
-        a.control.handle_timeout(now);
-        a.control.flush(now);
-        a.control.carry_out();
+        if let Err(e) = a.control.end_turn(now) {
+            panic!("agent {k} stopped: {e}");
+        }
         // The overlay's part: operations answered by the DHT, messages to their member.
         let intercepted = a
             .control

@@ -423,6 +423,21 @@ fn a_lan_host_that_moves_to_another_router_is_handed_off() {
         .expect("a tunnel to the new router");
     assert_eq!(dp.lanes[0].switch.route(address), Some(new_router));
     drop(dp);
+    // What `hyphae status` says on each side (asked through the control loop).
+    let status =
+        |sim: &mut Sim, k| sim.call(k, crate::control::Request::Status)["namespaces"][0].clone();
+    let (was, is) = (status(&mut sim, old), status(&mut sim, new));
+    let listed = serde_json::json!([address.to_string()]);
+    assert_eq!(
+        (&was["handoffs_out"], &is["handoffs_in"]),
+        (&1.into(), &1.into())
+    );
+    assert_eq!(is["lan_hosts"], listed);
+    assert_eq!(was["lan_hosts"], serde_json::json!([]));
+    assert_eq!(
+        was["peers"][0]["addresses"], listed,
+        "the new router announced it"
+    );
     eprintln!("handed off in {took:?} of virtual time");
 }
 
