@@ -13,8 +13,9 @@
 //!
 //! The control thread's files hold its concerns: `events` (what the overlay and the
 //! memberships report), `services` (DHCP and DNS), `migration` (LAN host handoffs),
-//! `joining` (`hyphae join` and `leave`), `status`, `calls` (the control socket's requests);
-//! `datapath` is the data plane's batch.
+//! `joining` (`hyphae join` and `leave`), `status`, `calls` (the control socket's requests),
+//! `host` (the devices, addresses, routes and seeds it asks of the kernel); `datapath` is
+//! the data plane's batch. `sim` runs whole agents on a virtual clock for the tests.
 
 mod calls;
 mod caps;
