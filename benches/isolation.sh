@@ -44,6 +44,20 @@
 #                        should not count as the agent's; 0 runs them as the data path's equals
 #   DNS_QPS              DNS queries a second, default 500
 #   RATE                 the UDP stream's rate (iperf3 -b), default 200M
+#   IPERF_BUFFER         iperf3's socket buffers (-w, both ends), default 4M: room for
+#                        tens of milliseconds of the stream, so that a datagram is lost
+#                        only in the overlay, not in the benchmark's own receiving socket
+#                        while iperf3 waits for a core (the drops line tells them apart)
+#   PRIORITIES           the `[agent] worker_priority` settings to measure HYPHAE_BIN with,
+#                        each as its own rows ("hyphae" for normal, "realtime"), default
+#                        "normal"; "normal realtime" measures both in one run
+#   PIN                  1: give the control plane a core of its own, in both phases: B's
+#                        control thread (the agent's main thread) and the load generators
+#                        on CPU 1; everything else (both agents' workers, A's control
+#                        thread, iperf3, ping) on CPU 0. Default 0: no pinning. This box has
+#                        2 cores for two agents, both iperf3 ends and the load; pinned, the
+#                        control plane's work has CPU to spare that the data path does not
+#                        share, as on a machine with more cores than the data path uses
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || exec sudo -E "$0" "$@"
@@ -54,6 +68,15 @@ scrapes=${SCRAPES_PER_SEC:-150}
 load_nice=${LOAD_NICE:-19}
 dns_qps=${DNS_QPS:-500}
 rate=${RATE:-200M}
+iperf_buffer=${IPERF_BUFFER:-4M}
+priorities=${PRIORITIES:-normal}
+pin=${PIN:-0}
+# Prefixes: where the data path's processes and the load generators run.
+dp_cpu=() load_cpu=()
+if [ "$pin" = 1 ]; then
+    [ "$(nproc)" -ge 2 ] || { echo "PIN=1 needs 2 cores" >&2; exit 1; }
+    dp_cpu=(taskset -c 0) load_cpu=(taskset -c 1)
+fi
 scripts/deps iperf3 jq dnsperf dnsutils python3 >/dev/null
 
 HYPHAE_BIN=${HYPHAE_BIN:-target/release/hyphae}
@@ -162,6 +185,17 @@ print(p99(bounds, total), sum(total))
 print("\n".join(lines))
 PY
 
+# Where datagrams can be lost, per namespace: the kernel's UDP receive-buffer overflows (all
+# sockets', then the agent's underlay sockets' alone, port 7400) and the overlay device's
+# drops (TX: frames the kernel could not queue to the TAP for a worker; RX: frames the agent
+# wrote that were dropped).
+drops() { # namespace -> "udp-rcvbuf underlay-drops tap-tx-dropped tap-rx-dropped"
+    local udp underlay tap
+    udp=$(ip netns exec "$1" awk '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "RcvbufErrors") c = i; h = 1 } else print $c }' /proc/net/snmp)
+    underlay=$(ip netns exec "$1" awk 'NR > 1 && $2 ~ /:1CE8$/ { d += $NF } END { print d + 0 }' /proc/net/udp)
+    tap=$(ip netns exec "$1" ip -j -s link show hyphae0 | jq -r '.[0].stats64 | "\(.tx.dropped) \(.rx.dropped)"')
+    echo "$udp $underlay $tap"
+}
 inA() { ip netns exec "$A" "$@"; }
 inB() { ip netns exec "$B" "$@"; }
 status() { "$1" status --json -c "$dir/B-socket.toml"; }
@@ -194,7 +228,7 @@ phase() { # label binary agent-pid quiet|loaded
     if [ "$4" = loaded ]; then
         (
             ulimit -n 65536 2>/dev/null || true
-            exec ip netns exec "$S" nice -n "$load_nice" "$STRANGER_BIN" 10.210.0.2:7400 "$strangers" "$query_every" "${sources[@]}"
+            exec ip netns exec "$S" "${load_cpu[@]}" nice -n "$load_nice" "$STRANGER_BIN" 10.210.0.2:7400 "$strangers" "$query_every" "${sources[@]}"
         ) >"$out-stranger.log" 2>&1 &
         stranger=$!
         pids+=("$stranger")
@@ -207,27 +241,28 @@ phase() { # label binary agent-pid quiet|loaded
         [ "$n" -gt "$strangers" ] ||
             notes+=("${row/-/ }: only $((n - 1)) of $strangers stranger connections up when the phase began")
     fi
-    local cpu0 scpu0=0
+    local cpu0 scpu0=0 dropsA0 dropsB0
+    dropsA0=$(drops "$A") dropsB0=$(drops "$B")
     status "$bin" >"$out-before.json"
     cpu0=$(cpu "$agent")
     [ -n "$stranger" ] && scpu0=$(cpu "$stranger")
     # Background processes are started with `ip netns exec` itself (not through a shell
     # function, which would fork a subshell), so that $! is the process to stop.
-    ip netns exec "$B" iperf3 -s -1 -B 10.212.0.12 -p 5402 -J >"$out-iperf.json" 2>&1 &
+    ip netns exec "$B" "${dp_cpu[@]}" iperf3 -s -1 -B 10.212.0.12 -p 5402 -J >"$out-iperf.json" 2>&1 &
     local server=$!
     pids+=("$server")
     sleep 0.3
     if [ "$4" = loaded ]; then
-        ip netns exec "$B" nice -n "$load_nice" python3 "$dir/scrape.py" "$scrapes" "$secs" >"$out-scrape.txt" 2>&1 &
+        ip netns exec "$B" "${load_cpu[@]}" nice -n "$load_nice" python3 "$dir/scrape.py" "$scrapes" "$secs" >"$out-scrape.txt" 2>&1 &
         scraper=$!
-        ip netns exec "$B" nice -n "$load_nice" dnsperf -s 10.212.0.1 -d "$dir/queries" -Q "$dns_qps" -l "$secs" >"$out-dnsperf.txt" 2>&1 &
+        ip netns exec "$B" "${load_cpu[@]}" nice -n "$load_nice" dnsperf -s 10.212.0.1 -d "$dir/queries" -Q "$dns_qps" -l "$secs" >"$out-dnsperf.txt" 2>&1 &
         dns=$!
         pids+=("$scraper" "$dns")
     fi
-    ip netns exec "$A" ping -i 0.01 -w "$secs" 10.212.0.12 >"$out-ping.txt" 2>&1 &
+    ip netns exec "$A" "${dp_cpu[@]}" ping -i 0.01 -w "$secs" 10.212.0.12 >"$out-ping.txt" 2>&1 &
     local ping=$!
     pids+=("$ping")
-    if ! inA iperf3 -c 10.212.0.12 -p 5402 -u -b "$rate" -l "$len" -t "$secs" >"$out-client.txt" 2>&1; then
+    if ! inA "${dp_cpu[@]}" iperf3 -c 10.212.0.12 -p 5402 -u -w "$iperf_buffer" -b "$rate" -l "$len" -t "$secs" >"$out-client.txt" 2>&1; then
         notes+=("${row/-/ }: iperf3 client: $(tail -n 1 "$out-client.txt")")
         kill "$server" 2>/dev/null || true
     fi
@@ -237,7 +272,8 @@ phase() { # label binary agent-pid quiet|loaded
         wait "$scraper" "$dns" 2>/dev/null || true
         forget "$scraper" "$dns"
     fi
-    local cpu1 scpu1=0
+    local cpu1 scpu1=0 dropsA1 dropsB1
+    dropsA1=$(drops "$A") dropsB1=$(drops "$B")
     cpu1=$(cpu "$agent")
     [ -n "$stranger" ] && scpu1=$(cpu "$stranger")
     status "$bin" >"$out-after.json"
@@ -264,6 +300,8 @@ phase() { # label binary agent-pid quiet|loaded
     d="${row/-/ }: UDP $lost of $packets datagrams lost; B agent CPU $(awk -v t=$((cpu1 - cpu0)) -v hz="$hz" -v s="$secs" 'BEGIN { printf "%.2f s (%.0f%% of one core)", t / hz, 100 * t / hz / s }')"
     d+="; B drops over the phase: $(jq -n -r --slurpfile a "$out-before.json" --slurpfile b "$out-after.json" \
         '["control_queue", "outbox"] | map("\(.) \(($b[0].drops[.] // 0) - ($a[0].drops[.] // 0))") | join(", ")')"
+    d+="; kernel drops over the phase (UDP receive buffers, of which the agent's underlay sockets / hyphae0 TX / hyphae0 RX): $(paste -d' ' <(echo "$dropsA0 $dropsB0" | tr ' ' '\n') <(echo "$dropsA1 $dropsB1" | tr ' ' '\n') |
+        awk '{ d[NR] = $2 - $1 } END { printf "A %d (%d) / %d / %d, B %d (%d) / %d / %d", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8] }')"
     d+="; B overlay peers connected: $(jq '.overlay.connected' "$out-before.json") before, $(jq '.overlay.connected' "$out-after.json") after"
     if [ "$4" = loaded ]; then
         d+=" (A and up to $strangers strangers); stranger CPU $(awk -v t=$((scpu1 - scpu0)) -v hz="$hz" 'BEGIN { printf "%.2f s", t / hz }')"
@@ -278,6 +316,13 @@ phase() { # label binary agent-pid quiet|loaded
 measure() { # label binary
     pair_start "$1" "$2"
     local a=$agent_a b=$agent_b i
+    if [ "$pin" = 1 ]; then
+        # Every thread of both agents on CPU 0, then B's control thread (the main thread,
+        # whose id is the process's) on CPU 1.
+        taskset -a -p -c 0 "$a" >/dev/null
+        taskset -a -p -c 0 "$b" >/dev/null
+        taskset -p -c 1 "$b" >/dev/null
+    fi
     inA ping -c 1 -W 1 10.212.0.12 >/dev/null 2>&1 || { echo "$1: no tunnel from A to B" >&2; tail "$dir/$1-"*.log >&2; exit 1; }
     # Datagrams that fit the overlay device (no fragments).
     len=$(($(inA cat /sys/class/net/hyphae0/mtu) - 28))
@@ -298,7 +343,19 @@ measure() { # label binary
     forget "$a" "$b"
 }
 
-measure hyphae "$HYPHAE_BIN"
+# Both agents' `[agent] worker_priority` (none: the default, which older builds also read).
+set_priority() { # normal|realtime
+    local side
+    for side in A B; do
+        sed -i '/^worker_priority = /d' "$dir/$side-socket.toml"
+        [ "$1" = normal ] || sed -i "s|^\[agent\]|&\nworker_priority = \"$1\"|" "$dir/$side-socket.toml"
+    done
+}
+for priority in $priorities; do
+    set_priority "$priority"
+    measure "$([ "$priority" = normal ] && echo hyphae || echo "$priority")" "$HYPHAE_BIN"
+done
+set_priority normal
 [ -n "${HYPHAE_BASELINE_BIN:-}" ] && measure baseline "$HYPHAE_BASELINE_BIN"
 
 echo
@@ -309,7 +366,7 @@ for row in "${rows[@]}"; do
 done
 echo
 verdict() { if [ "$1" = 1 ]; then echo PASS; elif [ "$1" = 0 ]; then echo FAIL; else echo "n/a"; fi; }
-for label in hyphae baseline; do
+for label in hyphae realtime baseline; do
     q="$label-quiet" l="$label-loaded"
     [ -n "${pcount[$l]:-}" ] || continue
     no_loss=$(awk -v x="${lostn[$l]}" 'BEGIN { if (x == "-" || x == "null") print "-"; else print (x + 0 == 0) }')
@@ -324,6 +381,6 @@ for d in "${details[@]}"; do echo "- $d"; done
 for n in "${notes[@]}"; do echo "Note: $n"; done
 echo
 echo "$(date -u +%F), $(nproc) cores, kernel $(uname -r), ${secs}s per phase, UDP $rate in $len-byte datagrams," \
-    "$strangers strangers (a Kademlia query each every ${query_every}s), $scrapes scrapes/s, $dns_qps DNS queries/s, load generators at nice $load_nice," \
+    "$strangers strangers (a Kademlia query each every ${query_every}s), $scrapes scrapes/s, $dns_qps DNS queries/s, load generators at nice $load_nice$([ "$pin" = 1 ] && echo ", pinned (B's control thread and the load on CPU 1, the rest on CPU 0)")," \
     "hyphae $("$HYPHAE_BIN" --version | awk '{print $2}')${HYPHAE_BASELINE_BIN:+, baseline $("$HYPHAE_BASELINE_BIN" --version | awk '{print $2}')}." \
     "Lock-wait p99: the smallest histogram bound under which 99% of the phase's batches waited."

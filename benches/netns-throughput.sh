@@ -16,6 +16,8 @@
 #   HYPHAE_BASELINE_BIN  another hyphae build measured as an extra row (before/after in one run)
 #   HYPHAE_WORKERS       worker counts (e.g. "1 4") each measured as an extra hyphae row,
 #                        `hyphae-wN` (the `hyphae` row runs the default: one per core)
+#   HYPHAE_REALTIME=1    also measure HYPHAE_BIN with `worker_priority = "realtime"` as the row
+#                        `hyphae-rt` (its workers SCHED_FIFO threads)
 #   HYPHAE_POLICY_RULES  rule counts (e.g. "10 100") each measured as an extra hyphae row,
 #                        `hyphae-pN`: a default-deny policy of N rules, the last of which
 #                        allows the two members (docs/POLICY.md; issue 28's cost of a policy)
@@ -89,6 +91,7 @@ for side in A B; do
     hyphae_config $side af_xdp
     for w in ${HYPHAE_WORKERS:-}; do hyphae_config $side socket "$w"; done
     for n in ${HYPHAE_POLICY_RULES:-}; do hyphae_config $side socket "" "$n"; done
+    sed 's|^\[agent\]|&\nworker_priority = "realtime"|' "$dir/$side-socket.toml" >"$dir/$side-socket-rt.toml"
 done
 declare -A hyphae_bin hyphae_cfg
 start_hyphae() { # row binary underlay
@@ -334,6 +337,11 @@ for w in ${HYPHAE_WORKERS:-}; do
     measure "hyphae-w$w" 10.212.0.12
     stop_row "hyphae-w$w"
 done
+if [ "${HYPHAE_REALTIME:-0}" = 1 ]; then
+    start_hyphae hyphae-rt "$HYPHAE_BIN" socket-rt
+    measure hyphae-rt 10.212.0.12
+    stop_row hyphae-rt
+fi
 for n in ${HYPHAE_POLICY_RULES:-}; do
     start_hyphae "hyphae-p$n" "$HYPHAE_BIN" "socket-p$n"
     measure "hyphae-p$n" 10.212.0.12

@@ -31,7 +31,7 @@ use namespace::validate_namespace;
 use subnets::parse_subnets;
 pub use subnets::{check_in_subnet, parse_subnet};
 use underlay::workers;
-pub use underlay::{UnderlayMode, MAX_WORKERS};
+pub use underlay::{UnderlayMode, WorkerPriority, MAX_WORKERS, REALTIME_PRIORITY};
 
 /// Default underlay UDP port.
 pub const DEFAULT_PORT: u16 = 7400;
@@ -76,6 +76,7 @@ struct AgentSection {
     underlay: String,
     offload: bool,
     workers: Option<usize>,
+    worker_priority: Option<String>,
     uplink_rate: Option<String>,
     uplinks: Vec<UplinkSection>,
 }
@@ -100,6 +101,7 @@ impl Default for AgentSection {
             underlay: "socket".into(),
             offload: true,
             workers: None,
+            worker_priority: None,
             uplink_rate: None,
             uplinks: Vec::new(),
         }
@@ -243,6 +245,8 @@ pub struct Agent {
     /// Data-path threads, each with its own queue of every TAP and its own underlay socket
     /// (`crate::workers`). Default: one per core; one with an AF_XDP underlay.
     pub workers: usize,
+    /// How the kernel schedules the workers.
+    pub worker_priority: WorkerPriority,
     /// The underlay's rate, bits a second: namespaces share it by `weight` when it is
     /// saturated (docs/QOS.md). None: no shares.
     pub uplink_rate: Option<u64>,
@@ -430,6 +434,8 @@ impl Config {
             .with_context(|| format!("config {}: [agent] underlay", path.display()))?;
         let workers = workers(file.agent.workers, underlay)
             .with_context(|| format!("config {}: [agent] workers", path.display()))?;
+        let worker_priority = WorkerPriority::parse(file.agent.worker_priority.as_deref())
+            .with_context(|| format!("config {}: [agent] worker_priority", path.display()))?;
         let uplink_rate = qos::uplink(&file.agent.uplink_rate)
             .with_context(|| format!("config {}: [agent] uplink_rate", path.display()))?;
         let uplinks = file
@@ -477,6 +483,7 @@ impl Config {
                 underlay,
                 offload: file.agent.offload,
                 workers,
+                worker_priority,
                 uplink_rate,
                 uplinks,
             },
@@ -740,6 +747,24 @@ endpoint = "10.200.0.3"
         assert_eq!(c.agent.workers, 1);
         let e = err(&with("underlay = \"af_xdp\"\nworkers = 2"), s);
         assert!(e.contains("need underlay = \"socket\""), "{e}");
+    }
+
+    #[test]
+    fn worker_priority_is_normal_unless_asked_and_a_bad_one_is_named() {
+        let s = Some("0123456789abcdef");
+        let with =
+            |extra: &str| GOOD.replace("[[namespace]]\n", &format!("{extra}\n[[namespace]]\n"));
+        assert_eq!(
+            load(GOOD, s).unwrap().agent.worker_priority,
+            WorkerPriority::Normal
+        );
+        let c = load(&with("worker_priority = \"realtime\""), s).unwrap();
+        assert_eq!(c.agent.worker_priority, WorkerPriority::Realtime);
+        let e = err(&with("worker_priority = \"high\""), s);
+        assert!(
+            e.contains("[agent] worker_priority") && e.contains("'high' is not"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -198,6 +198,9 @@ pub struct WorkerStatus {
     /// How long it waited to take the data plane, per batch.
     #[serde(default)]
     pub lock_wait: LockWaitStatus,
+    /// It runs as a realtime thread (`[agent] worker_priority = "realtime"`, granted).
+    #[serde(default)]
+    pub realtime: bool,
 }
 
 /// A histogram of waits for the data plane: `counts[k]` batches waited less than

@@ -240,3 +240,66 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
     let busy = read.iter().filter(|&&c| c >= 200).count();
     assert!(busy >= 2, "sixteen flows were read by one worker: {read:?}");
 }
+
+/// The scheduling policy of each of `pid`'s threads whose name `named` accepts: 0 is
+/// SCHED_OTHER, 1 SCHED_FIFO (the `policy` line of /proc/PID/task/TID/sched).
+fn policies(pid: u32, named: fn(&str) -> bool) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads") {
+        let task = task.expect("a thread").path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if !named(comm.trim()) {
+            continue;
+        }
+        let sched = std::fs::read_to_string(task.join("sched")).expect("its scheduling");
+        let policy = sched
+            .lines()
+            .find(|l| l.starts_with("policy"))
+            .and_then(|l| l.rsplit(':').next())
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a policy line");
+        out.push(policy);
+    }
+    out
+}
+
+/// `worker_priority = "realtime"`: the workers run as SCHED_FIFO threads (status says so),
+/// the control thread stays an ordinary one, and traffic crosses.
+#[test]
+fn realtime_workers_are_fifo_threads_and_the_control_thread_is_not() {
+    require_root();
+    let mut bed = Testbed::new("rtworkers", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").expect("secret");
+    let hosts: Vec<Host> = (1..=2)
+        .map(|i| bed.add_host(&format!("h{i}"), underlay(i)).expect("host"))
+        .collect();
+    let mut agents = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let me = i as u8 + 1;
+        let cfg = agent_config(host, "lab", &secret, SUBNET, vip(me), &[underlay(3 - me)])
+            .replacen(
+                "[agent]\n",
+                "[agent]\nworkers = 2\nworker_priority = \"realtime\"\n",
+                1,
+            );
+        agents.push(bed.start_agent(host, &cfg).expect("agent"));
+    }
+    bed.wait_for_ping(&hosts[0], vip(2), Duration::from_secs(20))
+        .expect("a ping between realtime agents");
+    for (host, agent) in hosts.iter().zip(&agents) {
+        let status = workers(&bed, host, agent);
+        assert_eq!(status.len(), 2);
+        assert!(status.iter().all(|w| w.realtime), "status: not realtime");
+        assert_eq!(
+            policies(agent.pid, |c| c.starts_with("hyphae-worker-")),
+            [1, 1],
+            "SCHED_FIFO"
+        );
+        assert_eq!(
+            policies(agent.pid, |c| c == "hyphae"),
+            [0],
+            "the control thread"
+        );
+    }
+}

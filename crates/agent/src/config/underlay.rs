@@ -25,6 +25,39 @@ pub(super) fn workers(given: Option<usize>, underlay: UnderlayMode) -> Result<us
     }
 }
 
+/// `[agent] worker_priority`: how the kernel schedules the data-path workers.
+///
+/// `realtime` gives them what an in-kernel tunnel (WireGuard, VXLAN) has by running in
+/// softirq: a packet's worker runs the moment it is woken, ahead of every ordinary thread,
+/// the agent's control thread included. The cost: a woken worker no longer waits for more
+/// packets to gather, so it runs more, smaller batches (more CPU at moderate rates), and
+/// under a flood the workers may take every core they run on but the share the kernel keeps
+/// for ordinary threads (5% by default: `kernel.sched_rt_runtime_us`), which is then all
+/// the control plane has. It needs CAP_SYS_NICE or an `RLIMIT_RTPRIO` of at least
+/// [`REALTIME_PRIORITY`] (systemd: `LimitRTPRIO=` and `RestrictRealtime=no`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkerPriority {
+    /// Ordinary threads (`"normal"`, the default).
+    #[default]
+    Normal,
+    /// `SCHED_FIFO` at [`REALTIME_PRIORITY`] (`"realtime"`).
+    Realtime,
+}
+
+/// The `SCHED_FIFO` priority of realtime workers: above every ordinary thread, below the
+/// kernel's threaded interrupt handlers (50), so the NIC's own work still comes first.
+pub const REALTIME_PRIORITY: i32 = 10;
+
+impl WorkerPriority {
+    pub(super) fn parse(text: Option<&str>) -> Result<Self> {
+        match text {
+            None | Some("normal") => Ok(Self::Normal),
+            Some("realtime") => Ok(Self::Realtime),
+            Some(other) => bail!("'{other}' is not \"normal\" or \"realtime\""),
+        }
+    }
+}
+
 /// `[agent] underlay`: the UDP socket alone, or AF_XDP beside it.
 ///
 /// The default is `socket`: AF_XDP puts an XDP program on the interface (which another

@@ -162,6 +162,8 @@ pub(crate) struct Control {
     /// The workers before `run` starts them.
     pub(crate) unstarted: Vec<workers::Unstarted>,
     pub(crate) underlay_mode: UnderlayMode,
+    /// How the kernel schedules the workers.
+    pub(crate) worker_priority: crate::config::WorkerPriority,
     /// Wakes the control thread: a worker left it work.
     pub(crate) poke: Arc<Notify>,
     /// Address and route changes, when listening on all addresses (roaming).
@@ -287,6 +289,7 @@ impl Control {
             workers,
             unstarted,
             underlay_mode: config.agent.underlay,
+            worker_priority: config.agent.worker_priority,
             poke: Arc::new(Notify::new()),
             netwatch,
             sources: crate::netwatch::Sources::default(),

@@ -56,7 +56,14 @@ impl Control {
         let poke = self.poke.clone();
         let unstarted = std::mem::take(&mut self.unstarted);
         let (fatal_tx, mut fatal_rx) = mpsc::channel(unstarted.len().max(1));
-        let threads = workers::spawn(&self.dp, unstarted, self.underlay_mode, &poke, &fatal_tx)?;
+        let threads = workers::spawn(
+            &self.dp,
+            unstarted,
+            self.underlay_mode,
+            self.worker_priority,
+            &poke,
+            &fatal_tx,
+        )?;
         tracing::info!(workers = threads.len(), "data path running");
         let result = loop {
             let deadline = {

@@ -525,6 +525,7 @@ impl Control {
                             .collect(),
                         sum_secs: c.lock_wait.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
                     },
+                    realtime: c.realtime.load(Ordering::Relaxed),
                 }
             })
             .collect()

@@ -50,7 +50,7 @@ use tun_rs::SyncDevice;
 
 use super::data::{Batch, DataPlane, BUF_LEN};
 use super::datapath::Pending;
-use crate::config::UnderlayMode;
+use crate::config::{UnderlayMode, WorkerPriority, REALTIME_PRIORITY};
 use crate::underlay::Underlay;
 
 /// The data plane, shared by the workers and the control thread.
@@ -128,6 +128,8 @@ pub(crate) struct WorkerCounters {
     pub(crate) lock_wait: LockWait,
     /// Its underlay's path and counters, as of its last send.
     pub(crate) underlay: Mutex<crate::control::UnderlayStatus>,
+    /// It runs as a realtime thread.
+    pub(crate) realtime: std::sync::atomic::AtomicBool,
 }
 
 /// What the control thread asks of a worker.
@@ -237,10 +239,12 @@ pub(crate) fn spawn(
     shared: &Shared,
     workers: Vec<Unstarted>,
     mode: UnderlayMode,
+    priority: WorkerPriority,
     poke: &Arc<Notify>,
     fatal: &mpsc::Sender<String>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>> {
     let mut threads = Vec::new();
+    let mut refused = None;
     let tunnels = lock(shared).node.tunnels();
     for (index, w) in workers.into_iter().enumerate() {
         let shared = shared.clone();
@@ -253,10 +257,22 @@ pub(crate) fn spawn(
             clean: false,
         };
         let poke = poke.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<()>>(1);
+        // Ready, or why not; with why it is not realtime if it was to be.
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::sync_channel::<Result<Option<std::io::Error>>>(1);
         let thread = std::thread::Builder::new()
             .name(format!("hyphae-worker-{index}"))
             .spawn(move || {
+                let not_realtime = match priority {
+                    WorkerPriority::Normal => None,
+                    WorkerPriority::Realtime => match make_realtime() {
+                        Ok(()) => {
+                            w.counters.realtime.store(true, Ordering::Relaxed);
+                            None
+                        }
+                        Err(e) => Some(e),
+                    },
+                };
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -285,7 +301,7 @@ pub(crate) fn spawn(
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner),
                     );
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(not_realtime));
                     let mut worker = Worker {
                         shared,
                         tunnels,
@@ -306,12 +322,34 @@ pub(crate) fn spawn(
                 });
             })
             .context("starting a worker thread")?;
-        ready_rx
+        let not_realtime = ready_rx
             .recv()
             .context("a worker thread ended while starting")??;
+        refused = refused.or(not_realtime);
         threads.push(thread);
     }
+    if let Some(e) = refused {
+        tracing::warn!(error = %e, "worker_priority = \"realtime\" was refused (it needs CAP_SYS_NICE or LimitRTPRIO={REALTIME_PRIORITY}, and no RestrictRealtime under systemd): the workers run at normal priority");
+    } else if priority == WorkerPriority::Realtime {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        if threads.len() >= cores {
+            tracing::warn!(workers = threads.len(), cores, "realtime workers on every core: under a flood they leave the control plane only the kernel's share for ordinary threads (kernel.sched_rt_runtime_us); fewer workers than cores keep a core for it");
+        }
+    }
     Ok(threads)
+}
+
+/// Makes the calling thread a `SCHED_FIFO` thread at [`REALTIME_PRIORITY`].
+fn make_realtime() -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: REALTIME_PRIORITY,
+    };
+    // SAFETY: `param` outlives the call; pid 0 is the calling thread on Linux.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// One namespace on one worker: its TAP queue and what is written to it.
