@@ -241,9 +241,9 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
     assert!(busy >= 2, "sixteen flows were read by one worker: {read:?}");
 }
 
-/// The scheduling policy of each of `pid`'s threads whose name `named` accepts: 0 is
-/// SCHED_OTHER, 1 SCHED_FIFO (the `policy` line of /proc/PID/task/TID/sched).
-fn policies(pid: u32, named: fn(&str) -> bool) -> Vec<u32> {
+/// The scheduling policy of each of `pid`'s threads whose name `named` accepts:
+/// `libc::SCHED_OTHER` (0) or `libc::SCHED_FIFO` (1), as `sched_getscheduler` gives it.
+fn policies(pid: u32, named: fn(&str) -> bool) -> Vec<i32> {
     let mut out = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads") {
         let task = task.expect("a thread").path();
@@ -251,13 +251,14 @@ fn policies(pid: u32, named: fn(&str) -> bool) -> Vec<u32> {
         if !named(comm.trim()) {
             continue;
         }
-        let sched = std::fs::read_to_string(task.join("sched")).expect("its scheduling");
-        let policy = sched
-            .lines()
-            .find(|l| l.starts_with("policy"))
-            .and_then(|l| l.rsplit(':').next())
-            .and_then(|v| v.trim().parse().ok())
-            .expect("a policy line");
+        let tid: i32 = task
+            .file_name()
+            .and_then(|t| t.to_str())
+            .and_then(|t| t.parse().ok())
+            .expect("a thread id");
+        // SAFETY: a plain query of another thread's policy.
+        let policy = unsafe { libc::sched_getscheduler(tid) };
+        assert!(policy >= 0, "sched_getscheduler({tid}) failed");
         out.push(policy);
     }
     out
@@ -293,12 +294,12 @@ fn realtime_workers_are_fifo_threads_and_the_control_thread_is_not() {
         assert!(status.iter().all(|w| w.realtime), "status: not realtime");
         assert_eq!(
             policies(agent.pid, |c| c.starts_with("hyphae-worker-")),
-            [1, 1],
+            [libc::SCHED_FIFO; 2],
             "SCHED_FIFO"
         );
         assert_eq!(
             policies(agent.pid, |c| c == "hyphae"),
-            [0],
+            [libc::SCHED_OTHER],
             "the control thread"
         );
     }

@@ -100,6 +100,7 @@ impl Control {
             };
             let name = n.name.clone();
             let trust = lock(&self.dp).node.trust(NamespaceId(i)).cloned();
+            let wall = self.host.wall(now);
             let read = std::fs::read_to_string(&path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))
                 .and_then(|text| {
@@ -108,7 +109,7 @@ impl Control {
                 .and_then(|bytes| {
                     let trust = trust.ok_or_else(|| "no authority".to_string())?;
                     let cert = trust
-                        .check(&bytes, &me, super::unix_now())
+                        .check(&bytes, &me, wall)
                         .map_err(|e| format!("{}: {e}", path.display()))?;
                     Ok((bytes, cert))
                 });

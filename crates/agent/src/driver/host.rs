@@ -21,14 +21,32 @@ pub(crate) enum Host {
     Memory(Memory),
 }
 
-/// The devices, addresses and routes a test's host was given.
+/// The devices, addresses and routes a test's host was given, its seeds and its clock.
 #[cfg(test)]
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Memory {
     /// (device, address, prefix length), in the order they were set.
     pub(crate) addresses: Vec<(String, Ipv4Addr, u8)>,
-    /// Seeds handed out so far: the next is the count, in every byte.
+    /// What sets this host's seeds apart from every other's: the agent and its start.
+    seed_prefix: [u8; 2],
+    /// Seeds handed out so far.
     seeds: u8,
+    /// The virtual clock's start and the Unix time it stands for.
+    epoch: (std::time::Instant, u64),
+}
+
+#[cfg(test)]
+impl Memory {
+    /// The host of agent `agent`'s `start`th start, on a clock that reads Unix time
+    /// `epoch.1` at `epoch.0`.
+    pub(crate) fn new(agent: u8, start: u8, epoch: (std::time::Instant, u64)) -> Self {
+        Self {
+            addresses: Vec::new(),
+            seed_prefix: [agent, start],
+            seeds: 0,
+            epoch,
+        }
+    }
 }
 
 /// The control thread's end of a namespace's TAP: the first queue, which it writes through.
@@ -151,8 +169,24 @@ impl Host {
             #[cfg(test)]
             Self::Memory(m) => {
                 m.seeds = m.seeds.wrapping_add(1);
-                Ok([m.seeds; 32])
+                let mut seed = [m.seeds; 32];
+                seed[..2].copy_from_slice(&m.seed_prefix);
+                Ok(seed)
             }
+        }
+    }
+
+    /// Seconds since the Unix epoch at `now`: records and certificates carry wall-clock
+    /// times. The kernel's clock, or (tests) the virtual one.
+    pub(crate) fn wall(&self, now: std::time::Instant) -> u64 {
+        match self {
+            // The kernel's clock needs no instant.
+            Self::Kernel => {
+                let _ = now;
+                super::unix_now()
+            }
+            #[cfg(test)]
+            Self::Memory(m) => m.epoch.1 + now.saturating_duration_since(m.epoch.0).as_secs(),
         }
     }
 }

@@ -198,17 +198,20 @@ impl Control {
         sockets: Vec<std::net::UdpSocket>,
     ) -> Result<Self> {
         let listen = tcp_multiaddr(config.agent.listen);
-        Self::start_on(config, identity, sockets, host::Host::Kernel, listen)
+        #[allow(clippy::disallowed_methods)] // the clock before the first turn
+        let now = Instant::now();
+        Self::start_on(config, identity, sockets, host::Host::Kernel, listen, now)
     }
 
-    /// Starts the control plane on `host`, its overlay listening on `overlay_listen`.
-    #[allow(clippy::disallowed_methods)] // the clock before the first turn
+    /// Starts the control plane on `host` at `now`, its overlay listening on
+    /// `overlay_listen`.
     pub(crate) fn start_on(
         config: Config,
         identity: Identity,
         sockets: Vec<std::net::UdpSocket>,
         mut host: host::Host,
         overlay_listen: hyphae_overlay::swarm::Multiaddr,
+        now: Instant,
     ) -> Result<Self> {
         let mut bootstrap: Vec<_> = config
             .namespaces
@@ -303,7 +306,6 @@ impl Control {
             #[cfg(test)]
             intercepted: None,
         };
-        let now = Instant::now();
         for cfg in &config.namespaces {
             agent.add_namespace(cfg, now)?;
         }
@@ -339,7 +341,7 @@ impl Control {
                 .map_or_else(String::new, |p| format!(" {}", p.display()));
             match credential
                 .trust
-                .check(&credential.certificate, &me, unix_now())
+                .check(&credential.certificate, &me, self.host.wall(now))
             {
                 Ok(cert) => {
                     tracing::info!(namespace = %cfg.name, name = cert.name(), groups = ?cert.groups(), not_after = cert.not_after(), "certificate");
@@ -421,7 +423,7 @@ impl Control {
             let mut dp = lock(&self.dp);
             let id = dp.node.add_namespace(keys.clone(), Vec::new());
             dp.node.set_credential(id, credential);
-            dp.node.set_wall(unix_now());
+            dp.node.set_wall(self.host.wall(now));
             if id.0 != self.namespaces.len() {
                 bail!(
                     "internal: the node numbered namespace '{}' {}, not {}",
@@ -452,7 +454,7 @@ impl Control {
             Identity::from_seed(self.identity.seed()),
             self.host.seed()?,
             now,
-            unix_now(),
+            self.host.wall(now),
         );
         membership.set_endpoints(now, self.endpoints());
         if certificate.is_some() {
@@ -600,7 +602,7 @@ impl Control {
         let tunnels = {
             let mut dp = lock(&self.dp);
             // Certificates are checked against the time of day.
-            dp.node.set_wall(unix_now());
+            dp.node.set_wall(self.host.wall(now));
             dp.handle_timeout(now, &mut self.batch)
                 .then(|| data::TunnelList::of(&dp.node))
         };
@@ -619,7 +621,7 @@ impl Control {
         if due(self.overlay.poll_timeout()) {
             self.overlay.handle_timeout(now);
         }
-        let unix = unix_now();
+        let unix = self.host.wall(now);
         for i in 0..self.namespaces.len() {
             let n = &mut self.namespaces[i];
             if !n.active() {
@@ -739,7 +741,7 @@ impl Control {
 
     /// Gives this member's address to the device, the switch and the tunnels.
     pub(crate) fn set_address(&mut self, i: usize, address: Ipv4Addr, now: Instant) {
-        let n = &mut self.namespaces[i];
+        let n = &self.namespaces[i];
         let (current, prefix) = {
             let dp = lock(&self.dp);
             let config = dp.lanes[i].switch.config();

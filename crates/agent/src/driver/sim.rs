@@ -13,9 +13,11 @@
 //!   reads, with the lease rule of a single replica: the first owner holds a key until it
 //!   releases or transfers it. What this leaves out (replica majorities, lookups, proofs of
 //!   membership) has its own tests in the overlay crate.
-//! - **Not virtual**: records' expiry times are Unix seconds, and boringtun reads its own
-//!   clock for its rekey timers, so a session's age never reaches 120 s here. A rekey is
-//!   what a member's restart forces: a fresh handshake on a tunnel the other side keeps.
+//! - **Wall clock**: records and certificates carry Unix times; the agents and the DHT read
+//!   them from the virtual clock too (`Host::wall`), so leases lapse as virtual time goes.
+//! - **Not virtual**: boringtun reads its own clock for its rekey timers, so a session's age
+//!   never reaches 120 s here. A rekey is what a member's restart forces: a fresh handshake
+//!   on a tunnel the other side keeps.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -66,13 +68,24 @@ impl Intercepted {
 pub(crate) struct Dht {
     records: HashMap<RecordKey, Envelope>,
     groups: HashMap<RecordKey, Vec<Envelope>>,
-    /// Operations answered, by kind: claims, reads, group reads, transfers.
-    pub(crate) claims: usize,
-    pub(crate) reads: usize,
+    /// Transfers answered.
     pub(crate) transfers: usize,
     /// While set, operations wait here unanswered (a slow DHT).
     pub(crate) hold: bool,
     held: Vec<(usize, OwnerKey, Option<OpId>, Request)>,
+}
+
+impl Dht {
+    /// The keys of the reads waiting while the DHT holds them.
+    pub(crate) fn held_reads(&self) -> Vec<RecordKey> {
+        self.held
+            .iter()
+            .filter_map(|(_, _, _, r)| match r {
+                Request::Get { key } | Request::GetNear { key } => Some(*key),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 impl Dht {
@@ -94,7 +107,6 @@ impl Dht {
     ) -> Option<OverlayEvent> {
         let answer = match request {
             Request::Claim { key, envelope, .. } => {
-                self.claims += 1;
                 let result = match self.holder(&key, unix) {
                     Some(h) if Some(h) != envelope.owner() => ClaimResult::Lost(Some(h)),
                     _ => {
@@ -105,18 +117,18 @@ impl Dht {
                 claimed(key, result)
             }
             Request::Transfer { key, envelope } => {
+                // Only the holder moves a lease, as the replicas rule.
                 self.transfers += 1;
                 let result = match self.holder(&key, unix) {
-                    Some(h) if h != requester => ClaimResult::Lost(Some(h)),
-                    _ => {
+                    Some(h) if h == requester => {
                         self.records.insert(key, envelope);
                         ClaimResult::Won
                     }
+                    holder => ClaimResult::Lost(holder),
                 };
                 claimed(key, result)
             }
             Request::Get { key } | Request::GetNear { key } => {
-                self.reads += 1;
                 let envelopes = self
                     .records
                     .get(&key)
@@ -177,6 +189,8 @@ pub(crate) struct Agent {
     pub(crate) addr: SocketAddr,
     pub(crate) id: NetworkId,
     seed: u8,
+    /// How many times it was started.
+    starts: u8,
     owner: OwnerKey,
     pub(crate) config: PathBuf,
     outbox: mpsc::Receiver<Outgoing>,
@@ -191,6 +205,8 @@ pub(crate) struct Agent {
     pub(crate) to_host: Vec<Vec<u8>>,
     /// Data messages the worker opened outside the data plane.
     pub(crate) opened_outside: usize,
+    /// A worker batch asked to wake the control thread.
+    wake: bool,
 }
 
 /// Agents on one virtual clock, one underlay and one DHT.
@@ -198,19 +214,16 @@ pub(crate) struct Sim {
     pub(crate) now: Instant,
     pub(crate) agents: Vec<Agent>,
     pub(crate) dht: Dht,
+    /// Where the virtual clock started, and the Unix time that stands for.
+    epoch: (Instant, u64),
     dir: PathBuf,
-    _runtime: tokio::runtime::Runtime,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl Drop for Sim {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// The Unix time the records are checked against.
-fn unix() -> u64 {
-    super::unix_now()
 }
 
 impl Sim {
@@ -228,14 +241,21 @@ impl Sim {
             .enable_all()
             .build()
             .expect("a runtime");
+        #[allow(clippy::disallowed_methods)] // where the virtual clock starts
+        let now = Instant::now();
         Self {
-            #[allow(clippy::disallowed_methods)] // where the virtual clock starts
-            now: Instant::now(),
+            now,
             agents: Vec::new(),
             dht: Dht::default(),
+            epoch: (now, super::unix_now()),
             dir,
-            _runtime: runtime,
+            runtime,
         }
+    }
+
+    /// The Unix time of the virtual clock: what the agents' records carry.
+    pub(crate) fn wall(&self) -> u64 {
+        self.epoch.1 + self.now.saturating_duration_since(self.epoch.0).as_secs()
     }
 
     /// The secret file every agent's namespace names.
@@ -258,23 +278,24 @@ impl Sim {
             ),
         )
         .expect("a config file");
-        let agent = self.start(seed, &config);
+        let agent = self.start(seed, 1, &config);
         self.agents.push(agent);
         self.agents.len() - 1
     }
 
-    fn start(&mut self, seed: u8, path: &Path) -> Agent {
+    fn start(&mut self, seed: u8, starts: u8, path: &Path) -> Agent {
         let config = Config::load(path).expect("the simulation's config is valid");
         let addr = config.agent.listen;
-        let _guard = self._runtime.enter();
+        let _guard = self.runtime.enter();
         let identity = Identity::from_seed([seed; 32]);
         let owner = *identity.peer_id().as_bytes();
         let mut control = Control::start_on(
             config,
             identity,
             Vec::new(),
-            Host::Memory(Memory::default()),
+            Host::Memory(Memory::new(seed, starts, self.epoch)),
             "/memory/0".parse().expect("a memory address"),
+            self.now,
         )
         .expect("the control plane starts");
         control.intercepted = Some(Intercepted::default());
@@ -289,6 +310,7 @@ impl Sim {
             addr,
             id,
             seed,
+            starts,
             owner,
             config: path.to_path_buf(),
             outbox,
@@ -298,14 +320,18 @@ impl Sim {
             from_network: Vec::new(),
             to_host: Vec::new(),
             opened_outside: 0,
+            wake: false,
         }
     }
 
     /// Agent `k` stops without a word (kill -9) and starts again from its config and state
     /// directory, with the same identity and underlay address.
     pub(crate) fn restart(&mut self, k: usize) {
-        let (seed, path) = (self.agents[k].seed, self.agents[k].config.clone());
-        let fresh = self.start(seed, &path);
+        let a = &self.agents[k];
+        let (seed, starts, path) = (a.seed, a.starts.wrapping_add(1), a.config.clone());
+        // What the old process asked of the DHT dies with it.
+        self.dht.held.retain(|h| h.0 != k);
+        let fresh = self.start(seed, starts, &path);
         self.agents[k] = fresh;
     }
 
@@ -402,7 +428,7 @@ impl Sim {
             {
                 let mut dp = lock(&a.control.dp);
                 dp.handle_frames(now, &ranges, &mut rx, &mut a.worker);
-                dp.after_batch(false, &mut a.worker);
+                a.wake |= dp.after_batch(false, &mut a.worker);
             }
             self.worker_carry_out(k);
         }
@@ -422,7 +448,7 @@ impl Sim {
             {
                 let mut dp = lock(&a.control.dp);
                 dp.handle_datagrams(now, list, &mut a.worker);
-                dp.after_batch(true, &mut a.worker);
+                a.wake |= dp.after_batch(true, &mut a.worker);
             }
             self.worker_carry_out(k);
         }
@@ -459,7 +485,8 @@ impl Sim {
         let now = self.now;
         let a = &mut self.agents[k];
         let event = a.events.pop_front();
-        let mut busy = event.is_some() || lock(&a.control.dp).wake_control;
+        // Woken by the overlay, or by a worker (as `poke` does).
+        let mut busy = event.is_some() || std::mem::take(&mut a.wake);
         if let Some(event) = event {
             a.control.handle_overlay(now, event);
         }
@@ -484,8 +511,9 @@ impl Sim {
             self.dht.held.push((k, owner, op, request));
         }
         if !self.dht.hold {
+            let wall = self.wall();
             for (k, owner, op, request) in std::mem::take(&mut self.dht.held) {
-                if let Some(event) = self.dht.answer(unix(), owner, op, request) {
+                if let Some(event) = self.dht.answer(wall, owner, op, request) {
                     if let Some(a) = self.agents.get_mut(k) {
                         a.events.push_back(event);
                     }
@@ -518,6 +546,6 @@ impl Sim {
         for (to, bytes) in sent {
             self.deliver(from, to, bytes);
         }
-        busy || self.agents[k].events.iter().next().is_some()
+        busy || !self.agents[k].events.is_empty()
     }
 }

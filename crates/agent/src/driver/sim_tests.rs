@@ -219,8 +219,16 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
     sim.run_for(Duration::from_secs(3));
     let start = sim.now;
 
-    // DHCP: discover, offer, request, acknowledge.
+    // DHCP: discover, offer, request, acknowledge. No offer while the claim waits on the
+    // DHT.
+    sim.dht.hold = true;
     sim.host_sends(r, dhcp_request(STATION, MessageType::Discover, Vec::new()));
+    sim.run_for(Duration::from_millis(500));
+    assert!(
+        dhcp_replies(&sim.host_receives(r)).is_empty(),
+        "an offer before the router's claim was decided"
+    );
+    sim.dht.hold = false;
     let mut offer = None;
     assert!(
         sim.run_until(start + Duration::from_secs(5), |sim| {
@@ -240,10 +248,9 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
         .peer_id()
         .as_bytes();
     assert_eq!(
-        sim.dht
-            .holder(&keys.address_key(offered), super::unix_now()),
+        sim.dht.holder(&keys.address_key(offered), sim.wall()),
         Some(router_owner),
-        "the router claimed the offered address in the DHT before offering it"
+        "the router holds the offered address in the DHT"
     );
     sim.host_sends(
         r,
@@ -280,13 +287,16 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
         RecordType::A,
     ));
     let query = query.to_vec().expect("a DNS query encodes");
-    let reads = sim.dht.reads;
     sim.dht.hold = true;
     sim.host_sends(r, udp(host, server_mac, SERVICE, (40000, 53), &query));
     sim.run_for(Duration::from_millis(500));
     assert!(
         dns_answers(&sim.host_receives(r), 40000).is_empty(),
         "the name was answered before the DHT was read"
+    );
+    assert!(
+        sim.dht.held_reads().contains(&keys.name_key("bravo")),
+        "the query waits on a read of the name"
     );
     sim.dht.hold = false;
     let mut answers = Vec::new();
@@ -298,9 +308,9 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
         "no DNS answer once the DHT answered"
     );
     assert_eq!(answers, vec![vec![BRAVO]]);
-    assert!(sim.dht.reads > reads, "the name was read from the DHT");
 
     // A ping to the member: through the router's worker, the tunnel, the member's worker.
+    let opened = sim.agents[b].opened_outside;
     sim.host_sends(r, ping(host, server_mac, BRAVO, 1));
     let mut arrived = false;
     assert!(
@@ -313,7 +323,7 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
         "the ping never reached the member's TAP"
     );
     assert!(
-        sim.agents[b].opened_outside > 0,
+        sim.agents[b].opened_outside > opened,
         "the member's worker opened it outside the lock"
     );
 }
@@ -384,7 +394,7 @@ fn a_lan_host_that_moves_to_another_router_is_handed_off() {
     sim.run_for(Duration::from_secs(3));
     let (address, _) = lease(&mut sim, old, STATION);
     let key = keys(&sim).address_key(address);
-    assert_eq!(sim.dht.holder(&key, super::unix_now()), Some(owner(1)));
+    assert_eq!(sim.dht.holder(&key, sim.wall()), Some(owner(1)));
     sim.host_receives(old);
 
     let moved = sim.now;
@@ -396,7 +406,7 @@ fn a_lan_host_that_moves_to_another_router_is_handed_off() {
     let transfers = sim.dht.transfers;
     assert!(
         sim.run_until(moved + Duration::from_secs(5), |sim| {
-            sim.dht.holder(&key, super::unix_now()) == Some(owner(3))
+            sim.dht.holder(&key, sim.wall()) == Some(owner(3))
         }),
         "the lease never moved to the new router"
     );

@@ -36,7 +36,7 @@
 
 use std::io::ErrorKind;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -129,7 +129,7 @@ pub(crate) struct WorkerCounters {
     /// Its underlay's path and counters, as of its last send.
     pub(crate) underlay: Mutex<crate::control::UnderlayStatus>,
     /// It runs as a realtime thread.
-    pub(crate) realtime: std::sync::atomic::AtomicBool,
+    pub(crate) realtime: AtomicBool,
 }
 
 /// What the control thread asks of a worker.
