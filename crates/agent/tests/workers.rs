@@ -43,6 +43,25 @@ fn grew(
         .collect()
 }
 
+/// Two hosts of a testbed named `name`, each with an agent whose `[agent]` section has
+/// `agent_lines` too, each the other's static peer.
+fn pair(name: &str, agent_lines: &str) -> (Testbed, Vec<Host>, Vec<AgentHandle>) {
+    let mut bed = Testbed::new(name, Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").expect("secret");
+    let hosts: Vec<Host> = (1..=2)
+        .map(|i| bed.add_host(&format!("h{i}"), underlay(i)).expect("host"))
+        .collect();
+    let mut agents = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let me = i as u8 + 1;
+        let cfg = agent_config(host, "lab", &secret, SUBNET, vip(me), &[underlay(3 - me)])
+            .replacen("[agent]\n", &format!("[agent]\n{agent_lines}"), 1);
+        agents.push(bed.start_agent(host, &cfg).expect("agent"));
+    }
+    (bed, hosts, agents)
+}
+
 /// iperf3 UDP from `from` to `to` with `streams` parallel flows of 1200-byte datagrams; the
 /// receiver's count of datagrams sent, lost and out of order (summed over the flows).
 fn udp_flows(
@@ -100,23 +119,7 @@ fn udp_flows(
 #[test]
 fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
     require_root();
-    let mut bed = Testbed::new("workers", Path::new(BIN)).expect("testbed");
-    let secret = bed.dir().join("lab.secret");
-    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").expect("secret");
-    let hosts: Vec<Host> = (1..=2)
-        .map(|i| bed.add_host(&format!("h{i}"), underlay(i)).expect("host"))
-        .collect();
-    let mut agents = Vec::new();
-    for (i, host) in hosts.iter().enumerate() {
-        let me = i as u8 + 1;
-        let peer = underlay(3 - me);
-        let cfg = agent_config(host, "lab", &secret, SUBNET, vip(me), &[peer]).replacen(
-            "[agent]\n",
-            &format!("[agent]\nworkers = {WORKERS}\n"),
-            1,
-        );
-        agents.push(bed.start_agent(host, &cfg).expect("agent"));
-    }
+    let (mut bed, hosts, agents) = pair("workers", &format!("workers = {WORKERS}\n"));
     bed.wait_for_ping(&hosts[0], vip(2), Duration::from_secs(20))
         .expect("first contact");
     for (host, agent) in hosts.iter().zip(&agents) {
@@ -269,23 +272,7 @@ fn policies(pid: u32, named: fn(&str) -> bool) -> Vec<i32> {
 #[test]
 fn realtime_workers_are_fifo_threads_and_the_control_thread_is_not() {
     require_root();
-    let mut bed = Testbed::new("rtworkers", Path::new(BIN)).expect("testbed");
-    let secret = bed.dir().join("lab.secret");
-    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").expect("secret");
-    let hosts: Vec<Host> = (1..=2)
-        .map(|i| bed.add_host(&format!("h{i}"), underlay(i)).expect("host"))
-        .collect();
-    let mut agents = Vec::new();
-    for (i, host) in hosts.iter().enumerate() {
-        let me = i as u8 + 1;
-        let cfg = agent_config(host, "lab", &secret, SUBNET, vip(me), &[underlay(3 - me)])
-            .replacen(
-                "[agent]\n",
-                "[agent]\nworkers = 2\nworker_priority = \"realtime\"\n",
-                1,
-            );
-        agents.push(bed.start_agent(host, &cfg).expect("agent"));
-    }
+    let (bed, hosts, agents) = pair("rtworkers", "workers = 2\nworker_priority = \"realtime\"\n");
     bed.wait_for_ping(&hosts[0], vip(2), Duration::from_secs(20))
         .expect("a ping between realtime agents");
     for (host, agent) in hosts.iter().zip(&agents) {

@@ -11,6 +11,7 @@ use hickory_proto::rr::{rdata::A, Name, RData, RecordType};
 use hyphae_overlay::NamespaceKeys;
 
 use super::sim::Sim;
+use super::tests::checksum;
 use super::workers::lock;
 
 const SUBNET: &str = "10.201.0.0/24";
@@ -52,18 +53,6 @@ fn member(sim: &mut Sim, seed: u8, address: Ipv4Addr, hostname: &str) -> usize {
 fn keys(sim: &Sim) -> NamespaceKeys {
     let secret = std::fs::read_to_string(sim.secret()).expect("the secret file");
     NamespaceKeys::derive("lab", secret.trim().as_bytes())
-}
-
-fn checksum(bytes: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    for pair in bytes.chunks(2) {
-        let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
-        sum += u32::from(word);
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// An Ethernet frame carrying an IPv4 packet.
@@ -217,7 +206,6 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
     let r = router(&mut sim, 1);
     let b = member(&mut sim, 2, BRAVO, "bravo");
     sim.run_for(Duration::from_secs(3));
-    let start = sim.now;
 
     // DHCP: discover, offer, request, acknowledge. No offer while the claim waits on the
     // DHT.
@@ -229,18 +217,8 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
         "an offer before the router's claim was decided"
     );
     sim.dht.hold = false;
-    let mut offer = None;
-    assert!(
-        sim.run_until(start + Duration::from_secs(5), |sim| {
-            let replies = dhcp_replies(&sim.host_receives(r));
-            offer = offer.or(replies
-                .into_iter()
-                .find(|(t, _, _)| *t == MessageType::Offer));
-            offer.is_some()
-        }),
-        "no DHCP offer"
-    );
-    let (_, offered, server_mac) = offer.expect("an offer");
+    let (offered, server_mac) =
+        dhcp_reply(&mut sim, r, MessageType::Offer).expect("a DHCP offer once the DHT answers");
     let subnet: ipnet::Ipv4Net = SUBNET.parse().expect("a subnet");
     assert!(subnet.contains(&offered) && offered != SERVICE && offered != BRAVO);
     let keys = keys(&sim);
@@ -252,28 +230,9 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
         Some(router_owner),
         "the router holds the offered address in the DHT"
     );
-    sim.host_sends(
-        r,
-        dhcp_request(
-            STATION,
-            MessageType::Request,
-            vec![
-                DhcpOption::RequestedIpAddress(offered),
-                DhcpOption::ServerIdentifier(SERVICE),
-            ],
-        ),
-    );
-    let mut ack = None;
-    assert!(
-        sim.run_until(sim.now + Duration::from_secs(5), |sim| {
-            ack = ack.or(dhcp_replies(&sim.host_receives(r))
-                .into_iter()
-                .find(|(t, _, _)| *t == MessageType::Ack));
-            ack.is_some()
-        }),
-        "no DHCP acknowledgement"
-    );
-    assert_eq!(ack.map(|(_, a, _)| a), Some(offered));
+    sim.host_sends(r, dhcp_select(STATION, offered));
+    let ack = dhcp_reply(&mut sim, r, MessageType::Ack).map(|(a, _)| a);
+    assert_eq!(ack, Some(offered), "a DHCP acknowledgement");
     let host = Station {
         ip: offered,
         ..STATION
@@ -332,40 +291,38 @@ fn a_lan_host_gets_a_lease_resolves_a_name_through_the_dht_and_reaches_a_member(
 /// router answers from.
 fn lease(sim: &mut Sim, r: usize, host: Station) -> (Ipv4Addr, [u8; 6]) {
     sim.host_sends(r, dhcp_request(host, MessageType::Discover, Vec::new()));
-    let mut offer = None;
-    let end = sim.now + Duration::from_secs(5);
-    sim.run_until(end, |sim| {
-        offer = offer.or(dhcp_replies(&sim.host_receives(r))
-            .into_iter()
-            .find(|(t, _, _)| *t == MessageType::Offer));
-        offer.is_some()
-    });
-    let (_, offered, mac) = offer.expect("a DHCP offer");
-    sim.host_sends(
-        r,
-        dhcp_request(
-            host,
-            MessageType::Request,
-            vec![
-                DhcpOption::RequestedIpAddress(offered),
-                DhcpOption::ServerIdentifier(SERVICE),
-            ],
-        ),
-    );
-    let mut ack = None;
-    let end = sim.now + Duration::from_secs(5);
-    sim.run_until(end, |sim| {
-        ack = ack.or(dhcp_replies(&sim.host_receives(r))
-            .into_iter()
-            .find(|(t, _, _)| *t == MessageType::Ack));
-        ack.is_some()
-    });
-    assert_eq!(
-        ack.map(|(_, a, _)| a),
-        Some(offered),
-        "a DHCP acknowledgement"
-    );
+    let (offered, mac) = dhcp_reply(sim, r, MessageType::Offer).expect("a DHCP offer");
+    sim.host_sends(r, dhcp_select(host, offered));
+    let ack = dhcp_reply(sim, r, MessageType::Ack).map(|(a, _)| a);
+    assert_eq!(ack, Some(offered), "a DHCP acknowledgement");
     (offered, mac)
+}
+
+/// The first DHCP reply of type `kind` router `r` writes within 5 s: the address it gives
+/// and the MAC it comes from.
+fn dhcp_reply(sim: &mut Sim, r: usize, kind: MessageType) -> Option<(Ipv4Addr, [u8; 6])> {
+    let mut reply = None;
+    let end = sim.now + Duration::from_secs(5);
+    sim.run_until(end, |sim| {
+        reply = reply.or(dhcp_replies(&sim.host_receives(r))
+            .into_iter()
+            .find(|(t, _, _)| *t == kind)
+            .map(|(_, a, mac)| (a, mac)));
+        reply.is_some()
+    });
+    reply
+}
+
+/// The DHCPREQUEST that takes the address `offered` by the service address.
+fn dhcp_select(host: Station, offered: Ipv4Addr) -> Vec<u8> {
+    dhcp_request(
+        host,
+        MessageType::Request,
+        vec![
+            DhcpOption::RequestedIpAddress(offered),
+            DhcpOption::ServerIdentifier(SERVICE),
+        ],
+    )
 }
 
 /// Whether `frame` is an ARP request for `target`.

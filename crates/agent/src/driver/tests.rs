@@ -172,7 +172,8 @@ impl Plane {
     }
 }
 
-fn checksum(bytes: &[u8]) -> u16 {
+/// The Internet checksum of `bytes` (IPv4 headers, ICMP).
+pub(super) fn checksum(bytes: &[u8]) -> u16 {
     let mut sum: u32 = 0;
     for pair in bytes.chunks(2) {
         let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
