@@ -291,3 +291,70 @@ fn realtime_workers_are_fifo_threads_and_the_control_thread_is_not() {
         );
     }
 }
+
+/// `worker_priority = "realtime"` without the right to it (no CAP_SYS_NICE, an
+/// `RLIMIT_RTPRIO` of 0): the agent says so once and its workers run as ordinary threads.
+#[test]
+fn refused_realtime_is_said_once_and_the_workers_run_normally() {
+    require_root();
+    let mut bed = Testbed::new("rtrefused", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").expect("secret");
+    let host = bed.add_host("h1", underlay(1)).expect("host");
+    let config = host.dir.join("hyphae.toml");
+    let text = agent_config(&host, "lab", &secret, SUBNET, vip(1), &[underlay(2)]).replacen(
+        "[agent]\n",
+        "[agent]\nworkers = 2\nworker_priority = \"realtime\"\n",
+        1,
+    );
+    std::fs::write(&config, text).expect("config");
+    let log = host.dir.join("agent.log");
+    let config_arg = config.display().to_string();
+    // setpriv execs the agent: its PID is the agent's.
+    let pid = bed
+        .spawn(
+            &host.ns,
+            "setpriv",
+            &[
+                "--bounding-set=-sys_nice",
+                "--",
+                BIN,
+                "up",
+                "-c",
+                &config_arg,
+            ],
+            &log,
+        )
+        .expect("the agent without CAP_SYS_NICE");
+    let agent = AgentHandle { pid, config, log };
+    // Up to 10 s for its control socket.
+    let mut status = None;
+    for _ in 0..200 {
+        status = bed.status(&host, &agent).ok();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "the agent did not start: {}",
+            std::fs::read_to_string(&agent.log).unwrap_or_default()
+        )
+    });
+    assert_eq!(status.workers.len(), 2);
+    assert!(
+        status.workers.iter().all(|w| !w.realtime),
+        "status: realtime"
+    );
+    assert_eq!(
+        policies(agent.pid, |c| c.starts_with("hyphae-worker-")),
+        [libc::SCHED_OTHER; 2]
+    );
+    let text = std::fs::read_to_string(&agent.log).expect("the agent's log");
+    assert_eq!(
+        text.matches("was refused").count(),
+        1,
+        "one warning, naming the refusal: {text}"
+    );
+}
