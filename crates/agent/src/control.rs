@@ -195,6 +195,11 @@ pub struct WorkerStatus {
     pub batches: u64,
     /// Sends that failed on its socket.
     pub send_errors: u64,
+    /// Packets it sealed on another worker's shard of their tunnel: flows the kernel
+    /// handed to it that another worker owns (0 while the TAP queues are steered by flow,
+    /// unless a peer's tunnel has fewer shards than we have workers).
+    #[serde(default)]
+    pub sealed_elsewhere: u64,
     /// How long it waited to take the data plane, per batch.
     #[serde(default)]
     pub lock_wait: LockWaitStatus,

@@ -285,9 +285,8 @@ pub(crate) fn create_tap(
 }
 
 /// The other queues of a TAP opened with more than one (`IFF_MULTI_QUEUE`): one per worker
-/// but the first, non-blocking. The kernel hands each flow's frames to one queue, the one
-/// the flow's packets were last written on (tun's automatic queue selection), so a flow
-/// stays with the worker that receives it.
+/// but the first, non-blocking. Which queue the kernel hands a frame to is
+/// [`steer_tap`]'s.
 pub(crate) fn more_queues(first: &SyncDevice, queues: usize) -> Result<Vec<SyncDevice>> {
     (1..queues)
         .map(|_| {
@@ -298,6 +297,32 @@ pub(crate) fn more_queues(first: &SyncDevice, queues: usize) -> Result<Vec<SyncD
             Ok(queue)
         })
         .collect()
+}
+
+/// Has the kernel hand each IPv4 flow's frames to queue `k` of the TAP, `k` being the
+/// tunnel shard the flow is sealed on (`hyphae_overlay::flow_shard`), which worker `k`
+/// owns: a flow is read, sealed, received and written by one worker at each end, from its
+/// first frame and for good (`underlay::bpf::steering_program`, `TUNSETSTEERINGEBPF`,
+/// Linux 4.16; loading it takes `CAP_BPF`).
+///
+/// Without it, tun picks the queue a flow's packets were last written on and, for a flow
+/// none were written for in 3 s (a one-way stream: `TUN_FLOW_EXPIRE`), its own hash: such
+/// a flow moved from one worker to the other after a few seconds, and both then sealed on
+/// its one shard (docs/BENCHMARKS.md, "What the 64-byte figure measures").
+pub(crate) fn steer_tap(tap: &SyncDevice, queues: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// `_IOR('T', 224, int)` (linux/if_tun.h).
+    const TUNSETSTEERINGEBPF: libc::c_ulong = 0x8004_54e0;
+    let program = crate::underlay::bpf::load_steering(queues as u32)?;
+    let fd: libc::c_int = program.as_raw_fd();
+    // SAFETY: the TAP's descriptor is open; the kernel reads one int (the program's
+    // descriptor, which it takes its own reference of) from a live local.
+    let rc = unsafe { libc::ioctl(tap.as_raw_fd(), TUNSETSTEERINGEBPF as _, &fd) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 fn build_tap(

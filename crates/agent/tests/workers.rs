@@ -1,8 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Data-path workers end to end: two agents with four workers each, in network namespaces,
 //! carrying UDP flows that iperf3 counts. Each flow must stay on one worker from the
-//! sender's TAP queue to the receiver's, so the receiver sees no datagram out of order, and
-//! flows that the kernel hashes to different queues must be read by different workers.
+//! sender's TAP queue to the receiver's, for longer than tun's flow table keeps a flow (a
+//! one-way flow used to move after 3 s), so the receiver sees no datagram out of order;
+//! flows must spread over the workers; and every packet must be sealed by the worker that
+//! owns its flow's shard (the TAP's steering program picks the queue the way the tunnel
+//! picks the shard).
 //!
 //! Needs root, iproute2, ping, iperf3 and python3 (`scripts/test` installs them). Never skips:
 //! without root it fails and says why.
@@ -70,6 +73,7 @@ fn udp_flows(
     to: &Host,
     port: u16,
     streams: u32,
+    secs: u32,
 ) -> (u64, u64, u64) {
     let port = port.to_string();
     let log = to.dir.join(format!("iperf3-{port}.log"));
@@ -91,7 +95,7 @@ fn udp_flows(
                 "-l",
                 "1200",
                 "-t",
-                "3",
+                &secs.to_string(),
                 "-P",
                 &streams.to_string(),
                 "-J",
@@ -135,12 +139,13 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
         assert!(text.contains("workers 4  frames from devices "), "{text}");
     }
 
-    // One flow: read by one of h1's workers, received and written by one of h2's.
+    // One flow, one way, for twice as long as tun's flow table keeps it (3 s): read by one
+    // of h1's workers, received and written by one of h2's.
     let (h1_before, h2_before) = (
         workers(&bed, &hosts[0], &agents[0]),
         workers(&bed, &hosts[1], &agents[1]),
     );
-    let (packets, lost, out_of_order) = udp_flows(&mut bed, &hosts[0], &hosts[1], 5201, 1);
+    let (packets, lost, out_of_order) = udp_flows(&mut bed, &hosts[0], &hosts[1], 5201, 1, 6);
     let (h1_after, h2_after) = (
         workers(&bed, &hosts[0], &agents[0]),
         workers(&bed, &hosts[1], &agents[1]),
@@ -176,9 +181,8 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
 
     // Eight flows to one member: each stays in order, and they spread over the workers at
     // both ends. The tunnel has a WireGuard session per worker (shards), each flow is
-    // sealed on the shard its hash picks, and h2's socket group hands shard k to worker k;
-    // h2's answer to each flow's first datagram goes back on the same shard, so h1's kernel
-    // sends the rest of the flow out on that worker's queue.
+    // sealed on the shard its hash picks, h2's socket group hands shard k to worker k, and
+    // h1's TAP hands the flow's frames to queue k, worker k's.
     for (host, agent) in hosts.iter().zip(&agents) {
         let status = bed.status(host, agent).expect("status");
         let shards: Vec<usize> = status.namespaces[0]
@@ -192,7 +196,7 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
         workers(&bed, &hosts[0], &agents[0]),
         workers(&bed, &hosts[1], &agents[1]),
     );
-    let (packets, lost, out_of_order) = udp_flows(&mut bed, &hosts[0], &hosts[1], 5202, 8);
+    let (packets, lost, out_of_order) = udp_flows(&mut bed, &hosts[0], &hosts[1], 5202, 8, 3);
     let read = grew(&h1_before, &workers(&bed, &hosts[0], &agents[0]), |w| {
         w.frames_in
     });
@@ -242,6 +246,22 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
     eprintln!("sixteen unanswered flows: h1 read {read:?}");
     let busy = read.iter().filter(|&&c| c >= 200).count();
     assert!(busy >= 2, "sixteen flows were read by one worker: {read:?}");
+
+    // Every packet of the whole test was sealed by the worker owning its shard, at both
+    // ends: with four shards per tunnel and four workers, the TAP's steering program and
+    // the tunnel agree on every flow.
+    for (host, agent) in hosts.iter().zip(&agents) {
+        let elsewhere: Vec<u64> = workers(&bed, host, agent)
+            .iter()
+            .map(|w| w.sealed_elsewhere)
+            .collect();
+        eprintln!("{}: sealed on another worker's shard {elsewhere:?}", host.name);
+        assert!(
+            elsewhere.iter().all(|&n| n == 0),
+            "{}: packets sealed by a worker that does not own their shard: {elsewhere:?}",
+            host.name
+        );
+    }
 }
 
 /// The scheduling policy of each of `pid`'s threads whose name `named` accepts:

@@ -22,8 +22,8 @@ pub mod wire;
 pub use identity::{Identity, PeerId};
 pub use keys::{NamespaceKeys, MIN_SECRET_LEN, TAG_LEN};
 pub use node::{
-    DropReason, Event, NamespaceId, Node, Opened, PeerDropReason, PeerHandle, PeerInfo, PeerStats,
-    Received, RelayStats, Sealer, Transmit, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT,
+    flow_shard, DropReason, Event, NamespaceId, Node, Opened, PeerDropReason, PeerHandle, PeerInfo,
+    PeerStats, Received, RelayStats, Sealer, Transmit, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT,
 };
 
 /// Underlay headers in front of a tunnel datagram, on an IPv6 underlay (the larger):

@@ -409,9 +409,14 @@ impl Batch {
 
     /// Seals the packets [`Batch::seal`] queued, each holding only its tunnel: the data
     /// plane must not be held. Without a session a packet waits in its tunnel and a
-    /// handshake initiation (or nothing) is sent instead.
-    pub(crate) fn seal_pending(&mut self) {
+    /// handshake initiation (or nothing) is sent instead. Returns how many were sealed on
+    /// a shard other than `own` (a worker's own shard: its index), none without one.
+    pub(crate) fn seal_pending(&mut self, own: Option<u8>) -> u64 {
+        let mut elsewhere = 0;
         for (sealer, range) in self.seals.drain(..) {
+            if own.is_some_and(|own| sealer.shard() != own) {
+                elsewhere += 1;
+            }
             let at = self.datagrams_used;
             grow(&mut self.datagrams, at + range.len() + SEAL_ROOM);
             let packet = &self.plain[range];
@@ -421,6 +426,7 @@ impl Batch {
             }
         }
         self.plain_used = 0;
+        elsewhere
     }
 
     /// Opens the datagrams a worker received, before it takes the data plane: the direct

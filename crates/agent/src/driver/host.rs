@@ -88,6 +88,20 @@ impl Host {
                     crate::setup::create_tap(cfg, tap_name, macs.tap, offload, queues)?;
                 let udp = offload && tap.udp_gso();
                 let more = crate::setup::more_queues(&tap, queues)?;
+                if queues > 1 {
+                    match crate::setup::steer_tap(&tap, queues) {
+                        Ok(()) => tracing::debug!(
+                            device = tap_name,
+                            queues,
+                            "TAP queues steered by flow shard"
+                        ),
+                        Err(e) => tracing::info!(
+                            device = tap_name,
+                            error = %e,
+                            "TAP queue steering refused: the kernel picks each flow's queue (a one-way flow may move between workers)"
+                        ),
+                    }
+                }
                 let lan = match cfg.mode {
                     Mode::Interface => None,
                     Mode::Router | Mode::Hybrid => {

@@ -709,7 +709,7 @@ impl Control {
     /// Carries out what this thread's turns left in its batch, with the data plane let go:
     /// datagrams to worker 0's outbox, frames to each namespace's first TAP queue.
     pub(crate) fn carry_out(&mut self) {
-        self.batch.seal_pending();
+        self.batch.seal_pending(None);
         for (to, range) in &self.batch.sends {
             let datagram = self.batch.datagram(range).to_vec();
             if self.outbox.try_send((*to, datagram)).is_err() {

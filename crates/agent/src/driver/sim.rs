@@ -458,7 +458,7 @@ impl Sim {
     /// What agent `k`'s worker batch sends and writes, after the data plane is let go.
     fn worker_carry_out(&mut self, k: usize) {
         let a = &mut self.agents[k];
-        a.worker.seal_pending();
+        a.worker.seal_pending(None);
         let from = a.addr;
         let mut sent = Vec::new();
         for (to, range) in &a.worker.sends {

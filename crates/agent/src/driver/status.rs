@@ -515,6 +515,7 @@ impl Control {
                     datagrams_in: c.datagrams_in.load(Ordering::Relaxed),
                     batches: c.batches.load(Ordering::Relaxed),
                     send_errors: c.send_errors.load(Ordering::Relaxed),
+                    sealed_elsewhere: c.sealed_elsewhere.load(Ordering::Relaxed),
                     lock_wait: LockWaitStatus {
                         bounds_us: LOCK_WAIT_BOUNDS_US.to_vec(),
                         counts: c

@@ -78,7 +78,7 @@ fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
 impl Plane {
     /// What the last batch left: datagrams to `sent`, frames to `tap`.
     fn carry_out(&mut self) {
-        self.batch.seal_pending();
+        self.batch.seal_pending(None);
         for (to, range) in &self.batch.sends {
             self.sent.push((*to, self.batch.datagram(range).to_vec()));
         }

@@ -10,9 +10,10 @@
 //!   picks (the same both ways), and a program on the socket group
 //!   (`setup::steer_by_shard`) hands shard `k`'s datagrams to worker `k`; everything else
 //!   goes by the kernel's hash of addresses and ports;
-//! - that worker writes the member's packets to its own TAP queue, and tun's automatic
-//!   queue selection sends a flow's frames back out on the queue its packets were last
-//!   written on: the reply leaves through the same worker, sealed on the same shard.
+//! - that worker writes the member's packets to its own TAP queue, and a steering program
+//!   on the TAP (`setup::steer_tap`) hands the kernel's frames of a flow to queue `k` of
+//!   its shard `k`: the flow leaves through the same worker, sealed on the same shard, from
+//!   its first frame, in either direction, one-way flows included.
 //!
 //! Different flows of one member thus use every worker at both ends.
 //!
@@ -124,6 +125,9 @@ pub(crate) struct WorkerCounters {
     pub(crate) batches: AtomicU64,
     /// Sends that failed on its underlay.
     pub(crate) send_errors: AtomicU64,
+    /// Packets it sealed on another worker's shard of their tunnel (a flow the kernel
+    /// handed to the wrong worker, or a tunnel with fewer shards than workers).
+    pub(crate) sealed_elsewhere: AtomicU64,
     /// How long it waited for the data plane.
     pub(crate) lock_wait: LockWait,
     /// Its underlay's path and counters, as of its last send.
@@ -303,6 +307,7 @@ pub(crate) fn spawn(
                     );
                     let _ = ready_tx.send(Ok(not_realtime));
                     let mut worker = Worker {
+                        index: u8::try_from(index).unwrap_or(u8::MAX),
                         shared,
                         tunnels,
                         underlay,
@@ -374,6 +379,8 @@ enum Wake {
 }
 
 struct Worker {
+    /// Its index: the shard of every tunnel it owns.
+    index: u8,
     shared: Shared,
     /// The tunnels, to seal and open with outside the data plane.
     tunnels: Arc<Tunnels>,
@@ -509,7 +516,12 @@ impl Worker {
         if wake_control {
             self.poke.notify_one();
         }
-        self.batch.seal_pending();
+        let elsewhere = self.batch.seal_pending(Some(self.index));
+        if elsewhere > 0 {
+            self.counters
+                .sealed_elsewhere
+                .fetch_add(elsewhere, Ordering::Relaxed);
+        }
         for (to, range) in &self.batch.sends {
             self.underlay.push(*to, self.batch.datagram(range)).await;
         }

@@ -1,6 +1,7 @@
-//! The XDP program of the AF_XDP underlay, as BPF instructions the agent loads itself with
-//! the `bpf(2)` system call: no compiler, no object file, no BPF library.
+//! The agent's two BPF programs, as instructions it loads itself with the `bpf(2)` system
+//! call: no compiler, no object file, no BPF library.
 //!
+//! **The XDP program of the AF_XDP underlay** ([`program`]).
 //! The program redirects a frame to the AF_XDP socket of its receive queue (an XSKMAP)
 //! when it is a whole UDP datagram to the tunnel port: IPv4 without options and not a
 //! fragment, or IPv6 whose next header is UDP. Everything else (ARP, neighbour discovery,
@@ -8,6 +9,10 @@
 //! tunnel datagram on a queue without a socket (`bpf_redirect_map`'s flags give the
 //! action for a missing entry, Linux 5.3). The frames it passes over are exactly those
 //! `hyphae_vswitch::udp::parse` accepts.
+//!
+//! **The TAP steering program** ([`steering_program`]): which queue of a multi-queue TAP
+//! the kernel hands a frame to (`TUNSETSTEERINGEBPF`), so that a flow is read by the
+//! worker that owns its tunnel shard, from its first frame and for good.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -18,6 +23,7 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 
@@ -46,6 +52,22 @@ const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
 const LD_IMM64: u8 = 0x18;
 const PSEUDO_MAP_FD: u8 = 1;
+// The packet loads of socket programs (through the context in r6; a load past the end
+// ends the program with 0), 64-bit arithmetic and the stack.
+const LD_ABS_W: u8 = 0x20;
+const LD_ABS_H: u8 = 0x28;
+const LD_ABS_B: u8 = 0x30;
+const LD_IND_H: u8 = 0x48;
+const LSH64_K: u8 = 0x67;
+const RSH64_K: u8 = 0x77;
+const OR64_X: u8 = 0x4f;
+const XOR64_X: u8 = 0xaf;
+const MUL64_X: u8 = 0x2f;
+const MOD64_K: u8 = 0x97;
+const JLT_X: u8 = 0xad;
+const ST_DW: u8 = 0x7a;
+const STX_DW: u8 = 0x7b;
+const LDX_DW: u8 = 0x79;
 
 /// One encoded instruction: opcode, registers (dst low nibble, src high), offset, immediate.
 fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
@@ -121,6 +143,98 @@ pub(crate) fn program(port: u16, map_fd: RawFd, max_frame: u16) -> Vec<u64> {
     p.push(insn(EXIT, 0, 0, 0, 0));
     debug_assert_eq!(p.len(), PASS);
     p.push(insn(MOV64_K, 0, 0, 0, XDP_PASS));
+    p.push(insn(EXIT, 0, 0, 0, 0));
+    p
+}
+
+/// The TAP steering program for `queues` queues: an IPv4 frame goes to queue
+/// `hyphae_overlay::flow_shard(packet, queues)`, the shard its flow is sealed on, which
+/// worker `k` (reading queue `k`, receiving shard `k`'s datagrams) owns; anything else to
+/// queue 0. The same hash of addresses, protocol and ports (TCP and UDP, not a fragment;
+/// splitmix64's finalizer), in 64-bit BPF arithmetic. One difference, for malformed frames
+/// only: a TCP or UDP packet cut before its ports goes to queue 0 here (the load fails)
+/// where the hash takes its ports as 0.
+pub(crate) fn steering_program(queues: u32) -> Vec<u64> {
+    // Registers: r6 the context (packet loads read through it), r7 protocol, r8 and r9
+    // the IHL, then the addresses; the ports on the stack until every load is done (a
+    // load clobbers r1-r5).
+    const PORTS: usize = 16;
+    const ADDRESSES: usize = 20;
+    const SWAP: usize = 29;
+    const KEY: usize = 35;
+    const ZERO: usize = 60;
+    let mut p: Vec<u64> = Vec::with_capacity(ZERO + 2);
+    let jump = |p: &mut Vec<u64>, code: u8, dst: u8, src: u8, target: usize, imm: i32| {
+        let off = target as i16 - p.len() as i16 - 1;
+        p.push(insn(code, dst, src, off, imm));
+    };
+    let imm64 = |p: &mut Vec<u64>, dst: u8, v: u64| {
+        p.push(insn(LD_IMM64, dst, 0, 0, v as u32 as i32));
+        p.push(insn(0, 0, 0, 0, (v >> 32) as u32 as i32));
+    };
+    p.push(insn(MOV64_X, 6, 1, 0, 0));
+    p.push(insn(LD_ABS_H, 0, 0, 0, 12)); // EtherType (host order)
+    jump(&mut p, JNE_K, 0, 0, ZERO, 0x0800);
+    p.push(insn(LD_ABS_B, 0, 0, 0, 14)); // version and IHL
+    p.push(insn(AND64_K, 0, 0, 0, 0x0f));
+    p.push(insn(LSH64_K, 0, 0, 0, 2));
+    p.push(insn(MOV64_X, 9, 0, 0, 0));
+    p.push(insn(LD_ABS_B, 0, 0, 0, 23)); // protocol
+    p.push(insn(MOV64_X, 7, 0, 0, 0));
+    p.push(insn(ST_DW, 10, 0, -8, 0)); // source port
+    p.push(insn(ST_DW, 10, 0, -16, 0)); // destination port
+    p.push(insn(LD_ABS_H, 0, 0, 0, 20)); // flags and fragment offset
+    p.push(insn(AND64_K, 0, 0, 0, 0x3fff));
+    jump(&mut p, JNE_K, 0, 0, ADDRESSES, 0);
+    jump(&mut p, JEQ_K, 7, 0, PORTS, 6);
+    jump(&mut p, JNE_K, 7, 0, ADDRESSES, 17);
+    debug_assert_eq!(p.len(), PORTS);
+    p.push(insn(LD_IND_H, 0, 9, 0, 14));
+    p.push(insn(STX_DW, 10, 0, -8, 0));
+    p.push(insn(LD_IND_H, 0, 9, 0, 16));
+    p.push(insn(STX_DW, 10, 0, -16, 0));
+    debug_assert_eq!(p.len(), ADDRESSES);
+    p.push(insn(LD_ABS_W, 0, 0, 0, 26));
+    p.push(insn(MOV64_X, 8, 0, 0, 0));
+    p.push(insn(LD_ABS_W, 0, 0, 0, 30));
+    p.push(insn(MOV64_X, 9, 0, 0, 0));
+    p.push(insn(LDX_DW, 1, 10, -8, 0));
+    p.push(insn(LDX_DW, 2, 10, -16, 0));
+    // (r8, r1) is the source end, (r9, r2) the destination: the lower one first.
+    jump(&mut p, JLT_X, 8, 9, KEY, 0);
+    jump(&mut p, JGT_X, 8, 9, SWAP, 0);
+    jump(&mut p, JLE_X, 1, 2, KEY, 0);
+    debug_assert_eq!(p.len(), SWAP);
+    p.push(insn(MOV64_X, 3, 8, 0, 0));
+    p.push(insn(MOV64_X, 8, 9, 0, 0));
+    p.push(insn(MOV64_X, 9, 3, 0, 0));
+    p.push(insn(MOV64_X, 3, 1, 0, 0));
+    p.push(insn(MOV64_X, 1, 2, 0, 0));
+    p.push(insn(MOV64_X, 2, 3, 0, 0));
+    debug_assert_eq!(p.len(), KEY);
+    // (lo address << 32 | hi address) ^ (lo port << 48 | hi port << 32 | protocol)
+    p.push(insn(MOV64_X, 0, 8, 0, 0));
+    p.push(insn(LSH64_K, 0, 0, 0, 32));
+    p.push(insn(OR64_X, 0, 9, 0, 0));
+    p.push(insn(LSH64_K, 1, 0, 0, 48));
+    p.push(insn(LSH64_K, 2, 0, 0, 32));
+    p.push(insn(OR64_X, 1, 2, 0, 0));
+    p.push(insn(OR64_X, 1, 7, 0, 0));
+    p.push(insn(XOR64_X, 0, 1, 0, 0));
+    for (shift, factor) in [(30, 0xbf58_476d_1ce4_e5b9), (27, 0x94d0_49bb_1331_11eb)] {
+        p.push(insn(MOV64_X, 1, 0, 0, 0));
+        p.push(insn(RSH64_K, 1, 0, 0, shift));
+        p.push(insn(XOR64_X, 0, 1, 0, 0));
+        imm64(&mut p, 1, factor);
+        p.push(insn(MUL64_X, 0, 1, 0, 0));
+    }
+    p.push(insn(MOV64_X, 1, 0, 0, 0));
+    p.push(insn(RSH64_K, 1, 0, 0, 31));
+    p.push(insn(XOR64_X, 0, 1, 0, 0));
+    p.push(insn(MOD64_K, 0, 0, 0, queues.max(1) as i32));
+    p.push(insn(EXIT, 0, 0, 0, 0));
+    debug_assert_eq!(p.len(), ZERO);
+    p.push(insn(MOV64_K, 0, 0, 0, 0));
     p.push(insn(EXIT, 0, 0, 0, 0));
     p
 }
@@ -209,11 +323,25 @@ struct ProgLoad {
 /// the verifier's last line.
 pub(crate) fn load(port: u16, max_frame: u16, map: &OwnedFd) -> io::Result<OwnedFd> {
     let insns = program(port, map.as_raw_fd(), max_frame);
+    load_program(BPF_PROG_TYPE_XDP, b"hyphae_xsk", &insns)
+}
+
+/// Loads the TAP steering program for `queues` queues.
+pub(crate) fn load_steering(queues: u32) -> io::Result<OwnedFd> {
+    load_program(
+        BPF_PROG_TYPE_SOCKET_FILTER,
+        b"hyphae_steer",
+        &steering_program(queues),
+    )
+}
+
+fn load_program(prog_type: u32, label: &[u8], insns: &[u64]) -> io::Result<OwnedFd> {
     let license = c"Apache-2.0 OR GPL-2.0";
     let mut name = [0u8; 16];
-    name[..10].copy_from_slice(b"hyphae_xsk");
+    let n = label.len().min(15);
+    name[..n].copy_from_slice(&label[..n]);
     let mut attr = ProgLoad {
-        prog_type: BPF_PROG_TYPE_XDP,
+        prog_type,
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
@@ -268,9 +396,106 @@ pub(crate) fn attach(prog: &OwnedFd, ifindex: u32, mode: u32) -> io::Result<Owne
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
 }
 
+/// Runs `prog` (a socket program) once over `frame` (`BPF_PROG_TEST_RUN`) and returns
+/// what it returned. The kernel takes the first 14 bytes of the input as an Ethernet header
+/// and runs the program behind it, so `frame` goes in behind one more.
+#[cfg(test)]
+fn test_run(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    #[repr(C)]
+    struct TestRun {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+    }
+    let mut data = vec![0u8; 14];
+    data[..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    data[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+    data[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    data.extend_from_slice(frame);
+    let mut attr = TestRun {
+        prog_fd: prog.as_raw_fd() as u32,
+        retval: 0,
+        data_size_in: data.len() as u32,
+        data_size_out: 0,
+        data_in: data.as_ptr() as u64,
+        data_out: 0,
+        repeat: 1,
+        duration: 0,
+    };
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    Ok(attr.retval)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's verdict on the steering program for every frame of a varied set
+    /// (TCP, UDP, ICMP, fragments, IP options, equal addresses, runts, ARP) is the
+    /// shard the tunnel seals the flow on. Loads a BPF program: run as root.
+    #[test]
+    fn the_steering_program_picks_the_flows_shard() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "this test loads a BPF program: run it as root"
+        );
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        let mut next = move || {
+            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = seed;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z ^ (z >> 27)
+        };
+        for queues in [2u32, 3, 4, 8] {
+            let prog = load_steering(queues).expect("the kernel loads the steering program");
+            let mut seen = vec![0u32; queues as usize];
+            for i in 0..600u32 {
+                let r = next();
+                let options = if i % 7 == 0 { 4 } else { 0 };
+                let protocol = [6u8, 17, 1, 6, 17][(i % 5) as usize];
+                let mut ip = vec![0u8; 20 + options + 8];
+                ip[0] = 0x45 + (options / 4) as u8;
+                ip[9] = protocol;
+                if i % 11 == 0 {
+                    ip[6] = 0x20; // more fragments
+                }
+                let (src, dst) = if i % 13 == 0 {
+                    (r as u32, r as u32)
+                } else {
+                    (r as u32, (r >> 32) as u32)
+                };
+                ip[12..16].copy_from_slice(&src.to_be_bytes());
+                ip[16..20].copy_from_slice(&dst.to_be_bytes());
+                let ports = next();
+                ip[20 + options..24 + options].copy_from_slice(&(ports as u32).to_be_bytes());
+                let mut frame = vec![0u8; 12];
+                frame.extend_from_slice(&0x0800u16.to_be_bytes());
+                frame.extend_from_slice(&ip);
+                let want = hyphae_overlay::flow_shard(&ip, queues as usize) as u32;
+                let got = test_run(&prog, &frame).expect("test run");
+                assert_eq!(got, want, "frame {i} ({queues} queues): {ip:02x?}");
+                seen[got as usize] += 1;
+            }
+            assert!(seen.iter().all(|&n| n > 0), "every queue used: {seen:?}");
+            // Runts and other EtherTypes: queue 0.
+            let mut arp = vec![0u8; 12];
+            arp.extend_from_slice(&0x0806u16.to_be_bytes());
+            arp.extend_from_slice(&[0u8; 28]);
+            assert_eq!(test_run(&prog, &arp).expect("test run"), 0);
+            let mut runt = vec![0u8; 12];
+            runt.extend_from_slice(&0x0800u16.to_be_bytes());
+            runt.extend_from_slice(&[0x45, 0, 0, 20, 0, 0, 0, 0, 64, 6]);
+            assert_eq!(test_run(&prog, &runt).expect("test run"), 0);
+        }
+    }
 
     #[test]
     fn jumps_land_inside_the_program_and_the_port_is_in_network_order() {

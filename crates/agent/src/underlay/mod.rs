@@ -7,7 +7,7 @@
 //! cannot attach. The data path sees one [`Underlay`] either way.
 
 mod afxdp;
-mod bpf;
+pub(crate) mod bpf;
 mod neighbour;
 mod socket;
 mod xsk;

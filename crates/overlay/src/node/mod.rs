@@ -79,7 +79,7 @@ pub use peer::{
     RTT_INTERVAL, UNREACHABLE_AFTER,
 };
 pub use relay::{MAX_RELAY_SESSIONS, RELAY_AFTER, RELAY_IDLE, RELAY_RETRY};
-pub use shared::{Opened, Sealer, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT};
+pub use shared::{flow_shard, Opened, Sealer, Tunnel, Tunnels, SHARD_BYTE, SHARD_SHIFT};
 pub use stats::{DropReason, PeerDropReason, PeerStats, RelayStats};
 
 use hello::StaticPeer;

@@ -211,8 +211,9 @@ impl Tunnels {
 
 /// The shard of `shards` an IPv4 packet's flow takes: a hash of its addresses, protocol
 /// and (TCP and UDP, not a fragment) ports, the same both ways, so a flow and its replies
-/// keep to one shard (and one worker at each end).
-pub(super) fn flow_shard(packet: &[u8], shards: usize) -> usize {
+/// keep to one shard (and one worker at each end). The agent's TAP steering program
+/// computes the same in BPF (`hyphae-agent`'s `underlay/bpf.rs`, checked against this).
+pub fn flow_shard(packet: &[u8], shards: usize) -> usize {
     if shards <= 1 {
         return 0;
     }
@@ -267,6 +268,11 @@ impl Sealer {
     /// The tunnel's handle.
     pub fn handle(&self) -> PeerHandle {
         self.tunnel.handle
+    }
+
+    /// The shard of the packet's flow (what [`flow_shard`] picked).
+    pub fn shard(&self) -> u8 {
+        self.tunnel.shard
     }
 
     /// Encrypts an IPv4 packet into `out`, holding only the tunnel, as
