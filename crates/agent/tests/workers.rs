@@ -255,7 +255,10 @@ fn a_flow_stays_on_one_worker_and_flows_spread_over_workers() {
             .iter()
             .map(|w| w.sealed_elsewhere)
             .collect();
-        eprintln!("{}: sealed on another worker's shard {elsewhere:?}", host.name);
+        eprintln!(
+            "{}: sealed on another worker's shard {elsewhere:?}",
+            host.name
+        );
         assert!(
             elsewhere.iter().all(|&n| n == 0),
             "{}: packets sealed by a worker that does not own their shard: {elsewhere:?}",

@@ -23,6 +23,8 @@ mod certificates;
 pub(crate) mod data;
 mod datapath;
 mod events;
+#[cfg(test)]
+mod frames;
 mod host;
 mod joining;
 mod links;

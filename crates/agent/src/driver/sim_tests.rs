@@ -10,23 +10,14 @@ use hickory_proto::op::{Message as Dns, Query};
 use hickory_proto::rr::{rdata::A, Name, RData, RecordType};
 use hyphae_overlay::NamespaceKeys;
 
+use super::frames::{arp_request, ipv4, ping, udp, Station, BROADCAST};
 use super::sim::Sim;
-use super::tests::checksum;
 use super::workers::lock;
 
 const SUBNET: &str = "10.201.0.0/24";
 /// The service address of `SUBNET`: DHCP and DNS.
 const SERVICE: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
 const BRAVO: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 12);
-const BROADCAST: [u8; 6] = [0xff; 6];
-
-/// A machine on a TAP (a LAN host, or the member host itself): its MAC and, once it has
-/// one, its address.
-#[derive(Clone, Copy)]
-struct Station {
-    mac: [u8; 6],
-    ip: Ipv4Addr,
-}
 
 const STATION: Station = Station {
     mac: [0x02, 0xaa, 0, 0, 0, 0x31],
@@ -55,61 +46,9 @@ fn keys(sim: &Sim) -> NamespaceKeys {
     NamespaceKeys::derive("lab", secret.trim().as_bytes())
 }
 
-/// An Ethernet frame carrying an IPv4 packet.
-fn ipv4(src: Station, dst_mac: [u8; 6], dst: Ipv4Addr, protocol: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = dst_mac.to_vec();
-    f.extend_from_slice(&src.mac);
-    f.extend_from_slice(&[0x08, 0x00]);
-    let total = u16::try_from(20 + payload.len()).expect("a small packet");
-    let mut ip = vec![0x45, 0];
-    ip.extend_from_slice(&total.to_be_bytes());
-    ip.extend_from_slice(&[0x12, 0x34, 0x40, 0, 64, protocol, 0, 0]);
-    ip.extend_from_slice(&src.ip.octets());
-    ip.extend_from_slice(&dst.octets());
-    let sum = checksum(&ip);
-    ip[10..12].copy_from_slice(&sum.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(payload);
-    f
-}
-
-/// A UDP datagram in a frame (no UDP checksum, as IPv4 allows).
-fn udp(
-    src: Station,
-    dst_mac: [u8; 6],
-    dst: Ipv4Addr,
-    ports: (u16, u16),
-    payload: &[u8],
-) -> Vec<u8> {
-    let mut u = ports.0.to_be_bytes().to_vec();
-    u.extend_from_slice(&ports.1.to_be_bytes());
-    let len = u16::try_from(8 + payload.len()).expect("a small datagram");
-    u.extend_from_slice(&len.to_be_bytes());
-    u.extend_from_slice(&[0, 0]);
-    u.extend_from_slice(payload);
-    ipv4(src, dst_mac, dst, 17, &u)
-}
-
-/// An ICMP echo request.
-fn ping(src: Station, dst_mac: [u8; 6], dst: Ipv4Addr, seq: u16) -> Vec<u8> {
-    let mut icmp = vec![8, 0, 0, 0, 0, 1];
-    icmp.extend_from_slice(&seq.to_be_bytes());
-    icmp.extend_from_slice(b"hyphae!!");
-    let sum = checksum(&icmp);
-    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-    ipv4(src, dst_mac, dst, 1, &icmp)
-}
-
 /// A gratuitous ARP: the host announces its own address.
 fn gratuitous_arp(host: Station) -> Vec<u8> {
-    let mut f = BROADCAST.to_vec();
-    f.extend_from_slice(&host.mac);
-    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-    f.extend_from_slice(&host.mac);
-    f.extend_from_slice(&host.ip.octets());
-    f.extend_from_slice(&[0; 6]);
-    f.extend_from_slice(&host.ip.octets());
-    f
+    arp_request(host, host.ip)
 }
 
 /// An IPv4 frame's parts.

@@ -11,6 +11,7 @@ use hyphae_overlay::{Event, Identity, NamespaceId, NamespaceKeys, Node, Opened};
 use hyphae_vswitch::{Config as SwitchConfig, Switch};
 
 use super::data::{Batch, DataPlane, Grace, Lane, ToControl, INBOX_LEN};
+use super::frames::{self, Station};
 use crate::config::Mode;
 use crate::underlay::Datagram;
 
@@ -133,56 +134,21 @@ impl Plane {
         std::mem::take(&mut self.dp.inbox)
     }
 
-    /// An Ethernet frame from the host to `dst_mac` with an IPv4 packet `vip -> dst`.
-    fn ipv4_frame(&self, dst: Ipv4Addr, protocol: u8, payload: &[u8]) -> Vec<u8> {
-        let mut f = REMOTE_MAC.to_vec();
-        f.extend_from_slice(&self.mac);
-        f.extend_from_slice(&[0x08, 0x00]);
-        let total = (20 + payload.len()) as u16;
-        let mut ip = vec![0x45, 0];
-        ip.extend_from_slice(&total.to_be_bytes());
-        ip.extend_from_slice(&[0x12, 0x34, 0x40, 0, 64, protocol, 0, 0]);
-        ip.extend_from_slice(&self.vip.octets());
-        ip.extend_from_slice(&dst.octets());
-        let sum = checksum(&ip);
-        ip[10..12].copy_from_slice(&sum.to_be_bytes());
-        f.extend_from_slice(&ip);
-        f.extend_from_slice(payload);
-        f
+    /// The member host on this plane's TAP.
+    fn station(&self) -> Station {
+        Station {
+            mac: self.mac,
+            ip: self.vip,
+        }
     }
 
     fn ping(&self, dst: Ipv4Addr, seq: u16) -> Vec<u8> {
-        let mut icmp = vec![8, 0, 0, 0, 0, 1];
-        icmp.extend_from_slice(&seq.to_be_bytes());
-        icmp.extend_from_slice(b"hyphae!!");
-        let sum = checksum(&icmp);
-        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-        self.ipv4_frame(dst, 1, &icmp)
+        frames::ping(self.station(), REMOTE_MAC, dst, seq)
     }
 
     fn arp_request(&self, target: Ipv4Addr) -> Vec<u8> {
-        let mut f = vec![0xff; 6];
-        f.extend_from_slice(&self.mac);
-        f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-        f.extend_from_slice(&self.mac);
-        f.extend_from_slice(&self.vip.octets());
-        f.extend_from_slice(&[0; 6]);
-        f.extend_from_slice(&target.octets());
-        f
+        frames::arp_request(self.station(), target)
     }
-}
-
-/// The Internet checksum of `bytes` (IPv4 headers, ICMP).
-pub(super) fn checksum(bytes: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    for pair in bytes.chunks(2) {
-        let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
-        sum += u32::from(word);
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Delivers what each plane sent to the other, batch by batch, until both are quiet.
@@ -279,12 +245,10 @@ fn a_ping_crosses_two_data_planes_and_only_control_work_reaches_the_inbox() {
     // A DNS query to the service address, and a frame for an address nobody is known to
     // hold: both for the control thread (copied out), which is woken; nothing sent.
     let service = Ipv4Addr::new(10, 201, 0, 1);
-    let mut udp = vec![0xc3, 0x50, 0, 53, 0, 0, 0, 0];
-    udp.extend_from_slice(&[0xab, 0xcd, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
-    let len = udp.len() as u16;
-    udp[4..6].copy_from_slice(&len.to_be_bytes());
+    let query = [0xab, 0xcd, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+    let dns = frames::udp(a.station(), REMOTE_MAC, service, (50000, 53), &query);
     let unknown = Ipv4Addr::new(10, 201, 0, 99);
-    let woke = a.read_tap(now, &[a.ipv4_frame(service, 17, &udp), a.ping(unknown, 1)]);
+    let woke = a.read_tap(now, &[dns, a.ping(unknown, 1)]);
     assert!(woke);
     assert!(a.sent.is_empty());
     let inbox = a.take_inbox();
