@@ -10,7 +10,7 @@ use hickory_proto::op::{Message as Dns, Query};
 use hickory_proto::rr::{rdata::A, Name, RData, RecordType};
 use hyphae_overlay::NamespaceKeys;
 
-use super::frames::{arp_request, ipv4, ping, udp, Station, BROADCAST};
+use super::frames::{arp_request, ping, udp, Station, BROADCAST};
 use super::sim::Sim;
 use super::workers::lock;
 
