@@ -312,6 +312,13 @@ pub struct OverlayStatus {
     /// before.
     #[serde(default)]
     pub dials_held_off: u64,
+    /// Peers taken out of the routing table since start because all their connections
+    /// fell silent (no longer handed out to others' lookups).
+    #[serde(default)]
+    pub unreachable_dropped: u64,
+    /// Of those, the ones not connected again yet: dialled every 5 s for 10 minutes.
+    #[serde(default)]
+    pub unreachable_waiting: u64,
     /// Relayed connections upgraded to direct by hole punching (dcutr).
     #[serde(default)]
     pub hole_punches: u64,

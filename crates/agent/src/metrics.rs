@@ -31,6 +31,7 @@ use crate::control::Status;
 const GAUGES: &[&str] = &[
     "relay.sessions",
     "overlay.connected",
+    "overlay.unreachable_waiting",
     "overlay.stored_records",
     "underlay.queues",
     "namespaces[].group_members",

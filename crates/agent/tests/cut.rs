@@ -4,11 +4,13 @@
 //! A partition cut while running, end to end: five agents of one namespace in network
 //! namespaces are cut into a group of three and a group of two with nftables rules (every
 //! packet between the groups' underlay addresses dropped, in both directions). While cut, a
-//! newcomer on each side joins and must get an address from the members it can reach;
-//! once the cut is healed, the groups converge to one owner per address (the merge rule)
-//! and everyone pings everyone. Meanwhile the members close their connections across the
-//! cut once they answer no ping, and the newcomers hold off the peers they failed to dial
-//! (`overlay::swarm::liveness`).
+//! newcomer on each side joins and must get an address from the members it can reach: one
+//! at the moment of the cut, the other once its side has noticed the cut (closed its
+//! silent connections and taken the peers across out of its routing table, so that it no
+//! longer hands them out). Once the cut is healed, the groups converge to one owner per
+//! address (the merge rule), the members connect across again (the peers they took out are
+//! dialled every few seconds) and everyone pings everyone. Meanwhile the newcomers hold off
+//! the peers they failed to dial (`overlay::swarm::liveness`).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -134,16 +136,26 @@ fn newcomers_get_addresses_while_cut_and_the_groups_converge_after() {
     }
     let cut_at = Instant::now();
 
-    // A newcomer on each side, knowing only members of its own side.
+    // A newcomer on each side, knowing only members of its own side: on the side of three
+    // at once, on the side of two once h4 and h5 have taken the peers across the cut out
+    // of their routing tables.
     let h6 = start(&mut bed, &secret, 6, &[1, 2], &small);
-    let h7 = start(&mut bed, &secret, 7, &[4, 5], &big);
     let (a6, t6) = claimed_within(&bed, &h6, CLAIM);
-    println!("while cut: the newcomer on the side of three holds {a6} {t6:.1?} after its start");
+    println!("while cut: the newcomer on the side of three, started with the cut, holds {a6} {t6:.1?} after its start");
+    let noticed: Vec<u64> = members[3..]
+        .iter()
+        .map(|m| wait_for_count(&bed, m, |o| o.unreachable_dropped))
+        .collect();
+    println!(
+        "h4 and h5 took {noticed:?} peers out of their routing tables, {:.1?} after the cut",
+        cut_at.elapsed()
+    );
+    let h7 = start(&mut bed, &secret, 7, &[4, 5], &big);
     let (a7, t7) = claimed_within(&bed, &h7, CLAIM);
-    println!("while cut: the newcomer on the side of two holds {a7} {t7:.1?} after its start");
-    println!("(cut {:.1?} ago)", cut_at.elapsed());
+    println!("while cut: the newcomer on the side of two, started after that, holds {a7} {t7:.1?} after its start");
     // The members closed their connections across the cut once they fell silent, and the
-    // newcomers held off the peers they could not dial (so later lookups did not wait).
+    // newcomer at the cut held off the peers it could not dial (so later lookups did not
+    // wait).
     let h1 = &members[0];
     let silent = wait_for_count(&bed, h1, |o| o.silent_connections_closed);
     let held_off = wait_for_count(&bed, &h6, |o| o.dials_held_off);
@@ -178,6 +190,24 @@ fn newcomers_get_addresses_while_cut_and_the_groups_converge_after() {
         "healed: one owner per address after {:.1?}",
         healed.elapsed()
     );
+    // The peers taken out of the routing tables are dialled again: h1 (whose only contacts
+    // across were those) is connected to all six others again.
+    loop {
+        let overlay = bed.status(&h1.host, &h1.agent).expect("status").overlay;
+        if overlay.connected >= all.len() - 1 && overlay.unreachable_waiting == 0 {
+            println!(
+                "healed: h1 connected to all {} others again after {:.1?}",
+                overlay.connected,
+                healed.elapsed()
+            );
+            break;
+        }
+        assert!(
+            healed.elapsed() < CONVERGE,
+            "h1 did not connect across the healed cut again: {overlay:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     for m in [&members[3], &h6, &h7] {
         let to: Ipv4Addr = ns_status(&bed, m).address.parse().unwrap();
         bed.wait_for_ping(&h1.host, to, CONVERGE)

@@ -454,6 +454,8 @@ impl Control {
                 relayed_connections: self.overlay.stats().relayed_connections,
                 silent_connections_closed: self.overlay.stats().silent_connections_closed,
                 dials_held_off: self.overlay.stats().dials_held_off,
+                unreachable_dropped: self.overlay.stats().unreachable_dropped,
+                unreachable_waiting: self.overlay.stats().unreachable_waiting,
                 hole_punches: self.overlay.stats().hole_punches,
                 hole_punch_failures: self.overlay.stats().hole_punch_failures,
                 circuits_relayed: self.overlay.stats().circuits_relayed,

@@ -82,6 +82,7 @@ impl Overlay {
                 ..
             } => {
                 self.connected.insert(peer_id);
+                self.unreachable.handle_connected(&peer_id);
                 self.connections
                     .insert(connection_id, (peer_id, endpoint.is_relayed()));
                 self.liveness.handle_established(connection_id, now);

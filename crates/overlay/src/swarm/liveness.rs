@@ -11,6 +11,13 @@
 //! - [`Liveness`]: every connection is pinged ([`PING_INTERVAL`], libp2p ping), and one
 //!   that has not answered for [`SILENT_AFTER`] is closed. The peer is then disconnected:
 //!   circuits through us to it and requests to it fail at once.
+//! - [`Unreachable`]: a peer whose connections were all closed as silent leaves the
+//!   routing table, so that this agent no longer hands it out in its answers to lookups
+//!   (a newcomer on our side of a cut was handed every peer across it, dialled them and
+//!   waited a dial out before it could claim: 4.1 s in `--test cut`, even when it came
+//!   8 s after the cut), and is dialled again every [`UNREACHABLE_REDIAL`] at the addresses
+//!   the routing table had, for [`UNREACHABLE_FORGET`]: when the cut heals, the two sides
+//!   connect again and Kademlia puts the peer back.
 //! - [`Backoff`]: a peer whose dial failed slowly ([`SLOW_DIAL`]: it timed out, its SYNs
 //!   dropped) is not dialled again for [`DIAL_BACKOFF`]; a lookup that meets it counts it
 //!   as failed at once instead of dialling it again. A dial refused at once (a member that
@@ -56,6 +63,103 @@ pub(super) const DIAL_BACKOFF: Duration = Duration::from_secs(10);
 
 /// A dial that failed after this long is held off; a quicker failure is not.
 pub(super) const SLOW_DIAL: Duration = Duration::from_secs(1);
+
+/// How often a peer dropped from the routing table as unreachable is dialled again (dials
+/// a [`Backoff`] holds off wait for its end).
+pub(super) const UNREACHABLE_REDIAL: Duration = Duration::from_secs(5);
+
+/// At most this many unreachable peers are dialled in one second; the others' turns move
+/// on by a second (a cut through a large namespace leaves hundreds).
+pub(super) const UNREACHABLE_DIALS_PER_SECOND: usize = 8;
+
+/// How long a peer dropped as unreachable is dialled again before it is forgotten: a
+/// departed member leaves the group in 30 s (`crate::membership`); a partition may last
+/// longer, and a member that comes back is found again through the group's records.
+pub(super) const UNREACHABLE_FORGET: Duration = Duration::from_secs(600);
+
+/// Peers taken out of the routing table because their connections fell silent, with the
+/// addresses it had for them, to dial again until they answer.
+#[derive(Debug, Default)]
+pub(super) struct Unreachable {
+    peers: HashMap<NetworkId, Dropped>,
+    /// Peers dropped since start.
+    dropped: u64,
+}
+
+#[derive(Debug)]
+struct Dropped {
+    addresses: Vec<Multiaddr>,
+    since: Instant,
+    next_dial: Instant,
+}
+
+impl Unreachable {
+    /// `peer`, reachable at `addresses`, was taken out of the routing table at `now`.
+    pub(super) fn handle_dropped(
+        &mut self,
+        peer: NetworkId,
+        addresses: Vec<Multiaddr>,
+        now: Instant,
+    ) {
+        self.dropped += 1;
+        self.peers.insert(
+            peer,
+            Dropped {
+                addresses,
+                since: now,
+                next_dial: now + UNREACHABLE_REDIAL,
+            },
+        );
+    }
+
+    /// A connection with `peer` is open: it is back (Kademlia inserts it again).
+    pub(super) fn handle_connected(&mut self, peer: &NetworkId) {
+        self.peers.remove(peer);
+    }
+
+    /// The peers to dial at `now`, with their addresses, at most
+    /// [`UNREACHABLE_DIALS_PER_SECOND`] (the rest of those due are put off by a second),
+    /// skipping those `held_off` (their turn comes again after [`UNREACHABLE_REDIAL`]);
+    /// forgets those dropped [`UNREACHABLE_FORGET`] ago.
+    pub(super) fn due(
+        &mut self,
+        now: Instant,
+        held_off: impl Fn(&NetworkId) -> bool,
+    ) -> Vec<(NetworkId, Vec<Multiaddr>)> {
+        self.peers
+            .retain(|_, d| now.saturating_duration_since(d.since) < UNREACHABLE_FORGET);
+        let mut due = Vec::new();
+        for (peer, d) in &mut self.peers {
+            if d.next_dial > now {
+                continue;
+            }
+            if held_off(peer) {
+                d.next_dial = now + UNREACHABLE_REDIAL;
+            } else if due.len() < UNREACHABLE_DIALS_PER_SECOND {
+                d.next_dial = now + UNREACHABLE_REDIAL;
+                due.push((*peer, d.addresses.clone()));
+            } else {
+                d.next_dial = now + Duration::from_secs(1);
+            }
+        }
+        due
+    }
+
+    /// When the next dial is due.
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        self.peers.values().map(|d| d.next_dial).min()
+    }
+
+    /// Peers dropped since start.
+    pub(super) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Peers waiting to be dialled again now.
+    pub(super) fn waiting(&self) -> usize {
+        self.peers.len()
+    }
+}
 
 /// When each open connection last answered a ping.
 #[derive(Debug, Default)]
@@ -316,6 +420,57 @@ mod tests {
         off.handle_established(old, start);
         assert_eq!(off.watched(), 0);
         assert!(off.silent(start + Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn an_unreachable_peer_is_dialled_again_until_it_connects_or_is_forgotten() {
+        let start = Instant::now();
+        let (p, q) = (NetworkId::random(), NetworkId::random());
+        let addr: Multiaddr = "/ip4/10.0.0.2/tcp/7400".parse().unwrap();
+        let mut u = Unreachable::default();
+        u.handle_dropped(p, vec![addr.clone()], start);
+        u.handle_dropped(q, vec![], start);
+        assert_eq!(u.dropped(), 2);
+        // Nothing before its turn; then each once per UNREACHABLE_REDIAL, with its addresses.
+        assert!(u.due(start, |_| false).is_empty());
+        assert_eq!(u.poll_timeout(), Some(start + UNREACHABLE_REDIAL));
+        let first = start + UNREACHABLE_REDIAL;
+        let mut due = u.due(first, |_| false);
+        due.sort_by_key(|(peer, _)| *peer != p);
+        assert_eq!(due, vec![(p, vec![addr.clone()]), (q, vec![])]);
+        assert!(u.due(first + Duration::from_secs(1), |_| false).is_empty());
+        // Held off (its last dial timed out): skipped this turn, dialled the next.
+        let second = first + UNREACHABLE_REDIAL;
+        assert_eq!(
+            u.due(second, |peer| *peer == q),
+            vec![(p, vec![addr.clone()])]
+        );
+        let third = second + UNREACHABLE_REDIAL;
+        assert_eq!(u.due(third, |peer| *peer == p), vec![(q, vec![])]);
+        // q connects (the cut healed): no more dials for it; p is forgotten in the end.
+        u.handle_connected(&q);
+        assert_eq!(u.waiting(), 1);
+        let late = start + UNREACHABLE_FORGET;
+        assert!(u.due(late, |_| false).is_empty());
+        assert_eq!((u.waiting(), u.poll_timeout()), (0, None));
+
+        // Many at once: a bounded number of dials a second, every one in its turn.
+        let mut u = Unreachable::default();
+        let many: Vec<NetworkId> = (0..20).map(|_| NetworkId::random()).collect();
+        for p in &many {
+            u.handle_dropped(*p, vec![], start);
+        }
+        let mut dialled = Vec::new();
+        let mut now = start + UNREACHABLE_REDIAL;
+        for _ in 0..3 {
+            let due = u.due(now, |_| false);
+            assert_eq!(due.len(), UNREACHABLE_DIALS_PER_SECOND.min(20 - dialled.len()));
+            dialled.extend(due.into_iter().map(|(p, _)| p));
+            now += Duration::from_secs(1);
+        }
+        dialled.sort();
+        dialled.dedup();
+        assert_eq!(dialled.len(), 20, "every peer dialled once in three seconds");
     }
 
     const DIAL_TIMEOUT_IN_TEST: Duration = Duration::from_secs(4);

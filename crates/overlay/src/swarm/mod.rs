@@ -365,6 +365,8 @@ pub struct Overlay {
     connected: HashSet<NetworkId>,
     /// Open connections: the peer, and whether they go through a relay.
     connections: HashMap<ConnectionId, (NetworkId, bool)>,
+    /// Peers out of the routing table because they fell silent, dialled again.
+    unreachable: liveness::Unreachable,
     /// Which connections answer pings; silent ones are closed.
     liveness: Liveness,
     /// Peers connected over loopback: their loopback listen addresses are theirs (another
@@ -452,6 +454,7 @@ impl Overlay {
             listen_addrs: Vec::new(),
             connected: HashSet::new(),
             connections: HashMap::new(),
+            unreachable: liveness::Unreachable::default(),
             liveness,
             over_loopback: HashSet::new(),
             relays: Relays::new(now),
@@ -619,12 +622,46 @@ impl Overlay {
         self.quorum.handle_timeout(now);
         self.flush_quorum(now, wall);
         self.swarm.behaviour_mut().backoff.handle_timeout(now);
-        for connection in self.liveness.silent(now) {
+        let silent = self.liveness.silent(now);
+        for &connection in &silent {
             if let Some((peer, relayed)) = self.connections.get(&connection) {
                 tracing::debug!(%peer, relayed, "closing a silent connection");
                 self.stats.silent_connections_closed += 1;
             }
             self.swarm.close_connection(connection);
+        }
+        // A peer left with no connection that answers leaves the routing table, to be
+        // dialled again until it answers (`liveness::Unreachable`).
+        for &connection in &silent {
+            let Some(&(peer, _)) = self.connections.get(&connection) else {
+                continue;
+            };
+            let answering = self
+                .connections
+                .iter()
+                .any(|(c, (p, _))| *p == peer && !silent.contains(c));
+            if answering {
+                continue;
+            }
+            if let Some(entry) = self.swarm.behaviour_mut().kad.remove_peer(&peer) {
+                let addresses = entry.node.value.into_vec();
+                tracing::debug!(%peer, "unreachable: out of the routing table until it answers");
+                self.unreachable.handle_dropped(peer, addresses, now);
+            }
+        }
+        let backoff = &self.swarm.behaviour().backoff;
+        let connected = &self.connected;
+        let due = self
+            .unreachable
+            .due(now, |p| backoff.holds_off(p) || connected.contains(p));
+        for (peer, addresses) in due {
+            tracing::debug!(%peer, "dialling an unreachable peer again");
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                .addresses(addresses)
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!(%peer, error = %e, "cannot dial an unreachable peer again");
+            }
         }
     }
 
@@ -643,6 +680,7 @@ impl Overlay {
             self.alone_at,
             self.awaiting.values().map(|a| a.deadline).min(),
             self.liveness.poll_timeout(),
+            self.unreachable.poll_timeout(),
             self.swarm.behaviour().backoff.poll_timeout(),
             Some(self.next_sweep),
         ]

@@ -46,6 +46,11 @@ pub struct OverlayStats {
     pub silent_connections_closed: u64,
     /// Dials not made because the peer's last dial failed ([`super::liveness::Backoff`]).
     pub dials_held_off: u64,
+    /// Peers taken out of the routing table when their connections fell silent
+    /// ([`super::liveness::Unreachable`]), since start.
+    pub unreachable_dropped: u64,
+    /// Of those, the ones not connected again yet, dialled every few seconds.
+    pub unreachable_waiting: u64,
     /// Relayed connections that dcutr upgraded to direct ones.
     pub hole_punches: u64,
     /// dcutr attempts that failed (the connection stays relayed).
@@ -103,6 +108,8 @@ impl Overlay {
         OverlayStats {
             bad_envelopes: quorum.bad_envelopes,
             dials_held_off: self.swarm.behaviour().backoff.held_off(),
+            unreachable_dropped: self.unreachable.dropped(),
+            unreachable_waiting: self.unreachable.waiting() as u64,
             late_grants_released: quorum.late_grants_released,
             claims_short_given_up: quorum.short_claims_given_up,
             proofs_accepted: accepted,
