@@ -464,13 +464,20 @@ mod tests {
         let mut now = start + UNREACHABLE_REDIAL;
         for _ in 0..3 {
             let due = u.due(now, |_| false);
-            assert_eq!(due.len(), UNREACHABLE_DIALS_PER_SECOND.min(20 - dialled.len()));
+            assert_eq!(
+                due.len(),
+                UNREACHABLE_DIALS_PER_SECOND.min(20 - dialled.len())
+            );
             dialled.extend(due.into_iter().map(|(p, _)| p));
             now += Duration::from_secs(1);
         }
         dialled.sort();
         dialled.dedup();
-        assert_eq!(dialled.len(), 20, "every peer dialled once in three seconds");
+        assert_eq!(
+            dialled.len(),
+            20,
+            "every peer dialled once in three seconds"
+        );
     }
 
     const DIAL_TIMEOUT_IN_TEST: Duration = Duration::from_secs(4);
