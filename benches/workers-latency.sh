@@ -49,8 +49,17 @@ start() { # workers
     return 1
 }
 stop() {
+    local p
     kill "$agent_a" "$agent_b" 2>/dev/null || true
+    for p in "$agent_a" "$agent_b"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+    done
     wait "$agent_a" "$agent_b" 2>/dev/null || true
+    # Stopped and reaped: not the exit trap's to kill (the PIDs may be reused by then).
+    local kept=()
+    for p in "${pids[@]}"; do [ "$p" = "$agent_a" ] || [ "$p" = "$agent_b" ] || kept+=("$p"); done
+    pids=("${kept[@]}")
 }
 # Per worker, from status: "a0/a1 b0/b1 a'0/a'1 b'0/b'1": A's frames read from its TAP, B's
 # datagrams received, B's frames read, A's datagrams received (the request's way, then the
@@ -91,6 +100,9 @@ for r in $(seq "$rounds"); do
         c0=$(workers "$w")
         inA iperf3 -c 10.212.0.12 -u -l 64 -b 0 -t "$secs" >/dev/null 2>&1 || true
         c1=$(workers "$w")
+        # A one-shot server ends with its client; one whose client never came is stopped.
+        for _ in $(seq 30); do kill -0 "$srv" 2>/dev/null || break; sleep 0.1; done
+        kill "$srv" 2>/dev/null || true
         wait "$srv" 2>/dev/null || true
         got=$(jq '.end.sum | (.packets - .lost_packets) / .seconds' "$dir/udp.json")
         pps=$(awk -v b="$c0" -v a="$c1" -v g="$got" -v s="$secs" 'BEGIN {

@@ -196,8 +196,9 @@ pub struct WorkerStatus {
     /// Sends that failed on its socket.
     pub send_errors: u64,
     /// Packets it sealed on another worker's shard of their tunnel: flows the kernel
-    /// handed to it that another worker owns (0 while the TAP queues are steered by flow,
-    /// unless a peer's tunnel has fewer shards than we have workers).
+    /// handed to it that another worker owns (about 0 while the TAP queues are steered by
+    /// flow; more when a peer's tunnel has fewer shards than we have workers, for the
+    /// agent's own fragments, and for ICMP errors answering a flow).
     #[serde(default)]
     pub sealed_elsewhere: u64,
     /// How long it waited to take the data plane, per batch.
@@ -316,7 +317,8 @@ pub struct OverlayStatus {
     /// fell silent (no longer handed out to others' lookups).
     #[serde(default)]
     pub unreachable_dropped: u64,
-    /// Of those, the ones not connected again yet: dialled every 5 s for 10 minutes.
+    /// Of those, the ones not connected again yet: dialled every 5 s (about every 15 s
+    /// while their dials time out) for 10 minutes.
     #[serde(default)]
     pub unreachable_waiting: u64,
     /// Relayed connections upgraded to direct by hole punching (dcutr).

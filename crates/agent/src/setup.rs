@@ -300,10 +300,11 @@ pub(crate) fn more_queues(first: &SyncDevice, queues: usize) -> Result<Vec<SyncD
 }
 
 /// Has the kernel hand each IPv4 flow's frames to queue `k` of the TAP, `k` being the
-/// tunnel shard the flow is sealed on (`hyphae_overlay::flow_shard`), which worker `k`
-/// owns: a flow is read, sealed, received and written by one worker at each end, from its
-/// first frame and for good (`underlay::bpf::steering_program`, `TUNSETSTEERINGEBPF`,
-/// Linux 4.16; loading it takes `CAP_BPF`).
+/// tunnel shard the flow is sealed on (`hyphae_overlay::flow_shard`, over at most
+/// `MAX_SHARDS` shards), which worker `k` owns: a flow is read, sealed, received and
+/// written by one worker at each end, from its first frame and for good
+/// (`underlay::bpf::steering_program`, `TUNSETSTEERINGEBPF`, Linux 4.16; loading it takes
+/// `CAP_BPF`, or `CAP_SYS_ADMIN` before Linux 5.8, unless unprivileged BPF is allowed).
 ///
 /// Without it, tun picks the queue a flow's packets were last written on and, for a flow
 /// none were written for in 3 s (a one-way stream: `TUN_FLOW_EXPIRE`), its own hash: such
@@ -313,7 +314,8 @@ pub(crate) fn steer_tap(tap: &SyncDevice, queues: usize) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     /// `_IOR('T', 224, int)` (linux/if_tun.h).
     const TUNSETSTEERINGEBPF: libc::c_ulong = 0x8004_54e0;
-    let program = crate::underlay::bpf::load_steering(queues as u32)?;
+    let shards = queues.min(usize::from(hyphae_overlay::wire::MAX_SHARDS));
+    let program = crate::underlay::bpf::load_steering(shards as u32)?;
     let fd: libc::c_int = program.as_raw_fd();
     // SAFETY: the TAP's descriptor is open; the kernel reads one int (the program's
     // descriptor, which it takes its own reference of) from a live local.

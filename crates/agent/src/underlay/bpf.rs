@@ -147,14 +147,15 @@ pub(crate) fn program(port: u16, map_fd: RawFd, max_frame: u16) -> Vec<u64> {
     p
 }
 
-/// The TAP steering program for `queues` queues: an IPv4 frame goes to queue
-/// `hyphae_overlay::flow_shard(packet, queues)`, the shard its flow is sealed on, which
+/// The TAP steering program for `shards` shards: an IPv4 frame goes to queue
+/// `hyphae_overlay::flow_shard(packet, shards)`, the shard its flow is sealed on, which
 /// worker `k` (reading queue `k`, receiving shard `k`'s datagrams) owns; anything else to
-/// queue 0. The same hash of addresses, protocol and ports (TCP and UDP, not a fragment;
+/// queue 0. (A tunnel has at most `MAX_SHARDS` shards: with more workers than that, the
+/// caller passes that bound, and the workers above it read no member's flow.) The same hash of addresses, protocol and ports (TCP and UDP, not a fragment;
 /// splitmix64's finalizer), in 64-bit BPF arithmetic. One difference, for malformed frames
 /// only: a TCP or UDP packet cut before its ports goes to queue 0 here (the load fails)
 /// where the hash takes its ports as 0.
-pub(crate) fn steering_program(queues: u32) -> Vec<u64> {
+pub(crate) fn steering_program(shards: u32) -> Vec<u64> {
     // Registers: r6 the context (packet loads read through it), r7 protocol, r8 and r9
     // the IHL, then the addresses; the ports on the stack until every load is done (a
     // load clobbers r1-r5).
@@ -231,7 +232,7 @@ pub(crate) fn steering_program(queues: u32) -> Vec<u64> {
     p.push(insn(MOV64_X, 1, 0, 0, 0));
     p.push(insn(RSH64_K, 1, 0, 0, 31));
     p.push(insn(XOR64_X, 0, 1, 0, 0));
-    p.push(insn(MOD64_K, 0, 0, 0, queues.max(1) as i32));
+    p.push(insn(MOD64_K, 0, 0, 0, shards.max(1) as i32));
     p.push(insn(EXIT, 0, 0, 0, 0));
     debug_assert_eq!(p.len(), ZERO);
     p.push(insn(MOV64_K, 0, 0, 0, 0));
@@ -326,12 +327,12 @@ pub(crate) fn load(port: u16, max_frame: u16, map: &OwnedFd) -> io::Result<Owned
     load_program(BPF_PROG_TYPE_XDP, b"hyphae_xsk", &insns)
 }
 
-/// Loads the TAP steering program for `queues` queues.
-pub(crate) fn load_steering(queues: u32) -> io::Result<OwnedFd> {
+/// Loads the TAP steering program for `shards` shards.
+pub(crate) fn load_steering(shards: u32) -> io::Result<OwnedFd> {
     load_program(
         BPF_PROG_TYPE_SOCKET_FILTER,
         b"hyphae_steer",
-        &steering_program(queues),
+        &steering_program(shards),
     )
 }
 

@@ -170,6 +170,7 @@ impl Overlay {
                 ..
             } => {
                 self.connections.remove(&connection_id);
+                self.closing_silent.remove(&connection_id);
                 self.liveness.handle_closed(connection_id);
                 if num_established == 0 {
                     self.connected.remove(&peer_id);

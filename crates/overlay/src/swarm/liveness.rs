@@ -64,12 +64,14 @@ pub(super) const DIAL_BACKOFF: Duration = Duration::from_secs(10);
 /// A dial that failed after this long is held off; a quicker failure is not.
 pub(super) const SLOW_DIAL: Duration = Duration::from_secs(1);
 
-/// How often a peer dropped from the routing table as unreachable is dialled again (dials
-/// a [`Backoff`] holds off wait for its end).
+/// How often a peer dropped from the routing table as unreachable is dialled again. A
+/// peer whose last dial timed out is held off by the [`Backoff`] for [`DIAL_BACKOFF`] and
+/// skipped until a turn after that ends: across a cut, one dial about every 15 s.
 pub(super) const UNREACHABLE_REDIAL: Duration = Duration::from_secs(5);
 
-/// At most this many unreachable peers are dialled in one second; the others' turns move
-/// on by a second (a cut through a large namespace leaves hundreds).
+/// At most this many unreachable peers are dialled in one second (counted from the first
+/// dial of the second); the others' turns move to the next second (a cut through a large
+/// namespace leaves hundreds, noticed over a second or so).
 pub(super) const UNREACHABLE_DIALS_PER_SECOND: usize = 8;
 
 /// How long a peer dropped as unreachable is dialled again before it is forgotten: a
@@ -84,6 +86,8 @@ pub(super) struct Unreachable {
     peers: HashMap<NetworkId, Dropped>,
     /// Peers dropped since start.
     dropped: u64,
+    /// The second dials are counted in: when it started, and how many so far.
+    window: Option<(Instant, usize)>,
 }
 
 #[derive(Debug)]
@@ -128,6 +132,12 @@ impl Unreachable {
     ) -> Vec<(NetworkId, Vec<Multiaddr>)> {
         self.peers
             .retain(|_, d| now.saturating_duration_since(d.since) < UNREACHABLE_FORGET);
+        let second = Duration::from_secs(1);
+        let (start, spent) = match self.window {
+            Some((start, spent)) if now < start + second => (start, spent),
+            _ => (now, 0),
+        };
+        let mut budget = UNREACHABLE_DIALS_PER_SECOND.saturating_sub(spent);
         let mut due = Vec::new();
         for (peer, d) in &mut self.peers {
             if d.next_dial > now {
@@ -135,12 +145,16 @@ impl Unreachable {
             }
             if held_off(peer) {
                 d.next_dial = now + UNREACHABLE_REDIAL;
-            } else if due.len() < UNREACHABLE_DIALS_PER_SECOND {
+            } else if budget > 0 {
+                budget -= 1;
                 d.next_dial = now + UNREACHABLE_REDIAL;
                 due.push((*peer, d.addresses.clone()));
             } else {
-                d.next_dial = now + Duration::from_secs(1);
+                d.next_dial = start + second;
             }
+        }
+        if !due.is_empty() || spent > 0 {
+            self.window = Some((start, spent + due.len()));
         }
         due
     }
@@ -454,30 +468,38 @@ mod tests {
         assert!(u.due(late, |_| false).is_empty());
         assert_eq!((u.waiting(), u.poll_timeout()), (0, None));
 
-        // Many at once: a bounded number of dials a second, every one in its turn.
+        // Many, noticed over a second (each connection's pings have their own phase), the
+        // driver calling at every deadline: at most the bound in any second counted from
+        // its first dial, every one in its turn.
         let mut u = Unreachable::default();
-        let many: Vec<NetworkId> = (0..20).map(|_| NetworkId::random()).collect();
-        for p in &many {
-            u.handle_dropped(*p, vec![], start);
+        let many: Vec<NetworkId> = (0..40).map(|_| NetworkId::random()).collect();
+        for (i, p) in many.iter().enumerate() {
+            u.handle_dropped(*p, vec![], start + Duration::from_millis(25 * i as u64));
         }
-        let mut dialled = Vec::new();
-        let mut now = start + UNREACHABLE_REDIAL;
-        for _ in 0..3 {
-            let due = u.due(now, |_| false);
-            assert_eq!(
-                due.len(),
-                UNREACHABLE_DIALS_PER_SECOND.min(20 - dialled.len())
-            );
-            dialled.extend(due.into_iter().map(|(p, _)| p));
-            now += Duration::from_secs(1);
+        let mut dials: Vec<(Instant, NetworkId)> = Vec::new();
+        while let Some(now) = u.poll_timeout() {
+            if now > start + Duration::from_secs(12) {
+                break;
+            }
+            dials.extend(u.due(now, |_| false).into_iter().map(|(p, _)| (now, p)));
         }
+        let mut windows: Vec<(Instant, usize)> = Vec::new();
+        for &(t, _) in &dials {
+            match windows.last_mut() {
+                Some((w, n)) if t < *w + Duration::from_secs(1) => *n += 1,
+                _ => windows.push((t, 1)),
+            }
+        }
+        assert!(
+            windows
+                .iter()
+                .all(|&(_, n)| n <= UNREACHABLE_DIALS_PER_SECOND),
+            "{windows:?}"
+        );
+        let mut dialled: Vec<NetworkId> = dials.iter().map(|&(_, p)| p).collect();
         dialled.sort();
         dialled.dedup();
-        assert_eq!(
-            dialled.len(),
-            20,
-            "every peer dialled once in three seconds"
-        );
+        assert_eq!(dialled.len(), 40, "every peer dialled in its turn");
     }
 
     const DIAL_TIMEOUT_IN_TEST: Duration = Duration::from_secs(4);

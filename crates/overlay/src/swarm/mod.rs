@@ -367,6 +367,8 @@ pub struct Overlay {
     connections: HashMap<ConnectionId, (NetworkId, bool)>,
     /// Peers out of the routing table because they fell silent, dialled again.
     unreachable: liveness::Unreachable,
+    /// Connections closed as silent that libp2p has not reported closed yet.
+    closing_silent: HashSet<ConnectionId>,
     /// Which connections answer pings; silent ones are closed.
     liveness: Liveness,
     /// Peers connected over loopback: their loopback listen addresses are theirs (another
@@ -455,6 +457,7 @@ impl Overlay {
             connected: HashSet::new(),
             connections: HashMap::new(),
             unreachable: liveness::Unreachable::default(),
+            closing_silent: HashSet::new(),
             liveness,
             over_loopback: HashSet::new(),
             relays: Relays::new(now),
@@ -629,6 +632,7 @@ impl Overlay {
                 self.stats.silent_connections_closed += 1;
             }
             self.swarm.close_connection(connection);
+            self.closing_silent.insert(connection);
         }
         // A peer left with no connection that answers leaves the routing table, to be
         // dialled again until it answers (`liveness::Unreachable`).
@@ -636,10 +640,9 @@ impl Overlay {
             let Some(&(peer, _)) = self.connections.get(&connection) else {
                 continue;
             };
-            let answering = self
-                .connections
-                .iter()
-                .any(|(c, (p, _))| *p == peer && !silent.contains(c));
+            let answering = self.connections.iter().any(|(c, (p, _))| {
+                *p == peer && !silent.contains(c) && !self.closing_silent.contains(c)
+            });
             if answering {
                 continue;
             }
