@@ -82,6 +82,13 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
     })
 }
 
+/// Appends a jump to instruction `target` of `p` (a label: an index the program checks as
+/// it is laid out); the offset counts from the next instruction.
+fn jump(p: &mut Vec<u64>, code: u8, dst: u8, src: u8, target: usize, imm: i32) {
+    let off = target as i16 - p.len() as i16 - 1;
+    p.push(insn(code, dst, src, off, imm));
+}
+
 /// A 16-bit network-order field as a load instruction reads it into a register.
 fn net16(v: u16) -> i32 {
     i32::from(u16::from_ne_bytes(v.to_be_bytes()))
@@ -98,10 +105,6 @@ pub(crate) fn program(port: u16, map_fd: RawFd, max_frame: u16) -> Vec<u64> {
     const REDIRECT: usize = 30;
     const PASS: usize = 36;
     let mut p: Vec<u64> = Vec::with_capacity(PASS + 2);
-    let jump = |p: &mut Vec<u64>, code: u8, dst: u8, src: u8, target: usize, imm: i32| {
-        let off = target as i16 - p.len() as i16 - 1;
-        p.push(insn(code, dst, src, off, imm));
-    };
     p.push(insn(MOV64_X, 6, 1, 0, 0));
     p.push(insn(LDX_W, 2, 1, 0, 0)); // xdp_md.data
     p.push(insn(LDX_W, 3, 1, 4, 0)); // xdp_md.data_end
@@ -165,10 +168,6 @@ pub(crate) fn steering_program(shards: u32) -> Vec<u64> {
     const KEY: usize = 35;
     const ZERO: usize = 60;
     let mut p: Vec<u64> = Vec::with_capacity(ZERO + 2);
-    let jump = |p: &mut Vec<u64>, code: u8, dst: u8, src: u8, target: usize, imm: i32| {
-        let off = target as i16 - p.len() as i16 - 1;
-        p.push(insn(code, dst, src, off, imm));
-    };
     let imm64 = |p: &mut Vec<u64>, dst: u8, v: u64| {
         p.push(insn(LD_IMM64, dst, 0, 0, v as u32 as i32));
         p.push(insn(0, 0, 0, 0, (v >> 32) as u32 as i32));
