@@ -119,6 +119,8 @@ struct NamespaceSection {
     subnets: Option<Vec<String>>,
     #[serde(default = "default_mode")]
     mode: String,
+    #[serde(default = "default_layer")]
+    layer: u8,
     #[serde(default = "default_device")]
     device: String,
     #[serde(default)]
@@ -181,6 +183,10 @@ fn default_flows() -> usize {
 
 fn default_mode() -> String {
     "interface".into()
+}
+
+fn default_layer() -> u8 {
+    3
 }
 
 fn default_probe_timeout_ms() -> u64 {
@@ -277,6 +283,9 @@ pub struct Namespace {
     pub subnets: Vec<Ipv4Net>,
     /// Deployment mode.
     pub mode: Mode,
+    /// A layer-2 namespace (`layer = 2`): every Ethernet frame crosses, forwarded by MAC
+    /// (`hyphae_vswitch::layer2`); false: an IP namespace (`layer = 3`, the default).
+    pub layer2: bool,
     /// The host's device: the TAP (interface and router modes) or the host end of the veth
     /// pair that carries its address (hybrid mode).
     pub device: String,
@@ -340,6 +349,19 @@ pub struct Namespace {
     pub caps: hyphae_vswitch::qos::Caps,
 }
 
+impl Namespace {
+    /// The MTU of the TAP device: the namespace MTU, less the frame's Ethernet header and
+    /// its envelope in a layer-2 namespace (whose tunnels carry whole frames).
+    pub fn tap_mtu(&self) -> u16 {
+        if self.layer2 {
+            let overhead = hyphae_vswitch::layer2::ENVELOPE_LEN + hyphae_vswitch::wire::ETH_HEADER_LEN;
+            self.mtu.saturating_sub(overhead as u16)
+        } else {
+            self.mtu
+        }
+    }
+}
+
 impl std::fmt::Debug for Namespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Namespace")
@@ -361,6 +383,7 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         subnet: None,
         subnets: Vec::new(),
         mode: Mode::Interface,
+        layer2: false,
         device: default_device(),
         bridge: None,
         uplink: None,

@@ -477,6 +477,9 @@ pub struct NamespaceStatus {
     /// The virtual DNS server.
     #[serde(default)]
     pub dns: DnsStatus,
+    /// A layer-2 namespace's MAC table and frames (`layer = 2`); absent in an IP one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer2: Option<Layer2Status>,
     /// TAP device.
     pub device: String,
     /// This member's virtual address; empty while an `auto` address is being claimed.
@@ -614,6 +617,38 @@ pub struct PolicyStatus {
     pub flows_evicted: u64,
     pub flows_expired: u64,
     pub flows_revoked: u64,
+}
+
+/// A layer-2 namespace in [`NamespaceStatus`] (docs/MODES.md, "Layer 2").
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Layer2Status {
+    /// MACs learned on this side (the device's, or the LAN's), announced to the members.
+    pub macs: Vec<String>,
+    /// How many of them.
+    pub local_macs: usize,
+    /// MACs the members announced.
+    pub remote_macs: usize,
+    /// Frames sent to the one member holding their destination.
+    pub to_peer: u64,
+    /// Broadcast and multicast frames flooded to the members.
+    pub floods_out: u64,
+    /// Frames flooded to the members because no member announced their destination.
+    pub unknown_unicast: u64,
+    /// Frames from members written to the TAP.
+    pub to_tap: u64,
+    /// Of those, flooded ones.
+    pub floods_in: u64,
+    /// MACs learned on this side.
+    pub learned: u64,
+    /// MACs that moved between a member and this side.
+    pub moves: u64,
+    /// Frames and announcements that showed a MAC on both sides.
+    pub mac_conflicts: u64,
+    /// MACs not learned: the table was full.
+    pub table_full: u64,
+    /// Frames dropped, by reason.
+    pub drops: BTreeMap<String, u64>,
 }
 
 /// The virtual DNS server in [`NamespaceStatus`].

@@ -35,6 +35,8 @@ const GAUGES: &[&str] = &[
     "overlay.stored_records",
     "underlay.queues",
     "namespaces[].group_members",
+    "namespaces[].layer2.local_macs",
+    "namespaces[].layer2.remote_macs",
     "namespaces[].last_handoff_ms",
     "namespaces[].peers[].rtt_ms",
     "namespaces[].peers[].handshake_age_secs",

@@ -338,7 +338,7 @@ fn build_tap(
         .name(name)
         .layer(tun_rs::Layer::L2)
         .mac_addr(mac)
-        .mtu(ns.mtu)
+        .mtu(ns.tap_mtu())
         .offload(offload)
         .multi_queue(queues > 1)
         .enable(true);

@@ -76,6 +76,10 @@ const RELAY_REQUEST_MAGIC: &[u8; 4] = b"HYR1";
 const RELAY_OFFER_MAGIC: &[u8; 4] = b"HYO1";
 const PROBE_MAGIC: &[u8; 4] = b"HYP1";
 const UPLINKS_MAGIC: &[u8; 4] = b"HYU1";
+const MACS_MAGIC: &[u8; 4] = b"HYM1";
+
+/// Most MACs one [`Control::Macs`] carries (200 of 6 bytes fit a tunnel of 1280).
+pub const MAX_ANNOUNCED_MACS: usize = 200;
 const FLAG_ACK: u8 = 1;
 /// Encoded length of an underlay endpoint: family (4 or 6), 16 address bytes, port.
 const ENDPOINT_LEN: usize = 19;
@@ -364,6 +368,9 @@ pub enum Control {
     /// rate it takes there, bits a second. Sent only to members whose announcement set
     /// [`Announce::uplinks`]; at most [`MAX_UPLINKS`]; none means "do not bond to me".
     Uplinks(Vec<(SocketAddr, u64)>),
+    /// A layer-2 namespace: every MAC the sender holds there, the only ones its frames may
+    /// come from (at most [`MAX_ANNOUNCED_MACS`]). Sent with each announcement.
+    Macs(Vec<[u8; 6]>),
 }
 
 impl Control {
@@ -399,6 +406,14 @@ impl Control {
                 for (endpoint, rate) in &links[..n] {
                     emit_endpoint(&mut body, *endpoint);
                     body.extend_from_slice(&rate.to_be_bytes());
+                }
+            }
+            Control::Macs(macs) => {
+                let n = macs.len().min(MAX_ANNOUNCED_MACS);
+                body.extend_from_slice(MACS_MAGIC);
+                body.extend_from_slice(&(n as u16).to_be_bytes());
+                for mac in &macs[..n] {
+                    body.extend_from_slice(mac);
                 }
             }
         }
@@ -445,6 +460,17 @@ impl Control {
                     })
                     .collect::<Option<Vec<_>>>()?;
                 Some(Control::Uplinks(links))
+            }
+            m if m == MACS_MAGIC => {
+                let n = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
+                if n > MAX_ANNOUNCED_MACS || rest.len() != 2 + 6 * n {
+                    return None;
+                }
+                let macs = rest[2..]
+                    .chunks_exact(6)
+                    .map(|c| <[u8; 6]>::try_from(c).ok())
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Control::Macs(macs))
             }
             _ => None,
         }
@@ -683,6 +709,8 @@ mod tests {
                 ("[fd00::2]:7400".parse().unwrap(), 100_000_000),
             ]),
             Control::Uplinks(Vec::new()),
+            Control::Macs(vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]]),
+            Control::Macs(Vec::new()),
         ];
         for m in messages {
             let p = m.emit();
@@ -721,6 +749,23 @@ mod tests {
         assert_eq!(Control::parse(&lying), None);
         lying[24] = 9;
         assert_eq!(Control::parse(&lying), None);
+        // MACs: at most MAX_ANNOUNCED_MACS are sent; a count the bytes do not match, or
+        // over the bound, is refused.
+        let many: Vec<[u8; 6]> = (0..=MAX_ANNOUNCED_MACS as u16)
+            .map(|i| [2, 0, 0, 0, (i >> 8) as u8, i as u8])
+            .collect();
+        let p = Control::Macs(many.clone()).emit();
+        assert_eq!(
+            Control::parse(&p),
+            Some(Control::Macs(many[..MAX_ANNOUNCED_MACS].to_vec()))
+        );
+        let mut lying = Control::Macs(vec![[2, 0, 0, 0, 0, 1]]).emit();
+        lying[25] = 2;
+        assert_eq!(Control::parse(&lying), None);
+        let mut over = vec![0u8; 20 + 6 + 6 * (MAX_ANNOUNCED_MACS + 1)];
+        over[..26].copy_from_slice(&Control::Macs(Vec::new()).emit());
+        over[24..26].copy_from_slice(&((MAX_ANNOUNCED_MACS + 1) as u16).to_be_bytes());
+        assert_eq!(Control::parse(&over), None);
     }
 
     #[test]

@@ -56,6 +56,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod layer2;
 pub mod mtu;
 pub mod offload;
 pub mod policy;

@@ -12,6 +12,23 @@ use super::{
     DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS, RESOLV_CONF,
 };
 
+/// What a layer-2 namespace does not have (yet): one clear error each.
+fn check_layer2(s: &NamespaceSection, mode: Mode) -> Result<()> {
+    if mode == Mode::Hybrid {
+        bail!("layer = 2 works in mode \"interface\" or \"router\": a hybrid host's LAN is already on the namespace's link");
+    }
+    if s.lan_ports.is_some() || !s.lan_table.is_empty() {
+        bail!("layer = 2 forwards by MAC: `lan_ports` and `lan_table` are for IP namespaces");
+    }
+    if s.policy.is_some() || !s.caps.is_empty() || s.rate.is_some() {
+        bail!("layer = 2 namespaces have no policy, `rate` or `cap` yet: remove them, or use layer = 3");
+    }
+    if s.subnets.is_some() {
+        bail!("layer = 2 namespaces have one subnet: `subnets` routes between several at layer 3");
+    }
+    Ok(())
+}
+
 /// `mdns`: members may be found on the LAN, so the subnet may come from them.
 pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Namespace> {
     let valid_name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
@@ -28,6 +45,14 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         "router" => Mode::Router,
         "hybrid" => Mode::Hybrid,
         other => bail!("mode '{other}' is not one of interface, router, hybrid"),
+    };
+    let layer2 = match s.layer {
+        3 => false,
+        2 => {
+            check_layer2(&s, mode)?;
+            true
+        }
+        other => bail!("layer {other} is not 2 (every Ethernet frame) or 3 (IP, the default)"),
     };
     let (subnet, subnets) = parse_subnets(&s)?;
     let in_namespace = |a: &Ipv4Addr| {
@@ -198,6 +223,7 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         subnet,
         subnets,
         mode,
+        layer2,
         device: s.device,
         bridge: s.bridge,
         uplink: s.uplink,

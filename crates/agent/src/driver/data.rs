@@ -59,6 +59,9 @@ pub(crate) struct Lane {
     pub(crate) name: String,
     pub(crate) mode: Mode,
     pub(crate) switch: Switch<PeerHandle>,
+    /// A layer-2 namespace's switch, which takes every frame and packet instead of
+    /// `switch` (`layer2.rs`); None in an IP namespace.
+    pub(crate) l2: Option<hyphae_vswitch::layer2::Layer2<PeerHandle>>,
     /// False once the namespace was left.
     pub(crate) active: bool,
     /// The TAP has offloads on: a virtio-net header leads every read and write.
@@ -238,7 +241,7 @@ impl DataPlane {
             .lanes
             .iter()
             .filter(|l| l.active)
-            .map(|l| l.switch.poll_timeout());
+            .flat_map(|l| [l.switch.poll_timeout(), l.l2.as_ref().and_then(|s| s.poll_timeout())]);
         let paced = self.lanes.iter().flat_map(|l| {
             let caps = l.caps.as_ref();
             [
@@ -271,10 +274,17 @@ impl DataPlane {
                 lane.switch.handle_timeout(now);
                 self.flush_switch(i, out);
             }
+            let lane = &mut self.lanes[i];
+            if let Some(l2) = lane.l2.as_mut().filter(|_| lane.active) {
+                if due(l2.poll_timeout()) {
+                    l2.handle_timeout(now);
+                    self.announce_macs(now, i);
+                }
+            }
             self.lanes[i].grace.retain(|g| g.until > now);
         }
         self.release_paced(now, out);
-        self.drain_node(out);
+        self.drain_node(now, out);
         node
     }
 
@@ -391,6 +401,24 @@ impl Batch {
     /// The bytes of a frame to write.
     pub(crate) fn frame(&self, range: &Range<usize>) -> &[u8] {
         &self.frames[range.clone()]
+    }
+
+    /// Queues `frame` for `peer` in an envelope (a layer-2 namespace's), as
+    /// [`Batch::seal`] queues a packet.
+    pub(crate) fn seal_frame(&mut self, node: &mut Node, peer: PeerHandle, frame: &[u8]) {
+        let at = self.plain_used;
+        let end = at + hyphae_vswitch::layer2::ENVELOPE_LEN + frame.len();
+        grow(&mut self.plain, end);
+        let packet = &mut self.plain[at..end];
+        if hyphae_vswitch::layer2::emit_envelope(packet, frame.len()).is_none() {
+            return;
+        }
+        packet[hyphae_vswitch::layer2::ENVELOPE_LEN..].copy_from_slice(frame);
+        let Some(sealer) = node.sealer(peer, packet) else {
+            return;
+        };
+        self.plain_used = end;
+        self.seals.push((sealer, at..end));
     }
 
     /// Queues `packet` for `peer`, to be sealed once the data plane is let go

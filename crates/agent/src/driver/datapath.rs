@@ -108,6 +108,9 @@ impl DataPlane {
         let Some(lane) = self.lanes.get_mut(i) else {
             return;
         };
+        if lane.l2.is_some() {
+            return self.deliver_l2(now, i, from, at, len, out);
+        }
         let room = match at {
             Some(at) => &mut out.opened_room(at)[..HEADROOM + len],
             None => out.frame_room(HEADROOM + len),
@@ -244,6 +247,9 @@ impl DataPlane {
         out: &mut Batch,
     ) {
         let lane = &mut self.lanes[i];
+        if lane.l2.is_some() {
+            return self.switch_l2_frame(i, frame, now, out);
+        }
         let action = lane.switch.handle_tap_frame(now, frame, &mut out.reply);
         match action {
             Action::ToPeer { peer, packet } => {
@@ -541,6 +547,17 @@ impl DataPlane {
     /// A broadcast or multicast packet from the host or the LAN: to every member of the
     /// namespace's group.
     fn broadcast(&mut self, i: usize, packet: &[u8], out: &mut Batch) {
+        self.each_member(i, out, |node, out, handle| out.seal(node, handle, packet));
+    }
+
+    /// Calls `send` with each member of namespace `i`'s group (asking the control thread
+    /// to read the group if it is not known yet).
+    pub(crate) fn each_member(
+        &mut self,
+        i: usize,
+        out: &mut Batch,
+        send: impl Fn(&mut hyphae_overlay::Node, &mut Batch, PeerHandle),
+    ) {
         let lane = &mut self.lanes[i];
         if lane.group.is_empty() {
             if !std::mem::replace(&mut lane.group_wanted, true) {
@@ -551,7 +568,7 @@ impl DataPlane {
         for k in 0..self.lanes[i].group.len() {
             let id = self.lanes[i].group[k];
             if let Some(handle) = self.node.member_handle(NamespaceId(i), id) {
-                out.seal(&mut self.node, handle, packet);
+                send(&mut self.node, out, handle);
             }
         }
     }
@@ -581,7 +598,7 @@ impl DataPlane {
 
     /// Queues what the node sends on its own (handshakes, hellos, announcements); applies
     /// its events to the switches and hands them to the control thread.
-    pub(crate) fn drain_node(&mut self, out: &mut Batch) {
+    pub(crate) fn drain_node(&mut self, now: Instant, out: &mut Batch) {
         while let Some((to, datagram)) = self.node.poll_transmit() {
             out.send(to, &datagram);
         }
@@ -590,6 +607,9 @@ impl DataPlane {
                 Event::PeerUnreachable { ns, peer, .. } => {
                     if let Some(lane) = self.lanes.get_mut(ns.0) {
                         lane.switch.remove_peer(*peer);
+                        if let Some(l2) = lane.l2.as_mut() {
+                            l2.remove_peer(*peer);
+                        }
                         lane.policy.forget(*peer);
                         // Its handle is free for another tunnel: what waits for it in a
                         // cap or the shares goes, or it would be sealed to the next.
@@ -622,6 +642,13 @@ impl DataPlane {
                         }
                     }
                 }
+                Event::PeerMacs { ns, peer, macs } => {
+                    if let Some(l2) = self.lanes.get_mut(ns.0).and_then(|l| l.l2.as_mut()) {
+                        l2.set_peer_macs(now, *peer, macs);
+                    }
+                    // A MAC of ours that moved to the member is no longer announced.
+                    self.announce_macs(now, ns.0);
+                }
             }
             self.tell_control(ToControl::Node(event));
         }
@@ -630,8 +657,8 @@ impl DataPlane {
     /// What a worker does after its batch, still holding the data plane: queues what the
     /// node sends; a router probes its LAN for hosts members sent to. Returns whether the
     /// control thread must be woken (the batch left it work, or an earlier deadline).
-    pub(crate) fn after_batch(&mut self, from_members: bool, out: &mut Batch) -> bool {
-        self.drain_node(out);
+    pub(crate) fn after_batch(&mut self, now: Instant, from_members: bool, out: &mut Batch) -> bool {
+        self.drain_node(now, out);
         if from_members {
             for i in 0..self.lanes.len() {
                 if self.lanes[i].mode == Mode::Router && self.lanes[i].active {

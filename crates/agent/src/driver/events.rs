@@ -101,6 +101,8 @@ impl Control {
                     }
                 }
             }
+            // The layer-2 switch took them in the data plane.
+            hyphae_overlay::Event::PeerMacs { .. } => {}
         }
     }
 
@@ -350,7 +352,7 @@ impl Control {
                     forgot |= dp.node.forget_member(now, NamespaceId(i), *gone);
                 }
                 if forgot {
-                    dp.drain_node(&mut self.batch);
+                    dp.drain_node(now, &mut self.batch);
                 }
                 n.group = found.into_iter().map(|(m, _)| m).collect();
                 let lane = &mut dp.lanes[i];

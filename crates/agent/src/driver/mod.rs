@@ -27,6 +27,7 @@ mod events;
 mod frames;
 mod host;
 mod joining;
+mod layer2;
 mod links;
 mod migration;
 mod policy;
@@ -387,7 +388,8 @@ impl Control {
                 tap: tap_mac,
                 device: device_mac,
             },
-            self.offload,
+            // A layer-2 namespace carries frames as they are: no super-frames to cut.
+            self.offload && !cfg.layer2,
             self.workers.len(),
         )?;
         let keys = NamespaceKeys::derive(&cfg.name, &cfg.secret);
@@ -511,11 +513,28 @@ impl Control {
                 bail!("internal: a data-path worker does not take commands");
             }
         }
+        let l2 = cfg.layer2.then(|| {
+            use hyphae_vswitch::layer2::{L2Config, L2Mode, Layer2, ENVELOPE_LEN};
+            Layer2::new(
+                L2Config {
+                    mode: match cfg.mode {
+                        Mode::Router => L2Mode::Router,
+                        Mode::Interface | Mode::Hybrid => L2Mode::Interface,
+                    },
+                    device_mac,
+                    flood_rate: cfg.broadcast_rate,
+                    max_frame: usize::from(cfg.mtu).saturating_sub(ENVELOPE_LEN),
+                },
+                now,
+            )
+        });
         // The lane and the namespace take the same index, the node's id for it.
-        lock(&self.dp).lanes.push(Lane {
+        let mut dp = lock(&self.dp);
+        dp.lanes.push(Lane {
             name: cfg.name.clone(),
             mode: cfg.mode,
             switch,
+            l2,
             active: true,
             offload,
             group: Vec::new(),
@@ -534,9 +553,15 @@ impl Control {
             }),
             caps: caps::LaneCaps::new(cfg.caps.clone()),
         });
-        if let Some(shares) = lock(&self.dp).shares.as_mut() {
+        if cfg.layer2 {
+            // Members' packets are frames from now on, even before a MAC is known.
+            dp.node.set_macs(now, NamespaceId(i), Vec::new());
+            dp.announce_macs(now, i);
+        }
+        if let Some(shares) = dp.shares.as_mut() {
             shares.set_weight(i, cfg.weight.unwrap_or(1));
         }
+        drop(dp);
         self.namespaces.push(Joined {
             name: cfg.name.clone(),
             certificate,
@@ -704,7 +729,7 @@ impl Control {
                 dp.switch_frame(i, &mut frame, now, &mut self.batch);
             }
         }
-        dp.drain_node(&mut self.batch);
+        dp.drain_node(now, &mut self.batch);
         true
     }
 

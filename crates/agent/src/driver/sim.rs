@@ -428,7 +428,7 @@ impl Sim {
             {
                 let mut dp = lock(&a.control.dp);
                 dp.handle_frames(now, &ranges, &mut rx, &mut a.worker);
-                a.wake |= dp.after_batch(false, &mut a.worker);
+                a.wake |= dp.after_batch(now, false, &mut a.worker);
             }
             self.worker_carry_out(k);
         }
@@ -448,7 +448,7 @@ impl Sim {
             {
                 let mut dp = lock(&a.control.dp);
                 dp.handle_datagrams(now, list, &mut a.worker);
-                a.wake |= dp.after_batch(true, &mut a.worker);
+                a.wake |= dp.after_batch(now, true, &mut a.worker);
             }
             self.worker_carry_out(k);
         }

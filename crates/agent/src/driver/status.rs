@@ -46,6 +46,7 @@ struct LaneStatus {
     egress: Option<crate::control::RateStatus>,
     share: Option<crate::control::ShareStatus>,
     caps: Vec<crate::control::CapStatus>,
+    layer2: Option<crate::control::Layer2Status>,
 }
 
 struct PeerSnapshot {
@@ -70,6 +71,7 @@ impl DataStatus {
                 .enumerate()
                 .map(|(i, l)| LaneStatus {
                     counters: l.switch.counters().clone(),
+                    layer2: l.l2.as_ref().map(layer2_status),
                     address: l.switch.config().address,
                     lan_hosts: l.switch.lan_hosts(),
                     lan_ports: l.switch.config().lan_ports,
@@ -234,6 +236,7 @@ impl Control {
                         .into_iter()
                         .map(|(n, a)| (n, a.to_string()))
                         .collect(),
+                    layer2: lane.layer2.clone(),
                     dns: {
                         let (agent, zone, tcp) = p.dns.stats();
                         control::DnsStatus {
@@ -535,6 +538,41 @@ impl Control {
     }
 }
 
+/// A MAC as `02:48:..`.
+fn mac_text(m: &hyphae_vswitch::Mac) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// What status shows of a layer-2 switch.
+fn layer2_status(
+    l2: &hyphae_vswitch::layer2::Layer2<hyphae_overlay::PeerHandle>,
+) -> crate::control::Layer2Status {
+    use hyphae_vswitch::layer2::L2Drop;
+    let c = l2.counters();
+    let macs = l2.local_macs();
+    crate::control::Layer2Status {
+        local_macs: macs.len(),
+        macs: macs.iter().map(mac_text).collect(),
+        remote_macs: l2.remote_count(),
+        to_peer: c.to_peer,
+        floods_out: c.floods_out,
+        unknown_unicast: c.unknown_unicast,
+        to_tap: c.to_tap,
+        floods_in: c.floods_in,
+        learned: c.learned,
+        moves: c.moves,
+        mac_conflicts: c.mac_conflicts,
+        table_full: c.table_full,
+        drops: L2Drop::ALL
+            .iter()
+            .map(|r| (r.as_str().to_string(), c.dropped(*r)))
+            .collect(),
+    }
+}
+
 /// VEPA: each port of the LAN bridge with the MACs behind it and what the switch counted
 /// for them; MACs counted that the bridge no longer places come last, under no port.
 fn lan_port_status(
@@ -543,12 +581,6 @@ fn lan_port_status(
 ) -> Vec<crate::control::LanPortStatus> {
     let Some(ports) = lan.and_then(crate::lan::Lan::ports) else {
         return Vec::new();
-    };
-    let mac_text = |m: &hyphae_vswitch::Mac| {
-        m.iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
     };
     let mut placed = Vec::new();
     let mut rows: Vec<crate::control::LanPortStatus> = ports

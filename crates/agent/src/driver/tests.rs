@@ -48,6 +48,7 @@ fn plane(seed: u8, vip: Ipv4Addr) -> Plane {
         name: "lab".into(),
         mode: Mode::Interface,
         switch: Switch::new(SwitchConfig::interface(vip, subnet, mac, REMOTE_MAC)),
+        l2: None,
         active: true,
         offload: false,
         group: Vec::new(),
@@ -100,7 +101,7 @@ impl Plane {
         }
         self.dp
             .handle_frames(now, &ranges, &mut rx, &mut self.batch);
-        let wake = self.dp.after_batch(false, &mut self.batch);
+        let wake = self.dp.after_batch(now, false, &mut self.batch);
         self.carry_out();
         wake
     }
@@ -119,7 +120,7 @@ impl Plane {
             .filter(|(o, _)| matches!(o, Opened::Packet { .. }))
             .count();
         self.dp.handle_datagrams(now, datagrams, &mut self.batch);
-        let wake = self.dp.after_batch(true, &mut self.batch);
+        let wake = self.dp.after_batch(now, true, &mut self.batch);
         self.carry_out();
         wake
     }

@@ -491,7 +491,7 @@ impl Worker {
         let wake = {
             let (mut dp, now) = enter(&self.shared, &mut self.taps, &self.counters);
             dp.handle_datagrams(now, self.underlay.datagrams(), &mut self.batch);
-            dp.after_batch(true, &mut self.batch)
+            dp.after_batch(now, true, &mut self.batch)
         };
         self.carry_out(wake).await;
     }
@@ -505,7 +505,7 @@ impl Worker {
         let wake = {
             let (mut dp, now) = enter(&self.shared, &mut self.taps, &self.counters);
             dp.handle_frames(now, &self.frames, &mut self.rx, &mut self.batch);
-            dp.after_batch(false, &mut self.batch)
+            dp.after_batch(now, false, &mut self.batch)
         };
         self.carry_out(wake).await;
     }

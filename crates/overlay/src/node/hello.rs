@@ -190,6 +190,7 @@ impl Node {
         let Some(peer) = self.peer(handle) else {
             return;
         };
+        let ns = peer.ns;
         let packet = Announce {
             have_yours: peer.have_their_announce,
             uplinks: true,
@@ -199,6 +200,17 @@ impl Node {
         }
         .emit();
         self.send_control(handle, &packet, None);
+        if let Some(macs) = &self.namespaces[ns.0].macs {
+            if macs.len() > crate::wire::MAX_ANNOUNCED_MACS {
+                tracing::warn!(
+                    macs = macs.len(),
+                    "more MACs than one announcement carries: the first {} are announced",
+                    crate::wire::MAX_ANNOUNCED_MACS
+                );
+            }
+            let packet = crate::wire::Control::Macs(macs.clone()).emit();
+            self.send_control(handle, &packet, None);
+        }
         if !self.uplinks.is_empty() {
             self.send_uplinks(handle);
         }

@@ -127,6 +127,9 @@ struct Namespace {
     /// Other namespaces' addresses whose packets a member may send as the gateway of a
     /// link, with the gateway's address here ([`Node::set_links`]).
     links: Vec<(ipnet::Ipv4Net, Ipv4Addr)>,
+    /// A layer-2 namespace: the MACs this member holds there ([`Node::set_macs`]); its
+    /// members send frames in envelopes, each from a MAC the sender announced.
+    macs: Option<Vec<[u8; 6]>>,
 }
 
 /// The tunnel endpoint of one agent.
@@ -276,6 +279,7 @@ impl Node {
             active: true,
             credential: None,
             links: Vec::new(),
+            macs: None,
         });
         NamespaceId(self.namespaces.len() - 1)
     }
@@ -405,6 +409,34 @@ impl Node {
                 self.announce(now, handle);
             }
         }
+    }
+
+    /// Makes `ns` a layer-2 namespace (if it was not) holding `macs`, and tells its
+    /// members when they changed: from now on its members' packets must be frames in
+    /// envelopes (`hyphae_vswitch::layer2`) from MACs they announced.
+    pub fn set_macs(&mut self, now: Instant, ns: NamespaceId, mut macs: Vec<[u8; 6]>) {
+        let Some(namespace) = self.namespaces.get_mut(ns.0) else {
+            return;
+        };
+        macs.sort_unstable();
+        macs.dedup();
+        if namespace.macs.as_ref() == Some(&macs) {
+            return;
+        }
+        namespace.macs = Some(macs);
+        for handle in self.handles_in(ns) {
+            if self
+                .peer(handle)
+                .is_some_and(|p| p.initiator || p.has_session())
+            {
+                self.announce(now, handle);
+            }
+        }
+    }
+
+    /// Whether `ns` is a layer-2 namespace.
+    pub fn is_layer2(&self, ns: NamespaceId) -> bool {
+        self.namespaces.get(ns.0).is_some_and(|n| n.macs.is_some())
     }
 
     /// Queues a [`Event::PeerAddresses`] again for every member of `ns` that announced

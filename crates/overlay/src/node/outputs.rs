@@ -42,6 +42,15 @@ pub enum Event {
         /// Its addresses.
         addresses: Vec<Ipv4Addr>,
     },
+    /// `peer` now holds exactly `macs` in `ns`, a layer-2 namespace (sorted).
+    PeerMacs {
+        /// The namespace.
+        ns: NamespaceId,
+        /// The member.
+        peer: PeerHandle,
+        /// Its MACs.
+        macs: Vec<[u8; 6]>,
+    },
     /// We kept sending to `peer` and heard nothing back for [`UNREACHABLE_AFTER`](super::UNREACHABLE_AFTER): it is
     /// gone (crashed, or moved), and its tunnel has been removed. Its addresses should be
     /// resolved again.

@@ -144,6 +144,8 @@ pub(super) struct Peer {
     /// Our underlay address changed and the member has not answered from it yet.
     roam: Option<Roam>,
     pub(super) addresses: Vec<Ipv4Addr>,
+    /// A layer-2 namespace: the MACs it announced, the only ones its frames may come from.
+    pub(super) macs: Vec<[u8; 6]>,
     /// Addresses this member may forward packets to from any source, until when: it held
     /// them until a LAN host moved here, and sends on what still reaches it for a grace
     /// period ([`crate::Node::accept_forwarded`]).
@@ -197,6 +199,7 @@ impl Peer {
             rtt: None,
             roam: None,
             addresses: Vec::new(),
+            macs: Vec::new(),
             forwards: Vec::new(),
             have_their_announce: false,
             speaks_uplinks: false,
@@ -522,6 +525,30 @@ impl Peer {
         tracing::info!(peer = ?self.id, ?addresses, "member addresses");
         self.addresses = addresses.to_vec();
         true
+    }
+
+    /// The member announced `macs` (sorted, deduplicated here); true if they changed.
+    pub(super) fn handle_macs(&mut self, mut macs: Vec<[u8; 6]>) -> Option<&[[u8; 6]]> {
+        macs.sort_unstable();
+        macs.dedup();
+        if self.macs == macs {
+            return None;
+        }
+        tracing::debug!(peer = ?self.id, macs = macs.len(), "member MACs");
+        self.macs = macs;
+        Some(&self.macs)
+    }
+
+    /// A frame from a layer-2 namespace's member: counted and delivered if it comes from
+    /// a MAC the member announced.
+    pub(super) fn accept_frame(&mut self, frame: &[u8], len: usize) -> Result<(), PeerDropReason> {
+        let src = frame.get(6..12).and_then(|s| <[u8; 6]>::try_from(s).ok());
+        if !src.is_some_and(|s| self.macs.binary_search(&s).is_ok()) {
+            return Err(PeerDropReason::SpoofedSource);
+        }
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += len as u64;
+        Ok(())
     }
 }
 

@@ -331,7 +331,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::node::{test_epoch, DropReason, NamespaceId, Node, PeerDropReason};
+    use crate::node::{test_epoch, DropReason, Event, NamespaceId, Node, PeerDropReason};
+    use crate::wire::Control;
 
     const A: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2)), 7400);
     const B: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 2, 2)), 7400);
@@ -465,6 +466,68 @@ mod tests {
             b.tunnels().open(&out[t.range], &mut rx),
             Opened::UnknownSession
         ));
+    }
+
+    /// A frame from `src` to the broadcast in an envelope, as a layer-2 agent sends it.
+    fn enveloped(src: [u8; 6]) -> Vec<u8> {
+        let mut frame = vec![0xffu8; 6];
+        frame.extend_from_slice(&src);
+        frame.extend_from_slice(&[0x88, 0xb5]);
+        frame.extend_from_slice(b"any ethertype");
+        let mut p = vec![0u8; hyphae_vswitch::layer2::ENVELOPE_LEN];
+        hyphae_vswitch::layer2::emit_envelope(&mut p, frame.len()).expect("room");
+        p.extend_from_slice(&frame);
+        p
+    }
+
+    #[test]
+    fn a_layer2_member_delivers_frames_only_from_the_macs_it_announced() {
+        let now = test_epoch();
+        let (mut a, mut b, ha, hb) = pair(now);
+        let (mine, other) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
+        b.set_macs(now, NamespaceId(0), Vec::new());
+        a.set_macs(now, NamespaceId(0), vec![mine, mine]);
+        pump(&mut a, &mut b, now);
+        let mut macs = None;
+        while let Some(e) = b.poll_event() {
+            if let Event::PeerMacs { peer, macs: m, .. } = e {
+                assert_eq!(peer, hb);
+                macs = Some(m);
+            }
+        }
+        assert_eq!(macs, Some(vec![mine]), "announced once, deduplicated");
+        let mut rx = vec![0u8; 512];
+        let p = enveloped(mine);
+        let (t, out) = seal(&mut a, ha, &p);
+        let opened = b.tunnels().open(&out[t.range], &mut rx);
+        assert_eq!(
+            b.accept(now, A, opened, &rx),
+            Received::Deliver {
+                ns: NamespaceId(0),
+                peer: hb,
+                len: p.len()
+            }
+        );
+        // Another MAC, an IPv4 packet from an address it holds, or no envelope at all.
+        for (bad, reason) in [
+            (enveloped(other), PeerDropReason::SpoofedSource),
+            (packet(1, 2), PeerDropReason::BadPayload),
+        ] {
+            let (t, out) = seal(&mut a, ha, &bad);
+            let opened = b.tunnels().open(&out[t.range], &mut rx);
+            assert_eq!(
+                b.accept(now, A, opened, &rx),
+                Received::PeerDropped(hb, reason)
+            );
+        }
+        // MACs in an IP namespace are refused.
+        let (mut c, mut d, hc, hd) = pair(now);
+        let (t, out) = seal(&mut c, hc, &Control::Macs(vec![mine]).emit());
+        let opened = d.tunnels().open(&out[t.range], &mut rx);
+        assert_eq!(
+            d.accept(now, A, opened, &rx),
+            Received::PeerDropped(hd, PeerDropReason::BadPayload)
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use boringtun::noise::{Packet, Tunn, TunnResult};
 use super::peer::{tunnel_error, Route};
 use super::shared::{self, frame_outgoing, Opened, Sealer, Tunnel};
 use super::stats::{DropReason, PeerDropReason};
-use super::{NamespaceId, Node, PeerHandle, Received, Transmit, SEND_HEADROOM};
+use super::{Event, NamespaceId, Node, PeerHandle, Received, Transmit, SEND_HEADROOM};
 use crate::keys::TAG_LEN;
 use crate::wire::{
     emit_relay_header, is_control, Control, TunnelMessage, KIND_WG_DATA, KIND_WG_RESPONSE,
@@ -132,6 +132,23 @@ impl Node {
         if is_control(packet) {
             let control = Control::parse(packet);
             return self.handle_control(now, handle, route, control);
+        }
+        let layer2 = self.peer(handle).is_some_and(|p| self.is_layer2(p.ns));
+        if layer2 {
+            let Some(peer) = self.peer_mut(handle) else {
+                return Received::Dropped(DropReason::UnknownSession);
+            };
+            let Some(frame) = hyphae_vswitch::layer2::envelope_frame(packet) else {
+                return Received::PeerDropped(handle, PeerDropReason::BadPayload);
+            };
+            return match peer.accept_frame(frame, packet.len()) {
+                Ok(()) => Received::Deliver {
+                    ns: peer.ns,
+                    peer: handle,
+                    len: packet.len(),
+                },
+                Err(reason) => Received::PeerDropped(handle, reason),
+            };
         }
         let via_link = self.via_link(handle, src);
         let Some(peer) = self.peer_mut(handle) else {
@@ -340,6 +357,27 @@ impl Node {
             }) => self.handle_relay_offer(now, handle, peer, endpoint, session),
             Some(Control::Uplinks(links)) => {
                 self.handle_uplinks(now, handle, links);
+                Received::Consumed
+            }
+            Some(Control::Macs(macs)) => {
+                let Some(peer) = self.peer_mut(handle) else {
+                    return Received::Consumed;
+                };
+                let ns = peer.ns;
+                if !self.is_layer2(ns) {
+                    return Received::PeerDropped(handle, PeerDropReason::BadPayload);
+                }
+                let Some(peer) = self.peer_mut(handle) else {
+                    return Received::Consumed;
+                };
+                if let Some(macs) = peer.handle_macs(macs) {
+                    let macs = macs.to_vec();
+                    self.events.push_back(Event::PeerMacs {
+                        ns,
+                        peer: handle,
+                        macs,
+                    });
+                }
                 Received::Consumed
             }
         }

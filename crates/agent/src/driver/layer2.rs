@@ -1,0 +1,79 @@
+//! The data path of a layer-2 namespace (`layer = 2`): frames from the TAP switched by MAC
+//! ([`hyphae_vswitch::layer2::Layer2`]) into envelopes for one member or the whole group,
+//! and members' frames out of their envelopes onto the TAP. The node has already checked
+//! each member's frame against the MACs it announced; the MACs on this side are announced
+//! through the node whenever the switch's table changes.
+
+use std::time::Instant;
+
+use hyphae_overlay::{NamespaceId, PeerHandle};
+use hyphae_vswitch::layer2::{envelope_frame, L2Action, ENVELOPE_LEN};
+use hyphae_vswitch::HEADROOM;
+
+use super::data::{Batch, DataPlane};
+
+impl DataPlane {
+    /// One frame from TAP `i` of a layer-2 namespace: to the member holding its
+    /// destination, or flooded to the group.
+    pub(crate) fn switch_l2_frame(&mut self, i: usize, frame: &[u8], now: Instant, out: &mut Batch) {
+        let Some(l2) = self.lanes.get_mut(i).and_then(|l| l.l2.as_mut()) else {
+            return;
+        };
+        match l2.handle_tap_frame(now, frame) {
+            L2Action::ToPeer(peer) => out.seal_frame(&mut self.node, peer, frame),
+            L2Action::Flood => {
+                self.each_member(i, out, |node, out, handle| out.seal_frame(node, handle, frame));
+            }
+            L2Action::ToTap | L2Action::Drop(_) => {}
+        }
+        self.announce_macs(now, i);
+    }
+
+    /// Tells the namespace's members the MACs on this side, if they changed.
+    pub(crate) fn announce_macs(&mut self, now: Instant, i: usize) {
+        let Some(l2) = self.lanes.get_mut(i).and_then(|l| l.l2.as_mut()) else {
+            return;
+        };
+        if l2.take_local_changed() {
+            let macs = l2.local_macs();
+            self.node.set_macs(now, NamespaceId(i), macs);
+        }
+    }
+
+    /// A packet of `len` bytes from member `from` of layer-2 namespace `i`, lying behind
+    /// [`HEADROOM`] in `out` (`at`: where [`Batch::open`] opened it): its frame, moved to
+    /// the front of the room, is written to the TAP if the switch takes it.
+    pub(crate) fn deliver_l2(
+        &mut self,
+        now: Instant,
+        i: usize,
+        from: PeerHandle,
+        at: Option<usize>,
+        len: usize,
+        out: &mut Batch,
+    ) {
+        let Some(lane) = self.lanes.get_mut(i) else {
+            return;
+        };
+        let (Some(l2), true) = (lane.l2.as_mut(), lane.active) else {
+            return;
+        };
+        let room = match at {
+            Some(at) => &mut out.opened_room(at)[..HEADROOM + len],
+            None => out.frame_room(HEADROOM + len),
+        };
+        let Some(frame) = envelope_frame(&room[HEADROOM..]) else {
+            return;
+        };
+        let frame_len = frame.len();
+        if l2.handle_peer_frame(now, from, frame) != L2Action::ToTap {
+            return;
+        }
+        let start = HEADROOM + ENVELOPE_LEN;
+        room.copy_within(start..start + frame_len, 0);
+        match at {
+            Some(at) => out.commit_opened(i, at, frame_len),
+            None => out.commit_frame(i, frame_len, true),
+        }
+    }
+}

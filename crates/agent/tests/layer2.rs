@@ -1,0 +1,257 @@
+#![allow(clippy::disallowed_methods)] // a test measures and waits on the real clock
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! A layer-2 namespace end to end (issue 30): two router sites (r1, r2) extend one
+//! Ethernet segment between their LANs, and an interface member `i` joins it with its own
+//! TAP. Real parts only: plain LAN hosts a1 (LAN 1) and b1 (LAN 2) with no hyphae, the
+//! kernel's ARP and ping, and raw AF_PACKET sockets (Python's standard library) for frames
+//! no IP stack sends. Shown: ARP and ping cross between the sites and to `i`; a frame of
+//! EtherType 0x88B5 and an 802.1Q-tagged frame arrive at b1 byte-identical; each router
+//! learned its LAN's MACs and the others' announcements (status); a broadcast storm from
+//! a1 is held to the flood rate at r1 while a1 and b1 keep reaching each other.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hyphae_agent::control::{Layer2Status, NamespaceStatus};
+use hyphae_testbed::{agent_section, lab_namespace, require_root, AgentHandle, Host, Testbed};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
+const SUBNET: &str = "10.202.0.0/16";
+const I_ADDR: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 31);
+const A1: Ipv4Addr = Ipv4Addr::new(10, 202, 1, 10);
+const B1: Ipv4Addr = Ipv4Addr::new(10, 202, 2, 10);
+/// Broadcast, multicast and unknown-unicast frames a second each way (and the burst).
+const FLOOD_RATE: u32 = 100;
+
+/// Prints every frame of the given EtherTypes (hex, comma-separated) that `eth0`
+/// receives for `argv[1]` seconds, one hex line each, with an 802.1Q tag the kernel took
+/// off put back from the packet's auxiliary data (as libpcap does). Writes `argv[3]` once
+/// it listens.
+const RECEIVE: &str = "\
+import select, socket, struct, sys, time
+want = {int(t, 16) for t in sys.argv[2].split(',')}
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.setsockopt(263, 8, 1)  # SOL_PACKET, PACKET_AUXDATA
+s.bind(('eth0', 0))
+open(sys.argv[3], 'w').close()
+deadline = time.time() + float(sys.argv[1])
+while time.time() < deadline:
+    if not select.select([s], [], [], 0.1)[0]:
+        continue
+    data, anc, _, addr = s.recvmsg(65535, socket.CMSG_SPACE(20))
+    if addr[2] == socket.PACKET_OUTGOING:
+        continue
+    for level, kind, c in anc:
+        if level == 263 and kind == 8 and len(c) >= 20:
+            status, _, _, _, _, tci, tpid = struct.unpack('IIIHHHH', c[:20])
+            if status & 0x10:  # TP_STATUS_VLAN_VALID
+                data = data[:12] + struct.pack('!HH', tpid or 0x8100, tci) + data[12:]
+    if struct.unpack('!H', data[12:14])[0] in want:
+        print(data.hex(), flush=True)
+";
+
+/// Sends each frame given in hex on `eth0`, `argv[1]` times over.
+const SEND: &str = "\
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(('eth0', 0))
+for _ in range(int(sys.argv[1])):
+    for h in sys.argv[2:]:
+        s.send(bytes.fromhex(h))
+";
+
+fn ns_status(bed: &Testbed, host: &Host, agent: &AgentHandle) -> NamespaceStatus {
+    bed.namespace_status(host, agent).expect("status")
+}
+
+fn layer2(bed: &Testbed, host: &Host, agent: &AgentHandle) -> Layer2Status {
+    ns_status(bed, host, agent)
+        .layer2
+        .expect("a layer-2 namespace shows its MAC table")
+}
+
+/// Waits until `check` holds, or fails with what it last said.
+fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + within;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) if Instant::now() >= deadline => panic!("{what}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+fn mac_of(bed: &Testbed, host: &Host) -> String {
+    let out = bed
+        .ns_output(&host.ns, "cat", &["/sys/class/net/eth0/address"])
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn pings(bed: &Testbed, from: &Host, to: Ipv4Addr, count: u32) -> Result<(), String> {
+    let out = bed.ping(from, to, count).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.contains(&format!(" {count} received")) {
+        Ok(())
+    } else {
+        Err(text.into_owned())
+    }
+}
+
+/// A router site: its LAN, its host and its agent in the layer-2 namespace.
+fn router(bed: &mut Testbed, secret: &Path, name: &str, underlay: u8) -> (String, Host, AgentHandle) {
+    let lan = bed.add_lan(&format!("lan{name}")).unwrap();
+    let host = bed
+        .add_host(name, Ipv4Addr::new(10, 200, 0, underlay))
+        .unwrap();
+    bed.plug(&lan, &host.ns, "eth1", 1500).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&host),
+        lab_namespace(
+            secret,
+            SUBNET,
+            Some(Ipv4Addr::new(10, 200, 0, 1)),
+            &format!(
+                "layer = 2\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\nbroadcast_rate = {FLOOD_RATE}\n"
+            ),
+        )
+    );
+    let agent = bed.start_agent(&host, &cfg).unwrap();
+    (lan, host, agent)
+}
+
+/// Starts [`RECEIVE`] on `host` for `secs` seconds; its output file once it listens.
+fn receive(bed: &mut Testbed, host: &Host, ethertypes: &str, secs: u32) -> (u32, PathBuf) {
+    let out = host.dir.join(format!("frames-{ethertypes}.txt"));
+    let ready = host.dir.join(format!("ready-{ethertypes}"));
+    let _ = std::fs::remove_file(&ready);
+    let pid = bed
+        .spawn(
+            &host.ns,
+            "/usr/bin/python3",
+            &[
+                "-c",
+                RECEIVE,
+                &secs.to_string(),
+                ethertypes,
+                &ready.display().to_string(),
+            ],
+            &out,
+        )
+        .unwrap();
+    eventually("the receiver listens", Duration::from_secs(10), || {
+        ready.exists().then_some(()).ok_or_else(|| "not yet".into())
+    });
+    (pid, out)
+}
+
+fn send(bed: &Testbed, host: &Host, times: u32, frames: &[String]) {
+    let mut args = vec!["-c", SEND];
+    let times = times.to_string();
+    args.push(&times);
+    args.extend(frames.iter().map(String::as_str));
+    let out = bed.ns_output(&host.ns, "/usr/bin/python3", &args).unwrap();
+    assert!(
+        out.status.success(),
+        "send: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn hex_mac(mac: &str) -> String {
+    mac.replace(':', "")
+}
+
+#[test]
+fn a_layer2_namespace_carries_any_frame_between_two_sites() {
+    require_root();
+    let mut bed = Testbed::new("l2", Path::new(BIN)).unwrap();
+    let secret = bed.dir().join("secret");
+    hyphae_testbed::write_secret(&secret, "layer-two-secret").unwrap();
+
+    // The interface member, the overlay's first.
+    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&i),
+        lab_namespace(
+            &secret,
+            SUBNET,
+            None,
+            &format!("layer = 2\nmode = \"interface\"\ndevice = \"hyl0\"\naddress = \"{I_ADDR}\"\nbroadcast_rate = {FLOOD_RATE}\n"),
+        )
+    );
+    let ia = bed.start_agent(&i, &cfg).unwrap();
+    let (lan1, r1, r1a) = router(&mut bed, &secret, "r1", 2);
+    let (lan2, r2, r2a) = router(&mut bed, &secret, "r2", 3);
+    let a1 = bed.add_lan_host(&lan1, "a1", &format!("{A1}/16"), 1500).unwrap();
+    let b1 = bed.add_lan_host(&lan2, "b1", &format!("{B1}/16"), 1500).unwrap();
+    let (a1_mac, b1_mac) = (mac_of(&bed, &a1), mac_of(&bed, &b1));
+
+    // ARP and ping across the sites: the request is flooded, the reply goes to the one
+    // member holding a1's MAC.
+    eventually("a1 pings b1 across the sites", Duration::from_secs(30), || {
+        pings(&bed, &a1, B1, 1)
+    });
+    pings(&bed, &a1, B1, 5).expect("a1 -> b1 on first try once resolved");
+    eventually("i pings a1", Duration::from_secs(20), || pings(&bed, &i, A1, 1));
+    pings(&bed, &b1, I_ADDR, 3).expect("b1 -> i");
+
+    // Each router learned its LAN's MACs and heard the others'.
+    let s1 = layer2(&bed, &r1, &r1a);
+    assert!(s1.macs.contains(&a1_mac), "r1 learned a1: {s1:?}");
+    assert!(!s1.macs.contains(&b1_mac), "b1 is not on r1's side: {s1:?}");
+    assert!(s1.remote_macs >= 2, "r1 holds b1's and i's MACs: {s1:?}");
+    assert!(s1.to_peer > 0 && s1.to_tap > 0 && s1.floods_out > 0, "{s1:?}");
+    let s2 = layer2(&bed, &r2, &r2a);
+    assert!(s2.macs.contains(&b1_mac), "r2 learned b1: {s2:?}");
+    let si = layer2(&bed, &i, &ia);
+    assert_eq!(si.local_macs, 1, "an interface member holds its device's MAC: {si:?}");
+
+    // Frames no IP stack sends: a raw EtherType and an 802.1Q-tagged one (VLAN 100, with
+    // a priority), unicast to b1, arrive byte-identical.
+    let payload: String = (0..80u8).map(|b| format!("{b:02x}")).collect();
+    let raw = format!("{}{}88b5{payload}", hex_mac(&b1_mac), hex_mac(&a1_mac));
+    let tagged = format!("{}{}8100a06488b5{payload}", hex_mac(&b1_mac), hex_mac(&a1_mac));
+    let (pid, out) = receive(&mut bed, &b1, "88b5,8100", 4);
+    send(&bed, &a1, 1, &[raw.clone(), tagged.clone()]);
+    eventually("the receiver ends", Duration::from_secs(15), || {
+        (!bed.is_running(pid)).then_some(()).ok_or_else(|| "running".into())
+    });
+    let got = std::fs::read_to_string(&out).unwrap();
+    let lines: Vec<&str> = got.lines().collect();
+    assert_eq!(lines, vec![raw.as_str(), tagged.as_str()], "frames at b1");
+    let s1_after = layer2(&bed, &r1, &r1a);
+    assert!(
+        s1_after.to_peer >= s1.to_peer + 2,
+        "both went to r2 alone, not flooded: {s1_after:?}"
+    );
+
+    // A broadcast storm from a1: r1 floods at most its rate, drops the rest (counted),
+    // and the sites keep reaching each other.
+    let before = layer2(&bed, &r1, &r1a);
+    let storm = format!("ffffffffffff{}88b5{payload}", hex_mac(&a1_mac));
+    let started = Instant::now();
+    send(&bed, &a1, 5000, &[storm]);
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = layer2(&bed, &r1, &r1a);
+    let flooded = (after.floods_out - before.floods_out) as f64;
+    let limited = after.drops["flood_rate_limited"] - before.drops["flood_rate_limited"];
+    // The bucket holds FLOOD_RATE and refills at FLOOD_RATE a second; a ping's ARP may
+    // share it.
+    let allowed = f64::from(FLOOD_RATE) * (1.0 + elapsed + 1.0);
+    assert!(
+        flooded <= allowed,
+        "{flooded} floods in {elapsed:.2} s (at most {allowed})"
+    );
+    assert!(limited >= 5000 - allowed as u64, "{limited} dropped: {after:?}");
+    eprintln!(
+        "storm: {flooded} flooded, {limited} dropped in {elapsed:.2} s; r1 before: {s1:?}; r1 after: {after:?}"
+    );
+    pings(&bed, &a1, B1, 3).expect("a1 -> b1 after the storm");
+    pings(&bed, &i, A1, 3).expect("i -> a1 after the storm");
+    let _ = lan2;
+}

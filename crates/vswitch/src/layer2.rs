@@ -1,0 +1,485 @@
+//! The switch of a layer-2 namespace (`layer = 2`): every Ethernet frame crosses, whatever
+//! its EtherType or 802.1Q tag, forwarded by destination MAC.
+//!
+//! A [`Layer2`] learns the MACs behind its own TAP (the host's device in interface mode,
+//! the LAN's hosts in router mode) from the source of every frame it reads there, and
+//! reports the set when it changes ([`Layer2::take_local_changed`]): the agent announces
+//! it to the namespace's members, and each member's announced MACs are the only ones it
+//! may send from (the node checks every frame's source against them before the switch
+//! sees it). Frames from the TAP go:
+//!
+//! - to the member that announced the destination MAC ([`L2Action::ToPeer`]);
+//! - to every member ([`L2Action::Flood`]) when the destination is broadcast, multicast
+//!   or a MAC nobody announced (unknown unicast), within a token bucket per namespace
+//!   (`flood_rate` a second, also the burst; drops counted);
+//! - nowhere when the destination is a MAC on this side (the LAN bridge delivered it).
+//!
+//! Frames from a member go to the TAP. A flooded one passes a token bucket per member
+//! (`flood_rate` each), and no frame from the overlay is ever sent back into it: a
+//! member's flood reaches each member once, from its sender. A MAC that a member
+//! announced and that shows up on this side too (a loop, a spoof, or a VM that moved
+//! here) is counted ([`L2Counters::mac_conflicts`]); it is learned here (and so announced,
+//! and taken from the member's entry) at most once a second per MAC, and a member's
+//! announcement takes a MAC from this side only once this side has not heard from it for a
+//! second, so a loop cannot make the table flap at line rate and a migrated VM's MAC
+//! follows it.
+//!
+//! Across the tunnel a frame travels inside an IPv4 envelope (EtherIP, RFC 3378: protocol
+//! 97, a 2-byte header, then the frame) from and to 0.0.0.0, which no host behind a TAP of
+//! an IP namespace can send: [`emit_envelope`] and [`envelope_frame`]. WireGuard carries
+//! only IP packets, so the envelope is what lets it carry any frame.
+//!
+//! Like [`Switch`](crate::Switch) it does no I/O, reads no clock and never panics on any
+//! input; tables are bounded ([`MAX_MACS`]), and what does not fit is counted.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::wire::{Mac, ETH_HEADER_LEN};
+
+/// Most MACs one switch learns on its own side, and most it keeps of all members'
+/// announcements; beyond, new ones are not learned (counted).
+pub const MAX_MACS: usize = 4096;
+
+/// How long a MAC learned on this side stays without a frame from it (a bridge's
+/// default ageing time, 802.1D).
+pub const MAC_AGE: Duration = Duration::from_secs(300);
+
+/// A MAC that moves from a member to this side is learned here at most this often.
+pub const RELEARN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// IP protocol number of EtherIP (RFC 3378).
+pub const IPPROTO_ETHERIP: u8 = 97;
+
+/// Bytes of the envelope in front of a frame: an IPv4 header without options and the
+/// EtherIP header.
+pub const ENVELOPE_LEN: usize = 20 + 2;
+
+/// EtherIP header: version 3, reserved bits zero (RFC 3378 section 3).
+const ETHERIP_HEADER: [u8; 2] = [0x30, 0x00];
+
+/// Writes the envelope of a frame of `frame_len` bytes into `buf[..ENVELOPE_LEN]`:
+/// an IPv4 header from and to 0.0.0.0, protocol 97, with its checksum, and EtherIP's.
+/// Returns `None` if `buf` is too short or the envelope would exceed an IPv4 packet.
+pub fn emit_envelope(buf: &mut [u8], frame_len: usize) -> Option<()> {
+    let total = u16::try_from(ENVELOPE_LEN + frame_len).ok()?;
+    let header = buf.get_mut(..ENVELOPE_LEN)?;
+    header.fill(0);
+    header[0] = 0x45;
+    header[2..4].copy_from_slice(&total.to_be_bytes());
+    header[8] = 64;
+    header[9] = IPPROTO_ETHERIP;
+    let sum = crate::wire::ipv4_header_checksum(&header[..20]);
+    header[10..12].copy_from_slice(&sum.to_be_bytes());
+    header[20..22].copy_from_slice(&ETHERIP_HEADER);
+    Some(())
+}
+
+/// The frame an envelope carries, if `packet` is one (protocol 97 from 0.0.0.0, an IPv4
+/// header without options, EtherIP version 3, a whole Ethernet header inside).
+pub fn envelope_frame(packet: &[u8]) -> Option<&[u8]> {
+    let header = packet.get(..ENVELOPE_LEN)?;
+    let total = usize::from(u16::from_be_bytes([header[2], header[3]]));
+    if header[0] != 0x45
+        || header[9] != IPPROTO_ETHERIP
+        || header[12..16] != [0; 4]
+        || header[20..22] != ETHERIP_HEADER
+        || total > packet.len()
+        || total < ENVELOPE_LEN + ETH_HEADER_LEN
+    {
+        return None;
+    }
+    Some(&packet[ENVELOPE_LEN..total])
+}
+
+/// Where a switch sits (the agent's deployment mode, as far as layer 2 cares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Mode {
+    /// The TAP is the host's own interface: frames from the overlay are for its MAC, the
+    /// broadcast or a multicast group.
+    Interface,
+    /// The TAP is a port of a LAN bridge: frames from the overlay go to the bridge, which
+    /// delivers them.
+    Router,
+}
+
+/// Settings of one layer-2 switch.
+#[derive(Debug, Clone)]
+pub struct L2Config {
+    /// Where the switch sits.
+    pub mode: L2Mode,
+    /// Interface mode: the MAC of the host's device (the TAP).
+    pub device_mac: Mac,
+    /// Broadcast, multicast and unknown-unicast frames a second (also the burst): out of
+    /// this switch to the namespace, and in from each member. 0 floods nothing.
+    pub flood_rate: u32,
+    /// Largest frame (Ethernet header included) a tunnel carries; larger ones are dropped
+    /// and counted ([`L2Drop::TooBig`]).
+    pub max_frame: usize,
+}
+
+/// What to do with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Action<P> {
+    /// Send the frame (in an envelope) to the member that announced its destination.
+    ToPeer(P),
+    /// Send the frame to every member of the namespace.
+    Flood,
+    /// Write the frame to the TAP.
+    ToTap,
+    /// Drop it, for this reason (counted).
+    Drop(L2Drop),
+}
+
+/// Why a layer-2 frame was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Drop {
+    /// Shorter than an Ethernet header, or from a multicast source MAC.
+    Malformed,
+    /// For a MAC on this side: the LAN delivered it.
+    Local,
+    /// A flood over the rate (out, or in from one member).
+    FloodRateLimited,
+    /// Larger than a tunnel carries.
+    TooBig,
+    /// Interface mode: a member's unicast frame for a MAC other than the device's.
+    NotForUs,
+    /// A frame from this side's TAP from a MAC a member announced, within
+    /// [`RELEARN_INTERVAL`] of the last move (a loop or a spoof); or a member's frame from
+    /// a MAC learned on this side.
+    Conflict,
+}
+
+impl L2Drop {
+    /// Every reason, in counter order.
+    pub const ALL: [L2Drop; 6] = [
+        L2Drop::Malformed,
+        L2Drop::Local,
+        L2Drop::FloodRateLimited,
+        L2Drop::TooBig,
+        L2Drop::NotForUs,
+        L2Drop::Conflict,
+    ];
+
+    /// Stable snake_case name, used in status output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            L2Drop::Malformed => "malformed",
+            L2Drop::Local => "local",
+            L2Drop::FloodRateLimited => "flood_rate_limited",
+            L2Drop::TooBig => "too_big",
+            L2Drop::NotForUs => "not_for_us",
+            L2Drop::Conflict => "conflict",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a layer-2 switch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct L2Counters {
+    /// Frames sent to one member.
+    pub to_peer: u64,
+    /// Frames flooded to every member: broadcast and multicast.
+    pub floods_out: u64,
+    /// Frames flooded to every member because no member announced their destination.
+    pub unknown_unicast: u64,
+    /// Frames from members written to the TAP.
+    pub to_tap: u64,
+    /// Of those, flooded ones (broadcast, multicast, unknown unicast).
+    pub floods_in: u64,
+    /// MACs learned on this side (new entries).
+    pub learned: u64,
+    /// MACs that moved between a member and this side (either way).
+    pub moves: u64,
+    /// Frames and announcements that showed a MAC on both sides (see [`L2Drop::Conflict`]);
+    /// moves included.
+    pub mac_conflicts: u64,
+    /// MACs not learned because the table was full.
+    pub table_full: u64,
+    /// Drops by reason, in [`L2Drop::ALL`] order.
+    pub drops: [u64; 6],
+}
+
+impl L2Counters {
+    /// Drops for `reason`.
+    pub fn dropped(&self, reason: L2Drop) -> u64 {
+        self.drops[reason.index()]
+    }
+}
+
+/// A token bucket: `rate` tokens a second, at most `rate` held, full at first.
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    tokens: f64,
+    last: Option<Instant>,
+}
+
+impl Bucket {
+    fn take(&mut self, rate: u32, now: Instant) -> bool {
+        let rate = f64::from(rate);
+        let refill = self
+            .last
+            .map_or(rate, |t| now.saturating_duration_since(t).as_secs_f64() * rate);
+        self.tokens = (self.tokens + refill).min(rate);
+        self.last = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The layer-2 switch of one namespace. `P` names a member (the overlay's peer handle).
+#[derive(Debug)]
+pub struct Layer2<P> {
+    config: L2Config,
+    /// MACs on this side, and when each was last seen.
+    local: HashMap<Mac, Instant>,
+    /// MACs members announced, and who.
+    remote: HashMap<Mac, P>,
+    /// When a MAC last moved from a member to this side.
+    moved: HashMap<Mac, Instant>,
+    out: Bucket,
+    inbound: HashMap<P, Bucket>,
+    local_changed: bool,
+    counters: L2Counters,
+}
+
+impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
+    /// A switch that knows no MAC but, in interface mode, the device's, from `now`.
+    pub fn new(config: L2Config, now: Instant) -> Self {
+        let mut local = HashMap::new();
+        if config.mode == L2Mode::Interface {
+            // The device's own MAC is ours before it sends anything.
+            local.insert(config.device_mac, now);
+        }
+        Self {
+            local_changed: !local.is_empty(),
+            config,
+            local,
+            remote: HashMap::new(),
+            moved: HashMap::new(),
+            out: Bucket::default(),
+            inbound: HashMap::new(),
+            counters: L2Counters::default(),
+        }
+    }
+
+    /// The switch's settings.
+    pub fn config(&self) -> &L2Config {
+        &self.config
+    }
+
+    /// What the switch has done so far.
+    pub fn counters(&self) -> &L2Counters {
+        &self.counters
+    }
+
+    /// MACs learned on this side.
+    pub fn local_macs(&self) -> Vec<Mac> {
+        let mut macs: Vec<Mac> = self.local.keys().copied().collect();
+        macs.sort_unstable();
+        macs
+    }
+
+    /// How many MACs members announced (that this switch keeps).
+    pub fn remote_count(&self) -> usize {
+        self.remote.len()
+    }
+
+    /// Whether the MACs on this side changed since the last call: then the agent
+    /// announces [`Layer2::local_macs`] again.
+    pub fn take_local_changed(&mut self) -> bool {
+        std::mem::take(&mut self.local_changed)
+    }
+
+    /// `peer` announced `macs` (all it holds in this namespace) at `now`: they replace what
+    /// it announced before. A MAC on this side goes to the member only if this side has
+    /// not heard from it for [`RELEARN_INTERVAL`] (a host that moved there); else it stays
+    /// ours, counted as a conflict.
+    pub fn set_peer_macs(&mut self, now: Instant, peer: P, macs: &[Mac]) {
+        self.remote.retain(|_, p| *p != peer);
+        for mac in macs {
+            if let Some(seen) = self.local.get(mac) {
+                self.counters.mac_conflicts += 1;
+                if now.saturating_duration_since(*seen) < RELEARN_INTERVAL
+                    || (self.config.mode == L2Mode::Interface && *mac == self.config.device_mac)
+                {
+                    continue;
+                }
+                self.local.remove(mac);
+                self.moved.insert(*mac, now);
+                self.local_changed = true;
+                self.counters.moves += 1;
+            }
+            if self.remote.len() >= MAX_MACS && !self.remote.contains_key(mac) {
+                self.counters.table_full += 1;
+                continue;
+            }
+            self.remote.insert(*mac, peer);
+        }
+    }
+
+    /// `peer`'s tunnel is gone: its MACs and its flood bucket go with it.
+    pub fn remove_peer(&mut self, peer: P) {
+        self.remote.retain(|_, p| *p != peer);
+        self.inbound.remove(&peer);
+    }
+
+    /// Handles a frame the kernel wrote to the TAP at `now`.
+    pub fn handle_tap_frame(&mut self, now: Instant, frame: &[u8]) -> L2Action<P> {
+        let action = self.classify_tap_frame(now, frame);
+        match action {
+            L2Action::ToPeer(_) => self.counters.to_peer += 1,
+            L2Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
+            L2Action::Flood | L2Action::ToTap => {}
+        }
+        action
+    }
+
+    fn classify_tap_frame(&mut self, now: Instant, frame: &[u8]) -> L2Action<P> {
+        let Some((dst, src)) = macs(frame) else {
+            return L2Action::Drop(L2Drop::Malformed);
+        };
+        if is_group(src) {
+            return L2Action::Drop(L2Drop::Malformed);
+        }
+        if !self.learn(now, src) {
+            return L2Action::Drop(L2Drop::Conflict);
+        }
+        if frame.len() > self.config.max_frame {
+            return L2Action::Drop(L2Drop::TooBig);
+        }
+        if !is_group(dst) {
+            if let Some(peer) = self.remote.get(&dst) {
+                return L2Action::ToPeer(*peer);
+            }
+            if self.local.contains_key(&dst) {
+                return L2Action::Drop(L2Drop::Local);
+            }
+        }
+        if !self.out.take(self.config.flood_rate, now) {
+            return L2Action::Drop(L2Drop::FloodRateLimited);
+        }
+        if is_group(dst) {
+            self.counters.floods_out += 1;
+        } else {
+            self.counters.unknown_unicast += 1;
+        }
+        L2Action::Flood
+    }
+
+    /// Learns `src` on this side; false if it is a member's and moved too recently.
+    fn learn(&mut self, now: Instant, src: Mac) -> bool {
+        if let Some(seen) = self.local.get_mut(&src) {
+            *seen = now;
+            return true;
+        }
+        if self.remote.contains_key(&src) {
+            self.counters.mac_conflicts += 1;
+            let recent = self
+                .moved
+                .get(&src)
+                .is_some_and(|t| now.saturating_duration_since(*t) < RELEARN_INTERVAL);
+            if recent {
+                return false;
+            }
+            // A VM that moved here, or a loop: ours from now on, once a second at most.
+            self.moved.insert(src, now);
+            self.remote.remove(&src);
+            self.counters.moves += 1;
+        }
+        if self.local.len() >= MAX_MACS {
+            self.counters.table_full += 1;
+            return true;
+        }
+        self.local.insert(src, now);
+        self.counters.learned += 1;
+        self.local_changed = true;
+        true
+    }
+
+    /// Handles a frame from member `from` (its source MAC already checked against what
+    /// the member announced) at `now`.
+    pub fn handle_peer_frame(&mut self, now: Instant, from: P, frame: &[u8]) -> L2Action<P> {
+        let action = self.classify_peer_frame(now, from, frame);
+        match action {
+            L2Action::ToTap => self.counters.to_tap += 1,
+            L2Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
+            L2Action::ToPeer(_) | L2Action::Flood => {}
+        }
+        action
+    }
+
+    fn classify_peer_frame(&mut self, now: Instant, from: P, frame: &[u8]) -> L2Action<P> {
+        let Some((dst, src)) = macs(frame) else {
+            return L2Action::Drop(L2Drop::Malformed);
+        };
+        if is_group(src) {
+            return L2Action::Drop(L2Drop::Malformed);
+        }
+        if self.local.contains_key(&src) {
+            self.counters.mac_conflicts += 1;
+            return L2Action::Drop(L2Drop::Conflict);
+        }
+        let known_here = self.local.contains_key(&dst);
+        if is_group(dst) || !known_here {
+            if self.config.mode == L2Mode::Interface && !is_group(dst) {
+                return L2Action::Drop(L2Drop::NotForUs);
+            }
+            let rate = self.config.flood_rate;
+            if !self.inbound.entry(from).or_default().take(rate, now) {
+                return L2Action::Drop(L2Drop::FloodRateLimited);
+            }
+            self.counters.floods_in += 1;
+        }
+        L2Action::ToTap
+    }
+
+    /// When [`Layer2::handle_timeout`] wants to run next, if anything waits.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let device = self.config.device_mac;
+        self.local
+            .iter()
+            .filter(|(mac, _)| !(self.config.mode == L2Mode::Interface && **mac == device))
+            .map(|(_, seen)| *seen + MAC_AGE)
+            .min()
+    }
+
+    /// Forgets MACs on this side silent for [`MAC_AGE`] (never the device's own).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let (mode, device) = (self.config.mode, self.config.device_mac);
+        let before = self.local.len();
+        self.local.retain(|mac, seen| {
+            (mode == L2Mode::Interface && *mac == device)
+                || now.saturating_duration_since(*seen) < MAC_AGE
+        });
+        if self.local.len() != before {
+            self.local_changed = true;
+        }
+        self.moved
+            .retain(|_, t| now.saturating_duration_since(*t) < RELEARN_INTERVAL);
+    }
+}
+
+/// The destination and source MACs of a frame.
+fn macs(frame: &[u8]) -> Option<(Mac, Mac)> {
+    let header = frame.get(..ETH_HEADER_LEN)?;
+    let dst = <Mac>::try_from(&header[..6]).ok()?;
+    let src = <Mac>::try_from(&header[6..12]).ok()?;
+    Some((dst, src))
+}
+
+/// Broadcast or multicast: the group bit of the first octet.
+fn is_group(mac: Mac) -> bool {
+    mac[0] & 1 == 1
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,266 @@
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const DEVICE: Mac = [0x02, 0, 0, 0, 0, 1];
+const LAN_A: Mac = [0x02, 0, 0, 0, 0, 0x0a];
+const LAN_B: Mac = [0x02, 0, 0, 0, 0, 0x0b];
+const FAR: Mac = [0x02, 0, 0, 0, 0, 0xf0];
+const FAR2: Mac = [0x02, 0, 0, 0, 0, 0xf2];
+const BROADCAST: Mac = [0xff; 6];
+const MULTICAST: Mac = [0x01, 0x80, 0xc2, 0, 0, 0x0e];
+
+fn config(mode: L2Mode) -> L2Config {
+    L2Config {
+        mode,
+        device_mac: DEVICE,
+        flood_rate: 10,
+        max_frame: 1500,
+    }
+}
+
+fn frame(dst: Mac, src: Mac, ethertype: u16, len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; len.max(ETH_HEADER_LEN)];
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+    f
+}
+
+#[test]
+fn a_frame_of_any_ethertype_goes_to_the_member_that_announced_its_destination() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::new(config(L2Mode::Router), t0);
+    sw.set_peer_macs(t0, 7u32, &[FAR]);
+    for ethertype in [0x88b5u16, 0x8100, 0x88cc, 0x0800, 0x86dd] {
+        let f = frame(FAR, LAN_A, ethertype, 64);
+        assert_eq!(sw.handle_tap_frame(t0, &f), L2Action::ToPeer(7));
+    }
+    assert_eq!(sw.counters().to_peer, 5);
+    assert_eq!(sw.local_macs(), vec![LAN_A]);
+    assert!(sw.take_local_changed());
+    assert!(!sw.take_local_changed());
+}
+
+#[test]
+fn broadcast_multicast_and_unknown_unicast_flood_within_the_rate() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    let mut flooded = 0;
+    for i in 0..30 {
+        let dst = match i % 3 {
+            0 => BROADCAST,
+            1 => MULTICAST,
+            _ => FAR2,
+        };
+        if sw.handle_tap_frame(t0, &frame(dst, LAN_A, 0x88b5, 60)) == L2Action::Flood {
+            flooded += 1;
+        }
+    }
+    // The bucket holds 10 at first and refills at 10 a second.
+    assert_eq!(flooded, 10);
+    assert_eq!(sw.counters().dropped(L2Drop::FloodRateLimited), 20);
+    assert_eq!(
+        sw.counters().floods_out + sw.counters().unknown_unicast,
+        10
+    );
+    let later = t0 + Duration::from_millis(500);
+    let more = (0..10)
+        .filter(|_| sw.handle_tap_frame(later, &frame(BROADCAST, LAN_A, 0x0806, 60)) == L2Action::Flood)
+        .count();
+    assert_eq!(more, 5);
+}
+
+#[test]
+fn a_frame_between_two_hosts_on_this_side_stays_here() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    sw.handle_tap_frame(t0, &frame(BROADCAST, LAN_B, 0x0806, 60));
+    assert_eq!(
+        sw.handle_tap_frame(t0, &frame(LAN_B, LAN_A, 0x0800, 60)),
+        L2Action::Drop(L2Drop::Local)
+    );
+}
+
+#[test]
+fn frames_from_members_go_to_the_tap_and_floods_are_limited_per_member() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::new(config(L2Mode::Router), t0);
+    sw.handle_tap_frame(t0, &frame(BROADCAST, LAN_A, 0x0806, 60));
+    // Unicast to a MAC here: always.
+    for _ in 0..50 {
+        assert_eq!(
+            sw.handle_peer_frame(t0, 1u32, &frame(LAN_A, FAR, 0x88b5, 60)),
+            L2Action::ToTap
+        );
+    }
+    // A storm from member 1 is held to its rate; member 2's broadcast still passes.
+    let storm = (0..100)
+        .filter(|_| sw.handle_peer_frame(t0, 1, &frame(BROADCAST, FAR, 0x88b5, 60)) == L2Action::ToTap)
+        .count();
+    assert_eq!(storm, 10);
+    assert_eq!(
+        sw.handle_peer_frame(t0, 2, &frame(BROADCAST, FAR2, 0x0806, 60)),
+        L2Action::ToTap
+    );
+    assert_eq!(sw.counters().floods_in, 11);
+    assert_eq!(sw.counters().dropped(L2Drop::FloodRateLimited), 90);
+}
+
+#[test]
+fn interface_mode_takes_only_frames_for_the_device_or_a_group() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::new(config(L2Mode::Interface), t0);
+    assert_eq!(sw.local_macs(), vec![DEVICE]);
+    assert!(sw.take_local_changed());
+    assert_eq!(
+        sw.handle_peer_frame(t0, 1u32, &frame(DEVICE, FAR, 0x0800, 60)),
+        L2Action::ToTap
+    );
+    assert_eq!(
+        sw.handle_peer_frame(t0, 1, &frame(LAN_B, FAR, 0x0800, 60)),
+        L2Action::Drop(L2Drop::NotForUs)
+    );
+    assert_eq!(
+        sw.handle_peer_frame(t0, 1, &frame(MULTICAST, FAR, 0x88cc, 60)),
+        L2Action::ToTap
+    );
+    // The device's MAC never ages out.
+    sw.handle_timeout(t0 + MAC_AGE * 3);
+    assert_eq!(sw.local_macs(), vec![DEVICE]);
+    assert_eq!(sw.poll_timeout(), None);
+}
+
+#[test]
+fn a_members_frame_from_a_mac_on_this_side_is_a_conflict() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::new(config(L2Mode::Router), t0);
+    sw.handle_tap_frame(t0, &frame(BROADCAST, LAN_A, 0x0806, 60));
+    assert_eq!(
+        sw.handle_peer_frame(t0, 1u32, &frame(BROADCAST, LAN_A, 0x0806, 60)),
+        L2Action::Drop(L2Drop::Conflict)
+    );
+    // An announcement of it while it is heard here is not taken either.
+    sw.set_peer_macs(t0, 1, &[LAN_A, FAR]);
+    assert_eq!(sw.remote_count(), 1);
+    assert_eq!(sw.local_macs(), vec![LAN_A]);
+    assert_eq!(sw.counters().mac_conflicts, 2);
+}
+
+#[test]
+fn a_mac_moves_each_way_at_most_once_a_second() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::new(config(L2Mode::Router), t0);
+    sw.set_peer_macs(t0, 1u32, &[FAR]);
+    // A VM that moved here: learned, and no longer the member's.
+    assert_eq!(
+        sw.handle_tap_frame(t0, &frame(BROADCAST, FAR, 0x8035, 60)),
+        L2Action::Flood
+    );
+    assert_eq!(sw.counters().moves, 1);
+    assert!(sw.take_local_changed());
+    assert_eq!(sw.local_macs(), vec![FAR]);
+    assert_eq!(sw.remote_count(), 0);
+    // The member still announces it (it has not heard our announcement yet): ours.
+    let t1 = t0 + Duration::from_millis(300);
+    sw.set_peer_macs(t1, 1, &[FAR]);
+    assert_eq!(sw.local_macs(), vec![FAR]);
+    // It moves back there: once this side has been silent for a second, the member's.
+    let t2 = t0 + RELEARN_INTERVAL;
+    sw.set_peer_macs(t2, 1, &[FAR]);
+    assert!(sw.local_macs().is_empty());
+    assert!(sw.take_local_changed());
+    assert_eq!(sw.counters().moves, 2);
+    assert_eq!(
+        sw.handle_tap_frame(t2, &frame(FAR, LAN_A, 0x0800, 60)),
+        L2Action::ToPeer(1)
+    );
+    // A loop brings it back here within a second of the last move: counted, dropped,
+    // still the member's.
+    let t3 = t2 + Duration::from_millis(500);
+    sw.handle_timeout(t3);
+    assert_eq!(
+        sw.handle_tap_frame(t3, &frame(BROADCAST, FAR, 0x8035, 60)),
+        L2Action::Drop(L2Drop::Conflict)
+    );
+    assert_eq!(sw.remote_count(), 1);
+    // A second later it may move again.
+    let t4 = t3 + RELEARN_INTERVAL;
+    assert_eq!(
+        sw.handle_tap_frame(t4, &frame(BROADCAST, FAR, 0x8035, 60)),
+        L2Action::Flood
+    );
+    assert_eq!(sw.counters().moves, 3);
+}
+
+#[test]
+fn macs_on_this_side_age_out_and_are_announced_again() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    sw.handle_tap_frame(t0, &frame(BROADCAST, LAN_A, 0x0806, 60));
+    sw.handle_tap_frame(t0 + Duration::from_secs(100), &frame(BROADCAST, LAN_B, 0x0806, 60));
+    sw.take_local_changed();
+    assert_eq!(sw.poll_timeout(), Some(t0 + MAC_AGE));
+    sw.handle_timeout(t0 + MAC_AGE);
+    assert_eq!(sw.local_macs(), vec![LAN_B]);
+    assert!(sw.take_local_changed());
+}
+
+#[test]
+fn malformed_and_oversized_frames_are_counted() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    assert_eq!(
+        sw.handle_tap_frame(t0, &[0u8; 13]),
+        L2Action::Drop(L2Drop::Malformed)
+    );
+    assert_eq!(
+        sw.handle_tap_frame(t0, &frame(FAR, MULTICAST, 0x0800, 60)),
+        L2Action::Drop(L2Drop::Malformed)
+    );
+    assert_eq!(
+        sw.handle_tap_frame(t0, &frame(FAR, LAN_A, 0x0800, 1501)),
+        L2Action::Drop(L2Drop::TooBig)
+    );
+    assert_eq!(
+        sw.handle_peer_frame(t0, 1, &[0u8; 5]),
+        L2Action::Drop(L2Drop::Malformed)
+    );
+    assert_eq!(sw.counters().dropped(L2Drop::Malformed), 3);
+}
+
+#[test]
+fn the_table_is_bounded() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    for i in 0..(MAX_MACS + 10) as u32 {
+        let b = i.to_be_bytes();
+        let src = [0x02, 0, b[0], b[1], b[2], b[3]];
+        sw.handle_tap_frame(t0, &frame(LAN_A, src, 0x0800, 60));
+    }
+    assert_eq!(sw.local_macs().len(), MAX_MACS);
+    assert!(sw.counters().table_full >= 10);
+}
+
+#[test]
+fn the_envelope_round_trips_and_refuses_what_is_not_one() {
+    let f = frame(FAR, LAN_A, 0x88b5, 100);
+    let mut packet = vec![0u8; ENVELOPE_LEN + f.len()];
+    emit_envelope(&mut packet, f.len()).unwrap();
+    packet[ENVELOPE_LEN..].copy_from_slice(&f);
+    assert_eq!(envelope_frame(&packet), Some(&f[..]));
+    // A valid IPv4 header checksum.
+    assert_eq!(crate::udp::checksum(0, &packet[..20]), 0xffff);
+    // Link padding after the envelope is not part of the frame.
+    let mut padded = packet.clone();
+    padded.extend_from_slice(&[0; 8]);
+    assert_eq!(envelope_frame(&padded), Some(&f[..]));
+    for (at, value) in [(0, 0x46u8), (9, 17), (12, 10), (20, 0x40)] {
+        let mut bad = packet.clone();
+        bad[at] = value;
+        assert_eq!(envelope_frame(&bad), None, "byte {at}");
+    }
+    assert_eq!(envelope_frame(&packet[..ENVELOPE_LEN + 13]), None);
+    assert!(emit_envelope(&mut [0u8; 10], 100).is_none());
+    assert!(emit_envelope(&mut packet, 70_000).is_none());
+}
