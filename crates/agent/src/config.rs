@@ -354,7 +354,8 @@ impl Namespace {
     /// its envelope in a layer-2 namespace (whose tunnels carry whole frames).
     pub fn tap_mtu(&self) -> u16 {
         if self.layer2 {
-            let overhead = hyphae_vswitch::layer2::ENVELOPE_LEN + hyphae_vswitch::wire::ETH_HEADER_LEN;
+            let overhead =
+                hyphae_vswitch::layer2::ENVELOPE_LEN + hyphae_vswitch::wire::ETH_HEADER_LEN;
             self.mtu.saturating_sub(overhead as u16)
         } else {
             self.mtu
@@ -575,6 +576,36 @@ endpoint = "10.200.0.3"
 
     fn err(toml: &str, secret: Option<&str>) -> String {
         format!("{:#}", load(toml, secret).unwrap_err())
+    }
+
+    #[test]
+    fn a_layer2_namespace_is_read_and_what_it_lacks_is_refused() {
+        let with = |lines: &str| GOOD.replace("address = ", &format!("{lines}address = "));
+        let secret = Some("0123456789abcdef\n");
+        let ns = &load(&with("layer = 2\nmtu = 1420\n"), secret)
+            .unwrap()
+            .namespaces[0];
+        assert!(ns.layer2);
+        // The TAP leaves room for the frame's header and its envelope.
+        assert_eq!(ns.tap_mtu(), 1420 - 14 - 22);
+        let ip = &load(GOOD, secret).unwrap().namespaces[0];
+        assert!(!ip.layer2);
+        assert_eq!(ip.tap_mtu(), ip.mtu);
+        for (lines, expect) in [
+            ("layer = 4\n", "layer 4 is not 2"),
+            (
+                "layer = 2\nrate = \"10M\"\n",
+                "layer = 2 namespaces have no policy",
+            ),
+            (
+                "layer = 2\nmode = \"hybrid\"\nbridge = \"br0\"\n",
+                "layer = 2 works in mode",
+            ),
+        ] {
+            let e = err(&with(lines), secret);
+            assert!(e.contains(expect), "{lines}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

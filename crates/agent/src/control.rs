@@ -647,6 +647,10 @@ pub struct Layer2Status {
     pub mac_conflicts: u64,
     /// MACs not learned: the table was full.
     pub table_full: u64,
+    /// Frames too large for one tunnel packet, sent in pieces.
+    pub fragmented: u64,
+    /// Frames from members put back together from pieces.
+    pub reassembled: u64,
     /// Frames dropped, by reason.
     pub drops: BTreeMap<String, u64>,
 }

@@ -6,8 +6,9 @@
 //! kernel's ARP and ping, and raw AF_PACKET sockets (Python's standard library) for frames
 //! no IP stack sends. Shown: ARP and ping cross between the sites and to `i`; a frame of
 //! EtherType 0x88B5 and an 802.1Q-tagged frame arrive at b1 byte-identical; each router
-//! learned its LAN's MACs and the others' announcements (status); a broadcast storm from
-//! a1 is held to the flood rate at r1 while a1 and b1 keep reaching each other.
+//! learned its LAN's MACs and the others' announcements (status); frames of the LANs'
+//! full MTU cross a tunnel of a smaller one in pieces; a broadcast storm from a1 is held
+//! to the flood rate at r1 while a1 and b1 keep reaching each other.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -101,7 +102,12 @@ fn pings(bed: &Testbed, from: &Host, to: Ipv4Addr, count: u32) -> Result<(), Str
 }
 
 /// A router site: its LAN, its host and its agent in the layer-2 namespace.
-fn router(bed: &mut Testbed, secret: &Path, name: &str, underlay: u8) -> (String, Host, AgentHandle) {
+fn router(
+    bed: &mut Testbed,
+    secret: &Path,
+    name: &str,
+    underlay: u8,
+) -> (String, Host, AgentHandle) {
     let lan = bed.add_lan(&format!("lan{name}")).unwrap();
     let host = bed
         .add_host(name, Ipv4Addr::new(10, 200, 0, underlay))
@@ -187,17 +193,25 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
     let ia = bed.start_agent(&i, &cfg).unwrap();
     let (lan1, r1, r1a) = router(&mut bed, &secret, "r1", 2);
     let (lan2, r2, r2a) = router(&mut bed, &secret, "r2", 3);
-    let a1 = bed.add_lan_host(&lan1, "a1", &format!("{A1}/16"), 1500).unwrap();
-    let b1 = bed.add_lan_host(&lan2, "b1", &format!("{B1}/16"), 1500).unwrap();
+    let a1 = bed
+        .add_lan_host(&lan1, "a1", &format!("{A1}/16"), 1500)
+        .unwrap();
+    let b1 = bed
+        .add_lan_host(&lan2, "b1", &format!("{B1}/16"), 1500)
+        .unwrap();
     let (a1_mac, b1_mac) = (mac_of(&bed, &a1), mac_of(&bed, &b1));
 
     // ARP and ping across the sites: the request is flooded, the reply goes to the one
     // member holding a1's MAC.
-    eventually("a1 pings b1 across the sites", Duration::from_secs(30), || {
-        pings(&bed, &a1, B1, 1)
-    });
+    eventually(
+        "a1 pings b1 across the sites",
+        Duration::from_secs(30),
+        || pings(&bed, &a1, B1, 1),
+    );
     pings(&bed, &a1, B1, 5).expect("a1 -> b1 on first try once resolved");
-    eventually("i pings a1", Duration::from_secs(20), || pings(&bed, &i, A1, 1));
+    eventually("i pings a1", Duration::from_secs(20), || {
+        pings(&bed, &i, A1, 1)
+    });
     pings(&bed, &b1, I_ADDR, 3).expect("b1 -> i");
 
     // Each router learned its LAN's MACs and heard the others'.
@@ -205,21 +219,33 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
     assert!(s1.macs.contains(&a1_mac), "r1 learned a1: {s1:?}");
     assert!(!s1.macs.contains(&b1_mac), "b1 is not on r1's side: {s1:?}");
     assert!(s1.remote_macs >= 2, "r1 holds b1's and i's MACs: {s1:?}");
-    assert!(s1.to_peer > 0 && s1.to_tap > 0 && s1.floods_out > 0, "{s1:?}");
+    assert!(
+        s1.to_peer > 0 && s1.to_tap > 0 && s1.floods_out > 0,
+        "{s1:?}"
+    );
     let s2 = layer2(&bed, &r2, &r2a);
     assert!(s2.macs.contains(&b1_mac), "r2 learned b1: {s2:?}");
     let si = layer2(&bed, &i, &ia);
-    assert_eq!(si.local_macs, 1, "an interface member holds its device's MAC: {si:?}");
+    assert_eq!(
+        si.local_macs, 1,
+        "an interface member holds its device's MAC: {si:?}"
+    );
 
     // Frames no IP stack sends: a raw EtherType and an 802.1Q-tagged one (VLAN 100, with
     // a priority), unicast to b1, arrive byte-identical.
     let payload: String = (0..80u8).map(|b| format!("{b:02x}")).collect();
     let raw = format!("{}{}88b5{payload}", hex_mac(&b1_mac), hex_mac(&a1_mac));
-    let tagged = format!("{}{}8100a06488b5{payload}", hex_mac(&b1_mac), hex_mac(&a1_mac));
+    let tagged = format!(
+        "{}{}8100a06488b5{payload}",
+        hex_mac(&b1_mac),
+        hex_mac(&a1_mac)
+    );
     let (pid, out) = receive(&mut bed, &b1, "88b5,8100", 4);
     send(&bed, &a1, 1, &[raw.clone(), tagged.clone()]);
     eventually("the receiver ends", Duration::from_secs(15), || {
-        (!bed.is_running(pid)).then_some(()).ok_or_else(|| "running".into())
+        (!bed.is_running(pid))
+            .then_some(())
+            .ok_or_else(|| "running".into())
     });
     let got = std::fs::read_to_string(&out).unwrap();
     let lines: Vec<&str> = got.lines().collect();
@@ -229,6 +255,40 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         s1_after.to_peer >= s1.to_peer + 2,
         "both went to r2 alone, not flooded: {s1_after:?}"
     );
+
+    // Frames of the LAN's full MTU (1514 bytes) do not fit a tunnel packet of 1420:
+    // they cross in pieces and are put back together at the other site.
+    let out = bed
+        .ns_output(
+            &a1.ns,
+            "ping",
+            &[
+                "-c",
+                "3",
+                "-i",
+                "0.2",
+                "-W",
+                "2",
+                "-s",
+                "1472",
+                "-M",
+                "do",
+                &B1.to_string(),
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" 3 received"), "full-size pings: {text}");
+    let (f1, f2) = (layer2(&bed, &r1, &r1a), layer2(&bed, &r2, &r2a));
+    assert!(
+        f1.fragmented >= 3 && f2.reassembled >= 3,
+        "r1 {f1:?} r2 {f2:?}"
+    );
+    assert!(
+        f2.fragmented >= 3 && f1.reassembled >= 3,
+        "the replies: r1 {f1:?} r2 {f2:?}"
+    );
+    assert_eq!(f1.drops["reassembly"] + f2.drops["reassembly"], 0);
 
     // A broadcast storm from a1: r1 floods at most its rate, drops the rest (counted),
     // and the sites keep reaching each other.
@@ -247,7 +307,10 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         flooded <= allowed,
         "{flooded} floods in {elapsed:.2} s (at most {allowed})"
     );
-    assert!(limited >= 5000 - allowed as u64, "{limited} dropped: {after:?}");
+    assert!(
+        limited >= 5000 - allowed as u64,
+        "{limited} dropped: {after:?}"
+    );
     eprintln!(
         "storm: {flooded} flooded, {limited} dropped in {elapsed:.2} s; r1 before: {s1:?}; r1 after: {after:?}"
     );

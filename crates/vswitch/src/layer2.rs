@@ -58,38 +58,184 @@ pub const ENVELOPE_LEN: usize = 20 + 2;
 /// EtherIP header: version 3, reserved bits zero (RFC 3378 section 3).
 const ETHERIP_HEADER: [u8; 2] = [0x30, 0x00];
 
-/// Writes the envelope of a frame of `frame_len` bytes into `buf[..ENVELOPE_LEN]`:
+/// Largest frame a layer-2 namespace carries (a jumbo frame with an 802.1Q tag); larger
+/// ones are dropped ([`L2Drop::TooBig`]).
+pub const MAX_FRAME: usize = 9216 + 18;
+
+/// Most frames being reassembled at once, from all members together; a fragment that
+/// would start another is dropped ([`L2Counters::reassembly_dropped`]).
+pub const MAX_REASSEMBLIES: usize = 64;
+
+/// How long a frame's fragments may take to arrive.
+pub const REASSEMBLY_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// IPv4 "more fragments" flag, in the flags and offset field.
+const MORE_FRAGMENTS: u16 = 0x2000;
+
+/// Writes the envelope of a whole frame of `frame_len` bytes into `buf[..ENVELOPE_LEN]`:
 /// an IPv4 header from and to 0.0.0.0, protocol 97, with its checksum, and EtherIP's.
 /// Returns `None` if `buf` is too short or the envelope would exceed an IPv4 packet.
 pub fn emit_envelope(buf: &mut [u8], frame_len: usize) -> Option<()> {
-    let total = u16::try_from(ENVELOPE_LEN + frame_len).ok()?;
-    let header = buf.get_mut(..ENVELOPE_LEN)?;
-    header.fill(0);
-    header[0] = 0x45;
-    header[2..4].copy_from_slice(&total.to_be_bytes());
-    header[8] = 64;
-    header[9] = IPPROTO_ETHERIP;
-    let sum = crate::wire::ipv4_header_checksum(&header[..20]);
-    header[10..12].copy_from_slice(&sum.to_be_bytes());
-    header[20..22].copy_from_slice(&ETHERIP_HEADER);
+    emit_ipv4(buf, 2 + frame_len, 0, 0, false)?;
+    buf.get_mut(20..ENVELOPE_LEN)?
+        .copy_from_slice(&ETHERIP_HEADER);
     Some(())
 }
 
-/// The frame an envelope carries, if `packet` is one (protocol 97 from 0.0.0.0, an IPv4
-/// header without options, EtherIP version 3, a whole Ethernet header inside).
-pub fn envelope_frame(packet: &[u8]) -> Option<&[u8]> {
-    let header = packet.get(..ENVELOPE_LEN)?;
+/// Writes the IPv4 header of an envelope (or of one of its fragments) carrying
+/// `payload_len` bytes at byte `offset` (a multiple of 8) of the EtherIP payload.
+fn emit_ipv4(buf: &mut [u8], payload_len: usize, id: u16, offset: usize, more: bool) -> Option<()> {
+    let total = u16::try_from(20 + payload_len).ok()?;
+    let units = u16::try_from(offset / 8).ok().filter(|u| *u < 0x2000)?;
+    let header = buf.get_mut(..20)?;
+    header.fill(0);
+    header[0] = 0x45;
+    header[2..4].copy_from_slice(&total.to_be_bytes());
+    header[4..6].copy_from_slice(&id.to_be_bytes());
+    let flags = units | if more { MORE_FRAGMENTS } else { 0 };
+    header[6..8].copy_from_slice(&flags.to_be_bytes());
+    header[8] = 64;
+    header[9] = IPPROTO_ETHERIP;
+    let sum = crate::wire::ipv4_header_checksum(header);
+    header[10..12].copy_from_slice(&sum.to_be_bytes());
+    Some(())
+}
+
+/// What a tunnel packet of a layer-2 namespace carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Envelope<'a> {
+    /// A whole frame.
+    Whole(&'a [u8]),
+    /// A piece of a frame too large for one tunnel packet: `payload` lies at byte
+    /// `offset` of the EtherIP header and frame.
+    Fragment {
+        /// The frame's identification (the sender's counter).
+        id: u16,
+        /// Where the piece lies.
+        offset: usize,
+        /// Whether pieces follow.
+        more: bool,
+        /// The piece.
+        payload: &'a [u8],
+    },
+}
+
+/// Reads an envelope: protocol 97 from and to 0.0.0.0, an IPv4 header without options;
+/// a whole one holds EtherIP version 3 and a whole Ethernet header.
+pub fn parse_envelope(packet: &[u8]) -> Option<Envelope<'_>> {
+    let header = packet.get(..20)?;
     let total = usize::from(u16::from_be_bytes([header[2], header[3]]));
     if header[0] != 0x45
         || header[9] != IPPROTO_ETHERIP
-        || header[12..16] != [0; 4]
-        || header[20..22] != ETHERIP_HEADER
+        || header[12..20] != [0; 8]
         || total > packet.len()
-        || total < ENVELOPE_LEN + ETH_HEADER_LEN
+        || total < 20
     {
         return None;
     }
-    Some(&packet[ENVELOPE_LEN..total])
+    let flags = u16::from_be_bytes([header[6], header[7]]);
+    let (offset, more) = (usize::from(flags & 0x1fff) * 8, flags & MORE_FRAGMENTS != 0);
+    let payload = &packet[20..total];
+    if offset == 0 && !more {
+        if payload.get(..2)? != ETHERIP_HEADER || payload.len() < 2 + ETH_HEADER_LEN {
+            return None;
+        }
+        return Some(Envelope::Whole(&payload[2..]));
+    }
+    // Every piece but the last fills whole 8-byte units.
+    if payload.is_empty() || (more && !payload.len().is_multiple_of(8)) {
+        return None;
+    }
+    Some(Envelope::Fragment {
+        id: u16::from_be_bytes([header[4], header[5]]),
+        offset,
+        more,
+        payload,
+    })
+}
+
+/// The frame an envelope carries, if `packet` is a whole one.
+pub fn envelope_frame(packet: &[u8]) -> Option<&[u8]> {
+    match parse_envelope(packet)? {
+        Envelope::Whole(frame) => Some(frame),
+        Envelope::Fragment { .. } => None,
+    }
+}
+
+/// The pieces of a frame of `frame_len` bytes for tunnel packets of at most `mtu` bytes:
+/// for each, its IPv4 header (written by [`Pieces::header`]) and which bytes of the EtherIP
+/// header and frame follow it, as the range `start..end` of their concatenation.
+#[derive(Debug, Clone)]
+pub struct Pieces {
+    id: u16,
+    len: usize,
+    step: usize,
+    at: usize,
+}
+
+impl Pieces {
+    /// The pieces of a frame of `frame_len` bytes, identified by `id`; `None` if `mtu`
+    /// cannot carry a piece of 8 bytes.
+    pub fn new(frame_len: usize, mtu: usize, id: u16) -> Option<Self> {
+        let step = (mtu.checked_sub(20)? / 8) * 8;
+        (step > 0).then_some(Self {
+            id,
+            len: 2 + frame_len,
+            step,
+            at: 0,
+        })
+    }
+
+    /// Writes the IPv4 header of the piece `start..end` into `buf[..20]`.
+    pub fn header(&self, buf: &mut [u8], start: usize, end: usize) -> Option<()> {
+        emit_ipv4(buf, end - start, self.id, start, end < self.len)
+    }
+
+    /// Copies bytes `start..end` of the EtherIP header and `frame` into `buf`.
+    pub fn copy(buf: &mut [u8], frame: &[u8], start: usize, end: usize) {
+        let mut at = 0;
+        for byte in ETHERIP_HEADER.iter().take(end.min(2)).skip(start) {
+            buf[at] = *byte;
+            at += 1;
+        }
+        let from = start.max(2) - 2;
+        let to = end - 2;
+        if from < to {
+            buf[at..at + to - from].copy_from_slice(&frame[from..to]);
+        }
+    }
+}
+
+impl Iterator for Pieces {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        if self.at >= self.len {
+            return None;
+        }
+        let start = self.at;
+        self.at = (start + self.step).min(self.len);
+        Some((start, self.at))
+    }
+}
+
+/// What a piece made of its frame.
+enum Gathered {
+    /// More pieces are to come.
+    Held,
+    /// The piece cannot be used (counted by the caller).
+    Dropped,
+    /// The last piece: the frame's bytes, EtherIP header first.
+    Done(Vec<u8>),
+}
+
+/// A frame being put back together from its pieces, which must come in order.
+#[derive(Debug)]
+struct Partial<P> {
+    from: P,
+    id: u16,
+    bytes: Vec<u8>,
+    deadline: Instant,
 }
 
 /// Where a switch sits (the agent's deployment mode, as far as layer 2 cares).
@@ -113,9 +259,9 @@ pub struct L2Config {
     /// Broadcast, multicast and unknown-unicast frames a second (also the burst): out of
     /// this switch to the namespace, and in from each member. 0 floods nothing.
     pub flood_rate: u32,
-    /// Largest frame (Ethernet header included) a tunnel carries; larger ones are dropped
-    /// and counted ([`L2Drop::TooBig`]).
-    pub max_frame: usize,
+    /// Largest tunnel packet (the namespace MTU): a frame that does not fit whole in one
+    /// with its envelope is sent in pieces ([`Layer2::pieces`]).
+    pub tunnel_mtu: usize,
 }
 
 /// What to do with a frame.
@@ -125,8 +271,10 @@ pub enum L2Action<P> {
     ToPeer(P),
     /// Send the frame to every member of the namespace.
     Flood,
-    /// Write the frame to the TAP.
+    /// Write the frame to the TAP (a reassembled one: [`Layer2::assembled`]).
     ToTap,
+    /// A piece of a frame, kept until the rest arrives.
+    Held,
     /// Drop it, for this reason (counted).
     Drop(L2Drop),
 }
@@ -140,7 +288,7 @@ pub enum L2Drop {
     Local,
     /// A flood over the rate (out, or in from one member).
     FloodRateLimited,
-    /// Larger than a tunnel carries.
+    /// Larger than [`MAX_FRAME`].
     TooBig,
     /// Interface mode: a member's unicast frame for a MAC other than the device's.
     NotForUs,
@@ -148,17 +296,23 @@ pub enum L2Drop {
     /// [`RELEARN_INTERVAL`] of the last move (a loop or a spoof); or a member's frame from
     /// a MAC learned on this side.
     Conflict,
+    /// A piece of a frame that cannot be put together (out of order, its first piece
+    /// missing, beyond [`MAX_REASSEMBLIES`] or [`MAX_FRAME`]); a frame whose pieces did
+    /// not all come within [`REASSEMBLY_TIMEOUT`], or that its member gave up for the next;
+    /// a reassembled frame from a MAC its member did not announce.
+    Reassembly,
 }
 
 impl L2Drop {
     /// Every reason, in counter order.
-    pub const ALL: [L2Drop; 6] = [
+    pub const ALL: [L2Drop; 7] = [
         L2Drop::Malformed,
         L2Drop::Local,
         L2Drop::FloodRateLimited,
         L2Drop::TooBig,
         L2Drop::NotForUs,
         L2Drop::Conflict,
+        L2Drop::Reassembly,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -170,6 +324,7 @@ impl L2Drop {
             L2Drop::TooBig => "too_big",
             L2Drop::NotForUs => "not_for_us",
             L2Drop::Conflict => "conflict",
+            L2Drop::Reassembly => "reassembly",
         }
     }
 
@@ -200,8 +355,12 @@ pub struct L2Counters {
     pub mac_conflicts: u64,
     /// MACs not learned because the table was full.
     pub table_full: u64,
+    /// Frames sent in pieces (too large for one tunnel packet).
+    pub fragmented: u64,
+    /// Frames put back together from pieces.
+    pub reassembled: u64,
     /// Drops by reason, in [`L2Drop::ALL`] order.
-    pub drops: [u64; 6],
+    pub drops: [u64; 7],
 }
 
 impl L2Counters {
@@ -221,9 +380,9 @@ struct Bucket {
 impl Bucket {
     fn take(&mut self, rate: u32, now: Instant) -> bool {
         let rate = f64::from(rate);
-        let refill = self
-            .last
-            .map_or(rate, |t| now.saturating_duration_since(t).as_secs_f64() * rate);
+        let refill = self.last.map_or(rate, |t| {
+            now.saturating_duration_since(t).as_secs_f64() * rate
+        });
         self.tokens = (self.tokens + refill).min(rate);
         self.last = Some(now);
         if self.tokens >= 1.0 {
@@ -248,6 +407,12 @@ pub struct Layer2<P> {
     out: Bucket,
     inbound: HashMap<P, Bucket>,
     local_changed: bool,
+    /// Frames being reassembled, oldest first.
+    partials: Vec<Partial<P>>,
+    /// The last frame reassembled.
+    assembled: Vec<u8>,
+    /// Identification of the next frame sent in pieces.
+    next_id: u16,
     counters: L2Counters,
 }
 
@@ -267,6 +432,9 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             moved: HashMap::new(),
             out: Bucket::default(),
             inbound: HashMap::new(),
+            partials: Vec::new(),
+            assembled: Vec::new(),
+            next_id: 0,
             counters: L2Counters::default(),
         }
     }
@@ -338,9 +506,123 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         match action {
             L2Action::ToPeer(_) => self.counters.to_peer += 1,
             L2Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
-            L2Action::Flood | L2Action::ToTap => {}
+            L2Action::Flood | L2Action::ToTap | L2Action::Held => {}
         }
         action
+    }
+
+    /// How to send a frame of `frame_len` bytes: `None` whole, in one envelope; else in
+    /// these pieces (counted, with a fresh identification).
+    pub fn pieces(&mut self, frame_len: usize) -> Option<Pieces> {
+        if ENVELOPE_LEN + frame_len <= self.config.tunnel_mtu {
+            return None;
+        }
+        let pieces = Pieces::new(frame_len, self.config.tunnel_mtu, self.next_id)?;
+        self.next_id = self.next_id.wrapping_add(1);
+        self.counters.fragmented += 1;
+        Some(pieces)
+    }
+
+    /// The frame the last [`Layer2::handle_peer_piece`] that answered
+    /// [`L2Action::ToTap`] put back together.
+    pub fn assembled(&self) -> &[u8] {
+        &self.assembled
+    }
+
+    /// Handles a piece of a frame from member `from` at `now` (as [`parse_envelope`] read
+    /// it). Pieces must come in order; the whole frame, once there, must come from a MAC
+    /// the member announced, and then goes as [`Layer2::handle_peer_frame`] says (a frame
+    /// for the TAP is [`Layer2::assembled`]).
+    pub fn handle_peer_piece(
+        &mut self,
+        now: Instant,
+        from: P,
+        id: u16,
+        offset: usize,
+        more: bool,
+        payload: &[u8],
+    ) -> L2Action<P> {
+        let mut bytes = match self.gather(now, from, id, offset, more, payload) {
+            Gathered::Held => return L2Action::Held,
+            Gathered::Dropped => return self.reassembly_drop(),
+            Gathered::Done(bytes) => bytes,
+        };
+        let src = bytes.get(8..14).and_then(|s| <Mac>::try_from(s).ok());
+        let announced = src.is_some_and(|s| self.remote.get(&s) == Some(&from));
+        if bytes.get(..2) != Some(&ETHERIP_HEADER[..]) || !announced {
+            return self.reassembly_drop();
+        }
+        self.counters.reassembled += 1;
+        bytes.drain(..2);
+        let action = self.handle_peer_frame(now, from, &bytes);
+        self.assembled = bytes;
+        action
+    }
+
+    fn reassembly_drop(&mut self) -> L2Action<P> {
+        self.counters.drops[L2Drop::Reassembly.index()] += 1;
+        L2Action::Drop(L2Drop::Reassembly)
+    }
+
+    /// Adds a piece to its frame.
+    fn gather(
+        &mut self,
+        now: Instant,
+        from: P,
+        id: u16,
+        offset: usize,
+        more: bool,
+        payload: &[u8],
+    ) -> Gathered {
+        self.expire(now);
+        let at = self
+            .partials
+            .iter()
+            .position(|p| p.from == from && p.id == id);
+        let k = match at {
+            Some(k) if self.partials[k].bytes.len() == offset => k,
+            Some(k) => {
+                // Out of order (or again): the frame cannot be put together.
+                self.partials.remove(k);
+                return Gathered::Dropped;
+            }
+            // A later piece of a frame whose first was lost, dropped or came late.
+            None if offset != 0 => return Gathered::Dropped,
+            None => {
+                // Pieces come in order: a member that starts a frame gave up its last.
+                if let Some(old) = self.partials.iter().position(|p| p.from == from) {
+                    self.partials.remove(old);
+                    self.counters.drops[L2Drop::Reassembly.index()] += 1;
+                }
+                if self.partials.len() >= MAX_REASSEMBLIES {
+                    return Gathered::Dropped;
+                }
+                self.partials.push(Partial {
+                    from,
+                    id,
+                    bytes: Vec::new(),
+                    deadline: now + REASSEMBLY_TIMEOUT,
+                });
+                self.partials.len() - 1
+            }
+        };
+        let partial = &mut self.partials[k];
+        if partial.bytes.len() + payload.len() > 2 + MAX_FRAME {
+            self.partials.remove(k);
+            return Gathered::Dropped;
+        }
+        partial.bytes.extend_from_slice(payload);
+        if more {
+            return Gathered::Held;
+        }
+        Gathered::Done(self.partials.remove(k).bytes)
+    }
+
+    /// Drops frames whose pieces did not all come in time (counted).
+    fn expire(&mut self, now: Instant) {
+        let before = self.partials.len();
+        self.partials.retain(|p| p.deadline > now);
+        self.counters.drops[L2Drop::Reassembly.index()] += (before - self.partials.len()) as u64;
     }
 
     fn classify_tap_frame(&mut self, now: Instant, frame: &[u8]) -> L2Action<P> {
@@ -353,7 +635,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         if !self.learn(now, src) {
             return L2Action::Drop(L2Drop::Conflict);
         }
-        if frame.len() > self.config.max_frame {
+        if frame.len() > MAX_FRAME {
             return L2Action::Drop(L2Drop::TooBig);
         }
         if !is_group(dst) {
@@ -412,7 +694,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         match action {
             L2Action::ToTap => self.counters.to_tap += 1,
             L2Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
-            L2Action::ToPeer(_) | L2Action::Flood => {}
+            L2Action::ToPeer(_) | L2Action::Flood | L2Action::Held => {}
         }
         action
     }
@@ -445,11 +727,14 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     /// When [`Layer2::handle_timeout`] wants to run next, if anything waits.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let device = self.config.device_mac;
-        self.local
+        let aged = self
+            .local
             .iter()
             .filter(|(mac, _)| !(self.config.mode == L2Mode::Interface && **mac == device))
             .map(|(_, seen)| *seen + MAC_AGE)
-            .min()
+            .min();
+        let partial = self.partials.iter().map(|p| p.deadline).min();
+        [aged, partial].into_iter().flatten().min()
     }
 
     /// Forgets MACs on this side silent for [`MAC_AGE`] (never the device's own).
@@ -465,6 +750,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         }
         self.moved
             .retain(|_, t| now.saturating_duration_since(*t) < RELEARN_INTERVAL);
+        self.expire(now);
     }
 }
 

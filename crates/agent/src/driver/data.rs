@@ -237,11 +237,12 @@ impl DataPlane {
 
     /// The earliest deadline of the tunnels and the switches.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let switches = self
-            .lanes
-            .iter()
-            .filter(|l| l.active)
-            .flat_map(|l| [l.switch.poll_timeout(), l.l2.as_ref().and_then(|s| s.poll_timeout())]);
+        let switches = self.lanes.iter().filter(|l| l.active).flat_map(|l| {
+            [
+                l.switch.poll_timeout(),
+                l.l2.as_ref().and_then(|s| s.poll_timeout()),
+            ]
+        });
         let paced = self.lanes.iter().flat_map(|l| {
             let caps = l.caps.as_ref();
             [
@@ -419,6 +420,33 @@ impl Batch {
         };
         self.plain_used = end;
         self.seals.push((sealer, at..end));
+    }
+
+    /// Queues the piece `start..end` of `frame` (see [`Pieces`]) for `peer`, as
+    /// [`Batch::seal`] queues a packet.
+    ///
+    /// [`Pieces`]: hyphae_vswitch::layer2::Pieces
+    pub(crate) fn seal_piece(
+        &mut self,
+        node: &mut Node,
+        peer: PeerHandle,
+        pieces: &hyphae_vswitch::layer2::Pieces,
+        frame: &[u8],
+        (start, end): (usize, usize),
+    ) {
+        let at = self.plain_used;
+        let stop = at + 20 + end - start;
+        grow(&mut self.plain, stop);
+        let packet = &mut self.plain[at..stop];
+        if pieces.header(packet, start, end).is_none() {
+            return;
+        }
+        hyphae_vswitch::layer2::Pieces::copy(&mut packet[20..], frame, start, end);
+        let Some(sealer) = node.sealer(peer, packet) else {
+            return;
+        };
+        self.plain_used = stop;
+        self.seals.push((sealer, at..stop));
     }
 
     /// Queues `packet` for `peer`, to be sealed once the data plane is let go

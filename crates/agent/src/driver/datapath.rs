@@ -657,7 +657,12 @@ impl DataPlane {
     /// What a worker does after its batch, still holding the data plane: queues what the
     /// node sends; a router probes its LAN for hosts members sent to. Returns whether the
     /// control thread must be woken (the batch left it work, or an earlier deadline).
-    pub(crate) fn after_batch(&mut self, now: Instant, from_members: bool, out: &mut Batch) -> bool {
+    pub(crate) fn after_batch(
+        &mut self,
+        now: Instant,
+        from_members: bool,
+        out: &mut Batch,
+    ) -> bool {
         self.drain_node(now, out);
         if from_members {
             for i in 0..self.lanes.len() {

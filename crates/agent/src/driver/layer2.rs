@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use hyphae_overlay::{NamespaceId, PeerHandle};
-use hyphae_vswitch::layer2::{envelope_frame, L2Action, ENVELOPE_LEN};
+use hyphae_vswitch::layer2::{parse_envelope, Envelope, L2Action, ENVELOPE_LEN};
 use hyphae_vswitch::HEADROOM;
 
 use super::data::{Batch, DataPlane};
@@ -15,16 +15,33 @@ use super::data::{Batch, DataPlane};
 impl DataPlane {
     /// One frame from TAP `i` of a layer-2 namespace: to the member holding its
     /// destination, or flooded to the group.
-    pub(crate) fn switch_l2_frame(&mut self, i: usize, frame: &[u8], now: Instant, out: &mut Batch) {
+    pub(crate) fn switch_l2_frame(
+        &mut self,
+        i: usize,
+        frame: &[u8],
+        now: Instant,
+        out: &mut Batch,
+    ) {
         let Some(l2) = self.lanes.get_mut(i).and_then(|l| l.l2.as_mut()) else {
             return;
         };
-        match l2.handle_tap_frame(now, frame) {
-            L2Action::ToPeer(peer) => out.seal_frame(&mut self.node, peer, frame),
-            L2Action::Flood => {
-                self.each_member(i, out, |node, out, handle| out.seal_frame(node, handle, frame));
+        let action = l2.handle_tap_frame(now, frame);
+        let pieces = match action {
+            L2Action::ToPeer(_) | L2Action::Flood => l2.pieces(frame.len()),
+            L2Action::ToTap | L2Action::Held | L2Action::Drop(_) => None,
+        };
+        let send = |node: &mut hyphae_overlay::Node, out: &mut Batch, peer| match &pieces {
+            None => out.seal_frame(node, peer, frame),
+            Some(pieces) => {
+                for piece in pieces.clone() {
+                    out.seal_piece(node, peer, pieces, frame, piece);
+                }
             }
-            L2Action::ToTap | L2Action::Drop(_) => {}
+        };
+        match action {
+            L2Action::ToPeer(peer) => send(&mut self.node, out, peer),
+            L2Action::Flood => self.each_member(i, out, send),
+            L2Action::ToTap | L2Action::Held | L2Action::Drop(_) => {}
         }
         self.announce_macs(now, i);
     }
@@ -62,13 +79,29 @@ impl DataPlane {
             Some(at) => &mut out.opened_room(at)[..HEADROOM + len],
             None => out.frame_room(HEADROOM + len),
         };
-        let Some(frame) = envelope_frame(&room[HEADROOM..]) else {
-            return;
+        let frame_len = match parse_envelope(&room[HEADROOM..]) {
+            None => return,
+            Some(Envelope::Whole(frame)) => {
+                if l2.handle_peer_frame(now, from, frame) != L2Action::ToTap {
+                    return;
+                }
+                frame.len()
+            }
+            Some(Envelope::Fragment {
+                id,
+                offset,
+                more,
+                payload,
+            }) => {
+                if l2.handle_peer_piece(now, from, id, offset, more, payload) == L2Action::ToTap {
+                    // Whole again, in the switch: written from there.
+                    let frame = l2.assembled();
+                    out.frame_room(frame.len()).copy_from_slice(frame);
+                    out.commit_frame(i, frame.len(), true);
+                }
+                return;
+            }
         };
-        let frame_len = frame.len();
-        if l2.handle_peer_frame(now, from, frame) != L2Action::ToTap {
-            return;
-        }
         let start = HEADROOM + ENVELOPE_LEN;
         room.copy_within(start..start + frame_len, 0);
         match at {

@@ -514,7 +514,7 @@ impl Control {
             }
         }
         let l2 = cfg.layer2.then(|| {
-            use hyphae_vswitch::layer2::{L2Config, L2Mode, Layer2, ENVELOPE_LEN};
+            use hyphae_vswitch::layer2::{L2Config, L2Mode, Layer2};
             Layer2::new(
                 L2Config {
                     mode: match cfg.mode {
@@ -523,7 +523,7 @@ impl Control {
                     },
                     device_mac,
                     flood_rate: cfg.broadcast_rate,
-                    max_frame: usize::from(cfg.mtu).saturating_sub(ENVELOPE_LEN),
+                    tunnel_mtu: usize::from(cfg.mtu),
                 },
                 now,
             )

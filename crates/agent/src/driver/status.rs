@@ -566,6 +566,8 @@ fn layer2_status(
         moves: c.moves,
         mac_conflicts: c.mac_conflicts,
         table_full: c.table_full,
+        fragmented: c.fragmented,
+        reassembled: c.reassembled,
         drops: L2Drop::ALL
             .iter()
             .map(|r| (r.as_str().to_string(), c.dropped(*r)))

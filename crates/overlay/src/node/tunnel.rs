@@ -138,10 +138,14 @@ impl Node {
             let Some(peer) = self.peer_mut(handle) else {
                 return Received::Dropped(DropReason::UnknownSession);
             };
-            let Some(frame) = hyphae_vswitch::layer2::envelope_frame(packet) else {
-                return Received::PeerDropped(handle, PeerDropReason::BadPayload);
+            use hyphae_vswitch::layer2::{parse_envelope, Envelope};
+            let checked = match parse_envelope(packet) {
+                Some(Envelope::Whole(frame)) => peer.accept_frame(frame, packet.len()),
+                // A piece of a larger frame: the switch checks its source once whole.
+                Some(Envelope::Fragment { .. }) => peer.accept_piece(packet.len()),
+                None => return Received::PeerDropped(handle, PeerDropReason::BadPayload),
             };
-            return match peer.accept_frame(frame, packet.len()) {
+            return match checked {
                 Ok(()) => Received::Deliver {
                     ns: peer.ns,
                     peer: handle,

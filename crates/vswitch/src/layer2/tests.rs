@@ -1,3 +1,5 @@
+#![allow(clippy::disallowed_methods)] // tests start the clock from a real instant
+
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -15,7 +17,7 @@ fn config(mode: L2Mode) -> L2Config {
         mode,
         device_mac: DEVICE,
         flood_rate: 10,
-        max_frame: 1500,
+        tunnel_mtu: 1420,
     }
 }
 
@@ -60,13 +62,12 @@ fn broadcast_multicast_and_unknown_unicast_flood_within_the_rate() {
     // The bucket holds 10 at first and refills at 10 a second.
     assert_eq!(flooded, 10);
     assert_eq!(sw.counters().dropped(L2Drop::FloodRateLimited), 20);
-    assert_eq!(
-        sw.counters().floods_out + sw.counters().unknown_unicast,
-        10
-    );
+    assert_eq!(sw.counters().floods_out + sw.counters().unknown_unicast, 10);
     let later = t0 + Duration::from_millis(500);
     let more = (0..10)
-        .filter(|_| sw.handle_tap_frame(later, &frame(BROADCAST, LAN_A, 0x0806, 60)) == L2Action::Flood)
+        .filter(|_| {
+            sw.handle_tap_frame(later, &frame(BROADCAST, LAN_A, 0x0806, 60)) == L2Action::Flood
+        })
         .count();
     assert_eq!(more, 5);
 }
@@ -96,7 +97,9 @@ fn frames_from_members_go_to_the_tap_and_floods_are_limited_per_member() {
     }
     // A storm from member 1 is held to its rate; member 2's broadcast still passes.
     let storm = (0..100)
-        .filter(|_| sw.handle_peer_frame(t0, 1, &frame(BROADCAST, FAR, 0x88b5, 60)) == L2Action::ToTap)
+        .filter(|_| {
+            sw.handle_peer_frame(t0, 1, &frame(BROADCAST, FAR, 0x88b5, 60)) == L2Action::ToTap
+        })
         .count();
     assert_eq!(storm, 10);
     assert_eq!(
@@ -198,7 +201,10 @@ fn macs_on_this_side_age_out_and_are_announced_again() {
     let t0 = Instant::now();
     let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
     sw.handle_tap_frame(t0, &frame(BROADCAST, LAN_A, 0x0806, 60));
-    sw.handle_tap_frame(t0 + Duration::from_secs(100), &frame(BROADCAST, LAN_B, 0x0806, 60));
+    sw.handle_tap_frame(
+        t0 + Duration::from_secs(100),
+        &frame(BROADCAST, LAN_B, 0x0806, 60),
+    );
     sw.take_local_changed();
     assert_eq!(sw.poll_timeout(), Some(t0 + MAC_AGE));
     sw.handle_timeout(t0 + MAC_AGE);
@@ -219,7 +225,7 @@ fn malformed_and_oversized_frames_are_counted() {
         L2Action::Drop(L2Drop::Malformed)
     );
     assert_eq!(
-        sw.handle_tap_frame(t0, &frame(FAR, LAN_A, 0x0800, 1501)),
+        sw.handle_tap_frame(t0, &frame(FAR, LAN_A, 0x0800, MAX_FRAME + 1)),
         L2Action::Drop(L2Drop::TooBig)
     );
     assert_eq!(
@@ -263,4 +269,144 @@ fn the_envelope_round_trips_and_refuses_what_is_not_one() {
     assert_eq!(envelope_frame(&packet[..ENVELOPE_LEN + 13]), None);
     assert!(emit_envelope(&mut [0u8; 10], 100).is_none());
     assert!(emit_envelope(&mut packet, 70_000).is_none());
+}
+
+/// The tunnel packets `sw` sends a frame in: whole, or its pieces.
+fn envelopes(sw: &mut Layer2<u32>, f: &[u8]) -> Vec<Vec<u8>> {
+    match sw.pieces(f.len()) {
+        None => {
+            let mut p = vec![0u8; ENVELOPE_LEN + f.len()];
+            emit_envelope(&mut p, f.len()).unwrap();
+            p[ENVELOPE_LEN..].copy_from_slice(f);
+            vec![p]
+        }
+        Some(pieces) => pieces
+            .clone()
+            .map(|(start, end)| {
+                let mut p = vec![0u8; 20 + end - start];
+                pieces.header(&mut p, start, end).unwrap();
+                Pieces::copy(&mut p[20..], f, start, end);
+                p
+            })
+            .collect(),
+    }
+}
+
+/// Feeds tunnel packets to `sw` as from member `from`; the last action.
+fn deliver(sw: &mut Layer2<u32>, now: Instant, from: u32, packets: &[Vec<u8>]) -> L2Action<u32> {
+    let mut last = L2Action::Drop(L2Drop::Malformed);
+    for p in packets {
+        last = match parse_envelope(p).expect("an envelope") {
+            Envelope::Whole(f) => sw.handle_peer_frame(now, from, f),
+            Envelope::Fragment {
+                id,
+                offset,
+                more,
+                payload,
+            } => sw.handle_peer_piece(now, from, id, offset, more, payload),
+        };
+    }
+    last
+}
+
+#[test]
+fn a_frame_larger_than_the_tunnel_goes_in_pieces_and_comes_back_whole() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = (
+        Layer2::<u32>::new(config(L2Mode::Router), t0),
+        Layer2::<u32>::new(config(L2Mode::Router), t0),
+    );
+    b.handle_tap_frame(t0, &frame(BROADCAST, LAN_B, 0x0806, 60));
+    b.set_peer_macs(t0, 1, &[LAN_A]);
+    for len in [1398, 1399, 1514, 1518, 4000, 9000, MAX_FRAME] {
+        let mut f = frame(LAN_B, LAN_A, 0x8100, len);
+        for (i, byte) in f.iter_mut().enumerate().skip(14) {
+            *byte = i as u8;
+        }
+        let packets = envelopes(&mut a, &f);
+        assert_eq!(packets.len() > 1, len > 1398, "{len} bytes");
+        for p in &packets {
+            assert!(p.len() <= 1420, "a piece of {} bytes", p.len());
+            assert_eq!(crate::udp::checksum(0, &p[..20]), 0xffff);
+        }
+        assert_eq!(deliver(&mut b, t0, 1, &packets), L2Action::ToTap, "{len}");
+        if packets.len() > 1 {
+            assert_eq!(b.assembled(), &f[..], "{len} bytes");
+        }
+    }
+    assert_eq!(a.counters().fragmented, 6);
+    assert_eq!(b.counters().reassembled, 6);
+    assert_eq!(b.counters().dropped(L2Drop::Reassembly), 0);
+}
+
+#[test]
+fn pieces_out_of_order_late_or_from_an_unannounced_mac_are_dropped() {
+    let t0 = Instant::now();
+    let mut a = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    let mut b = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    b.set_peer_macs(t0, 1, &[LAN_A]);
+    let f = frame(BROADCAST, LAN_A, 0x88b5, 4000);
+    let packets = envelopes(&mut a, &f);
+    assert_eq!(packets.len(), 3);
+    // Reordered: the frame is lost, and nothing is held.
+    let reordered = [packets[0].clone(), packets[2].clone(), packets[1].clone()];
+    assert_ne!(deliver(&mut b, t0, 1, &reordered), L2Action::ToTap);
+    assert!(b.partials.is_empty());
+    // The last piece too late.
+    assert_eq!(deliver(&mut b, t0, 1, &packets[..2]), L2Action::Held);
+    assert_eq!(b.poll_timeout(), Some(t0 + REASSEMBLY_TIMEOUT));
+    let late = t0 + REASSEMBLY_TIMEOUT;
+    assert_eq!(
+        deliver(&mut b, late, 1, &packets[2..]),
+        L2Action::Drop(L2Drop::Reassembly)
+    );
+    // From a member that did not announce the frame's source.
+    let packets = envelopes(&mut a, &f);
+    assert_eq!(
+        deliver(&mut b, late, 2, &packets),
+        L2Action::Drop(L2Drop::Reassembly)
+    );
+    // Whole again once in order.
+    let packets = envelopes(&mut a, &f);
+    assert_eq!(deliver(&mut b, late, 1, &packets), L2Action::ToTap);
+    assert!(b.counters().dropped(L2Drop::Reassembly) >= 4);
+}
+
+#[test]
+fn reassembly_is_bounded() {
+    let t0 = Instant::now();
+    let mut a = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    let mut b = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    let f = frame(BROADCAST, LAN_A, 0x88b5, 3000);
+    // Each member starts a frame and never ends it: at most MAX_REASSEMBLIES are held.
+    for member in 0..(MAX_REASSEMBLIES as u32 + 10) {
+        let packets = envelopes(&mut a, &f);
+        deliver(&mut b, t0, member, &packets[..1]);
+    }
+    assert_eq!(b.partials.len(), MAX_REASSEMBLIES);
+    assert_eq!(b.counters().dropped(L2Drop::Reassembly), 10);
+    // One member holds one at a time: its next frame replaces its last.
+    let packets = envelopes(&mut a, &f);
+    deliver(&mut b, t0, 0, &packets[..1]);
+    assert_eq!(b.partials.iter().filter(|p| p.from == 0).count(), 1);
+    b.handle_timeout(t0 + REASSEMBLY_TIMEOUT);
+    assert!(b.partials.is_empty());
+}
+
+#[test]
+fn a_piece_that_lies_is_refused() {
+    let f = frame(BROADCAST, LAN_A, 0x88b5, 3000);
+    let mut a = Layer2::<u32>::new(config(L2Mode::Router), Instant::now());
+    let pieces = envelopes(&mut a, &f);
+    // A middle piece that is not a whole number of 8-byte units.
+    let mut odd = pieces[0].clone();
+    odd.pop();
+    let len = odd.len() as u16;
+    odd[2..4].copy_from_slice(&len.to_be_bytes());
+    assert_eq!(parse_envelope(&odd), None);
+    // An empty last piece.
+    let mut empty = pieces[2][..20].to_vec();
+    empty[2..4].copy_from_slice(&20u16.to_be_bytes());
+    assert_eq!(parse_envelope(&empty), None);
+    assert!(Pieces::new(100, 27, 0).is_none());
 }
