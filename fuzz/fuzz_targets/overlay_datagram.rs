@@ -25,6 +25,10 @@ fuzz_target!(|data: &[u8]| {
         let again = Control::Uplinks(links.clone()).emit();
         assert_eq!(Control::parse(&again), Some(Control::Uplinks(links)));
     }
+    if let Some(Control::Macs(macs)) = Control::parse(data) {
+        let again = Control::Macs(macs.clone()).emit();
+        assert_eq!(Control::parse(&again), Some(Control::Macs(macs)));
+    }
     let _ = parse_relay(data);
     let _ = Datagram::parse(data);
 });

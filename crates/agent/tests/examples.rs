@@ -20,6 +20,7 @@ const EXPECTED: &[(&str, &[Mode])] = &[
     ("certified-host.toml", &[Mode::Interface]),
     ("three-subnets.toml", &[Mode::Interface]),
     ("vepa-site.toml", &[Mode::Router]),
+    ("layer2-site.toml", &[Mode::Router]),
 ];
 
 fn examples_dir() -> PathBuf {
@@ -154,6 +155,10 @@ fn examples_say_what_their_comments_say() {
     let ns = &vepa.namespaces[0];
     assert_eq!(ns.lan_ports, hyphae_vswitch::LanPorts::Vepa);
     assert_eq!(ns.lan_table.len(), 2);
+
+    let l2 = load("layer2-site.toml");
+    assert!(l2.namespaces[0].layer2);
+    assert!(!router.namespaces[0].layer2);
 
     let certified = load("certified-host.toml");
     assert!(certified.namespaces[0].credential.is_some());
