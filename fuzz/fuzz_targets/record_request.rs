@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let RecordRequest::ClaimAmong { key, replicas, .. } = &scoped.request {
-        let _ = check_claim_among(key, replicas, &known, &known[..2], me);
+        let _ = check_claim_among(key, replicas, &known, &known[..2], &known[2..5], me);
     }
     let local = Identity::from_seed([1; 32]);
     let mut store = RecordStore::new(Some(*local.peer_id().as_bytes()));

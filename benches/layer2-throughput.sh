@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A layer-2 namespace against an IP one (issue 30, item 8): two interface members over one
+# veth, one TCP flow (iperf3) and 100 pings, round by round alternating
+#   ip          the default IP namespace (TAP offloads on)
+#   ip-nooff    the IP namespace with `offload = false` (as a layer-2 TAP opens)
+#   l2          `layer = 2`: every frame in an EtherIP envelope, forwarded by MAC
+# and prints one line per round and variant, then the mean of each.
+# Usage (root): HYPHAE_BIN=target/release/hyphae benches/layer2-throughput.sh [SECONDS]
+#   ROUNDS=3 by default; SECONDS (iperf3's -t) 5 by default.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+: "${HYPHAE_BIN:?set HYPHAE_BIN to the hyphae binary}"
+secs=${1:-5}
+rounds=${ROUNDS:-3}
+. "$here/lib/pair.sh"
+pair_setup l2tp
+hyphae_config A socket
+hyphae_config B socket
+for side in A B; do
+    cp "$dir/$side-socket.toml" "$dir/$side-ip.toml"
+    sed 's/^listen = .*/&\noffload = false/' "$dir/$side-socket.toml" >"$dir/$side-ip-nooff.toml"
+    sed 's/^device = "hyphae0"/&\nlayer = 2/' "$dir/$side-socket.toml" >"$dir/$side-l2.toml"
+done
+
+run() { # variant: one round; prints "variant Gbit/s ping-avg-ms"
+    local v=$1 server gbps ping
+    cp "$dir/A-$v.toml" "$dir/A-socket.toml"
+    cp "$dir/B-$v.toml" "$dir/B-socket.toml"
+    pair_start "$v" "$HYPHAE_BIN"
+    ip netns exec "$B" iperf3 -s -1 >/dev/null 2>&1 &
+    server=$!
+    pids+=("$server")
+    sleep 0.3
+    gbps=$(ip netns exec "$A" iperf3 -c 10.212.0.12 -t "$secs" -J |
+        /usr/bin/python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))')
+    ping=$(ip netns exec "$A" ping -c 100 -i 0.01 -q 10.212.0.12 | awk -F/ '/^rtt/ {print $5}')
+    kill "$agent_a" "$agent_b" "$server" 2>/dev/null || true
+    wait "$agent_a" "$agent_b" "$server" 2>/dev/null || true
+    echo "$v $gbps $ping"
+}
+
+results=()
+for r in $(seq "$rounds"); do
+    for v in ip ip-nooff l2; do
+        line=$(run "$v")
+        echo "round $r: $line"
+        results+=("$line")
+    done
+done
+printf '%s\n' "${results[@]}" | awk '
+    { n[$1]++; g[$1] += $2; p[$1] += $3 }
+    END { for (v in n) printf "mean %-9s %.2f Gbit/s  ping %.3f ms  (%d rounds)\n", v, g[v] / n[v], p[v] / n[v], n[v] }'
