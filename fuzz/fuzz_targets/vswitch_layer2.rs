@@ -17,15 +17,24 @@ fuzz_target!(|data: &[u8]| {
             device_mac: [2, 0, 0, 0, 0, 1],
             flood_rate: 10,
             tunnel_mtu: 1420,
+            vlan: (mode == L2Mode::Router).then_some(100),
+            max_local: 200,
         };
         let mut sw: Layer2<u8> = Layer2::new(config, now);
         sw.set_peer_macs(now, 1, &[[2, 0, 0, 0, 0, 2], [0xff; 6]]);
+        let mut frame = data.to_vec();
+        if let Some(untagged) = sw.untag(&mut frame) {
+            let _ = sw.handle_tap_frame(now, untagged);
+        }
         let _ = sw.handle_tap_frame(now, data);
+        let mut room = vec![0u8; 40 + data.len()];
+        room[40..].copy_from_slice(data);
+        let _ = hyphae_vswitch::layer2::tag_in_place(&mut room, 40, data.len(), 100);
         if let Some(pieces) = sw.pieces(data.len()) {
             for (start, end) in pieces.clone() {
                 let mut packet = vec![0u8; 20 + end - start];
                 let _ = pieces.header(&mut packet, start, end);
-                hyphae_vswitch::layer2::Pieces::copy(&mut packet[20..], data, start, end);
+                let _ = hyphae_vswitch::layer2::Pieces::copy(&mut packet[20..], data, start, end);
                 let _ = parse_envelope(&packet);
             }
         }

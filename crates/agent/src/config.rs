@@ -121,6 +121,8 @@ struct NamespaceSection {
     mode: String,
     #[serde(default = "default_layer")]
     layer: u8,
+    #[serde(default)]
+    vlan: Option<u16>,
     #[serde(default = "default_device")]
     device: String,
     #[serde(default)]
@@ -286,6 +288,9 @@ pub struct Namespace {
     /// A layer-2 namespace (`layer = 2`): every Ethernet frame crosses, forwarded by MAC
     /// (`hyphae_vswitch::layer2`); false: an IP namespace (`layer = 3`, the default).
     pub layer2: bool,
+    /// A layer-2 router's uplink is a VLAN trunk and this namespace is VLAN `vlan` on it
+    /// (`vlan = N`): frames of that VLAN only, untagged into the namespace and tagged out.
+    pub vlan: Option<u16>,
     /// The host's device: the TAP (interface and router modes) or the host end of the veth
     /// pair that carries its address (hybrid mode).
     pub device: String,
@@ -385,6 +390,7 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         subnets: Vec::new(),
         mode: Mode::Interface,
         layer2: false,
+        vlan: None,
         device: default_device(),
         bridge: None,
         uplink: None,
@@ -481,6 +487,22 @@ impl Config {
                     path.display(),
                     ns.name
                 );
+            }
+            // One trunk, several namespaces: each its own VLAN, or one would take the
+            // others' frames.
+            if let Some(other) = namespaces
+                .iter()
+                .find(|n| n.bridge.is_some() && n.bridge == ns.bridge)
+            {
+                if other.vlan.is_none() || ns.vlan.is_none() || other.vlan == ns.vlan {
+                    bail!(
+                        "config {}: namespaces '{}' and '{}' share bridge '{}': a trunk needs `layer = 2` and a different `vlan` in each",
+                        path.display(),
+                        other.name,
+                        ns.name,
+                        ns.bridge.as_deref().unwrap_or_default()
+                    );
+                }
             }
             if let Some(other) = namespaces.iter().find(|n| n.device == ns.device) {
                 bail!(
@@ -593,6 +615,8 @@ endpoint = "10.200.0.3"
         assert_eq!(ip.tap_mtu(), ip.mtu);
         for (lines, expect) in [
             ("layer = 4\n", "layer 4 is not 2"),
+            ("vlan = 10\n", "`vlan` needs layer = 2 and mode"),
+            ("layer = 2\nhostname = \"h\"\n", "no virtual DHCP or DNS"),
             (
                 "layer = 2\nrate = \"10M\"\n",
                 "layer = 2 namespaces have no policy",
@@ -605,6 +629,27 @@ endpoint = "10.200.0.3"
             let e = err(&with(lines), secret);
             assert!(e.contains(expect), "{lines}: {e}");
             assert!(!e.contains('\n'), "{e}");
+        }
+        // One trunk, two namespaces: each needs its own VLAN.
+        let trunk = |a: &str, b: &str| {
+            let ns = |name: &str, dev: &str, vlan: &str| {
+                format!("[[namespace]]\nname = \"{name}\"\nsecret_file = \"SECRET\"\nsubnet = \"10.201.0.0/16\"\nlayer = 2\nmode = \"router\"\ndevice = \"{dev}\"\nbridge = \"br0\"\nuplink = \"eth1\"\n{vlan}")
+            };
+            format!(
+                "[agent]\nstate_dir = \"/tmp/x\"\n{}{}",
+                ns("red", "hy1", a),
+                ns("blue", "hy2", b)
+            )
+        };
+        let ok = load(&trunk("vlan = 10\n", "vlan = 20\n"), secret).unwrap();
+        assert_eq!(ok.namespaces[1].vlan, Some(20));
+        for (a, b) in [
+            ("", ""),
+            ("vlan = 10\n", ""),
+            ("vlan = 10\n", "vlan = 10\n"),
+        ] {
+            let e = err(&trunk(a, b), secret);
+            assert!(e.contains("share bridge 'br0'"), "{a} {b}: {e}");
         }
     }
 

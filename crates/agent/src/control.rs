@@ -623,6 +623,9 @@ pub struct PolicyStatus {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct Layer2Status {
+    /// The VLAN this namespace is on its router's trunk (`vlan`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
     /// MACs learned on this side (the device's, or the LAN's), announced to the members.
     pub macs: Vec<String>,
     /// How many of them.

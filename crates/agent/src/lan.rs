@@ -128,6 +128,15 @@ pub fn attach(ns: &Namespace, tap: &str, device_mac: [u8; 6]) -> Result<Lan> {
     if ns.mode != Mode::Router {
         return Ok(lan);
     }
+    if ns.vlan.is_some() {
+        // A trunk's bridge is not VLAN-aware: a LAN host that sends on two VLANs with one
+        // MAC (as VLAN sub-interfaces do) would be learned behind whichever namespace's
+        // TAP wrote its frame last, and the other VLAN's frames to it would reach only
+        // that TAP. Unlearned, they reach every TAP, and each namespace takes its own.
+        let path = format!("/sys/class/net/{bridge}/brif/{tap}/learning");
+        std::fs::write(&path, "0")
+            .with_context(|| format!("namespace '{}': cannot write {path}", ns.name))?;
+    }
     let vepa = ns.lan_ports == LanPorts::Vepa;
     let changed = isolate_ports(bridge, tap, vepa)
         .with_context(|| format!("namespace '{}': cannot set the ports of {bridge}", ns.name))?;

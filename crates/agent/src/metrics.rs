@@ -36,6 +36,7 @@ const GAUGES: &[&str] = &[
     "underlay.queues",
     "namespaces[].group_members",
     "namespaces[].layer2.local_macs",
+    "namespaces[].layer2.vlan",
     "namespaces[].layer2.remote_macs",
     "namespaces[].last_handoff_ms",
     "namespaces[].peers[].rtt_ms",

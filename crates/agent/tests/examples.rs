@@ -21,6 +21,7 @@ const EXPECTED: &[(&str, &[Mode])] = &[
     ("three-subnets.toml", &[Mode::Interface]),
     ("vepa-site.toml", &[Mode::Router]),
     ("layer2-site.toml", &[Mode::Router]),
+    ("vlan-trunk.toml", &[Mode::Router, Mode::Router]),
 ];
 
 fn examples_dir() -> PathBuf {
@@ -159,6 +160,10 @@ fn examples_say_what_their_comments_say() {
     let l2 = load("layer2-site.toml");
     assert!(l2.namespaces[0].layer2);
     assert!(!router.namespaces[0].layer2);
+    let trunk = load("vlan-trunk.toml");
+    let vlans: Vec<Option<u16>> = trunk.namespaces.iter().map(|n| n.vlan).collect();
+    assert_eq!(vlans, vec![Some(10), Some(20)]);
+    assert_eq!(trunk.namespaces[0].bridge, trunk.namespaces[1].bridge);
 
     let certified = load("certified-host.toml");
     assert!(certified.namespaces[0].credential.is_some());

@@ -8,7 +8,9 @@
 //! EtherType 0x88B5 and an 802.1Q-tagged frame arrive at b1 byte-identical; each router
 //! learned its LAN's MACs and the others' announcements (status); frames of the LANs'
 //! full MTU cross a tunnel of a smaller one in pieces; a broadcast storm from a1 is held
-//! to the flood rate at r1 while a1 and b1 keep reaching each other.
+//! to the flood rate at r1 while a1 and b1 keep reaching each other. And a VLAN trunk: two
+//! namespaces on one router's uplink, each its own VLAN, carry tagged frames between two
+//! sites with their tags and never each other's.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -308,7 +310,7 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         "{flooded} floods in {elapsed:.2} s (at most {allowed})"
     );
     assert!(
-        limited >= 5000 - allowed as u64,
+        limited >= 5000u64.saturating_sub(allowed as u64),
         "{limited} dropped: {after:?}"
     );
     eprintln!(
@@ -316,5 +318,127 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
     );
     pings(&bed, &a1, B1, 3).expect("a1 -> b1 after the storm");
     pings(&bed, &i, A1, 3).expect("i -> a1 after the storm");
+    let _ = lan2;
+}
+
+/// A router site on a VLAN trunk: one agent, namespaces "red" (VLAN 10) and "blue"
+/// (VLAN 20) on the same bridge and uplink.
+fn trunk_site(
+    bed: &mut Testbed,
+    secrets: &[PathBuf; 2],
+    name: &str,
+    underlay: u8,
+    bootstrap: Option<Ipv4Addr>,
+) -> (String, Host, AgentHandle) {
+    let lan = bed.add_lan(&format!("lan{name}")).unwrap();
+    let host = bed
+        .add_host(name, Ipv4Addr::new(10, 200, 0, underlay))
+        .unwrap();
+    bed.plug(&lan, &host.ns, "eth1", 1500).unwrap();
+    let mut cfg = agent_section(&host);
+    for (k, (ns, vlan)) in [("red", 10), ("blue", 20)].into_iter().enumerate() {
+        cfg += &format!(
+            "\n[[namespace]]\nname = \"{ns}\"\nsecret_file = \"{}\"\nsubnet = \"10.20{k}.0.0/16\"\nlayer = 2\nvlan = {vlan}\nmode = \"router\"\ndevice = \"hy{ns}\"\nbridge = \"brtrunk\"\nuplink = \"eth1\"\n",
+            secrets[k].display()
+        );
+        if let Some(b) = bootstrap {
+            cfg += &format!("bootstrap = [\"{b}:7400\"]\n");
+        }
+    }
+    let agent = bed.start_agent(&host, &cfg).unwrap();
+    (lan, host, agent)
+}
+
+fn trunk_status(bed: &Testbed, host: &Host, agent: &AgentHandle, ns: &str) -> Layer2Status {
+    bed.status(host, agent)
+        .unwrap()
+        .namespaces
+        .into_iter()
+        .find(|n| n.name == ns)
+        .and_then(|n| n.layer2)
+        .unwrap_or_else(|| panic!("namespace {ns} is layer 2"))
+}
+
+#[test]
+fn two_vlans_on_one_trunk_are_two_namespaces_that_never_meet() {
+    require_root();
+    let mut bed = Testbed::new("l2v", Path::new(BIN)).unwrap();
+    let secrets = [bed.dir().join("red.secret"), bed.dir().join("blue.secret")];
+    hyphae_testbed::write_secret(&secrets[0], "the-red-tenant-secret").unwrap();
+    hyphae_testbed::write_secret(&secrets[1], "the-blue-tenant-secret").unwrap();
+    let (lan1, r1, r1a) = trunk_site(&mut bed, &secrets, "t1", 2, None);
+    let (lan2, r2, r2a) = trunk_site(
+        &mut bed,
+        &secrets,
+        "t2",
+        3,
+        Some(Ipv4Addr::new(10, 200, 0, 2)),
+    );
+    // Plain hosts on each site's trunk, sending and taking tagged frames themselves.
+    let h1 = bed.add_lan_host(&lan1, "h1", "", 1500).unwrap();
+    let h2 = bed.add_lan_host(&lan2, "h2", "", 1500).unwrap();
+    let (h1_mac, h2_mac) = (hex_mac(&mac_of(&bed, &h1)), hex_mac(&mac_of(&bed, &h2)));
+    let payload: String = (0..60u8).map(|b| format!("{b:02x}")).collect();
+    let tagged = |dst: &str, src: &str, vlan: u16| format!("{dst}{src}8100{vlan:04x}88b5{payload}");
+
+    // Broadcasts on each VLAN until the far site has them: each arrives once, with its own
+    // tag, and nothing else does.
+    let red = tagged("ffffffffffff", &h1_mac, 10);
+    let blue = tagged("ffffffffffff", &h1_mac, 20);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < deadline {
+        let (pid, out) = receive(&mut bed, &h2, "8100", 2);
+        send(&bed, &h1, 1, &[red.clone(), blue.clone()]);
+        eventually("the receiver ends", Duration::from_secs(10), || {
+            (!bed.is_running(pid))
+                .then_some(())
+                .ok_or_else(|| "running".into())
+        });
+        got = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        if got.len() >= 2 {
+            break;
+        }
+    }
+    assert_eq!(got, vec![red.clone(), blue.clone()], "at h2");
+
+    // Unicast back on VLAN 10 only: to h1, tagged 10; VLAN 20 never sees it.
+    let back = tagged(&h1_mac, &h2_mac, 10);
+    let (pid, out) = receive(&mut bed, &h1, "8100", 3);
+    send(&bed, &h2, 1, std::slice::from_ref(&back));
+    eventually("the receiver ends", Duration::from_secs(10), || {
+        (!bed.is_running(pid))
+            .then_some(())
+            .ok_or_else(|| "running".into())
+    });
+    let at_h1: Vec<String> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(at_h1, vec![back], "at h1");
+
+    let red2 = trunk_status(&bed, &r2, &r2a, "red");
+    let blue2 = trunk_status(&bed, &r2, &r2a, "blue");
+    let red1 = trunk_status(&bed, &r1, &r1a, "red");
+    assert_eq!((red2.vlan, blue2.vlan), (Some(10), Some(20)));
+    assert!(
+        red2.macs.contains(&mac_of(&bed, &h2)),
+        "red at t2 learned h2: {red2:?}"
+    );
+    assert!(
+        !blue2.macs.contains(&mac_of(&bed, &h2)),
+        "blue never heard h2: {blue2:?}"
+    );
+    assert!(red2.to_peer >= 1, "h2's reply went to t1 alone: {red2:?}");
+    assert!(
+        red1.to_tap >= 1 && red1.macs.contains(&mac_of(&bed, &h1)),
+        "{red1:?}"
+    );
+    assert!(red2.drops["other_vlan"] > 0 && blue2.drops["other_vlan"] > 0);
     let _ = lan2;
 }

@@ -20,9 +20,12 @@
 //! announced and that shows up on this side too (a loop, a spoof, or a VM that moved
 //! here) is counted ([`L2Counters::mac_conflicts`]); it is learned here (and so announced,
 //! and taken from the member's entry) at most once a second per MAC, and a member's
-//! announcement takes a MAC from this side only once this side has not heard from it for a
-//! second, so a loop cannot make the table flap at line rate and a migrated VM's MAC
-//! follows it.
+//! announcement (repeated every 20 s) takes a MAC from this side only once this side has
+//! not heard from it for a second, so a loop cannot make the table flap at line rate and a
+//! migrated VM's MAC follows it.
+//!
+//! On a VLAN trunk ([`L2Config::vlan`]) the switch takes only its VLAN's frames, untagged
+//! ([`Layer2::untag`]), and members' frames are written tagged ([`tag_in_place`]).
 //!
 //! Across the tunnel a frame travels inside an IPv4 envelope (EtherIP, RFC 3378: protocol
 //! 97, a 2-byte header, then the frame) from and to 0.0.0.0, which no host behind a TAP of
@@ -65,6 +68,10 @@ pub const MAX_FRAME: usize = 9216 + 18;
 /// Most frames being reassembled at once, from all members together; a fragment that
 /// would start another is dropped ([`L2Counters::reassembly_dropped`]).
 pub const MAX_REASSEMBLIES: usize = 64;
+
+/// Most frames one member has under reassembly at once (each worker of its agent may be
+/// sending one).
+pub const MAX_REASSEMBLIES_PER_MEMBER: usize = 8;
 
 /// How long a frame's fragments may take to arrive.
 pub const REASSEMBLY_TIMEOUT: Duration = Duration::from_millis(500);
@@ -186,23 +193,32 @@ impl Pieces {
         })
     }
 
-    /// Writes the IPv4 header of the piece `start..end` into `buf[..20]`.
+    /// Writes the IPv4 header of the piece `start..end` (as the iterator gave it) into
+    /// `buf[..20]`; `None` for a range that is no piece or a short `buf`.
     pub fn header(&self, buf: &mut [u8], start: usize, end: usize) -> Option<()> {
+        if start >= end || end > self.len {
+            return None;
+        }
         emit_ipv4(buf, end - start, self.id, start, end < self.len)
     }
 
-    /// Copies bytes `start..end` of the EtherIP header and `frame` into `buf`.
-    pub fn copy(buf: &mut [u8], frame: &[u8], start: usize, end: usize) {
+    /// Copies bytes `start..end` of the EtherIP header and `frame` into `buf`; `None` if
+    /// the range does not lie in them or `buf` is short.
+    pub fn copy(buf: &mut [u8], frame: &[u8], start: usize, end: usize) -> Option<()> {
+        if start >= end || end > 2 + frame.len() || buf.len() < end - start {
+            return None;
+        }
         let mut at = 0;
         for byte in ETHERIP_HEADER.iter().take(end.min(2)).skip(start) {
             buf[at] = *byte;
             at += 1;
         }
         let from = start.max(2) - 2;
-        let to = end - 2;
+        let to = end.saturating_sub(2);
         if from < to {
             buf[at..at + to - from].copy_from_slice(&frame[from..to]);
         }
+        Some(())
     }
 }
 
@@ -262,6 +278,48 @@ pub struct L2Config {
     /// Largest tunnel packet (the namespace MTU): a frame that does not fit whole in one
     /// with its envelope is sent in pieces ([`Layer2::pieces`]).
     pub tunnel_mtu: usize,
+    /// Router mode on a VLAN trunk: the namespace is this VLAN (1 to 4094). Only frames
+    /// the TAP reads tagged with it are taken, untagged ([`Layer2::untag`]); members'
+    /// frames are written tagged with it ([`tag_in_place`], [`tag_into`]).
+    pub vlan: Option<u16>,
+    /// Most MACs learned on this side (at most [`MAX_MACS`]): no more than one
+    /// announcement carries. Beyond, a new MAC is not learned (counted), and members drop
+    /// its frames.
+    pub max_local: usize,
+}
+
+/// 802.1Q's tag protocol identifier.
+pub const TPID_8021Q: u16 = 0x8100;
+
+/// Bytes of an 802.1Q tag.
+pub const VLAN_TAG_LEN: usize = 4;
+
+/// Writes `frame` tagged with VLAN `vid` (priority 0) into `out`, which must hold
+/// `frame.len() + VLAN_TAG_LEN` bytes; its length, or `None` if either is too short.
+pub fn tag_into(out: &mut [u8], frame: &[u8], vid: u16) -> Option<usize> {
+    let len = frame.len() + VLAN_TAG_LEN;
+    let out = out.get_mut(..len)?;
+    out[..12].copy_from_slice(frame.get(..12)?);
+    out[12..14].copy_from_slice(&TPID_8021Q.to_be_bytes());
+    out[14..16].copy_from_slice(&(vid & 0x0fff).to_be_bytes());
+    out[16..].copy_from_slice(&frame[12..]);
+    Some(len)
+}
+
+/// Moves the frame of `len` bytes at `buf[start..]` to the front of `buf`, tagged with
+/// VLAN `vid`; `start` must leave room for the tag (at least [`VLAN_TAG_LEN`]). The tagged
+/// frame's length, or `None` if `buf` is too short.
+pub fn tag_in_place(buf: &mut [u8], start: usize, len: usize, vid: u16) -> Option<usize> {
+    if start < VLAN_TAG_LEN || len < ETH_HEADER_LEN || buf.len() < start + len {
+        return None;
+    }
+    // The MACs first (their new place ends before the frame starts), then the rest,
+    // which may overlap its old place.
+    buf.copy_within(start..start + 12, 0);
+    buf.copy_within(start + 12..start + len, 12 + VLAN_TAG_LEN);
+    buf[12..14].copy_from_slice(&TPID_8021Q.to_be_bytes());
+    buf[14..16].copy_from_slice(&(vid & 0x0fff).to_be_bytes());
+    Some(len + VLAN_TAG_LEN)
 }
 
 /// What to do with a frame.
@@ -292,6 +350,8 @@ pub enum L2Drop {
     TooBig,
     /// Interface mode: a member's unicast frame for a MAC other than the device's.
     NotForUs,
+    /// On a trunk: a frame of another VLAN, or untagged.
+    OtherVlan,
     /// A frame from this side's TAP from a MAC a member announced, within
     /// [`RELEARN_INTERVAL`] of the last move (a loop or a spoof); or a member's frame from
     /// a MAC learned on this side.
@@ -305,12 +365,13 @@ pub enum L2Drop {
 
 impl L2Drop {
     /// Every reason, in counter order.
-    pub const ALL: [L2Drop; 7] = [
+    pub const ALL: [L2Drop; 8] = [
         L2Drop::Malformed,
         L2Drop::Local,
         L2Drop::FloodRateLimited,
         L2Drop::TooBig,
         L2Drop::NotForUs,
+        L2Drop::OtherVlan,
         L2Drop::Conflict,
         L2Drop::Reassembly,
     ];
@@ -323,6 +384,7 @@ impl L2Drop {
             L2Drop::FloodRateLimited => "flood_rate_limited",
             L2Drop::TooBig => "too_big",
             L2Drop::NotForUs => "not_for_us",
+            L2Drop::OtherVlan => "other_vlan",
             L2Drop::Conflict => "conflict",
             L2Drop::Reassembly => "reassembly",
         }
@@ -360,7 +422,7 @@ pub struct L2Counters {
     /// Frames put back together from pieces.
     pub reassembled: u64,
     /// Drops by reason, in [`L2Drop::ALL`] order.
-    pub drops: [u64; 7],
+    pub drops: [u64; 8],
 }
 
 impl L2Counters {
@@ -400,8 +462,10 @@ pub struct Layer2<P> {
     config: L2Config,
     /// MACs on this side, and when each was last seen.
     local: HashMap<Mac, Instant>,
-    /// MACs members announced, and who.
+    /// MACs members announced, and who (one member each: the last to announce it).
     remote: HashMap<Mac, P>,
+    /// What each member announced last: the only sources its frames may have.
+    announced: HashMap<P, Vec<Mac>>,
     /// When a MAC last moved from a member to this side.
     moved: HashMap<Mac, Instant>,
     out: Bucket,
@@ -429,6 +493,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             config,
             local,
             remote: HashMap::new(),
+            announced: HashMap::new(),
             moved: HashMap::new(),
             out: Bucket::default(),
             inbound: HashMap::new(),
@@ -471,9 +536,21 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     /// it announced before. A MAC on this side goes to the member only if this side has
     /// not heard from it for [`RELEARN_INTERVAL`] (a host that moved there); else it stays
     /// ours, counted as a conflict.
+    ///
+    /// Members announce again every 20 s (the node reports each announcement, changed or
+    /// not), so a MAC kept here because it was heard within the second goes to the member
+    /// at its next announcement once this side is silent.
     pub fn set_peer_macs(&mut self, now: Instant, peer: P, macs: &[Mac]) {
         self.remote.retain(|_, p| *p != peer);
-        for mac in macs {
+        let mut list: Vec<Mac> = macs
+            .iter()
+            .filter(|m| !is_group(**m))
+            .take(MAX_MACS)
+            .copied()
+            .collect();
+        list.sort_unstable();
+        list.dedup();
+        for mac in &list {
             if let Some(seen) = self.local.get(mac) {
                 self.counters.mac_conflicts += 1;
                 if now.saturating_duration_since(*seen) < RELEARN_INTERVAL
@@ -492,15 +569,37 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             }
             self.remote.insert(*mac, peer);
         }
+        self.announced.insert(peer, list);
     }
 
     /// `peer`'s tunnel is gone: its MACs and its flood bucket go with it.
     pub fn remove_peer(&mut self, peer: P) {
         self.remote.retain(|_, p| *p != peer);
+        self.announced.remove(&peer);
         self.inbound.remove(&peer);
+        self.partials.retain(|p| p.from != peer);
     }
 
-    /// Handles a frame the kernel wrote to the TAP at `now`.
+    /// On a trunk ([`L2Config::vlan`]): the frame of this namespace's VLAN with its tag
+    /// taken off (in place: the MACs move up by the tag's length), or `None` for another
+    /// VLAN's or an untagged frame (counted). Without a VLAN: the frame as it is.
+    pub fn untag<'a>(&mut self, frame: &'a mut [u8]) -> Option<&'a mut [u8]> {
+        let Some(vid) = self.config.vlan else {
+            return Some(frame);
+        };
+        let ours = frame.len() >= ETH_HEADER_LEN + VLAN_TAG_LEN
+            && frame[12..14] == TPID_8021Q.to_be_bytes()
+            && u16::from_be_bytes([frame[14], frame[15]]) & 0x0fff == vid;
+        if !ours {
+            self.counters.drops[L2Drop::OtherVlan.index()] += 1;
+            return None;
+        }
+        frame.copy_within(..12, VLAN_TAG_LEN);
+        Some(&mut frame[VLAN_TAG_LEN..])
+    }
+
+    /// Handles a frame the kernel wrote to the TAP at `now` (untagged by
+    /// [`Layer2::untag`] on a trunk).
     pub fn handle_tap_frame(&mut self, now: Instant, frame: &[u8]) -> L2Action<P> {
         let action = self.classify_tap_frame(now, frame);
         match action {
@@ -547,8 +646,14 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             Gathered::Dropped => return self.reassembly_drop(),
             Gathered::Done(bytes) => bytes,
         };
+        // The node checks a whole frame's source; a reassembled one is checked here, against
+        // the same announcement.
         let src = bytes.get(8..14).and_then(|s| <Mac>::try_from(s).ok());
-        let announced = src.is_some_and(|s| self.remote.get(&s) == Some(&from));
+        let announced = src.is_some_and(|s| {
+            self.announced
+                .get(&from)
+                .is_some_and(|list| list.binary_search(&s).is_ok())
+        });
         if bytes.get(..2) != Some(&ETHERIP_HEADER[..]) || !announced {
             return self.reassembly_drop();
         }
@@ -589,10 +694,15 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             // A later piece of a frame whose first was lost, dropped or came late.
             None if offset != 0 => return Gathered::Dropped,
             None => {
-                // Pieces come in order: a member that starts a frame gave up its last.
-                if let Some(old) = self.partials.iter().position(|p| p.from == from) {
-                    self.partials.remove(old);
-                    self.counters.drops[L2Drop::Reassembly.index()] += 1;
+                // Two workers may send a member's frames at once, so their pieces may
+                // interleave: a member has up to MAX_REASSEMBLIES_PER_MEMBER frames under
+                // way, and a further one replaces its oldest.
+                let mine = self.partials.iter().filter(|p| p.from == from).count();
+                if mine >= MAX_REASSEMBLIES_PER_MEMBER {
+                    if let Some(old) = self.partials.iter().position(|p| p.from == from) {
+                        self.partials.remove(old);
+                        self.counters.drops[L2Drop::Reassembly.index()] += 1;
+                    }
                 }
                 if self.partials.len() >= MAX_REASSEMBLIES {
                     return Gathered::Dropped;
@@ -672,12 +782,16 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             if recent {
                 return false;
             }
+            if self.local.len() >= self.config.max_local {
+                self.counters.table_full += 1;
+                return true;
+            }
             // A VM that moved here, or a loop: ours from now on, once a second at most.
             self.moved.insert(src, now);
             self.remote.remove(&src);
             self.counters.moves += 1;
         }
-        if self.local.len() >= MAX_MACS {
+        if self.local.len() >= self.config.max_local {
             self.counters.table_full += 1;
             return true;
         }

@@ -26,6 +26,9 @@ fn check_layer2(s: &NamespaceSection, mode: Mode) -> Result<()> {
     if s.subnets.is_some() {
         bail!("layer = 2 namespaces have one subnet: `subnets` routes between several at layer 3");
     }
+    if s.gateway.is_some() || s.resolvers.is_some() || s.hostname.is_some() {
+        bail!("layer = 2 namespaces have no virtual DHCP or DNS: remove `gateway`, `resolvers` and `hostname` (a DHCP or DNS server on the segment serves its hosts)");
+    }
     Ok(())
 }
 
@@ -54,6 +57,14 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         }
         other => bail!("layer {other} is not 2 (every Ethernet frame) or 3 (IP, the default)"),
     };
+    if let Some(vlan) = s.vlan {
+        if !layer2 || mode != Mode::Router {
+            bail!("`vlan` needs layer = 2 and mode = \"router\" (the uplink is a VLAN trunk)");
+        }
+        if !(1..=4094).contains(&vlan) {
+            bail!("vlan {vlan} is outside 1..=4094");
+        }
+    }
     let (subnet, subnets) = parse_subnets(&s)?;
     let in_namespace = |a: &Ipv4Addr| {
         subnet.is_some_and(|n| n.contains(a)) || subnets.iter().any(|n| n.contains(a))
@@ -224,6 +235,7 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         subnets,
         mode,
         layer2,
+        vlan: s.vlan,
         device: s.device,
         bridge: s.bridge,
         uplink: s.uplink,

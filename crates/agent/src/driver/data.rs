@@ -441,7 +441,9 @@ impl Batch {
         if pieces.header(packet, start, end).is_none() {
             return;
         }
-        hyphae_vswitch::layer2::Pieces::copy(&mut packet[20..], frame, start, end);
+        if hyphae_vswitch::layer2::Pieces::copy(&mut packet[20..], frame, start, end).is_none() {
+            return;
+        }
         let Some(sealer) = node.sealer(peer, packet) else {
             return;
         };

@@ -247,8 +247,11 @@ impl DataPlane {
         out: &mut Batch,
     ) {
         let lane = &mut self.lanes[i];
-        if lane.l2.is_some() {
-            return self.switch_l2_frame(i, frame, now, out);
+        if let Some(l2) = lane.l2.as_mut() {
+            if let Some(frame) = l2.untag(frame) {
+                self.switch_l2_frame(i, frame, now, out);
+            }
+            return;
         }
         let action = lane.switch.handle_tap_frame(now, frame, &mut out.reply);
         match action {

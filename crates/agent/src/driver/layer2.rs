@@ -7,14 +7,16 @@
 use std::time::Instant;
 
 use hyphae_overlay::{NamespaceId, PeerHandle};
-use hyphae_vswitch::layer2::{parse_envelope, Envelope, L2Action, ENVELOPE_LEN};
+use hyphae_vswitch::layer2::{
+    parse_envelope, tag_in_place, tag_into, Envelope, L2Action, ENVELOPE_LEN, VLAN_TAG_LEN,
+};
 use hyphae_vswitch::HEADROOM;
 
 use super::data::{Batch, DataPlane};
 
 impl DataPlane {
-    /// One frame from TAP `i` of a layer-2 namespace: to the member holding its
-    /// destination, or flooded to the group.
+    /// One frame from TAP `i` of a layer-2 namespace (untagged, on a trunk): to the member
+    /// holding its destination, or flooded to the group.
     pub(crate) fn switch_l2_frame(
         &mut self,
         i: usize,
@@ -40,6 +42,20 @@ impl DataPlane {
         };
         match action {
             L2Action::ToPeer(peer) => send(&mut self.node, out, peer),
+            L2Action::Flood if self.lanes[i].group.is_empty() => {
+                // The group is not read yet (it is asked for): the members with a tunnel
+                // hear it meanwhile, so a segment's first ARP is not lost.
+                self.each_member(i, out, |_, _, _| {});
+                let handles: Vec<PeerHandle> = self
+                    .node
+                    .peers()
+                    .filter(|p| p.ns == NamespaceId(i))
+                    .map(|p| p.handle)
+                    .collect();
+                for handle in handles {
+                    send(&mut self.node, out, handle);
+                }
+            }
             L2Action::Flood => self.each_member(i, out, send),
             L2Action::ToTap | L2Action::Held | L2Action::Drop(_) => {}
         }
@@ -96,17 +112,38 @@ impl DataPlane {
                 if l2.handle_peer_piece(now, from, id, offset, more, payload) == L2Action::ToTap {
                     // Whole again, in the switch: written from there.
                     let frame = l2.assembled();
-                    out.frame_room(frame.len()).copy_from_slice(frame);
-                    out.commit_frame(i, frame.len(), true);
+                    let len = match l2.config().vlan {
+                        None => {
+                            out.frame_room(frame.len()).copy_from_slice(frame);
+                            frame.len()
+                        }
+                        Some(vid) => {
+                            let room = out.frame_room(frame.len() + VLAN_TAG_LEN);
+                            match tag_into(room, frame, vid) {
+                                Some(len) => len,
+                                None => return,
+                            }
+                        }
+                    };
+                    out.commit_frame(i, len, true);
                 }
                 return;
             }
         };
         let start = HEADROOM + ENVELOPE_LEN;
-        room.copy_within(start..start + frame_len, 0);
+        let len = match l2.config().vlan {
+            None => {
+                room.copy_within(start..start + frame_len, 0);
+                frame_len
+            }
+            Some(vid) => match tag_in_place(room, start, frame_len, vid) {
+                Some(len) => len,
+                None => return,
+            },
+        };
         match at {
-            Some(at) => out.commit_opened(i, at, frame_len),
-            None => out.commit_frame(i, frame_len, true),
+            Some(at) => out.commit_opened(i, at, len),
+            None => out.commit_frame(i, len, true),
         }
     }
 }

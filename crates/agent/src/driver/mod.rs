@@ -524,6 +524,8 @@ impl Control {
                     device_mac,
                     flood_rate: cfg.broadcast_rate,
                     tunnel_mtu: usize::from(cfg.mtu),
+                    vlan: cfg.vlan,
+                    max_local: hyphae_overlay::wire::MAX_ANNOUNCED_MACS,
                 },
                 now,
             )

@@ -554,6 +554,7 @@ fn layer2_status(
     let c = l2.counters();
     let macs = l2.local_macs();
     crate::control::Layer2Status {
+        vlan: l2.config().vlan,
         local_macs: macs.len(),
         macs: macs.iter().map(mac_text).collect(),
         remote_macs: l2.remote_count(),

@@ -201,13 +201,7 @@ impl Node {
         .emit();
         self.send_control(handle, &packet, None);
         if let Some(macs) = &self.namespaces[ns.0].macs {
-            if macs.len() > crate::wire::MAX_ANNOUNCED_MACS {
-                tracing::warn!(
-                    macs = macs.len(),
-                    "more MACs than one announcement carries: the first {} are announced",
-                    crate::wire::MAX_ANNOUNCED_MACS
-                );
-            }
+            // (The switch learns no more than one announcement carries.)
             let packet = crate::wire::Control::Macs(macs.clone()).emit();
             self.send_control(handle, &packet, None);
         }

@@ -42,7 +42,8 @@ pub enum Event {
         /// Its addresses.
         addresses: Vec<Ipv4Addr>,
     },
-    /// `peer` now holds exactly `macs` in `ns`, a layer-2 namespace (sorted).
+    /// `peer` announced that it holds exactly `macs` in `ns`, a layer-2 namespace (sorted;
+    /// reported at every announcement, changed or not).
     PeerMacs {
         /// The namespace.
         ns: NamespaceId,

@@ -527,16 +527,15 @@ impl Peer {
         true
     }
 
-    /// The member announced `macs` (sorted, deduplicated here); true if they changed.
-    pub(super) fn handle_macs(&mut self, mut macs: Vec<[u8; 6]>) -> Option<&[[u8; 6]]> {
+    /// The member announced `macs` (sorted, deduplicated here): what it holds now.
+    pub(super) fn handle_macs(&mut self, mut macs: Vec<[u8; 6]>) -> &[[u8; 6]] {
         macs.sort_unstable();
         macs.dedup();
-        if self.macs == macs {
-            return None;
+        if self.macs != macs {
+            tracing::debug!(peer = ?self.id, macs = macs.len(), "member MACs");
+            self.macs = macs;
         }
-        tracing::debug!(peer = ?self.id, macs = macs.len(), "member MACs");
-        self.macs = macs;
-        Some(&self.macs)
+        &self.macs
     }
 
     /// A piece of a frame from a layer-2 namespace's member: counted (the switch that

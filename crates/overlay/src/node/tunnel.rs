@@ -374,14 +374,14 @@ impl Node {
                 let Some(peer) = self.peer_mut(handle) else {
                     return Received::Consumed;
                 };
-                if let Some(macs) = peer.handle_macs(macs) {
-                    let macs = macs.to_vec();
-                    self.events.push_back(Event::PeerMacs {
-                        ns,
-                        peer: handle,
-                        macs,
-                    });
-                }
+                // Reported changed or not: the switch decides again at each announcement
+                // whether a MAC heard on both sides has moved (`Layer2::set_peer_macs`).
+                let macs = peer.handle_macs(macs).to_vec();
+                self.events.push_back(Event::PeerMacs {
+                    ns,
+                    peer: handle,
+                    macs,
+                });
                 Received::Consumed
             }
         }

@@ -18,6 +18,8 @@ fn config(mode: L2Mode) -> L2Config {
         device_mac: DEVICE,
         flood_rate: 10,
         tunnel_mtu: 1420,
+        vlan: None,
+        max_local: MAX_MACS,
     }
 }
 
@@ -285,7 +287,7 @@ fn envelopes(sw: &mut Layer2<u32>, f: &[u8]) -> Vec<Vec<u8>> {
             .map(|(start, end)| {
                 let mut p = vec![0u8; 20 + end - start];
                 pieces.header(&mut p, start, end).unwrap();
-                Pieces::copy(&mut p[20..], f, start, end);
+                Pieces::copy(&mut p[20..], f, start, end).unwrap();
                 p
             })
             .collect(),
@@ -385,12 +387,47 @@ fn reassembly_is_bounded() {
     }
     assert_eq!(b.partials.len(), MAX_REASSEMBLIES);
     assert_eq!(b.counters().dropped(L2Drop::Reassembly), 10);
-    // One member holds one at a time: its next frame replaces its last.
-    let packets = envelopes(&mut a, &f);
-    deliver(&mut b, t0, 0, &packets[..1]);
-    assert_eq!(b.partials.iter().filter(|p| p.from == 0).count(), 1);
+    // Frames whose pieces did not all come in time are dropped, each counted.
     b.handle_timeout(t0 + REASSEMBLY_TIMEOUT);
     assert!(b.partials.is_empty());
+    assert_eq!(
+        b.counters().dropped(L2Drop::Reassembly),
+        10 + MAX_REASSEMBLIES as u64
+    );
+    // One member has at most MAX_REASSEMBLIES_PER_MEMBER under way: more replace its oldest.
+    for _ in 0..MAX_REASSEMBLIES_PER_MEMBER + 2 {
+        let packets = envelopes(&mut a, &f);
+        deliver(&mut b, t0, 0, &packets[..1]);
+    }
+    assert_eq!(b.partials.len(), MAX_REASSEMBLIES_PER_MEMBER);
+    assert_eq!(
+        b.counters().dropped(L2Drop::Reassembly),
+        10 + MAX_REASSEMBLIES as u64 + 2
+    );
+    // A member gone takes its frames under way with it.
+    b.remove_peer(0);
+    assert!(b.partials.is_empty());
+}
+
+#[test]
+fn two_frames_of_one_member_whose_pieces_interleave_both_come_back() {
+    // Two workers of the sending agent may seal a member's frames at the same time.
+    let t0 = Instant::now();
+    let mut a = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    let mut b = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    b.set_peer_macs(t0, 1, &[LAN_A]);
+    let x = frame(BROADCAST, LAN_A, 0x88b5, 3000);
+    let mut y = frame(BROADCAST, LAN_A, 0x88b6, 3000);
+    y[20] = 7;
+    let (px, py) = (envelopes(&mut a, &x), envelopes(&mut a, &y));
+    let mut whole = Vec::new();
+    for p in [&px[0], &py[0], &px[1], &py[1], &px[2], &py[2]] {
+        if deliver(&mut b, t0, 1, std::slice::from_ref(p)) == L2Action::ToTap {
+            whole.push(b.assembled().to_vec());
+        }
+    }
+    assert_eq!(whole, vec![x, y]);
+    assert_eq!(b.counters().dropped(L2Drop::Reassembly), 0);
 }
 
 #[test]
@@ -409,4 +446,51 @@ fn a_piece_that_lies_is_refused() {
     empty[2..4].copy_from_slice(&20u16.to_be_bytes());
     assert_eq!(parse_envelope(&empty), None);
     assert!(Pieces::new(100, 27, 0).is_none());
+}
+
+#[test]
+fn a_trunk_takes_only_its_vlan_untagged_and_tags_what_it_writes() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(
+        L2Config {
+            vlan: Some(100),
+            ..config(L2Mode::Router)
+        },
+        t0,
+    );
+    sw.set_peer_macs(t0, 1, &[FAR]);
+    let inner = frame(FAR, LAN_A, 0x88b5, 64);
+    let mut tagged = vec![0u8; inner.len() + VLAN_TAG_LEN];
+    assert_eq!(tag_into(&mut tagged, &inner, 100), Some(inner.len() + 4));
+    assert_eq!(&tagged[12..16], &[0x81, 0x00, 0x00, 0x64]);
+    // Ours: untagged in place, then switched as any frame.
+    let mut ours = tagged.clone();
+    let untagged = sw.untag(&mut ours).expect("VLAN 100");
+    assert_eq!(untagged, &inner[..]);
+    assert_eq!(sw.handle_tap_frame(t0, untagged), L2Action::ToPeer(1));
+    // A priority in the tag does not change the VLAN.
+    let mut prio = tagged.clone();
+    prio[14] |= 0xa0;
+    assert!(sw.untag(&mut prio).is_some());
+    // Another VLAN's, an untagged one, a runt: not this namespace's.
+    let mut other = vec![0u8; inner.len() + VLAN_TAG_LEN];
+    tag_into(&mut other, &inner, 200).unwrap();
+    assert!(sw.untag(&mut other).is_none());
+    assert!(sw.untag(&mut inner.clone()).is_none());
+    assert!(sw.untag(&mut tagged[..15].to_vec()).is_none());
+    assert_eq!(sw.counters().dropped(L2Drop::OtherVlan), 3);
+    // What a member sends is written tagged, whether moved in place or copied.
+    let mut room = vec![0u8; 36 + inner.len()];
+    room[36..].copy_from_slice(&inner);
+    assert_eq!(
+        tag_in_place(&mut room, 36, inner.len(), 100),
+        Some(inner.len() + 4)
+    );
+    assert_eq!(&room[..inner.len() + 4], &tagged[..]);
+    assert_eq!(tag_in_place(&mut room, 3, 20, 100), None);
+    assert_eq!(tag_into(&mut [0u8; 10], &inner, 100), None);
+    // Without a VLAN the frame is taken as it is.
+    let mut plain = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    let mut f = tagged.clone();
+    assert_eq!(plain.untag(&mut f).map(|f| f.to_vec()), Some(tagged));
 }
