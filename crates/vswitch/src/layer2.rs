@@ -466,6 +466,9 @@ pub struct Layer2<P> {
     remote: HashMap<Mac, P>,
     /// What each member announced last: the only sources its frames may have.
     announced: HashMap<P, Vec<Mac>>,
+    /// MACs on this side that a member announced too while this side still heard them:
+    /// the member's once this side has been silent for [`RELEARN_INTERVAL`].
+    contested: HashMap<Mac, P>,
     /// When a MAC last moved from a member to this side.
     moved: HashMap<Mac, Instant>,
     out: Bucket,
@@ -494,6 +497,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             local,
             remote: HashMap::new(),
             announced: HashMap::new(),
+            contested: HashMap::new(),
             moved: HashMap::new(),
             out: Bucket::default(),
             inbound: HashMap::new(),
@@ -537,11 +541,12 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     /// not heard from it for [`RELEARN_INTERVAL`] (a host that moved there); else it stays
     /// ours, counted as a conflict.
     ///
-    /// Members announce again every 20 s (the node reports each announcement, changed or
-    /// not), so a MAC kept here because it was heard within the second goes to the member
-    /// at its next announcement once this side is silent.
+    /// A MAC kept here because it was heard within the second is contested: it goes to the
+    /// member as soon as this side has been silent for a second ([`Layer2::handle_timeout`]),
+    /// so a migrated VM's MAC follows it within about a second of its last frame here.
     pub fn set_peer_macs(&mut self, now: Instant, peer: P, macs: &[Mac]) {
         self.remote.retain(|_, p| *p != peer);
+        self.contested.retain(|_, p| *p != peer);
         let mut list: Vec<Mac> = macs
             .iter()
             .filter(|m| !is_group(**m))
@@ -553,9 +558,11 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         for mac in &list {
             if let Some(seen) = self.local.get(mac) {
                 self.counters.mac_conflicts += 1;
-                if now.saturating_duration_since(*seen) < RELEARN_INTERVAL
-                    || (self.config.mode == L2Mode::Interface && *mac == self.config.device_mac)
-                {
+                if self.config.mode == L2Mode::Interface && *mac == self.config.device_mac {
+                    continue;
+                }
+                if now.saturating_duration_since(*seen) < RELEARN_INTERVAL {
+                    self.contested.insert(*mac, peer);
                     continue;
                 }
                 self.local.remove(mac);
@@ -576,6 +583,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     pub fn remove_peer(&mut self, peer: P) {
         self.remote.retain(|_, p| *p != peer);
         self.announced.remove(&peer);
+        self.contested.retain(|_, p| *p != peer);
         self.inbound.remove(&peer);
         self.partials.retain(|p| p.from != peer);
     }
@@ -848,11 +856,40 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             .map(|(_, seen)| *seen + MAC_AGE)
             .min();
         let partial = self.partials.iter().map(|p| p.deadline).min();
-        [aged, partial].into_iter().flatten().min()
+        let contested = self
+            .contested
+            .keys()
+            .filter_map(|mac| self.local.get(mac))
+            .map(|seen| *seen + RELEARN_INTERVAL)
+            .min();
+        [aged, partial, contested].into_iter().flatten().min()
     }
 
-    /// Forgets MACs on this side silent for [`MAC_AGE`] (never the device's own).
+    /// Forgets MACs on this side silent for [`MAC_AGE`] (never the device's own), and
+    /// gives contested MACs silent for [`RELEARN_INTERVAL`] to the member that announced
+    /// them.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let settled: Vec<(Mac, P)> = self
+            .contested
+            .iter()
+            .filter(|(mac, _)| {
+                self.local
+                    .get(*mac)
+                    .is_none_or(|seen| now.saturating_duration_since(*seen) >= RELEARN_INTERVAL)
+            })
+            .map(|(mac, peer)| (*mac, *peer))
+            .collect();
+        for (mac, peer) in settled {
+            self.contested.remove(&mac);
+            if self.local.remove(&mac).is_some() {
+                self.local_changed = true;
+                self.moved.insert(mac, now);
+                self.counters.moves += 1;
+            }
+            if self.remote.len() < MAX_MACS || self.remote.contains_key(&mac) {
+                self.remote.insert(mac, peer);
+            }
+        }
         let (mode, device) = (self.config.mode, self.config.device_mac);
         let before = self.local.len();
         self.local.retain(|mac, seen| {

@@ -531,6 +531,24 @@ mod tests {
     }
 
     #[test]
+    fn layer2_envelopes_travel_with_the_control_messages_on_shard_zero() {
+        let now = test_epoch();
+        let (mut a, _b, ha, _hb) = sharded_pair(now, 4, 4);
+        let shards: Vec<u8> = (0..16u8)
+            .map(|i| {
+                let p = enveloped([2, 0, 0, 0, 1, i]);
+                a.sealer(ha, &p).expect("a tunnel").shard()
+            })
+            .collect();
+        assert_eq!(shards, vec![0; 16]);
+        // Host packets still spread over the shards.
+        let spread: std::collections::HashSet<u8> = (0..64u8)
+            .map(|i| a.sealer(ha, &packet(i, 2)).expect("a tunnel").shard())
+            .collect();
+        assert!(spread.len() > 1, "{spread:?}");
+    }
+
+    #[test]
     fn a_packet_from_an_address_the_member_does_not_own_is_refused() {
         let now = test_epoch();
         let (mut a, mut b, ha, hb) = pair(now);

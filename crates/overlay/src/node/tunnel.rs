@@ -252,7 +252,13 @@ impl Node {
             peer.stats.tx_packets += 1;
             peer.stats.tx_bytes += packet.len() as u64;
         }
-        let shard = if control {
+        // A layer-2 frame's envelope (protocol 97 from 0.0.0.0) goes with the control
+        // messages, on shard 0: the receiver then takes a new MAC's announcement before its
+        // first frame (different shards may be opened by different workers there).
+        let envelope = packet.len() >= 20
+            && packet[9] == hyphae_vswitch::layer2::IPPROTO_ETHERIP
+            && packet[12..20] == [0; 8];
+        let shard = if control || envelope {
             0
         } else {
             shared::flow_shard(packet, peer.shards.len())

@@ -170,9 +170,11 @@ fn a_mac_moves_each_way_at_most_once_a_second() {
     let t1 = t0 + Duration::from_millis(300);
     sw.set_peer_macs(t1, 1, &[FAR]);
     assert_eq!(sw.local_macs(), vec![FAR]);
-    // It moves back there: once this side has been silent for a second, the member's.
+    // It moves back there: once this side has been silent for a second, the member's,
+    // without waiting for its next announcement.
     let t2 = t0 + RELEARN_INTERVAL;
-    sw.set_peer_macs(t2, 1, &[FAR]);
+    assert_eq!(sw.poll_timeout(), Some(t2));
+    sw.handle_timeout(t2);
     assert!(sw.local_macs().is_empty());
     assert!(sw.take_local_changed());
     assert_eq!(sw.counters().moves, 2);
@@ -493,4 +495,27 @@ fn a_trunk_takes_only_its_vlan_untagged_and_tags_what_it_writes() {
     let mut plain = Layer2::<u32>::new(config(L2Mode::Router), t0);
     let mut f = tagged.clone();
     assert_eq!(plain.untag(&mut f).map(|f| f.to_vec()), Some(tagged));
+}
+
+#[test]
+fn a_contested_mac_heard_here_again_stays_until_silent() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    sw.handle_tap_frame(t0, &frame(BROADCAST, LAN_A, 0x0806, 60));
+    sw.set_peer_macs(t0, 1, &[LAN_A]);
+    // Still talking here: it stays ours.
+    let t1 = t0 + Duration::from_millis(900);
+    sw.handle_tap_frame(t1, &frame(BROADCAST, LAN_A, 0x0806, 60));
+    sw.handle_timeout(t0 + RELEARN_INTERVAL);
+    assert_eq!(sw.local_macs(), vec![LAN_A]);
+    assert_eq!(sw.poll_timeout(), Some(t1 + RELEARN_INTERVAL));
+    // The member stops announcing it: no longer contested, ours for good.
+    sw.set_peer_macs(t1, 1, &[]);
+    sw.handle_timeout(t1 + RELEARN_INTERVAL);
+    assert_eq!(sw.local_macs(), vec![LAN_A]);
+    // A member gone takes its claims with it.
+    sw.set_peer_macs(t1, 2, &[LAN_A]);
+    sw.remove_peer(2);
+    sw.handle_timeout(t1 + RELEARN_INTERVAL * 2);
+    assert_eq!(sw.local_macs(), vec![LAN_A]);
 }
