@@ -20,9 +20,9 @@
 //! announced and that shows up on this side too (a loop, a spoof, or a VM that moved
 //! here) is counted ([`L2Counters::mac_conflicts`]); it is learned here (and so announced,
 //! and taken from the member's entry) at most once a second per MAC, and a member's
-//! announcement (repeated every 20 s) takes a MAC from this side only once this side has
-//! not heard from it for a second, so a loop cannot make the table flap at line rate and a
-//! migrated VM's MAC follows it.
+//! announcement takes a MAC from this side only once this side has not heard from it for a
+//! second (at once, or when that second is up), so a loop cannot make the table flap at
+//! line rate and a migrated VM's MAC follows it.
 //!
 //! On a VLAN trunk ([`L2Config::vlan`]) the switch takes only its VLAN's frames, untagged
 //! ([`Layer2::untag`]), and members' frames are written tagged ([`tag_in_place`]).
