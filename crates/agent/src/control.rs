@@ -654,6 +654,11 @@ pub struct Layer2Status {
     pub fragmented: u64,
     /// Frames from members put back together from pieces.
     pub reassembled: u64,
+    /// ARP requests from this side answered here (a member's host holds the target, as
+    /// its own ARP said), not flooded.
+    pub arp_suppressed: u64,
+    /// ARP requests from this side flooded to the members (no binding known).
+    pub arp_flooded: u64,
     /// Frames dropped, by reason.
     pub drops: BTreeMap<String, u64>,
 }

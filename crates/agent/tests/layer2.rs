@@ -6,7 +6,8 @@
 //! kernel's ARP and ping, and raw AF_PACKET sockets (Python's standard library) for frames
 //! no IP stack sends. Shown: ARP and ping cross between the sites and to `i`; a frame of
 //! EtherType 0x88B5 and an 802.1Q-tagged frame arrive at b1 byte-identical; each router
-//! learned its LAN's MACs and the others' announcements (status); frames of the LANs'
+//! learned its LAN's MACs and the others' announcements (status); a second ARP resolution
+//! is answered at the site and crosses nothing; frames of the LANs'
 //! full MTU cross a tunnel of a smaller one in pieces; a broadcast storm from a1 is held
 //! to the flood rate at r1 while a1 and b1 keep reaching each other; arping crosses; a
 //! dnsmasq DHCP server on site 1 leases an address to busybox udhcpc on site 2; b1 moves
@@ -235,6 +236,27 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         "an interface member holds its device's MAC: {si:?}"
     );
 
+    // ARP suppression: once b1's own ARP has crossed, a1 resolving b1 again is answered at
+    // r1 (with b1's MAC) and no ARP broadcast crosses.
+    let before = layer2(&bed, &r1, &r1a);
+    bed.ns(&a1.ns, "ip", &["neigh", "flush", "dev", "eth0"])
+        .unwrap();
+    pings(&bed, &a1, B1, 1).expect("a1 -> b1 after its ARP cache was flushed");
+    let after = layer2(&bed, &r1, &r1a);
+    assert_eq!(
+        (
+            after.arp_suppressed - before.arp_suppressed,
+            after.arp_flooded - before.arp_flooded
+        ),
+        (1, 0),
+        "one resolution, answered at r1: {after:?}"
+    );
+    assert_eq!(
+        bed.neighbour(&a1, B1).unwrap().as_deref(),
+        Some(b1_mac.as_str()),
+        "a1 learned b1's own MAC"
+    );
+
     // Frames no IP stack sends: a raw EtherType and an 802.1Q-tagged one (VLAN 100, with
     // a priority), unicast to b1, arrive byte-identical.
     let payload: String = (0..80u8).map(|b| format!("{b:02x}")).collect();
@@ -311,8 +333,10 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         flooded <= allowed,
         "{flooded} floods in {elapsed:.2} s (at most {allowed})"
     );
+    // Most of the storm reached r1 (the kernel may drop some on the way) and was held
+    // back: far more than the rate allowed came.
     assert!(
-        limited >= 5000u64.saturating_sub(allowed as u64),
+        limited as f64 > 5.0 * allowed,
         "{limited} dropped: {after:?}"
     );
     eprintln!(

@@ -36,9 +36,12 @@
 //! input; tables are bounded ([`MAX_MACS`]), and what does not fit is counted.
 
 use std::collections::HashMap;
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use crate::wire::{Mac, ETH_HEADER_LEN};
+use crate::wire::{
+    emit_arp_reply, ArpPacket, Mac, ARP_LEN, ARP_REQUEST, ETHERTYPE_ARP, ETH_HEADER_LEN,
+};
 
 /// Most MACs one switch learns on its own side, and most it keeps of all members'
 /// announcements; beyond, new ones are not learned (counted).
@@ -331,6 +334,9 @@ pub enum L2Action<P> {
     Flood,
     /// Write the frame to the TAP (a reassembled one: [`Layer2::assembled`]).
     ToTap,
+    /// An ARP request for a member's host, answered here: write [`Layer2::answer`] to the
+    /// TAP, and send nothing to the members (EVPN's ARP suppression).
+    Answer,
     /// A piece of a frame, kept until the rest arrives.
     Held,
     /// Drop it, for this reason (counted).
@@ -421,6 +427,10 @@ pub struct L2Counters {
     pub fragmented: u64,
     /// Frames put back together from pieces.
     pub reassembled: u64,
+    /// ARP requests answered here from what members' hosts said, instead of flooded.
+    pub arp_suppressed: u64,
+    /// ARP requests flooded to the members (no binding known for their target).
+    pub arp_flooded: u64,
     /// Drops by reason, in [`L2Drop::ALL`] order.
     pub drops: [u64; 8],
 }
@@ -480,6 +490,11 @@ pub struct Layer2<P> {
     assembled: Vec<u8>,
     /// Identification of the next frame sent in pieces.
     next_id: u16,
+    /// Members' hosts' addresses and MACs, from their ARP packets (sender fields, from the
+    /// frame's own source MAC), and when last heard.
+    bindings: HashMap<Ipv4Addr, (Mac, Instant)>,
+    /// The last ARP answer built ([`L2Action::Answer`]).
+    answer: [u8; ETH_HEADER_LEN + ARP_LEN],
     counters: L2Counters,
 }
 
@@ -504,6 +519,8 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             partials: Vec::new(),
             assembled: Vec::new(),
             next_id: 0,
+            bindings: HashMap::new(),
+            answer: [0; ETH_HEADER_LEN + ARP_LEN],
             counters: L2Counters::default(),
         }
     }
@@ -613,9 +630,49 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         match action {
             L2Action::ToPeer(_) => self.counters.to_peer += 1,
             L2Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
-            L2Action::Flood | L2Action::ToTap | L2Action::Held => {}
+            L2Action::Flood | L2Action::ToTap | L2Action::Held | L2Action::Answer => {}
         }
         action
+    }
+
+    /// The ARP answer of the last [`L2Action::Answer`].
+    pub fn answer(&self) -> &[u8] {
+        &self.answer
+    }
+
+    /// Answers an ARP request from this side (sender MAC, sender address, target) if a
+    /// member's host holds the target: its binding heard within [`MAC_AGE`], and its MAC
+    /// still announced by a member (not on this side).
+    fn suppress(&mut self, now: Instant, (mac, ip, target): (Mac, Ipv4Addr, Ipv4Addr)) -> bool {
+        let Some((held, heard)) = self.bindings.get(&target).copied() else {
+            return false;
+        };
+        if now.saturating_duration_since(heard) >= MAC_AGE || !self.remote.contains_key(&held) {
+            return false;
+        }
+        emit_arp_reply(&mut self.answer, held, target, mac, ip);
+        self.counters.arp_suppressed += 1;
+        true
+    }
+
+    /// Learns a member's host's address from its ARP packet (sent from its own MAC).
+    fn bind(&mut self, now: Instant, frame: &[u8]) {
+        let Some(arp) = arp_packet(frame) else {
+            return;
+        };
+        let (mac, ip) = (arp.sender_mac(), arp.sender_ip());
+        let src = frame.get(6..12).and_then(|s| <Mac>::try_from(s).ok());
+        if src != Some(mac) || ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+            return;
+        }
+        if self.bindings.len() >= MAX_MACS && !self.bindings.contains_key(&ip) {
+            self.bindings
+                .retain(|_, (_, t)| now.saturating_duration_since(*t) < MAC_AGE);
+            if self.bindings.len() >= MAX_MACS {
+                return;
+            }
+        }
+        self.bindings.insert(ip, (mac, now));
     }
 
     /// How to send a frame of `frame_len` bytes: `None` whole, in one envelope; else in
@@ -764,6 +821,12 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
                 return L2Action::Drop(L2Drop::Local);
             }
         }
+        if let Some(request) = arp_request(frame) {
+            if self.suppress(now, request) {
+                return L2Action::Answer;
+            }
+            self.counters.arp_flooded += 1;
+        }
         if !self.out.take(self.config.flood_rate, now) {
             return L2Action::Drop(L2Drop::FloodRateLimited);
         }
@@ -816,7 +879,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         match action {
             L2Action::ToTap => self.counters.to_tap += 1,
             L2Action::Drop(reason) => self.counters.drops[reason.index()] += 1,
-            L2Action::ToPeer(_) | L2Action::Flood | L2Action::Held => {}
+            L2Action::ToPeer(_) | L2Action::Flood | L2Action::Held | L2Action::Answer => {}
         }
         action
     }
@@ -832,6 +895,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             self.counters.mac_conflicts += 1;
             return L2Action::Drop(L2Drop::Conflict);
         }
+        self.bind(now, frame);
         let known_here = self.local.contains_key(&dst);
         if is_group(dst) || !known_here {
             if self.config.mode == L2Mode::Interface && !is_group(dst) {
@@ -903,6 +967,24 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             .retain(|_, t| now.saturating_duration_since(*t) < RELEARN_INTERVAL);
         self.expire(now);
     }
+}
+
+/// The ARP packet of an untagged frame, if it is one.
+fn arp_packet(frame: &[u8]) -> Option<ArpPacket<&[u8]>> {
+    if frame.get(12..14)? != ETHERTYPE_ARP.to_be_bytes() {
+        return None;
+    }
+    ArpPacket::new_checked(frame.get(ETH_HEADER_LEN..)?).ok()
+}
+
+/// An ARP request's sender MAC, sender address and target, if `frame` is a broadcast one
+/// from a host with an address (not a probe: RFC 5227's sender 0.0.0.0 must reach the
+/// holder, which may be anywhere).
+fn arp_request(frame: &[u8]) -> Option<(Mac, Ipv4Addr, Ipv4Addr)> {
+    let arp = arp_packet(frame)?;
+    let ip = arp.sender_ip();
+    (arp.operation() == ARP_REQUEST && !ip.is_unspecified() && arp.sender_ip() != arp.target_ip())
+        .then(|| (arp.sender_mac(), ip, arp.target_ip()))
 }
 
 /// The destination and source MACs of a frame.

@@ -30,6 +30,21 @@ impl DataPlane {
         let action = l2.handle_tap_frame(now, frame);
         let pieces = match action {
             L2Action::ToPeer(_) | L2Action::Flood => l2.pieces(frame.len()),
+            L2Action::Answer => {
+                // An ARP request a member's host answers, answered here (tagged on a trunk).
+                let answer = l2.answer();
+                let len = match l2.config().vlan {
+                    None => {
+                        out.reply[..answer.len()].copy_from_slice(answer);
+                        Some(answer.len())
+                    }
+                    Some(vid) => tag_into(&mut out.reply, answer, vid),
+                };
+                if let Some(len) = len {
+                    out.write_reply(i, len);
+                }
+                None
+            }
             L2Action::ToTap | L2Action::Held | L2Action::Drop(_) => None,
         };
         let send = |node: &mut hyphae_overlay::Node, out: &mut Batch, peer| match &pieces {
@@ -57,7 +72,7 @@ impl DataPlane {
                 }
             }
             L2Action::Flood => self.each_member(i, out, send),
-            L2Action::ToTap | L2Action::Held | L2Action::Drop(_) => {}
+            L2Action::ToTap | L2Action::Held | L2Action::Answer | L2Action::Drop(_) => {}
         }
         self.announce_macs(now, i);
     }

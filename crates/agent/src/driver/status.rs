@@ -569,6 +569,8 @@ fn layer2_status(
         table_full: c.table_full,
         fragmented: c.fragmented,
         reassembled: c.reassembled,
+        arp_suppressed: c.arp_suppressed,
+        arp_flooded: c.arp_flooded,
         drops: L2Drop::ALL
             .iter()
             .map(|r| (r.as_str().to_string(), c.dropped(*r)))

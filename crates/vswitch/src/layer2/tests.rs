@@ -519,3 +519,56 @@ fn a_contested_mac_heard_here_again_stays_until_silent() {
     sw.handle_timeout(t1 + RELEARN_INTERVAL * 2);
     assert_eq!(sw.local_macs(), vec![LAN_A]);
 }
+
+/// An ARP frame (request or reply) from `mac`/`ip` about `target`.
+fn arp(op: u16, mac: Mac, ip: [u8; 4], target_mac: Mac, target: [u8; 4]) -> Vec<u8> {
+    let mut f = vec![0u8; ETH_HEADER_LEN + ARP_LEN];
+    let dst = if op == 1 { BROADCAST } else { target_mac };
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    f[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, op as u8]);
+    f[22..28].copy_from_slice(&mac);
+    f[28..32].copy_from_slice(&ip);
+    f[32..38].copy_from_slice(&target_mac);
+    f[38..42].copy_from_slice(&target);
+    f
+}
+
+#[test]
+fn arp_for_a_members_host_is_answered_here_and_not_flooded() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    sw.set_peer_macs(t0, 1, &[FAR]);
+    let (a, far) = ([10, 0, 0, 1], [10, 0, 0, 9]);
+    let request = arp(1, LAN_A, a, [0; 6], far);
+    // Nothing known: flooded, and the far host's reply teaches the binding.
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+    let reply = arp(2, FAR, far, LAN_A, a);
+    assert_eq!(sw.handle_peer_frame(t0, 1, &reply), L2Action::ToTap);
+    // The next resolution stays here: answered with the far host's MAC.
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Answer);
+    let answer = sw.answer().to_vec();
+    assert_eq!(answer, reply, "the answer is the far host's own reply");
+    assert_eq!(
+        (sw.counters().arp_suppressed, sw.counters().arp_flooded),
+        (1, 1)
+    );
+    // A probe (sender 0.0.0.0) must reach the holder: flooded.
+    let probe = arp(1, LAN_A, [0; 4], [0; 6], far);
+    assert_eq!(sw.handle_tap_frame(t0, &probe), L2Action::Flood);
+    // An ARP whose sender MAC is not the frame's source teaches nothing.
+    let mut lying = arp(2, FAR2, [10, 0, 0, 7], LAN_A, a);
+    lying[6..12].copy_from_slice(&FAR);
+    sw.handle_peer_frame(t0, 1, &lying);
+    assert_eq!(
+        sw.handle_tap_frame(t0, &arp(1, LAN_A, a, [0; 6], [10, 0, 0, 7])),
+        L2Action::Flood
+    );
+    // Stale, or its MAC no longer a member's: flooded again.
+    let later = t0 + MAC_AGE;
+    assert_eq!(sw.handle_tap_frame(later, &request), L2Action::Flood);
+    sw.handle_peer_frame(later, 1, &reply);
+    sw.set_peer_macs(later, 1, &[]);
+    assert_eq!(sw.handle_tap_frame(later, &request), L2Action::Flood);
+}
