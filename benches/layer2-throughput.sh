@@ -4,7 +4,9 @@
 #   ip          the default IP namespace (TAP offloads on)
 #   ip-nooff    the IP namespace with `offload = false` (as a layer-2 TAP opens)
 #   l2          `layer = 2`: every frame in an EtherIP envelope, forwarded by MAC
-# and prints one line per round and variant, then the mean of each.
+# and prints one line per round and variant, then the mean of each; then, in the layer-2
+# namespace, ARP_ROUNDS (50) resolutions of B by A, each after A's ARP cache is flushed:
+# how many ARP broadcasts still crossed per resolution (ARP suppression).
 # Usage (root): HYPHAE_BIN=target/release/hyphae benches/layer2-throughput.sh [SECONDS]
 #   ROUNDS=3 by default; SECONDS (iperf3's -t) 5 by default.
 set -euo pipefail
@@ -39,6 +41,27 @@ run() { # variant: one round; prints "variant Gbit/s ping-avg-ms"
     echo "$v $gbps $ping"
 }
 
+arp_phase() { # l2 only: ARP_ROUNDS resolutions of B by A, each after flushing A's cache;
+    # prints how many ARP requests A's agent answered itself and how many it flooded.
+    local n=${ARP_ROUNDS:-50} k before after
+    cp "$dir/A-l2.toml" "$dir/A-socket.toml"
+    cp "$dir/B-l2.toml" "$dir/B-socket.toml"
+    pair_start arp "$HYPHAE_BIN"
+    counts() {
+        "$HYPHAE_BIN" status --json -c "$dir/A-socket.toml" |
+            /usr/bin/python3 -c 'import json,sys; l=json.load(sys.stdin)["namespaces"][0]["layer2"]; print(l["arp_suppressed"], l["arp_flooded"])'
+    }
+    before=$(counts)
+    for k in $(seq "$n"); do
+        ip netns exec "$A" ip neigh flush dev hyphae0
+        ip netns exec "$A" ping -c 1 -W 1 -q 10.212.0.12 >/dev/null
+    done
+    after=$(counts)
+    kill "$agent_a" "$agent_b" 2>/dev/null || true
+    wait "$agent_a" "$agent_b" 2>/dev/null || true
+    echo "$before $after" | awk -v n="$n" '{ printf "arp: %d resolutions, %d answered at the agent, %d flooded (%.2f broadcasts crossed per resolution)\n", n, $3 - $1, $4 - $2, ($4 - $2) / n }'
+}
+
 results=()
 for r in $(seq "$rounds"); do
     for v in ip ip-nooff l2; do
@@ -50,3 +73,4 @@ done
 printf '%s\n' "${results[@]}" | awk '
     { n[$1]++; g[$1] += $2; p[$1] += $3 }
     END { for (v in n) printf "mean %-9s %.2f Gbit/s  ping %.3f ms  (%d rounds)\n", v, g[v] / n[v], p[v] / n[v], n[v] }'
+arp_phase
