@@ -18,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
             flood_rate: 10,
             tunnel_mtu: 1420,
             vlan: (mode == L2Mode::Router).then_some(100),
+            ethertypes: if mode == L2Mode::Router { vec![0x0800, 0x0806] } else { Vec::new() },
             max_local: 200,
         };
         let mut sw: Layer2<u8> = Layer2::new(config, now);

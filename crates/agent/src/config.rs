@@ -123,6 +123,8 @@ struct NamespaceSection {
     layer: u8,
     #[serde(default)]
     vlan: Option<u16>,
+    #[serde(default)]
+    ethertypes: Vec<String>,
     #[serde(default = "default_device")]
     device: String,
     #[serde(default)]
@@ -291,6 +293,8 @@ pub struct Namespace {
     /// A layer-2 router's uplink is a VLAN trunk and this namespace is VLAN `vlan` on it
     /// (`vlan = N`): frames of that VLAN only, untagged into the namespace and tagged out.
     pub vlan: Option<u16>,
+    /// A layer-2 namespace: if not empty, the only EtherTypes it carries (`ethertypes`).
+    pub ethertypes: Vec<u16>,
     /// The host's device: the TAP (interface and router modes) or the host end of the veth
     /// pair that carries its address (hybrid mode).
     pub device: String,
@@ -391,6 +395,7 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         mode: Mode::Interface,
         layer2: false,
         vlan: None,
+        ethertypes: Vec::new(),
         device: default_device(),
         bridge: None,
         uplink: None,
@@ -610,11 +615,23 @@ endpoint = "10.200.0.3"
         assert!(ns.layer2);
         // The TAP leaves room for the frame's header and its envelope.
         assert_eq!(ns.tap_mtu(), 1420 - 14 - 22);
+        let typed = &load(
+            &with("layer = 2\nethertypes = [\"ipv4\", \"ARP\", \"0x88B5\"]\n"),
+            secret,
+        )
+        .unwrap()
+        .namespaces[0];
+        assert_eq!(typed.ethertypes, vec![0x0800, 0x0806, 0x88b5]);
         let ip = &load(GOOD, secret).unwrap().namespaces[0];
         assert!(!ip.layer2);
         assert_eq!(ip.tap_mtu(), ip.mtu);
         for (lines, expect) in [
             ("layer = 4\n", "layer 4 is not 2"),
+            ("ethertypes = [\"ipv4\"]\n", "`ethertypes` needs layer = 2"),
+            (
+                "layer = 2\nethertypes = [\"0x12\"]\n",
+                "ethertype '0x12' is not",
+            ),
             ("vlan = 10\n", "`vlan` needs layer = 2 and mode"),
             ("layer = 2\nhostname = \"h\"\n", "no virtual DHCP or DNS"),
             (

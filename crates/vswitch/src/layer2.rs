@@ -285,6 +285,10 @@ pub struct L2Config {
     /// the TAP reads tagged with it are taken, untagged ([`Layer2::untag`]); members'
     /// frames are written tagged with it ([`tag_in_place`], [`tag_into`]).
     pub vlan: Option<u16>,
+    /// If not empty, the only EtherTypes that cross either way (looked up past any 802.1Q
+    /// tags: a tagged frame is judged by what it carries); others are dropped
+    /// ([`L2Drop::EtherType`]).
+    pub ethertypes: Vec<u16>,
     /// Most MACs learned on this side (at most [`MAX_MACS`]): no more than one
     /// announcement carries. Beyond, a new MAC is not learned (counted), and members drop
     /// its frames.
@@ -358,6 +362,8 @@ pub enum L2Drop {
     NotForUs,
     /// On a trunk: a frame of another VLAN, or untagged.
     OtherVlan,
+    /// An EtherType the namespace does not carry ([`L2Config::ethertypes`]).
+    EtherType,
     /// A frame from this side's TAP from a MAC a member announced, within
     /// [`RELEARN_INTERVAL`] of the last move (a loop or a spoof); or a member's frame from
     /// a MAC learned on this side.
@@ -371,13 +377,14 @@ pub enum L2Drop {
 
 impl L2Drop {
     /// Every reason, in counter order.
-    pub const ALL: [L2Drop; 8] = [
+    pub const ALL: [L2Drop; 9] = [
         L2Drop::Malformed,
         L2Drop::Local,
         L2Drop::FloodRateLimited,
         L2Drop::TooBig,
         L2Drop::NotForUs,
         L2Drop::OtherVlan,
+        L2Drop::EtherType,
         L2Drop::Conflict,
         L2Drop::Reassembly,
     ];
@@ -391,6 +398,7 @@ impl L2Drop {
             L2Drop::TooBig => "too_big",
             L2Drop::NotForUs => "not_for_us",
             L2Drop::OtherVlan => "other_vlan",
+            L2Drop::EtherType => "ethertype",
             L2Drop::Conflict => "conflict",
             L2Drop::Reassembly => "reassembly",
         }
@@ -432,7 +440,7 @@ pub struct L2Counters {
     /// ARP requests flooded to the members (no binding known for their target).
     pub arp_flooded: u64,
     /// Drops by reason, in [`L2Drop::ALL`] order.
-    pub drops: [u64; 8],
+    pub drops: [u64; 9],
 }
 
 impl L2Counters {
@@ -635,6 +643,29 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         action
     }
 
+    /// Whether the namespace carries `frame`'s EtherType (past up to two 802.1Q tags).
+    fn carries(&self, frame: &[u8]) -> bool {
+        if self.config.ethertypes.is_empty() {
+            return true;
+        }
+        let mut at = 12;
+        let mut ethertype = None;
+        for _ in 0..3 {
+            let Some(t) = frame
+                .get(at..at + 2)
+                .map(|b| u16::from_be_bytes([b[0], b[1]]))
+            else {
+                break;
+            };
+            ethertype = Some(t);
+            if t != TPID_8021Q && t != 0x88a8 {
+                break;
+            }
+            at += VLAN_TAG_LEN;
+        }
+        ethertype.is_some_and(|t| self.config.ethertypes.contains(&t))
+    }
+
     /// The ARP answer of the last [`L2Action::Answer`].
     pub fn answer(&self) -> &[u8] {
         &self.answer
@@ -813,6 +844,9 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         if frame.len() > MAX_FRAME {
             return L2Action::Drop(L2Drop::TooBig);
         }
+        if !self.carries(frame) {
+            return L2Action::Drop(L2Drop::EtherType);
+        }
         if !is_group(dst) {
             if let Some(peer) = self.remote.get(&dst) {
                 return L2Action::ToPeer(*peer);
@@ -896,6 +930,9 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             return L2Action::Drop(L2Drop::Conflict);
         }
         self.bind(now, frame);
+        if !self.carries(frame) {
+            return L2Action::Drop(L2Drop::EtherType);
+        }
         let known_here = self.local.contains_key(&dst);
         if is_group(dst) || !known_here {
             if self.config.mode == L2Mode::Interface && !is_group(dst) {

@@ -12,6 +12,27 @@ use super::{
     DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS, RESOLV_CONF,
 };
 
+/// An EtherType by name (`ipv4`, `arp`, `rarp`, `ipv6`, `lldp`) or in hex (`0x88b5`).
+fn parse_ethertype(text: &str) -> Result<u16> {
+    let value = match text.to_ascii_lowercase().as_str() {
+        "ipv4" => 0x0800,
+        "arp" => 0x0806,
+        "rarp" => 0x8035,
+        "ipv6" => 0x86dd,
+        "lldp" => 0x88cc,
+        other => other
+            .strip_prefix("0x")
+            .and_then(|h| u16::from_str_radix(h, 16).ok())
+            .filter(|v| *v >= 0x0600)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "ethertype '{text}' is not ipv4, arp, rarp, ipv6, lldp or a hex EtherType from 0x0600 (as 0x88b5)"
+                )
+            })?,
+    };
+    Ok(value)
+}
+
 /// What a layer-2 namespace does not have (yet): one clear error each.
 fn check_layer2(s: &NamespaceSection, mode: Mode) -> Result<()> {
     if mode == Mode::Hybrid {
@@ -57,6 +78,14 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         }
         other => bail!("layer {other} is not 2 (every Ethernet frame) or 3 (IP, the default)"),
     };
+    if !s.ethertypes.is_empty() && !layer2 {
+        bail!("`ethertypes` needs layer = 2 (an IP namespace carries IPv4 and ARP only)");
+    }
+    let ethertypes = s
+        .ethertypes
+        .iter()
+        .map(|t| parse_ethertype(t))
+        .collect::<Result<Vec<u16>>>()?;
     if let Some(vlan) = s.vlan {
         if !layer2 || mode != Mode::Router {
             bail!("`vlan` needs layer = 2 and mode = \"router\" (the uplink is a VLAN trunk)");
@@ -236,6 +265,7 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         mode,
         layer2,
         vlan: s.vlan,
+        ethertypes,
         device: s.device,
         bridge: s.bridge,
         uplink: s.uplink,

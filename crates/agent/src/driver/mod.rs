@@ -525,6 +525,7 @@ impl Control {
                     flood_rate: cfg.broadcast_rate,
                     tunnel_mtu: usize::from(cfg.mtu),
                     vlan: cfg.vlan,
+                    ethertypes: cfg.ethertypes.clone(),
                     max_local: hyphae_overlay::wire::MAX_ANNOUNCED_MACS,
                 },
                 now,

@@ -19,6 +19,7 @@ fn config(mode: L2Mode) -> L2Config {
         flood_rate: 10,
         tunnel_mtu: 1420,
         vlan: None,
+        ethertypes: Vec::new(),
         max_local: MAX_MACS,
     }
 }
@@ -571,4 +572,45 @@ fn arp_for_a_members_host_is_answered_here_and_not_flooded() {
     sw.handle_peer_frame(later, 1, &reply);
     sw.set_peer_macs(later, 1, &[]);
     assert_eq!(sw.handle_tap_frame(later, &request), L2Action::Flood);
+}
+
+#[test]
+fn only_the_ethertypes_listed_cross_either_way() {
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(
+        L2Config {
+            ethertypes: vec![0x0800, 0x0806],
+            ..config(L2Mode::Router)
+        },
+        t0,
+    );
+    sw.set_peer_macs(t0, 1, &[FAR]);
+    assert_eq!(
+        sw.handle_tap_frame(t0, &frame(FAR, LAN_A, 0x0800, 60)),
+        L2Action::ToPeer(1)
+    );
+    assert_eq!(
+        sw.handle_tap_frame(t0, &frame(FAR, LAN_A, 0x88b5, 60)),
+        L2Action::Drop(L2Drop::EtherType)
+    );
+    assert_eq!(
+        sw.handle_peer_frame(t0, 1, &frame(LAN_A, FAR, 0x86dd, 60)),
+        L2Action::Drop(L2Drop::EtherType)
+    );
+    assert_eq!(
+        sw.handle_peer_frame(t0, 1, &frame(LAN_A, FAR, 0x0806, 60)),
+        L2Action::ToTap
+    );
+    // A tagged frame is judged by what it carries.
+    let inner = frame(FAR, LAN_A, 0x0800, 60);
+    let mut tagged = vec![0u8; 64];
+    tag_into(&mut tagged, &inner, 7).unwrap();
+    assert_eq!(sw.handle_tap_frame(t0, &tagged), L2Action::ToPeer(1));
+    let mut other = vec![0u8; 64];
+    tag_into(&mut other, &frame(FAR, LAN_A, 0x88cc, 60), 7).unwrap();
+    assert_eq!(
+        sw.handle_tap_frame(t0, &other),
+        L2Action::Drop(L2Drop::EtherType)
+    );
+    assert_eq!(sw.counters().dropped(L2Drop::EtherType), 3);
 }
