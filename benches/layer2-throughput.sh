@@ -42,24 +42,37 @@ run() { # variant: one round; prints "variant Gbit/s ping-avg-ms"
 }
 
 arp_phase() { # l2 only: ARP_ROUNDS resolutions of B by A, each after flushing A's cache;
-    # prints how many ARP requests A's agent answered itself and how many it flooded.
-    local n=${ARP_ROUNDS:-50} k before after
+    # prints how many ARP requests both agents answered themselves and how many they flooded
+    # (either way: B's kernel may ask for A too).
+    local n=${ARP_ROUNDS:-50} k before after lost=0
     cp "$dir/A-l2.toml" "$dir/A-socket.toml"
     cp "$dir/B-l2.toml" "$dir/B-socket.toml"
     pair_start arp "$HYPHAE_BIN"
-    counts() {
-        "$HYPHAE_BIN" status --json -c "$dir/A-socket.toml" |
-            /usr/bin/python3 -c 'import json,sys; l=json.load(sys.stdin)["namespaces"][0]["layer2"]; print(l["arp_suppressed"], l["arp_flooded"])'
+    counts() { # suppressed and flooded, A's and B's together
+        local s
+        for s in A B; do
+            "$HYPHAE_BIN" status --json -c "$dir/$s-socket.toml"
+        done | /usr/bin/python3 -c '
+import json, sys
+text = sys.stdin.read()
+decoder, at, n = json.JSONDecoder(), 0, [0, 0]
+while at < len(text.rstrip()):
+    doc, at = decoder.raw_decode(text, at)
+    while at < len(text) and text[at].isspace():
+        at += 1
+    l2 = doc["namespaces"][0]["layer2"]
+    n[0] += l2["arp_suppressed"]; n[1] += l2["arp_flooded"]
+print(n[0], n[1])'
     }
     before=$(counts)
     for k in $(seq "$n"); do
         ip netns exec "$A" ip neigh flush dev hyphae0
-        ip netns exec "$A" ping -c 1 -W 1 -q 10.212.0.12 >/dev/null
+        ip netns exec "$A" ping -c 1 -W 1 -q 10.212.0.12 >/dev/null || lost=$((lost + 1))
     done
     after=$(counts)
     kill "$agent_a" "$agent_b" 2>/dev/null || true
     wait "$agent_a" "$agent_b" 2>/dev/null || true
-    echo "$before $after" | awk -v n="$n" '{ printf "arp: %d resolutions, %d answered at the agent, %d flooded (%.2f broadcasts crossed per resolution)\n", n, $3 - $1, $4 - $2, ($4 - $2) / n }'
+    echo "$before $after" | awk -v n="$n" -v lost="$lost" '{ printf "arp: %d resolutions (%d pings lost), %d ARP requests answered at the agents, %d flooded (%.2f broadcasts crossed per resolution)\n", n, lost, $3 - $1, $4 - $2, ($4 - $2) / n }'
 }
 
 results=()

@@ -495,10 +495,11 @@ impl Config {
             }
             // One trunk, several namespaces: each its own VLAN, or one would take the
             // others' frames.
-            if let Some(other) = namespaces
-                .iter()
-                .find(|n| n.bridge.is_some() && n.bridge == ns.bridge)
-            {
+            if let Some(other) = namespaces.iter().find(|n| {
+                n.bridge.is_some()
+                    && n.bridge == ns.bridge
+                    && (n.vlan.is_none() || ns.vlan.is_none() || n.vlan == ns.vlan)
+            }) {
                 if other.vlan.is_none() || ns.vlan.is_none() || other.vlan == ns.vlan {
                     bail!(
                         "config {}: namespaces '{}' and '{}' share bridge '{}': a trunk needs `layer = 2` and a different `vlan` in each",
@@ -627,6 +628,10 @@ endpoint = "10.200.0.3"
         assert_eq!(ip.tap_mtu(), ip.mtu);
         for (lines, expect) in [
             ("layer = 4\n", "layer 4 is not 2"),
+            (
+                "layer = 2\nethertypes = [\"0x+88b5\"]\n",
+                "ethertype '0x+88b5' is not",
+            ),
             ("ethertypes = [\"ipv4\"]\n", "`ethertypes` needs layer = 2"),
             (
                 "layer = 2\nethertypes = [\"0x12\"]\n",

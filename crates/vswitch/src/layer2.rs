@@ -51,6 +51,9 @@ pub const MAX_MACS: usize = 4096;
 /// default ageing time, 802.1D).
 pub const MAC_AGE: Duration = Duration::from_secs(300);
 
+/// Most addresses one member's host (one MAC) may be bound to for ARP suppression.
+pub const MAX_BINDINGS_PER_MAC: usize = 8;
+
 /// A MAC that moves from a member to this side is learned here at most this often.
 pub const RELEARN_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -285,15 +288,19 @@ pub struct L2Config {
     /// the TAP reads tagged with it are taken, untagged ([`Layer2::untag`]); members'
     /// frames are written tagged with it ([`tag_in_place`], [`tag_into`]).
     pub vlan: Option<u16>,
-    /// If not empty, the only EtherTypes that cross either way (looked up past any 802.1Q
-    /// tags: a tagged frame is judged by what it carries); others are dropped
-    /// ([`L2Drop::EtherType`]).
+    /// If not empty, the only EtherTypes that cross either way (looked up past up to two
+    /// 802.1Q or 802.1ad tags: a tagged frame is judged by what it carries); others are
+    /// dropped ([`L2Drop::EtherType`]). [`ETHERTYPE_LLC`] stands for every 802.3 frame with
+    /// a length instead of a type (STP BPDUs, LLC).
     pub ethertypes: Vec<u16>,
     /// Most MACs learned on this side (at most [`MAX_MACS`]): no more than one
     /// announcement carries. Beyond, a new MAC is not learned (counted), and members drop
     /// its frames.
     pub max_local: usize,
 }
+
+/// In [`L2Config::ethertypes`]: 802.3 frames, whose type field is a length (below 0x0600).
+pub const ETHERTYPE_LLC: u16 = 0;
 
 /// 802.1Q's tag protocol identifier.
 pub const TPID_8021Q: u16 = 0x8100;
@@ -663,7 +670,9 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             }
             at += VLAN_TAG_LEN;
         }
-        ethertype.is_some_and(|t| self.config.ethertypes.contains(&t))
+        ethertype
+            .map(|t| if t < 0x0600 { ETHERTYPE_LLC } else { t })
+            .is_some_and(|t| self.config.ethertypes.contains(&t))
     }
 
     /// The ARP answer of the last [`L2Action::Answer`].
@@ -694,6 +703,11 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         let (mac, ip) = (arp.sender_mac(), arp.sender_ip());
         let src = frame.get(6..12).and_then(|s| <Mac>::try_from(s).ok());
         if src != Some(mac) || ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+            return;
+        }
+        // One host speaks for a few addresses, not for the namespace.
+        let held = self.bindings.values().filter(|(m, _)| *m == mac).count();
+        if held >= MAX_BINDINGS_PER_MAC && self.bindings.get(&ip).is_none_or(|(m, _)| *m != mac) {
             return;
         }
         if self.bindings.len() >= MAX_MACS && !self.bindings.contains_key(&ip) {
@@ -841,6 +855,11 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         if !self.learn(now, src) {
             return L2Action::Drop(L2Drop::Conflict);
         }
+        // An address a host on this side speaks for is not a member's host's any more (a
+        // failover, a new lease): never answered from a member's old binding.
+        if let Some(arp) = arp_packet(frame) {
+            self.bindings.remove(&arp.sender_ip());
+        }
         if frame.len() > MAX_FRAME {
             return L2Action::Drop(L2Drop::TooBig);
         }
@@ -855,14 +874,17 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
                 return L2Action::Drop(L2Drop::Local);
             }
         }
-        if let Some(request) = arp_request(frame) {
+        let request = arp_request(frame);
+        if let Some(request) = request {
             if self.suppress(now, request) {
                 return L2Action::Answer;
             }
-            self.counters.arp_flooded += 1;
         }
         if !self.out.take(self.config.flood_rate, now) {
             return L2Action::Drop(L2Drop::FloodRateLimited);
+        }
+        if request.is_some() {
+            self.counters.arp_flooded += 1;
         }
         if is_group(dst) {
             self.counters.floods_out += 1;

@@ -12,7 +12,8 @@ use super::{
     DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS, RESOLV_CONF,
 };
 
-/// An EtherType by name (`ipv4`, `arp`, `rarp`, `ipv6`, `lldp`) or in hex (`0x88b5`).
+/// An EtherType by name (`ipv4`, `arp`, `rarp`, `ipv6`, `lldp`; `llc`: every 802.3 frame)
+/// or in hex (`0x88b5`).
 fn parse_ethertype(text: &str) -> Result<u16> {
     let value = match text.to_ascii_lowercase().as_str() {
         "ipv4" => 0x0800,
@@ -20,13 +21,15 @@ fn parse_ethertype(text: &str) -> Result<u16> {
         "rarp" => 0x8035,
         "ipv6" => 0x86dd,
         "lldp" => 0x88cc,
+        "llc" => hyphae_vswitch::layer2::ETHERTYPE_LLC,
         other => other
             .strip_prefix("0x")
+            .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
             .and_then(|h| u16::from_str_radix(h, 16).ok())
             .filter(|v| *v >= 0x0600)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "ethertype '{text}' is not ipv4, arp, rarp, ipv6, lldp or a hex EtherType from 0x0600 (as 0x88b5)"
+                    "ethertype '{text}' is not ipv4, arp, rarp, ipv6, lldp, llc (802.3 frames) or a hex EtherType from 0x0600 (as 0x88b5)"
                 )
             })?,
     };

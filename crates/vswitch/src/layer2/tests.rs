@@ -558,7 +558,9 @@ fn arp_for_a_members_host_is_answered_here_and_not_flooded() {
     // A probe (sender 0.0.0.0) must reach the holder: flooded.
     let probe = arp(1, LAN_A, [0; 4], [0; 6], far);
     assert_eq!(sw.handle_tap_frame(t0, &probe), L2Action::Flood);
-    // An ARP whose sender MAC is not the frame's source teaches nothing.
+    // An ARP whose sender MAC is not the frame's source teaches nothing (both MACs are a
+    // member's, so only that check refuses it).
+    sw.set_peer_macs(t0, 1, &[FAR, FAR2]);
     let mut lying = arp(2, FAR2, [10, 0, 0, 7], LAN_A, a);
     lying[6..12].copy_from_slice(&FAR);
     sw.handle_peer_frame(t0, 1, &lying);
@@ -566,6 +568,23 @@ fn arp_for_a_members_host_is_answered_here_and_not_flooded() {
         sw.handle_tap_frame(t0, &arp(1, LAN_A, a, [0; 6], [10, 0, 0, 7])),
         L2Action::Flood
     );
+    // A host on this side speaking for the address (a failover): never answered for the
+    // member's host again until it speaks.
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Answer);
+    let takeover = arp(2, LAN_B, far, LAN_A, a);
+    sw.handle_tap_frame(t0, &takeover);
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+    sw.handle_peer_frame(t0, 1, &reply);
+    // One host binds at most MAX_BINDINGS_PER_MAC addresses.
+    for i in 0..MAX_BINDINGS_PER_MAC as u8 + 4 {
+        sw.handle_peer_frame(t0, 1, &arp(2, FAR2, [10, 1, 0, i], LAN_A, a));
+    }
+    let answered = (0..MAX_BINDINGS_PER_MAC as u8 + 4)
+        .filter(|i| {
+            sw.handle_tap_frame(t0, &arp(1, LAN_A, a, [0; 6], [10, 1, 0, *i])) == L2Action::Answer
+        })
+        .count();
+    assert_eq!(answered, MAX_BINDINGS_PER_MAC);
     // Stale, or its MAC no longer a member's: flooded again.
     let later = t0 + MAC_AGE;
     assert_eq!(sw.handle_tap_frame(later, &request), L2Action::Flood);
@@ -613,4 +632,18 @@ fn only_the_ethertypes_listed_cross_either_way() {
         L2Action::Drop(L2Drop::EtherType)
     );
     assert_eq!(sw.counters().dropped(L2Drop::EtherType), 3);
+    // 802.3 frames (a length, not a type) only when `llc` is listed.
+    let bpdu = frame(MULTICAST, LAN_A, 0x0026, 60);
+    assert_eq!(
+        sw.handle_tap_frame(t0, &bpdu),
+        L2Action::Drop(L2Drop::EtherType)
+    );
+    let mut llc = Layer2::<u32>::new(
+        L2Config {
+            ethertypes: vec![ETHERTYPE_LLC],
+            ..config(L2Mode::Router)
+        },
+        t0,
+    );
+    assert_eq!(llc.handle_tap_frame(t0, &bpdu), L2Action::Flood);
 }
