@@ -414,16 +414,7 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         .ns_output(
             &i.ns,
             "ping",
-            &[
-                "-c",
-                "200",
-                "-i",
-                "0.01",
-                "-w",
-                "10",
-                "-n",
-                &B1.to_string(),
-            ],
+            &["-c", "200", "-i", "0.01", "-w", "10", "-n", &B1.to_string()],
         )
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
