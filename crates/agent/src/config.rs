@@ -27,7 +27,7 @@ pub use addresses::{
 };
 use files::read_credential;
 pub(crate) use files::{compile_policy, is_signed_policy, read_policy, SIGNED_POLICY};
-use namespace::validate_namespace;
+use namespace::{check_shared_bridge, validate_namespace};
 use subnets::parse_subnets;
 pub use subnets::{check_in_subnet, parse_subnet};
 use underlay::workers;
@@ -358,20 +358,6 @@ pub struct Namespace {
     pub caps: hyphae_vswitch::qos::Caps,
 }
 
-impl Namespace {
-    /// The MTU of the TAP device: the namespace MTU, less the frame's Ethernet header and
-    /// its envelope in a layer-2 namespace (whose tunnels carry whole frames).
-    pub fn tap_mtu(&self) -> u16 {
-        if self.layer2 {
-            let overhead =
-                hyphae_vswitch::layer2::ENVELOPE_LEN + hyphae_vswitch::wire::ETH_HEADER_LEN;
-            self.mtu.saturating_sub(overhead as u16)
-        } else {
-            self.mtu
-        }
-    }
-}
-
 impl std::fmt::Debug for Namespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Namespace")
@@ -493,23 +479,8 @@ impl Config {
                     ns.name
                 );
             }
-            // One trunk, several namespaces: each its own VLAN, or one would take the
-            // others' frames.
-            if let Some(other) = namespaces.iter().find(|n| {
-                n.bridge.is_some()
-                    && n.bridge == ns.bridge
-                    && (n.vlan.is_none() || ns.vlan.is_none() || n.vlan == ns.vlan)
-            }) {
-                if other.vlan.is_none() || ns.vlan.is_none() || other.vlan == ns.vlan {
-                    bail!(
-                        "config {}: namespaces '{}' and '{}' share bridge '{}': a trunk needs `layer = 2` and a different `vlan` in each",
-                        path.display(),
-                        other.name,
-                        ns.name,
-                        ns.bridge.as_deref().unwrap_or_default()
-                    );
-                }
-            }
+            check_shared_bridge(&namespaces, &ns)
+                .with_context(|| format!("config {}", path.display()))?;
             if let Some(other) = namespaces.iter().find(|n| n.device == ns.device) {
                 bail!(
                     "config {}: namespaces '{}' and '{}' both use device '{}'; give each its own `device`",

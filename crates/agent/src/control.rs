@@ -10,9 +10,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+mod layer2;
 mod qos;
 mod text;
 
+pub use layer2::Layer2Status;
 pub use qos::{BucketStatus, CapDirection, CapStatus, RateStatus, ShareStatus};
 pub use text::{peers_json, render, render_peers};
 
@@ -617,50 +619,6 @@ pub struct PolicyStatus {
     pub flows_evicted: u64,
     pub flows_expired: u64,
     pub flows_revoked: u64,
-}
-
-/// A layer-2 namespace in [`NamespaceStatus`] (docs/MODES.md, "Layer 2").
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct Layer2Status {
-    /// The VLAN this namespace is on its router's trunk (`vlan`), if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vlan: Option<u16>,
-    /// MACs learned on this side (the device's, or the LAN's), announced to the members.
-    pub macs: Vec<String>,
-    /// How many of them.
-    pub local_macs: usize,
-    /// MACs the members announced.
-    pub remote_macs: usize,
-    /// Frames sent to the one member holding their destination.
-    pub to_peer: u64,
-    /// Broadcast and multicast frames flooded to the members.
-    pub floods_out: u64,
-    /// Frames flooded to the members because no member announced their destination.
-    pub unknown_unicast: u64,
-    /// Frames from members written to the TAP.
-    pub to_tap: u64,
-    /// Of those, flooded ones.
-    pub floods_in: u64,
-    /// MACs learned on this side.
-    pub learned: u64,
-    /// MACs that moved between a member and this side.
-    pub moves: u64,
-    /// Frames and announcements that showed a MAC on both sides.
-    pub mac_conflicts: u64,
-    /// MACs not learned: the table was full.
-    pub table_full: u64,
-    /// Frames too large for one tunnel packet, sent in pieces.
-    pub fragmented: u64,
-    /// Frames from members put back together from pieces.
-    pub reassembled: u64,
-    /// ARP requests from this side answered here (a member's host holds the target, as
-    /// its own ARP said), not flooded.
-    pub arp_suppressed: u64,
-    /// ARP requests from this side flooded to the members (no binding known).
-    pub arp_flooded: u64,
-    /// Frames dropped, by reason.
-    pub drops: BTreeMap<String, u64>,
 }
 
 /// The virtual DNS server in [`NamespaceStatus`].

@@ -57,209 +57,6 @@ pub const MAX_BINDINGS_PER_MAC: usize = 8;
 /// A MAC that moves from a member to this side is learned here at most this often.
 pub const RELEARN_INTERVAL: Duration = Duration::from_secs(1);
 
-/// IP protocol number of EtherIP (RFC 3378).
-pub const IPPROTO_ETHERIP: u8 = 97;
-
-/// Bytes of the envelope in front of a frame: an IPv4 header without options and the
-/// EtherIP header.
-pub const ENVELOPE_LEN: usize = 20 + 2;
-
-/// EtherIP header: version 3, reserved bits zero (RFC 3378 section 3).
-const ETHERIP_HEADER: [u8; 2] = [0x30, 0x00];
-
-/// Largest frame a layer-2 namespace carries (a jumbo frame with an 802.1Q tag); larger
-/// ones are dropped ([`L2Drop::TooBig`]).
-pub const MAX_FRAME: usize = 9216 + 18;
-
-/// Most frames being reassembled at once, from all members together; a fragment that
-/// would start another is dropped ([`L2Counters::reassembly_dropped`]).
-pub const MAX_REASSEMBLIES: usize = 64;
-
-/// Most frames one member has under reassembly at once (each worker of its agent may be
-/// sending one).
-pub const MAX_REASSEMBLIES_PER_MEMBER: usize = 8;
-
-/// How long a frame's fragments may take to arrive.
-pub const REASSEMBLY_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// IPv4 "more fragments" flag, in the flags and offset field.
-const MORE_FRAGMENTS: u16 = 0x2000;
-
-/// Writes the envelope of a whole frame of `frame_len` bytes into `buf[..ENVELOPE_LEN]`:
-/// an IPv4 header from and to 0.0.0.0, protocol 97, with its checksum, and EtherIP's.
-/// Returns `None` if `buf` is too short or the envelope would exceed an IPv4 packet.
-pub fn emit_envelope(buf: &mut [u8], frame_len: usize) -> Option<()> {
-    emit_ipv4(buf, 2 + frame_len, 0, 0, false)?;
-    buf.get_mut(20..ENVELOPE_LEN)?
-        .copy_from_slice(&ETHERIP_HEADER);
-    Some(())
-}
-
-/// Writes the IPv4 header of an envelope (or of one of its fragments) carrying
-/// `payload_len` bytes at byte `offset` (a multiple of 8) of the EtherIP payload.
-fn emit_ipv4(buf: &mut [u8], payload_len: usize, id: u16, offset: usize, more: bool) -> Option<()> {
-    let total = u16::try_from(20 + payload_len).ok()?;
-    let units = u16::try_from(offset / 8).ok().filter(|u| *u < 0x2000)?;
-    let header = buf.get_mut(..20)?;
-    header.fill(0);
-    header[0] = 0x45;
-    header[2..4].copy_from_slice(&total.to_be_bytes());
-    header[4..6].copy_from_slice(&id.to_be_bytes());
-    let flags = units | if more { MORE_FRAGMENTS } else { 0 };
-    header[6..8].copy_from_slice(&flags.to_be_bytes());
-    header[8] = 64;
-    header[9] = IPPROTO_ETHERIP;
-    let sum = crate::wire::ipv4_header_checksum(header);
-    header[10..12].copy_from_slice(&sum.to_be_bytes());
-    Some(())
-}
-
-/// What a tunnel packet of a layer-2 namespace carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Envelope<'a> {
-    /// A whole frame.
-    Whole(&'a [u8]),
-    /// A piece of a frame too large for one tunnel packet: `payload` lies at byte
-    /// `offset` of the EtherIP header and frame.
-    Fragment {
-        /// The frame's identification (the sender's counter).
-        id: u16,
-        /// Where the piece lies.
-        offset: usize,
-        /// Whether pieces follow.
-        more: bool,
-        /// The piece.
-        payload: &'a [u8],
-    },
-}
-
-/// Reads an envelope: protocol 97 from and to 0.0.0.0, an IPv4 header without options;
-/// a whole one holds EtherIP version 3 and a whole Ethernet header.
-pub fn parse_envelope(packet: &[u8]) -> Option<Envelope<'_>> {
-    let header = packet.get(..20)?;
-    let total = usize::from(u16::from_be_bytes([header[2], header[3]]));
-    if header[0] != 0x45
-        || header[9] != IPPROTO_ETHERIP
-        || header[12..20] != [0; 8]
-        || total > packet.len()
-        || total < 20
-    {
-        return None;
-    }
-    let flags = u16::from_be_bytes([header[6], header[7]]);
-    let (offset, more) = (usize::from(flags & 0x1fff) * 8, flags & MORE_FRAGMENTS != 0);
-    let payload = &packet[20..total];
-    if offset == 0 && !more {
-        if payload.get(..2)? != ETHERIP_HEADER || payload.len() < 2 + ETH_HEADER_LEN {
-            return None;
-        }
-        return Some(Envelope::Whole(&payload[2..]));
-    }
-    // Every piece but the last fills whole 8-byte units.
-    if payload.is_empty() || (more && !payload.len().is_multiple_of(8)) {
-        return None;
-    }
-    Some(Envelope::Fragment {
-        id: u16::from_be_bytes([header[4], header[5]]),
-        offset,
-        more,
-        payload,
-    })
-}
-
-/// The frame an envelope carries, if `packet` is a whole one.
-pub fn envelope_frame(packet: &[u8]) -> Option<&[u8]> {
-    match parse_envelope(packet)? {
-        Envelope::Whole(frame) => Some(frame),
-        Envelope::Fragment { .. } => None,
-    }
-}
-
-/// The pieces of a frame of `frame_len` bytes for tunnel packets of at most `mtu` bytes:
-/// for each, its IPv4 header (written by [`Pieces::header`]) and which bytes of the EtherIP
-/// header and frame follow it, as the range `start..end` of their concatenation.
-#[derive(Debug, Clone)]
-pub struct Pieces {
-    id: u16,
-    len: usize,
-    step: usize,
-    at: usize,
-}
-
-impl Pieces {
-    /// The pieces of a frame of `frame_len` bytes, identified by `id`; `None` if `mtu`
-    /// cannot carry a piece of 8 bytes.
-    pub fn new(frame_len: usize, mtu: usize, id: u16) -> Option<Self> {
-        let step = (mtu.checked_sub(20)? / 8) * 8;
-        (step > 0).then_some(Self {
-            id,
-            len: 2 + frame_len,
-            step,
-            at: 0,
-        })
-    }
-
-    /// Writes the IPv4 header of the piece `start..end` (as the iterator gave it) into
-    /// `buf[..20]`; `None` for a range that is no piece or a short `buf`.
-    pub fn header(&self, buf: &mut [u8], start: usize, end: usize) -> Option<()> {
-        if start >= end || end > self.len {
-            return None;
-        }
-        emit_ipv4(buf, end - start, self.id, start, end < self.len)
-    }
-
-    /// Copies bytes `start..end` of the EtherIP header and `frame` into `buf`; `None` if
-    /// the range does not lie in them or `buf` is short.
-    pub fn copy(buf: &mut [u8], frame: &[u8], start: usize, end: usize) -> Option<()> {
-        if start >= end || end > 2 + frame.len() || buf.len() < end - start {
-            return None;
-        }
-        let mut at = 0;
-        for byte in ETHERIP_HEADER.iter().take(end.min(2)).skip(start) {
-            buf[at] = *byte;
-            at += 1;
-        }
-        let from = start.max(2) - 2;
-        let to = end.saturating_sub(2);
-        if from < to {
-            buf[at..at + to - from].copy_from_slice(&frame[from..to]);
-        }
-        Some(())
-    }
-}
-
-impl Iterator for Pieces {
-    type Item = (usize, usize);
-
-    fn next(&mut self) -> Option<(usize, usize)> {
-        if self.at >= self.len {
-            return None;
-        }
-        let start = self.at;
-        self.at = (start + self.step).min(self.len);
-        Some((start, self.at))
-    }
-}
-
-/// What a piece made of its frame.
-enum Gathered {
-    /// More pieces are to come.
-    Held,
-    /// The piece cannot be used (counted by the caller).
-    Dropped,
-    /// The last piece: the frame's bytes, EtherIP header first.
-    Done(Vec<u8>),
-}
-
-/// A frame being put back together from its pieces, which must come in order.
-#[derive(Debug)]
-struct Partial<P> {
-    from: P,
-    id: u16,
-    bytes: Vec<u8>,
-    deadline: Instant,
-}
-
 /// Where a switch sits (the agent's deployment mode, as far as layer 2 cares).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum L2Mode {
@@ -301,40 +98,6 @@ pub struct L2Config {
 
 /// In [`L2Config::ethertypes`]: 802.3 frames, whose type field is a length (below 0x0600).
 pub const ETHERTYPE_LLC: u16 = 0;
-
-/// 802.1Q's tag protocol identifier.
-pub const TPID_8021Q: u16 = 0x8100;
-
-/// Bytes of an 802.1Q tag.
-pub const VLAN_TAG_LEN: usize = 4;
-
-/// Writes `frame` tagged with VLAN `vid` (priority 0) into `out`, which must hold
-/// `frame.len() + VLAN_TAG_LEN` bytes; its length, or `None` if either is too short.
-pub fn tag_into(out: &mut [u8], frame: &[u8], vid: u16) -> Option<usize> {
-    let len = frame.len() + VLAN_TAG_LEN;
-    let out = out.get_mut(..len)?;
-    out[..12].copy_from_slice(frame.get(..12)?);
-    out[12..14].copy_from_slice(&TPID_8021Q.to_be_bytes());
-    out[14..16].copy_from_slice(&(vid & 0x0fff).to_be_bytes());
-    out[16..].copy_from_slice(&frame[12..]);
-    Some(len)
-}
-
-/// Moves the frame of `len` bytes at `buf[start..]` to the front of `buf`, tagged with
-/// VLAN `vid`; `start` must leave room for the tag (at least [`VLAN_TAG_LEN`]). The tagged
-/// frame's length, or `None` if `buf` is too short.
-pub fn tag_in_place(buf: &mut [u8], start: usize, len: usize, vid: u16) -> Option<usize> {
-    if start < VLAN_TAG_LEN || len < ETH_HEADER_LEN || buf.len() < start + len {
-        return None;
-    }
-    // The MACs first (their new place ends before the frame starts), then the rest,
-    // which may overlap its old place.
-    buf.copy_within(start..start + 12, 0);
-    buf.copy_within(start + 12..start + len, 12 + VLAN_TAG_LEN);
-    buf[12..14].copy_from_slice(&TPID_8021Q.to_be_bytes());
-    buf[14..16].copy_from_slice(&(vid & 0x0fff).to_be_bytes());
-    Some(len + VLAN_TAG_LEN)
-}
 
 /// What to do with a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,30 +217,6 @@ impl L2Counters {
     /// Drops for `reason`.
     pub fn dropped(&self, reason: L2Drop) -> u64 {
         self.drops[reason.index()]
-    }
-}
-
-/// A token bucket: `rate` tokens a second, at most `rate` held, full at first.
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    tokens: f64,
-    last: Option<Instant>,
-}
-
-impl Bucket {
-    fn take(&mut self, rate: u32, now: Instant) -> bool {
-        let rate = f64::from(rate);
-        let refill = self.last.map_or(rate, |t| {
-            now.saturating_duration_since(t).as_secs_f64() * rate
-        });
-        self.tokens = (self.tokens + refill).min(rate);
-        self.last = Some(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
     }
 }
 
@@ -620,24 +359,6 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         self.partials.retain(|p| p.from != peer);
     }
 
-    /// On a trunk ([`L2Config::vlan`]): the frame of this namespace's VLAN with its tag
-    /// taken off (in place: the MACs move up by the tag's length), or `None` for another
-    /// VLAN's or an untagged frame (counted). Without a VLAN: the frame as it is.
-    pub fn untag<'a>(&mut self, frame: &'a mut [u8]) -> Option<&'a mut [u8]> {
-        let Some(vid) = self.config.vlan else {
-            return Some(frame);
-        };
-        let ours = frame.len() >= ETH_HEADER_LEN + VLAN_TAG_LEN
-            && frame[12..14] == TPID_8021Q.to_be_bytes()
-            && u16::from_be_bytes([frame[14], frame[15]]) & 0x0fff == vid;
-        if !ours {
-            self.counters.drops[L2Drop::OtherVlan.index()] += 1;
-            return None;
-        }
-        frame.copy_within(..12, VLAN_TAG_LEN);
-        Some(&mut frame[VLAN_TAG_LEN..])
-    }
-
     /// Handles a frame the kernel wrote to the TAP at `now` (untagged by
     /// [`Layer2::untag`] on a trunk).
     pub fn handle_tap_frame(&mut self, now: Instant, frame: &[u8]) -> L2Action<P> {
@@ -673,176 +394,6 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         ethertype
             .map(|t| if t < 0x0600 { ETHERTYPE_LLC } else { t })
             .is_some_and(|t| self.config.ethertypes.contains(&t))
-    }
-
-    /// The ARP answer of the last [`L2Action::Answer`].
-    pub fn answer(&self) -> &[u8] {
-        &self.answer
-    }
-
-    /// Answers an ARP request from this side (sender MAC, sender address, target) if a
-    /// member's host holds the target: its binding heard within [`MAC_AGE`], and its MAC
-    /// still announced by a member (not on this side).
-    fn suppress(&mut self, now: Instant, (mac, ip, target): (Mac, Ipv4Addr, Ipv4Addr)) -> bool {
-        let Some((held, heard)) = self.bindings.get(&target).copied() else {
-            return false;
-        };
-        if now.saturating_duration_since(heard) >= MAC_AGE || !self.remote.contains_key(&held) {
-            return false;
-        }
-        emit_arp_reply(&mut self.answer, held, target, mac, ip);
-        self.counters.arp_suppressed += 1;
-        true
-    }
-
-    /// Learns a member's host's address from its ARP packet (sent from its own MAC).
-    fn bind(&mut self, now: Instant, frame: &[u8]) {
-        let Some(arp) = arp_packet(frame) else {
-            return;
-        };
-        let (mac, ip) = (arp.sender_mac(), arp.sender_ip());
-        let src = frame.get(6..12).and_then(|s| <Mac>::try_from(s).ok());
-        if src != Some(mac) || ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-            return;
-        }
-        // One host speaks for a few addresses, not for the namespace.
-        let held = self.bindings.values().filter(|(m, _)| *m == mac).count();
-        if held >= MAX_BINDINGS_PER_MAC && self.bindings.get(&ip).is_none_or(|(m, _)| *m != mac) {
-            return;
-        }
-        if self.bindings.len() >= MAX_MACS && !self.bindings.contains_key(&ip) {
-            self.bindings
-                .retain(|_, (_, t)| now.saturating_duration_since(*t) < MAC_AGE);
-            if self.bindings.len() >= MAX_MACS {
-                return;
-            }
-        }
-        self.bindings.insert(ip, (mac, now));
-    }
-
-    /// How to send a frame of `frame_len` bytes: `None` whole, in one envelope; else in
-    /// these pieces (counted, with a fresh identification).
-    pub fn pieces(&mut self, frame_len: usize) -> Option<Pieces> {
-        if ENVELOPE_LEN + frame_len <= self.config.tunnel_mtu {
-            return None;
-        }
-        let pieces = Pieces::new(frame_len, self.config.tunnel_mtu, self.next_id)?;
-        self.next_id = self.next_id.wrapping_add(1);
-        self.counters.fragmented += 1;
-        Some(pieces)
-    }
-
-    /// The frame the last [`Layer2::handle_peer_piece`] that answered
-    /// [`L2Action::ToTap`] put back together.
-    pub fn assembled(&self) -> &[u8] {
-        &self.assembled
-    }
-
-    /// Handles a piece of a frame from member `from` at `now` (as [`parse_envelope`] read
-    /// it). Pieces must come in order; the whole frame, once there, must come from a MAC
-    /// the member announced, and then goes as [`Layer2::handle_peer_frame`] says (a frame
-    /// for the TAP is [`Layer2::assembled`]).
-    pub fn handle_peer_piece(
-        &mut self,
-        now: Instant,
-        from: P,
-        id: u16,
-        offset: usize,
-        more: bool,
-        payload: &[u8],
-    ) -> L2Action<P> {
-        let mut bytes = match self.gather(now, from, id, offset, more, payload) {
-            Gathered::Held => return L2Action::Held,
-            Gathered::Dropped => return self.reassembly_drop(),
-            Gathered::Done(bytes) => bytes,
-        };
-        // The node checks a whole frame's source; a reassembled one is checked here, against
-        // the same announcement.
-        let src = bytes.get(8..14).and_then(|s| <Mac>::try_from(s).ok());
-        let announced = src.is_some_and(|s| {
-            self.announced
-                .get(&from)
-                .is_some_and(|list| list.binary_search(&s).is_ok())
-        });
-        if bytes.get(..2) != Some(&ETHERIP_HEADER[..]) || !announced {
-            return self.reassembly_drop();
-        }
-        self.counters.reassembled += 1;
-        bytes.drain(..2);
-        let action = self.handle_peer_frame(now, from, &bytes);
-        self.assembled = bytes;
-        action
-    }
-
-    fn reassembly_drop(&mut self) -> L2Action<P> {
-        self.counters.drops[L2Drop::Reassembly.index()] += 1;
-        L2Action::Drop(L2Drop::Reassembly)
-    }
-
-    /// Adds a piece to its frame.
-    fn gather(
-        &mut self,
-        now: Instant,
-        from: P,
-        id: u16,
-        offset: usize,
-        more: bool,
-        payload: &[u8],
-    ) -> Gathered {
-        self.expire(now);
-        let at = self
-            .partials
-            .iter()
-            .position(|p| p.from == from && p.id == id);
-        let k = match at {
-            Some(k) if self.partials[k].bytes.len() == offset => k,
-            Some(k) => {
-                // Out of order (or again): the frame cannot be put together.
-                self.partials.remove(k);
-                return Gathered::Dropped;
-            }
-            // A later piece of a frame whose first was lost, dropped or came late.
-            None if offset != 0 => return Gathered::Dropped,
-            None => {
-                // Two workers may send a member's frames at once, so their pieces may
-                // interleave: a member has up to MAX_REASSEMBLIES_PER_MEMBER frames under
-                // way, and a further one replaces its oldest.
-                let mine = self.partials.iter().filter(|p| p.from == from).count();
-                if mine >= MAX_REASSEMBLIES_PER_MEMBER {
-                    if let Some(old) = self.partials.iter().position(|p| p.from == from) {
-                        self.partials.remove(old);
-                        self.counters.drops[L2Drop::Reassembly.index()] += 1;
-                    }
-                }
-                if self.partials.len() >= MAX_REASSEMBLIES {
-                    return Gathered::Dropped;
-                }
-                self.partials.push(Partial {
-                    from,
-                    id,
-                    bytes: Vec::new(),
-                    deadline: now + REASSEMBLY_TIMEOUT,
-                });
-                self.partials.len() - 1
-            }
-        };
-        let partial = &mut self.partials[k];
-        if partial.bytes.len() + payload.len() > 2 + MAX_FRAME {
-            self.partials.remove(k);
-            return Gathered::Dropped;
-        }
-        partial.bytes.extend_from_slice(payload);
-        if more {
-            return Gathered::Held;
-        }
-        Gathered::Done(self.partials.remove(k).bytes)
-    }
-
-    /// Drops frames whose pieces did not all come in time (counted).
-    fn expire(&mut self, now: Instant) {
-        let before = self.partials.len();
-        self.partials.retain(|p| p.deadline > now);
-        self.counters.drops[L2Drop::Reassembly.index()] += (before - self.partials.len()) as u64;
     }
 
     fn classify_tap_frame(&mut self, now: Instant, frame: &[u8]) -> L2Action<P> {
@@ -1028,24 +579,6 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     }
 }
 
-/// The ARP packet of an untagged frame, if it is one.
-fn arp_packet(frame: &[u8]) -> Option<ArpPacket<&[u8]>> {
-    if frame.get(12..14)? != ETHERTYPE_ARP.to_be_bytes() {
-        return None;
-    }
-    ArpPacket::new_checked(frame.get(ETH_HEADER_LEN..)?).ok()
-}
-
-/// An ARP request's sender MAC, sender address and target, if `frame` is a broadcast one
-/// from a host with an address (not a probe: RFC 5227's sender 0.0.0.0 must reach the
-/// holder, which may be anywhere).
-fn arp_request(frame: &[u8]) -> Option<(Mac, Ipv4Addr, Ipv4Addr)> {
-    let arp = arp_packet(frame)?;
-    let ip = arp.sender_ip();
-    (arp.operation() == ARP_REQUEST && !ip.is_unspecified() && arp.sender_ip() != arp.target_ip())
-        .then(|| (arp.sender_mac(), ip, arp.target_ip()))
-}
-
 /// The destination and source MACs of a frame.
 fn macs(frame: &[u8]) -> Option<(Mac, Mac)> {
     let header = frame.get(..ETH_HEADER_LEN)?;
@@ -1058,6 +591,18 @@ fn macs(frame: &[u8]) -> Option<(Mac, Mac)> {
 fn is_group(mac: Mac) -> bool {
     mac[0] & 1 == 1
 }
+
+mod arp;
+mod envelope;
+mod reassembly;
+mod vlan;
+
+use crate::switch::broadcast::Bucket;
+use arp::{arp_packet, arp_request};
+use reassembly::Partial;
+
+pub use envelope::*;
+pub use vlan::*;
 
 #[cfg(test)]
 mod tests;

@@ -297,3 +297,36 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         caps,
     })
 }
+
+/// One trunk, several namespaces: each a layer-2 one with its own VLAN, or one would take
+/// the others' frames.
+pub(super) fn check_shared_bridge(namespaces: &[Namespace], ns: &Namespace) -> Result<()> {
+    let clash = namespaces.iter().find(|n| {
+        n.bridge.is_some()
+            && n.bridge == ns.bridge
+            && (n.vlan.is_none() || ns.vlan.is_none() || n.vlan == ns.vlan)
+    });
+    if let Some(other) = clash {
+        bail!(
+            "namespaces '{}' and '{}' share bridge '{}': a trunk needs `layer = 2` and a different `vlan` in each",
+            other.name,
+            ns.name,
+            ns.bridge.as_deref().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+impl Namespace {
+    /// The MTU of the TAP device: the namespace MTU, less the frame's Ethernet header and
+    /// its envelope in a layer-2 namespace (whose tunnels carry whole frames).
+    pub fn tap_mtu(&self) -> u16 {
+        if self.layer2 {
+            let overhead =
+                hyphae_vswitch::layer2::ENVELOPE_LEN + hyphae_vswitch::wire::ETH_HEADER_LEN;
+            self.mtu.saturating_sub(overhead as u16)
+        } else {
+            self.mtu
+        }
+    }
+}

@@ -13,6 +13,33 @@ use hyphae_vswitch::layer2::{
 use hyphae_vswitch::HEADROOM;
 
 use super::data::{Batch, DataPlane};
+use crate::config::{Mode, Namespace};
+
+/// The layer-2 switch of namespace `cfg`, if it is a layer-2 one.
+pub(super) fn switch(
+    cfg: &Namespace,
+    device_mac: [u8; 6],
+    now: Instant,
+) -> Option<hyphae_vswitch::layer2::Layer2<PeerHandle>> {
+    use hyphae_vswitch::layer2::{L2Config, L2Mode, Layer2};
+    cfg.layer2.then(|| {
+        Layer2::new(
+            L2Config {
+                mode: match cfg.mode {
+                    Mode::Router => L2Mode::Router,
+                    Mode::Interface | Mode::Hybrid => L2Mode::Interface,
+                },
+                device_mac,
+                flood_rate: cfg.broadcast_rate,
+                tunnel_mtu: usize::from(cfg.mtu),
+                vlan: cfg.vlan,
+                ethertypes: cfg.ethertypes.clone(),
+                max_local: hyphae_overlay::wire::MAX_ANNOUNCED_MACS,
+            },
+            now,
+        )
+    })
+}
 
 impl DataPlane {
     /// One frame from TAP `i` of a layer-2 namespace (untagged, on a trunk): to the member

@@ -513,24 +513,7 @@ impl Control {
                 bail!("internal: a data-path worker does not take commands");
             }
         }
-        let l2 = cfg.layer2.then(|| {
-            use hyphae_vswitch::layer2::{L2Config, L2Mode, Layer2};
-            Layer2::new(
-                L2Config {
-                    mode: match cfg.mode {
-                        Mode::Router => L2Mode::Router,
-                        Mode::Interface | Mode::Hybrid => L2Mode::Interface,
-                    },
-                    device_mac,
-                    flood_rate: cfg.broadcast_rate,
-                    tunnel_mtu: usize::from(cfg.mtu),
-                    vlan: cfg.vlan,
-                    ethertypes: cfg.ethertypes.clone(),
-                    max_local: hyphae_overlay::wire::MAX_ANNOUNCED_MACS,
-                },
-                now,
-            )
-        });
+        let l2 = layer2::switch(cfg, device_mac, now);
         // The lane and the namespace take the same index, the node's id for it.
         let mut dp = lock(&self.dp);
         dp.lanes.push(Lane {

@@ -6,15 +6,15 @@ use std::time::Instant;
 
 use super::Switch;
 
-/// A token bucket: `rate` tokens a second, at most `rate` held.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Bucket {
-    pub(super) tokens: f64,
-    pub(super) last: Option<Instant>,
+/// A token bucket: `rate` tokens a second, at most `rate` held (full at first).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Bucket {
+    pub(crate) tokens: f64,
+    pub(crate) last: Option<Instant>,
 }
 
 impl Bucket {
-    pub(super) fn take(&mut self, rate: u32, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, rate: u32, now: Instant) -> bool {
         let rate = f64::from(rate);
         let elapsed = self.last.map_or(rate, |t| {
             now.saturating_duration_since(t).as_secs_f64() * rate

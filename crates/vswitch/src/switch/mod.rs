@@ -5,7 +5,7 @@
 //! (`broadcast`) and the service address (`service`).
 
 mod arp;
-mod broadcast;
+pub(crate) mod broadcast;
 mod lan;
 mod router;
 mod routes;
