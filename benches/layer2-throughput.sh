@@ -24,7 +24,8 @@ for side in A B; do
     sed 's/^device = "hyphae0"/&\nlayer = 2/' "$dir/$side-socket.toml" >"$dir/$side-l2.toml"
 done
 
-run() { # variant: one round; prints "variant Gbit/s ping-avg-ms"
+run() { # variant: one round; appends "variant Gbit/s ping-avg-ms" to $results (in this
+    # shell, so its agents stay in $pids for the exit trap if a step fails)
     local v=$1 server gbps ping
     cp "$dir/A-$v.toml" "$dir/A-socket.toml"
     cp "$dir/B-$v.toml" "$dir/B-socket.toml"
@@ -38,7 +39,7 @@ run() { # variant: one round; prints "variant Gbit/s ping-avg-ms"
     ping=$(ip netns exec "$A" ping -c 100 -i 0.01 -q 10.212.0.12 | awk -F/ '/^rtt/ {print $5}')
     kill "$agent_a" "$agent_b" "$server" 2>/dev/null || true
     wait "$agent_a" "$agent_b" "$server" 2>/dev/null || true
-    echo "$v $gbps $ping"
+    results+=("$v $gbps $ping")
 }
 
 arp_phase() { # l2 only: ARP_ROUNDS resolutions of B by A, each after flushing A's cache;
@@ -78,9 +79,8 @@ print(n[0], n[1])'
 results=()
 for r in $(seq "$rounds"); do
     for v in ip ip-nooff l2; do
-        line=$(run "$v")
-        echo "round $r: $line"
-        results+=("$line")
+        run "$v"
+        echo "round $r: ${results[-1]}"
     done
 done
 printf '%s\n' "${results[@]}" | awk '
