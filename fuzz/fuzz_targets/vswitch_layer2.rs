@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use hyphae_vswitch::layer2::{parse_envelope, Envelope, L2Config, L2Mode, Layer2, MAX_FRAME};
+use hyphae_vswitch::layer2::{parse_envelope, Envelope, Piece, L2Config, L2Mode, Layer2, MAX_FRAME};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -46,19 +46,20 @@ fuzz_target!(|data: &[u8]| {
                 Some(Envelope::Whole(frame)) => {
                     let _ = sw.handle_peer_frame(at, chunk[0] & 3, frame);
                 }
-                Some(Envelope::Fragment {
-                    id,
-                    offset,
-                    more,
-                    payload,
-                }) => {
-                    let _ = sw.handle_peer_piece(at, chunk[0] & 3, id, offset, more, payload);
+                Some(Envelope::Fragment(piece)) => {
+                    let _ = sw.handle_peer_piece(at, chunk[0] & 3, piece);
                     assert!(sw.assembled().len() <= MAX_FRAME);
                 }
                 None => {
                     let id = u16::from(chunk[0]);
                     let offset = usize::from(chunk.len() as u8 & 0xf8);
-                    let _ = sw.handle_peer_piece(at, chunk[0] & 7, id, offset, chunk[0] & 1 == 1, chunk);
+                    let piece = Piece {
+                        id,
+                        offset,
+                        more: chunk[0] & 1 == 1,
+                        payload: chunk,
+                    };
+                    let _ = sw.handle_peer_piece(at, chunk[0] & 7, piece);
                 }
             }
         }

@@ -542,6 +542,15 @@ impl Batch {
         &mut self.frames[at..at + len]
     }
 
+    /// The first `len` bytes where a member's packet lies: where [`Batch::open`] opened it
+    /// (`at`), or else the frame room.
+    pub(crate) fn packet_room(&mut self, at: Option<usize>, len: usize) -> &mut [u8] {
+        match at {
+            Some(at) => &mut self.opened_room(at)[..len],
+            None => self.frame_room(len),
+        }
+    }
+
     /// The first `len` bytes of [`Batch::frame_room`] are a frame for TAP `ns`.
     pub(crate) fn commit_frame(&mut self, ns: usize, len: usize, deliver: bool) {
         let at = self.frames_used;

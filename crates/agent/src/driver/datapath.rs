@@ -111,10 +111,7 @@ impl DataPlane {
         if lane.l2.is_some() {
             return self.deliver_l2(now, i, from, at, len, out);
         }
-        let room = match at {
-            Some(at) => &mut out.opened_room(at)[..HEADROOM + len],
-            None => out.frame_room(HEADROOM + len),
-        };
+        let room = out.packet_room(at, HEADROOM + len);
         let packet = &room[HEADROOM..];
         match lane
             .policy

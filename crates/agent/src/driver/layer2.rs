@@ -133,10 +133,7 @@ impl DataPlane {
         let (Some(l2), true) = (lane.l2.as_mut(), lane.active) else {
             return;
         };
-        let room = match at {
-            Some(at) => &mut out.opened_room(at)[..HEADROOM + len],
-            None => out.frame_room(HEADROOM + len),
-        };
+        let room = out.packet_room(at, HEADROOM + len);
         let frame_len = match parse_envelope(&room[HEADROOM..]) {
             None => return,
             Some(Envelope::Whole(frame)) => {
@@ -145,13 +142,8 @@ impl DataPlane {
                 }
                 frame.len()
             }
-            Some(Envelope::Fragment {
-                id,
-                offset,
-                more,
-                payload,
-            }) => {
-                if l2.handle_peer_piece(now, from, id, offset, more, payload) == L2Action::ToTap {
+            Some(Envelope::Fragment(piece)) => {
+                if l2.handle_peer_piece(now, from, piece) == L2Action::ToTap {
                     // Whole again, in the switch: written from there.
                     let frame = l2.assembled();
                     let len = match l2.config().vlan {

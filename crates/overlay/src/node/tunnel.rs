@@ -142,7 +142,7 @@ impl Node {
             let checked = match parse_envelope(packet) {
                 Some(Envelope::Whole(frame)) => peer.accept_frame(frame, packet.len()),
                 // A piece of a larger frame: the switch checks its source once whole.
-                Some(Envelope::Fragment { .. }) => peer.accept_piece(packet.len()),
+                Some(Envelope::Fragment(_)) => peer.accept_piece(packet.len()),
                 None => return Received::PeerDropped(handle, PeerDropReason::BadPayload),
             };
             return match checked {

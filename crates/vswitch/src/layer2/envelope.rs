@@ -67,18 +67,21 @@ fn emit_ipv4(buf: &mut [u8], payload_len: usize, id: u16, offset: usize, more: b
 pub enum Envelope<'a> {
     /// A whole frame.
     Whole(&'a [u8]),
-    /// A piece of a frame too large for one tunnel packet: `payload` lies at byte
-    /// `offset` of the EtherIP header and frame.
-    Fragment {
-        /// The frame's identification (the sender's counter).
-        id: u16,
-        /// Where the piece lies.
-        offset: usize,
-        /// Whether pieces follow.
-        more: bool,
-        /// The piece.
-        payload: &'a [u8],
-    },
+    /// A piece of a frame too large for one tunnel packet.
+    Fragment(Piece<'a>),
+}
+
+/// A piece of a frame: `payload` lies at byte `offset` of the EtherIP header and frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece<'a> {
+    /// The frame's identification (the sender's counter).
+    pub id: u16,
+    /// Where the piece lies.
+    pub offset: usize,
+    /// Whether pieces follow.
+    pub more: bool,
+    /// The piece.
+    pub payload: &'a [u8],
 }
 
 /// Reads an envelope: protocol 97 from and to 0.0.0.0, an IPv4 header without options;
@@ -107,19 +110,19 @@ pub fn parse_envelope(packet: &[u8]) -> Option<Envelope<'_>> {
     if payload.is_empty() || (more && !payload.len().is_multiple_of(8)) {
         return None;
     }
-    Some(Envelope::Fragment {
+    Some(Envelope::Fragment(Piece {
         id: u16::from_be_bytes([header[4], header[5]]),
         offset,
         more,
         payload,
-    })
+    }))
 }
 
 /// The frame an envelope carries, if `packet` is a whole one.
 pub fn envelope_frame(packet: &[u8]) -> Option<&[u8]> {
     match parse_envelope(packet)? {
         Envelope::Whole(frame) => Some(frame),
-        Envelope::Fragment { .. } => None,
+        Envelope::Fragment(_) => None,
     }
 }
 

@@ -47,16 +47,8 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     /// it). Pieces must come in order; the whole frame, once there, must come from a MAC
     /// the member announced, and then goes as [`Layer2::handle_peer_frame`] says (a frame
     /// for the TAP is [`Layer2::assembled`]).
-    pub fn handle_peer_piece(
-        &mut self,
-        now: Instant,
-        from: P,
-        id: u16,
-        offset: usize,
-        more: bool,
-        payload: &[u8],
-    ) -> L2Action<P> {
-        let mut bytes = match self.gather(now, from, id, offset, more, payload) {
+    pub fn handle_peer_piece(&mut self, now: Instant, from: P, piece: Piece<'_>) -> L2Action<P> {
+        let mut bytes = match self.gather(now, from, piece) {
             Gathered::Held => return L2Action::Held,
             Gathered::Dropped => return self.reassembly_drop(),
             Gathered::Done(bytes) => bytes,
@@ -85,15 +77,13 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     }
 
     /// Adds a piece to its frame.
-    pub(super) fn gather(
-        &mut self,
-        now: Instant,
-        from: P,
-        id: u16,
-        offset: usize,
-        more: bool,
-        payload: &[u8],
-    ) -> Gathered {
+    pub(super) fn gather(&mut self, now: Instant, from: P, piece: Piece<'_>) -> Gathered {
+        let Piece {
+            id,
+            offset,
+            more,
+            payload,
+        } = piece;
         self.expire(now);
         let at = self
             .partials

@@ -303,12 +303,7 @@ fn deliver(sw: &mut Layer2<u32>, now: Instant, from: u32, packets: &[Vec<u8>]) -
     for p in packets {
         last = match parse_envelope(p).expect("an envelope") {
             Envelope::Whole(f) => sw.handle_peer_frame(now, from, f),
-            Envelope::Fragment {
-                id,
-                offset,
-                more,
-                payload,
-            } => sw.handle_peer_piece(now, from, id, offset, more, payload),
+            Envelope::Fragment(piece) => sw.handle_peer_piece(now, from, piece),
         };
     }
     last
