@@ -2,7 +2,7 @@
 # A layer-2 namespace against an IP one (issue 30, item 8): two interface members over one
 # veth, one TCP flow (iperf3) and 100 pings, round by round alternating
 #   ip          the default IP namespace (TAP offloads on)
-#   ip-nooff    the IP namespace with `offload = false` (as a layer-2 TAP opens)
+#   ip-nooff    the IP namespace with `offload = false` (what offloads are worth)
 #   l2          `layer = 2`: every frame in an EtherIP envelope, forwarded by MAC
 # and prints one line per round and variant, then the mean of each; then, in the layer-2
 # namespace, ARP_ROUNDS (50) resolutions of B by A, each after A's ARP cache is flushed:

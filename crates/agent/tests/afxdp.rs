@@ -51,63 +51,6 @@ fn status(bed: &Testbed, host: &Host, agent: &AgentHandle) -> Status {
     bed.status(host, agent).expect("status")
 }
 
-/// 100 MB of pseudo-random bytes from `from` to `to_vip` over TCP through the overlay;
-/// returns the two SHA-256 sums.
-fn transfer(bed: &mut Testbed, from: &Host, to: &Host, to_vip: Ipv4Addr) -> (String, String) {
-    let data = from.dir.join("data.bin");
-    let mut bytes = vec![0u8; 100 * 1000 * 1000];
-    let mut x: u64 = 0x2545f4914f6cdd1d ^ u64::from(std::process::id());
-    for chunk in bytes.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    std::fs::write(&data, &bytes).expect("data");
-    drop(bytes);
-    let out = to.dir.join("data.out");
-    let log = bed.dir().join("socat-tcp.log");
-    let receiver = bed
-        .spawn(
-            &to.ns,
-            "socat",
-            &[
-                "-u",
-                "TCP-LISTEN:5001,reuseaddr",
-                &format!("OPEN:{},creat,trunc", out.display()),
-            ],
-            &log,
-        )
-        .expect("receiver");
-    bed.ns(
-        &from.ns,
-        "timeout",
-        &[
-            "300",
-            "socat",
-            "-u",
-            &format!("OPEN:{}", data.display()),
-            &format!("TCP:{to_vip}:5001,retry=20,interval=0.2"),
-        ],
-    )
-    .expect("transfer");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while bed.is_running(receiver) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let sums = hyphae_testbed::run(
-        "sha256sum",
-        &[&data.display().to_string(), &out.display().to_string()],
-    )
-    .expect("sha256sum");
-    let sums = String::from_utf8_lossy(&sums.stdout).to_string();
-    let mut hashes = sums.lines().filter_map(|l| l.split_whitespace().next());
-    (
-        hashes.next().unwrap_or_default().to_string(),
-        hashes.next().unwrap_or_default().to_string(),
-    )
-}
-
 #[test]
 fn af_xdp_on_both_ends_carries_ping_and_100_mb_and_leaves_the_rest_to_the_kernel() {
     let (mut bed, hosts, secret) = two_hosts("xdp");
@@ -212,15 +155,14 @@ fn af_xdp_on_both_ends_carries_ping_and_100_mb_and_leaves_the_rest_to_the_kernel
     assert_eq!(answer, "udp-kernel-answered");
 
     // 100 MB through the tunnel arrive intact.
-    let (sent, received) = transfer(&mut bed, &hosts[0], &hosts[1], vip(2));
-    assert_eq!(sent.len(), 64, "no checksum of the sent file");
-    assert_eq!(sent, received, "the transfer arrived corrupted");
-    assert_eq!(
-        std::fs::metadata(hosts[1].dir.join("data.out"))
-            .expect("out")
-            .len(),
-        100 * 1000 * 1000
-    );
+    bed.tcp_transfer(
+        &hosts[0],
+        (&hosts[1], vip(2)),
+        5001,
+        100 * 1000 * 1000,
+        Duration::from_secs(300),
+    )
+    .expect("100 MB over TCP");
 
     // The datagrams took the AF_XDP path: 100 MB is over 70,000 tunnel datagrams, in
     // frames the sender built and the receiver's XDP program redirected.

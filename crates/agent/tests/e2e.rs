@@ -210,70 +210,16 @@ fn three_hosts_ping_transfer_and_stay_encrypted() {
     );
 
     // 100 MB over TCP through the overlay arrives intact.
-    let data = net.hosts[0].dir.join("data.bin");
-    let mut bytes = vec![0u8; 100 * 1000 * 1000];
-    let mut x: u64 = 0x2545f4914f6cdd1d ^ u64::from(std::process::id());
-    for chunk in bytes.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    std::fs::write(&data, &bytes).expect("data");
-    drop(bytes);
-    let out_path = net.hosts[1].dir.join("data.out");
-    let receiver = net
-        .bed
-        .spawn(
-            &h2,
-            "socat",
-            &[
-                "-u",
-                "TCP-LISTEN:5001,reuseaddr",
-                &format!("OPEN:{},creat,trunc", out_path.display()),
-            ],
-            &net.bed.dir().join("socat-tcp.log"),
-        )
-        .expect("receiver");
-    std::thread::sleep(Duration::from_millis(300));
+    let (from, to) = (net.hosts[0].clone(), net.hosts[1].clone());
     net.bed
-        .ns(
-            &h1,
-            "timeout",
-            &[
-                "300",
-                "socat",
-                "-u",
-                &format!("OPEN:{}", data.display()),
-                &format!("TCP:{}:5001,retry=20,interval=0.2", vip(2)),
-            ],
+        .tcp_transfer(
+            &from,
+            (&to, vip(2)),
+            5001,
+            100 * 1000 * 1000,
+            Duration::from_secs(300),
         )
-        .expect("transfer");
-    for _ in 0..100 {
-        if !net.bed.is_running(receiver) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let sums = hyphae_testbed::run(
-        "sha256sum",
-        &[&data.display().to_string(), &out_path.display().to_string()],
-    )
-    .expect("sha256sum");
-    let sums = String::from_utf8_lossy(&sums.stdout);
-    let hashes: Vec<&str> = sums
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    assert_eq!(hashes.len(), 2, "{sums}");
-    assert_eq!(
-        hashes[0], hashes[1],
-        "the transfer arrived corrupted: {sums}"
-    );
-    assert_eq!(
-        std::fs::metadata(&out_path).expect("out").len(),
-        100 * 1000 * 1000
-    );
+        .expect("100 MB over TCP");
 
     // Status reflects it: the receiver counted the bytes from host 1.
     let status = net.status(1);

@@ -67,6 +67,8 @@ for _ in range(int(sys.argv[1])):
         s.send(bytes.fromhex(h))
 ";
 
+const MB: usize = 1000 * 1000;
+
 fn ns_status(bed: &Testbed, host: &Host, agent: &AgentHandle) -> NamespaceStatus {
     bed.namespace_status(host, agent).expect("status")
 }
@@ -315,6 +317,30 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         "the replies: r1 {f1:?} r2 {f2:?}"
     );
     assert_eq!(f1.drops["reassembly"] + f2.drops["reassembly"], 0);
+
+    // Bulk TCP with TAP offloads: a1's kernel hands r1's TAP super-frames of full-size
+    // frames, cut there into frames that cross in pieces; r2 writes b1's TAP coalesced
+    // ones. The interface member's TAP does the same at its own MTU.
+    let (t1, t2) = (ns_status(&bed, &r1, &r1a), ns_status(&bed, &r2, &r2a));
+    bed.tcp_transfer(&a1, (&b1, B1), 5101, 20 * MB, Duration::from_secs(120))
+        .expect("a1 -> b1 over TCP");
+    bed.tcp_transfer(&i, (&a1, A1), 5102, 10 * MB, Duration::from_secs(120))
+        .expect("i -> a1 over TCP");
+    let (u1, u2) = (ns_status(&bed, &r1, &r1a), ns_status(&bed, &r2, &r2a));
+    let ui = ns_status(&bed, &i, &ia);
+    assert!(u1.offload && u2.offload && ui.offload, "offloads on");
+    assert!(
+        u1.super_frames > t1.super_frames,
+        "r1 cut super-frames: {u1:#?}"
+    );
+    assert!(ui.super_frames > 0, "i cut super-frames: {ui:#?}");
+    assert!(
+        u2.coalesced_writes > t2.coalesced_writes,
+        "r2 coalesced: {u2:#?}"
+    );
+    for s in [&u1, &u2, &ui] {
+        assert_eq!(s.drops.get("offload_malformed"), Some(&0), "{s:#?}");
+    }
 
     // A broadcast storm from a1: r1 floods at most its rate, drops the rest (counted),
     // and the sites keep reaching each other.

@@ -129,82 +129,6 @@ impl Site {
             .expect("mtu");
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
-
-    /// Sends `mb` MB of pseudo-random bytes from `from` to `to` at `addr` over TCP (socat
-    /// at both ends) and checks they arrive whole (sha256sum).
-    fn bulk_tcp(&mut self, from: &Host, (to, addr): (&Host, Ipv4Addr), mb: usize, port: u16) {
-        let data = from.dir.join("bulk.in");
-        let mut bytes = vec![0u8; mb * 1000 * 1000];
-        let mut x: u64 = 0x9e3779b97f4a7c15 ^ u64::from(port);
-        for chunk in bytes.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-        }
-        std::fs::write(&data, &bytes).expect("data");
-        drop(bytes);
-        let out_path = to.dir.join(format!("bulk-{port}.out"));
-        let log = self.bed.dir().join(format!("socat-{port}.log"));
-        let receiver = self
-            .bed
-            .spawn(
-                &to.ns,
-                "socat",
-                &[
-                    "-u",
-                    &format!("TCP-LISTEN:{port},reuseaddr"),
-                    &format!("OPEN:{},creat,trunc", out_path.display()),
-                ],
-                &log,
-            )
-            .expect("receiver");
-        let sent = self
-            .bed
-            .ns_output(
-                &from.ns,
-                "timeout",
-                &[
-                    "60",
-                    "socat",
-                    "-u",
-                    &format!("OPEN:{}", data.display()),
-                    &format!("TCP:{addr}:{port},retry=20,interval=0.2"),
-                ],
-            )
-            .expect("sender");
-        assert!(
-            sent.status.success(),
-            "transfer from {} failed: {}",
-            from.name,
-            String::from_utf8_lossy(&sent.stderr)
-        );
-        for _ in 0..100 {
-            if !self.bed.is_running(receiver) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let sums = hyphae_testbed::run(
-            "sha256sum",
-            &[&data.display().to_string(), &out_path.display().to_string()],
-        )
-        .expect("sha256sum");
-        let sums = String::from_utf8_lossy(&sums.stdout);
-        let hashes: Vec<&str> = sums
-            .lines()
-            .filter_map(|l| l.split_whitespace().next())
-            .collect();
-        assert_eq!(hashes.len(), 2, "{sums}");
-        assert_eq!(
-            hashes[0], hashes[1],
-            "the transfer arrived corrupted: {sums}"
-        );
-        assert_eq!(
-            std::fs::metadata(&out_path).expect("out").len(),
-            (mb * 1000 * 1000) as u64
-        );
-    }
 }
 
 /// What a host at MTU 1500 sees of a 1420-byte tunnel: TCP with a clamped MSS,
@@ -234,7 +158,15 @@ fn full_size_traffic_works(
     // Bulk TCP first, while the host knows no smaller path MTU (afterwards its SYNs would
     // advertise the learned one): its SYN's MSS 1460 is clamped to 1380, every segment fits.
     let before = site.ns_status(agent);
-    site.bulk_tcp(host, (to, addr), 20, port);
+    site.bed
+        .tcp_transfer(
+            host,
+            (to, addr),
+            port,
+            20 * 1000 * 1000,
+            Duration::from_secs(60),
+        )
+        .expect("bulk TCP");
     let s = site.ns_status(agent);
     assert!(s.mss_clamped > before.mss_clamped, "no SYN clamped");
     // The TAP is a bridge port with offloads: the LAN host's TSO super-frames cross the

@@ -25,77 +25,10 @@ fn vip(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 201, 0, 10 + i)
 }
 
-/// Sends `len` pseudo-random bytes from `from` to `to` (at `to_vip`) over TCP with socat and
-/// asserts they arrived intact.
-fn transfer(bed: &mut Testbed, from: &Host, to: &Host, to_vip: Ipv4Addr, port: u16, len: usize) {
-    let data = from.dir.join(format!("data-{port}.bin"));
-    let mut bytes = vec![0u8; len];
-    let mut x: u64 = 0x2545f4914f6cdd1d ^ u64::from(port);
-    for chunk in bytes.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    std::fs::write(&data, &bytes).expect("data");
-    drop(bytes);
-    let out = to.dir.join(format!("data-{port}.out"));
-    let log = bed.dir().join(format!("socat-{port}.log"));
-    let receiver = bed
-        .spawn(
-            &to.ns,
-            "socat",
-            &[
-                "-u",
-                &format!("TCP-LISTEN:{port},reuseaddr"),
-                &format!("OPEN:{},creat,trunc", out.display()),
-            ],
-            &log,
-        )
-        .expect("receiver");
-    std::thread::sleep(Duration::from_millis(300));
-    let sent = bed
-        .ns(
-            &from.ns,
-            "timeout",
-            &[
-                "120",
-                "socat",
-                "-u",
-                &format!("OPEN:{}", data.display()),
-                &format!("TCP:{to_vip}:{port},retry=20,interval=0.2"),
-            ],
-        )
-        .expect("sender");
-    assert!(
-        sent.status.success(),
-        "{} -> {}: socat failed",
-        from.name,
-        to.name
-    );
-    for _ in 0..100 {
-        if !bed.is_running(receiver) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let sums = hyphae_testbed::run(
-        "sha256sum",
-        &[&data.display().to_string(), &out.display().to_string()],
-    )
-    .expect("sha256sum");
-    let sums = String::from_utf8_lossy(&sums.stdout);
-    let hashes: Vec<&str> = sums
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    assert_eq!(hashes.len(), 2, "{sums}");
-    assert_eq!(
-        hashes[0], hashes[1],
-        "{} -> {}: corrupted: {sums}",
-        from.name, to.name
-    );
-    assert_eq!(std::fs::metadata(&out).expect("out").len(), len as u64);
+/// `len` bytes from `from` to `to` over TCP, arriving whole.
+fn transfer(bed: &mut Testbed, from: &Host, to: (&Host, Ipv4Addr), port: u16, len: usize) {
+    bed.tcp_transfer(from, to, port, len, Duration::from_secs(120))
+        .expect("TCP transfer");
 }
 
 fn status_text(bed: &Testbed, host: &Host, agent: &AgentHandle) -> String {
@@ -135,7 +68,7 @@ fn super_frames_are_segmented_and_coalesced_and_offload_off_interoperates() {
 
     // Offloads on at both ends: h1's kernel hands its TAP super-frames, h2's takes
     // coalesced ones.
-    transfer(&mut bed, &hosts[0], &hosts[1], vip(2), 5001, 40 * MB);
+    transfer(&mut bed, &hosts[0], (&hosts[1], vip(2)), 5001, 40 * MB);
     let h1 = bed
         .namespace_status(&hosts[0], &agents[0])
         .expect("status h1");
@@ -195,8 +128,8 @@ fn super_frames_are_segmented_and_coalesced_and_offload_off_interoperates() {
     );
 
     // `offload = false` on h3: plain frames both ways, to and from an agent with offloads.
-    transfer(&mut bed, &hosts[0], &hosts[2], vip(3), 5002, 20 * MB);
-    transfer(&mut bed, &hosts[2], &hosts[0], vip(1), 5003, 20 * MB);
+    transfer(&mut bed, &hosts[0], (&hosts[2], vip(3)), 5002, 20 * MB);
+    transfer(&mut bed, &hosts[2], (&hosts[0], vip(1)), 5003, 20 * MB);
     let h3 = bed
         .namespace_status(&hosts[2], &agents[2])
         .expect("status h3");

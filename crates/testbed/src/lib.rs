@@ -21,6 +21,7 @@ pub mod history;
 pub mod hostile;
 pub mod insider;
 mod lan;
+mod traffic;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -258,55 +259,6 @@ impl Testbed {
         let mut full = vec!["netns", "exec", ns, program];
         full.extend_from_slice(args);
         run("ip", &full)
-    }
-
-    /// The kernel's count of UDP datagrams with a bad checksum in `ns` (`InCsumErrors` in
-    /// `/proc/net/snmp`).
-    pub fn udp_checksum_errors(&self, ns: &str) -> Result<u64> {
-        let out = self.ns(ns, "cat", &["/proc/net/snmp"])?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
-        let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
-            bail!("no Udp counters in {ns}'s /proc/net/snmp");
-        };
-        names
-            .split_whitespace()
-            .zip(values.split_whitespace())
-            .find(|(n, _)| *n == "InCsumErrors")
-            .and_then(|(_, v)| v.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("no InCsumErrors in {ns}'s /proc/net/snmp"))
-    }
-
-    /// Sends a UDP stream with iperf3 from `from` to `to` (at `address`, port `port`):
-    /// datagrams of `len` bytes at `rate` (iperf3's `-b`) for `secs` seconds. Returns the
-    /// datagrams sent and those the receiver counted lost.
-    pub fn udp_stream(
-        &mut self,
-        from: &Host,
-        to: &Host,
-        address: Ipv4Addr,
-        port: u16,
-        (rate, len, secs): (&str, usize, u32),
-    ) -> Result<(u64, u64)> {
-        let port = port.to_string();
-        let log = to.dir.join(format!("iperf3-udp-{port}.log"));
-        self.spawn(&to.ns, "iperf3", &["-s", "-1", "-p", &port], &log)?;
-        std::thread::sleep(Duration::from_millis(300));
-        let (address, len, secs) = (address.to_string(), len.to_string(), secs.to_string());
-        let out = self.ns(
-            &from.ns,
-            "iperf3",
-            &[
-                "-c", &address, "-p", &port, "-u", "-b", rate, "-l", &len, "-t", &secs, "-J",
-            ],
-        )?;
-        let report: serde_json::Value =
-            serde_json::from_slice(&out.stdout).context("iperf3 -J output")?;
-        let sum = &report["end"]["sum"];
-        match (sum["packets"].as_u64(), sum["lost_packets"].as_u64()) {
-            (Some(packets), Some(lost)) => Ok((packets, lost)),
-            _ => bail!("no UDP result from iperf3: {report}"),
-        }
     }
 
     /// Runs a command inside `ns` and returns its output whatever the exit status.

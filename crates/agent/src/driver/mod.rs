@@ -388,8 +388,8 @@ impl Control {
                 tap: tap_mac,
                 device: device_mac,
             },
-            // A layer-2 namespace carries frames as they are: no super-frames to cut.
-            self.offload && !cfg.layer2,
+            // A trunk's frames carry tags, which super-frames are not cut through.
+            self.offload && cfg.vlan.is_none(),
             self.workers.len(),
         )?;
         let keys = NamespaceKeys::derive(&cfg.name, &cfg.secret);
