@@ -688,6 +688,9 @@ pub struct PeerStatus {
     pub rtt_ms: Option<f64>,
     /// Virtual addresses it announced.
     pub addresses: Vec<String>,
+    /// A layer-2 namespace: the MACs it announced (its device's, or its LAN's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub macs: Vec<String>,
     /// The host name its first address carries in the namespace zone (`NAME.NAMESPACE`),
     /// as last read from the DHT (at most a minute ago); none if it has none or it is
     /// being read.

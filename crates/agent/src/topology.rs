@@ -4,7 +4,8 @@
 use serde::Serialize;
 
 use crate::control::{
-    CapStatus, LanPortStatus, NamespaceStatus, PeerStatus, RateStatus, ShareStatus, Status,
+    CapStatus, LanPortStatus, Layer2Status, NamespaceStatus, PeerStatus, RateStatus, ShareStatus,
+    Status,
 };
 
 /// Every namespace with this member and the members it has a tunnel with.
@@ -24,7 +25,7 @@ struct Namespace {
     address: String,
     hostname: Option<String>,
     /// Members with a live tunnel: a session younger than [`SESSION_LIFETIME_SECS`] and
-    /// at least one address announced.
+    /// at least one address (a layer-2 namespace: MAC) announced.
     members: Vec<Member>,
     /// The other tunnels: a member just found (no handshake yet), one that left (it
     /// announced no address), or one silent since its session expired.
@@ -47,12 +48,19 @@ struct Namespace {
     hairpinned: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     lan_ports: Vec<LanPortStatus>,
+    /// A layer-2 namespace: its MAC table (the MACs on this side, how many members
+    /// announced, moves, floods, suppressed ARP, drops).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layer2: Option<Layer2Status>,
 }
 
 #[derive(Debug, Serialize)]
 struct Member {
     identity: String,
     addresses: Vec<String>,
+    /// A layer-2 namespace: the MACs it announced.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    macs: Vec<String>,
     /// Its host name in the namespace zone, if it has one.
     name: Option<String>,
     /// `direct` or `relayed`.
@@ -102,6 +110,7 @@ impl From<&NamespaceStatus> for Namespace {
             lan_port_mode: ns.lan_port_mode.clone(),
             hairpinned: ns.hairpinned,
             lan_ports: ns.lan_ports.clone(),
+            layer2: ns.layer2.clone(),
         }
     }
 }
@@ -110,11 +119,12 @@ impl From<&NamespaceStatus> for Namespace {
 /// nothing, and a live member (keepalives every 25 s) has rekeyed well before.
 const SESSION_LIFETIME_SECS: f64 = 180.0;
 
-/// Whether a tunnel stands for a member that is there now (see [`Namespace::members`]).
+/// Whether a tunnel stands for a member that is there now (see [`Namespace::members`]):
+/// in a layer-2 namespace, one that announced a MAC.
 fn is_live(p: &PeerStatus) -> bool {
     p.handshake_age_secs
         .is_some_and(|age| age < SESSION_LIFETIME_SECS)
-        && !p.addresses.is_empty()
+        && !(p.addresses.is_empty() && p.macs.is_empty())
 }
 
 impl From<&PeerStatus> for Member {
@@ -128,6 +138,7 @@ impl From<&PeerStatus> for Member {
         Self {
             identity: p.identity.clone(),
             addresses: p.addresses.clone(),
+            macs: p.macs.clone(),
             name: p.name.clone(),
             path: p.path.clone(),
             via,

@@ -122,7 +122,7 @@ fn router(
     bed.plug(&lan, &host.ns, "eth1", 1500).unwrap();
     let cfg = format!(
         "{}{}",
-        agent_section(&host),
+        agent_section(&host).replacen("[agent]\n", "[agent]\nmetrics = \"127.0.0.1:9464\"\n", 1),
         lab_namespace(
             secret,
             SUBNET,
@@ -257,6 +257,56 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         bed.neighbour(&a1, B1).unwrap().as_deref(),
         Some(b1_mac.as_str()),
         "a1 learned b1's own MAC"
+    );
+
+    // The topology page has the MAC table: a1's MAC here, b1's at r2's row.
+    let out = bed
+        .ns_output(
+            &r1.ns,
+            "curl",
+            &[
+                "-s",
+                "--max-time",
+                "10",
+                "http://127.0.0.1:9464/topology.json",
+            ],
+        )
+        .unwrap();
+    let topology: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ns = &topology["namespaces"][0];
+    let here = ns["layer2"]["macs"].as_array().cloned().unwrap_or_default();
+    assert!(here.iter().any(|m| m == &a1_mac), "{ns}");
+    let members = ns["members"].as_array().cloned().unwrap_or_default();
+    assert_eq!(members.len(), 2, "r2 and i are live members: {ns}");
+    assert!(
+        members.iter().any(|m| m["macs"]
+            .as_array()
+            .is_some_and(|macs| macs.iter().any(|x| x == &b1_mac))),
+        "r2's row shows b1's MAC: {ns}"
+    );
+    assert!(ns["layer2"]["arp_suppressed"].as_u64() >= Some(1), "{ns}");
+    // And a real browser renders it: the MAC-table line and b1's MAC in r2's row.
+    let profile = bed.dir().join("chromium");
+    let out = bed
+        .ns_output(
+            &r1.ns,
+            "chromium",
+            &[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                &format!("--user-data-dir={}", profile.display()),
+                "--virtual-time-budget=3000",
+                "--dump-dom",
+                "http://127.0.0.1:9464/",
+            ],
+        )
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("layer 2 · ") && dom.contains("ARP answered here") && dom.contains(&b1_mac),
+        "the page: {dom}"
     );
 
     // Frames no IP stack sends: a raw EtherType and an 802.1Q-tagged one (VLAN 100, with

@@ -296,6 +296,11 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         macs
     }
 
+    /// The MACs `peer` announced last (none if it announced none).
+    pub fn peer_macs(&self, peer: P) -> &[Mac] {
+        self.announced.get(&peer).map_or(&[], Vec::as_slice)
+    }
+
     /// How many MACs members announced (that this switch keeps).
     pub fn remote_count(&self) -> usize {
         self.remote.len()

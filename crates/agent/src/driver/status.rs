@@ -56,6 +56,7 @@ struct PeerSnapshot {
     relayed_via: Option<PeerId>,
     rtt: Option<Duration>,
     addresses: Vec<Ipv4Addr>,
+    macs: Vec<hyphae_vswitch::Mac>,
     handshake_age: Option<Duration>,
     shards: usize,
     stats: PeerStats,
@@ -120,6 +121,12 @@ impl DataStatus {
                     relayed_via: p.relayed_via,
                     rtt: p.rtt,
                     addresses: p.addresses.to_vec(),
+                    macs: dp
+                        .lanes
+                        .get(p.ns.0)
+                        .and_then(|l| l.l2.as_ref())
+                        .map(|l2| l2.peer_macs(p.handle).to_vec())
+                        .unwrap_or_default(),
                     handshake_age: p.handshake_age,
                     shards: p.shards,
                     stats: p.stats.clone(),
@@ -339,6 +346,7 @@ impl Control {
                 relay_addresses,
                 rtt_ms: p.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
+                macs: p.macs.iter().map(mac_text).collect(),
                 // Only a name a member may hold is shown, as the DNS answers it.
                 name: p.addresses.first().and_then(|a| {
                     let name = self.namespaces[p.ns].membership.member_name(*a)?;
