@@ -354,9 +354,12 @@ fn build_tap(
         ),
         _ => anyhow::anyhow!("namespace '{}': cannot create TAP {name}: {e}", ns.name),
     })?;
-    // The overlay carries IPv4; keep the kernel's IPv6 chatter (router solicitations, DAD)
-    // off the device. Best effort: IPv6 may be disabled host-wide already.
-    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+    // An IP namespace carries IPv4: keep the kernel's IPv6 chatter (router solicitations,
+    // DAD) off the device. Best effort: IPv6 may be disabled host-wide already. A layer-2
+    // namespace carries every frame, IPv6 among them.
+    if !ns.layer2 {
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+    }
     device
         .set_nonblocking(true)
         .context("setting the TAP non-blocking")?;

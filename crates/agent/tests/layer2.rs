@@ -27,6 +27,10 @@ const SUBNET: &str = "10.202.0.0/16";
 const I_ADDR: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 31);
 const A1: Ipv4Addr = Ipv4Addr::new(10, 202, 1, 10);
 const B1: Ipv4Addr = Ipv4Addr::new(10, 202, 2, 10);
+/// IPv6 addresses of the same hosts: a layer-2 namespace carries IPv6 as it is.
+const I6: &str = "fd00:202::31";
+const A16: &str = "fd00:202::1:10";
+const B16: &str = "fd00:202::2:10";
 /// Broadcast, multicast and unknown-unicast frames a second each way (and the burst).
 const FLOOD_RATE: u32 = 100;
 
@@ -96,6 +100,24 @@ fn mac_of(bed: &Testbed, host: &Host) -> String {
         .ns_output(&host.ns, "cat", &["/sys/class/net/eth0/address"])
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `count` IPv6 pings from `from` to `to`, all answered.
+fn pings6(bed: &Testbed, from: &Host, to: &str, count: u32) -> Result<(), String> {
+    let n = count.to_string();
+    let out = bed
+        .ns_output(
+            &from.ns,
+            "ping",
+            &["-6", "-c", &n, "-i", "0.2", "-W", "2", to],
+        )
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.contains(&format!(" {count} received")) {
+        Ok(())
+    } else {
+        Err(format!("{} -> {to}: {text}", from.name))
+    }
 }
 
 fn pings(bed: &Testbed, from: &Host, to: Ipv4Addr, count: u32) -> Result<(), String> {
@@ -257,6 +279,49 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         bed.neighbour(&a1, B1).unwrap().as_deref(),
         Some(b1_mac.as_str()),
         "a1 learned b1's own MAC"
+    );
+
+    // IPv6 crosses as any frame does, and neighbour solicitations are suppressed as ARP
+    // is: once b1's advertisement has crossed, a1 resolving b1 again is answered at r1
+    // with b1's own advertisement. The interface member's device speaks IPv6 too.
+    for (host, dev, addr) in [(&a1, "eth0", A16), (&b1, "eth0", B16), (&i, "hyl0", I6)] {
+        bed.ns(
+            &host.ns,
+            "ip",
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ],
+        )
+        .unwrap();
+    }
+    eventually("a1 pings b1 over IPv6", Duration::from_secs(20), || {
+        pings6(&bed, &a1, B16, 1)
+    });
+    eventually("i pings b1 over IPv6", Duration::from_secs(20), || {
+        pings6(&bed, &i, B16, 1)
+    });
+    let before = layer2(&bed, &r1, &r1a);
+    bed.ns(&a1.ns, "ip", &["-6", "neigh", "flush", "dev", "eth0"])
+        .unwrap();
+    pings6(&bed, &a1, B16, 1).expect("a1 -> b1 over IPv6 after its cache was flushed");
+    let after = layer2(&bed, &r1, &r1a);
+    assert!(
+        after.nd_suppressed > before.nd_suppressed && after.nd_flooded == before.nd_flooded,
+        "resolved at r1, nothing flooded: before {before:?} after {after:?}"
+    );
+    let neighbour = bed
+        .ns_output(&a1.ns, "ip", &["-6", "neigh", "show", B16])
+        .unwrap();
+    let neighbour = String::from_utf8_lossy(&neighbour.stdout);
+    assert!(
+        neighbour.contains(&b1_mac),
+        "a1 learned b1's own MAC: {neighbour}"
     );
 
     // The topology page has the MAC table: a1's MAC here, b1's at r2's row.

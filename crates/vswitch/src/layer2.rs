@@ -36,12 +36,11 @@
 //! input; tables are bounded ([`MAX_MACS`]), and what does not fit is counted.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use crate::wire::{
-    emit_arp_reply, ArpPacket, Mac, ARP_LEN, ARP_REQUEST, ETHERTYPE_ARP, ETH_HEADER_LEN,
-};
+use crate::ndp::ADVERTISEMENT_FRAME_LEN;
+use crate::wire::{emit_arp_reply, ArpPacket, Mac, ARP_REQUEST, ETHERTYPE_ARP, ETH_HEADER_LEN};
 
 /// Most MACs one switch learns on its own side, and most it keeps of all members'
 /// announcements; beyond, new ones are not learned (counted).
@@ -51,7 +50,8 @@ pub const MAX_MACS: usize = 4096;
 /// default ageing time, 802.1D).
 pub const MAC_AGE: Duration = Duration::from_secs(300);
 
-/// Most addresses one member's host (one MAC) may be bound to for ARP suppression.
+/// Most addresses one member's host (one MAC) may be bound to for ARP and neighbour
+/// suppression: an IPv4 address, IPv6 link-local, stable and temporary ones.
 pub const MAX_BINDINGS_PER_MAC: usize = 8;
 
 /// A MAC that moves from a member to this side is learned here at most this often.
@@ -108,8 +108,9 @@ pub enum L2Action<P> {
     Flood,
     /// Write the frame to the TAP (a reassembled one: [`Layer2::assembled`]).
     ToTap,
-    /// An ARP request for a member's host, answered here: write [`Layer2::answer`] to the
-    /// TAP, and send nothing to the members (EVPN's ARP suppression).
+    /// An ARP request or IPv6 neighbour solicitation for a member's host, answered here:
+    /// write [`Layer2::answer`] to the TAP, and send nothing to the members (EVPN's ARP
+    /// and ND suppression).
     Answer,
     /// A piece of a frame, kept until the rest arrives.
     Held,
@@ -209,6 +210,10 @@ pub struct L2Counters {
     pub arp_suppressed: u64,
     /// ARP requests flooded to the members (no binding known for their target).
     pub arp_flooded: u64,
+    /// IPv6 neighbour solicitations answered here from members' hosts' advertisements.
+    pub nd_suppressed: u64,
+    /// Neighbour solicitations flooded to the members (no binding known).
+    pub nd_flooded: u64,
     /// Drops by reason, in [`L2Drop::ALL`] order.
     pub drops: [u64; 9],
 }
@@ -244,11 +249,13 @@ pub struct Layer2<P> {
     assembled: Vec<u8>,
     /// Identification of the next frame sent in pieces.
     next_id: u16,
-    /// Members' hosts' addresses and MACs, from their ARP packets (sender fields, from the
-    /// frame's own source MAC), and when last heard.
-    bindings: HashMap<Ipv4Addr, (Mac, Instant)>,
-    /// The last ARP answer built ([`L2Action::Answer`]).
-    answer: [u8; ETH_HEADER_LEN + ARP_LEN],
+    /// Members' hosts' addresses and MACs, from their ARP packets and neighbour
+    /// advertisements (for themselves, from the frame's own source MAC).
+    bindings: HashMap<IpAddr, Binding>,
+    /// The last answer built ([`L2Action::Answer`]), the longer of an ARP reply and a
+    /// neighbour advertisement, and its length.
+    answer: [u8; ADVERTISEMENT_FRAME_LEN],
+    answer_len: usize,
     counters: L2Counters,
 }
 
@@ -274,7 +281,8 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             assembled: Vec::new(),
             next_id: 0,
             bindings: HashMap::new(),
-            answer: [0; ETH_HEADER_LEN + ARP_LEN],
+            answer: [0; ADVERTISEMENT_FRAME_LEN],
+            answer_len: 0,
             counters: L2Counters::default(),
         }
     }
@@ -411,11 +419,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         if !self.learn(now, src) {
             return L2Action::Drop(L2Drop::Conflict);
         }
-        // An address a host on this side speaks for is not a member's host's any more (a
-        // failover, a new lease): never answered from a member's old binding.
-        if let Some(arp) = arp_packet(frame) {
-            self.bindings.remove(&arp.sender_ip());
-        }
+        self.unbind_local(frame);
         if frame.len() > MAX_FRAME {
             return L2Action::Drop(L2Drop::TooBig);
         }
@@ -430,7 +434,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
                 return L2Action::Drop(L2Drop::Local);
             }
         }
-        let request = arp_request(frame);
+        let request = request(frame);
         if let Some(request) = request {
             if self.suppress(now, request) {
                 return L2Action::Answer;
@@ -439,8 +443,8 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         if !self.out.take(self.config.flood_rate, now) {
             return L2Action::Drop(L2Drop::FloodRateLimited);
         }
-        if request.is_some() {
-            self.counters.arp_flooded += 1;
+        if let Some(request) = request {
+            self.count_flooded(request);
         }
         if is_group(dst) {
             self.counters.floods_out += 1;
@@ -597,13 +601,13 @@ fn is_group(mac: Mac) -> bool {
     mac[0] & 1 == 1
 }
 
-mod arp;
 mod envelope;
+mod neighbours;
 mod reassembly;
 mod vlan;
 
 use crate::switch::broadcast::Bucket;
-use arp::{arp_packet, arp_request};
+use neighbours::{request, Binding};
 use reassembly::Partial;
 
 pub use envelope::*;

@@ -58,6 +58,7 @@
 
 pub mod layer2;
 pub mod mtu;
+pub mod ndp;
 pub mod offload;
 pub mod policy;
 pub mod qos;

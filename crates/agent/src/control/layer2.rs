@@ -44,6 +44,11 @@ pub struct Layer2Status {
     pub arp_suppressed: u64,
     /// ARP requests from this side flooded to the members (no binding known).
     pub arp_flooded: u64,
+    /// IPv6 neighbour solicitations from this side answered here (a member's host holds
+    /// the target, as its own advertisement said), not flooded.
+    pub nd_suppressed: u64,
+    /// Neighbour solicitations from this side flooded to the members (no binding known).
+    pub nd_flooded: u64,
     /// Frames dropped, by reason.
     pub drops: BTreeMap<String, u64>,
 }

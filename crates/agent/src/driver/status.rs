@@ -579,6 +579,8 @@ fn layer2_status(
         reassembled: c.reassembled,
         arp_suppressed: c.arp_suppressed,
         arp_flooded: c.arp_flooded,
+        nd_suppressed: c.nd_suppressed,
+        nd_flooded: c.nd_flooded,
         drops: L2Drop::ALL
             .iter()
             .map(|r| (r.as_str().to_string(), c.dropped(*r)))

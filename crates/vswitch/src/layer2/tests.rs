@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::wire::ARP_LEN;
 
 const DEVICE: Mac = [0x02, 0, 0, 0, 0, 1];
 const LAN_A: Mac = [0x02, 0, 0, 0, 0, 0x0a];
@@ -641,4 +642,73 @@ fn only_the_ethertypes_listed_cross_either_way() {
         t0,
     );
     assert_eq!(llc.handle_tap_frame(t0, &bpdu), L2Action::Flood);
+}
+
+fn v6(s: &str) -> std::net::Ipv6Addr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn neighbour_solicitations_for_a_members_host_are_answered_here_and_not_flooded() {
+    use crate::ndp::{self, emit_advertisement, emit_solicitation, ADVERTISEMENT_FRAME_LEN};
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    sw.set_peer_macs(t0, 1, &[FAR]);
+    let (a, far) = (v6("fd00::a"), v6("fd00::f0"));
+    let mut request = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_solicitation(&mut request, (a, LAN_A), far).unwrap();
+    // Nothing known: flooded; the far host's advertisement teaches the binding.
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+    let mut reply = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_advertisement(&mut reply, (far, FAR), (a, LAN_A), true).unwrap();
+    assert_eq!(sw.handle_peer_frame(t0, 1, &reply), L2Action::ToTap);
+    // The next resolution stays here, answered as the far host answered (R flag too).
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Answer);
+    assert_eq!(sw.answer(), &reply[..], "the far host's own advertisement");
+    assert_eq!(
+        (sw.counters().nd_suppressed, sw.counters().nd_flooded),
+        (1, 1)
+    );
+    assert_eq!(sw.counters().arp_suppressed + sw.counters().arp_flooded, 0);
+    // A duplicate address probe (from ::) must reach the holder: flooded.
+    let mut dad = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_solicitation(&mut dad, (std::net::Ipv6Addr::UNSPECIFIED, LAN_A), far).unwrap();
+    let dad = strip_option(&dad);
+    assert!(ndp::parse(&dad).is_some());
+    assert_eq!(sw.handle_tap_frame(t0, &dad), L2Action::Flood);
+    // An advertisement whose link-layer address is not the frame's source teaches nothing.
+    sw.set_peer_macs(t0, 1, &[FAR, FAR2]);
+    let other = v6("fd00::f2");
+    let mut lying = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_advertisement(&mut lying, (other, FAR2), (a, LAN_A), false).unwrap();
+    lying[6..12].copy_from_slice(&FAR);
+    sw.handle_peer_frame(t0, 1, &lying);
+    let mut ask_other = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_solicitation(&mut ask_other, (a, LAN_A), other).unwrap();
+    assert_eq!(sw.handle_tap_frame(t0, &ask_other), L2Action::Flood);
+    // A host on this side advertising the address (a failover): flooded from then on.
+    let mut takeover = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_advertisement(&mut takeover, (far, LAN_B), (a, LAN_A), false).unwrap();
+    sw.handle_tap_frame(t0, &takeover);
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+    // Stale, or its MAC no longer a member's: flooded.
+    sw.handle_peer_frame(t0, 1, &reply);
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Answer);
+    assert_eq!(sw.handle_tap_frame(t0 + MAC_AGE, &request), L2Action::Flood);
+    sw.handle_peer_frame(t0, 1, &reply);
+    sw.set_peer_macs(t0, 1, &[]);
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+}
+
+/// A solicitation from `::` as a kernel sends it: no link-layer option, checksum redone.
+fn strip_option(ns: &[u8]) -> Vec<u8> {
+    let mut f = ns[..ns.len() - 8].to_vec();
+    f[18..20].copy_from_slice(&24u16.to_be_bytes());
+    f[56..58].fill(0);
+    let mut pseudo = f[22..54].to_vec();
+    pseudo.extend_from_slice(&[0, 0, 0, 24, 0, 0, 0, 58]);
+    pseudo.extend_from_slice(&f[54..]);
+    let sum = !crate::udp::checksum(0, &pseudo);
+    f[56..58].copy_from_slice(&sum.to_be_bytes());
+    f
 }
