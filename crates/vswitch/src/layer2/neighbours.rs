@@ -171,8 +171,8 @@ pub(super) fn request(frame: &[u8]) -> Option<Request> {
         return None;
     };
     let mac = link.or_else(|| frame.get(6..12).and_then(|s| <Mac>::try_from(s).ok()))?;
-    (!nd.source.is_unspecified() && nd.destination.is_multicast() && nd.source != target).then(
-        || Request::Neighbour {
+    (!nd.source.is_unspecified() && nd.destination.is_multicast() && nd.source != target).then_some(
+        Request::Neighbour {
             mac,
             ip: nd.source,
             target,
