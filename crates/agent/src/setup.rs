@@ -354,10 +354,11 @@ fn build_tap(
         ),
         _ => anyhow::anyhow!("namespace '{}': cannot create TAP {name}: {e}", ns.name),
     })?;
-    // An IP namespace carries IPv4: keep the kernel's IPv6 chatter (router solicitations,
-    // DAD) off the device. Best effort: IPv6 may be disabled host-wide already. A layer-2
-    // namespace carries every frame, IPv6 among them.
-    if !ns.layer2 {
+    // An IP namespace carries IPv4, and a bridge port speaks for no one: keep the kernel's
+    // IPv6 chatter (router solicitations, DAD) off the device. Best effort: IPv6 may be
+    // disabled host-wide already. A layer-2 interface member's device carries every frame,
+    // IPv6 among them.
+    if !(ns.layer2 && ns.mode == Mode::Interface) {
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
     }
     device
