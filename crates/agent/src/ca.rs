@@ -240,7 +240,8 @@ pub fn sign_policy(ca: &Path, file: &Path, out: Option<PathBuf>) -> Result<Strin
     let (namespace, key) = read_key(ca)?;
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let policy = crate::config::compile_policy(&text, true, &format!("policy {}", file.display()))?;
+    let policy =
+        crate::config::compile_policy(&text, true, None, &format!("policy {}", file.display()))?;
     if policy.version() == 0 {
         bail!(
             "policy {}: give it `version = 1` or higher: members take a signed policy only if its version is newer than the one they hold",

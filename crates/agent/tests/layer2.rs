@@ -130,12 +130,13 @@ fn pings(bed: &Testbed, from: &Host, to: Ipv4Addr, count: u32) -> Result<(), Str
     }
 }
 
-/// A router site: its LAN, its host and its agent in the layer-2 namespace.
+/// A router site: its LAN, its host and its agent in the layer-2 namespace (its section
+/// ending with `extra`).
 fn router(
     bed: &mut Testbed,
     secret: &Path,
-    name: &str,
-    underlay: u8,
+    (name, underlay): (&str, u8),
+    extra: &str,
 ) -> (String, Host, AgentHandle) {
     let lan = bed.add_lan(&format!("lan{name}")).unwrap();
     let host = bed
@@ -150,7 +151,7 @@ fn router(
             SUBNET,
             Some(Ipv4Addr::new(10, 200, 0, 1)),
             &format!(
-                "layer = 2\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\nbroadcast_rate = {FLOOD_RATE}\n"
+                "layer = 2\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\nbroadcast_rate = {FLOOD_RATE}\n{extra}"
             ),
         )
     );
@@ -220,8 +221,8 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         )
     );
     let ia = bed.start_agent(&i, &cfg).unwrap();
-    let (lan1, r1, r1a) = router(&mut bed, &secret, "r1", 2);
-    let (lan2, r2, r2a) = router(&mut bed, &secret, "r2", 3);
+    let (lan1, r1, r1a) = router(&mut bed, &secret, ("r1", 2), "");
+    let (lan2, r2, r2a) = router(&mut bed, &secret, ("r2", 3), "");
     let a1 = bed
         .add_lan_host(&lan1, "a1", &format!("{A1}/16"), 1500)
         .unwrap();
@@ -708,4 +709,99 @@ fn two_vlans_on_one_trunk_are_two_namespaces_that_never_meet() {
     );
     assert!(red2.drops["other_vlan"] > 0 && blue2.drops["other_vlan"] > 0);
     let _ = lan2;
+}
+
+#[test]
+fn a_policy_decides_frames_by_ethertype_at_both_ends() {
+    require_root();
+    let mut bed = Testbed::new("l2pol", Path::new(BIN)).unwrap();
+    let secret = bed.dir().join("secret");
+    hyphae_testbed::write_secret(&secret, "layer-two-secret").unwrap();
+    // IPv4 and ARP only, between any members; everything else denied.
+    let policy = bed.dir().join("frames.policy.toml");
+    std::fs::write(
+        &policy,
+        "default = \"deny\"\n[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nethertypes = [\"ipv4\", \"arp\"]\n",
+    )
+    .unwrap();
+    let extra = format!("policy = \"{}\"\n", policy.display());
+    // r1 is at 10.200.0.1, where both look for the overlay.
+    let (lan1, r1, r1a) = router(&mut bed, &secret, ("r1", 1), &extra);
+    let (lan2, r2, r2a) = router(&mut bed, &secret, ("r2", 2), &extra);
+    let a1 = bed
+        .add_lan_host(&lan1, "a1", &format!("{A1}/16"), 1500)
+        .unwrap();
+    let b1 = bed
+        .add_lan_host(&lan2, "b1", &format!("{B1}/16"), 1500)
+        .unwrap();
+    let (a1_mac, b1_mac) = (mac_of(&bed, &a1), mac_of(&bed, &b1));
+    eventually(
+        "a1 pings b1 across the sites",
+        Duration::from_secs(30),
+        || pings(&bed, &a1, B1, 1),
+    );
+    let s1 = ns_status(&bed, &r1, &r1a);
+    assert!(
+        s1.policy.rule_hits.first() > Some(&0),
+        "IPv4 and ARP by rule 1: {:?}",
+        s1.policy
+    );
+
+    // EtherType 0x88b5: unicast to b1 is denied at r1 (the sender), a broadcast at r2
+    // (each receiver decides a flood); b1 hears neither.
+    let (before1, before2) = (
+        ns_status(&bed, &r1, &r1a).policy,
+        ns_status(&bed, &r2, &r2a).policy,
+    );
+    let (pid, out) = receive(&mut bed, &b1, "88b5", 3);
+    let payload: String = (0..60u8).map(|b| format!("{b:02x}")).collect();
+    let unicast = format!("{}{}88b5{payload}", hex_mac(&b1_mac), hex_mac(&a1_mac));
+    let broadcast = format!("ffffffffffff{}88b5{payload}", hex_mac(&a1_mac));
+    send(&bed, &a1, 1, &[unicast, broadcast]);
+    eventually("the receiver ends", Duration::from_secs(15), || {
+        (!bed.is_running(pid))
+            .then_some(())
+            .ok_or_else(|| "running".into())
+    });
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "",
+        "b1 heard a denied frame"
+    );
+    let (after1, after2) = (
+        ns_status(&bed, &r1, &r1a).policy,
+        ns_status(&bed, &r2, &r2a).policy,
+    );
+    assert_eq!(
+        after1.denied_out - before1.denied_out,
+        1,
+        "the unicast, at r1: {after1:?}"
+    );
+    assert!(
+        after2.denied_in > before2.denied_in,
+        "the broadcast, at r2: {after2:?}"
+    );
+
+    // IPv6 is not in the list: it does not cross, while IPv4 still does.
+    for (host, addr) in [(&a1, A16), (&b1, B16)] {
+        bed.ns(
+            &host.ns,
+            "ip",
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        )
+        .unwrap();
+    }
+    assert!(
+        pings6(&bed, &a1, B16, 2).is_err(),
+        "IPv6 crossed a policy that denies it"
+    );
+    pings(&bed, &a1, B1, 3).expect("IPv4 still crosses");
 }

@@ -386,27 +386,8 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
 
     /// Whether the namespace carries `frame`'s EtherType (past up to two 802.1Q tags).
     fn carries(&self, frame: &[u8]) -> bool {
-        if self.config.ethertypes.is_empty() {
-            return true;
-        }
-        let mut at = 12;
-        let mut ethertype = None;
-        for _ in 0..3 {
-            let Some(t) = frame
-                .get(at..at + 2)
-                .map(|b| u16::from_be_bytes([b[0], b[1]]))
-            else {
-                break;
-            };
-            ethertype = Some(t);
-            if t != TPID_8021Q && t != 0x88a8 {
-                break;
-            }
-            at += VLAN_TAG_LEN;
-        }
-        ethertype
-            .map(|t| if t < 0x0600 { ETHERTYPE_LLC } else { t })
-            .is_some_and(|t| self.config.ethertypes.contains(&t))
+        self.config.ethertypes.is_empty()
+            || ethertype(frame).is_some_and(|t| self.config.ethertypes.contains(&t))
     }
 
     fn classify_tap_frame(&mut self, now: Instant, frame: &[u8]) -> L2Action<P> {
@@ -594,6 +575,49 @@ fn macs(frame: &[u8]) -> Option<(Mac, Mac)> {
     let dst = <Mac>::try_from(&header[..6]).ok()?;
     let src = <Mac>::try_from(&header[6..12]).ok()?;
     Some((dst, src))
+}
+
+/// The EtherType a frame carries, past up to two VLAN tags (802.1Q, 802.1ad); every 802.3
+/// frame (a length, not a type) is [`ETHERTYPE_LLC`]. `None` if the frame ends first.
+pub fn ethertype(frame: &[u8]) -> Option<u16> {
+    let mut at = 12;
+    let mut ethertype = None;
+    for _ in 0..3 {
+        let Some(t) = frame
+            .get(at..at + 2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+        else {
+            break;
+        };
+        ethertype = Some(t);
+        if t != TPID_8021Q && t != 0x88a8 {
+            break;
+        }
+        at += VLAN_TAG_LEN;
+    }
+    ethertype.map(|t| if t < 0x0600 { ETHERTYPE_LLC } else { t })
+}
+
+/// What [`parse_ethertype`] takes, for errors.
+pub const ETHERTYPE_NAMES: &str =
+    "ipv4, arp, rarp, ipv6, lldp, llc (802.3 frames) or a hex EtherType from 0x0600 (as 0x88b5)";
+
+/// An EtherType by name (`ipv4`, `arp`, `rarp`, `ipv6`, `lldp`; `llc`: every 802.3 frame)
+/// or in hex from 0x0600 (`0x88b5`); `None` for anything else.
+pub fn parse_ethertype(text: &str) -> Option<u16> {
+    match text.to_ascii_lowercase().as_str() {
+        "ipv4" => Some(0x0800),
+        "arp" => Some(0x0806),
+        "rarp" => Some(0x8035),
+        "ipv6" => Some(0x86dd),
+        "lldp" => Some(0x88cc),
+        "llc" => Some(ETHERTYPE_LLC),
+        other => other
+            .strip_prefix("0x")
+            .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
+            .and_then(|h| u16::from_str_radix(h, 16).ok())
+            .filter(|v| *v >= 0x0600),
+    }
 }
 
 /// Broadcast or multicast: the group bit of the first octet.

@@ -11,10 +11,13 @@ use anyhow::{bail, Context, Result};
 pub(crate) const SIGNED_POLICY: &str = "POLICY";
 
 /// Policy `text` (TOML) compiled (`certified`: the namespace has an authority, so rules may
-/// name groups and members). One line says what is wrong, after `what` (which names it).
+/// name groups and members; `layer2`: the namespace is a layer-2 one, or an IP one, if
+/// known, and its rules must fit it). One line says what is wrong, after `what` (which
+/// names it).
 pub(crate) fn compile_policy(
     text: &str,
     certified: bool,
+    layer2: Option<bool>,
     what: &str,
 ) -> Result<hyphae_vswitch::policy::Policy> {
     use hyphae_vswitch::policy::{Policy, PolicyFile};
@@ -24,7 +27,13 @@ pub(crate) fn compile_policy(
             e.to_string().lines().collect::<Vec<_>>().join(" ")
         )
     })?;
-    Policy::compile(&file, certified).map_err(|e| anyhow::anyhow!("{what}: {e}"))
+    let policy = Policy::compile(&file, certified).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    if let Some(layer2) = layer2 {
+        policy
+            .check_layer(layer2)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    }
+    Ok(policy)
 }
 
 /// Whether `text` is a signed policy file (`hyphae policy sign`) rather than TOML.
@@ -39,6 +48,7 @@ pub(crate) fn is_signed_policy(text: &str) -> bool {
 pub(crate) fn read_policy(
     path: &Path,
     trust: Option<&mut hyphae_overlay::cert::Trust>,
+    layer2: bool,
 ) -> Result<hyphae_vswitch::policy::Policy> {
     use hyphae_overlay::cert::unarmor;
     let text = std::fs::read_to_string(path)
@@ -48,7 +58,7 @@ pub(crate) fn read_policy(
         if is_signed_policy(&text) {
             bail!("policy {shown} is signed, which only a namespace with an authority reads: name the TOML file");
         }
-        return compile_policy(&text, false, &format!("policy {shown}"));
+        return compile_policy(&text, false, Some(layer2), &format!("policy {shown}"));
     };
     if !is_signed_policy(&text) {
         bail!("policy {shown} is not signed: with an authority the namespace's policy is the one it signs (`hyphae policy sign --ca KEY {shown}`; name the signed file, or publish it with `hyphae policy publish`)");
@@ -61,7 +71,12 @@ pub(crate) fn read_policy(
         .authority()
         .open_policy(&bytes)
         .map_err(|e| anyhow::anyhow!("policy {shown}: {e}"))?;
-    let policy = compile_policy(signed.text(), true, &format!("policy {shown}"))?;
+    let policy = compile_policy(
+        signed.text(),
+        true,
+        Some(layer2),
+        &format!("policy {shown}"),
+    )?;
     trust
         .update_policy(&bytes)
         .map_err(|e| anyhow::anyhow!("policy {shown}: {e}"))?;
@@ -174,11 +189,11 @@ mod tests {
             ),
         );
         let error = |path: &Path, trust: Option<&mut Trust>| {
-            format!("{:#}", read_policy(path, trust).unwrap_err())
+            format!("{:#}", read_policy(path, trust, false).unwrap_err())
         };
 
         let mut trust = Trust::new("lab", key.authority());
-        let policy = read_policy(&signed, Some(&mut trust)).unwrap();
+        let policy = read_policy(&signed, Some(&mut trust), false).unwrap();
         assert_eq!((policy.version(), policy.rule_count()), (2, 1));
         assert_eq!(trust.policy_version(), 2);
 

@@ -12,28 +12,14 @@ use super::{
     DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS, RESOLV_CONF,
 };
 
-/// An EtherType by name (`ipv4`, `arp`, `rarp`, `ipv6`, `lldp`; `llc`: every 802.3 frame)
-/// or in hex (`0x88b5`).
+/// An EtherType by name or in hex ([`hyphae_vswitch::layer2::parse_ethertype`]).
 fn parse_ethertype(text: &str) -> Result<u16> {
-    let value = match text.to_ascii_lowercase().as_str() {
-        "ipv4" => 0x0800,
-        "arp" => 0x0806,
-        "rarp" => 0x8035,
-        "ipv6" => 0x86dd,
-        "lldp" => 0x88cc,
-        "llc" => hyphae_vswitch::layer2::ETHERTYPE_LLC,
-        other => other
-            .strip_prefix("0x")
-            .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
-            .and_then(|h| u16::from_str_radix(h, 16).ok())
-            .filter(|v| *v >= 0x0600)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "ethertype '{text}' is not ipv4, arp, rarp, ipv6, lldp, llc (802.3 frames) or a hex EtherType from 0x0600 (as 0x88b5)"
-                )
-            })?,
-    };
-    Ok(value)
+    hyphae_vswitch::layer2::parse_ethertype(text).ok_or_else(|| {
+        anyhow::anyhow!(
+            "ethertype '{text}' is not {}",
+            hyphae_vswitch::layer2::ETHERTYPE_NAMES
+        )
+    })
 }
 
 /// What a layer-2 namespace does not have (yet): one clear error each.
@@ -44,8 +30,8 @@ fn check_layer2(s: &NamespaceSection, mode: Mode) -> Result<()> {
     if s.lan_ports.is_some() || !s.lan_table.is_empty() {
         bail!("layer = 2 forwards by MAC: `lan_ports` and `lan_table` are for IP namespaces");
     }
-    if s.policy.is_some() || !s.caps.is_empty() || s.rate.is_some() {
-        bail!("layer = 2 namespaces have no policy, `rate` or `cap` yet: remove them, or use layer = 3");
+    if !s.caps.is_empty() || s.rate.is_some() {
+        bail!("layer = 2 namespaces have no `rate` or `cap` yet: remove them, or use layer = 3");
     }
     if s.subnets.is_some() {
         bail!("layer = 2 namespaces have one subnet: `subnets` routes between several at layer 3");
@@ -244,7 +230,7 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
     let secret = read_secret(&s.secret_file)?;
     let mut credential = read_credential(&s.name, &s.authority, &s.certificate, &s.revocations)?;
     let policy = match &s.policy {
-        Some(path) => read_policy(path, credential.as_mut().map(|c| &mut c.trust))?,
+        Some(path) => read_policy(path, credential.as_mut().map(|c| &mut c.trust), layer2)?,
         None => hyphae_vswitch::policy::Policy::allow_all(),
     };
     let rate = qos::egress(&s.rate, s.burst)?;

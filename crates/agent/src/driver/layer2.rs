@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use hyphae_overlay::{NamespaceId, PeerHandle};
 use hyphae_vswitch::layer2::{
-    parse_envelope, tag_in_place, tag_into, Envelope, L2Action, ENVELOPE_LEN, VLAN_TAG_LEN,
+    ethertype, parse_envelope, tag_in_place, tag_into, Envelope, L2Action, ENVELOPE_LEN,
+    VLAN_TAG_LEN,
 };
 use hyphae_vswitch::HEADROOM;
 
@@ -51,10 +52,25 @@ impl DataPlane {
         now: Instant,
         out: &mut Batch,
     ) {
-        let Some(l2) = self.lanes.get_mut(i).and_then(|l| l.l2.as_mut()) else {
+        let Some(lane) = self.lanes.get_mut(i) else {
+            return;
+        };
+        let Some(l2) = lane.l2.as_mut() else {
             return;
         };
         let action = l2.handle_tap_frame(now, frame);
+        // A frame for one member is checked here (counted as the policy's); a flooded one
+        // by each receiver.
+        let allowed = match action {
+            L2Action::ToPeer(peer) => {
+                let et = ethertype(frame).unwrap_or_default();
+                lane.policy.frame(&self.node, peer, et, false)
+            }
+            _ => true,
+        };
+        let Some(l2) = lane.l2.as_mut() else {
+            return;
+        };
         let pieces = match action {
             L2Action::ToPeer(_) | L2Action::Flood => l2.pieces(frame.len()),
             L2Action::Answer => {
@@ -83,7 +99,7 @@ impl DataPlane {
             }
         };
         match action {
-            L2Action::ToPeer(peer) => send(&mut self.node, out, peer),
+            L2Action::ToPeer(peer) if allowed => send(&mut self.node, out, peer),
             L2Action::Flood if self.lanes[i].group.is_empty() => {
                 // The group is not read yet (it is asked for): the members with a tunnel
                 // hear it meanwhile, so a segment's first ARP is not lost.
@@ -99,7 +115,11 @@ impl DataPlane {
                 }
             }
             L2Action::Flood => self.each_member(i, out, send),
-            L2Action::ToTap | L2Action::Held | L2Action::Answer | L2Action::Drop(_) => {}
+            L2Action::ToPeer(_)
+            | L2Action::ToTap
+            | L2Action::Held
+            | L2Action::Answer
+            | L2Action::Drop(_) => {}
         }
         self.announce_macs(now, i);
     }
@@ -137,6 +157,11 @@ impl DataPlane {
         let frame_len = match parse_envelope(&room[HEADROOM..]) {
             None => return,
             Some(Envelope::Whole(frame)) => {
+                // The policy first: a denied frame teaches the switch nothing.
+                let et = ethertype(frame).unwrap_or_default();
+                if !lane.policy.frame(&self.node, from, et, true) {
+                    return;
+                }
                 if l2.handle_peer_frame(now, from, frame) != L2Action::ToTap {
                     return;
                 }
@@ -144,8 +169,12 @@ impl DataPlane {
             }
             Some(Envelope::Fragment(piece)) => {
                 if l2.handle_peer_piece(now, from, piece) == L2Action::ToTap {
-                    // Whole again, in the switch: written from there.
+                    // Whole again, in the switch: checked, then written from there.
                     let frame = l2.assembled();
+                    let et = ethertype(frame).unwrap_or_default();
+                    if !lane.policy.frame(&self.node, from, et, true) {
+                        return;
+                    }
                     let len = match l2.config().vlan {
                         None => {
                             out.frame_room(frame.len()).copy_from_slice(frame);

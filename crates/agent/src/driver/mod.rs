@@ -331,7 +331,7 @@ impl Control {
         let (lane_policy, policy_source) = policy::at_start(
             &cfg.name,
             credential.as_ref().map(|c| &c.trust),
-            &cfg.policy,
+            (&cfg.policy, cfg.layer2),
             cfg.policy_path.as_deref(),
         );
 

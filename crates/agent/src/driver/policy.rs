@@ -225,6 +225,37 @@ impl LanePolicy {
         verdict
     }
 
+    /// Whether a layer-2 frame carrying `ethertype` may pass between this member and the
+    /// member of tunnel `peer`, from it (`inbound`) or to it. Frames are decided one by one
+    /// by member and EtherType (docs/POLICY.md, "Layer 2"); a denial is counted as a
+    /// packet's.
+    pub(crate) fn frame(
+        &mut self,
+        node: &Node,
+        peer: PeerHandle,
+        ethertype: u16,
+        inbound: bool,
+    ) -> bool {
+        if self.firewall.is_open() {
+            return true;
+        }
+        let theirs = self.peer_tags(node, peer);
+        let (from, to) = if inbound {
+            (theirs, self.own)
+        } else {
+            (self.own, theirs)
+        };
+        let pass = self.firewall.check_frame(ethertype, from, to);
+        if !pass {
+            if inbound {
+                self.denied_in += 1;
+            } else {
+                self.denied_out += 1;
+            }
+        }
+        pass
+    }
+
     fn sweep(&mut self, now: Instant) {
         match self.next_sweep {
             Some(t) if now < t => {}
@@ -335,7 +366,7 @@ impl super::Control {
                 lines.push(line.unwrap_or_else(|e| format!("{name}: policy not reloaded: {e}")));
                 continue;
             }
-            match crate::config::read_policy(&path, None) {
+            match crate::config::read_policy(&path, None, self.is_layer2(i)) {
                 Ok(policy) => lines.push(self.put_policy(i, policy, path.display().to_string())),
                 Err(e) => {
                     tracing::warn!(namespace = %name, "policy not reloaded: {e:#}");
@@ -364,8 +395,13 @@ impl super::Control {
         let signed = SignedPolicy::decode(&bytes).map_err(|e| format!("refused: {e}"))?;
         // Checked before anyone else is given it: a policy this agent cannot read would
         // be passed on but never in force.
-        let policy = crate::config::compile_policy(signed.text(), true, "signed policy")
-            .map_err(|e| format!("refused: {e:#}"))?;
+        let policy = crate::config::compile_policy(
+            signed.text(),
+            true,
+            Some(self.is_layer2(i)),
+            "signed policy",
+        )
+        .map_err(|e| format!("refused: {e:#}"))?;
         let tag = self.namespaces[i].tag;
         let version = self
             .overlay
@@ -384,6 +420,14 @@ impl super::Control {
         Ok(version)
     }
 
+    /// Whether namespace `i` is a layer-2 one (its policy decides frames).
+    fn is_layer2(&self, i: usize) -> bool {
+        super::workers::lock(&self.dp)
+            .lanes
+            .get(i)
+            .is_some_and(|l| l.l2.is_some())
+    }
+
     /// The version of the signed policy the overlay holds for namespace `i` (0: none).
     fn held_policy_version(&self, i: usize) -> u64 {
         self.overlay.policy_version(&self.namespaces[i].tag)
@@ -399,9 +443,10 @@ impl super::Control {
             return;
         };
         let name = self.namespaces[i].name.clone();
+        let layer2 = Some(self.is_layer2(i));
         let compiled = SignedPolicy::decode(bytes)
             .map_err(anyhow::Error::from)
-            .and_then(|s| crate::config::compile_policy(s.text(), true, "signed policy"));
+            .and_then(|s| crate::config::compile_policy(s.text(), true, layer2, "signed policy"));
         match compiled {
             Ok(policy) => {
                 let line = self.put_policy(i, policy, SIGNED_SOURCE.into());
@@ -434,7 +479,7 @@ impl super::Control {
 pub(crate) fn at_start(
     name: &str,
     trust: Option<&Trust>,
-    configured: &Policy,
+    (configured, layer2): (&Policy, bool),
     path: Option<&std::path::Path>,
 ) -> (Policy, Option<String>) {
     let from_file = || (configured.clone(), path.map(|p| p.display().to_string()));
@@ -443,7 +488,7 @@ pub(crate) fn at_start(
     };
     match SignedPolicy::decode(bytes)
         .map_err(anyhow::Error::from)
-        .and_then(|s| crate::config::compile_policy(s.text(), true, "signed policy"))
+        .and_then(|s| crate::config::compile_policy(s.text(), true, Some(layer2), "signed policy"))
     {
         Ok(policy) => (policy, Some(SIGNED_SOURCE.into())),
         Err(e) => {

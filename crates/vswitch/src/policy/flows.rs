@@ -428,6 +428,30 @@ impl Firewall {
         Verdict::Pass
     }
 
+    /// Decides a layer-2 frame carrying `ethertype`, sent by a member tagged `from` to one
+    /// tagged `to` ([`Policy::decide_frame`]); whether it passes. Counted as packets are.
+    pub fn check_frame(&mut self, ethertype: u16, from: Tags, to: Tags) -> bool {
+        if self.is_open() {
+            return true;
+        }
+        match self.policy.decide_frame(from, to, ethertype) {
+            Decision::Rule(i) => {
+                if let Some(n) = self.stats.rule_hits.get_mut(usize::from(i)) {
+                    *n += 1;
+                }
+                true
+            }
+            Decision::DefaultAllow => {
+                self.stats.default_hits += 1;
+                true
+            }
+            Decision::DefaultDeny => {
+                self.stats.denied += 1;
+                false
+            }
+        }
+    }
+
     /// Forgets flows that timed out.
     pub fn expire(&mut self, now: Instant) {
         self.flows.expire(now);

@@ -116,6 +116,10 @@ pub struct RuleFile {
     /// Destination ports or ranges (`"5432"`, `"8000-8100"`); none: every port.
     #[serde(default)]
     pub ports: Vec<String>,
+    /// A layer-2 namespace's rule: the EtherTypes of the frames it allows (`ipv4`, `arp`,
+    /// `0x88b5`, ...; [`crate::layer2::parse_ethertype`]); none: every frame.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ethertypes: Vec<String>,
 }
 
 fn any() -> String {
@@ -178,6 +182,19 @@ struct Rule {
     proto: Option<u8>,
     /// Inclusive destination port ranges; empty: any.
     ports: Vec<(u16, u16)>,
+    /// The EtherTypes of the frames it allows (a layer-2 rule); empty: any.
+    ethertypes: Vec<u16>,
+}
+
+impl Rule {
+    /// Whether the rule speaks of IP flows (a protocol, ports or addresses), which a
+    /// layer-2 namespace's frames do not have.
+    fn names_ip(&self) -> bool {
+        self.proto.is_some()
+            || !self.ports.is_empty()
+            || !self.from.nets.is_empty()
+            || !self.to.nets.is_empty()
+    }
 }
 
 /// Why traffic was allowed or denied.
@@ -295,12 +312,29 @@ impl Policy {
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            policy.rules.push(Rule {
+            let ethertypes = rule
+                .ethertypes
+                .iter()
+                .map(|t| {
+                    crate::layer2::parse_ethertype(t).ok_or_else(|| {
+                        error(
+                            Some(i),
+                            format!("ethertype '{t}': {}", crate::layer2::ETHERTYPE_NAMES),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let rule = Rule {
                 from,
                 to,
                 proto,
                 ports,
-            });
+                ethertypes,
+            };
+            if !rule.ethertypes.is_empty() && rule.names_ip() {
+                return Err(error(Some(i), "`ethertypes` decides a layer-2 namespace's frames, which have no proto, ports or addresses: name members (any, group:, name:) and EtherTypes"));
+            }
+            policy.rules.push(rule);
         }
         Ok(policy)
     }
@@ -370,6 +404,24 @@ impl Policy {
         Ok(set)
     }
 
+    /// Checks that the rules fit the namespace: a layer-2 one's decide frames by member
+    /// and EtherType (no protocol, ports or addresses); an IP one's decide flows (no
+    /// `ethertypes`).
+    pub fn check_layer(&self, layer2: bool) -> Result<(), PolicyError> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            if layer2 && rule.names_ip() {
+                return Err(error(Some(i), "a layer-2 namespace's rules name members (any, group:, name:) and `ethertypes`, not proto, ports or addresses"));
+            }
+            if !layer2 && !rule.ethertypes.is_empty() {
+                return Err(error(
+                    Some(i),
+                    "`ethertypes` needs a layer-2 namespace (layer = 2)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The policy's version.
     pub fn version(&self) -> u64 {
         self.version
@@ -424,7 +476,7 @@ impl Policy {
     /// the first rule that matches, or the default.
     pub fn decide(&self, from: Tags, to: Tags, packet: &Packet) -> Decision {
         for (i, rule) in self.rules.iter().enumerate() {
-            if rule.proto.is_some_and(|p| p != packet.proto) {
+            if rule.proto.is_some_and(|p| p != packet.proto) || !rule.ethertypes.is_empty() {
                 continue;
             }
             if !rule.ports.is_empty()
@@ -436,6 +488,30 @@ impl Policy {
                 continue;
             }
             if rule.from.contains(from, packet.src) && rule.to.contains(to, packet.dst) {
+                return Decision::Rule(i as u16);
+            }
+        }
+        match self.default {
+            DefaultAction::Allow => Decision::DefaultAllow,
+            DefaultAction::Deny => Decision::DefaultDeny,
+        }
+    }
+}
+
+impl Policy {
+    /// Whether a layer-2 frame carrying `ethertype` ([`crate::layer2::ethertype`]), from a
+    /// member tagged `from` to one tagged `to`, passes: the first rule that matches (by
+    /// members and EtherType; a rule naming IP flows matches no frame), or the default.
+    /// Frames are decided one by one: there are no flows to remember.
+    pub fn decide_frame(&self, from: Tags, to: Tags, ethertype: u16) -> Decision {
+        let none = Ipv4Addr::UNSPECIFIED;
+        for (i, rule) in self.rules.iter().enumerate() {
+            if rule.names_ip()
+                || !(rule.ethertypes.is_empty() || rule.ethertypes.contains(&ethertype))
+            {
+                continue;
+            }
+            if rule.from.contains(from, none) && rule.to.contains(to, none) {
                 return Decision::Rule(i as u16);
             }
         }

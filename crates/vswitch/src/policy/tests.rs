@@ -552,3 +552,102 @@ fn links_name_a_namespace_a_gateway_and_what_it_reaches_and_mistakes_are_one_lin
         assert!(e.contains(expect), "{body}: {e}");
     }
 }
+
+const FRAMES: &str = r#"
+default = "deny"
+groups = ["plc", "scada"]
+
+# the controllers talk their own protocol to the supervisors, and IP with ARP to anyone
+[[rule]]
+from = ["group:plc"]
+to = ["group:scada"]
+ethertypes = ["0x88b5", "lldp"]
+
+[[rule]]
+from = ["any"]
+to = ["any"]
+ethertypes = ["ipv4", "ARP"]
+
+# operators may send anything
+[[rule]]
+from = ["name:ops"]
+to = ["any"]
+"#;
+
+#[test]
+fn a_layer2_policy_decides_frames_by_member_and_ethertype() {
+    let p = compile(FRAMES, true).unwrap();
+    p.check_layer(true).unwrap();
+    let plc = p.tags(["plc"], None);
+    let scada = p.tags(["scada"], None);
+    let ops = p.tags([], Some("ops"));
+    let nobody = Tags::default();
+    assert_eq!(p.decide_frame(plc, scada, 0x88b5), Decision::Rule(0));
+    assert_eq!(p.decide_frame(plc, scada, 0x88cc), Decision::Rule(0));
+    assert_eq!(
+        p.decide_frame(scada, plc, 0x88b5),
+        Decision::DefaultDeny,
+        "one way only"
+    );
+    assert_eq!(p.decide_frame(nobody, plc, 0x0806), Decision::Rule(1));
+    assert_eq!(p.decide_frame(nobody, plc, 0x86dd), Decision::DefaultDeny);
+    assert_eq!(p.decide_frame(ops, nobody, 0x86dd), Decision::Rule(2));
+    // A rule with EtherTypes says nothing about IP flows, which have none.
+    let packet = packet(ip(1), ip(2), proto::TCP, 80);
+    assert_eq!(p.decide(plc, scada, &packet), Decision::DefaultDeny);
+    assert_eq!(p.decide(ops, nobody, &packet), Decision::Rule(2));
+    // Counted as packets are.
+    let mut firewall = Firewall::new(p, 16);
+    assert!(firewall.check_frame(0x88b5, plc, scada));
+    assert!(!firewall.check_frame(0x88b5, scada, plc));
+    assert_eq!(firewall.stats().rule_hits, vec![1, 0, 0]);
+    assert_eq!(firewall.stats().denied, 1);
+    // No policy: every frame passes.
+    assert!(Firewall::new(Policy::allow_all(), 16).check_frame(0x1234, nobody, nobody));
+}
+
+#[test]
+fn frame_rules_and_flow_rules_are_kept_to_their_namespaces() {
+    let err = |text: &str| compile(text, false).unwrap_err();
+    assert_eq!(
+        err("[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nethertypes = [\"ipx\"]\n"),
+        "policy rule 1: ethertype 'ipx': ipv4, arp, rarp, ipv6, lldp, llc (802.3 frames) or a hex EtherType from 0x0600 (as 0x88b5)"
+    );
+    assert!(err(
+        "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"tcp\"\nethertypes = [\"ipv4\"]\n"
+    )
+    .contains("`ethertypes` decides a layer-2 namespace's frames"));
+    assert!(
+        err("[[rule]]\nfrom = [\"10.0.0.0/8\"]\nto = [\"any\"]\nethertypes = [\"ipv4\"]\n")
+            .contains("have no proto, ports or addresses")
+    );
+    // Each compiles; the namespace decides which fits.
+    let frames = compile(
+        "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nethertypes = [\"arp\"]\n",
+        false,
+    )
+    .unwrap();
+    assert!(frames.check_layer(true).is_ok());
+    assert_eq!(
+        frames.check_layer(false).unwrap_err().to_string(),
+        "policy rule 1: `ethertypes` needs a layer-2 namespace (layer = 2)"
+    );
+    let flows = compile(
+        "[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n",
+        false,
+    )
+    .unwrap();
+    assert!(flows.check_layer(false).is_ok());
+    assert!(flows
+        .check_layer(true)
+        .unwrap_err()
+        .to_string()
+        .contains("not proto, ports or addresses"));
+    // A rule naming only members fits both.
+    let members = compile(
+        "default = \"deny\"\n[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\n",
+        false,
+    )
+    .unwrap();
+    assert!(members.check_layer(true).is_ok() && members.check_layer(false).is_ok());
+}
