@@ -34,6 +34,7 @@ fn policy(n: usize) -> Policy {
             to: vec![format!("group:g{}", (i + 1) % 20)],
             proto: "tcp".into(),
             ports: vec![format!("{}", 1000 + i), "8000-8100".into()],
+            ethertypes: Vec::new(),
         })
         .collect();
     if n > 0 {
@@ -42,6 +43,7 @@ fn policy(n: usize) -> Policy {
             to: vec!["group:db".into()],
             proto: "tcp".into(),
             ports: vec!["5432".into()],
+            ethertypes: Vec::new(),
         });
     }
     let file = PolicyFile {
