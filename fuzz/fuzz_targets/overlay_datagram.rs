@@ -25,9 +25,10 @@ fuzz_target!(|data: &[u8]| {
         let again = Control::Uplinks(links.clone()).emit();
         assert_eq!(Control::parse(&again), Some(Control::Uplinks(links)));
     }
-    if let Some(Control::Macs(macs)) = Control::parse(data) {
-        let again = Control::Macs(macs.clone()).emit();
-        assert_eq!(Control::parse(&again), Some(Control::Macs(macs)));
+    if let Some(Control::Macs(part)) = Control::parse(data) {
+        let again = Control::Macs(part.clone()).emit();
+        assert_eq!(Control::parse(&again), Some(Control::Macs(part.clone())));
+        let _ = hyphae_overlay::wire::MacParts::default().take(part);
     }
     let _ = parse_relay(data);
     let _ = Datagram::parse(data);

@@ -76,10 +76,14 @@ const RELAY_REQUEST_MAGIC: &[u8; 4] = b"HYR1";
 const RELAY_OFFER_MAGIC: &[u8; 4] = b"HYO1";
 const PROBE_MAGIC: &[u8; 4] = b"HYP1";
 const UPLINKS_MAGIC: &[u8; 4] = b"HYU1";
-const MACS_MAGIC: &[u8; 4] = b"HYM1";
+const MACS_MAGIC: &[u8; 4] = b"HYM2";
 
-/// Most MACs one [`Control::Macs`] carries (200 of 6 bytes fit a tunnel of 1280).
-pub const MAX_ANNOUNCED_MACS: usize = 200;
+/// Most MACs one [`Control::Macs`] part carries (200 of 6 bytes fit a tunnel of 1280).
+pub const MAX_MACS_PER_PART: usize = 200;
+/// Most parts one member's MAC announcement is cut into.
+pub const MAX_MAC_PARTS: usize = 5;
+/// Most MACs one member announces in a namespace (a LAN of a /22 and then some).
+pub const MAX_ANNOUNCED_MACS: usize = MAX_MACS_PER_PART * MAX_MAC_PARTS;
 const FLAG_ACK: u8 = 1;
 /// Encoded length of an underlay endpoint: family (4 or 6), 16 address bytes, port.
 const ENDPOINT_LEN: usize = 19;
@@ -368,9 +372,84 @@ pub enum Control {
     /// rate it takes there, bits a second. Sent only to members whose announcement set
     /// [`Announce::uplinks`]; at most [`MAX_UPLINKS`]; none means "do not bond to me".
     Uplinks(Vec<(SocketAddr, u64)>),
-    /// A layer-2 namespace: every MAC the sender holds there, the only ones its frames may
-    /// come from (at most [`MAX_ANNOUNCED_MACS`]). Sent with each announcement.
-    Macs(Vec<[u8; 6]>),
+    /// A layer-2 namespace: part `part` of `parts` of every MAC the sender holds there,
+    /// the only ones its frames may come from ([`MacParts`]). Sent with each announcement.
+    Macs(MacPart),
+}
+
+/// One part of a member's MAC announcement: a set too large for one control packet is
+/// sent as up to [`MAX_MAC_PARTS`] parts, which stand together only when every part of
+/// the same `generation` has arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MacPart {
+    /// Changes whenever the set does.
+    pub generation: u16,
+    /// This part's place, from 0.
+    pub part: u8,
+    /// How many parts the set is in (1 to [`MAX_MAC_PARTS`]).
+    pub parts: u8,
+    /// At most [`MAX_MACS_PER_PART`].
+    pub macs: Vec<[u8; 6]>,
+}
+
+impl MacPart {
+    /// `macs` (at most [`MAX_ANNOUNCED_MACS`] taken) as the parts of one announcement.
+    pub fn split(generation: u16, macs: &[[u8; 6]]) -> Vec<MacPart> {
+        let macs = &macs[..macs.len().min(MAX_ANNOUNCED_MACS)];
+        let parts = macs.len().div_ceil(MAX_MACS_PER_PART).max(1);
+        (0..parts)
+            .map(|i| MacPart {
+                generation,
+                part: i as u8,
+                parts: parts as u8,
+                macs: macs
+                    .iter()
+                    .skip(i * MAX_MACS_PER_PART)
+                    .take(MAX_MACS_PER_PART)
+                    .copied()
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// A member's MAC announcement put back together from its parts.
+#[derive(Debug, Clone, Default)]
+pub struct MacParts {
+    generation: u16,
+    parts: u8,
+    /// One bit per part received.
+    received: u8,
+    macs: Vec<[u8; 6]>,
+}
+
+impl MacParts {
+    /// Takes `part`; the whole set once every part of its generation is in. A part of
+    /// another generation starts that one over (a set that changed midway, or an old
+    /// part late).
+    pub fn take(&mut self, part: MacPart) -> Option<Vec<[u8; 6]>> {
+        if part.parts == 0 || part.part >= part.parts || usize::from(part.parts) > MAX_MAC_PARTS {
+            return None;
+        }
+        if self.received == 0 || part.generation != self.generation || part.parts != self.parts {
+            *self = Self {
+                generation: part.generation,
+                parts: part.parts,
+                received: 0,
+                macs: Vec::new(),
+            };
+        }
+        let bit = 1u8 << part.part;
+        if self.received & bit == 0 {
+            self.received |= bit;
+            self.macs.extend_from_slice(&part.macs);
+        }
+        if self.received.count_ones() < u32::from(self.parts) {
+            return None;
+        }
+        self.received = 0;
+        Some(std::mem::take(&mut self.macs))
+    }
 }
 
 impl Control {
@@ -408,11 +487,14 @@ impl Control {
                     body.extend_from_slice(&rate.to_be_bytes());
                 }
             }
-            Control::Macs(macs) => {
-                let n = macs.len().min(MAX_ANNOUNCED_MACS);
+            Control::Macs(p) => {
+                let n = p.macs.len().min(MAX_MACS_PER_PART);
                 body.extend_from_slice(MACS_MAGIC);
+                body.extend_from_slice(&p.generation.to_be_bytes());
+                body.push(p.part);
+                body.push(p.parts);
                 body.extend_from_slice(&(n as u16).to_be_bytes());
-                for mac in &macs[..n] {
+                for mac in &p.macs[..n] {
                     body.extend_from_slice(mac);
                 }
             }
@@ -462,15 +544,27 @@ impl Control {
                 Some(Control::Uplinks(links))
             }
             m if m == MACS_MAGIC => {
-                let n = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
-                if n > MAX_ANNOUNCED_MACS || rest.len() != 2 + 6 * n {
+                let head = rest.get(..6)?;
+                let (part, parts) = (head[2], head[3]);
+                let n = usize::from(u16::from_be_bytes([head[4], head[5]]));
+                if n > MAX_MACS_PER_PART
+                    || rest.len() != 6 + 6 * n
+                    || parts == 0
+                    || part >= parts
+                    || usize::from(parts) > MAX_MAC_PARTS
+                {
                     return None;
                 }
-                let macs = rest[2..]
+                let macs = rest[6..]
                     .chunks_exact(6)
                     .map(|c| <[u8; 6]>::try_from(c).ok())
                     .collect::<Option<Vec<_>>>()?;
-                Some(Control::Macs(macs))
+                Some(Control::Macs(MacPart {
+                    generation: u16::from_be_bytes([head[0], head[1]]),
+                    part,
+                    parts,
+                    macs,
+                }))
             }
             _ => None,
         }
@@ -709,8 +803,13 @@ mod tests {
                 ("[fd00::2]:7400".parse().unwrap(), 100_000_000),
             ]),
             Control::Uplinks(Vec::new()),
-            Control::Macs(vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]]),
-            Control::Macs(Vec::new()),
+            Control::Macs(MacPart {
+                generation: 7,
+                part: 1,
+                parts: 3,
+                macs: vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]],
+            }),
+            Control::Macs(MacPart::split(0, &[]).remove(0)),
         ];
         for m in messages {
             let p = m.emit();
@@ -749,23 +848,70 @@ mod tests {
         assert_eq!(Control::parse(&lying), None);
         lying[24] = 9;
         assert_eq!(Control::parse(&lying), None);
-        // MACs: at most MAX_ANNOUNCED_MACS are sent; a count the bytes do not match, or
-        // over the bound, is refused.
-        let many: Vec<[u8; 6]> = (0..=MAX_ANNOUNCED_MACS as u16)
+        // MACs: a count the bytes do not match, over the bound, or a part out of its
+        // parts, is refused.
+        let one = MacPart::split(3, &[[2, 0, 0, 0, 0, 1]]).remove(0);
+        let mut lying = Control::Macs(one.clone()).emit();
+        lying[29] = 2;
+        assert_eq!(Control::parse(&lying), None);
+        let mut over = vec![0u8; 20 + 10 + 6 * (MAX_MACS_PER_PART + 1)];
+        over[..30].copy_from_slice(&Control::Macs(MacPart::split(0, &[]).remove(0)).emit());
+        over[28..30].copy_from_slice(&((MAX_MACS_PER_PART + 1) as u16).to_be_bytes());
+        assert_eq!(Control::parse(&over), None);
+        for (part, parts) in [(1, 1), (0, 0), (0, MAX_MAC_PARTS as u8 + 1)] {
+            let mut bad = Control::Macs(one.clone()).emit();
+            bad[26] = part;
+            bad[27] = parts;
+            assert_eq!(Control::parse(&bad), None, "part {part} of {parts}");
+        }
+    }
+
+    #[test]
+    fn a_mac_announcement_of_many_parts_stands_once_all_its_parts_are_in() {
+        let many: Vec<[u8; 6]> = (0..MAX_ANNOUNCED_MACS as u16 + 10)
             .map(|i| [2, 0, 0, 0, (i >> 8) as u8, i as u8])
             .collect();
-        let p = Control::Macs(many.clone()).emit();
+        let parts = MacPart::split(9, &many);
         assert_eq!(
-            Control::parse(&p),
-            Some(Control::Macs(many[..MAX_ANNOUNCED_MACS].to_vec()))
+            parts.len(),
+            MAX_MAC_PARTS,
+            "at most MAX_ANNOUNCED_MACS are sent"
         );
-        let mut lying = Control::Macs(vec![[2, 0, 0, 0, 0, 1]]).emit();
-        lying[25] = 2;
-        assert_eq!(Control::parse(&lying), None);
-        let mut over = vec![0u8; 20 + 6 + 6 * (MAX_ANNOUNCED_MACS + 1)];
-        over[..26].copy_from_slice(&Control::Macs(Vec::new()).emit());
-        over[24..26].copy_from_slice(&((MAX_ANNOUNCED_MACS + 1) as u16).to_be_bytes());
-        assert_eq!(Control::parse(&over), None);
+        for p in &parts {
+            let bytes = Control::Macs(p.clone()).emit();
+            assert!(
+                bytes.len() <= 1280,
+                "{} bytes: over the smallest tunnel MTU",
+                bytes.len()
+            );
+            assert_eq!(Control::parse(&bytes), Some(Control::Macs(p.clone())));
+        }
+        // In any order, a part twice: the set stands when the last one arrives.
+        let mut whole = MacParts::default();
+        for i in [4, 0, 0, 2, 1] {
+            assert_eq!(whole.take(parts[i].clone()), None);
+        }
+        let mut got = whole.take(parts[3].clone()).unwrap();
+        got.sort_unstable();
+        assert_eq!(got, many[..MAX_ANNOUNCED_MACS].to_vec());
+        // A new generation midway: the old one's parts are forgotten.
+        let next = MacPart::split(10, &many[..450]);
+        assert_eq!(next.len(), 3);
+        assert_eq!(whole.take(parts[0].clone()), None);
+        assert_eq!(whole.take(next[0].clone()), None);
+        assert_eq!(whole.take(parts[1].clone()), None);
+        assert_eq!(
+            whole.take(next[1].clone()),
+            None,
+            "generation 9's part reset it"
+        );
+        assert_eq!(whole.take(next[2].clone()), None);
+        assert_eq!(whole.take(next[0].clone()).map(|m| m.len()), Some(450));
+        // The empty set is one part.
+        assert_eq!(
+            whole.take(MacPart::split(11, &[]).remove(0)),
+            Some(Vec::new())
+        );
     }
 
     #[test]

@@ -202,8 +202,11 @@ impl Node {
         self.send_control(handle, &packet, None);
         if let Some(macs) = &self.namespaces[ns.0].macs {
             // (The switch learns no more than one announcement carries.)
-            let packet = crate::wire::Control::Macs(macs.clone()).emit();
-            self.send_control(handle, &packet, None);
+            let generation = self.namespaces[ns.0].mac_generation;
+            for part in crate::wire::MacPart::split(generation, macs) {
+                let packet = crate::wire::Control::Macs(part).emit();
+                self.send_control(handle, &packet, None);
+            }
         }
         if !self.uplinks.is_empty() {
             self.send_uplinks(handle);

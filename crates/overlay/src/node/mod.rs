@@ -130,6 +130,8 @@ struct Namespace {
     /// A layer-2 namespace: the MACs this member holds there ([`Node::set_macs`]); its
     /// members send frames in envelopes, each from a MAC the sender announced.
     macs: Option<Vec<[u8; 6]>>,
+    /// Changes with `macs`: the parts of one announcement are told apart from the next's.
+    mac_generation: u16,
 }
 
 /// The tunnel endpoint of one agent.
@@ -280,6 +282,7 @@ impl Node {
             credential: None,
             links: Vec::new(),
             macs: None,
+            mac_generation: 0,
         });
         NamespaceId(self.namespaces.len() - 1)
     }
@@ -424,6 +427,7 @@ impl Node {
             return;
         }
         namespace.macs = Some(macs);
+        namespace.mac_generation = namespace.mac_generation.wrapping_add(1);
         for handle in self.handles_in(ns) {
             if self
                 .peer(handle)

@@ -144,8 +144,10 @@ pub(super) struct Peer {
     /// Our underlay address changed and the member has not answered from it yet.
     roam: Option<Roam>,
     pub(super) addresses: Vec<Ipv4Addr>,
-    /// A layer-2 namespace: the MACs it announced, the only ones its frames may come from.
+    /// A layer-2 namespace: the MACs it announced, the only ones its frames may come from,
+    /// and the parts of its next announcement.
     pub(super) macs: Vec<[u8; 6]>,
+    mac_parts: crate::wire::MacParts,
     /// Addresses this member may forward packets to from any source, until when: it held
     /// them until a LAN host moved here, and sends on what still reaches it for a grace
     /// period ([`crate::Node::accept_forwarded`]).
@@ -200,6 +202,7 @@ impl Peer {
             roam: None,
             addresses: Vec::new(),
             macs: Vec::new(),
+            mac_parts: Default::default(),
             forwards: Vec::new(),
             have_their_announce: false,
             speaks_uplinks: false,
@@ -527,15 +530,17 @@ impl Peer {
         true
     }
 
-    /// The member announced `macs` (sorted, deduplicated here): what it holds now.
-    pub(super) fn handle_macs(&mut self, mut macs: Vec<[u8; 6]>) -> &[[u8; 6]] {
+    /// A part of the member's MAC announcement: once its last part is in, what it holds
+    /// now (sorted, deduplicated here).
+    pub(super) fn handle_macs(&mut self, part: crate::wire::MacPart) -> Option<&[[u8; 6]]> {
+        let mut macs = self.mac_parts.take(part)?;
         macs.sort_unstable();
         macs.dedup();
         if self.macs != macs {
             tracing::debug!(peer = ?self.id, macs = macs.len(), "member MACs");
             self.macs = macs;
         }
-        &self.macs
+        Some(&self.macs)
     }
 
     /// A piece of a frame from a layer-2 namespace's member: counted (the switch that

@@ -481,6 +481,26 @@ mod tests {
     }
 
     #[test]
+    fn a_router_with_hundreds_of_lan_hosts_announces_them_all_in_parts() {
+        let now = test_epoch();
+        let (mut a, mut b, _, hb) = pair(now);
+        let lan: Vec<[u8; 6]> = (0..450u16)
+            .map(|i| [2, 0, 0, 1, (i >> 8) as u8, i as u8])
+            .collect();
+        b.set_macs(now, NamespaceId(0), Vec::new());
+        a.set_macs(now, NamespaceId(0), lan.clone());
+        pump(&mut a, &mut b, now);
+        let mut heard = None;
+        while let Some(e) = b.poll_event() {
+            if let Event::PeerMacs { peer, macs, .. } = e {
+                assert_eq!(peer, hb);
+                heard = Some(macs);
+            }
+        }
+        assert_eq!(heard, Some(lan), "three parts, one set");
+    }
+
+    #[test]
     fn a_layer2_member_delivers_frames_only_from_the_macs_it_announced() {
         let now = test_epoch();
         let (mut a, mut b, ha, hb) = pair(now);
@@ -522,7 +542,11 @@ mod tests {
         }
         // MACs in an IP namespace are refused.
         let (mut c, mut d, hc, hd) = pair(now);
-        let (t, out) = seal(&mut c, hc, &Control::Macs(vec![mine]).emit());
+        let (t, out) = seal(
+            &mut c,
+            hc,
+            &Control::Macs(crate::wire::MacPart::split(1, &[mine]).remove(0)).emit(),
+        );
         let opened = d.tunnels().open(&out[t.range], &mut rx);
         assert_eq!(
             d.accept(now, A, opened, &rx),

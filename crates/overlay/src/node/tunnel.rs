@@ -382,7 +382,9 @@ impl Node {
                 };
                 // Reported changed or not: the switch decides again at each announcement
                 // whether a MAC heard on both sides has moved (`Layer2::set_peer_macs`).
-                let macs = peer.handle_macs(macs).to_vec();
+                let Some(macs) = peer.handle_macs(macs).map(<[_]>::to_vec) else {
+                    return Received::Consumed;
+                };
                 self.events.push_back(Event::PeerMacs {
                     ns,
                     peer: handle,
