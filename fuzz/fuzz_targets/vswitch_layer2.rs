@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
                     let _ = sw.handle_peer_frame(at, chunk[0] & 3, frame);
                 }
                 Some(Envelope::Fragment(piece)) => {
-                    let _ = sw.handle_peer_piece(at, chunk[0] & 3, piece);
+                    let _ = sw.handle_peer_piece(at, chunk[0] & 3, piece, |_| chunk[0] & 8 == 0);
                     assert!(sw.assembled().len() <= MAX_FRAME);
                 }
                 None => {
@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
                         more: chunk[0] & 1 == 1,
                         payload: chunk,
                     };
-                    let _ = sw.handle_peer_piece(at, chunk[0] & 7, piece);
+                    let _ = sw.handle_peer_piece(at, chunk[0] & 7, piece, |f| f.len() % 3 != 0);
                 }
             }
         }

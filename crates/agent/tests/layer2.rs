@@ -351,28 +351,37 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         "r2's row shows b1's MAC: {ns}"
     );
     assert!(ns["layer2"]["arp_suppressed"].as_u64() >= Some(1), "{ns}");
-    // And a real browser renders it: the MAC-table line and b1's MAC in r2's row.
+    // And a real browser renders it: the MAC-table line and b1's MAC in r2's row (again
+    // until it does: on a loaded machine the page's first poll may miss the dump).
     let profile = bed.dir().join("chromium");
-    let out = bed
-        .ns_output(
-            &r1.ns,
-            "chromium",
-            &[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                &format!("--user-data-dir={}", profile.display()),
-                "--virtual-time-budget=3000",
-                "--dump-dom",
-                "http://127.0.0.1:9464/",
-            ],
-        )
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        dom.contains("layer 2 · ") && dom.contains("ARP answered here") && dom.contains(&b1_mac),
-        "the page: {dom}"
+    eventually(
+        "chromium renders the MAC table",
+        Duration::from_secs(60),
+        || {
+            let out = bed
+                .ns_output(
+                    &r1.ns,
+                    "chromium",
+                    &[
+                        "--headless",
+                        "--no-sandbox",
+                        "--disable-gpu",
+                        "--no-first-run",
+                        &format!("--user-data-dir={}", profile.display()),
+                        "--virtual-time-budget=3000",
+                        "--dump-dom",
+                        "http://127.0.0.1:9464/",
+                    ],
+                )
+                .map_err(|e| e.to_string())?;
+            let dom = String::from_utf8_lossy(&out.stdout);
+            let main = dom.split("<main").nth(1).unwrap_or(&dom).to_string();
+            (main.contains("layer 2 · ")
+                && main.contains("ARP answered here")
+                && main.contains(&b1_mac))
+            .then_some(())
+            .ok_or_else(|| format!("the page: <main{main}"))
+        },
     );
 
     // Frames no IP stack sends: a raw EtherType and an 802.1Q-tagged one (VLAN 100, with
@@ -587,6 +596,125 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
     eprintln!(
         "moved MAC: first reply to icmp_seq {first} of pings 10 ms apart started with the GARP; {replies} of 200 answered; r1 holds it and r2 let it go after {took:?}"
     );
+    // Its lease in the DHT followed it: r1 holds every MAC on its side, and no member's
+    // announcement was ever refused (the move stayed within the grace).
+    eventually(
+        "b1's MAC lease follows it to r1",
+        Duration::from_secs(15),
+        || {
+            let m1 = layer2(&bed, &r1, &r1a);
+            (m1.mac_leases_unheld == 0 && m1.mac_leases_held >= 2)
+                .then_some(())
+                .ok_or_else(|| format!("r1 {m1:?}"))
+        },
+    );
+    for (host, agent) in [(&i, &ia), (&r1, &r1a), (&r2, &r2a)] {
+        let s = layer2(&bed, host, agent);
+        assert_eq!(s.member_mac_refusals, 0, "{}: {s:?}", host.name);
+        assert!(s.member_macs_verified >= 2, "{}: {s:?}", host.name);
+    }
+}
+
+#[test]
+fn a_mac_another_member_holds_is_refused_to_a_second_site() {
+    require_root();
+    let mut bed = Testbed::new("l2spoof", Path::new(BIN)).unwrap();
+    let secret = bed.dir().join("secret");
+    hyphae_testbed::write_secret(&secret, "layer-two-secret").unwrap();
+    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&i),
+        lab_namespace(
+            &secret,
+            SUBNET,
+            None,
+            &format!(
+                "layer = 2\nmode = \"interface\"\ndevice = \"hyl0\"\naddress = \"{I_ADDR}\"\n"
+            ),
+        )
+    );
+    let ia = bed.start_agent(&i, &cfg).unwrap();
+    let (lan1, r1, r1a) = router(&mut bed, &secret, ("r1", 2), "");
+    let a1 = bed
+        .add_lan_host(&lan1, "a1", &format!("{A1}/16"), 1500)
+        .unwrap();
+    let a1_mac = mac_of(&bed, &a1);
+    eventually("i pings a1", Duration::from_secs(30), || {
+        pings(&bed, &i, A1, 1)
+    });
+    eventually("r1 holds a1's MAC", Duration::from_secs(10), || {
+        let s = layer2(&bed, &r1, &r1a);
+        (s.macs.contains(&a1_mac) && s.mac_leases_unheld == 0)
+            .then_some(())
+            .ok_or_else(|| format!("{s:?}"))
+    });
+    // a1 keeps talking, so its MAC stays r1's.
+    bed.spawn(
+        &a1.ns,
+        "ping",
+        &["-i", "0.2", "-n", &I_ADDR.to_string()],
+        &a1.dir.join("ping.log"),
+    )
+    .unwrap();
+
+    // A host on a second site takes a1's MAC (a spoof, or a cloned VM): r2 learns and
+    // announces it, but cannot hold its lease, and once the grace is over the members
+    // drop r2's frames from it and send frames for it to r1 alone.
+    let (lan2, r2, r2a) = router(&mut bed, &secret, ("r2", 3), "");
+    let c1 = bed
+        .add_lan_host(&lan2, "c1", &format!("{B1}/16"), 1500)
+        .unwrap();
+    bed.ns(&c1.ns, "ip", &["link", "set", "eth0", "address", &a1_mac])
+        .unwrap();
+    bed.spawn(
+        &c1.ns,
+        "arping",
+        &["-U", "-i", "0.5", "-I", "eth0", &B1.to_string()],
+        &c1.dir.join("arping.log"),
+    )
+    .unwrap();
+    eventually(
+        "r2 hears c1 and cannot hold its MAC",
+        Duration::from_secs(20),
+        || {
+            let s = layer2(&bed, &r2, &r2a);
+            (s.macs.contains(&a1_mac) && s.mac_leases_unheld >= 1)
+                .then_some(())
+                .ok_or_else(|| format!("{s:?}"))
+        },
+    );
+    eventually(
+        "i refuses r2's claim to the MAC",
+        Duration::from_secs(20),
+        || {
+            let s = layer2(&bed, &i, &ia);
+            (s.member_macs_refused >= 1 && s.member_mac_refusals >= 1)
+                .then_some(())
+                .ok_or_else(|| format!("{s:?}"))
+        },
+    );
+    let r1_status = layer2(&bed, &r1, &r1a);
+    assert!(
+        r1_status.mac_leases_unheld == 0,
+        "r1 kept a1's MAC: {r1_status:?}"
+    );
+    // i's frames for the MAC go to r1: a1 answers every ping.
+    pings(&bed, &i, A1, 10).expect("i reaches a1, not its double");
+    // Its switch has the MAC at r1 alone: r2's set is reported without it.
+    let peers = ns_status(&bed, &i, &ia).peers;
+    let with_mac: Vec<&str> = peers
+        .iter()
+        .filter(|p| p.macs.contains(&a1_mac))
+        .map(|p| p.identity.as_str())
+        .collect();
+    let r1_id = bed.status(&r1, &r1a).unwrap().identity;
+    assert_eq!(
+        with_mac,
+        vec![r1_id.as_str()],
+        "r1 alone holds the MAC at i: {peers:?}"
+    );
+    let _ = (lan2, r2a);
 }
 
 /// A router site on a VLAN trunk: one agent, namespaces "red" (VLAN 10) and "blue"

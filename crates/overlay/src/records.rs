@@ -104,6 +104,12 @@ impl NamespaceKeys {
         self.record_key(b"address", &ip.octets())
     }
 
+    /// The key of the lease on MAC `mac` in a layer-2 namespace: the member that has it on
+    /// its side holds it, so another cannot take its frames.
+    pub fn mac_key(&self, mac: [u8; 6]) -> RecordKey {
+        self.record_key(b"mac", &mac)
+    }
+
     /// The key of the namespace record (its settings; not stored yet).
     pub fn settings_key(&self) -> RecordKey {
         self.record_key(b"settings", &[])

@@ -144,11 +144,14 @@ pub enum L2Drop {
     /// not all come within [`REASSEMBLY_TIMEOUT`], or that its member gave up for the next;
     /// a reassembled frame from a MAC its member did not announce.
     Reassembly,
+    /// The namespace's policy denied it ([`Layer2::count_denied`]; the policy counts it
+    /// too).
+    Policy,
 }
 
 impl L2Drop {
     /// Every reason, in counter order.
-    pub const ALL: [L2Drop; 9] = [
+    pub const ALL: [L2Drop; 10] = [
         L2Drop::Malformed,
         L2Drop::Local,
         L2Drop::FloodRateLimited,
@@ -158,6 +161,7 @@ impl L2Drop {
         L2Drop::EtherType,
         L2Drop::Conflict,
         L2Drop::Reassembly,
+        L2Drop::Policy,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -172,6 +176,7 @@ impl L2Drop {
             L2Drop::EtherType => "ethertype",
             L2Drop::Conflict => "conflict",
             L2Drop::Reassembly => "reassembly",
+            L2Drop::Policy => "policy",
         }
     }
 
@@ -214,8 +219,11 @@ pub struct L2Counters {
     pub nd_suppressed: u64,
     /// Neighbour solicitations flooded to the members (no binding known).
     pub nd_flooded: u64,
+    /// Addresses two members' hosts spoke for at once (ARP or advertisements): no longer
+    /// answered here for either.
+    pub neighbour_conflicts: u64,
     /// Drops by reason, in [`L2Drop::ALL`] order.
-    pub drops: [u64; 9],
+    pub drops: [u64; 10],
 }
 
 impl L2Counters {
@@ -290,6 +298,15 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     /// The switch's settings.
     pub fn config(&self) -> &L2Config {
         &self.config
+    }
+
+    /// The namespace's policy denied the frame the switch just sent to one member
+    /// (`to_peer`: counted there no more) or took from one (`to_peer` false).
+    pub fn count_denied(&mut self, to_peer: bool) {
+        if to_peer {
+            self.counters.to_peer = self.counters.to_peer.saturating_sub(1);
+        }
+        self.counters.drops[L2Drop::Policy.index()] += 1;
     }
 
     /// What the switch has done so far.

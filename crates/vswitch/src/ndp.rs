@@ -37,13 +37,22 @@ pub enum Message {
     /// Who has `target`? With the asker's link-layer address, unless it is a duplicate
     /// address probe (source `::`, which carries none).
     Solicitation { target: Ipv6Addr, link: Option<Mac> },
-    /// `target` is at `link` (absent: at the frame's source); `router` is the R flag.
+    /// `target` is at `link` (absent: at the frame's source), with the R and O flags in
+    /// `flags`.
     Advertisement {
         target: Ipv6Addr,
         link: Option<Mac>,
-        router: bool,
+        flags: NaFlags,
         solicited: bool,
     },
+}
+
+/// What an advertisement says of its sender besides where it is: R (a router) and O (it
+/// overrides a cached address; clear for anycast and proxies, RFC 4861 7.2.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NaFlags {
+    pub router: bool,
+    pub override_cache: bool,
 }
 
 /// A neighbour discovery message and the IPv6 addresses it travelled between.
@@ -106,7 +115,10 @@ pub fn parse(frame: &[u8]) -> Option<Neighbour> {
             Message::Advertisement {
                 target,
                 link,
-                router: icmp[4] & FLAG_ROUTER != 0,
+                flags: NaFlags {
+                    router: icmp[4] & FLAG_ROUTER != 0,
+                    override_cache: icmp[4] & FLAG_OVERRIDE != 0,
+                },
                 solicited,
             }
         }
@@ -181,17 +193,23 @@ pub fn emit_solicitation(
 
 /// Writes a solicited advertisement into `buf` (at least [`ADVERTISEMENT_FRAME_LEN`]
 /// bytes): `target` is at `target_mac`, told from `target` to `to` at `to_mac`, with the
-/// R flag as the target's own advertisements set it. Returns its length, or `None` if
-/// `buf` is shorter.
+/// R and O flags as the target's own advertisements set them. Returns its length, or
+/// `None` if `buf` is shorter.
 pub fn emit_advertisement(
     buf: &mut [u8],
     (target, target_mac): (Ipv6Addr, Mac),
     (to, to_mac): (Ipv6Addr, Mac),
-    router: bool,
+    flags: NaFlags,
 ) -> Option<usize> {
     emit(buf, (target_mac, to_mac), (target, to), |icmp| {
         icmp[0] = TYPE_ADVERTISEMENT;
-        icmp[4] = FLAG_SOLICITED | FLAG_OVERRIDE | if router { FLAG_ROUTER } else { 0 };
+        icmp[4] = FLAG_SOLICITED
+            | if flags.override_cache {
+                FLAG_OVERRIDE
+            } else {
+                0
+            }
+            | if flags.router { FLAG_ROUTER } else { 0 };
         icmp[8..24].copy_from_slice(&target.octets());
         icmp[24] = OPTION_TARGET_LINK;
         icmp[26..32].copy_from_slice(&target_mac);

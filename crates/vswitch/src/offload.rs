@@ -31,6 +31,10 @@ use crate::wire::{ipv4_header_checksum, ETHERTYPE_IPV4, ETH_HEADER_LEN, IPPROTO_
 pub const VIRTIO_HEADER_LEN: usize = 10;
 
 /// Largest super-frame: an IP packet of 65535 bytes behind its Ethernet header.
+/// 802.1Q and 802.1ad tag protocol identifiers: a tagged super-frame is cut past its tags.
+const ETHERTYPE_VLAN: u16 = 0x8100;
+const ETHERTYPE_QINQ: u16 = 0x88a8;
+
 pub const MAX_SUPER_FRAME: usize = ETH_HEADER_LEN + 65535;
 
 /// EtherType of IPv6.
@@ -176,6 +180,9 @@ pub fn complete_checksum(header: &VirtioHeader, frame: &mut [u8]) -> Result<(), 
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     ipv6: bool,
+    /// Offset of the IP header: after the Ethernet header and its VLAN tags, if any (a
+    /// layer-2 namespace carries a host's tagged super-frames as they are).
+    ip: usize,
     /// Offset of the transport header (after Ethernet and IP).
     l4: usize,
     /// Offset of the payload (after the transport header).
@@ -186,14 +193,25 @@ struct Layout {
 }
 
 impl Layout {
-    /// Reads the Ethernet, IP and transport headers of `frame`. IPv4 options are allowed
-    /// (copied into every segment); IPv6 extension headers are not.
+    /// Reads the Ethernet (up to two VLAN tags), IP and transport headers of `frame`.
+    /// IPv4 options are allowed (copied into every segment); IPv6 extension headers are
+    /// not.
     fn parse(frame: &[u8]) -> Result<Self, Error> {
         if frame.len() < ETH_HEADER_LEN + 20 {
             return Err(Error::Truncated);
         }
-        let ethertype = be16(frame, 12);
-        let ip = ETH_HEADER_LEN;
+        let mut ethertype = be16(frame, 12);
+        let mut ip = ETH_HEADER_LEN;
+        for _ in 0..2 {
+            if ethertype != ETHERTYPE_VLAN && ethertype != ETHERTYPE_QINQ {
+                break;
+            }
+            if frame.len() < ip + 4 + 20 {
+                return Err(Error::Truncated);
+            }
+            ethertype = be16(frame, ip + 2);
+            ip += 4;
+        }
         let (ipv6, l4, end, protocol) = match ethertype {
             ETHERTYPE_IPV4 => {
                 let ihl = usize::from(frame[ip] & 0x0f) * 4;
@@ -237,6 +255,7 @@ impl Layout {
         }
         Ok(Self {
             ipv6,
+            ip,
             l4,
             payload,
             end,
@@ -247,7 +266,7 @@ impl Layout {
     /// The pseudo-header sum (RFC 793 3.1, RFC 8200 8.1) for a transport segment of `len`
     /// bytes.
     fn pseudo_sum(&self, frame: &[u8], len: usize) -> u64 {
-        let ip = ETH_HEADER_LEN;
+        let ip = self.ip;
         let addresses = if self.ipv6 {
             &frame[ip + 8..ip + 40]
         } else {
@@ -313,6 +332,7 @@ impl<'a> Segments<'a> {
     pub fn next_into(&mut self, buf: &mut [u8]) -> Option<usize> {
         let Layout {
             ipv6,
+            ip,
             l4,
             payload,
             end,
@@ -329,7 +349,6 @@ impl<'a> Segments<'a> {
         let out = buf.get_mut(..len)?;
         out[..payload].copy_from_slice(&self.frame[..payload]);
         out[payload..].copy_from_slice(&data[self.done..self.done + take]);
-        let ip = ETH_HEADER_LEN;
         if ipv6 {
             let ip_payload = (len - ip - IPV6_HEADER_LEN) as u16;
             out[ip + 4..ip + 6].copy_from_slice(&ip_payload.to_be_bytes());
@@ -636,7 +655,8 @@ impl Candidate {
     /// `udp`: whether UDP datagrams may be candidates (checked before any checksum).
     fn parse(frame: &[u8], udp: bool) -> Option<Self> {
         let layout = Layout::parse(frame).ok()?;
-        if layout.payload == layout.end {
+        // Tagged frames are written as they are: what follows reads an untagged header.
+        if layout.payload == layout.end || layout.ip != ETH_HEADER_LEN {
             return None;
         }
         if !layout.ipv6 && be16(frame, ETH_HEADER_LEN + 6) & IPV4_MF_OFFSET_MASK != 0 {

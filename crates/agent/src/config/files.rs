@@ -28,11 +28,14 @@ pub(crate) fn compile_policy(
         )
     })?;
     let policy = Policy::compile(&file, certified).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
-    if let Some(layer2) = layer2 {
-        policy
-            .check_layer(layer2)
-            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    match layer2 {
+        Some(layer2) => policy.check_layer(layer2),
+        // Not known (signing): it must fit one kind of namespace or the other.
+        None => policy
+            .check_layer(false)
+            .or_else(|_| policy.check_layer(true)),
     }
+    .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
     Ok(policy)
 }
 

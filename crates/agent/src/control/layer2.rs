@@ -49,6 +49,23 @@ pub struct Layer2Status {
     pub nd_suppressed: u64,
     /// Neighbour solicitations from this side flooded to the members (no binding known).
     pub nd_flooded: u64,
+    /// Addresses two members' hosts spoke for at once (ARP or advertisements): answered
+    /// here for neither from then on.
+    pub neighbour_conflicts: u64,
+    /// MACs on this side whose lease (in the DHT) this member holds, and those it does
+    /// not hold (being claimed, or another member's: a host that moved here, or the same
+    /// MAC on two sites); gauges.
+    pub mac_leases_held: usize,
+    pub mac_leases_unheld: usize,
+    /// Times a MAC lease this member held went to another member (partitions merged).
+    pub mac_leases_lost: u64,
+    /// MACs members announced that the DHT says are theirs (gauge).
+    pub member_macs_verified: usize,
+    /// MACs members announced that are another member's lease (or nobody's) past the
+    /// grace: their frames from them are dropped (gauge).
+    pub member_macs_refused: usize,
+    /// Such refusals so far.
+    pub member_mac_refusals: u64,
     /// Frames dropped, by reason.
     pub drops: BTreeMap<String, u64>,
 }

@@ -193,6 +193,8 @@ pub(crate) enum ToControl {
     },
     /// What the tunnel node reported (the switches already applied their part).
     Node(hyphae_overlay::Event),
+    /// A layer-2 switch's MACs on this side changed: these are held as leases.
+    LocalMacs { ns: usize, macs: Vec<Mac> },
 }
 
 impl ToControl {
@@ -201,7 +203,7 @@ impl ToControl {
     fn is_event(&self) -> bool {
         matches!(
             self,
-            Self::GroupWanted { .. } | Self::Lan { .. } | Self::Node(_)
+            Self::GroupWanted { .. } | Self::Lan { .. } | Self::Node(_) | Self::LocalMacs { .. }
         )
     }
 }

@@ -80,14 +80,24 @@ impl Control {
             }
             ToControl::Lan { ns, event } => self.lan_event(ns, now, event),
             ToControl::Node(event) => self.node_event(now, event),
+            ToControl::LocalMacs { ns, macs } => {
+                if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
+                    n.membership.set_macs(now, &macs);
+                }
+            }
         }
     }
 
     /// What the tunnel node reported (the switches have applied their part).
     fn node_event(&mut self, now: Instant, event: hyphae_overlay::Event) {
         match event {
-            hyphae_overlay::Event::PeerUnreachable { ns, addresses, .. } => {
+            hyphae_overlay::Event::PeerUnreachable {
+                ns,
+                addresses,
+                peer,
+            } => {
                 if let Some(n) = self.namespaces.get_mut(ns.0) {
+                    n.mac_checks.forget_handle(now, peer);
                     n.membership.forget(&addresses);
                     // Gone, or only our path to it: the group says which, soon.
                     n.membership.refresh_group_soon(now);
@@ -101,8 +111,19 @@ impl Control {
                     }
                 }
             }
-            // The layer-2 switch took them in the data plane.
-            hyphae_overlay::Event::PeerMacs { .. } => {}
+            // The layer-2 switch took them in the data plane; each is checked against the
+            // DHT here.
+            hyphae_overlay::Event::PeerMacs { ns, peer, .. } => {
+                let Some(n) = self.namespaces.get_mut(ns.0).filter(|n| n.active()) else {
+                    return;
+                };
+                let mut dp = lock(&self.dp);
+                let Some((id, macs)) = dp.node.announced_macs(peer) else {
+                    return;
+                };
+                let changes = n.mac_checks.announced(now, (id, peer), macs);
+                refuse_macs(&mut dp, now, &mut self.batch, &changes);
+            }
         }
     }
 
@@ -370,6 +391,11 @@ impl Control {
                 self.hosted_claimed(i, now, address, outcome);
             }
             Event::Holder { address, holder } => self.holder_found(i, now, address, holder),
+            Event::MacHolder { mac, holder } => {
+                let changes = n.mac_checks.holder(now, mac, holder);
+                let mut dp = lock(&self.dp);
+                refuse_macs(&mut dp, now, &mut self.batch, &changes);
+            }
             Event::HolderRead { address, holder } => {
                 let held = HeldBy(&n.membership);
                 n.dns.handle_lookup(
@@ -380,5 +406,22 @@ impl Control {
                 );
             }
         }
+    }
+}
+
+/// Tells the node what the DHT checks decided (its frames from a refused MAC dropped,
+/// frames to that MAC sent to its holder), and the switch through the node's events.
+fn refuse_macs(
+    dp: &mut super::data::DataPlane,
+    now: Instant,
+    out: &mut super::data::Batch,
+    changes: &[super::mac_checks::Change<hyphae_overlay::PeerHandle>],
+) {
+    let mut changed = false;
+    for c in changes {
+        changed |= dp.node.refuse_mac(c.peer, c.mac, c.refused);
+    }
+    if changed {
+        dp.drain_node(now, out);
     }
 }

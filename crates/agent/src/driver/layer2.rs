@@ -71,7 +71,11 @@ impl DataPlane {
         let Some(l2) = lane.l2.as_mut() else {
             return;
         };
+        if !allowed {
+            l2.count_denied(true);
+        }
         let pieces = match action {
+            L2Action::ToPeer(_) if !allowed => None,
             L2Action::ToPeer(_) | L2Action::Flood => l2.pieces(frame.len()),
             L2Action::Answer => {
                 // An ARP request a member's host answers, answered here (tagged on a trunk).
@@ -131,7 +135,9 @@ impl DataPlane {
         };
         if l2.take_local_changed() {
             let macs = l2.local_macs();
-            self.node.set_macs(now, NamespaceId(i), macs);
+            self.node.set_macs(now, NamespaceId(i), macs.clone());
+            // Each held as a lease in the DHT, so no other member can claim them.
+            self.tell_control(super::data::ToControl::LocalMacs { ns: i, macs });
         }
     }
 
@@ -160,6 +166,7 @@ impl DataPlane {
                 // The policy first: a denied frame teaches the switch nothing.
                 let et = ethertype(frame).unwrap_or_default();
                 if !lane.policy.frame(&self.node, from, et, true) {
+                    l2.count_denied(false);
                     return;
                 }
                 if l2.handle_peer_frame(now, from, frame) != L2Action::ToTap {
@@ -168,13 +175,15 @@ impl DataPlane {
                 frame.len()
             }
             Some(Envelope::Fragment(piece)) => {
-                if l2.handle_peer_piece(now, from, piece) == L2Action::ToTap {
-                    // Whole again, in the switch: checked, then written from there.
-                    let frame = l2.assembled();
+                // Checked by the policy once whole, before the switch takes it.
+                let (policy, node) = (&mut lane.policy, &self.node);
+                let allow = |frame: &[u8]| {
                     let et = ethertype(frame).unwrap_or_default();
-                    if !lane.policy.frame(&self.node, from, et, true) {
-                        return;
-                    }
+                    policy.frame(node, from, et, true)
+                };
+                if l2.handle_peer_piece(now, from, piece, allow) == L2Action::ToTap {
+                    // Whole again, in the switch: written from there.
+                    let frame = l2.assembled();
                     let len = match l2.config().vlan {
                         None => {
                             out.frame_room(frame.len()).copy_from_slice(frame);

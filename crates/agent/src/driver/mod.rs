@@ -29,6 +29,7 @@ mod host;
 mod joining;
 mod layer2;
 mod links;
+mod mac_checks;
 mod migration;
 mod policy;
 mod restart;
@@ -105,6 +106,8 @@ pub(crate) struct Joined {
     pub(crate) handoffs: migration::Handoffs,
     /// Members of the broadcast group (read from the DHT; the lane has them too).
     pub(crate) group: Vec<PeerId>,
+    /// A layer-2 namespace: the MACs members announced, checked against the DHT.
+    pub(crate) mac_checks: mac_checks::MacChecks<PeerId, hyphae_overlay::PeerHandle>,
     /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
     pub(crate) dhcp: Option<dhcp::Server>,
     /// The default gateway DHCP hands out, if configured.
@@ -388,8 +391,7 @@ impl Control {
                 tap: tap_mac,
                 device: device_mac,
             },
-            // A trunk's frames carry tags, which super-frames are not cut through.
-            self.offload && cfg.vlan.is_none(),
+            self.offload,
             self.workers.len(),
         )?;
         let keys = NamespaceKeys::derive(&cfg.name, &cfg.secret);
@@ -564,6 +566,7 @@ impl Control {
             membership,
             handoffs,
             group: Vec::new(),
+            mac_checks: Default::default(),
             dhcp: None,
             gateway: cfg.gateway,
             dns,
@@ -595,6 +598,7 @@ impl Control {
         let namespaces = self.namespaces.iter().filter(|n| n.active()).flat_map(|n| {
             [
                 n.membership.poll_timeout(),
+                n.mac_checks.poll_timeout(),
                 n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout),
                 n.dns.poll_timeout(),
                 n.handoffs.poll_timeout(),
@@ -655,6 +659,11 @@ impl Control {
             }
             if due(n.membership.poll_timeout()) {
                 n.membership.handle_timeout(now, unix);
+            }
+            if due(n.mac_checks.poll_timeout()) {
+                for mac in n.mac_checks.due(now) {
+                    n.membership.read_mac_holder(mac);
+                }
             }
             if due(n.handoffs.poll_timeout()) {
                 self.handoffs_timeout(i, now);

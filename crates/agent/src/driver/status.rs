@@ -243,7 +243,17 @@ impl Control {
                         .into_iter()
                         .map(|(n, a)| (n, a.to_string()))
                         .collect(),
-                    layer2: lane.layer2.clone(),
+                    layer2: lane.layer2.clone().map(|mut l2| {
+                        let held = m.mac_leases();
+                        let checks = p.mac_checks.counts();
+                        l2.mac_leases_held = held.held;
+                        l2.mac_leases_unheld = held.unheld;
+                        l2.mac_leases_lost = held.lost;
+                        l2.member_macs_verified = checks.verified;
+                        l2.member_macs_refused = checks.refused;
+                        l2.member_mac_refusals = checks.refusals;
+                        l2
+                    }),
                     dns: {
                         let (agent, zone, tcp) = p.dns.stats();
                         control::DnsStatus {
@@ -581,10 +591,13 @@ fn layer2_status(
         arp_flooded: c.arp_flooded,
         nd_suppressed: c.nd_suppressed,
         nd_flooded: c.nd_flooded,
+        neighbour_conflicts: c.neighbour_conflicts,
         drops: L2Drop::ALL
             .iter()
             .map(|r| (r.as_str().to_string(), c.dropped(*r)))
             .collect(),
+        // The leases and checks are the control plane's: filled in there.
+        ..Default::default()
     }
 }
 

@@ -62,6 +62,14 @@ pub enum Event {
         /// Its address.
         address: Option<Ipv4Addr>,
     },
+    /// A [`Membership::read_mac_holder`] finished: the member whose lease `mac` is
+    /// (`None`: nobody holds it).
+    MacHolder {
+        /// The MAC.
+        mac: [u8; 6],
+        /// Its holder.
+        holder: Option<crate::PeerId>,
+    },
     /// A [`Membership::read_holder`] finished: whether someone holds `address` (`None`:
     /// nobody), and the name it carries.
     HolderRead {

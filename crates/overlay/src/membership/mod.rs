@@ -30,8 +30,10 @@ pub use event::Event;
 pub use handoff::HostedClaim;
 mod group;
 mod handoff;
+mod macs;
 mod member_names;
 mod names;
+pub use macs::{mac_text, MacLeases, MAC_RECLAIM};
 mod resolve;
 mod settings;
 #[cfg(test)]
@@ -208,12 +210,19 @@ enum Purpose {
     Hosted(Ipv4Addr),
     HandOff(Ipv4Addr),
     Dhcp(DhcpClaim),
-    Name { name: String, sealed: Ipv4Addr },
+    Name {
+        name: String,
+        sealed: Ipv4Addr,
+    },
     Resolve(Ipv4Addr),
     ReadName(String),
     ReadHolder(Ipv4Addr),
     Holder(Ipv4Addr),
     GroupRead,
+    /// Layer 2: the lease on a MAC on this side.
+    Mac([u8; 6]),
+    /// Layer 2: who holds a MAC a member announced.
+    MacHolder([u8; 6]),
 }
 
 /// Monotonic time paired with wall-clock seconds: records carry Unix expiry times.
@@ -265,6 +274,9 @@ pub struct Membership {
     /// only name: `Some(None)` when the certificate's name is not a host name).
     certified_name: Option<Option<String>>,
     names: BTreeMap<String, NameLease>,
+    /// Layer 2: the MACs on this member's side, each a lease.
+    macs: BTreeMap<[u8; 6], macs::MacLease>,
+    mac_conflicts: u64,
     name_error: Option<String>,
     name_conflicts: u64,
     /// Addresses whose record must be sealed again (a name was won while a claim that
@@ -330,6 +342,8 @@ impl Membership {
             hostname: config.hostname,
             certified_name: None,
             names: BTreeMap::new(),
+            macs: BTreeMap::new(),
+            mac_conflicts: 0,
             name_error: None,
             name_conflicts: 0,
             reseal: HashSet::new(),
@@ -493,6 +507,9 @@ impl Membership {
                 due = Some(due.map_or(t, |d| d.min(t)));
             }
         };
+        if self.started {
+            earliest(self.macs_due());
+        }
         if self.settings.known {
             earliest(self.own.next.filter(|_| self.own.claiming.is_none()));
             for h in self.hosted.values().filter(|h| h.claiming.is_none()) {
@@ -540,6 +557,7 @@ impl Membership {
         for n in self.names.values_mut().filter(|n| n.owned) {
             bring(&mut n.next);
         }
+        self.renew_macs_by(soon);
         self.group.renew_soon(soon);
     }
 
@@ -552,6 +570,10 @@ impl Membership {
             return;
         }
         self.run_settings(now);
+        if self.started {
+            // A layer-2 namespace's MACs need no subnet.
+            self.run_macs(now);
+        }
         if self.settings.known {
             self.run_hosted(now);
             self.run_names(now);
@@ -572,7 +594,9 @@ impl Membership {
             Purpose::HandOff(address) => self.handed_off(now, token, address, result),
             Purpose::Dhcp(claim) => self.dhcp_claimed(now, claim, result),
             Purpose::Name { name, sealed } => self.name_claimed(now, token, name, sealed, result),
+            Purpose::Mac(mac) => self.mac_claimed(now, token, mac, result),
             Purpose::SettingsGet
+            | Purpose::MacHolder(_)
             | Purpose::Resolve(_)
             | Purpose::ReadName(_)
             | Purpose::ReadHolder(_)
@@ -589,6 +613,7 @@ impl Membership {
             Some(Purpose::ReadName(host)) => self.name_read(now, host, envelopes),
             Some(Purpose::ReadHolder(address)) => self.holder_read(now, address, envelopes),
             Some(Purpose::Holder(address)) => self.holder_found(now, address, envelopes),
+            Some(Purpose::MacHolder(mac)) => self.mac_holder_found(now, mac, envelopes),
             _ => {}
         }
     }
@@ -606,6 +631,7 @@ impl Membership {
     pub fn leave(&mut self) -> usize {
         let mut released = self.release_held();
         self.names.clear();
+        self.macs.clear();
         self.own = Own::new(None);
         self.hosted.clear();
         self.dhcp_clients.clear();
@@ -636,6 +662,7 @@ impl Membership {
                     .filter(|(_, n)| n.owned)
                     .map(|(name, _)| self.keys.name_key(name)),
             )
+            .chain(self.held_macs().map(|m| self.keys.mac_key(m)))
             .collect();
         let released = keys.len();
         for key in keys {

@@ -282,7 +282,8 @@ impl Node {
             credential: None,
             links: Vec::new(),
             macs: None,
-            mac_generation: 0,
+            // Random: parts left over from before a restart never join the next set.
+            mac_generation: rand::random(),
         });
         NamespaceId(self.namespaces.len() - 1)
     }
@@ -294,6 +295,12 @@ impl Node {
             return;
         };
         namespace.addresses.clear();
+        // A layer-2 member holds no MAC any more either (a new generation: its members
+        // take the empty set at once).
+        if let Some(macs) = namespace.macs.as_mut() {
+            macs.clear();
+            namespace.mac_generation = namespace.mac_generation.wrapping_add(1);
+        }
         for handle in self.handles_in(ns) {
             // Members with a session hear that we own nothing any more: their routes to
             // us go at once, not when we stop answering.
@@ -436,6 +443,46 @@ impl Node {
                 self.announce(now, handle);
             }
         }
+    }
+
+    /// The MACs the member of `handle` announced, as it announced them (refused ones
+    /// too), and its identity.
+    pub fn announced_macs(&self, handle: PeerHandle) -> Option<(PeerId, &[[u8; 6]])> {
+        let peer = self.peer(handle)?;
+        Some((peer.id, &peer.macs))
+    }
+
+    /// The DHT says `mac`, which the member of `handle` announced, is another member's
+    /// (`refused`), or its own after all: from now on its frames from `mac` are dropped
+    /// (counted as spoofed) and frames to `mac` go to whoever else announced it, or the
+    /// other way round. Reported as [`Event::PeerMacs`] for every member of the namespace
+    /// that announced `mac`. Returns whether anything changed.
+    pub fn refuse_mac(&mut self, handle: PeerHandle, mac: [u8; 6], refused: bool) -> bool {
+        let Some(peer) = self.peer_mut(handle) else {
+            return false;
+        };
+        let listed = peer.refused_macs.contains(&mac);
+        if listed == refused {
+            return false;
+        }
+        if refused {
+            // Bounded by what it announced.
+            peer.refused_macs.push(mac);
+            tracing::warn!(peer = ?peer.id, mac = ?mac, "a member announced a MAC another member holds: its frames from it are dropped");
+        } else {
+            peer.refused_macs.retain(|m| *m != mac);
+        }
+        let ns = peer.ns;
+        for h in self.handles_in(ns) {
+            if let Some(p) = self
+                .peer(h)
+                .filter(|p| h == handle || p.macs.contains(&mac))
+            {
+                let macs = p.usable_macs();
+                self.events.push_back(Event::PeerMacs { ns, peer: h, macs });
+            }
+        }
+        true
     }
 
     /// Whether `ns` is a layer-2 namespace.

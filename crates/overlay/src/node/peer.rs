@@ -148,6 +148,9 @@ pub(super) struct Peer {
     /// and the parts of its next announcement.
     pub(super) macs: Vec<[u8; 6]>,
     mac_parts: crate::wire::MacParts,
+    /// Of `macs`, those the DHT says are another member's ([`super::Node::refuse_mac`]):
+    /// its frames from them are dropped, and frames to them do not go to it.
+    pub(super) refused_macs: Vec<[u8; 6]>,
     /// Addresses this member may forward packets to from any source, until when: it held
     /// them until a LAN host moved here, and sends on what still reaches it for a grace
     /// period ([`crate::Node::accept_forwarded`]).
@@ -203,6 +206,7 @@ impl Peer {
             addresses: Vec::new(),
             macs: Vec::new(),
             mac_parts: Default::default(),
+            refused_macs: Vec::new(),
             forwards: Vec::new(),
             have_their_announce: false,
             speaks_uplinks: false,
@@ -531,16 +535,28 @@ impl Peer {
     }
 
     /// A part of the member's MAC announcement: once its last part is in, what it holds
-    /// now (sorted, deduplicated here).
-    pub(super) fn handle_macs(&mut self, part: crate::wire::MacPart) -> Option<&[[u8; 6]]> {
+    /// now (sorted, deduplicated here), less the MACs refused it.
+    pub(super) fn handle_macs(&mut self, part: crate::wire::MacPart) -> Option<Vec<[u8; 6]>> {
         let mut macs = self.mac_parts.take(part)?;
         macs.sort_unstable();
         macs.dedup();
         if self.macs != macs {
             tracing::debug!(peer = ?self.id, macs = macs.len(), "member MACs");
+            // A refusal lasts while the MAC is announced (the driver refuses it again if
+            // it comes back).
+            self.refused_macs.retain(|m| macs.contains(m));
             self.macs = macs;
         }
-        Some(&self.macs)
+        Some(self.usable_macs())
+    }
+
+    /// The MACs it announced that it may use: not refused.
+    pub(super) fn usable_macs(&self) -> Vec<[u8; 6]> {
+        self.macs
+            .iter()
+            .filter(|m| !self.refused_macs.contains(m))
+            .copied()
+            .collect()
     }
 
     /// A piece of a frame from a layer-2 namespace's member: counted (the switch that
@@ -555,7 +571,9 @@ impl Peer {
     /// a MAC the member announced.
     pub(super) fn accept_frame(&mut self, frame: &[u8], len: usize) -> Result<(), PeerDropReason> {
         let src = frame.get(6..12).and_then(|s| <[u8; 6]>::try_from(s).ok());
-        if src.is_none_or(|s| self.macs.binary_search(&s).is_err()) {
+        if src
+            .is_none_or(|s| self.macs.binary_search(&s).is_err() || self.refused_macs.contains(&s))
+        {
             return Err(PeerDropReason::SpoofedSource);
         }
         self.stats.rx_packets += 1;

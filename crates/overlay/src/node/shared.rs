@@ -501,6 +501,58 @@ mod tests {
     }
 
     #[test]
+    fn a_mac_refused_to_a_member_is_dropped_from_its_frames_and_its_set() {
+        let now = test_epoch();
+        let (mut a, mut b, ha, hb) = pair(now);
+        let (mine, held_elsewhere) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
+        b.set_macs(now, NamespaceId(0), Vec::new());
+        a.set_macs(now, NamespaceId(0), vec![mine, held_elsewhere]);
+        pump(&mut a, &mut b, now);
+        while b.poll_event().is_some() {}
+        assert_eq!(
+            b.announced_macs(hb).map(|(_, m)| m.to_vec()),
+            Some(vec![mine, held_elsewhere])
+        );
+        assert!(b.refuse_mac(hb, held_elsewhere, true));
+        assert!(!b.refuse_mac(hb, held_elsewhere, true), "once");
+        let mut reported = Vec::new();
+        while let Some(e) = b.poll_event() {
+            if let Event::PeerMacs { macs, .. } = e {
+                reported.push(macs);
+            }
+        }
+        assert_eq!(
+            reported,
+            vec![vec![mine]],
+            "the switch hears the set without it"
+        );
+        let mut rx = vec![0u8; 512];
+        for (src, expect) in [
+            (held_elsewhere, Err(PeerDropReason::SpoofedSource)),
+            (mine, Ok(())),
+        ] {
+            let p = enveloped(src);
+            let (t, out) = seal(&mut a, ha, &p);
+            let opened = b.tunnels().open(&out[t.range], &mut rx);
+            let got = match b.accept(now, A, opened, &rx) {
+                Received::Deliver { .. } => Ok(()),
+                Received::PeerDropped(_, reason) => Err(reason),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(got, expect);
+        }
+        // Its lease after all: allowed again.
+        assert!(b.refuse_mac(hb, held_elsewhere, false));
+        let p = enveloped(held_elsewhere);
+        let (t, out) = seal(&mut a, ha, &p);
+        let opened = b.tunnels().open(&out[t.range], &mut rx);
+        assert!(matches!(
+            b.accept(now, A, opened, &rx),
+            Received::Deliver { .. }
+        ));
+    }
+
+    #[test]
     fn a_layer2_member_delivers_frames_only_from_the_macs_it_announced() {
         let now = test_epoch();
         let (mut a, mut b, ha, hb) = pair(now);

@@ -382,7 +382,7 @@ impl Node {
                 };
                 // Reported changed or not: the switch decides again at each announcement
                 // whether a MAC heard on both sides has moved (`Layer2::set_peer_macs`).
-                let Some(macs) = peer.handle_macs(macs).map(<[_]>::to_vec) else {
+                let Some(macs) = peer.handle_macs(macs) else {
                     return Received::Consumed;
                 };
                 self.events.push_back(Event::PeerMacs {

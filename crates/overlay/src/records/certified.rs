@@ -80,6 +80,8 @@ pub fn check_claim(
         Some(Subject::Name(name)) if name == cert.name() && keys.name_key(&name) == *key => {
             Verdict::Priority
         }
+        // Any member may hold a MAC (a certificate names addresses, not hardware).
+        Some(Subject::Mac(mac)) if keys.mac_key(mac) == *key => Verdict::Allowed,
         None if keys.settings_key() == *key => Verdict::Allowed,
         _ => Verdict::NotAllowed,
     }

@@ -18,6 +18,8 @@ pub enum Subject {
     Address(Ipv4Addr),
     /// The lease on this host name ([`crate::NamespaceKeys::name_key`]).
     Name(String),
+    /// A layer-2 namespace: the lease on this MAC ([`crate::NamespaceKeys::mac_key`]).
+    Mac([u8; 6]),
 }
 
 /// The holder of a virtual address and where to reach it: the value of an address lease

@@ -6,16 +6,17 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
 use super::*;
-use crate::ndp::{self, Message, Neighbour};
+use crate::ndp::{self, Message, NaFlags, Neighbour};
 
 /// What a member's host said of one of its addresses.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Binding {
     mac: Mac,
     heard: Instant,
-    /// Its advertisements carry the R flag (IPv6): the answer must too, or its neighbours
-    /// would drop it from their default routers (RFC 4861 7.2.5).
-    router: bool,
+    /// The R and O flags of its advertisement (IPv6), copied into the answer: a router
+    /// answered for without R would be dropped from its neighbours' default routers (RFC
+    /// 4861 7.2.5), an anycast or proxy answer must not override a cache.
+    flags: NaFlags,
 }
 
 /// A request from this side that a binding could answer.
@@ -60,7 +61,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             }
             Request::Neighbour { mac, ip, target } => {
                 let Some(len) =
-                    ndp::emit_advertisement(&mut self.answer, (target, b.mac), (ip, mac), b.router)
+                    ndp::emit_advertisement(&mut self.answer, (target, b.mac), (ip, mac), b.flags)
                 else {
                     return false;
                 };
@@ -83,18 +84,18 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     /// (sent from its own MAC, for itself).
     pub(super) fn bind(&mut self, now: Instant, frame: &[u8]) {
         let src = frame.get(6..12).and_then(|s| <Mac>::try_from(s).ok());
-        let (mac, ip, router) = if let Some(arp) = arp_packet(frame) {
+        let (mac, ip, flags) = if let Some(arp) = arp_packet(frame) {
             let ip = arp.sender_ip();
             if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
                 return;
             }
-            (arp.sender_mac(), IpAddr::V4(ip), false)
+            (arp.sender_mac(), IpAddr::V4(ip), NaFlags::default())
         } else if let Some(Neighbour {
             message:
                 Message::Advertisement {
                     target,
                     link,
-                    router,
+                    flags,
                     ..
                 },
             ..
@@ -103,12 +104,22 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             let Some(mac) = link.or(src) else {
                 return;
             };
-            (mac, IpAddr::V6(target), router)
+            (mac, IpAddr::V6(target), flags)
         } else {
             return;
         };
         if src != Some(mac) {
             return;
+        }
+        // Two members' hosts speaking for one address (a failover, or one claiming
+        // another's): answered for neither, so requests reach both as without suppression.
+        if let Some(b) = self.bindings.get(&ip) {
+            let fresh = now.saturating_duration_since(b.heard) < MAC_AGE;
+            if b.mac != mac && fresh && self.remote.contains_key(&b.mac) {
+                self.bindings.remove(&ip);
+                self.counters.neighbour_conflicts += 1;
+                return;
+            }
         }
         // One host speaks for a few addresses, not for the namespace.
         let held = self.bindings.values().filter(|b| b.mac == mac).count();
@@ -123,7 +134,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             }
         }
         let heard = now;
-        self.bindings.insert(ip, Binding { mac, heard, router });
+        self.bindings.insert(ip, Binding { mac, heard, flags });
     }
 
     /// An address a host on this side speaks for (its ARP, its advertisement or its

@@ -47,7 +47,15 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
     /// it). Pieces must come in order; the whole frame, once there, must come from a MAC
     /// the member announced, and then goes as [`Layer2::handle_peer_frame`] says (a frame
     /// for the TAP is [`Layer2::assembled`]).
-    pub fn handle_peer_piece(&mut self, now: Instant, from: P, piece: Piece<'_>) -> L2Action<P> {
+    /// `allow` is asked about the whole frame before the switch takes it (the namespace's
+    /// policy): a frame it refuses teaches the switch nothing.
+    pub fn handle_peer_piece(
+        &mut self,
+        now: Instant,
+        from: P,
+        piece: Piece<'_>,
+        allow: impl FnOnce(&[u8]) -> bool,
+    ) -> L2Action<P> {
         let mut bytes = match self.gather(now, from, piece) {
             Gathered::Held => return L2Action::Held,
             Gathered::Dropped => return self.reassembly_drop(),
@@ -66,6 +74,10 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
         }
         self.counters.reassembled += 1;
         bytes.drain(..2);
+        if !allow(&bytes) {
+            self.count_denied(false);
+            return L2Action::Drop(L2Drop::Policy);
+        }
         let action = self.handle_peer_frame(now, from, &bytes);
         self.assembled = bytes;
         action

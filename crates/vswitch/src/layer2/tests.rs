@@ -304,7 +304,7 @@ fn deliver(sw: &mut Layer2<u32>, now: Instant, from: u32, packets: &[Vec<u8>]) -
     for p in packets {
         last = match parse_envelope(p).expect("an envelope") {
             Envelope::Whole(f) => sw.handle_peer_frame(now, from, f),
-            Envelope::Fragment(piece) => sw.handle_peer_piece(now, from, piece),
+            Envelope::Fragment(piece) => sw.handle_peer_piece(now, from, piece, |_| true),
         };
     }
     last
@@ -660,7 +660,11 @@ fn neighbour_solicitations_for_a_members_host_are_answered_here_and_not_flooded(
     // Nothing known: flooded; the far host's advertisement teaches the binding.
     assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
     let mut reply = [0u8; ADVERTISEMENT_FRAME_LEN];
-    emit_advertisement(&mut reply, (far, FAR), (a, LAN_A), true).unwrap();
+    let router = ndp::NaFlags {
+        router: true,
+        override_cache: true,
+    };
+    emit_advertisement(&mut reply, (far, FAR), (a, LAN_A), router).unwrap();
     assert_eq!(sw.handle_peer_frame(t0, 1, &reply), L2Action::ToTap);
     // The next resolution stays here, answered as the far host answered (R flag too).
     assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Answer);
@@ -680,7 +684,7 @@ fn neighbour_solicitations_for_a_members_host_are_answered_here_and_not_flooded(
     sw.set_peer_macs(t0, 1, &[FAR, FAR2]);
     let other = v6("fd00::f2");
     let mut lying = [0u8; ADVERTISEMENT_FRAME_LEN];
-    emit_advertisement(&mut lying, (other, FAR2), (a, LAN_A), false).unwrap();
+    emit_advertisement(&mut lying, (other, FAR2), (a, LAN_A), HOST).unwrap();
     lying[6..12].copy_from_slice(&FAR);
     sw.handle_peer_frame(t0, 1, &lying);
     let mut ask_other = [0u8; ADVERTISEMENT_FRAME_LEN];
@@ -688,7 +692,7 @@ fn neighbour_solicitations_for_a_members_host_are_answered_here_and_not_flooded(
     assert_eq!(sw.handle_tap_frame(t0, &ask_other), L2Action::Flood);
     // A host on this side advertising the address (a failover): flooded from then on.
     let mut takeover = [0u8; ADVERTISEMENT_FRAME_LEN];
-    emit_advertisement(&mut takeover, (far, LAN_B), (a, LAN_A), false).unwrap();
+    emit_advertisement(&mut takeover, (far, LAN_B), (a, LAN_A), HOST).unwrap();
     sw.handle_tap_frame(t0, &takeover);
     assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
     // Stale, or its MAC no longer a member's: flooded.
@@ -698,6 +702,44 @@ fn neighbour_solicitations_for_a_members_host_are_answered_here_and_not_flooded(
     sw.handle_peer_frame(t0, 1, &reply);
     sw.set_peer_macs(t0, 1, &[]);
     assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+}
+
+/// A host's own advertisement: not a router, overriding.
+const HOST: crate::ndp::NaFlags = crate::ndp::NaFlags {
+    router: false,
+    override_cache: true,
+};
+
+#[test]
+fn two_members_hosts_speaking_for_one_address_are_answered_for_by_neither() {
+    use crate::ndp::{emit_advertisement, emit_solicitation, ADVERTISEMENT_FRAME_LEN};
+    let t0 = Instant::now();
+    let mut sw = Layer2::<u32>::new(config(L2Mode::Router), t0);
+    sw.set_peer_macs(t0, 1, &[FAR]);
+    sw.set_peer_macs(t0, 2, &[FAR2]);
+    let (a, far) = (v6("fd00::a"), v6("fd00::f0"));
+    let mut request = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_solicitation(&mut request, (a, LAN_A), far).unwrap();
+    let mut owner = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_advertisement(&mut owner, (far, FAR), (a, LAN_A), HOST).unwrap();
+    sw.handle_peer_frame(t0, 1, &owner);
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Answer);
+    // Member 2's host says the address is its own (unsolicited, to all nodes): the switch
+    // no longer answers with either MAC, so the request reaches the real owner.
+    let mut claim = [0u8; ADVERTISEMENT_FRAME_LEN];
+    emit_advertisement(&mut claim, (far, FAR2), (a, LAN_A), HOST).unwrap();
+    sw.handle_peer_frame(t0, 2, &claim);
+    assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+    assert_eq!(sw.counters().neighbour_conflicts, 1);
+    // The same for ARP.
+    let (a4, far4) = ([10, 0, 0, 1], [10, 0, 0, 9]);
+    sw.handle_peer_frame(t0, 1, &arp(2, FAR, far4, LAN_A, a4));
+    sw.handle_peer_frame(t0, 2, &arp(2, FAR2, far4, LAN_A, a4));
+    assert_eq!(
+        sw.handle_tap_frame(t0, &arp(1, LAN_A, a4, [0; 6], far4)),
+        L2Action::Flood
+    );
+    assert_eq!(sw.counters().neighbour_conflicts, 2);
 }
 
 /// A solicitation from `::` as a kernel sends it: no link-layer option, checksum redone.

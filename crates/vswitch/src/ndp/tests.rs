@@ -6,6 +6,11 @@ const LINUX_SOLICITATION: &str = "3333ff00000b02000000000a86dd6000000000203afffd
 const LINUX_ADVERTISEMENT: &str = "02000000000a02000000000b86dd6000000000203afffd00000000000000000000000000000bfd00000000000000000000000000000a88001c7660000000fd00000000000000000000000000000b020102000000000b";
 
 const A: Mac = [2, 0, 0, 0, 0, 0x0a];
+/// What a host's own advertisement carries: not a router, overrides.
+const HOST: NaFlags = NaFlags {
+    router: false,
+    override_cache: true,
+};
 const B: Mac = [2, 0, 0, 0, 0, 0x0b];
 
 fn bytes(hex: &str) -> Vec<u8> {
@@ -37,7 +42,7 @@ fn a_kernel_solicitation_and_advertisement_are_read() {
         Message::Advertisement {
             target: ip("fd00::b"),
             link: Some(B),
-            router: false,
+            flags: HOST,
             solicited: true
         }
     );
@@ -46,22 +51,27 @@ fn a_kernel_solicitation_and_advertisement_are_read() {
 #[test]
 fn the_advertisement_built_is_the_kernels_byte_for_byte() {
     let mut buf = [0u8; ADVERTISEMENT_FRAME_LEN];
-    let len = emit_advertisement(&mut buf, (ip("fd00::b"), B), (ip("fd00::a"), A), false);
+    let len = emit_advertisement(&mut buf, (ip("fd00::b"), B), (ip("fd00::a"), A), HOST);
     assert_eq!(len, Some(ADVERTISEMENT_FRAME_LEN));
     assert_eq!(buf.to_vec(), bytes(LINUX_ADVERTISEMENT));
-    // A router's carries R, and still checks.
-    emit_advertisement(&mut buf, (ip("fd00::b"), B), (ip("fd00::a"), A), true).unwrap();
+    // A router's carries R, a proxy's no O, and still checks.
+    let proxy_router = NaFlags {
+        router: true,
+        override_cache: false,
+    };
+    emit_advertisement(
+        &mut buf,
+        (ip("fd00::b"), B),
+        (ip("fd00::a"), A),
+        proxy_router,
+    )
+    .unwrap();
     assert!(matches!(
         parse(&buf).unwrap().message,
-        Message::Advertisement { router: true, .. }
+        Message::Advertisement { flags, .. } if flags == proxy_router
     ));
     assert_eq!(
-        emit_advertisement(
-            &mut buf[..85],
-            (ip("fd00::b"), B),
-            (ip("fd00::a"), A),
-            false
-        ),
+        emit_advertisement(&mut buf[..85], (ip("fd00::b"), B), (ip("fd00::a"), A), HOST),
         None
     );
 }

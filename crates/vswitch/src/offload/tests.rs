@@ -561,3 +561,45 @@ fn udp_super_frames_end_at_a_short_datagram_another_flow_or_64_datagrams() {
     assert_eq!(&out[1][VIRTIO_HEADER_LEN..], &unchecked[..]);
     assert_eq!(VirtioHeader::parse(&out[1]).unwrap(), VirtioHeader::PLAIN);
 }
+
+#[test]
+fn a_vlan_tagged_super_frame_is_cut_into_tagged_segments() {
+    // What a host's VLAN device hands a layer-2 namespace's TAP: the tag inline (802.1Q,
+    // or 802.1ad outside it), the checksum offsets past it.
+    for tags in [
+        vec![0x81, 0x00, 0x00, 0x64],
+        vec![0x88, 0xa8, 0x00, 0x0a, 0x81, 0x00, 0x00, 0x64],
+    ] {
+        for ipv6 in [false, true] {
+            let plain = tcp_super_frame(ipv6, &TIMESTAMPS, 5000, TCP_ACK | TCP_PSH);
+            let mut tagged = plain[..12].to_vec();
+            tagged.extend_from_slice(&tags);
+            tagged.extend_from_slice(&plain[12..]);
+            let header = tso_header(ipv6, &plain, 1368);
+            let shift = tags.len() as u16;
+            let tagged_header = VirtioHeader {
+                hdr_len: header.hdr_len + shift,
+                csum_start: header.csum_start + shift,
+                ..header
+            };
+            let expected = segments_of(&header, &plain);
+            let got = segments_of(&tagged_header, &tagged);
+            assert_eq!(got.len(), expected.len());
+            for (g, e) in got.iter().zip(&expected) {
+                assert_eq!(
+                    &g[12..12 + tags.len()],
+                    &tags[..],
+                    "each segment keeps the tags"
+                );
+                let untagged = [&g[..12], &g[12 + tags.len()..]].concat();
+                assert_eq!(&untagged, e, "the same segment, tagged");
+            }
+        }
+    }
+    // A tagged frame is never coalesced: it is written as it is.
+    let plain = tcp_super_frame(false, &[], 1000, TCP_ACK);
+    let mut tagged = plain[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x64]);
+    tagged.extend_from_slice(&plain[12..]);
+    assert_eq!(Coalescer::new().handle_frame(&tagged), Offer::Refused);
+}

@@ -318,6 +318,7 @@ impl Net {
 }
 
 mod addresses;
+mod macs;
 mod merge;
 mod names;
 mod resolution;
