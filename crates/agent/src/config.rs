@@ -612,7 +612,7 @@ endpoint = "10.200.0.3"
             ("layer = 2\nhostname = \"h\"\n", "no virtual DHCP or DNS"),
             (
                 "layer = 2\nrate = \"10M\"\n",
-                "layer = 2 namespaces have no policy",
+                "layer = 2 namespaces have no `rate` or `cap`",
             ),
             (
                 "layer = 2\nmode = \"hybrid\"\nbridge = \"br0\"\n",
