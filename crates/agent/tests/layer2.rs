@@ -358,23 +358,9 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         "chromium renders the MAC table",
         Duration::from_secs(60),
         || {
-            let out = bed
-                .ns_output(
-                    &r1.ns,
-                    "chromium",
-                    &[
-                        "--headless",
-                        "--no-sandbox",
-                        "--disable-gpu",
-                        "--no-first-run",
-                        &format!("--user-data-dir={}", profile.display()),
-                        "--virtual-time-budget=3000",
-                        "--dump-dom",
-                        "http://127.0.0.1:9464/",
-                    ],
-                )
+            let dom = bed
+                .rendered_page(&r1, "http://127.0.0.1:9464/", &profile)
                 .map_err(|e| e.to_string())?;
-            let dom = String::from_utf8_lossy(&out.stdout);
             let main = dom.split("<main").nth(1).unwrap_or(&dom).to_string();
             (main.contains("layer 2 · ")
                 && main.contains("ARP answered here")

@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use hyphae_testbed::{join_config, require_root, AgentHandle, Host, Testbed};
@@ -277,33 +276,6 @@ fn metrics_cover_every_status_number_and_pass_promtool() {
     assert_eq!(topology["namespaces"][0]["members"][0]["identity"], b_id);
 }
 
-/// `chromium --headless --dump-dom` of the page, inside the host's namespace.
-fn rendered_page(bed: &Testbed, host: &Host, profile: &Path) -> String {
-    let out: Output = bed
-        .ns_output(
-            &host.ns,
-            "chromium",
-            &[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                &format!("--user-data-dir={}", profile.display()),
-                // Virtual time: the page's polls run, then the DOM is dumped.
-                "--virtual-time-budget=3000",
-                "--dump-dom",
-                &format!("http://{METRICS}/"),
-            ],
-        )
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Renders the page until its member rows satisfy `done` (60 s at most: the agent on a
 /// loaded machine may be slow to drop a tunnel); returns the page and its rows.
 fn render_until(
@@ -314,7 +286,9 @@ fn render_until(
 ) -> (String, BTreeMap<String, String>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let dom = rendered_page(bed, host, profile);
+        let dom = bed
+            .rendered_page(host, &format!("http://{METRICS}/"), profile)
+            .expect("chromium");
         let rows = member_rows(&dom);
         if done(&rows) {
             return (dom, rows);

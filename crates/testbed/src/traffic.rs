@@ -1,5 +1,6 @@
 //! Traffic between the testbed's hosts through the overlay, checked by clients no one here
-//! wrote: a TCP transfer (socat, sha256sum) and a UDP stream (iperf3).
+//! wrote: a TCP transfer (socat, sha256sum), a UDP stream (iperf3), and a web page as a
+//! browser renders it (chromium).
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -134,5 +135,34 @@ impl Testbed {
             (Some(packets), Some(lost)) => Ok((packets, lost)),
             _ => bail!("no UDP result from iperf3: {report}"),
         }
+    }
+
+    /// The DOM of the page at `url` once a headless chromium in `host`'s namespace has run
+    /// its scripts (3 s of virtual time: the page's first polls), with its profile in
+    /// `profile`.
+    pub fn rendered_page(
+        &self,
+        host: &Host,
+        url: &str,
+        profile: &std::path::Path,
+    ) -> Result<String> {
+        let out = self.ns_output(
+            &host.ns,
+            "chromium",
+            &[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                &format!("--user-data-dir={}", profile.display()),
+                "--virtual-time-budget=3000",
+                "--dump-dom",
+                url,
+            ],
+        )?;
+        if !out.status.success() {
+            bail!("chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
