@@ -260,6 +260,9 @@ pub struct Layer2<P> {
     /// Members' hosts' addresses and MACs, from their ARP packets and neighbour
     /// advertisements (for themselves, from the frame's own source MAC).
     bindings: HashMap<IpAddr, Binding>,
+    /// Addresses two members' hosts spoke for, and since when: bound to neither for
+    /// [`MAC_AGE`].
+    conflicted: HashMap<IpAddr, Instant>,
     /// The last answer built ([`L2Action::Answer`]), the longer of an ARP reply and a
     /// neighbour advertisement, and its length.
     answer: [u8; ADVERTISEMENT_FRAME_LEN],
@@ -289,6 +292,7 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             assembled: Vec::new(),
             next_id: 0,
             bindings: HashMap::new(),
+            conflicted: HashMap::new(),
             answer: [0; ADVERTISEMENT_FRAME_LEN],
             answer_len: 0,
             counters: L2Counters::default(),

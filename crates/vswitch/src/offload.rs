@@ -30,11 +30,12 @@ use crate::wire::{ipv4_header_checksum, ETHERTYPE_IPV4, ETH_HEADER_LEN, IPPROTO_
 /// the TAP's default `TUNSETVNETHDRSZ`).
 pub const VIRTIO_HEADER_LEN: usize = 10;
 
-/// Largest super-frame: an IP packet of 65535 bytes behind its Ethernet header.
 /// 802.1Q and 802.1ad tag protocol identifiers: a tagged super-frame is cut past its tags.
 const ETHERTYPE_VLAN: u16 = 0x8100;
 const ETHERTYPE_QINQ: u16 = 0x88a8;
 
+/// Largest super-frame the coalescer builds: an IP packet of 65535 bytes behind its
+/// Ethernet header (it takes no tagged frame).
 pub const MAX_SUPER_FRAME: usize = ETH_HEADER_LEN + 65535;
 
 /// EtherType of IPv6.

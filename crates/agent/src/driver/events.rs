@@ -92,12 +92,10 @@ impl Control {
     fn node_event(&mut self, now: Instant, event: hyphae_overlay::Event) {
         match event {
             hyphae_overlay::Event::PeerUnreachable {
-                ns,
-                addresses,
-                peer,
+                ns, addresses, id, ..
             } => {
                 if let Some(n) = self.namespaces.get_mut(ns.0) {
-                    n.mac_checks.forget_handle(now, peer);
+                    n.mac_checks.forget(now, id);
                     n.membership.forget(&addresses);
                     // Gone, or only our path to it: the group says which, soon.
                     n.membership.refresh_group_soon(now);
@@ -118,11 +116,12 @@ impl Control {
                     return;
                 };
                 let mut dp = lock(&self.dp);
-                let Some((id, macs)) = dp.node.announced_macs(peer) else {
+                // The member in that tunnel now, if it is still this namespace's.
+                let Some((id, macs)) = dp.node.announced_macs(ns, peer) else {
                     return;
                 };
-                let changes = n.mac_checks.announced(now, (id, peer), macs);
-                refuse_macs(&mut dp, now, &mut self.batch, &changes);
+                let changes = n.mac_checks.announced(now, id, macs);
+                refuse_macs(&mut dp, now, ns, &mut self.batch, &changes);
             }
         }
     }
@@ -394,7 +393,7 @@ impl Control {
             Event::MacHolder { mac, holder } => {
                 let changes = n.mac_checks.holder(now, mac, holder);
                 let mut dp = lock(&self.dp);
-                refuse_macs(&mut dp, now, &mut self.batch, &changes);
+                refuse_macs(&mut dp, now, NamespaceId(i), &mut self.batch, &changes);
             }
             Event::HolderRead { address, holder } => {
                 let held = HeldBy(&n.membership);
@@ -409,17 +408,21 @@ impl Control {
     }
 }
 
-/// Tells the node what the DHT checks decided (its frames from a refused MAC dropped,
-/// frames to that MAC sent to its holder), and the switch through the node's events.
+/// Tells the node what the DHT checks of namespace `ns` decided (a member's frames from a
+/// refused MAC dropped, frames to that MAC sent to its holder), and the switch through the
+/// node's events. Members are found by identity: the one in a tunnel now.
 fn refuse_macs(
     dp: &mut super::data::DataPlane,
     now: Instant,
+    ns: NamespaceId,
     out: &mut super::data::Batch,
-    changes: &[super::mac_checks::Change<hyphae_overlay::PeerHandle>],
+    changes: &[super::mac_checks::Change<hyphae_overlay::PeerId>],
 ) {
     let mut changed = false;
     for c in changes {
-        changed |= dp.node.refuse_mac(c.peer, c.mac, c.refused);
+        if let Some(handle) = dp.node.member_handle(ns, c.peer) {
+            changed |= dp.node.refuse_mac(handle, c.mac, c.refused);
+        }
     }
     if changed {
         dp.drain_node(now, out);

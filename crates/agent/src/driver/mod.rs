@@ -107,7 +107,7 @@ pub(crate) struct Joined {
     /// Members of the broadcast group (read from the DHT; the lane has them too).
     pub(crate) group: Vec<PeerId>,
     /// A layer-2 namespace: the MACs members announced, checked against the DHT.
-    pub(crate) mac_checks: mac_checks::MacChecks<PeerId, hyphae_overlay::PeerHandle>,
+    pub(crate) mac_checks: mac_checks::MacChecks<PeerId>,
     /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
     pub(crate) dhcp: Option<dhcp::Server>,
     /// The default gateway DHCP hands out, if configured.
@@ -660,7 +660,8 @@ impl Control {
             if due(n.membership.poll_timeout()) {
                 n.membership.handle_timeout(now, unix);
             }
-            if due(n.mac_checks.poll_timeout()) {
+            // Read once the membership runs (before, no lookup finds the replicas).
+            if n.membership.is_started() && due(n.mac_checks.poll_timeout()) {
                 for mac in n.mac_checks.due(now) {
                     n.membership.read_mac_holder(mac);
                 }

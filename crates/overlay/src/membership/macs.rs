@@ -137,14 +137,20 @@ impl Membership {
         result: &ClaimResult,
     ) {
         let renew_at = now + self.lease / 3;
-        // A MAC gone (and maybe back) while the claim was out: not this claim's.
-        let Some(l) = self
-            .macs
-            .get_mut(&mac)
-            .filter(|l| l.claiming == Some(token))
-        else {
+        let Some(l) = self.macs.get_mut(&mac) else {
+            // Gone while the claim was out (and its release maybe ahead of a renewal): a
+            // lease won for it is given back, or it would keep the MAC from its next site.
+            if matches!(result, ClaimResult::Won | ClaimResult::Kept(_)) {
+                self.request(Request::Release {
+                    key: self.keys.mac_key(mac),
+                });
+            }
             return;
         };
+        // Gone and back while the claim was out: the claim out now decides.
+        if l.claiming != Some(token) {
+            return;
+        }
         l.claiming = None;
         let was = l.owned;
         match result {

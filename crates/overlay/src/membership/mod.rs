@@ -522,6 +522,11 @@ impl Membership {
         due
     }
 
+    /// Whether [`Membership::start`] was called (and it has not left).
+    pub fn is_started(&self) -> bool {
+        self.started && !self.left
+    }
+
     /// Starts with the namespace record, then the first claim (call once the overlay has
     /// joined; again after a `hyphae join`).
     pub fn start(&mut self, now: Instant) {

@@ -218,6 +218,7 @@ impl Node {
             self.events.push_back(Event::PeerUnreachable {
                 ns: peer.ns,
                 peer: handle,
+                id: peer.id,
                 addresses: peer.addresses,
             });
         }

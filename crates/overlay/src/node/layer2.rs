@@ -32,10 +32,14 @@ impl Node {
         }
     }
 
-    /// The MACs the member of `handle` announced, as it announced them (refused ones
-    /// too), and its identity.
-    pub fn announced_macs(&self, handle: PeerHandle) -> Option<(PeerId, &[[u8; 6]])> {
-        let peer = self.peer(handle)?;
+    /// The MACs the member of `handle` in `ns` announced, as it announced them (refused
+    /// ones too), and its identity; `None` if the tunnel is not (or no longer) one of `ns`.
+    pub fn announced_macs(
+        &self,
+        ns: NamespaceId,
+        handle: PeerHandle,
+    ) -> Option<(PeerId, &[[u8; 6]])> {
+        let peer = self.peer(handle).filter(|p| p.ns == ns)?;
         Some((peer.id, &peer.macs))
     }
 
@@ -49,7 +53,8 @@ impl Node {
             return false;
         };
         let listed = peer.refused_macs.contains(&mac);
-        if listed == refused {
+        // Only a MAC it announced is refused (so the list stays within its announcement).
+        if listed == refused || (refused && !peer.macs.contains(&mac)) {
             return false;
         }
         if refused {

@@ -394,6 +394,7 @@ impl Node {
         self.events.push_back(Event::PeerUnreachable {
             ns: peer.ns,
             peer: handle,
+            id: peer.id,
             addresses: peer.addresses,
         });
         true
@@ -585,6 +586,7 @@ impl Node {
                 self.events.push_back(Event::PeerUnreachable {
                     ns: peer.ns,
                     peer: handle,
+                    id: peer.id,
                     addresses: peer.addresses,
                 });
             }

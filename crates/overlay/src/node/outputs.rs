@@ -60,6 +60,8 @@ pub enum Event {
         ns: NamespaceId,
         /// The member (its handle is free for reuse after this event).
         peer: PeerHandle,
+        /// Its identity.
+        id: PeerId,
         /// The addresses it had announced.
         addresses: Vec<Ipv4Addr>,
     },

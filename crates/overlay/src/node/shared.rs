@@ -510,7 +510,8 @@ mod tests {
         pump(&mut a, &mut b, now);
         while b.poll_event().is_some() {}
         assert_eq!(
-            b.announced_macs(hb).map(|(_, m)| m.to_vec()),
+            b.announced_macs(NamespaceId(0), hb)
+                .map(|(_, m)| m.to_vec()),
             Some(vec![mine, held_elsewhere])
         );
         assert!(b.refuse_mac(hb, held_elsewhere, true));

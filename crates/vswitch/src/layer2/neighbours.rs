@@ -112,11 +112,25 @@ impl<P: Copy + Eq + std::hash::Hash> Layer2<P> {
             return;
         }
         // Two members' hosts speaking for one address (a failover, or one claiming
-        // another's): answered for neither, so requests reach both as without suppression.
+        // another's): answered for neither for MAC_AGE, so requests reach both as without
+        // suppression, however often either speaks.
+        if let Some(t) = self.conflicted.get(&ip) {
+            if now.saturating_duration_since(*t) < MAC_AGE {
+                return;
+            }
+            self.conflicted.remove(&ip);
+        }
         if let Some(b) = self.bindings.get(&ip) {
             let fresh = now.saturating_duration_since(b.heard) < MAC_AGE;
             if b.mac != mac && fresh && self.remote.contains_key(&b.mac) {
                 self.bindings.remove(&ip);
+                if self.conflicted.len() >= MAX_MACS {
+                    self.conflicted
+                        .retain(|_, t| now.saturating_duration_since(*t) < MAC_AGE);
+                }
+                if self.conflicted.len() < MAX_MACS {
+                    self.conflicted.insert(ip, now);
+                }
                 self.counters.neighbour_conflicts += 1;
                 return;
             }

@@ -731,6 +731,14 @@ fn two_members_hosts_speaking_for_one_address_are_answered_for_by_neither() {
     sw.handle_peer_frame(t0, 2, &claim);
     assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
     assert_eq!(sw.counters().neighbour_conflicts, 1);
+    // However often either speaks again, for MAC_AGE.
+    for (from, frame) in [(2, &claim), (2, &claim), (1, &owner)] {
+        sw.handle_peer_frame(t0, from, frame);
+        assert_eq!(sw.handle_tap_frame(t0, &request), L2Action::Flood);
+    }
+    let later = t0 + MAC_AGE;
+    sw.handle_peer_frame(later, 1, &owner);
+    assert_eq!(sw.handle_tap_frame(later, &request), L2Action::Answer);
     // The same for ARP.
     let (a4, far4) = ([10, 0, 0, 1], [10, 0, 0, 9]);
     sw.handle_peer_frame(t0, 1, &arp(2, FAR, far4, LAN_A, a4));

@@ -62,3 +62,20 @@ fn a_mac_is_one_members_lease_until_it_lets_it_go() {
     net.run_for(Duration::from_millis(200));
     assert_eq!(holders(&net.take_events(b)), vec![(N, None)]);
 }
+
+#[test]
+fn a_mac_gone_while_its_claim_is_out_leaves_no_lease_behind() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Auto), 1);
+    net.run_for(Duration::from_secs(1));
+    net.members[a].set_macs(net.now, &[M]);
+    // The claim goes out; the MAC goes before its answer comes back.
+    net.settle();
+    net.members[a].set_macs(net.now, &[]);
+    net.run_for(Duration::from_secs(1));
+    assert!(
+        !net.replicas.leases.contains_key(&keys().mac_key(M)),
+        "the lease won for a MAC no longer here is given back"
+    );
+    assert_eq!(net.members[a].mac_leases(), MacLeases::default());
+}
