@@ -130,6 +130,24 @@ fn pings(bed: &Testbed, from: &Host, to: Ipv4Addr, count: u32) -> Result<(), Str
     }
 }
 
+/// The interface member at 10.200.0.1 (where the routers look for the overlay), its
+/// device `hyl0` at [`I_ADDR`].
+fn interface_member(bed: &mut Testbed, secret: &Path) -> (Host, AgentHandle) {
+    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&i),
+        lab_namespace(
+            secret,
+            SUBNET,
+            None,
+            &format!("layer = 2\nmode = \"interface\"\ndevice = \"hyl0\"\naddress = \"{I_ADDR}\"\nbroadcast_rate = {FLOOD_RATE}\n"),
+        )
+    );
+    let agent = bed.start_agent(&i, &cfg).unwrap();
+    (i, agent)
+}
+
 /// A router site: its LAN, its host and its agent in the layer-2 namespace (its section
 /// ending with `extra`).
 fn router(
@@ -209,18 +227,7 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
     hyphae_testbed::write_secret(&secret, "layer-two-secret").unwrap();
 
     // The interface member, the overlay's first.
-    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&i),
-        lab_namespace(
-            &secret,
-            SUBNET,
-            None,
-            &format!("layer = 2\nmode = \"interface\"\ndevice = \"hyl0\"\naddress = \"{I_ADDR}\"\nbroadcast_rate = {FLOOD_RATE}\n"),
-        )
-    );
-    let ia = bed.start_agent(&i, &cfg).unwrap();
+    let (i, ia) = interface_member(&mut bed, &secret);
     let (lan1, r1, r1a) = router(&mut bed, &secret, ("r1", 2), "");
     let (lan2, r2, r2a) = router(&mut bed, &secret, ("r2", 3), "");
     let a1 = bed
@@ -607,20 +614,7 @@ fn a_mac_another_member_holds_is_refused_to_a_second_site() {
     let mut bed = Testbed::new("l2spoof", Path::new(BIN)).unwrap();
     let secret = bed.dir().join("secret");
     hyphae_testbed::write_secret(&secret, "layer-two-secret").unwrap();
-    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&i),
-        lab_namespace(
-            &secret,
-            SUBNET,
-            None,
-            &format!(
-                "layer = 2\nmode = \"interface\"\ndevice = \"hyl0\"\naddress = \"{I_ADDR}\"\n"
-            ),
-        )
-    );
-    let ia = bed.start_agent(&i, &cfg).unwrap();
+    let (i, ia) = interface_member(&mut bed, &secret);
     let (lan1, r1, r1a) = router(&mut bed, &secret, ("r1", 2), "");
     let a1 = bed
         .add_lan_host(&lan1, "a1", &format!("{A1}/16"), 1500)

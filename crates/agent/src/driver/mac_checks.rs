@@ -189,6 +189,15 @@ impl<I: Copy + Eq + std::hash::Hash> MacChecks<I> {
         due
     }
 
+    /// Starts (`read`) the reads that are due, if any.
+    pub(crate) fn read_due(&mut self, now: Instant, mut read: impl FnMut(Mac)) {
+        if self.poll_timeout().is_some_and(|t| t <= now) {
+            for mac in self.due(now) {
+                read(mac);
+            }
+        }
+    }
+
     /// When [`MacChecks::due`] has something next. While [`MAX_READS`] are out, only a
     /// read's timeout (each answer is a turn of its own).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {

@@ -661,10 +661,9 @@ impl Control {
                 n.membership.handle_timeout(now, unix);
             }
             // Read once the membership runs (before, no lookup finds the replicas).
-            if n.membership.is_started() && due(n.mac_checks.poll_timeout()) {
-                for mac in n.mac_checks.due(now) {
-                    n.membership.read_mac_holder(mac);
-                }
+            if n.membership.is_started() {
+                n.mac_checks
+                    .read_due(now, |mac| n.membership.read_mac_holder(mac));
             }
             if due(n.handoffs.poll_timeout()) {
                 self.handoffs_timeout(i, now);
