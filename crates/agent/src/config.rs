@@ -130,6 +130,10 @@ struct NamespaceSection {
     #[serde(default)]
     address: Option<String>,
     #[serde(default)]
+    subnet6: Option<String>,
+    #[serde(default)]
+    address6: Option<String>,
+    #[serde(default)]
     bridge: Option<String>,
     #[serde(default)]
     uplink: Option<String>,
@@ -271,6 +275,19 @@ pub use hyphae_vswitch::Mode;
 
 /// How a member gets its virtual address: static, `auto`, none (router) or DHCP.
 pub use hyphae_overlay::membership::Address;
+/// How a member gets its IPv6 address: static, `auto` or none.
+pub use hyphae_overlay::membership::Address6;
+
+/// A namespace's IPv6 prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subnet6 {
+    /// A unique local /64 derived from the namespace's keys (the same at every member).
+    Derived,
+    /// This prefix (`subnet6 = "fd00:1::/64"`).
+    Prefix(ipnet::Ipv6Net),
+    /// IPv4 only (`subnet6 = "off"`).
+    Off,
+}
 
 /// One namespace membership.
 #[derive(Clone)]
@@ -315,6 +332,10 @@ pub struct Namespace {
     pub broadcast_rate: u32,
     /// This member's virtual address.
     pub address: Address,
+    /// The namespace's IPv6 prefix (`subnet6`): derived from the namespace by default.
+    pub subnet6: Subnet6,
+    /// This member's IPv6 address (`address6`): `auto` by default in interface mode.
+    pub address6: Address6,
     /// TAP MTU.
     pub mtu: u16,
     /// Members to contact at start (tunnel endpoints).
@@ -366,6 +387,8 @@ impl std::fmt::Debug for Namespace {
             .field("subnets", &self.subnets)
             .field("device", &self.device)
             .field("address", &self.address)
+            .field("subnet6", &self.subnet6)
+            .field("address6", &self.address6)
             .finish_non_exhaustive()
     }
 }
@@ -391,6 +414,8 @@ pub(crate) fn tests_namespace(name: &str) -> Namespace {
         lan_timeout: Duration::from_secs(default_lan_timeout_secs()),
         broadcast_rate: default_broadcast_rate(),
         address: Address::Auto,
+        subnet6: Subnet6::Derived,
+        address6: Address6::Auto,
         mtu: DEFAULT_MTU,
         peers: Vec::new(),
         bootstrap: Vec::new(),
@@ -878,6 +903,80 @@ endpoint = "10.200.0.3"
             e.contains("[agent] underlay") && e.contains("'xdp' is not an underlay"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn ipv6_is_on_by_default_and_its_keys_are_checked() {
+        let s = Some("0123456789abcdef");
+        let with = |lines: &str| GOOD.replace("address = ", &format!("{lines}address = "));
+        let ns = load(GOOD, s).unwrap().namespaces.remove(0);
+        assert_eq!(
+            (ns.subnet6, ns.address6),
+            (Subnet6::Derived, Address6::Auto)
+        );
+        let off = load(&with("subnet6 = \"off\"\n"), s)
+            .unwrap()
+            .namespaces
+            .remove(0);
+        assert_eq!((off.subnet6, off.address6), (Subnet6::Off, Address6::Auto));
+        let fixed = load(
+            &with("subnet6 = \"fd00:1::/64\"\naddress6 = \"fd00:1::7\"\n"),
+            s,
+        )
+        .unwrap()
+        .namespaces
+        .remove(0);
+        assert_eq!(
+            (fixed.subnet6, fixed.address6),
+            (
+                Subnet6::Prefix("fd00:1::/64".parse().unwrap()),
+                Address6::Static("fd00:1::7".parse().unwrap())
+            )
+        );
+        let none = load(&with("address6 = \"none\"\n"), s).unwrap();
+        assert_eq!(none.namespaces[0].address6, Address6::None);
+        // A namespace MTU below IPv6's minimum leaves it IPv4 only, unless IPv6 is asked for.
+        let small = load(&with("mtu = 1200\n"), s).unwrap().namespaces.remove(0);
+        assert_eq!(
+            (small.subnet6, small.address6),
+            (Subnet6::Off, Address6::None)
+        );
+        for (lines, says) in [
+            ("subnet6 = \"fd00:1::1/64\"\n", "has host bits set"),
+            ("subnet6 = \"10.0.0.0/8\"\n", "is not an IPv6 prefix"),
+            ("subnet6 = \"fd00::/124\"\n", "too small"),
+            ("address6 = \"fd00::zz\"\n", "is not an IPv6 address"),
+            (
+                "subnet6 = \"fd00:1::/64\"\naddress6 = \"fd00:2::7\"\n",
+                "is not a member's address",
+            ),
+            (
+                "subnet6 = \"fd00:1::/64\"\naddress6 = \"fd00:1::1\"\n",
+                "is not a member's address",
+            ),
+            (
+                "subnet6 = \"off\"\naddress6 = \"fd00:1::7\"\n",
+                "needs IPv6",
+            ),
+            (
+                "mtu = 1200\nsubnet6 = \"fd00:1::/64\"\n",
+                "below IPv6's 1280",
+            ),
+        ] {
+            let e = err(&with(lines), s);
+            assert!(e.contains(says), "{lines}: {e}");
+        }
+        let router = GOOD.replace("address = \"10.201.0.5\"\n", "").replace(
+            "subnet = ",
+            "mode = \"router\"\nbridge = \"br-lab\"\nsubnet = ",
+        );
+        let r = load(&router, s).unwrap().namespaces.remove(0);
+        assert_eq!(r.address6, Address6::None);
+        let e = err(
+            &router.replace("mode = ", "address6 = \"auto\"\nmode = "),
+            s,
+        );
+        assert!(e.contains("`address6` needs mode = \"interface\""), "{e}");
     }
 
     #[test]

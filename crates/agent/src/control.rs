@@ -488,6 +488,16 @@ pub struct NamespaceStatus {
     pub address: String,
     /// Whether the address is held in the DHT (lease won and renewed).
     pub address_claimed: bool,
+    /// A dual-stack namespace's IPv6 prefix; empty when the namespace is IPv4 only.
+    #[serde(default)]
+    pub subnet6: String,
+    /// This member's IPv6 address, held in the DHT; empty while it is claimed (or wants
+    /// none).
+    #[serde(default)]
+    pub address6: String,
+    /// Why no IPv6 address is held yet, while none is and one is wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6_error: Option<String>,
     /// Why no address is held yet (no namespace record, no free address, claim
     /// unanswered, owned by another member), while none is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -526,6 +536,12 @@ pub struct NamespaceStatus {
     pub to_device: u64,
     /// Proxy ARP replies.
     pub arp_replies: u64,
+    /// Proxy neighbour advertisements (IPv6).
+    #[serde(default)]
+    pub nd_replies: u64,
+    /// ICMPv6 "packet too big" answers for IPv6 packets larger than the tunnel.
+    #[serde(default)]
+    pub packet_too_big: u64,
     /// TCP SYNs whose MSS the switch lowered to fit the tunnel.
     #[serde(default)]
     pub mss_clamped: u64,
@@ -686,7 +702,7 @@ pub struct PeerStatus {
     pub relay_addresses: Vec<String>,
     /// Round trip of the current path in milliseconds, from the last answered probe.
     pub rtt_ms: Option<f64>,
-    /// Virtual addresses it announced.
+    /// Virtual addresses it announced (IPv4, then IPv6).
     pub addresses: Vec<String>,
     /// A layer-2 namespace: the MACs it announced (its device's, or its LAN's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

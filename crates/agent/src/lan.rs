@@ -10,7 +10,7 @@
 //! bridge is created if missing and left in place when the agent stops, so the LAN keeps
 //! working without it; the hybrid veth is removed with the namespace, as a TAP is.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -236,6 +236,25 @@ pub fn set_address(device: &str, address: Ipv4Addr, prefix: u8) -> Result<()> {
         "dev",
         device,
     ])
+}
+
+/// Gives `device` the IPv6 `address` (`None`: no global address); link-local ones stay.
+/// Without duplicate address detection: the address is a lease the DHT granted, and the
+/// switch answers no probe for it.
+pub fn set_address6(device: &str, address: Option<Ipv6Addr>, prefix: u8) -> Result<()> {
+    ip(&["-6", "addr", "flush", "dev", device, "scope", "global"])?;
+    match address {
+        Some(a) => ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{a}/{prefix}"),
+            "dev",
+            device,
+            "nodad",
+        ]),
+        None => Ok(()),
+    }
 }
 
 /// Routes `net` (another namespace's addresses) through `gateway`, a member of this

@@ -12,7 +12,7 @@ use hyphae_overlay::{Identity, PeerId};
 use tokio::net::UnixListener;
 use tun_rs::SyncDevice;
 
-use crate::config::{Address, Mode, Namespace};
+use crate::config::{Address, Mode, Namespace, Subnet6};
 
 /// Underlay socket buffers: room for a few milliseconds of traffic at 10 Gb/s.
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -354,11 +354,12 @@ fn build_tap(
         ),
         _ => anyhow::anyhow!("namespace '{}': cannot create TAP {name}: {e}", ns.name),
     })?;
-    // An IP namespace carries IPv4, and a bridge port speaks for no one: keep the kernel's
-    // IPv6 chatter (router solicitations, DAD) off the device. Best effort: IPv6 may be
-    // disabled host-wide already. A layer-2 interface member's device carries every frame,
-    // IPv6 among them.
-    if !(ns.layer2 && ns.mode == Mode::Interface) {
+    // A bridge port speaks for no one, and an IPv4-only namespace carries no IPv6: keep
+    // the kernel's IPv6 chatter (router solicitations, DAD) off such a device. Best effort:
+    // IPv6 may be disabled host-wide already. An interface member's device carries IPv6 in
+    // a dual-stack namespace, and every frame in a layer-2 one.
+    let ipv6 = ns.mode == Mode::Interface && (ns.layer2 || ns.subnet6 != Subnet6::Off);
+    if !ipv6 {
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
     }
     device

@@ -18,7 +18,7 @@
 //!   majority rule and the signatures contain.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use blake2::digest::{KeyInit, Mac};
@@ -26,6 +26,7 @@ use blake2::Blake2sMac256;
 use chacha20poly1305::aead::{Aead, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce};
 use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
 
 use crate::lease::{self, Replica};
@@ -102,6 +103,31 @@ impl NamespaceKeys {
     /// The key of the lease on virtual address `ip`.
     pub fn address_key(&self, ip: Ipv4Addr) -> RecordKey {
         self.record_key(b"address", &ip.octets())
+    }
+
+    /// The key of the lease on the IPv6 address `ip` (a dual-stack namespace's other
+    /// half: held, renewed and released as an IPv4 address is).
+    pub fn address6_key(&self, ip: Ipv6Addr) -> RecordKey {
+        self.record_key(b"address6", &ip.octets())
+    }
+
+    /// The stable interface identifier (the low 64 bits of an `auto` IPv6 address) of the
+    /// member whose peer id is `peer` in this namespace: the same across restarts, and
+    /// unknown to anyone without the namespace's keys.
+    pub fn interface_id(&self, peer: &[u8]) -> u64 {
+        let h = self.record_key(b"interface-id", peer);
+        u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
+    }
+
+    /// The namespace's IPv6 prefix when none is configured: a unique local /64 (RFC 4193)
+    /// whose 40-bit global ID comes from the namespace's keys, so every member derives the
+    /// same one with no configuration and two namespaces almost never share one.
+    pub fn ula_prefix(&self) -> Ipv6Net {
+        let id = self.record_key(b"ula", &[]);
+        let mut octets = [0u8; 16];
+        octets[0] = 0xfd;
+        octets[1..6].copy_from_slice(&id[..5]);
+        Ipv6Net::new(Ipv6Addr::from(octets), 64).unwrap_or_else(|_| unreachable!("/64"))
     }
 
     /// The key of the lease on MAC `mac` in a layer-2 namespace: the member that has it on

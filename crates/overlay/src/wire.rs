@@ -77,6 +77,7 @@ const RELAY_OFFER_MAGIC: &[u8; 4] = b"HYO1";
 const PROBE_MAGIC: &[u8; 4] = b"HYP1";
 const UPLINKS_MAGIC: &[u8; 4] = b"HYU1";
 const MACS_MAGIC: &[u8; 4] = b"HYM2";
+const ADDRESSES6_MAGIC: &[u8; 4] = b"HY61";
 
 /// Most MACs one [`Control::Macs`] part carries (200 of 6 bytes fit a tunnel of 1280).
 pub const MAX_MACS_PER_PART: usize = 200;
@@ -91,6 +92,8 @@ const FLAG_HAVE_YOURS: u8 = 1;
 /// In an announcement: the sender reads [`Control::Uplinks`] (an agent that does not, never
 /// gets one).
 const FLAG_UPLINKS: u8 = 2;
+/// In an announcement: the sender reads [`Control::Addresses6`] (dual stack).
+const FLAG_ADDRESSES6: u8 = 4;
 /// Most uplinks one member announces.
 pub const MAX_UPLINKS: usize = 8;
 /// Most addresses one announcement may carry.
@@ -335,7 +338,10 @@ pub fn parse_relay(datagram: &[u8]) -> Option<(u32, &[u8])> {
 
 /// Whether a decrypted packet is a control packet rather than a host's.
 pub fn is_control(packet: &[u8]) -> bool {
-    packet.len() >= 20 && packet[9] == CONTROL_PROTOCOL && packet[12..20] == [0; 8]
+    packet.len() >= 20
+        && packet[0] >> 4 == 4
+        && packet[9] == CONTROL_PROTOCOL
+        && packet[12..20] == [0; 8]
 }
 
 /// A control message between two members, inside their tunnel.
@@ -375,6 +381,10 @@ pub enum Control {
     /// A layer-2 namespace: part `part` of `parts` of every MAC the sender holds there,
     /// the only ones its frames may come from ([`MacParts`]). Sent with each announcement.
     Macs(MacPart),
+    /// The IPv6 addresses the sender holds in a dual-stack namespace (at most
+    /// [`MAX_ANNOUNCED`]), the only IPv6 sources its packets may have. Sent after each
+    /// announcement to members whose announcement set [`Announce::addresses6`].
+    Addresses6(Vec<Ipv6Addr>),
 }
 
 /// One part of a member's MAC announcement: a set too large for one control packet is
@@ -498,6 +508,14 @@ impl Control {
                     body.extend_from_slice(mac);
                 }
             }
+            Control::Addresses6(addresses) => {
+                let n = addresses.len().min(MAX_ANNOUNCED);
+                body.extend_from_slice(ADDRESSES6_MAGIC);
+                body.push(n as u8);
+                for a in &addresses[..n] {
+                    body.extend_from_slice(&a.octets());
+                }
+            }
         }
         control_packet(&body)
     }
@@ -566,6 +584,17 @@ impl Control {
                     macs,
                 }))
             }
+            m if m == ADDRESSES6_MAGIC => {
+                let n = usize::from(*rest.first()?);
+                if n > MAX_ANNOUNCED || rest.len() != 1 + 16 * n {
+                    return None;
+                }
+                let addresses = rest[1..]
+                    .chunks_exact(16)
+                    .map(|c| <[u8; 16]>::try_from(c).ok().map(Ipv6Addr::from))
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Control::Addresses6(addresses))
+            }
             _ => None,
         }
     }
@@ -627,6 +656,8 @@ pub struct Announce {
     pub have_yours: bool,
     /// Set by an agent that reads [`Control::Uplinks`] (a flag bit older agents ignore).
     pub uplinks: bool,
+    /// Set by an agent that reads [`Control::Addresses6`] (a flag bit older agents ignore).
+    pub addresses6: bool,
     /// The sender's addresses.
     pub addresses: Vec<Ipv4Addr>,
     /// Shards the sender accepts, 1 to [`MAX_SHARDS`] (a trailing byte: an agent that
@@ -646,6 +677,9 @@ impl Announce {
         let mut flags = if self.have_yours { FLAG_HAVE_YOURS } else { 0 };
         if self.uplinks {
             flags |= FLAG_UPLINKS;
+        }
+        if self.addresses6 {
+            flags |= FLAG_ADDRESSES6;
         }
         body.push(flags);
         body.push(n as u8);
@@ -687,6 +721,7 @@ impl Announce {
         Some(Self {
             have_yours: flags & FLAG_HAVE_YOURS != 0,
             uplinks: flags & FLAG_UPLINKS != 0,
+            addresses6: flags & FLAG_ADDRESSES6 != 0,
             addresses: list
                 .chunks_exact(4)
                 .map(|c| Ipv4Addr::new(c[0], c[1], c[2], c[3]))
@@ -723,10 +758,49 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_addresses_round_trip_and_malformed_lists_are_refused() {
+        let list: Vec<Ipv6Addr> = (1..=3u128)
+            .map(|i| Ipv6Addr::from(0xfd00_0000_0000_0000_0000_0000_0000_0000 | i))
+            .collect();
+        let p = Control::Addresses6(list.clone()).emit();
+        assert!(is_control(&p));
+        assert_eq!(Control::parse(&p), Some(Control::Addresses6(list)));
+        // Short, long, or counting more than it carries: refused.
+        assert_eq!(Control::parse(&p[..p.len() - 1]), None);
+        let mut long = p.clone();
+        long.push(0);
+        assert_eq!(Control::parse(&long), None);
+        let mut miscounted = p.clone();
+        miscounted[24] = 4;
+        assert_eq!(Control::parse(&miscounted), None);
+        // At most MAX_ANNOUNCED are sent; an empty list says "none".
+        let many: Vec<Ipv6Addr> = (0..MAX_ANNOUNCED as u128 + 5).map(Ipv6Addr::from).collect();
+        match Control::parse(&Control::Addresses6(many).emit()) {
+            Some(Control::Addresses6(sent)) => assert_eq!(sent.len(), MAX_ANNOUNCED),
+            other => panic!("{other:?}"),
+        }
+        let none = Control::Addresses6(Vec::new()).emit();
+        assert_eq!(Control::parse(&none), Some(Control::Addresses6(Vec::new())));
+    }
+
+    #[test]
+    fn an_ipv6_packet_is_never_taken_for_a_control_packet() {
+        // Bytes 9 and 12..20 of an IPv6 header lie in its source address: one whose
+        // bytes match the control pattern is still a host's packet.
+        let mut p = vec![0u8; 60];
+        p[0] = 0x60;
+        p[9] = CONTROL_PROTOCOL;
+        assert!(!is_control(&p));
+        p[0] = 0x45;
+        assert!(is_control(&p));
+    }
+
+    #[test]
     fn announce_round_trip_and_truncation() {
         let a = Announce {
             have_yours: true,
             uplinks: true,
+            addresses6: true,
             addresses: vec![Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 7)],
             shards: 4,
             certificate: Vec::new(),

@@ -16,11 +16,23 @@ impl Testbed {
     pub fn tcp_transfer(
         &mut self,
         from: &Host,
-        (to, address): (&Host, Ipv4Addr),
+        (to, address): (&Host, impl Into<std::net::IpAddr>),
         port: u16,
         len: usize,
         within: Duration,
     ) -> Result<()> {
+        let address: std::net::IpAddr = address.into();
+        // socat listens on IPv4 unless told; an IPv6 address goes in brackets.
+        let (listen, connect) = match address {
+            std::net::IpAddr::V4(a) => (
+                format!("TCP-LISTEN:{port},reuseaddr"),
+                format!("TCP:{a}:{port}"),
+            ),
+            std::net::IpAddr::V6(a) => (
+                format!("TCP6-LISTEN:{port},reuseaddr"),
+                format!("TCP6:[{a}]:{port}"),
+            ),
+        };
         let data = from.dir.join(format!("transfer-{port}.in"));
         let mut bytes = vec![0u8; len];
         let mut x: u64 = 0x2545f4914f6cdd1d ^ u64::from(port);
@@ -39,7 +51,7 @@ impl Testbed {
             "socat",
             &[
                 "-u",
-                &format!("TCP-LISTEN:{port},reuseaddr"),
+                &listen,
                 &format!("OPEN:{},creat,trunc", out.display()),
             ],
             &log,
@@ -53,7 +65,7 @@ impl Testbed {
                 "socat",
                 "-u",
                 &format!("OPEN:{}", data.display()),
-                &format!("TCP:{address}:{port},retry=20,interval=0.2"),
+                &format!("{connect},retry=20,interval=0.2"),
             ],
         )?;
         if !sent.status.success() {

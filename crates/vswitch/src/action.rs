@@ -3,7 +3,7 @@
 //! [`DropReason`].
 
 use std::hash::Hash;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::ops::Range;
 
 use crate::wire::Mac;
@@ -77,11 +77,11 @@ pub enum Action<P> {
         packet: Range<usize>,
     },
     /// No member is known to own `target`, a namespace address: the frame (an ARP request
-    /// or an IPv4 packet) should wait while the overlay resolves it, and go through the
+    /// or neighbour solicitation, or an IP packet) should wait while the overlay resolves it, and go through the
     /// switch again once a member announces the address.
     Resolve {
-        /// The address to resolve.
-        target: Ipv4Addr,
+        /// The address to resolve (IPv6 in a dual-stack namespace).
+        target: IpAddr,
     },
     /// Drop it, counted under the reason.
     Drop(DropReason),
@@ -168,11 +168,17 @@ pub enum DropReason {
     /// VEPA: a LAN host sent from a MAC or address it was not learned or leased with (or
     /// that the static table does not list), or from the gateway's address.
     Spoofed,
+    /// IPv6 that stays on its link: to or from a link-local address, or to a link-scoped
+    /// multicast group (MLD, router solicitations). It never crosses the overlay.
+    LinkLocal,
+    /// An IPv6 neighbour solicitation the switch does not answer (for the host's own
+    /// address, outside the prefix, or a duplicate address probe).
+    NdIgnored,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::Malformed,
         DropReason::UnsupportedProtocol,
         DropReason::ArpIgnored,
@@ -189,6 +195,8 @@ impl DropReason {
         DropReason::OtherSubnet,
         DropReason::TtlExceeded,
         DropReason::Spoofed,
+        DropReason::LinkLocal,
+        DropReason::NdIgnored,
     ];
 
     /// Stable snake_case name, used in status output.
@@ -210,6 +218,8 @@ impl DropReason {
             DropReason::OtherSubnet => "other_subnet",
             DropReason::TtlExceeded => "ttl_exceeded",
             DropReason::Spoofed => "spoofed",
+            DropReason::LinkLocal => "link_local",
+            DropReason::NdIgnored => "nd_ignored",
         }
     }
 
@@ -227,6 +237,10 @@ pub struct Counters {
     pub to_tap: u64,
     /// Proxy ARP replies written to the TAP.
     pub arp_replies: u64,
+    /// Proxy neighbour advertisements (IPv6) written to the TAP.
+    pub nd_replies: u64,
+    /// ICMPv6 "packet too big" answers to the host for IPv6 packets larger than the tunnel.
+    pub packet_too_big: u64,
     /// Frames held for resolution of an unknown namespace address.
     pub resolves: u64,
     /// Broadcast and multicast packets sent to every member.

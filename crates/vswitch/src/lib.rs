@@ -56,6 +56,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod icmp6;
 pub mod layer2;
 pub mod mtu;
 pub mod ndp;
@@ -71,10 +72,10 @@ mod switch;
 #[cfg(test)]
 mod captured;
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 pub use action::{Action, Client, Counters, DropReason, Event, PortCounts};
 pub use switch::Switch;
@@ -116,6 +117,12 @@ pub const REMOTE_MAC_PREFIX: [u8; 2] = [0xfe, 0xfd];
 /// lowest usable address of the subnet, as in IPOP.
 pub fn service_address(subnet: Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(subnet.network()).saturating_add(1))
+}
+
+/// A dual-stack namespace's IPv6 service address (its virtual DNS server's): the prefix
+/// with interface identifier 1, as [`service_address`] is the subnet's first.
+pub fn service_address6(prefix: Ipv6Net) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(prefix.network()) | 1)
 }
 
 /// How a namespace attaches to the host (IPOP Sec. 3).
@@ -184,6 +191,10 @@ pub struct Config {
     /// LAN hosts may send from (the VEPA paper's static address table); frames from any
     /// other pair are dropped as spoofed.
     pub lan_table: Vec<(Ipv4Addr, Mac)>,
+    /// A dual-stack namespace's IPv6 prefix (`None`: IPv4 only, IPv6 frames are dropped).
+    pub prefix6: Option<Ipv6Net>,
+    /// The host's own IPv6 address in it, once held (interface mode).
+    pub address6: Option<Ipv6Addr>,
 }
 
 impl Config {
@@ -213,6 +224,8 @@ impl Config {
             tunnel_mtu: DEFAULT_TUNNEL_MTU,
             lan_ports: LanPorts::Veb,
             lan_table: Vec::new(),
+            prefix6: None,
+            address6: None,
         }
     }
 }

@@ -117,6 +117,24 @@ pub fn clamp_mss(packet: &mut [u8], mss: u16) -> bool {
     let Some(tcp) = packet.get_mut(ihl..end) else {
         return false;
     };
+    clamp_tcp_mss(tcp, mss)
+}
+
+/// [`clamp_mss`] for a TCP SYN in the IPv6 `packet`, TCP directly behind the fixed header
+/// (a SYN carries no extension header in practice; one that does is left as it is).
+pub fn clamp_mss6(packet: &mut [u8], mss: u16) -> bool {
+    if packet.len() < 40 || packet[0] >> 4 != 6 || packet[6] != IPPROTO_TCP {
+        return false;
+    }
+    let end = (40 + usize::from(be16(packet, 4))).min(packet.len());
+    let Some(tcp) = packet.get_mut(40..end) else {
+        return false;
+    };
+    clamp_tcp_mss(tcp, mss)
+}
+
+/// Lowers the MSS option of the TCP SYN segment `tcp` to `mss`; see [`clamp_mss`].
+fn clamp_tcp_mss(tcp: &mut [u8], mss: u16) -> bool {
     const SYN: u8 = 0x02;
     if tcp.len() < 20 || tcp[13] & SYN == 0 {
         return false;

@@ -149,7 +149,7 @@ fn link_option(mut options: &[u8], wanted: u8) -> Option<Option<Mac>> {
 
 /// The ones'-complement sum of an ICMPv6 message and its pseudo-header (`addresses`: the
 /// source and destination, 32 bytes): 0xffff when its checksum is right.
-fn pseudo_sum(addresses: &[u8], icmp: &[u8]) -> u16 {
+pub(crate) fn pseudo_sum(addresses: &[u8], icmp: &[u8]) -> u16 {
     let mut pseudo = [0u8; 8];
     pseudo[..4].copy_from_slice(&(icmp.len() as u32).to_be_bytes());
     pseudo[7] = NEXT_HEADER_ICMPV6;

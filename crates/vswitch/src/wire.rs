@@ -5,7 +5,7 @@
 //! (and the fixed fields the switch relies on) once; after that no accessor can index out of
 //! bounds, whatever bytes the frame holds.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// An Ethernet MAC address.
 pub type Mac = [u8; 6];
@@ -257,6 +257,67 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         let b = self.0.as_ref();
         &b[usize::from(b[0] & 0x0f) * 4..self.total_len()]
     }
+}
+
+/// Length of the fixed IPv6 header.
+pub const IPV6_HEADER_LEN: usize = 40;
+
+/// A view of an IPv6 packet whose fixed header and declared payload fit the buffer.
+#[derive(Clone, Copy)]
+pub struct Ipv6Packet<T: AsRef<[u8]>>(T);
+
+impl<T: AsRef<[u8]>> Ipv6Packet<T> {
+    /// Checks the version and that the payload length fits the buffer.
+    pub fn new_checked(buf: T) -> Result<Self, Error> {
+        let b = buf.as_ref();
+        if b.len() < IPV6_HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if b[0] >> 4 != 6 {
+            return Err(Error::Unsupported);
+        }
+        if IPV6_HEADER_LEN + usize::from(be16(b, 4)) > b.len() {
+            return Err(Error::Truncated);
+        }
+        Ok(Self(buf))
+    }
+
+    /// The packet's length from its header, without link-layer padding after it.
+    pub fn total_len(&self) -> usize {
+        IPV6_HEADER_LEN + usize::from(be16(self.0.as_ref(), 4))
+    }
+
+    /// The next header (the transport protocol, when no extension header comes first).
+    pub fn next_header(&self) -> u8 {
+        self.0.as_ref()[6]
+    }
+
+    /// Source address.
+    pub fn src(&self) -> Ipv6Addr {
+        ipv6_at(self.0.as_ref(), 8)
+    }
+
+    /// Destination address.
+    pub fn dst(&self) -> Ipv6Addr {
+        ipv6_at(self.0.as_ref(), 24)
+    }
+
+    /// The bytes after the fixed header, up to the payload length.
+    pub fn payload(&self) -> &[u8] {
+        &self.0.as_ref()[IPV6_HEADER_LEN..self.total_len()]
+    }
+}
+
+fn ipv6_at(b: &[u8], at: usize) -> Ipv6Addr {
+    let mut o = [0u8; 16];
+    o.copy_from_slice(&b[at..at + 16]);
+    Ipv6Addr::from(o)
+}
+
+/// The Ethernet multicast MAC of an IPv6 multicast group (RFC 2464 7).
+pub fn multicast_mac6(group: Ipv6Addr) -> Mac {
+    let o = group.octets();
+    [0x33, 0x33, o[12], o[13], o[14], o[15]]
 }
 
 /// IP protocol number of UDP.

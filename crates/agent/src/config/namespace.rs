@@ -1,15 +1,16 @@
 //! One `[[namespace]]` table checked and turned into a [`Namespace`]: every field's rule
 //! and its one-line error.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use super::{
     check_in_subnet, host_resolvers, lan, parse_bootstrap, parse_resolver, parse_subnets, qos,
-    read_credential, read_policy, read_secret, resolve, Address, Mode, Namespace, NamespaceSection,
-    DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS, RESOLV_CONF,
+    read_credential, read_policy, read_secret, resolve, Address, Address6, Mode, Namespace,
+    NamespaceSection, Subnet6, DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS,
+    RESOLV_CONF,
 };
 
 /// An EtherType by name or in hex ([`hyphae_vswitch::layer2::parse_ethertype`]).
@@ -40,6 +41,59 @@ fn check_layer2(s: &NamespaceSection, mode: Mode) -> Result<()> {
         bail!("layer = 2 namespaces have no virtual DHCP or DNS: remove `gateway`, `resolvers` and `hostname` (a DHCP or DNS server on the segment serves its hosts)");
     }
     Ok(())
+}
+
+/// `subnet6` and `address6`: an IP namespace is dual-stack unless `subnet6 = "off"`; an
+/// interface member takes an `auto` IPv6 address unless it names one (or `"none"`).
+/// Router and hybrid members carry IPv4 only for now: they hold no IPv6 address.
+fn parse_ipv6(s: &NamespaceSection, mode: Mode, layer2: bool) -> Result<(Subnet6, Address6)> {
+    if layer2 {
+        if s.subnet6.is_some() || s.address6.is_some() {
+            bail!("layer = 2 namespaces carry IPv6 as any other frame: remove `subnet6` and `address6`");
+        }
+        return Ok((Subnet6::Off, Address6::None));
+    }
+    let subnet6 = match s.subnet6.as_deref() {
+        None => Subnet6::Derived,
+        Some("off" | "none") => Subnet6::Off,
+        Some(text) => {
+            let net: ipnet::Ipv6Net = text.parse().map_err(|_| {
+                anyhow::anyhow!("subnet6 '{text}' is not an IPv6 prefix (as \"fd12:3456:789a::/64\") or \"off\"")
+            })?;
+            if net != net.trunc() {
+                bail!(
+                    "subnet6 '{text}' has host bits set (the prefix is {})",
+                    net.trunc()
+                );
+            }
+            if net.prefix_len() > 120 {
+                bail!("subnet6 '{text}' is too small: a /120 or larger");
+            }
+            Subnet6::Prefix(net)
+        }
+    };
+    let address6 = match (mode, s.address6.as_deref()) {
+        (_, Some("none" | "off")) | (Mode::Router | Mode::Hybrid, None) => Address6::None,
+        (Mode::Router | Mode::Hybrid, Some(_)) => bail!(
+            "`address6` needs mode = \"interface\" (router and hybrid members carry IPv4 only for now)"
+        ),
+        (Mode::Interface, None | Some("auto")) => Address6::Auto,
+        (Mode::Interface, Some(text)) => {
+            let address: Ipv6Addr = text.parse().map_err(|_| {
+                anyhow::anyhow!("address6 '{text}' is not an IPv6 address, \"auto\" or \"none\"")
+            })?;
+            if let Subnet6::Prefix(net) = subnet6 {
+                if !hyphae_overlay::membership::usable6(net, address) {
+                    bail!("address6 {address} is not a member's address of subnet6 {net} (inside it, and neither ::0 nor ::1 of it)");
+                }
+            }
+            Address6::Static(address)
+        }
+    };
+    if subnet6 == Subnet6::Off && address6 != Address6::None && s.address6.is_some() {
+        bail!("`address6` needs IPv6: remove `subnet6 = \"off\"`");
+    }
+    Ok((subnet6, address6))
 }
 
 /// `mdns`: members may be found on the LAN, so the subnet may come from them.
@@ -104,6 +158,7 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
             Address::Static(address)
         }
     };
+    let (subnet6, address6) = parse_ipv6(&s, mode, layer2)?;
     let valid_dev = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
     let check_link = |key: &str, name: &str, max: usize| -> Result<()> {
         if name.is_empty() || name.len() > max || !name.chars().all(valid_dev) {
@@ -195,6 +250,12 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
     if !(576..=65000).contains(&mtu) {
         bail!("mtu {mtu} is outside 576..=65000");
     }
+    // IPv6 needs links of 1280 bytes at least (RFC 8200 5).
+    let (subnet6, address6) = match (mtu < 1280, s.subnet6.is_some() || s.address6.is_some()) {
+        (true, true) => bail!("mtu {mtu} is below IPv6's 1280: raise `mtu`, or remove `subnet6` and `address6` (the namespace is then IPv4 only)"),
+        (true, false) => (Subnet6::Off, Address6::None),
+        (false, _) => (subnet6, address6),
+    };
     let hostname = match (&s.hostname, mode) {
         (None, _) => None,
         (Some(_), Mode::Router) => bail!(
@@ -264,6 +325,8 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         lan_timeout: Duration::from_secs(s.lan_timeout_secs),
         broadcast_rate: s.broadcast_rate,
         address,
+        subnet6,
+        address6,
         mtu,
         peers,
         bootstrap,

@@ -186,6 +186,14 @@ pub fn render(status: &Status) -> String {
             "namespace {}  {} mode  device {}  address {}  subnet {}\n",
             ns.name, ns.mode, ns.device, ns.address, ns.subnet
         );
+        if !ns.subnet6.is_empty() {
+            let address6 = match (&ns.address6, &ns.address6_error) {
+                (a, _) if !a.is_empty() => a.clone(),
+                (_, Some(e)) => format!("none ({e})"),
+                (_, None) => "none".into(),
+            };
+            out += &format!("  IPv6: address {}  prefix {}\n", address6, ns.subnet6);
+        }
         if !ns.routed_subnets.is_empty() {
             out += &format!(
                 "  routes to {} in one hop: {} packets routed, {} TTL exceeded, {} host unreachable\n",
@@ -251,8 +259,8 @@ pub fn render(status: &Status) -> String {
         }
         out += &rates(ns);
         out += &format!(
-            "  switch: {} to members, {} to device, {} ARP replies\n",
-            ns.to_peers, ns.to_device, ns.arp_replies
+            "  switch: {} to members, {} to device, {} ARP replies, {} neighbour advertisements\n",
+            ns.to_peers, ns.to_device, ns.arp_replies, ns.nd_replies
         );
         if ns.mss_clamped + ns.fragmented + ns.frag_needed > 0 {
             out += &format!(

@@ -175,10 +175,15 @@ impl LaneCaps {
         ingress: bool,
     ) -> Option<(CapKey, u64, u64)> {
         let a: [u8; 8] = ip.get(12..20)?.try_into().ok()?;
-        let (src, dst) = (
-            Ipv4Addr::new(a[0], a[1], a[2], a[3]),
-            Ipv4Addr::new(a[4], a[5], a[6], a[7]),
-        );
+        let (src, dst) = if ip[0] >> 4 == 4 {
+            (
+                Ipv4Addr::new(a[0], a[1], a[2], a[3]),
+                Ipv4Addr::new(a[4], a[5], a[6], a[7]),
+            )
+        } else {
+            // IPv6: caps pick it by member only (docs/QOS.md).
+            (Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED)
+        };
         let (remote, local) = if ingress { (src, dst) } else { (dst, src) };
         let mask = self.mask(node, peer);
         let r = self.caps.find(mask, remote, local, ingress)?;

@@ -92,6 +92,9 @@ impl Lane {
         if self.grace.is_empty() {
             return None;
         }
+        if packet.first()? >> 4 != 4 {
+            return None;
+        }
         let dst = Ipv4Addr::from(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?);
         self.grace
             .iter()
@@ -181,7 +184,7 @@ pub(crate) enum ToControl {
     /// A frame for an address no route is known for: held while it is looked up.
     Hold {
         ns: usize,
-        target: Ipv4Addr,
+        target: std::net::IpAddr,
         frame: Vec<u8>,
     },
     /// A broadcast found no group: read it.

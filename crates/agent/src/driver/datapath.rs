@@ -642,6 +642,16 @@ impl DataPlane {
                         }
                     }
                 }
+                Event::PeerAddresses6 {
+                    ns,
+                    peer,
+                    addresses,
+                } => {
+                    if let Some(lane) = self.lanes.get_mut(ns.0) {
+                        lane.switch.set_peer_addresses6(*peer, addresses);
+                        lane.policy.forget(*peer);
+                    }
+                }
                 Event::PeerMacs { ns, peer, macs } => {
                     if let Some(l2) = self.lanes.get_mut(ns.0).and_then(|l| l.l2.as_mut()) {
                         l2.set_peer_macs(now, *peer, macs);

@@ -63,7 +63,7 @@ impl Control {
                 if lock(&self.dp)
                     .lanes
                     .get(ns)
-                    .is_some_and(|l| l.switch.route(target).is_some())
+                    .is_some_and(|l| l.switch.route_ip(target).is_some())
                 {
                     self.replays.push((ns, vec![frame]));
                 } else if let Some(n) = self.namespaces.get_mut(ns).filter(|n| n.active()) {
@@ -92,16 +92,29 @@ impl Control {
     fn node_event(&mut self, now: Instant, event: hyphae_overlay::Event) {
         match event {
             hyphae_overlay::Event::PeerUnreachable {
-                ns, addresses, id, ..
+                ns,
+                addresses,
+                addresses6,
+                id,
+                ..
             } => {
                 if let Some(n) = self.namespaces.get_mut(ns.0) {
                     n.mac_checks.forget(now, id);
                     n.membership.forget(&addresses);
+                    n.membership.forget(&addresses6);
                     // Gone, or only our path to it: the group says which, soon.
                     n.membership.refresh_group_soon(now);
                 }
             }
             hyphae_overlay::Event::PeerAddresses { ns, addresses, .. } => {
+                if let Some(n) = self.namespaces.get_mut(ns.0) {
+                    let frames = n.membership.take_pending(&addresses);
+                    if !frames.is_empty() {
+                        self.replays.push((ns.0, frames));
+                    }
+                }
+            }
+            hyphae_overlay::Event::PeerAddresses6 { ns, addresses, .. } => {
                 if let Some(n) = self.namespaces.get_mut(ns.0) {
                     let frames = n.membership.take_pending(&addresses);
                     if !frames.is_empty() {
@@ -295,7 +308,13 @@ impl Control {
         let n = &mut self.namespaces[i];
         match event {
             Event::AddressWon(address) => self.set_address(i, address, now),
-            Event::AddressesChanged => self.announce_addresses(i, now),
+            Event::AddressWon6(address) => self.set_address6(i, Some(address), now),
+            Event::AddressesChanged => {
+                // An IPv6 address lost to another member goes from the device too.
+                let owned6 = n.membership.owned6();
+                self.announce_addresses(i, now);
+                self.set_address6(i, owned6, now);
+            }
             Event::Persist(address) => {
                 let path = crate::setup::state_file(&self.state_dir, &n.name);
                 if let Err(e) = std::fs::write(&path, format!("{address}\n")) {
@@ -340,7 +359,7 @@ impl Control {
                     // arrives (a router that restarted has announced nothing yet); the
                     // frames that waited go out with either.
                     Ok(handle) => {
-                        dp.lanes[i].switch.add_route(r.target, handle);
+                        dp.lanes[i].switch.add_route_ip(r.target, handle);
                         dp.node.repeat_addresses(NamespaceId(i), Some(handle));
                         drop(dp);
                         let frames = n.membership.take_pending(&[r.target]);

@@ -27,6 +27,8 @@ pub(crate) enum Host {
 pub(crate) struct Memory {
     /// (device, address, prefix length), in the order they were set.
     pub(crate) addresses: Vec<(String, Ipv4Addr, u8)>,
+    /// (device, IPv6 address, prefix length), in the order they were set.
+    pub(crate) addresses6: Vec<(String, Option<std::net::Ipv6Addr>, u8)>,
     /// What sets this host's seeds apart from every other's: the agent and its start.
     seed_prefix: [u8; 2],
     /// Seeds handed out so far.
@@ -42,6 +44,7 @@ impl Memory {
     pub(crate) fn new(agent: u8, start: u8, epoch: (std::time::Instant, u64)) -> Self {
         Self {
             addresses: Vec::new(),
+            addresses6: Vec::new(),
             seed_prefix: [agent, start],
             seeds: 0,
             epoch,
@@ -148,6 +151,25 @@ impl Host {
             #[cfg(test)]
             Self::Memory(m) => {
                 m.addresses.push((device.to_string(), address, prefix));
+                Ok(())
+            }
+        }
+    }
+
+    /// Gives `device` the IPv6 `address` in a prefix of `prefix` bits (none: takes its
+    /// global IPv6 addresses away). Link-local addresses stay: neighbour discovery needs
+    /// them.
+    pub(crate) fn set_address6(
+        &mut self,
+        device: &str,
+        address: Option<std::net::Ipv6Addr>,
+        prefix: u8,
+    ) -> Result<()> {
+        match self {
+            Self::Kernel => crate::lan::set_address6(device, address, prefix),
+            #[cfg(test)]
+            Self::Memory(m) => {
+                m.addresses6.push((device.to_string(), address, prefix));
                 Ok(())
             }
         }

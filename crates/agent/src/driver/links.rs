@@ -25,6 +25,9 @@ use crate::config::Mode;
 
 /// The source and destination addresses of IPv4 packet `ip`.
 fn addresses(ip: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr)> {
+    if ip.first()? >> 4 != 4 {
+        return None;
+    }
     let src: [u8; 4] = ip.get(12..16)?.try_into().ok()?;
     let dst: [u8; 4] = ip.get(16..20)?.try_into().ok()?;
     Some((src.into(), dst.into()))

@@ -22,6 +22,7 @@ mod caps;
 mod certificates;
 pub(crate) mod data;
 mod datapath;
+mod dual_stack;
 mod events;
 #[cfg(test)]
 mod frames;
@@ -61,7 +62,7 @@ use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerId};
 use hyphae_vswitch::{Client, Switch};
 use tokio::sync::{mpsc, Notify};
 
-use crate::config::{Address, Config, Mode, UnderlayMode};
+use crate::config::{Address, Config, Mode, Subnet6, UnderlayMode};
 use crate::setup;
 use data::{Batch, DataPlane, Lane};
 use workers::{lock, Command, Outgoing, Shared, WorkerLink};
@@ -442,6 +443,11 @@ impl Control {
                 dp.node.add_static_peer(id, endpoint, now);
             }
         }
+        let prefix6 = match cfg.subnet6 {
+            Subnet6::Derived => Some(keys.ula_prefix()),
+            Subnet6::Prefix(net) => Some(net),
+            Subnet6::Off => None,
+        };
         let previous = std::fs::read_to_string(setup::state_file(&self.state_dir, &cfg.name))
             .ok()
             .and_then(|t| t.trim().parse().ok());
@@ -456,6 +462,8 @@ impl Control {
                 lease: cfg.lease,
                 hostname: cfg.hostname.clone(),
                 previous,
+                prefix6,
+                address6: cfg.address6,
             },
             Identity::from_seed(self.identity.seed()),
             self.host.seed()?,
@@ -498,6 +506,8 @@ impl Control {
             // A router's LAN hosts and a DHCP host get their addresses from the agent.
             dhcp: cfg.mode == Mode::Router || cfg.address == Address::Dhcp,
             tunnel_mtu: cfg.mtu,
+            prefix6,
+            address6: None,
             lan_ports: cfg.lan_ports,
             lan_table: cfg.lan_table.clone(),
         });

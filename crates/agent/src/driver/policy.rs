@@ -186,6 +186,16 @@ impl LanePolicy {
         if self.firewall.is_open() {
             return Verdict::Pass;
         }
+        if ip.first().is_some_and(|b| b >> 4 == 6) {
+            // Rules name IPv4 addresses and flows: under a policy, IPv6 is not carried
+            // (docs/POLICY.md), rather than carried past it.
+            if inbound {
+                self.denied_in += 1;
+            } else {
+                self.denied_out += 1;
+            }
+            return Verdict::Deny;
+        }
         let mut theirs = self.peer_tags(node, peer);
         let mut own = self.own;
         if let Some((src, dst)) = ip

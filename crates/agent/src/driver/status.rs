@@ -56,6 +56,7 @@ struct PeerSnapshot {
     relayed_via: Option<PeerId>,
     rtt: Option<Duration>,
     addresses: Vec<Ipv4Addr>,
+    addresses6: Vec<std::net::Ipv6Addr>,
     macs: Vec<hyphae_vswitch::Mac>,
     handshake_age: Option<Duration>,
     shards: usize,
@@ -121,6 +122,7 @@ impl DataStatus {
                     relayed_via: p.relayed_via,
                     rtt: p.rtt,
                     addresses: p.addresses.to_vec(),
+                    addresses6: p.addresses6.to_vec(),
                     macs: dp
                         .lanes
                         .get(p.ns.0)
@@ -290,6 +292,9 @@ impl Control {
                         lane.address.to_string()
                     },
                     address_claimed: m.owned().is_some(),
+                    subnet6: m.prefix6().map(|p| p.to_string()).unwrap_or_default(),
+                    address6: m.owned6().map(|a| a.to_string()).unwrap_or_default(),
+                    address6_error: m.address6_error().map(str::to_string),
                     endpoints: m
                         .published_endpoints()
                         .iter()
@@ -308,6 +313,8 @@ impl Control {
                     to_peers: c.to_peer,
                     to_device: c.to_tap,
                     arp_replies: c.arp_replies,
+                    nd_replies: c.nd_replies,
+                    packet_too_big: c.packet_too_big,
                     mss_clamped: c.mss_clamped,
                     fragmented: c.fragmented,
                     frag_needed: c.frag_needed,
@@ -355,7 +362,12 @@ impl Control {
                 relay: p.relayed_via.map(|id| id.to_string()),
                 relay_addresses,
                 rtt_ms: p.rtt.map(|d| d.as_secs_f64() * 1000.0),
-                addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
+                addresses: p
+                    .addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .chain(p.addresses6.iter().map(ToString::to_string))
+                    .collect(),
                 macs: p.macs.iter().map(mac_text).collect(),
                 // Only a name a member may hold is shown, as the DNS answers it.
                 name: p.addresses.first().and_then(|a| {

@@ -1,6 +1,6 @@
 //! What a membership tells its driver to act on.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
@@ -13,6 +13,9 @@ use crate::PeerId;
 pub enum Event {
     /// This member now holds `address` as its own: configure the device and switch.
     AddressWon(Ipv4Addr),
+    /// This member now holds `address` as its own IPv6 address: configure the device
+    /// and switch, and announce it.
+    AddressWon6(Ipv6Addr),
     /// The set of addresses this member holds changed (LAN hosts, a DHCP lease ended):
     /// announce [`Membership::addresses`] to the tunnels.
     AddressesChanged,
@@ -45,7 +48,7 @@ pub enum Event {
     /// answers them with ICMP "host unreachable").
     Unowned {
         /// The address looked up.
-        target: Ipv4Addr,
+        target: IpAddr,
         /// The frames that waited, oldest first.
         frames: Vec<Vec<u8>>,
     },

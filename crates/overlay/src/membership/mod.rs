@@ -28,11 +28,13 @@ mod event;
 pub use claims::AddressError;
 pub use event::Event;
 pub use handoff::HostedClaim;
+mod address6;
 mod group;
 mod handoff;
 mod macs;
 mod member_names;
 mod names;
+pub use address6::{service_address6, usable6, Address6};
 pub use macs::{mac_text, MacLeases, MAC_RECLAIM};
 mod resolve;
 mod settings;
@@ -41,10 +43,10 @@ mod settings;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -141,6 +143,10 @@ pub struct Config {
     /// The address this member held last (kept by the driver in its state directory):
     /// an `auto` claim tries it first.
     pub previous: Option<Ipv4Addr>,
+    /// The namespace's IPv6 prefix (dual stack), or `None` for IPv4 only.
+    pub prefix6: Option<Ipv6Net>,
+    /// The IPv6 address this member wants (with `prefix6`).
+    pub address6: Address6,
 }
 
 /// Names one DHT operation this membership asked for, until its result comes back.
@@ -207,6 +213,7 @@ enum Purpose {
     SettingsClaim,
     SettingsGet,
     Own(Ipv4Addr),
+    Own6(Ipv6Addr),
     Hosted(Ipv4Addr),
     HandOff(Ipv4Addr),
     Dhcp(DhcpClaim),
@@ -214,7 +221,7 @@ enum Purpose {
         name: String,
         sealed: Ipv4Addr,
     },
-    Resolve(Ipv4Addr),
+    Resolve(IpAddr),
     ReadName(String),
     ReadHolder(Ipv4Addr),
     Holder(Ipv4Addr),
@@ -259,6 +266,9 @@ pub struct Membership {
     lease: Duration,
     settings: SettingsState,
     own: Own,
+    prefix6: Option<Ipv6Net>,
+    wanted6: Address6,
+    own6: address6::Own6,
     hosted: BTreeMap<Ipv4Addr, Hosted>,
     hosted_conflicts: u64,
     /// Times this member gave up its own address to another owner (partitions merged).
@@ -334,6 +344,9 @@ impl Membership {
             wanted: config.address,
             lease: config.lease,
             own: Own::new(config.previous),
+            prefix6: config.prefix6,
+            wanted6: config.address6,
+            own6: address6::Own6::default(),
             hosted: BTreeMap::new(),
             hosted_conflicts: 0,
             address_conflicts: 0,
@@ -509,6 +522,7 @@ impl Membership {
         };
         if self.started {
             earliest(self.macs_due());
+            earliest(self.own6.due());
         }
         if self.settings.known {
             earliest(self.own.next.filter(|_| self.own.claiming.is_none()));
@@ -539,6 +553,7 @@ impl Membership {
         if self.own.claiming.is_none() && self.own.next.is_none() && claims_own {
             self.own.next = Some(now);
         }
+        self.start6(now);
         self.group.start(now);
     }
 
@@ -563,6 +578,9 @@ impl Membership {
             bring(&mut n.next);
         }
         self.renew_macs_by(soon);
+        if self.own6.owned.is_some() {
+            bring(&mut self.own6.next);
+        }
         self.group.renew_soon(soon);
     }
 
@@ -578,6 +596,8 @@ impl Membership {
         if self.started {
             // A layer-2 namespace's MACs need no subnet.
             self.run_macs(now);
+            // Nor does the IPv6 address: its prefix is this member's, not the record's.
+            self.run_own6(now);
         }
         if self.settings.known {
             self.run_hosted(now);
@@ -595,6 +615,7 @@ impl Membership {
         match purpose {
             Purpose::SettingsClaim => self.settings_claimed(now, result),
             Purpose::Own(address) => self.own_claimed(now, address, result),
+            Purpose::Own6(address) => self.own6_claimed(now, address, result),
             Purpose::Hosted(address) => self.hosted_claimed(now, token, address, result),
             Purpose::HandOff(address) => self.handed_off(now, token, address, result),
             Purpose::Dhcp(claim) => self.dhcp_claimed(now, claim, result),
@@ -638,6 +659,7 @@ impl Membership {
         self.names.clear();
         self.macs.clear();
         self.own = Own::new(None);
+        self.own6 = address6::Own6::default();
         self.hosted.clear();
         self.dhcp_clients.clear();
         self.group = Group::default();
@@ -668,6 +690,7 @@ impl Membership {
                     .map(|(name, _)| self.keys.name_key(name)),
             )
             .chain(self.held_macs().map(|m| self.keys.mac_key(m)))
+            .chain(self.own6.owned.map(|a| self.keys.address6_key(a)))
             .collect();
         let released = keys.len();
         for key in keys {

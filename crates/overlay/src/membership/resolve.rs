@@ -2,11 +2,11 @@
 //! while the address record is read, then go to the member it names.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::{Event, Membership, Purpose, Request};
-use crate::records::{Envelope, MemberInfo, NameInfo};
+use crate::records::{Envelope, MemberInfo, NameInfo, RecordKey, Subject};
 use crate::PeerId;
 
 /// Frames held per unresolved address; beyond, new ones are dropped.
@@ -36,8 +36,8 @@ pub struct Pending {
 /// A member that owns an address, as read from the DHT.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    /// The address.
-    pub target: Ipv4Addr,
+    /// The address (IPv4, or IPv6 in a dual-stack namespace).
+    pub target: IpAddr,
     /// Its owner.
     pub member: PeerId,
     /// Where to reach it.
@@ -47,13 +47,13 @@ pub struct Resolved {
 /// The resolve cache and the frames waiting on it.
 #[derive(Debug, Default)]
 pub(super) struct Resolver {
-    pending: HashMap<Ipv4Addr, Pending>,
+    pending: HashMap<IpAddr, Pending>,
     /// Addresses being read.
-    resolving: HashSet<Ipv4Addr>,
+    resolving: HashSet<IpAddr>,
     /// When each address was last found owned.
-    looked_up: HashMap<Ipv4Addr, Instant>,
+    looked_up: HashMap<IpAddr, Instant>,
     /// Addresses found unowned, until when.
-    negative: HashMap<Ipv4Addr, Instant>,
+    negative: HashMap<IpAddr, Instant>,
     pub(super) unresolved_drops: u64,
     pub(super) lookups: u64,
 }
@@ -92,7 +92,8 @@ impl Resolver {
 impl Membership {
     /// Holds `frame` until `target` resolves; starts the lookup if none is running.
     /// Returns false (and counts a drop) when it cannot wait.
-    pub fn hold(&mut self, now: Instant, target: Ipv4Addr, frame: &[u8]) -> bool {
+    pub fn hold(&mut self, now: Instant, target: impl Into<IpAddr>, frame: &[u8]) -> bool {
+        let target = target.into();
         let r = &mut self.resolver;
         if self.left || r.negative.get(&target).is_some_and(|&t| now < t) {
             r.unresolved_drops += 1;
@@ -118,20 +119,25 @@ impl Membership {
         if !r.resolving.contains(&target) && !recent {
             r.lookups += 1;
             r.resolving.insert(target);
-            let key = self.keys.address_key(target);
+            let key = self.address_key_of(target);
             self.start_op(Request::Get { key }, Purpose::Resolve(target));
         }
         true
     }
 
     /// The address record of `target` was read.
-    pub(super) fn resolved(&mut self, now: Instant, target: Ipv4Addr, envelopes: &[Envelope]) {
+    pub(super) fn resolved(&mut self, now: Instant, target: IpAddr, envelopes: &[Envelope]) {
         self.resolver.resolving.remove(&target);
-        let key = self.keys.address_key(target);
+        let key = self.address_key_of(target);
         let me = self.identity.peer_id();
         let found = self
             .read_first::<MemberInfo>(&key, now, envelopes)
-            .filter(|(member, info)| *member != me && !info.endpoints.is_empty());
+            .filter(|(member, info)| *member != me && !info.endpoints.is_empty())
+            .filter(|(_, info)| match (target, &info.subject) {
+                // An IPv6 lease names its address (records before dual stack did not).
+                (IpAddr::V6(a), subject) => *subject == Some(Subject::Address6(a)),
+                (IpAddr::V4(_), _) => true,
+            });
         let r = &mut self.resolver;
         match found {
             Some((member, info)) => {
@@ -158,26 +164,26 @@ impl Membership {
 
     /// Whether the last lookup of `target` found no member holding it, and is still recent
     /// ([`NEGATIVE_TTL`]): frames for it are dropped at once.
-    pub fn unowned(&self, now: Instant, target: Ipv4Addr) -> bool {
+    pub fn unowned(&self, now: Instant, target: impl Into<IpAddr>) -> bool {
         self.resolver
             .negative
-            .get(&target)
+            .get(&target.into())
             .is_some_and(|&t| now < t)
     }
 
     /// `addresses` lost their member: look them up afresh on the next packet.
-    pub fn forget(&mut self, addresses: &[Ipv4Addr]) {
+    pub fn forget<A: Copy + Into<IpAddr>>(&mut self, addresses: &[A]) {
         for a in addresses {
-            self.resolver.looked_up.remove(a);
+            self.resolver.looked_up.remove(&(*a).into());
         }
     }
 
     /// Hands back the frames that waited for `addresses` (a member announced them, or
     /// its lease was read: its tunnel is the route now).
-    pub fn take_pending(&mut self, addresses: &[Ipv4Addr]) -> Vec<Vec<u8>> {
+    pub fn take_pending<A: Copy + Into<IpAddr>>(&mut self, addresses: &[A]) -> Vec<Vec<u8>> {
         let mut frames = Vec::new();
         for a in addresses {
-            if let Some(p) = self.resolver.pending.remove(a) {
+            if let Some(p) = self.resolver.pending.remove(&(*a).into()) {
                 frames.extend(p.frames);
             }
         }
@@ -186,6 +192,14 @@ impl Membership {
 }
 
 impl Membership {
+    /// The key of the lease on `address`, IPv4 or IPv6.
+    fn address_key_of(&self, address: IpAddr) -> RecordKey {
+        match address {
+            IpAddr::V4(a) => self.keys.address_key(a),
+            IpAddr::V6(a) => self.keys.address6_key(a),
+        }
+    }
+
     /// Reads who holds the name `host` (for the DNS service): answered as
     /// [`Event::NameRead`].
     pub fn read_name(&mut self, host: &str) {

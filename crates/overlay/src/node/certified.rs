@@ -220,6 +220,7 @@ impl Node {
                 peer: handle,
                 id: peer.id,
                 addresses: peer.addresses,
+                addresses6: peer.addresses6,
             });
         }
     }

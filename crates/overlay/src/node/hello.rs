@@ -172,6 +172,10 @@ impl Node {
             });
         }
         self.set_tunnel_shards(handle, shards);
+        let first_addresses6 = announce.addresses6
+            && self
+                .peer_mut(handle)
+                .is_some_and(|p| !std::mem::replace(&mut p.speaks_addresses6, true));
         let first_uplinks = announce.uplinks
             && self
                 .peer_mut(handle)
@@ -179,8 +183,13 @@ impl Node {
         if !announce.have_yours {
             // (Our uplinks follow our announcement.)
             self.announce(now, handle);
-        } else if first_uplinks && !self.uplinks.is_empty() {
-            self.send_uplinks(handle);
+        } else {
+            if first_uplinks && !self.uplinks.is_empty() {
+                self.send_uplinks(handle);
+            }
+            if first_addresses6 {
+                self.send_addresses6(handle);
+            }
         }
         Received::Consumed
     }
@@ -194,6 +203,7 @@ impl Node {
         let packet = Announce {
             have_yours: peer.have_their_announce,
             uplinks: true,
+            addresses6: true,
             addresses: self.namespaces[peer.ns.0].addresses.clone(),
             shards: self.shards,
             certificate: self.own_certificate(peer.ns),
@@ -211,6 +221,7 @@ impl Node {
         if !self.uplinks.is_empty() {
             self.send_uplinks(handle);
         }
+        self.send_addresses6(handle);
         if let Some(peer) = self.peer_mut(handle) {
             peer.next_announce = now + ANNOUNCE_INTERVAL;
             peer.announced = true;

@@ -46,6 +46,7 @@
 
 mod bond;
 mod certified;
+mod dual_stack;
 mod hello;
 mod layer2;
 mod outputs;
@@ -59,7 +60,7 @@ mod testing;
 mod tunnel;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -120,6 +121,8 @@ pub struct PeerHandle(u32);
 struct Namespace {
     keys: NamespaceKeys,
     addresses: Vec<Ipv4Addr>,
+    /// A dual-stack namespace: the IPv6 addresses this node holds ([`Node::set_addresses6`]).
+    addresses6: Vec<Ipv6Addr>,
     /// False once left: its datagrams are strangers' again.
     active: bool,
     /// With an authority: what it trusts and the certificate this member shows
@@ -279,6 +282,7 @@ impl Node {
         self.namespaces.push(Namespace {
             keys,
             addresses,
+            addresses6: Vec::new(),
             active: true,
             credential: None,
             links: Vec::new(),
@@ -296,6 +300,7 @@ impl Node {
             return;
         };
         namespace.addresses.clear();
+        namespace.addresses6.clear();
         // A layer-2 member holds no MAC any more either (a new generation: its members
         // take the empty set at once).
         if let Some(macs) = namespace.macs.as_mut() {
@@ -396,6 +401,7 @@ impl Node {
             peer: handle,
             id: peer.id,
             addresses: peer.addresses,
+            addresses6: peer.addresses6,
         });
         true
     }
@@ -423,8 +429,8 @@ impl Node {
         }
     }
 
-    /// Queues a [`Event::PeerAddresses`] again for every member of `ns` that announced
-    /// addresses (or only for `peer`): for a driver whose view of the namespace changed
+    /// Queues a [`Event::PeerAddresses`] (and [`Event::PeerAddresses6`]) again for every
+    /// member of `ns` that announced addresses (or only for `peer`): for a driver whose view of the namespace changed
     /// (it learned the subnet, or looked up an address a member already announced).
     pub fn repeat_addresses(&mut self, ns: NamespaceId, peer: Option<PeerHandle>) {
         for (i, p) in self.peers.iter().enumerate() {
@@ -437,6 +443,13 @@ impl Node {
                     ns,
                     peer: handle,
                     addresses: p.addresses.clone(),
+                });
+            }
+            if p.ns == ns && !p.addresses6.is_empty() && peer.is_none_or(|h| h == handle) {
+                self.events.push_back(Event::PeerAddresses6 {
+                    ns,
+                    peer: handle,
+                    addresses: p.addresses6.clone(),
                 });
             }
         }
@@ -460,6 +473,7 @@ impl Node {
                 id: p.id,
                 endpoint: p.endpoint,
                 addresses: &p.addresses,
+                addresses6: &p.addresses6,
                 handshake_age: p.tunn().stats().0,
                 shards: p.shards.len(),
                 stats: &p.stats,
@@ -588,6 +602,7 @@ impl Node {
                     peer: handle,
                     id: peer.id,
                     addresses: peer.addresses,
+                    addresses6: peer.addresses6,
                 });
             }
         }

@@ -2,7 +2,7 @@
 //! the driver must act on ([`Event`]), where an encrypted packet lies ([`Transmit`]), and a
 //! view of one tunnel for status ([`PeerInfo`]).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -64,6 +64,17 @@ pub enum Event {
         id: PeerId,
         /// The addresses it had announced.
         addresses: Vec<Ipv4Addr>,
+        /// The IPv6 addresses it had announced.
+        addresses6: Vec<Ipv6Addr>,
+    },
+    /// `peer` now holds exactly `addresses` (IPv6, sorted) in the dual-stack `ns`.
+    PeerAddresses6 {
+        /// The namespace.
+        ns: NamespaceId,
+        /// The member.
+        peer: PeerHandle,
+        /// Its IPv6 addresses.
+        addresses: Vec<Ipv6Addr>,
     },
 }
 
@@ -93,6 +104,8 @@ pub struct PeerInfo<'a> {
     pub endpoint: SocketAddr,
     /// The addresses it announced.
     pub addresses: &'a [Ipv4Addr],
+    /// The IPv6 addresses it announced.
+    pub addresses6: &'a [Ipv6Addr],
     /// Time since the last completed handshake (of shard 0).
     pub handshake_age: Option<Duration>,
     /// WireGuard sessions sets the tunnel's traffic is spread over (see `shared.rs`).

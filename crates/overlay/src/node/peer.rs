@@ -6,7 +6,7 @@
 //! relay request goes through another member) or the transmit queue.
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,6 +144,8 @@ pub(super) struct Peer {
     /// Our underlay address changed and the member has not answered from it yet.
     roam: Option<Roam>,
     pub(super) addresses: Vec<Ipv4Addr>,
+    /// Its IPv6 addresses (`dual_stack.rs`), sorted.
+    pub(super) addresses6: Vec<Ipv6Addr>,
     /// A layer-2 namespace: the MACs it announced, the only ones its frames may come from,
     /// and the parts of its next announcement.
     pub(super) macs: Vec<[u8; 6]>,
@@ -158,6 +160,8 @@ pub(super) struct Peer {
     pub(super) have_their_announce: bool,
     /// Its announcement said it reads our uplinks (`bond.rs`).
     pub(super) speaks_uplinks: bool,
+    /// Its announcement said it reads our IPv6 addresses (`dual_stack.rs`).
+    pub(super) speaks_addresses6: bool,
     /// The links it announced and the bond over them.
     pub(super) bond: Option<super::bond::Bonded>,
     /// We initiate handshakes with this member: the side with the lower X25519 key.
@@ -204,12 +208,14 @@ impl Peer {
             rtt: None,
             roam: None,
             addresses: Vec::new(),
+            addresses6: Vec::new(),
             macs: Vec::new(),
             mac_parts: Default::default(),
             refused_macs: Vec::new(),
             forwards: Vec::new(),
             have_their_announce: false,
             speaks_uplinks: false,
+            speaks_addresses6: false,
             bond: None,
             initiator,
             announce_pending: false,
@@ -314,6 +320,21 @@ impl Peer {
                 return Err(PeerDropReason::SpoofedSource);
             }
             self.stats.rx_forwarded += 1;
+        }
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += len as u64;
+        Ok(())
+    }
+
+    /// A decrypted IPv6 host packet from `src`: counted and delivered if the member holds
+    /// `src`.
+    pub(super) fn accept_packet6(
+        &mut self,
+        src: Ipv6Addr,
+        len: usize,
+    ) -> Result<(), PeerDropReason> {
+        if self.addresses6.binary_search(&src).is_err() {
+            return Err(PeerDropReason::SpoofedSource);
         }
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += len as u64;

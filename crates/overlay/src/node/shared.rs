@@ -189,18 +189,13 @@ impl Tunnels {
         };
         let result = tunnel.lock().decapsulate(None, datagram, out);
         match result {
-            TunnResult::WriteToTunnelV4(packet, _) => {
+            TunnResult::WriteToTunnelV4(packet, _) | TunnResult::WriteToTunnelV6(packet, _) => {
                 let len = packet.len();
                 Opened::Packet { tunnel, len }
             }
             // A keepalive (a data message can get nothing else back: boringtun answers
             // only handshakes with datagrams).
             TunnResult::Done | TunnResult::WriteToNetwork(_) => Opened::Packet { tunnel, len: 0 },
-            TunnResult::WriteToTunnelV6(..) => {
-                let received =
-                    Received::PeerDropped(tunnel.handle, super::PeerDropReason::BadPayload);
-                Opened::Refused { tunnel, received }
-            }
             TunnResult::Err(e) => {
                 let received = tunnel_error(tunnel.handle, e);
                 Opened::Refused { tunnel, received }
@@ -223,6 +218,9 @@ pub fn flow_shard(packet: &[u8], shards: usize) -> usize {
 /// A hash of an IPv4 packet's flow (see [`flow_shard`]), the same both ways; 0 for
 /// anything shorter than an IPv4 header.
 pub(super) fn flow_hash(packet: &[u8]) -> u64 {
+    if packet.first().is_some_and(|b| b >> 4 == 6) {
+        return flow_hash6(packet);
+    }
     let Some(h) = packet.get(..20) else {
         return 0;
     };
@@ -242,6 +240,35 @@ pub(super) fn flow_hash(packet: &[u8]) -> u64 {
     let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
     let key = (u64::from(lo.0) << 32 | u64::from(hi.0))
         ^ (u64::from(lo.1) << 48 | u64::from(hi.1) << 32 | u64::from(protocol));
+    mix(key)
+}
+
+/// [`flow_hash`] of an IPv6 packet: its addresses folded to 32 bits each, the next header
+/// and (TCP and UDP directly behind the fixed header) the ports; 0 if shorter than a header.
+fn flow_hash6(packet: &[u8]) -> u64 {
+    let Some(h) = packet.get(..40) else {
+        return 0;
+    };
+    let fold = |b: &[u8]| {
+        b.chunks_exact(4).fold(0u32, |acc, c| {
+            acc ^ u32::from_be_bytes([c[0], c[1], c[2], c[3]])
+        })
+    };
+    let (src, dst, next) = (fold(&h[8..24]), fold(&h[24..40]), h[6]);
+    let (sport, dport) = match packet.get(40..44) {
+        Some(p) if matches!(next, 6 | 17) => (
+            u16::from_be_bytes([p[0], p[1]]),
+            u16::from_be_bytes([p[2], p[3]]),
+        ),
+        _ => (0, 0),
+    };
+    let (a, b) = ((src, sport), (dst, dport));
+    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+    mix((u64::from(lo.0) << 32 | u64::from(hi.0))
+        ^ (u64::from(lo.1) << 48 | u64::from(hi.1) << 32 | u64::from(next)))
+}
+
+fn mix(key: u64) -> u64 {
     // A 64-bit mix (splitmix64's finalizer): every input bit moves the shard.
     let mut x = key;
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -623,6 +650,77 @@ mod tests {
             .map(|i| a.sealer(ha, &packet(i, 2)).expect("a tunnel").shard())
             .collect();
         assert!(spread.len() > 1, "{spread:?}");
+    }
+
+    /// A UDP packet from `src` to `dst` over IPv6.
+    fn packet6(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr) -> Vec<u8> {
+        let mut p = vec![0x60, 0, 0, 0, 0, 8, 17, 64];
+        p.extend_from_slice(&src.octets());
+        p.extend_from_slice(&dst.octets());
+        p.extend_from_slice(b"payload!");
+        p
+    }
+
+    #[test]
+    fn ipv6_packets_are_taken_only_from_the_addresses_the_member_announced() {
+        let now = test_epoch();
+        let (mut a, mut b, ha, hb) = pair(now);
+        let mine: std::net::Ipv6Addr = "fd00::a".parse().unwrap();
+        let other: std::net::Ipv6Addr = "fd00::bad".parse().unwrap();
+        let dst: std::net::Ipv6Addr = "fd00::b".parse().unwrap();
+        // Before the announcement: nothing of a's is taken.
+        let (t, out) = seal(&mut a, ha, &packet6(mine, dst));
+        let mut rx = vec![0u8; 512];
+        let opened = b.tunnels().open(&out[t.range], &mut rx);
+        assert_eq!(
+            b.accept(now, A, opened, &rx),
+            Received::PeerDropped(hb, PeerDropReason::SpoofedSource)
+        );
+        a.set_addresses6(now, NamespaceId(0), vec![mine]);
+        pump(&mut a, &mut b, now);
+        assert!(std::iter::from_fn(|| b.poll_event()).any(|e| e
+            == Event::PeerAddresses6 {
+                ns: NamespaceId(0),
+                peer: hb,
+                addresses: vec![mine]
+            }));
+        assert_eq!(
+            b.peers().next().map(|p| p.addresses6.to_vec()),
+            Some(vec![mine])
+        );
+        // Opened outside the node (a worker) and inside it, the held source is delivered.
+        let p = packet6(mine, dst);
+        let (t, out) = seal(&mut a, ha, &p);
+        let opened = b.tunnels().open(&out[t.range], &mut rx);
+        assert!(matches!(opened, Opened::Packet { len, .. } if len == p.len()));
+        assert!(matches!(
+            b.accept(now, A, opened, &rx),
+            Received::Deliver { .. }
+        ));
+        let (t, out) = seal(&mut a, ha, &p);
+        assert!(matches!(
+            b.handle_datagram(now, A, &out[t.range], &mut rx),
+            Received::Deliver { .. }
+        ));
+        // Any other source is refused, both ways in.
+        let spoofed = packet6(other, dst);
+        let (t, out) = seal(&mut a, ha, &spoofed);
+        let opened = b.tunnels().open(&out[t.range], &mut rx);
+        assert_eq!(
+            b.accept(now, A, opened, &rx),
+            Received::PeerDropped(hb, PeerDropReason::SpoofedSource)
+        );
+        let (t, out) = seal(&mut a, ha, &spoofed);
+        assert_eq!(
+            b.handle_datagram(now, A, &out[t.range], &mut rx),
+            Received::PeerDropped(hb, PeerDropReason::SpoofedSource)
+        );
+        // A flow keeps one shard both ways (the reply has the ports swapped).
+        let (x, mut y) = (packet6(mine, dst), packet6(dst, mine));
+        y[40..44].copy_from_slice(b"ylpa");
+        assert_eq!(&x[40..44], b"payl");
+        assert_eq!(flow_hash(&x), flow_hash(&y));
+        assert_ne!(flow_hash(&x), flow_hash(&packet6(mine, other)));
     }
 
     #[test]

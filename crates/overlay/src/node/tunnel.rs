@@ -102,10 +102,9 @@ impl Node {
             TunnResult::WriteToTunnelV4(packet, src) => {
                 (self.take_packet(now, handle, route, packet, src), true)
             }
-            TunnResult::WriteToTunnelV6(..) => (
-                Received::PeerDropped(handle, PeerDropReason::BadPayload),
-                true,
-            ),
+            TunnResult::WriteToTunnelV6(packet, src) => {
+                (self.take_packet6(handle, packet, src), true)
+            }
         };
         if authenticated {
             if let Some(peer) = self.peer_mut(handle) {
@@ -204,6 +203,12 @@ impl Node {
                         // A keepalive.
                         None if len == 0 => Received::Consumed,
                         None => Received::PeerDropped(handle, PeerDropReason::BadPayload),
+                        Some(packet) if packet[0] >> 4 == 6 => {
+                            match super::dual_stack::ipv6_source(packet) {
+                                Some(src) => self.take_packet6(handle, packet, src),
+                                None => Received::PeerDropped(handle, PeerDropReason::BadPayload),
+                            }
+                        }
                         Some(packet) => {
                             let src = Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]);
                             self.take_packet(now, handle, route, packet, src)
@@ -369,6 +374,7 @@ impl Node {
                 self.handle_uplinks(now, handle, links);
                 Received::Consumed
             }
+            Some(Control::Addresses6(addresses)) => self.handle_addresses6(handle, addresses),
             Some(Control::Macs(macs)) => {
                 let Some(peer) = self.peer_mut(handle) else {
                     return Received::Consumed;

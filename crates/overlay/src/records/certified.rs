@@ -77,6 +77,16 @@ pub fn check_claim(
                 Verdict::NotAllowed
             }
         }
+        Some(Subject::Address6(address)) if keys.address6_key(address) == *key => {
+            if cert.addresses().iter().all(|a| a.is_ipv4()) {
+                // A certificate that pins no IPv6 address leaves the prefix free.
+                Verdict::Allowed
+            } else if cert.allows_address(address.into()) {
+                Verdict::Priority
+            } else {
+                Verdict::NotAllowed
+            }
+        }
         Some(Subject::Name(name)) if name == cert.name() && keys.name_key(&name) == *key => {
             Verdict::Priority
         }

@@ -2,7 +2,7 @@
 //! stands for, and what a lease is on. Members read them; a replica of a namespace with an
 //! authority reads only [`Subject`] ([`super::certified`]).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +16,8 @@ use super::RecordError;
 pub enum Subject {
     /// The lease on this virtual address ([`crate::NamespaceKeys::address_key`]).
     Address(Ipv4Addr),
+    /// The lease on this IPv6 address ([`crate::NamespaceKeys::address6_key`]).
+    Address6(Ipv6Addr),
     /// The lease on this host name ([`crate::NamespaceKeys::name_key`]).
     Name(String),
     /// A layer-2 namespace: the lease on this MAC ([`crate::NamespaceKeys::mac_key`]).

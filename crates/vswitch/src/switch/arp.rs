@@ -43,7 +43,9 @@ impl<P: Copy + Eq> Switch<P> {
                 self.asked.insert(target, now);
                 self.emits.push_back(Emit::Probe(target));
             }
-            return Action::Resolve { target };
+            return Action::Resolve {
+                target: target.into(),
+            };
         }
         if self.config.mode == Mode::Hybrid
             && !service

@@ -10,19 +10,21 @@ mod lan;
 mod router;
 mod routes;
 mod service;
+mod v6;
 mod vepa;
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use broadcast::Bucket;
 use ipnet::Ipv4Net;
 
+use crate::ndp::ETHERTYPE_IPV6;
 use crate::wire::{
     emit_arp_probe, emit_arp_reply, emit_ethernet_header, multicast_mac, udp_parts, ArpPacket,
     EthernetFrame, Ipv4Packet, ARP_LEN, BROADCAST_MAC, ETHERTYPE_ARP, ETHERTYPE_IPV4,
@@ -71,6 +73,9 @@ pub struct Switch<P> {
     /// What the DHT said (the owner's signed lease), for addresses its owner has not
     /// announced yet: a router that restarted learns its LAN hosts from this traffic.
     resolved: HashMap<Ipv4Addr, P>,
+    /// A dual-stack namespace: the IPv6 addresses members announced, and what the DHT said.
+    routes6: HashMap<Ipv6Addr, P>,
+    resolved6: HashMap<Ipv6Addr, P>,
     lan: HashMap<Ipv4Addr, LanHost>,
     probes: HashMap<Ipv4Addr, Probe>,
     /// Hybrid mode: remote addresses whose LAN probe went unanswered, until when.
@@ -102,6 +107,8 @@ impl<P: Copy + Eq> Switch<P> {
             config,
             routes: HashMap::new(),
             resolved: HashMap::new(),
+            routes6: HashMap::new(),
+            resolved6: HashMap::new(),
             lan: HashMap::new(),
             probes: HashMap::new(),
             confirmed: HashMap::new(),
@@ -162,9 +169,10 @@ impl<P: Copy + Eq> Switch<P> {
         }
         if let Action::ToPeer { packet, .. } | Action::Broadcast { packet } = &action {
             let mtu = self.config.tunnel_mtu;
+            // (IPv6 was fitted where it was classified.)
             if frame
                 .get(packet.clone())
-                .is_none_or(|p| mtu::needs_fitting(p, mtu))
+                .is_none_or(|p| p[0] >> 4 == 4 && mtu::needs_fitting(p, mtu))
             {
                 action = match action {
                     Action::ToPeer { peer, packet } => self.fit(frame, Some(peer), packet, reply),
@@ -422,7 +430,9 @@ impl<P: Copy + Eq> Switch<P> {
                     return match self.link_gateway(dst) {
                         Some(gateway) => match self.route(gateway) {
                             Some(peer) => Action::ToPeer { peer, packet },
-                            None => Action::Resolve { target: gateway },
+                            None => Action::Resolve {
+                                target: gateway.into(),
+                            },
                         },
                         None => Action::Drop(DropReason::OutsideSubnet),
                     };
@@ -442,9 +452,10 @@ impl<P: Copy + Eq> Switch<P> {
                     None if dst == self.config.address || dst == self.config.subnet.network() => {
                         Action::Drop(DropReason::NoRoute)
                     }
-                    None => Action::Resolve { target: dst },
+                    None => Action::Resolve { target: dst.into() },
                 }
             }
+            ETHERTYPE_IPV6 => self.classify_ipv6(frame, &eth, now, reply),
             ETHERTYPE_RARP if mode == Mode::Router => {
                 let Ok(rarp) = ArpPacket::new_checked(eth.payload()) else {
                     return Action::Drop(DropReason::Malformed);
@@ -481,6 +492,9 @@ impl<P: Copy + Eq> Switch<P> {
         let Some(packet) = buf.get(HEADROOM..HEADROOM + len) else {
             return Action::Drop(DropReason::Malformed);
         };
+        if packet.first().is_some_and(|b| b >> 4 == 6) {
+            return self.frame_peer_packet6(buf, len, now);
+        }
         let Ok(ip) = Ipv4Packet::new_checked(packet) else {
             return Action::Drop(DropReason::Malformed);
         };

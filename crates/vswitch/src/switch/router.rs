@@ -53,7 +53,7 @@ impl<P: Copy + Eq> Switch<P> {
         }
         match self.route(dst) {
             Some(peer) => Action::ToPeer { peer, packet },
-            None => Action::Resolve { target: dst },
+            None => Action::Resolve { target: dst.into() },
         }
     }
 
@@ -91,7 +91,7 @@ impl<P: Copy + Eq> Switch<P> {
     /// to another subnet. Called once per packet that leaves (a held one is not lowered
     /// until it leaves).
     pub(super) fn lower_ttl_if_routed(&mut self, frame: &mut [u8], packet: &Range<usize>) {
-        let Some(ip) = frame.get_mut(packet.clone()) else {
+        let Some(ip) = frame.get_mut(packet.clone()).filter(|ip| ip[0] >> 4 == 4) else {
             return;
         };
         let Some(dst) = ip.get(16..20).and_then(|d| <[u8; 4]>::try_from(d).ok()) else {

@@ -23,6 +23,8 @@ impl<P: Copy + Eq> Switch<P> {
     pub fn remove_peer(&mut self, peer: P) {
         self.routes.retain(|_, p| *p != peer);
         self.resolved.retain(|_, p| *p != peer);
+        self.routes6.retain(|_, p| *p != peer);
+        self.resolved6.retain(|_, p| *p != peer);
     }
 
     /// The member that owns `addr`, if known: as it announced, or else as the DHT said.

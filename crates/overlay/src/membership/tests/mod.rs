@@ -35,6 +35,8 @@ fn config(address: Address) -> Config {
         lease: LEASE,
         hostname: None,
         previous: None,
+        prefix6: None,
+        address6: crate::membership::Address6::None,
     }
 }
 
@@ -317,6 +319,7 @@ impl Net {
     }
 }
 
+mod address6;
 mod addresses;
 mod macs;
 mod merge;

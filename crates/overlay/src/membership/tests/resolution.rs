@@ -39,7 +39,7 @@ fn frames_wait_for_a_lookup_and_are_released_or_dropped() {
     net.run_for(Duration::from_millis(100));
     assert_eq!(net.members[a].unresolved_drops(), 1);
     assert!(net.take_events(a).contains(&Event::Unowned {
-        target: ip(99),
+        target: ip(99).into(),
         frames: vec![b"x".to_vec()]
     }));
     assert!(net.members[a].unowned(net.now, ip(99)));

@@ -31,7 +31,7 @@ fn proxy_arp_follows_ipop_rules() {
     assert_eq!(
         unknown,
         Action::Resolve {
-            target: Ipv4Addr::new(10, 201, 0, 9)
+            target: Ipv4Addr::new(10, 201, 0, 9).into()
         }
     );
     // (b) our own address (the kernel's duplicate-address probe)

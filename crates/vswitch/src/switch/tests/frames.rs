@@ -18,7 +18,7 @@ fn ipv4_goes_to_the_owner_without_link_padding() {
     assert_eq!(
         sw.handle_tap_frame(t0(), &mut icmp_frame([10, 201, 0, 3]), &mut [0u8; 64]),
         Action::Resolve {
-            target: Ipv4Addr::new(10, 201, 0, 3)
+            target: Ipv4Addr::new(10, 201, 0, 3).into()
         }
     );
     assert_eq!(

@@ -8,6 +8,7 @@ mod lan;
 mod router;
 mod routes;
 mod service;
+mod v6;
 mod vepa;
 
 use std::net::Ipv4Addr;

@@ -81,7 +81,7 @@ fn a_held_packet_is_lowered_only_when_it_leaves() {
     assert_eq!(
         action,
         Action::Resolve {
-            target: Ipv4Addr::new(10, 3, 0, 4)
+            target: Ipv4Addr::new(10, 3, 0, 4).into()
         }
     );
     assert_eq!(frame[14 + 8], 2, "held as it came");

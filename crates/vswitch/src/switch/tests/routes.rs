@@ -69,7 +69,7 @@ fn another_namespace_is_reached_through_the_gateway_a_link_names() {
     assert_eq!(
         sw.handle_tap_frame(t0(), &mut icmp_frame(other), &mut [0u8; 64]),
         Action::Resolve {
-            target: Ipv4Addr::new(10, 201, 0, 3)
+            target: Ipv4Addr::new(10, 201, 0, 3).into()
         }
     );
     // Outside every link: still outside the subnet.

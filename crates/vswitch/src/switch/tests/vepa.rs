@@ -88,7 +88,7 @@ fn vepa_probes_the_lan_for_an_unknown_address() {
     assert_eq!(
         sw.handle_tap_frame(t0(), &mut b, &mut reply),
         Action::Resolve {
-            target: Ipv4Addr::new(10, 201, 0, 40)
+            target: Ipv4Addr::new(10, 201, 0, 40).into()
         }
     );
     let mut buf = [0u8; 64];

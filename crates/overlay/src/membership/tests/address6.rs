@@ -1,0 +1,138 @@
+//! The own IPv6 address of a dual-stack member: the stable one first, a random one when
+//! that is taken, a static one refused when another member holds it, renewed, resolved by
+//! others, and given back on leave.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use super::*;
+use crate::membership::{usable6, Address6};
+
+fn prefix() -> ipnet::Ipv6Net {
+    "fd12:3456:789a::/64".parse().unwrap()
+}
+
+fn dual(address6: Address6) -> Config {
+    Config {
+        prefix6: Some(prefix()),
+        address6,
+        ..config(Address::Auto)
+    }
+}
+
+fn won6(events: &[Event]) -> Vec<Ipv6Addr> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::AddressWon6(a) => Some(*a),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_auto_member_holds_its_stable_ipv6_address_and_others_resolve_it() {
+    let mut net = Net::new();
+    let a = net.add(dual(Address6::Auto), 1);
+    let b = net.add(dual(Address6::Auto), 2);
+    net.run_for(Duration::from_secs(1));
+    let (x, y) = (
+        net.members[a].owned6().unwrap(),
+        net.members[b].owned6().unwrap(),
+    );
+    assert_ne!(x, y);
+    assert!(usable6(prefix(), x) && usable6(prefix(), y));
+    assert_eq!(won6(&net.take_events(a)), vec![x]);
+    // Stable: the same member (same identity) asks for the same address after a restart.
+    let stable = Ipv6Addr::from(
+        u128::from(prefix().network()) | u128::from(keys().interface_id(net.id(a).as_bytes())),
+    );
+    assert_eq!(x, stable);
+    // The record names the address (resolution and certified replicas check it).
+    let key = keys().address6_key(x);
+    let e = net.replicas.leases.get(&key).unwrap();
+    let (_, info) = e.read::<MemberInfo>(&keys(), &key, net.unix()).unwrap();
+    assert_eq!(info.subject, Some(crate::records::Subject::Address6(x)));
+    // B resolves A's IPv6 address to A.
+    assert!(net.members[b].hold(net.now, x, b"frame"));
+    net.run_for(Duration::from_millis(200));
+    let resolved: Vec<_> = net
+        .take_events(b)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Resolved(r) => Some((r.target, r.member)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resolved, vec![(IpAddr::V6(x), net.id(a))]);
+    assert_eq!(net.members[b].take_pending(&[x]), vec![b"frame".to_vec()]);
+    // Renewed while held; given back when A leaves, and then nobody holds it.
+    net.run_for(LEASE * 2);
+    assert_eq!(net.members[a].owned6(), Some(x));
+    net.members[a].leave();
+    net.run_for(Duration::from_millis(200));
+    assert!(!net.replicas.leases.contains_key(&key));
+}
+
+#[test]
+fn an_auto_member_whose_stable_address_is_taken_picks_another() {
+    let mut net = Net::new();
+    let a = net.add(dual(Address6::Auto), 1);
+    net.run_for(Duration::from_secs(1));
+    let taken = net.members[a].owned6().unwrap();
+    // B is told to want A's address as its own "stable" one: it cannot have it, and
+    // ends up with another of the prefix.
+    let b = net.add(dual(Address6::Static(taken)), 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[b].owned6(), None);
+    let conflicts: Vec<String> = net
+        .take_events(b)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Conflict(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert!(
+        conflicts[0].contains(&format!("IPv6 address {taken} is owned by member")),
+        "{conflicts:?}"
+    );
+    assert!(net.members[b].address6_error().is_some());
+    // An auto member whose stable address another member holds takes a random one.
+    let stable3 = Ipv6Addr::from(
+        u128::from(prefix().network())
+            | u128::from(keys().interface_id(Identity::from_seed([3; 32]).peer_id().as_bytes())),
+    );
+    let z = net.add(dual(Address6::Static(stable3)), 4);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[z].owned6(), Some(stable3));
+    let c = net.add(dual(Address6::Auto), 3);
+    net.run_for(Duration::from_secs(1));
+    let mine = net.members[c].owned6().unwrap();
+    assert!(mine != stable3 && mine != taken && usable6(prefix(), mine));
+}
+
+#[test]
+fn an_ipv4_only_member_claims_no_ipv6_address() {
+    let mut net = Net::new();
+    let a = net.add(config(Address::Auto), 1);
+    let b = net.add(dual(Address6::None), 2);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[a].owned6(), None);
+    assert_eq!(net.members[b].owned6(), None);
+    assert!(net.members[a].owned().is_some() && net.members[b].owned().is_some());
+    let unix = net.unix();
+    let mut members = 0;
+    for (key, e) in &net.replicas.leases {
+        // (The namespace record is not a member's.)
+        let Ok((_, info)) = e.read::<MemberInfo>(&keys(), key, unix) else {
+            continue;
+        };
+        members += 1;
+        assert!(
+            !matches!(info.subject, Some(crate::records::Subject::Address6(_))),
+            "{info:?}"
+        );
+    }
+    assert_eq!(members, 2, "the two IPv4 addresses");
+}
