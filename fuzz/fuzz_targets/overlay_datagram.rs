@@ -30,6 +30,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Control::parse(&again), Some(Control::Macs(part.clone())));
         let _ = hyphae_overlay::wire::MacParts::default().take(part);
     }
+    if let Some(Control::Addresses6(list)) = Control::parse(data) {
+        let again = Control::Addresses6(list.clone()).emit();
+        assert_eq!(Control::parse(&again), Some(Control::Addresses6(list)));
+    }
     let _ = parse_relay(data);
     let _ = Datagram::parse(data);
 });

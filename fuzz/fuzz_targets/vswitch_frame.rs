@@ -1,6 +1,7 @@
-//! Any bytes from the TAP or from a member, in every mode, in a namespace with a second
-//! subnet the switch routes to, and a router with VEPA ports and two LAN hosts: the switch
-//! drops, forwards, routes or reflects, never panics.
+//! Any bytes from the TAP or from a member, in every mode, in a dual-stack namespace with a
+//! second subnet the switch routes to, and a router with VEPA ports and two LAN hosts: the
+//! switch drops, forwards, routes or reflects, answers neighbour discovery or "packet too
+//! big", never panics.
 #![no_main]
 
 use std::net::Ipv4Addr;
@@ -28,11 +29,14 @@ fuzz_target!(|data: &[u8]| {
         config.lan_ports = ports;
         config.dhcp = true;
         config.routed = vec!["10.202.0.0/16".parse().expect("subnet")];
+        config.prefix6 = Some("fd00:1::/64".parse().expect("prefix"));
         let mut sw: Switch<u8> = Switch::new(config);
         sw.set_peer_addresses(
             1,
             &[Ipv4Addr::new(10, 201, 0, 2), Ipv4Addr::new(10, 202, 0, 2)],
         );
+        sw.set_address6(Some("fd00:1::10".parse().expect("address")));
+        sw.set_peer_addresses6(1, &["fd00:1::20".parse().expect("address")]);
         if ports == LanPorts::Vepa {
             sw.learn_lan_host(Ipv4Addr::new(10, 201, 0, 10), [2, 0, 0, 0, 0, 0xa], now);
             sw.learn_lan_host(Ipv4Addr::new(10, 201, 0, 11), [2, 0, 0, 0, 0, 0xb], now);
