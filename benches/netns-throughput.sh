@@ -18,6 +18,9 @@
 #                        `hyphae-wN` (the `hyphae` row runs the default: one per core)
 #   HYPHAE_REALTIME=1    also measure HYPHAE_BIN with `worker_priority = "realtime"` as the row
 #                        `hyphae-rt` (its workers SCHED_FIFO threads)
+#   HYPHAE_IPV6=1        also measure the `hyphae` row's agents over IPv6 (row `hyphae-ipv6`: the
+#                        same daemons, to B's own IPv6 address of the namespace's derived prefix,
+#                        read from its status), with the IPv6 / IPv4 ratios (issue 29's 5%)
 #   HYPHAE_POLICY_RULES  rule counts (e.g. "10 100") each measured as an extra hyphae row,
 #                        `hyphae-pN`: a default-deny policy of N rules, the last of which
 #                        allows the two members (docs/POLICY.md; issue 28's cost of a policy)
@@ -303,6 +306,17 @@ if [[ $skip != *" easytier "* ]]; then
 fi
 start_hyphae hyphae "$HYPHAE_BIN" socket
 measure hyphae 10.212.0.12
+if [ "${HYPHAE_IPV6:-0}" = 1 ]; then
+    # The same agents: no restart between the IPv4 and the IPv6 figures.
+    addr6=$("$HYPHAE_BIN" status -c "$dir/B-socket.toml" --json | jq -r '.namespaces[0].address6 // empty')
+    if [ -n "$addr6" ]; then
+        daemons[hyphae-ipv6]=${daemons[hyphae]}
+        hyphae_cfg[hyphae-ipv6]=socket
+        measure hyphae-ipv6 "$addr6"
+    else
+        notes+=("hyphae-ipv6 skipped: B holds no IPv6 address")
+    fi
+fi
 if [ -n "${PERF_DATA:-}" ]; then
     # Where both agents' CPU goes under one more 1-stream run: `perf report -i $PERF_DATA`.
     perf record -F 999 -o "$PERF_DATA" -p "$(tr ' ' , <<<"${daemons[hyphae]}")" -- sleep "$secs" \
@@ -381,6 +395,12 @@ for row in hyphae hyphae-af_xdp; do
     echo "- ping RTT added over raw veth: $(awk -v a="${ping[$row]}" -v b="${ping[raw]}" 'BEGIN { printf "%.3f", a - b }') ms (goal <= 0.1)"
     echo "- RSS per agent under 4 streams: ${rss[$row]} MB (goal <= 24)"
 done
+if [ -n "${one[hyphae-ipv6]:-}" ]; then
+    echo "IPv6 against IPv4, the same agents (issue 29: within 5%):"
+    echo "- TCP 1 stream: $(ratio "${one[hyphae-ipv6]}" "${one[hyphae]}")x"
+    echo "- TCP 4 streams: $(ratio "${four[hyphae-ipv6]}" "${four[hyphae]}")x"
+    echo "- 64-byte pps: $(ratio "${pps[hyphae-ipv6]}" "${pps[hyphae]}")x"
+fi
 for n in "${notes[@]}"; do echo "Note: $n"; done
 echo
 echo "$(date -u +%Y-%m-%d), $(nproc) cores, kernel $(uname -r), ${secs}s per iperf3 run, medians of $rounds," \

@@ -941,6 +941,8 @@ endpoint = "10.200.0.3"
             (small.subnet6, small.address6),
             (Subnet6::Off, Address6::None)
         );
+        let said_off = load(&with("mtu = 1200\nsubnet6 = \"off\"\n"), s).unwrap();
+        assert_eq!(said_off.namespaces[0].subnet6, Subnet6::Off);
         for (lines, says) in [
             ("subnet6 = \"fd00:1::1/64\"\n", "has host bits set"),
             ("subnet6 = \"10.0.0.0/8\"\n", "is not an IPv6 prefix"),

@@ -12,7 +12,7 @@ use hyphae_overlay::{Identity, PeerId};
 use tokio::net::UnixListener;
 use tun_rs::SyncDevice;
 
-use crate::config::{Address, Mode, Namespace, Subnet6};
+use crate::config::{Address, Address6, Mode, Namespace, Subnet6};
 
 /// Underlay socket buffers: room for a few milliseconds of traffic at 10 Gb/s.
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -358,7 +358,8 @@ fn build_tap(
     // the kernel's IPv6 chatter (router solicitations, DAD) off such a device. Best effort:
     // IPv6 may be disabled host-wide already. An interface member's device carries IPv6 in
     // a dual-stack namespace, and every frame in a layer-2 one.
-    let ipv6 = ns.mode == Mode::Interface && (ns.layer2 || ns.subnet6 != Subnet6::Off);
+    let ipv6 = ns.mode == Mode::Interface
+        && (ns.layer2 || (ns.subnet6 != Subnet6::Off && ns.address6 != Address6::None));
     if !ipv6 {
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
     }

@@ -757,6 +757,7 @@ fn pinned_addresses_and_names_hold_against_members_gone_bad() {
     let mallory = Identity::from_seed([0x4d; 32]);
     let name = NameInfo {
         address: pinned,
+        address6: None,
         subject: Some(Subject::Name("alpha".into())),
     };
     let requests = vec![

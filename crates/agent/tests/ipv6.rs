@@ -100,6 +100,28 @@ fn ping6(bed: &Testbed, from: &Member, to: Ipv6Addr) {
     );
 }
 
+/// `dig +short` at the namespace's service address from `m`: the answer once there is one
+/// (10 s at most: names are read from the DHT).
+fn dig(bed: &Testbed, m: &Member, args: &[&str]) -> String {
+    let server = "@10.203.0.1";
+    let mut all = vec![server, "+short", "+time=1", "+tries=1"];
+    all.extend_from_slice(args);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = bed.ns_output(&m.host.ns, "dig", &all).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !text.is_empty() && !text.starts_with(';') {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dig {args:?} from {}: {text}",
+            m.host.name
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The count of drops of `reason` at `m` summed over its tunnels.
 fn peer_drops(bed: &Testbed, m: &Member, reason: &str) -> u64 {
     namespace(bed, m)
@@ -115,7 +137,7 @@ fn interface_members_hold_ipv6_addresses_and_reach_each_other() {
     let mut bed = Testbed::new("v6", Path::new(BIN)).expect("testbed");
     let secret = secret(bed.dir());
     let members: Vec<Member> = (1..=3)
-        .map(|i| start_member(&mut bed, &secret, i, ""))
+        .map(|i| start_member(&mut bed, &secret, i, &format!("hostname = \"host{i}\"\n")))
         .collect();
     let addresses: Vec<Ipv6Addr> = members.iter().map(|m| address6(&bed, m)).collect();
 
@@ -168,6 +190,21 @@ fn interface_members_hold_ipv6_addresses_and_reach_each_other() {
         h1.drops.get("link_local").copied().unwrap_or(0) > 0,
         "{:?}",
         h1.drops
+    );
+
+    // Names: AAAA for a member's name, PTR for its IPv6 address, asked of the virtual DNS
+    // at the service address from another member (read from the DHT there).
+    assert_eq!(
+        dig(&bed, &members[1], &["host1.lab", "AAAA"]),
+        addresses[0].to_string()
+    );
+    assert_eq!(
+        dig(&bed, &members[2], &["-x", &addresses[0].to_string()]),
+        "host1.lab."
+    );
+    assert_eq!(
+        dig(&bed, &members[0], &["host3.lab", "AAAA"]),
+        addresses[2].to_string()
     );
 
     // TCP over IPv6, checked end to end by hash.

@@ -4,20 +4,22 @@
 //! member or DHCP client that holds the name, IPOP's automatic names answer every owned
 //! address (`C250005005.NAMESPACE` is 10.250.5.5: the last three octets, three digits
 //! each), reverse names in the subnet answer PTR, and anything else in the zone is
-//! NXDOMAIN. Outside the zone the query is forwarded to the configured resolvers, or refused
+//! NXDOMAIN. In a dual-stack namespace a member's own name answers AAAA with its IPv6
+//! address too, and the prefix's ip6.arpa names answer PTR with the name its holder gave
+//! it (IPv6 addresses have no automatic names). Outside the zone the query is forwarded to the configured resolvers, or refused
 //! when there are none. Malformed queries get FORMERR when they carry a readable header,
 //! and are dropped (counted) otherwise.
 //!
 //! Messages are parsed and built with `hickory-proto`; the store is the agent's view of the
 //! names and addresses in the DHT ([`Names`]).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, PTR, SOA};
+use hickory_proto::rr::rdata::{A, AAAA, PTR, SOA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::limit::{PerSource, Verdict};
 
@@ -34,6 +36,8 @@ pub enum Missing {
     Name(String),
     /// Whether someone owns `address`, and the name held with it.
     Address(Ipv4Addr),
+    /// Whether someone holds the IPv6 `address`, and the name held with it.
+    Address6(Ipv6Addr),
 }
 
 /// Someone who owns an address.
@@ -50,6 +54,11 @@ pub trait Names {
     fn address_of(&self, host: &str) -> Result<Option<Ipv4Addr>, Missing>;
     /// Who owns `address`, if anyone (automatic names and PTRs exist only for those).
     fn holder_of(&self, address: Ipv4Addr) -> Result<Option<Holder>, Missing>;
+    /// The IPv6 address of `host`, if someone holds the name and it stands for one (read
+    /// with the name: the same [`Missing::Name`]).
+    fn address6_of(&self, host: &str) -> Result<Option<Ipv6Addr>, Missing>;
+    /// Who holds the IPv6 `address`, if anyone.
+    fn holder_of6(&self, address: Ipv6Addr) -> Result<Option<Holder>, Missing>;
 }
 
 /// A namespace's DNS settings.
@@ -62,6 +71,9 @@ pub struct Settings {
     /// A multi-subnet namespace's other subnets: their reverse and automatic names are the
     /// zone's too.
     pub routed: Vec<Ipv4Net>,
+    /// A dual-stack namespace's IPv6 prefix: its ip6.arpa names are the zone's, and AAAA
+    /// answers lie in it.
+    pub prefix6: Option<Ipv6Net>,
     /// Whether queries outside the zone are forwarded (resolvers configured); otherwise
     /// they are refused.
     pub forward: bool,
@@ -204,6 +216,11 @@ impl Server {
         response.metadata.recursion_available = self.settings.forward;
         response.add_query(query.clone());
 
+        if let Some(nibbles) = reverse_nibbles(&name) {
+            if let Some(answer) = self.reverse6(&nibbles, &mut response, names) {
+                return answer;
+            }
+        }
         let reverse = reverse_octets(&name);
         if let Some(octets) = reverse.as_deref().filter(|o| o.len() < 4) {
             if self.covers(octets) {
@@ -280,18 +297,85 @@ impl Server {
             response.add_authority(self.soa());
             return self.nxdomain(response);
         };
+        // A named member's IPv6 address (read with its name; automatic names have none).
+        let address6 = match host.filter(|h| host_name(h).is_ok()) {
+            Some(h) if matches!(qtype, RecordType::AAAA | RecordType::ANY) => {
+                match names.address6_of(h) {
+                    Ok(a) => a.filter(|a| self.settings.prefix6.is_some_and(|p| p.contains(a))),
+                    Err(missing) => return Answer::Lookup(missing),
+                }
+            }
+            _ => None,
+        };
+        let mut records = 0;
         if matches!(qtype, RecordType::A | RecordType::ANY) {
             response.add_answer(Record::from_rdata(
                 query.name().clone(),
                 TTL,
                 RData::A(A(address)),
             ));
-        } else {
+            records += 1;
+        }
+        if let Some(a) = address6 {
+            response.add_answer(Record::from_rdata(
+                query.name().clone(),
+                TTL,
+                RData::AAAA(AAAA(a)),
+            ));
+            records += 1;
+        }
+        if records == 0 {
             // Other types of an existing name: NOERROR with no records (NODATA).
             response.add_authority(self.soa());
         }
         self.stats.answered += 1;
         self.encode(response)
+    }
+
+    /// A name under ip6.arpa (`nibbles`, most significant first, at most 32): the PTR of an
+    /// address of the prefix, the empty answer of a name on the way to them, or `None` if
+    /// it is none of the zone's (forwarded or refused as any other name).
+    fn reverse6(
+        &mut self,
+        nibbles: &[u8],
+        response: &mut Message,
+        names: &impl Names,
+    ) -> Option<Answer> {
+        let prefix = self.settings.prefix6?;
+        let mut bits = 0u128;
+        for (i, n) in nibbles.iter().enumerate() {
+            bits |= u128::from(*n) << (124 - 4 * i);
+        }
+        let address = Ipv6Addr::from(bits);
+        let within = usize::from(prefix.prefix_len()).div_ceil(4) <= nibbles.len();
+        if !within || !prefix.contains(&address) {
+            return None;
+        }
+        let mut response = std::mem::replace(response, Message::response(0, OpCode::Query));
+        response.metadata.authoritative = true;
+        if nibbles.len() < 32 {
+            self.stats.answered += 1;
+            return Some(self.encode(response));
+        }
+        let holder = match names.holder_of6(address) {
+            Ok(holder) => holder,
+            Err(missing) => return Some(Answer::Lookup(missing)),
+        };
+        let Some(host) = holder.and_then(|h| h.name).and_then(|h| self.in_zone(&h)) else {
+            return Some(self.nxdomain(response));
+        };
+        let qtype = response.queries.first().map(|q| q.query_type());
+        if matches!(qtype, Some(RecordType::PTR | RecordType::ANY)) {
+            if let Some(q) = response.queries.first().cloned() {
+                response.add_answer(Record::from_rdata(
+                    q.name().clone(),
+                    TTL,
+                    RData::PTR(PTR(host)),
+                ));
+            }
+        }
+        self.stats.answered += 1;
+        Some(self.encode(response))
     }
 
     /// The zone's SOA record: its minimum (the negative-caching time) is short, since
@@ -447,6 +531,29 @@ fn automatic_address(host: &str, subnet: Ipv4Net) -> Option<Ipv4Addr> {
 
 /// `d.c.b.a.in-addr.arpa.` -> [a, b, c, d]; also the shorter names above it (`b.a.in-addr.arpa.`
 /// -> [a, b]).
+/// The nibbles of a name under ip6.arpa, most significant first (1 to 32 of them).
+fn reverse_nibbles(name: &Name) -> Option<Vec<u8>> {
+    let mut labels: Vec<&[u8]> = name.iter().collect();
+    let [.., ip6, arpa] = labels.as_slice() else {
+        return None;
+    };
+    if !ip6.eq_ignore_ascii_case(b"ip6") || !arpa.eq_ignore_ascii_case(b"arpa") {
+        return None;
+    }
+    labels.truncate(labels.len() - 2);
+    if labels.is_empty() || labels.len() > 32 {
+        return None;
+    }
+    labels
+        .iter()
+        .rev()
+        .map(|l| match l {
+            [c] => (*c as char).to_digit(16).map(|d| d as u8),
+            _ => None,
+        })
+        .collect()
+}
+
 fn reverse_octets(name: &Name) -> Option<Vec<u8>> {
     let mut labels: Vec<&[u8]> = name.iter().collect();
     let [.., inaddr, arpa] = labels.as_slice() else {
@@ -504,6 +611,83 @@ mod tests {
             let owned = name.is_some() || address == Ipv4Addr::new(10, 250, 5, 5);
             Ok(owned.then_some(Holder { name }))
         }
+        fn address6_of(&self, host: &str) -> Result<Option<Ipv6Addr>, Missing> {
+            self.known(Missing::Name(host.to_string()))?;
+            Ok((host == "web").then(|| WEB6.parse().unwrap()))
+        }
+        fn holder_of6(&self, address: Ipv6Addr) -> Result<Option<Holder>, Missing> {
+            self.known(Missing::Address6(address))?;
+            let name = (address == WEB6.parse::<Ipv6Addr>().unwrap()).then(|| "web".to_string());
+            // fd12::99 is held by a member with no name.
+            let held = name.is_some() || address == "fd12::99".parse::<Ipv6Addr>().unwrap();
+            Ok(held.then_some(Holder { name }))
+        }
+    }
+
+    const WEB6: &str = "fd12::7";
+
+    fn aaaa_of(r: &Message) -> Vec<Ipv6Addr> {
+        r.answers
+            .iter()
+            .filter_map(|rec| match &rec.data {
+                RData::AAAA(a) => Some(a.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The ip6.arpa name of `a`.
+    fn arpa6(a: &str) -> String {
+        let a: Ipv6Addr = a.parse().unwrap();
+        let hex: String = a.octets().iter().map(|b| format!("{b:02x}")).collect();
+        let mut name: String = hex.chars().rev().map(|c| format!("{c}.")).collect();
+        name.push_str("ip6.arpa.");
+        name
+    }
+
+    #[test]
+    fn a_members_name_answers_aaaa_and_its_ipv6_address_answers_ptr() {
+        let mut s = server(false);
+        assert_eq!(
+            aaaa_of(&ask(&mut s, "web.lab.", RecordType::AAAA)),
+            vec![WEB6.parse::<Ipv6Addr>().unwrap()]
+        );
+        let any = ask(&mut s, "web.lab.", RecordType::ANY);
+        assert_eq!((a_of(&any).len(), aaaa_of(&any).len()), (1, 1));
+        // A only for A; automatic names have no IPv6 address.
+        assert!(aaaa_of(&ask(&mut s, "web.lab.", RecordType::A)).is_empty());
+        let auto = ask(&mut s, "c250005005.lab.", RecordType::AAAA);
+        assert_eq!(
+            (auto.metadata.response_code, auto.answers.len()),
+            (ResponseCode::NoError, 0)
+        );
+        let r = ask(&mut s, &arpa6(WEB6), RecordType::PTR);
+        match &r.answers[..] {
+            [rec] => assert!(
+                matches!(&rec.data, RData::PTR(PTR(n)) if n.to_string() == "web.lab."),
+                "{rec:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Held without a name, or not held: no PTR.
+        for a in ["fd12::99", "fd12::98"] {
+            let r = ask(&mut s, &arpa6(a), RecordType::PTR);
+            assert_eq!(r.metadata.response_code, ResponseCode::NXDomain, "{a}");
+            assert!(r.metadata.authoritative);
+        }
+        // A name on the way to the prefix's reverse names exists, empty.
+        let partial = "0.0.0.0.0.0.0.0.0.0.0.0.2.1.d.f.ip6.arpa.";
+        let r = ask(&mut s, partial, RecordType::PTR);
+        assert_eq!(
+            (r.metadata.response_code, r.answers.len()),
+            (ResponseCode::NoError, 0)
+        );
+        // Outside the prefix: not the zone's (refused: no resolvers here).
+        let r = ask(&mut s, &arpa6("2001:db8::1"), RecordType::PTR);
+        assert_eq!(r.metadata.response_code, ResponseCode::Refused);
+        // Malformed nibbles are no address of ours either.
+        let r = ask(&mut s, "x.0.ip6.arpa.", RecordType::PTR);
+        assert_eq!(r.metadata.response_code, ResponseCode::Refused);
     }
 
     fn store() -> Store {
@@ -534,6 +718,7 @@ mod tests {
             zone: Name::from_ascii("Lab.").unwrap(),
             subnet: "10.250.0.0/16".parse().unwrap(),
             routed: Vec::new(),
+            prefix6: Some("fd12::/64".parse().unwrap()),
             forward,
             rate: 500,
         })
@@ -590,7 +775,7 @@ mod tests {
                 "{n}"
             );
         }
-        let r = ask(&mut s, "web.lab.", RecordType::AAAA);
+        let r = ask(&mut s, "web.lab.", RecordType::MX);
         assert_eq!(
             (r.metadata.response_code, r.answers.len()),
             (ResponseCode::NoError, 0)
@@ -658,10 +843,7 @@ mod tests {
         };
         assert_eq!(soa(&r), NEGATIVE_TTL);
         // NODATA too; and the apex answers its SOA.
-        assert_eq!(
-            soa(&ask(&mut s, "web.lab.", RecordType::AAAA)),
-            NEGATIVE_TTL
-        );
+        assert_eq!(soa(&ask(&mut s, "web.lab.", RecordType::MX)), NEGATIVE_TTL);
         let apex = ask(&mut s, "lab.", RecordType::SOA);
         assert!(matches!(apex.answers[0].data, RData::SOA(_)));
         // 10.250.0.0/16: 250.10.in-addr.arpa and below are ours (no records of their own);

@@ -14,10 +14,10 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::dns::{self, Answer, Holder, Missing, Names};
 use crate::forward::{Forwarder, Taken, Transmit};
@@ -33,13 +33,22 @@ pub trait Held {
     fn address_for(&self, host: &str) -> Option<Ipv4Addr>;
     /// If this member holds `address`: the name held with it, if any.
     fn holder_of(&self, address: Ipv4Addr) -> Option<Option<String>>;
+    /// The IPv6 address `host` stands for, if this member holds the name and has one.
+    fn address6_for(&self, _host: &str) -> Option<Ipv6Addr> {
+        None
+    }
+    /// If this member holds the IPv6 `address`: the name held with it, if any.
+    fn holder_of6(&self, _address: Ipv6Addr) -> Option<Option<String>> {
+        None
+    }
 }
 
 /// What a DHT read found for a [`Missing`] key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
-    /// The address a name stands for (`None`: nobody holds the name).
-    Name(Option<Ipv4Addr>),
+    /// The address a name stands for (`None`: nobody holds the name), and its IPv6 address
+    /// if it has one.
+    Name(Option<Ipv4Addr>, Option<Ipv6Addr>),
     /// Whether someone holds an address, and the name it carries (`None`: nobody).
     Holder(Option<Option<String>>),
 }
@@ -156,8 +165,11 @@ pub struct Service<C> {
     tcp: Option<tcp::Endpoint>,
     /// Where the service stack's packets go: the MAC each client address spoke from.
     macs: HashMap<Ipv4Addr, Mac>,
-    names: HashMap<String, (Option<Ipv4Addr>, Instant)>,
+    names: HashMap<String, (Option<Ipv4Addr>, Option<Ipv6Addr>, Instant)>,
     holders: HashMap<Ipv4Addr, (Option<Holder>, Instant)>,
+    holders6: HashMap<Ipv6Addr, (Option<Holder>, Instant)>,
+    /// A dual-stack namespace's IPv6 prefix ([`Service::set_prefix6`]).
+    prefix6: Option<Ipv6Net>,
     /// Reads asked for and not answered yet.
     reading: HashSet<Missing>,
     lookups: VecDeque<Missing>,
@@ -192,6 +204,8 @@ impl<C: Copy> Service<C> {
             macs: HashMap::new(),
             names: HashMap::new(),
             holders: HashMap::new(),
+            holders6: HashMap::new(),
+            prefix6: None,
             reading: HashSet::new(),
             lookups: VecDeque::new(),
             waiting: Vec::new(),
@@ -219,6 +233,12 @@ impl<C: Copy> Service<C> {
             name: name.to_string(),
             subnet,
         });
+    }
+
+    /// A dual-stack namespace's IPv6 prefix: members' names answer AAAA in it, and its
+    /// ip6.arpa names PTR. Set before the zone is ready.
+    pub fn set_prefix6(&mut self, prefix6: Option<Ipv6Net>) {
+        self.prefix6 = prefix6;
     }
 
     /// A multi-subnet namespace's other subnets: names of members there are the zone's
@@ -254,6 +274,7 @@ impl<C: Copy> Service<C> {
                 zone: name,
                 subnet: zone.subnet,
                 routed: self.routed.clone(),
+                prefix6: self.prefix6,
                 forward: !self.forwarder.resolvers().is_empty(),
                 rate: self.rate,
             }));
@@ -357,6 +378,7 @@ impl<C: Copy> Service<C> {
             held,
             names: &self.names,
             holders: &self.holders,
+            holders6: &self.holders6,
             now,
         };
         let Some(server) = self.server.as_mut() else {
@@ -409,19 +431,29 @@ impl<C: Copy> Service<C> {
         if !self.reading.remove(missing) {
             return;
         }
-        if self.names.len() + self.holders.len() >= MAX_CACHE {
+        if self.names.len() + self.holders.len() + self.holders6.len() >= MAX_CACHE {
             self.names.clear();
             self.holders.clear();
+            self.holders6.clear();
         }
         match (missing, found) {
-            (Missing::Name(host), Found::Name(address)) => {
+            (Missing::Name(host), Found::Name(address, address6)) => {
                 // A name only stands for an address of this namespace.
                 let address = address.filter(|a| {
                     self.zone.as_ref().is_some_and(|z| z.subnet.contains(a))
                         || self.routed.iter().any(|n| n.contains(a))
                 });
+                let address6 = address6
+                    .filter(|a| address.is_some() && self.prefix6.is_some_and(|p| p.contains(a)));
                 let until = now + cache_ttl(address.is_some());
-                self.names.insert(host.clone(), (address, until));
+                self.names.insert(host.clone(), (address, address6, until));
+            }
+            (Missing::Address6(a), Found::Holder(holder)) => {
+                let holder = holder.map(|name| Holder {
+                    name: name.and_then(|n| dns::host_name(&n).ok()),
+                });
+                let until = now + cache_ttl(holder.is_some());
+                self.holders6.insert(*a, (holder, until));
             }
             (Missing::Address(a), Found::Holder(holder)) => {
                 let holder = holder.map(|name| Holder {
@@ -516,8 +548,9 @@ impl<C: Copy> Service<C> {
         for (asker, query) in self.forwarder.handle_timeout(now) {
             self.fail(&query, asker, now);
         }
-        self.names.retain(|_, (_, t)| now < *t);
+        self.names.retain(|_, (_, _, t)| now < *t);
         self.holders.retain(|_, (_, t)| now < *t);
+        self.holders6.retain(|_, (_, t)| now < *t);
         if let Some(tcp) = self.tcp.as_mut() {
             tcp.handle_timeout(now);
         }
@@ -581,8 +614,9 @@ fn cache_ttl(found: bool) -> Duration {
 /// What the zone server sees: this member's names and addresses, then the cache.
 struct View<'a, H> {
     held: &'a H,
-    names: &'a HashMap<String, (Option<Ipv4Addr>, Instant)>,
+    names: &'a HashMap<String, (Option<Ipv4Addr>, Option<Ipv6Addr>, Instant)>,
     holders: &'a HashMap<Ipv4Addr, (Option<Holder>, Instant)>,
+    holders6: &'a HashMap<Ipv6Addr, (Option<Holder>, Instant)>,
     now: Instant,
 }
 
@@ -592,8 +626,28 @@ impl<H: Held> Names for View<'_, H> {
             return Ok(Some(a));
         }
         match self.names.get(host) {
-            Some((a, until)) if self.now < *until => Ok(*a),
+            Some((a, _, until)) if self.now < *until => Ok(*a),
             _ => Err(Missing::Name(host.to_string())),
+        }
+    }
+
+    fn address6_of(&self, host: &str) -> Result<Option<Ipv6Addr>, Missing> {
+        if self.held.address_for(host).is_some() {
+            return Ok(self.held.address6_for(host));
+        }
+        match self.names.get(host) {
+            Some((_, a, until)) if self.now < *until => Ok(*a),
+            _ => Err(Missing::Name(host.to_string())),
+        }
+    }
+
+    fn holder_of6(&self, address: Ipv6Addr) -> Result<Option<Holder>, Missing> {
+        if let Some(name) = self.held.holder_of6(address) {
+            return Ok(Some(Holder { name }));
+        }
+        match self.holders6.get(&address) {
+            Some((h, until)) if self.now < *until => Ok(h.clone()),
+            _ => Err(Missing::Address6(address)),
         }
     }
 

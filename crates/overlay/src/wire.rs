@@ -77,7 +77,6 @@ const RELAY_OFFER_MAGIC: &[u8; 4] = b"HYO1";
 const PROBE_MAGIC: &[u8; 4] = b"HYP1";
 const UPLINKS_MAGIC: &[u8; 4] = b"HYU1";
 const MACS_MAGIC: &[u8; 4] = b"HYM2";
-const ADDRESSES6_MAGIC: &[u8; 4] = b"HY61";
 
 /// Most MACs one [`Control::Macs`] part carries (200 of 6 bytes fit a tunnel of 1280).
 pub const MAX_MACS_PER_PART: usize = 200;
@@ -92,8 +91,11 @@ const FLAG_HAVE_YOURS: u8 = 1;
 /// In an announcement: the sender reads [`Control::Uplinks`] (an agent that does not, never
 /// gets one).
 const FLAG_UPLINKS: u8 = 2;
-/// In an announcement: the sender reads [`Control::Addresses6`] (dual stack).
+/// In an announcement: the sender reads IPv6 address lists (dual stack).
 const FLAG_ADDRESSES6: u8 = 4;
+/// In an announcement: an IPv6 address list follows (sent only to members that set
+/// [`FLAG_ADDRESSES6`]); the certificate's length is then always there, 0 for none.
+const FLAG_LIST6: u8 = 8;
 /// Most uplinks one member announces.
 pub const MAX_UPLINKS: usize = 8;
 /// Most addresses one announcement may carry.
@@ -381,10 +383,6 @@ pub enum Control {
     /// A layer-2 namespace: part `part` of `parts` of every MAC the sender holds there,
     /// the only ones its frames may come from ([`MacParts`]). Sent with each announcement.
     Macs(MacPart),
-    /// The IPv6 addresses the sender holds in a dual-stack namespace (at most
-    /// [`MAX_ANNOUNCED`]), the only IPv6 sources its packets may have. Sent after each
-    /// announcement to members whose announcement set [`Announce::addresses6`].
-    Addresses6(Vec<Ipv6Addr>),
 }
 
 /// One part of a member's MAC announcement: a set too large for one control packet is
@@ -508,14 +506,6 @@ impl Control {
                     body.extend_from_slice(mac);
                 }
             }
-            Control::Addresses6(addresses) => {
-                let n = addresses.len().min(MAX_ANNOUNCED);
-                body.extend_from_slice(ADDRESSES6_MAGIC);
-                body.push(n as u8);
-                for a in &addresses[..n] {
-                    body.extend_from_slice(&a.octets());
-                }
-            }
         }
         control_packet(&body)
     }
@@ -584,17 +574,6 @@ impl Control {
                     macs,
                 }))
             }
-            m if m == ADDRESSES6_MAGIC => {
-                let n = usize::from(*rest.first()?);
-                if n > MAX_ANNOUNCED || rest.len() != 1 + 16 * n {
-                    return None;
-                }
-                let addresses = rest[1..]
-                    .chunks_exact(16)
-                    .map(|c| <[u8; 16]>::try_from(c).ok().map(Ipv6Addr::from))
-                    .collect::<Option<Vec<_>>>()?;
-                Some(Control::Addresses6(addresses))
-            }
             _ => None,
         }
     }
@@ -656,8 +635,13 @@ pub struct Announce {
     pub have_yours: bool,
     /// Set by an agent that reads [`Control::Uplinks`] (a flag bit older agents ignore).
     pub uplinks: bool,
-    /// Set by an agent that reads [`Control::Addresses6`] (a flag bit older agents ignore).
+    /// Set by an agent that reads IPv6 address lists (a flag bit older agents ignore).
     pub addresses6: bool,
+    /// The sender's IPv6 addresses in a dual-stack namespace (at most [`MAX_ANNOUNCED`]),
+    /// the only IPv6 sources its packets may have: sent only to members whose
+    /// announcement set [`Announce::addresses6`] (an older agent's parser refuses a longer
+    /// announcement). `None`: not sent.
+    pub list6: Option<Vec<Ipv6Addr>>,
     /// The sender's addresses.
     pub addresses: Vec<Ipv4Addr>,
     /// Shards the sender accepts, 1 to [`MAX_SHARDS`] (a trailing byte: an agent that
@@ -681,15 +665,28 @@ impl Announce {
         if self.addresses6 {
             flags |= FLAG_ADDRESSES6;
         }
+        if self.list6.is_some() {
+            flags |= FLAG_LIST6;
+        }
         body.push(flags);
         body.push(n as u8);
         for a in &self.addresses[..n] {
             body.extend_from_slice(&a.octets());
         }
         body.push(self.shards.clamp(1, MAX_SHARDS));
-        if !self.certificate.is_empty() && self.certificate.len() <= crate::cert::MAX_CERT_LEN {
-            body.extend_from_slice(&(self.certificate.len() as u16).to_be_bytes());
-            body.extend_from_slice(&self.certificate);
+        let certificate = Some(&self.certificate[..])
+            .filter(|c| !c.is_empty() && c.len() <= crate::cert::MAX_CERT_LEN)
+            .unwrap_or_default();
+        if !certificate.is_empty() || self.list6.is_some() {
+            body.extend_from_slice(&(certificate.len() as u16).to_be_bytes());
+            body.extend_from_slice(certificate);
+        }
+        if let Some(list) = &self.list6 {
+            let n6 = list.len().min(MAX_ANNOUNCED);
+            body.push(n6 as u8);
+            for a in &list[..n6] {
+                body.extend_from_slice(&a.octets());
+            }
         }
         control_packet(&body)
     }
@@ -708,20 +705,40 @@ impl Announce {
         }
         let list = body.get(6..6 + 4 * n)?;
         let shards = body.get(6 + 4 * n).copied().unwrap_or(1);
-        let certificate = match body.get(7 + 4 * n..) {
-            None | Some([]) => Vec::new(),
+        let (certificate, list6) = match body.get(7 + 4 * n..) {
+            None | Some([]) if flags & FLAG_LIST6 == 0 => (Vec::new(), None),
+            None | Some([]) => return None,
             Some(rest) => {
                 let len = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
-                if len > crate::cert::MAX_CERT_LEN || rest.len() != 2 + len {
+                let cert = rest.get(2..2 + len)?;
+                let after = &rest[2 + len..];
+                if len > crate::cert::MAX_CERT_LEN {
                     return None;
                 }
-                rest[2..].to_vec()
+                let list6 = if flags & FLAG_LIST6 == 0 {
+                    if !after.is_empty() {
+                        return None;
+                    }
+                    None
+                } else {
+                    let n6 = usize::from(*after.first()?);
+                    if n6 > MAX_ANNOUNCED || after.len() != 1 + 16 * n6 {
+                        return None;
+                    }
+                    let list = after[1..]
+                        .chunks_exact(16)
+                        .map(|c| <[u8; 16]>::try_from(c).ok().map(Ipv6Addr::from))
+                        .collect::<Option<Vec<_>>>()?;
+                    Some(list)
+                };
+                (cert.to_vec(), list6)
             }
         };
         Some(Self {
             have_yours: flags & FLAG_HAVE_YOURS != 0,
             uplinks: flags & FLAG_UPLINKS != 0,
             addresses6: flags & FLAG_ADDRESSES6 != 0,
+            list6,
             addresses: list
                 .chunks_exact(4)
                 .map(|c| Ipv4Addr::new(c[0], c[1], c[2], c[3]))
@@ -758,29 +775,48 @@ mod tests {
     }
 
     #[test]
-    fn ipv6_addresses_round_trip_and_malformed_lists_are_refused() {
+    fn ipv6_lists_ride_the_announcement_and_malformed_ones_are_refused() {
         let list: Vec<Ipv6Addr> = (1..=3u128)
             .map(|i| Ipv6Addr::from(0xfd00_0000_0000_0000_0000_0000_0000_0000 | i))
             .collect();
-        let p = Control::Addresses6(list.clone()).emit();
-        assert!(is_control(&p));
-        assert_eq!(Control::parse(&p), Some(Control::Addresses6(list)));
-        // Short, long, or counting more than it carries: refused.
-        assert_eq!(Control::parse(&p[..p.len() - 1]), None);
-        let mut long = p.clone();
-        long.push(0);
-        assert_eq!(Control::parse(&long), None);
-        let mut miscounted = p.clone();
-        miscounted[24] = 4;
-        assert_eq!(Control::parse(&miscounted), None);
-        // At most MAX_ANNOUNCED are sent; an empty list says "none".
-        let many: Vec<Ipv6Addr> = (0..MAX_ANNOUNCED as u128 + 5).map(Ipv6Addr::from).collect();
-        match Control::parse(&Control::Addresses6(many).emit()) {
-            Some(Control::Addresses6(sent)) => assert_eq!(sent.len(), MAX_ANNOUNCED),
-            other => panic!("{other:?}"),
+        for certificate in [Vec::new(), vec![7u8; 40]] {
+            let a = Announce {
+                have_yours: false,
+                uplinks: true,
+                addresses6: true,
+                list6: Some(list.clone()),
+                addresses: vec![Ipv4Addr::new(10, 201, 0, 1)],
+                shards: 2,
+                certificate,
+            };
+            let p = a.emit();
+            assert_eq!(Announce::parse(&p), Some(a.clone()));
+            // Short, long, or counting more than it carries: refused.
+            assert_eq!(Announce::parse(&p[..p.len() - 1]), None);
+            let mut long = p.clone();
+            long.push(0);
+            assert_eq!(Announce::parse(&long), None);
+            // An empty list says "none"; without the flag nothing may follow the certificate.
+            let none = Announce {
+                list6: Some(Vec::new()),
+                ..a.clone()
+            };
+            assert_eq!(Announce::parse(&none.emit()), Some(none));
+            let plain = Announce { list6: None, ..a };
+            assert_eq!(Announce::parse(&plain.emit()), Some(plain));
         }
-        let none = Control::Addresses6(Vec::new()).emit();
-        assert_eq!(Control::parse(&none), Some(Control::Addresses6(Vec::new())));
+        // At most MAX_ANNOUNCED are sent.
+        let many = Announce {
+            have_yours: true,
+            uplinks: true,
+            addresses6: true,
+            list6: Some((0..MAX_ANNOUNCED as u128 + 5).map(Ipv6Addr::from).collect()),
+            addresses: Vec::new(),
+            shards: 1,
+            certificate: Vec::new(),
+        };
+        let sent = Announce::parse(&many.emit()).and_then(|a| a.list6);
+        assert_eq!(sent.map(|l| l.len()), Some(MAX_ANNOUNCED));
     }
 
     #[test]
@@ -801,6 +837,7 @@ mod tests {
             have_yours: true,
             uplinks: true,
             addresses6: true,
+            list6: None,
             addresses: vec![Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 7)],
             shards: 4,
             certificate: Vec::new(),

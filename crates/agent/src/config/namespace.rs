@@ -251,8 +251,9 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
         bail!("mtu {mtu} is outside 576..=65000");
     }
     // IPv6 needs links of 1280 bytes at least (RFC 8200 5).
-    let (subnet6, address6) = match (mtu < 1280, s.subnet6.is_some() || s.address6.is_some()) {
-        (true, true) => bail!("mtu {mtu} is below IPv6's 1280: raise `mtu`, or remove `subnet6` and `address6` (the namespace is then IPv4 only)"),
+    let asked = matches!(subnet6, Subnet6::Prefix(_)) || matches!(address6, Address6::Static(_));
+    let (subnet6, address6) = match (mtu < 1280, asked) {
+        (true, true) => bail!("mtu {mtu} is below IPv6's 1280: raise `mtu`, or set `subnet6 = \"off\"` (the namespace is then IPv4 only)"),
         (true, false) => (Subnet6::Off, Address6::None),
         (false, _) => (subnet6, address6),
     };

@@ -207,8 +207,11 @@ impl LaneCaps {
         if !self.caps.weighs() {
             return (0, 1);
         }
+        // IPv6: weighed by member only, as `key` picks it.
+        let v4 = ip.first().is_some_and(|b| b >> 4 == 4);
         let Some((remote, local)) = ip
             .get(12..20)
+            .filter(|_| v4)
             .and_then(|a| <[u8; 8]>::try_from(a).ok())
             .map(|a| {
                 (

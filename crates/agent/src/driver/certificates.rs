@@ -177,7 +177,8 @@ pub(crate) fn with_kept(
 /// the hostname (a different `hostname` in the config is an error; the replicas would
 /// refuse it), and where the certificate pins addresses, `address = "auto"` is the first
 /// pinned IPv4 address and a static address must be one of them (the replicas refuse
-/// any other claim, see `hyphae_overlay::records::certified`).
+/// any other claim, see `hyphae_overlay::records::certified`); the same for `address6`
+/// where it pins IPv6 addresses.
 pub(crate) fn certified_config(
     cfg: &crate::config::Namespace,
     cert: &Certificate,
@@ -222,6 +223,30 @@ pub(crate) fn certified_config(
             ),
         };
     }
+    let pinned6: Vec<std::net::Ipv6Addr> = cert
+        .addresses()
+        .iter()
+        .filter_map(|a| match a {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        })
+        .collect();
+    if let Some(first) = pinned6.first() {
+        use crate::config::Address6;
+        out.address6 = match cfg.address6 {
+            Address6::Auto => Address6::Static(*first),
+            Address6::Static(a) if !pinned6.contains(&a) => bail!(
+                "namespace {}: address6 {a} is not one the certificate allows ({})",
+                cfg.name,
+                pinned6
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            other => other,
+        };
+    }
     Ok(out)
 }
 
@@ -233,6 +258,11 @@ mod tests {
     use hyphae_overlay::cert::{AuthorityKey, CertificateRequest, Trust};
 
     fn cert(name: &str, pins: &[Ipv4Addr]) -> Certificate {
+        let pins: Vec<IpAddr> = pins.iter().map(|a| IpAddr::V4(*a)).collect();
+        cert_with(name, &pins)
+    }
+
+    fn cert_with(name: &str, pins: &[IpAddr]) -> Certificate {
         let ca = AuthorityKey::from_seed([7; 32]);
         let me = hyphae_overlay::Identity::from_seed([1; 32]).peer_id();
         let bytes = ca
@@ -241,7 +271,7 @@ mod tests {
                 identity: me,
                 name: name.into(),
                 groups: Vec::new(),
-                addresses: pins.iter().map(|a| IpAddr::V4(*a)).collect(),
+                addresses: pins.to_vec(),
                 not_before: 0,
                 not_after: u64::MAX / 2,
             })
@@ -253,6 +283,33 @@ mod tests {
 
     fn error(cfg: &crate::config::Namespace, cert: &Certificate) -> String {
         format!("{:#}", certified_config(cfg, cert).unwrap_err())
+    }
+
+    #[test]
+    fn ipv6_pins_make_address6_as_ipv4_pins_make_address() {
+        use crate::config::Address6;
+        let base = crate::config::tests_namespace("lab");
+        let v4 = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5));
+        let six: std::net::Ipv6Addr = "fd00::5".parse().unwrap();
+        // IPv4 pins alone leave the IPv6 address free.
+        let out = certified_config(&base, &cert_with("web", &[v4])).unwrap();
+        assert_eq!(out.address6, Address6::Auto);
+        // An IPv6 pin makes `auto` the pinned address, and refuses another static one.
+        let pinned = cert_with("web", &[v4, IpAddr::V6(six)]);
+        assert_eq!(
+            certified_config(&base, &pinned).unwrap().address6,
+            Address6::Static(six)
+        );
+        let mut other = base.clone();
+        other.address6 = Address6::Static("fd00::6".parse().unwrap());
+        assert!(error(&other, &pinned)
+            .contains("address6 fd00::6 is not one the certificate allows (fd00::5)"));
+        let mut none = base.clone();
+        none.address6 = Address6::None;
+        assert_eq!(
+            certified_config(&none, &pinned).unwrap().address6,
+            Address6::None
+        );
     }
 
     #[test]

@@ -398,10 +398,20 @@ impl Control {
                 lane.group.clone_from(&n.group);
                 lane.group_wanted = false;
             }
-            Event::NameRead { host, address } => {
+            Event::NameRead {
+                host,
+                address,
+                address6,
+            } => {
                 let held = HeldBy(&n.membership);
+                let found = Found::Name(address, address6);
+                n.dns.handle_lookup(now, &Missing::Name(host), found, &held);
+            }
+            Event::HolderRead6 { address, holder } => {
+                let held = HeldBy(&n.membership);
+                let missing = Missing::Address6(address);
                 n.dns
-                    .handle_lookup(now, &Missing::Name(host), Found::Name(address), &held);
+                    .handle_lookup(now, &missing, Found::Holder(holder), &held);
             }
             Event::HandOff { address, done } => self.handed_off(i, now, address, done),
             Event::Unowned { frames, .. } => self.unreachable(i, now, &frames),

@@ -378,6 +378,20 @@ impl Control {
             Mode::Interface => device_mac,
             Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &cfg.name),
         };
+        // Before any device: an IPv6 address outside the namespace's prefix is refused.
+        let prefix6 = match cfg.subnet6 {
+            Subnet6::Derived => Some(NamespaceKeys::derive(&cfg.name, &cfg.secret).ula_prefix()),
+            Subnet6::Prefix(net) => Some(net),
+            Subnet6::Off => None,
+        };
+        if let (Some(p), crate::config::Address6::Static(a)) = (prefix6, cfg.address6) {
+            if !membership::usable6(p, a) {
+                bail!(
+                    "namespace '{}': address6 {a} is not a member's address of the namespace's IPv6 prefix {p} (set `subnet6`, or use address6 = \"auto\")",
+                    cfg.name
+                );
+            }
+        }
         // UDP datagrams are coalesced too where the TAP takes UDP segmentation offload.
         let host::Devices {
             tap,
@@ -443,11 +457,6 @@ impl Control {
                 dp.node.add_static_peer(id, endpoint, now);
             }
         }
-        let prefix6 = match cfg.subnet6 {
-            Subnet6::Derived => Some(keys.ula_prefix()),
-            Subnet6::Prefix(net) => Some(net),
-            Subnet6::Off => None,
-        };
         let previous = std::fs::read_to_string(setup::state_file(&self.state_dir, &cfg.name))
             .ok()
             .and_then(|t| t.trim().parse().ok());
@@ -476,6 +485,7 @@ impl Control {
         }
         let mut dns = service::Service::new(cfg.resolvers.clone(), cfg.mtu, self.host.seed()?)
             .with_rate(cfg.dns_rate);
+        dns.set_prefix6(prefix6);
         if let Some(subnet) = cfg.subnet {
             dns.set_zone(&cfg.name, subnet);
         }

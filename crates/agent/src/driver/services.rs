@@ -30,6 +30,23 @@ impl Held for HeldBy<'_> {
             .holds(address)
             .then(|| self.0.name_for(address).map(str::to_string))
     }
+
+    fn address6_for(&self, host: &str) -> Option<std::net::Ipv6Addr> {
+        // The own name stands for the own IPv6 address too.
+        let own = self.0.owned()?;
+        (self.0.address_for(host) == Some(own))
+            .then(|| self.0.owned6())
+            .flatten()
+    }
+
+    fn holder_of6(&self, address: std::net::Ipv6Addr) -> Option<Option<String>> {
+        (self.0.owned6() == Some(address)).then(|| {
+            self.0
+                .owned()
+                .and_then(|own| self.0.name_for(own))
+                .map(str::to_string)
+        })
+    }
 }
 
 impl Control {
@@ -179,6 +196,7 @@ impl Control {
             match missing {
                 dns::Missing::Name(host) => n.membership.read_name(&host),
                 dns::Missing::Address(a) => n.membership.read_holder(a),
+                dns::Missing::Address6(a) => n.membership.read_holder6(a),
             }
         }
         any

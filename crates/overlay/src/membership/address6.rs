@@ -12,7 +12,7 @@ use ipnet::Ipv6Net;
 use super::{
     holder_name, Event, Membership, Purpose, Request, CLAIM_RETRY, CONFLICT_RETRY, MAX_AUTO_TRIES,
 };
-use crate::records::{MemberInfo, Subject};
+use crate::records::{Envelope, MemberInfo, Subject};
 use crate::swarm::ClaimResult;
 
 /// Which IPv6 address this member wants for itself.
@@ -97,9 +97,15 @@ impl Membership {
             return;
         };
         let key = self.keys.address6_key(candidate);
+        // The own name is this address's PTR too.
+        let name = self
+            .own
+            .owned
+            .and_then(|a| self.name_for(a))
+            .map(str::to_string);
         let info = MemberInfo {
             endpoints: self.endpoints.clone(),
-            name: None,
+            name,
             subject: Some(Subject::Address6(candidate)),
         };
         let renewal = self.own6.owned == Some(candidate);
@@ -141,6 +147,42 @@ impl Membership {
         None
     }
 
+    /// Seals the own IPv6 record again now (its name changed).
+    pub(super) fn renew_own6_now(&mut self, now: Instant) {
+        if self.own6.owned.is_some() && self.own6.claiming.is_none() {
+            self.own6.next = Some(now);
+        }
+    }
+
+    /// The own name's record again now: it carries the IPv6 address, which changed.
+    fn reseal_own_name(&mut self, now: Instant) {
+        let Some(own) = self.own.owned else {
+            return;
+        };
+        for lease in self.names.values_mut().filter(|n| n.address == own) {
+            if lease.claiming.is_none() {
+                lease.next = Some(now);
+            }
+        }
+    }
+
+    /// Reads who holds the IPv6 `address` and the name it carries (for the DNS service):
+    /// answered as [`Event::HolderRead6`].
+    pub fn read_holder6(&mut self, address: Ipv6Addr) {
+        let key = self.keys.address6_key(address);
+        self.start_op(Request::Get { key }, Purpose::ReadHolder6(address));
+    }
+
+    pub(super) fn holder6_read(&mut self, now: Instant, address: Ipv6Addr, envelopes: &[Envelope]) {
+        let key = self.keys.address6_key(address);
+        let holder = self
+            .read_first::<MemberInfo>(&key, now, envelopes)
+            .filter(|(_, info)| info.subject == Some(Subject::Address6(address)))
+            .map(|(_, info)| info.name);
+        self.events
+            .push_back(Event::HolderRead6 { address, holder });
+    }
+
     pub(super) fn own6_claimed(&mut self, now: Instant, address: Ipv6Addr, result: &ClaimResult) {
         self.own6.claiming = None;
         if self.left {
@@ -155,6 +197,7 @@ impl Membership {
                     self.own6.owned = Some(address);
                     tracing::info!(namespace = %self.name, %address, "IPv6 address claimed");
                     self.events.push_back(Event::AddressWon6(address));
+                    self.reseal_own_name(now);
                 }
             }
             ClaimResult::Lost(Some(holder)) => {
@@ -166,6 +209,7 @@ impl Membership {
                     self.own6.owned = None;
                     self.address_conflicts += 1;
                     self.events.push_back(Event::AddressesChanged);
+                    self.reseal_own_name(now);
                 }
                 self.own6.error = Some(format!("{address} is owned by member {holder}"));
                 match self.wanted6 {

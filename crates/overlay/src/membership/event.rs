@@ -64,6 +64,16 @@ pub enum Event {
         host: String,
         /// Its address.
         address: Option<Ipv4Addr>,
+        /// Its IPv6 address, if the name is a dual-stack member's own.
+        address6: Option<Ipv6Addr>,
+    },
+    /// A [`Membership::read_holder6`] finished: whether someone holds the IPv6 `address`
+    /// (`None`: nobody), and the name it carries.
+    HolderRead6 {
+        /// The address.
+        address: Ipv6Addr,
+        /// Its holder's name for it, if someone holds it.
+        holder: Option<Option<String>>,
     },
     /// A [`Membership::read_mac_holder`] finished: the member whose lease `mac` is
     /// (`None`: nobody holds it).

@@ -224,6 +224,7 @@ enum Purpose {
     Resolve(IpAddr),
     ReadName(String),
     ReadHolder(Ipv4Addr),
+    ReadHolder6(Ipv6Addr),
     Holder(Ipv4Addr),
     GroupRead,
     /// Layer 2: the lease on a MAC on this side.
@@ -626,6 +627,7 @@ impl Membership {
             | Purpose::Resolve(_)
             | Purpose::ReadName(_)
             | Purpose::ReadHolder(_)
+            | Purpose::ReadHolder6(_)
             | Purpose::Holder(_)
             | Purpose::GroupRead => {}
         }
@@ -638,6 +640,7 @@ impl Membership {
             Some(Purpose::Resolve(target)) => self.resolved(now, target, envelopes),
             Some(Purpose::ReadName(host)) => self.name_read(now, host, envelopes),
             Some(Purpose::ReadHolder(address)) => self.holder_read(now, address, envelopes),
+            Some(Purpose::ReadHolder6(address)) => self.holder6_read(now, address, envelopes),
             Some(Purpose::Holder(address)) => self.holder_found(now, address, envelopes),
             Some(Purpose::MacHolder(mac)) => self.mac_holder_found(now, mac, envelopes),
             _ => {}

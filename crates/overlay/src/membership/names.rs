@@ -168,6 +168,8 @@ impl Membership {
                     now,
                     &encode(&NameInfo {
                         address,
+                        // The own name stands for the own IPv6 address too.
+                        address6: self.own6.owned.filter(|_| self.own.owned == Some(address)),
                         subject: Some(Subject::Name(name.clone())),
                     }),
                 )
@@ -265,6 +267,8 @@ impl Membership {
                 self.reseal.insert(address);
                 if self.own.owned == Some(address) {
                     self.own.next = Some(now);
+                    // (Its PTR in ip6.arpa too.)
+                    self.renew_own6_now(now);
                 } else if let Some(h) = self.hosted.get_mut(&address) {
                     h.next = Some(now);
                 }

@@ -216,10 +216,14 @@ impl Membership {
 
     pub(super) fn name_read(&mut self, now: Instant, host: String, envelopes: &[Envelope]) {
         let key = self.keys.name_key(&host);
-        let address = self
+        let info = self
             .read_first::<NameInfo>(&key, now, envelopes)
-            .map(|(_, info)| info.address);
-        self.events.push_back(Event::NameRead { host, address });
+            .map(|(_, info)| info);
+        self.events.push_back(Event::NameRead {
+            host,
+            address: info.as_ref().map(|i| i.address),
+            address6: info.and_then(|i| i.address6),
+        });
     }
 
     pub(super) fn holder_read(&mut self, now: Instant, address: Ipv4Addr, envelopes: &[Envelope]) {

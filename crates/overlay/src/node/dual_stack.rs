@@ -1,13 +1,12 @@
-//! IPv6 in a dual-stack namespace: the IPv6 addresses each member holds travel in their own
-//! control message ([`Control::Addresses6`]) after its announcement, to members that said
-//! they read it; a member's IPv6 packets are taken only from the addresses it announced
-//! (and, with an authority, its certificate allows), as its IPv4 packets are.
+//! IPv6 in a dual-stack namespace: the IPv6 addresses each member holds travel in its
+//! announcement ([`crate::wire::Announce::list6`]) to members that said they read them; a
+//! member's IPv6 packets are taken only from the addresses it announced (and, with an
+//! authority, its certificate allows), as its IPv4 packets are.
 
 use std::net::Ipv6Addr;
 use std::time::Instant;
 
 use super::{Event, NamespaceId, Node, PeerDropReason, PeerHandle, Received};
-use crate::wire::Control;
 use crate::DropReason;
 
 impl Node {
@@ -30,19 +29,6 @@ impl Node {
         }
     }
 
-    /// Tells `handle` our IPv6 addresses, if it reads them.
-    pub(super) fn send_addresses6(&mut self, handle: PeerHandle) {
-        let Some(peer) = self.peer(handle) else {
-            return;
-        };
-        if !peer.speaks_addresses6 {
-            return;
-        }
-        let addresses = self.namespaces[peer.ns.0].addresses6.clone();
-        let packet = Control::Addresses6(addresses).emit();
-        self.send_control(handle, &packet, None);
-    }
-
     /// The member of `handle` told its IPv6 addresses: in a namespace with an authority,
     /// only those its certificate (checked with its announcement) allows are taken.
     pub(super) fn handle_addresses6(
@@ -55,7 +41,8 @@ impl Node {
         };
         let ns = peer.ns;
         if self.is_layer2(ns) {
-            return Received::PeerDropped(handle, PeerDropReason::BadPayload);
+            // Nothing to take there.
+            return Received::Consumed;
         }
         let certified = self
             .namespaces
@@ -63,17 +50,28 @@ impl Node {
             .is_some_and(|n| n.credential.is_some());
         if certified {
             let Some(cert) = peer.certificate.as_ref() else {
-                // Its announcement (and certificate) comes first in the tunnel: without
-                // one checked, the member holds nothing yet.
+                // (The announcement carrying the list had its certificate checked first.)
                 return Received::Consumed;
             };
-            let before = addresses.len();
-            addresses.retain(|a| cert.allows_address((*a).into()));
-            if addresses.len() < before {
-                tracing::warn!(peer = ?peer.id, "member announced IPv6 addresses its certificate does not allow");
-                self.certificate_stats.address_not_allowed += (before - addresses.len()) as u64;
+            // As the replicas rule: only IPv6 pins restrict IPv6 addresses.
+            if cert.addresses().iter().any(|a| a.is_ipv6()) {
+                let before = addresses.len();
+                addresses.retain(|a| cert.allows_address((*a).into()));
+                if addresses.len() < before {
+                    tracing::warn!(peer = ?peer.id, "member announced IPv6 addresses its certificate does not allow");
+                    self.certificate_stats.address_not_allowed += (before - addresses.len()) as u64;
+                }
             }
         }
+        // Only its own addresses: never ours, nothing link-local or multicast.
+        let ours = self.namespaces.get(ns.0).map(|n| n.addresses6.clone());
+        addresses.retain(|a| {
+            !a.is_multicast()
+                && !a.is_unspecified()
+                && !a.is_loopback()
+                && a.segments()[0] & 0xffc0 != 0xfe80
+                && ours.as_ref().is_none_or(|o| !o.contains(a))
+        });
         addresses.sort_unstable();
         addresses.dedup();
         let Some(peer) = self.peer_mut(handle) else {
@@ -89,6 +87,26 @@ impl Node {
             });
         }
         Received::Consumed
+    }
+
+    /// The member of `handle` announced itself: whether it reads IPv6 address lists
+    /// (true the first time it says so). One that stops reading it (an older agent
+    /// restarted in its place) holds no IPv6 address any more.
+    pub(super) fn announced6(&mut self, handle: PeerHandle, reads: bool) -> bool {
+        let Some(peer) = self.peer_mut(handle) else {
+            return false;
+        };
+        let first = reads && !std::mem::replace(&mut peer.speaks_addresses6, reads);
+        if !reads && !peer.addresses6.is_empty() {
+            peer.addresses6.clear();
+            let ns = peer.ns;
+            self.events.push_back(Event::PeerAddresses6 {
+                ns,
+                peer: handle,
+                addresses: Vec::new(),
+            });
+        }
+        first
     }
 
     /// A decrypted IPv6 packet from `src`: delivered if the member holds `src`.

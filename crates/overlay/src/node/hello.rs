@@ -172,10 +172,10 @@ impl Node {
             });
         }
         self.set_tunnel_shards(handle, shards);
-        let first_addresses6 = announce.addresses6
-            && self
-                .peer_mut(handle)
-                .is_some_and(|p| !std::mem::replace(&mut p.speaks_addresses6, true));
+        let first_addresses6 = self.announced6(handle, announce.addresses6);
+        if let Some(list) = announce.list6 {
+            self.handle_addresses6(handle, list);
+        }
         let first_uplinks = announce.uplinks
             && self
                 .peer_mut(handle)
@@ -183,13 +183,11 @@ impl Node {
         if !announce.have_yours {
             // (Our uplinks follow our announcement.)
             self.announce(now, handle);
-        } else {
-            if first_uplinks && !self.uplinks.is_empty() {
-                self.send_uplinks(handle);
-            }
-            if first_addresses6 {
-                self.send_addresses6(handle);
-            }
+        } else if first_addresses6 {
+            // It reads our IPv6 addresses: announce again, with them (and our uplinks).
+            self.announce(now, handle);
+        } else if first_uplinks && !self.uplinks.is_empty() {
+            self.send_uplinks(handle);
         }
         Received::Consumed
     }
@@ -203,7 +201,10 @@ impl Node {
         let packet = Announce {
             have_yours: peer.have_their_announce,
             uplinks: true,
-            addresses6: true,
+            addresses6: !self.is_layer2(ns),
+            // Only to a member that reads the list (an older one refuses the longer form).
+            list6: (peer.speaks_addresses6 && !self.is_layer2(ns))
+                .then(|| self.namespaces[ns.0].addresses6.clone()),
             addresses: self.namespaces[peer.ns.0].addresses.clone(),
             shards: self.shards,
             certificate: self.own_certificate(peer.ns),
@@ -221,7 +222,6 @@ impl Node {
         if !self.uplinks.is_empty() {
             self.send_uplinks(handle);
         }
-        self.send_addresses6(handle);
         if let Some(peer) = self.peer_mut(handle) {
             peer.next_announce = now + ANNOUNCE_INTERVAL;
             peer.announced = true;

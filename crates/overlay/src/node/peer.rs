@@ -158,6 +158,8 @@ pub(super) struct Peer {
     /// period ([`crate::Node::accept_forwarded`]).
     pub(super) forwards: Vec<(Ipv4Addr, Instant)>,
     pub(super) have_their_announce: bool,
+    /// When we last sent our announcement because its packets came without its own.
+    pub(super) announce_asked: Option<Instant>,
     /// Its announcement said it reads our uplinks (`bond.rs`).
     pub(super) speaks_uplinks: bool,
     /// Its announcement said it reads our IPv6 addresses (`dual_stack.rs`).
@@ -214,6 +216,7 @@ impl Peer {
             refused_macs: Vec::new(),
             forwards: Vec::new(),
             have_their_announce: false,
+            announce_asked: None,
             speaks_uplinks: false,
             speaks_addresses6: false,
             bond: None,

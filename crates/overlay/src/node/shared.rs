@@ -204,10 +204,11 @@ impl Tunnels {
     }
 }
 
-/// The shard of `shards` an IPv4 packet's flow takes: a hash of its addresses, protocol
+/// The shard of `shards` an IP packet's flow takes: a hash of its addresses, protocol
 /// and (TCP and UDP, not a fragment) ports, the same both ways, so a flow and its replies
 /// keep to one shard (and one worker at each end). The agent's TAP steering program
-/// computes the same in BPF (`hyphae-agent`'s `underlay/bpf.rs`, checked against this).
+/// computes the same in BPF for IPv4 (`hyphae-agent`'s `underlay/bpf.rs`, checked against
+/// this); it reads every IPv6 frame on the first queue.
 pub fn flow_shard(packet: &[u8], shards: usize) -> usize {
     if shards <= 1 {
         return 0;
@@ -715,6 +716,32 @@ mod tests {
             b.handle_datagram(now, A, &out[t.range], &mut rx),
             Received::PeerDropped(hb, PeerDropReason::SpoofedSource)
         );
+        // Never our own address, nor link-local or multicast ones, from a member.
+        a.set_addresses6(
+            now,
+            NamespaceId(0),
+            vec![
+                mine,
+                dst,
+                "fe80::1".parse().unwrap(),
+                "ff05::1".parse().unwrap(),
+            ],
+        );
+        b.set_addresses6(now, NamespaceId(0), vec![dst]);
+        pump(&mut a, &mut b, now);
+        assert_eq!(
+            b.peers().next().map(|p| p.addresses6.to_vec()),
+            Some(vec![mine])
+        );
+        // A member restarted as an agent that does not announce IPv6 holds none.
+        assert!(!b.announced6(hb, false));
+        assert_eq!(b.peers().next().map(|p| p.addresses6.len()), Some(0));
+        assert!(std::iter::from_fn(|| b.poll_event()).any(|e| e
+            == Event::PeerAddresses6 {
+                ns: NamespaceId(0),
+                peer: hb,
+                addresses: Vec::new()
+            }));
         // A flow keeps one shard both ways (the reply has the ports swapped).
         let (x, mut y) = (packet6(mine, dst), packet6(dst, mine));
         y[40..44].copy_from_slice(b"ylpa");

@@ -18,6 +18,10 @@ use crate::wire::{
     RELAY_HEADER_LEN,
 };
 
+/// How often a member whose packets come without its announcement is sent ours again
+/// (which asks for its own: `have_yours` is clear).
+const ASK_ANNOUNCE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Node {
     /// A tunnel message that came by `route`.
     pub(super) fn handle_tunnel(
@@ -167,7 +171,19 @@ impl Node {
                 peer: handle,
                 len: packet.len(),
             },
-            Err(reason) => Received::PeerDropped(handle, reason),
+            Err(reason) => {
+                // Its packets come and its announcement never did (lost to a session the
+                // handshake replaced): ask for it again, at most once a second.
+                let ask = !peer.have_their_announce
+                    && peer
+                        .announce_asked
+                        .is_none_or(|t| now.saturating_duration_since(t) >= ASK_ANNOUNCE_EVERY);
+                if ask {
+                    peer.announce_asked = Some(now);
+                    self.announce(now, handle);
+                }
+                Received::PeerDropped(handle, reason)
+            }
         }
     }
 
@@ -374,7 +390,6 @@ impl Node {
                 self.handle_uplinks(now, handle, links);
                 Received::Consumed
             }
-            Some(Control::Addresses6(addresses)) => self.handle_addresses6(handle, addresses),
             Some(Control::Macs(macs)) => {
                 let Some(peer) = self.peer_mut(handle) else {
                     return Received::Consumed;

@@ -330,6 +330,7 @@ mod tests {
             let key = k.name_key(name);
             let info = NameInfo {
                 address: ip(5),
+                address6: None,
                 subject: Some(Subject::Name(name.into())),
             };
             (key, seal(&a, &key, &encode(&info)))

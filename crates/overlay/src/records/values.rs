@@ -43,6 +43,9 @@ pub struct MemberInfo {
 pub struct NameInfo {
     /// The address, one its owner holds.
     pub address: Ipv4Addr,
+    /// A dual-stack member's own name: its IPv6 address too (AAAA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6: Option<Ipv6Addr>,
     /// The name the lease is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<Subject>,

@@ -60,6 +60,9 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
 /// for TCP and UDP (but fragments after the first), ports. Not a keyed hash: flows that
 /// collide only share a queue inside their own namespace.
 pub fn flow_of(ip: &[u8]) -> u64 {
+    if ip.first().is_some_and(|b| b >> 4 == 6) {
+        return flow_of6(ip);
+    }
     let mut key = [0u8; 13];
     if let Some(addrs) = ip.get(12..20) {
         key[..8].copy_from_slice(addrs);
@@ -76,6 +79,25 @@ pub fn flow_of(ip: &[u8]) -> u64 {
         }
     }
     // FNV-1a.
+    key.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// [`flow_of`] an IPv6 packet: addresses, next header and (TCP and UDP directly behind the
+/// fixed header) ports.
+fn flow_of6(ip: &[u8]) -> u64 {
+    let mut key = [0u8; 37];
+    if let Some(addrs) = ip.get(8..40) {
+        key[..32].copy_from_slice(addrs);
+    }
+    let next = ip.get(6).copied().unwrap_or(0);
+    key[32] = next;
+    if matches!(next, 6 | 17) {
+        if let Some(ports) = ip.get(40..44) {
+            key[33..].copy_from_slice(ports);
+        }
+    }
     key.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -19,7 +19,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
 use super::Switch;
-use crate::icmp6::{emit_packet_too_big, TCP_IPV6_HEADERS};
+use crate::icmp6::{emit_packet_too_big, NEXT_HEADER_ICMPV6, TCP_IPV6_HEADERS};
 use crate::ndp::{self, Message, NaFlags, ADVERTISEMENT_FRAME_LEN, ETHERTYPE_IPV6};
 use crate::wire::{emit_ethernet_header, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN};
 use crate::{mtu, service_address6, Action, DropReason, Mode, HEADROOM};
@@ -221,6 +221,19 @@ impl<P: Copy + Eq> Switch<P> {
         };
         let (src, dst, frame_len) = (ip.src(), ip.dst(), HEADROOM + ip.total_len());
         if stays_on_link(src) || stays_on_link(dst) {
+            return Action::Drop(DropReason::LinkLocal);
+        }
+        if self.config.prefix6.is_some_and(|p| !p.contains(&src)) {
+            // The host must never see a member's packet as from the outside world.
+            return Action::Drop(DropReason::OutsideSubnet);
+        }
+        if ip.next_header() == NEXT_HEADER_ICMPV6
+            && ip
+                .payload()
+                .first()
+                .is_some_and(|t| (133..=137).contains(t))
+        {
+            // Router and neighbour discovery are the host's link's, never a member's.
             return Action::Drop(DropReason::LinkLocal);
         }
         if dst.is_multicast() {

@@ -270,6 +270,20 @@ fn a_members_packet_for_the_host_is_framed_and_others_are_dropped() {
         from_peer(&mut sw, &f[ETH_HEADER_LEN..ETH_HEADER_LEN + 30]).0,
         Action::Drop(DropReason::Malformed)
     );
+    // Never as from the outside world, and never the host's link's own discovery.
+    let outside = echo("2001:db8::53".parse().unwrap(), a6(OWN));
+    assert_eq!(
+        from_peer(&mut sw, &outside[ETH_HEADER_LEN..]).0,
+        Action::Drop(DropReason::OutsideSubnet)
+    );
+    for kind in 133..=137u8 {
+        let nd = frame6(a6(PEER), a6(OWN), 58, 255, &[kind, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            from_peer(&mut sw, &nd[ETH_HEADER_LEN..]).0,
+            Action::Drop(DropReason::LinkLocal),
+            "ICMPv6 type {kind}"
+        );
+    }
 }
 
 #[test]
