@@ -347,7 +347,8 @@ impl Server {
             bits |= u128::from(*n) << (124 - 4 * i);
         }
         let address = Ipv6Addr::from(bits);
-        let within = usize::from(prefix.prefix_len()).div_ceil(4) <= nibbles.len();
+        // As for IPv4's reverse names: only names at or below the prefix's own are ours.
+        let within = usize::from(prefix.prefix_len()) <= 4 * nibbles.len();
         if !within || !prefix.contains(&address) {
             return None;
         }

@@ -72,6 +72,9 @@ pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(4);
 /// Cache entries kept (names plus addresses); beyond, the cache starts over.
 const MAX_CACHE: usize = 4096;
 
+/// IPv6 holders cached (reverse lookups); beyond, that cache alone starts over.
+const MAX_CACHE6: usize = 1024;
+
 /// IPv4 and UDP headers: a UDP answer is at most the namespace MTU less these. A larger
 /// forwarded answer is sent truncated (the client asks again over TCP).
 const UDP_OVERHEAD: usize = 28;
@@ -431,9 +434,13 @@ impl<C: Copy> Service<C> {
         if !self.reading.remove(missing) {
             return;
         }
-        if self.names.len() + self.holders.len() + self.holders6.len() >= MAX_CACHE {
+        if self.names.len() + self.holders.len() >= MAX_CACHE {
             self.names.clear();
             self.holders.clear();
+        }
+        // A /64 has room for any number of distinct reverse names: their misses never
+        // push out the names and IPv4 holders.
+        if self.holders6.len() >= MAX_CACHE6 {
             self.holders6.clear();
         }
         match (missing, found) {

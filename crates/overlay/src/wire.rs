@@ -91,11 +91,12 @@ const FLAG_HAVE_YOURS: u8 = 1;
 /// In an announcement: the sender reads [`Control::Uplinks`] (an agent that does not, never
 /// gets one).
 const FLAG_UPLINKS: u8 = 2;
-/// In an announcement: the sender reads IPv6 address lists (dual stack).
-const FLAG_ADDRESSES6: u8 = 4;
+/// In an announcement: the sender reads IPv6 address lists (dual stack). (Bit 4 was a
+/// development version's, which read them in a message of their own.)
+const FLAG_ADDRESSES6: u8 = 16;
 /// In an announcement: an IPv6 address list follows (sent only to members that set
 /// [`FLAG_ADDRESSES6`]); the certificate's length is then always there, 0 for none.
-const FLAG_LIST6: u8 = 8;
+const FLAG_LIST6: u8 = 32;
 /// Most uplinks one member announces.
 pub const MAX_UPLINKS: usize = 8;
 /// Most addresses one announcement may carry.

@@ -38,6 +38,8 @@ pub(super) struct Own6 {
     pub(super) next: Option<Instant>,
     /// Why the last claim failed, while none is held.
     error: Option<String>,
+    /// The name the record granted last carries (its PTR).
+    sealed_name: Option<String>,
 }
 
 impl Own6 {
@@ -87,6 +89,13 @@ impl Membership {
 
     /// Claims (or renews) the own IPv6 address when due.
     pub(super) fn run_own6(&mut self, now: Instant) {
+        // The own name changed since the record was granted (won, given back, lost): seal
+        // it again now, so ip6.arpa answers the name the member holds.
+        let name = self.own_name();
+        let held = self.own6.owned.is_some() && self.own6.claiming.is_none();
+        if held && self.own6.sealed_name != name {
+            self.own6.next = Some(now);
+        }
         if self.own6.due().is_none_or(|t| now < t) {
             return;
         }
@@ -98,14 +107,9 @@ impl Membership {
         };
         let key = self.keys.address6_key(candidate);
         // The own name is this address's PTR too.
-        let name = self
-            .own
-            .owned
-            .and_then(|a| self.name_for(a))
-            .map(str::to_string);
         let info = MemberInfo {
             endpoints: self.endpoints.clone(),
-            name,
+            name: name.clone(),
             subject: Some(Subject::Address6(candidate)),
         };
         let renewal = self.own6.owned == Some(candidate);
@@ -117,7 +121,11 @@ impl Membership {
                     envelope,
                     renewal,
                 };
-                self.start_op(request, Purpose::Own6(candidate));
+                let purpose = Purpose::Own6 {
+                    address: candidate,
+                    name,
+                };
+                self.start_op(request, purpose);
                 self.own6.claiming = Some(candidate);
             }
             None => self.own6.next = Some(now + CLAIM_RETRY),
@@ -145,6 +153,14 @@ impl Membership {
             pick = Ipv6Addr::from(network | (random_bits(&mut self.rng) & hosts));
         }
         None
+    }
+
+    /// The name the own IPv4 address holds now, if any.
+    fn own_name(&self) -> Option<String> {
+        self.own
+            .owned
+            .and_then(|a| self.name_for(a))
+            .map(str::to_string)
     }
 
     /// Seals the own IPv6 record again now (its name changed).
@@ -183,14 +199,22 @@ impl Membership {
             .push_back(Event::HolderRead6 { address, holder });
     }
 
-    pub(super) fn own6_claimed(&mut self, now: Instant, address: Ipv6Addr, result: &ClaimResult) {
+    pub(super) fn own6_claimed(
+        &mut self,
+        now: Instant,
+        address: Ipv6Addr,
+        sealed_name: Option<String>,
+        result: &ClaimResult,
+    ) {
         self.own6.claiming = None;
         if self.left {
             return;
         }
         match result {
             ClaimResult::Won | ClaimResult::Kept(_) => {
+                // (A name that changed while the claim was out is sealed at the next run.)
                 self.own6.next = Some(now + self.lease / 3);
+                self.own6.sealed_name = sealed_name;
                 self.own6.confirmed = true;
                 self.own6.error = None;
                 if self.own6.owned != Some(address) {

@@ -213,13 +213,19 @@ enum Purpose {
     SettingsClaim,
     SettingsGet,
     Own(Ipv4Addr),
-    Own6(Ipv6Addr),
+    /// The own IPv6 address, sealed with this name (its PTR).
+    Own6 {
+        address: Ipv6Addr,
+        name: Option<String>,
+    },
     Hosted(Ipv4Addr),
     HandOff(Ipv4Addr),
     Dhcp(DhcpClaim),
     Name {
         name: String,
         sealed: Ipv4Addr,
+        /// The IPv6 address sealed with it (the own name's, in a dual-stack namespace).
+        sealed6: Option<Ipv6Addr>,
     },
     Resolve(IpAddr),
     ReadName(String),
@@ -616,11 +622,15 @@ impl Membership {
         match purpose {
             Purpose::SettingsClaim => self.settings_claimed(now, result),
             Purpose::Own(address) => self.own_claimed(now, address, result),
-            Purpose::Own6(address) => self.own6_claimed(now, address, result),
+            Purpose::Own6 { address, name } => self.own6_claimed(now, address, name, result),
             Purpose::Hosted(address) => self.hosted_claimed(now, token, address, result),
             Purpose::HandOff(address) => self.handed_off(now, token, address, result),
             Purpose::Dhcp(claim) => self.dhcp_claimed(now, claim, result),
-            Purpose::Name { name, sealed } => self.name_claimed(now, token, name, sealed, result),
+            Purpose::Name {
+                name,
+                sealed,
+                sealed6,
+            } => self.name_claimed(now, token, name, (sealed, sealed6), result),
             Purpose::Mac(mac) => self.mac_claimed(now, token, mac, result),
             Purpose::SettingsGet
             | Purpose::MacHolder(_)

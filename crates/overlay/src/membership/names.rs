@@ -2,7 +2,7 @@
 //! its DHCP clients send. Each is a lease on the name's key, renewed with the address it
 //! stands for and given back with it; one name per address.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
 use super::{holder_name, Event, Membership, Purpose, Request, Token, CLAIM_RETRY, CONFLICT_RETRY};
@@ -58,6 +58,8 @@ impl Membership {
         self.hostname = hostname;
         self.name_error = None;
         self.bind_own_name(now);
+        // The IPv6 record names the own address's name (its PTR): sealed again.
+        self.renew_own6_now(now);
     }
 
     /// Claims the hostname for the own address, once both are known.
@@ -162,14 +164,15 @@ impl Membership {
         for (name, address) in due {
             let key = self.keys.name_key(&name);
             let renewal = self.names.get(&name).is_some_and(|n| n.owned);
+            // The own name stands for the own IPv6 address too.
+            let address6 = self.own6.owned.filter(|_| self.own.owned == Some(address));
             let token = self
                 .seal_record(
                     &key,
                     now,
                     &encode(&NameInfo {
                         address,
-                        // The own name stands for the own IPv6 address too.
-                        address6: self.own6.owned.filter(|_| self.own.owned == Some(address)),
+                        address6,
                         subject: Some(Subject::Name(name.clone())),
                     }),
                 )
@@ -177,6 +180,7 @@ impl Membership {
                     let purpose = Purpose::Name {
                         name: name.clone(),
                         sealed: address,
+                        sealed6: address6,
                     };
                     let request = Request::Claim {
                         key,
@@ -201,7 +205,7 @@ impl Membership {
         now: Instant,
         token: Token,
         name: String,
-        sealed: Ipv4Addr,
+        (sealed, sealed6): (Ipv4Addr, Option<Ipv6Addr>),
         result: &ClaimResult,
     ) {
         // A name given back (and maybe bound again) while the claim was out: not this one's.
@@ -216,11 +220,12 @@ impl Membership {
         let address = lease.address;
         let was = lease.owned;
         let own = self.hostname.as_deref() == Some(name.as_str());
+        let address6 = self.own6.owned.filter(|_| self.own.owned == Some(address));
         let outcome = match result {
             ClaimResult::Won => {
                 lease.owned = true;
-                // The address moved while the claim was out: claim again with the new one.
-                lease.next = Some(if sealed == address {
+                // An address moved while the claim was out: claim again with the new one.
+                lease.next = Some(if sealed == address && sealed6 == address6 {
                     now + self.lease / 3
                 } else {
                     now
@@ -230,6 +235,9 @@ impl Membership {
             ClaimResult::Lost(Some(holder)) => {
                 lease.owned = false;
                 lease.next = Some(now + CONFLICT_RETRY);
+                if own {
+                    self.renew_own6_now(now);
+                }
                 Err(format!(
                     "namespace '{}': the name '{name}' is held by member {}; it keeps it until its lease lapses, so choose another name",
                     self.name,

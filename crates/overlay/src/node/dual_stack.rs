@@ -89,14 +89,17 @@ impl Node {
         Received::Consumed
     }
 
-    /// The member of `handle` announced itself: whether it reads IPv6 address lists
-    /// (true the first time it says so). One that stops reading it (an older agent
-    /// restarted in its place) holds no IPv6 address any more.
-    pub(super) fn announced6(&mut self, handle: PeerHandle, reads: bool) -> bool {
+    /// The member of `handle` announced itself: whether it reads IPv6 address lists. One
+    /// that stops reading them (an older agent restarted in its place) holds no IPv6
+    /// address any more.
+    pub(super) fn announced6(&mut self, handle: PeerHandle, reads: bool) {
         let Some(peer) = self.peer_mut(handle) else {
-            return false;
+            return;
         };
-        let first = reads && !std::mem::replace(&mut peer.speaks_addresses6, reads);
+        peer.speaks_addresses6 = reads;
+        if !reads {
+            peer.got_list6 = false;
+        }
         if !reads && !peer.addresses6.is_empty() {
             peer.addresses6.clear();
             let ns = peer.ns;
@@ -106,12 +109,12 @@ impl Node {
                 addresses: Vec::new(),
             });
         }
-        first
     }
 
     /// A decrypted IPv6 packet from `src`: delivered if the member holds `src`.
     pub(super) fn take_packet6(
         &mut self,
+        now: Instant,
         handle: PeerHandle,
         packet: &[u8],
         src: Ipv6Addr,
@@ -130,7 +133,10 @@ impl Node {
                 peer: handle,
                 len: packet.len(),
             },
-            Err(reason) => Received::PeerDropped(handle, reason),
+            Err(reason) => {
+                self.ask_announcement(now, handle);
+                Received::PeerDropped(handle, reason)
+            }
         }
     }
 }

@@ -89,6 +89,11 @@ impl Node {
                         // (it restarted, or lost us): it no longer has our addresses, and if
                         // we are the initiator, a fresh handshake is ours to start.
                         peer.have_their_announce = false;
+                        // What it reads is what its next announcement says (an older
+                        // agent may have restarted in its place).
+                        peer.speaks_addresses6 = false;
+                        peer.got_list6 = false;
+                        peer.speaks_uplinks = false;
                         // Its other shards' sessions are gone with it: ours are dropped
                         // (their flows go on shard 0) and made afresh from its next
                         // announcement.
@@ -172,8 +177,11 @@ impl Node {
             });
         }
         self.set_tunnel_shards(handle, shards);
-        let first_addresses6 = self.announced6(handle, announce.addresses6);
+        self.announced6(handle, announce.addresses6);
         if let Some(list) = announce.list6 {
+            if let Some(peer) = self.peer_mut(handle) {
+                peer.got_list6 = true;
+            }
             self.handle_addresses6(handle, list);
         }
         let first_uplinks = announce.uplinks
@@ -181,10 +189,8 @@ impl Node {
                 .peer_mut(handle)
                 .is_some_and(|p| !std::mem::replace(&mut p.speaks_uplinks, true));
         if !announce.have_yours {
-            // (Our uplinks follow our announcement.)
-            self.announce(now, handle);
-        } else if first_addresses6 {
-            // It reads our IPv6 addresses: announce again, with them (and our uplinks).
+            // (Our uplinks follow our announcement; our IPv6 list is in it if it reads
+            // one: `have_yours` is clear until it has our list too.)
             self.announce(now, handle);
         } else if first_uplinks && !self.uplinks.is_empty() {
             self.send_uplinks(handle);
@@ -199,7 +205,7 @@ impl Node {
         };
         let ns = peer.ns;
         let packet = Announce {
-            have_yours: peer.have_their_announce,
+            have_yours: peer.has_their_announcement(),
             uplinks: true,
             addresses6: !self.is_layer2(ns),
             // Only to a member that reads the list (an older one refuses the longer form).

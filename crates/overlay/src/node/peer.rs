@@ -158,6 +158,8 @@ pub(super) struct Peer {
     /// period ([`crate::Node::accept_forwarded`]).
     pub(super) forwards: Vec<(Ipv4Addr, Instant)>,
     pub(super) have_their_announce: bool,
+    /// Its announcement carried its IPv6 list (it reads ours too: `speaks_addresses6`).
+    pub(super) got_list6: bool,
     /// When we last sent our announcement because its packets came without its own.
     pub(super) announce_asked: Option<Instant>,
     /// Its announcement said it reads our uplinks (`bond.rs`).
@@ -217,6 +219,7 @@ impl Peer {
             forwards: Vec::new(),
             have_their_announce: false,
             announce_asked: None,
+            got_list6: false,
             speaks_uplinks: false,
             speaks_addresses6: false,
             bond: None,
@@ -545,6 +548,12 @@ impl Peer {
         }
         self.relayed = false;
         self.relay.take().map(|r| r.session)
+    }
+
+    /// Whether we have its announcement, and its IPv6 list if it sends one (what our
+    /// `have_yours` says: until then it announces again when it hears ours).
+    pub(super) fn has_their_announcement(&self) -> bool {
+        self.have_their_announce && (!self.speaks_addresses6 || self.got_list6)
     }
 
     /// The member announced `addresses`; true if they changed.

@@ -23,6 +23,22 @@ use crate::wire::{
 const ASK_ANNOUNCE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Node {
+    /// A member's packet was refused as spoofed: if its announcement (or its IPv6 list)
+    /// never arrived (lost to a session the handshake replaced, say), ask for it again
+    /// with ours, whose `have_yours` is clear, at most once a second.
+    pub(super) fn ask_announcement(&mut self, now: Instant, handle: PeerHandle) {
+        let Some(peer) = self.peer_mut(handle) else {
+            return;
+        };
+        let due = peer
+            .announce_asked
+            .is_none_or(|t| now.saturating_duration_since(t) >= ASK_ANNOUNCE_EVERY);
+        if due && !peer.has_their_announcement() {
+            peer.announce_asked = Some(now);
+            self.announce(now, handle);
+        }
+    }
+
     /// A tunnel message that came by `route`.
     pub(super) fn handle_tunnel(
         &mut self,
@@ -107,7 +123,7 @@ impl Node {
                 (self.take_packet(now, handle, route, packet, src), true)
             }
             TunnResult::WriteToTunnelV6(packet, src) => {
-                (self.take_packet6(handle, packet, src), true)
+                (self.take_packet6(now, handle, packet, src), true)
             }
         };
         if authenticated {
@@ -172,16 +188,7 @@ impl Node {
                 len: packet.len(),
             },
             Err(reason) => {
-                // Its packets come and its announcement never did (lost to a session the
-                // handshake replaced): ask for it again, at most once a second.
-                let ask = !peer.have_their_announce
-                    && peer
-                        .announce_asked
-                        .is_none_or(|t| now.saturating_duration_since(t) >= ASK_ANNOUNCE_EVERY);
-                if ask {
-                    peer.announce_asked = Some(now);
-                    self.announce(now, handle);
-                }
+                self.ask_announcement(now, handle);
                 Received::PeerDropped(handle, reason)
             }
         }
@@ -221,7 +228,7 @@ impl Node {
                         None => Received::PeerDropped(handle, PeerDropReason::BadPayload),
                         Some(packet) if packet[0] >> 4 == 6 => {
                             match super::dual_stack::ipv6_source(packet) {
-                                Some(src) => self.take_packet6(handle, packet, src),
+                                Some(src) => self.take_packet6(now, handle, packet, src),
                                 None => Received::PeerDropped(handle, PeerDropReason::BadPayload),
                             }
                         }

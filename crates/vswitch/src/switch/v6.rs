@@ -29,6 +29,12 @@ fn link_local(a: Ipv6Addr) -> bool {
     a.segments()[0] & 0xffc0 == 0xfe80
 }
 
+/// Whether `a` may be a member's address in `prefix`: inside it, neither its `::` (the
+/// subnet-router anycast address) nor its `::1` (the service address).
+fn member_address(prefix: ipnet::Ipv6Net, a: Ipv6Addr) -> bool {
+    prefix.contains(&a) && u128::from(a) & !u128::from(prefix.netmask()) > 1
+}
+
 /// Whether `a` stays on its link: link-local unicast, or multicast of interface- or
 /// link-local scope (RFC 4291 2.7).
 fn stays_on_link(a: Ipv6Addr) -> bool {
@@ -44,7 +50,7 @@ impl<P: Copy + Eq> Switch<P> {
             return;
         };
         for &addr in addresses {
-            if prefix.contains(&addr) && Some(addr) != self.config.address6 {
+            if member_address(prefix, addr) && Some(addr) != self.config.address6 {
                 self.routes6.insert(addr, peer);
             }
         }
@@ -74,7 +80,7 @@ impl<P: Copy + Eq> Switch<P> {
             IpAddr::V4(a) => self.add_route(a, peer),
             IpAddr::V6(a) => {
                 let ours = Some(a) == self.config.address6;
-                if self.config.prefix6.is_some_and(|p| p.contains(&a)) && !ours {
+                if self.config.prefix6.is_some_and(|p| member_address(p, a)) && !ours {
                     self.resolved6.insert(a, peer);
                 }
             }
@@ -223,8 +229,9 @@ impl<P: Copy + Eq> Switch<P> {
         if stays_on_link(src) || stays_on_link(dst) {
             return Action::Drop(DropReason::LinkLocal);
         }
-        if self.config.prefix6.is_some_and(|p| !p.contains(&src)) {
-            // The host must never see a member's packet as from the outside world.
+        if self.config.prefix6.is_some_and(|p| !member_address(p, src)) {
+            // The host must never see a member's packet as from the outside world, nor
+            // as from the prefix's service or anycast address.
             return Action::Drop(DropReason::OutsideSubnet);
         }
         if ip.next_header() == NEXT_HEADER_ICMPV6

@@ -136,3 +136,50 @@ fn an_ipv4_only_member_claims_no_ipv6_address() {
     }
     assert_eq!(members, 2, "the two IPv4 addresses");
 }
+
+#[test]
+fn the_own_name_stands_for_the_ipv6_address_and_the_ipv6_record_carries_the_name() {
+    let mut net = Net::new();
+    let a = net.add(
+        Config {
+            hostname: Some("web".into()),
+            ..dual(Address6::Auto)
+        },
+        1,
+    );
+    net.run_for(Duration::from_secs(2));
+    let six = net.members[a].owned6().unwrap();
+    let unix = net.unix();
+    // The name's record: both addresses.
+    let key = keys().name_key("web");
+    let (_, name) = net.replicas.leases[&key]
+        .read::<crate::records::NameInfo>(&keys(), &key, unix)
+        .unwrap();
+    assert_eq!(name.address6, Some(six));
+    // The IPv6 lease: the name (its PTR), though the claims raced at start.
+    let key6 = keys().address6_key(six);
+    let read_name = |net: &Net| {
+        let (_, info) = net.replicas.leases[&key6]
+            .read::<MemberInfo>(&keys(), &key6, net.unix())
+            .unwrap();
+        info.name
+    };
+    assert_eq!(read_name(&net), Some("web".to_string()));
+    // Another member reads it back for ip6.arpa.
+    let b = net.add(dual(Address6::Auto), 2);
+    net.run_for(Duration::from_secs(1));
+    net.members[b].read_holder6(six);
+    net.run_for(Duration::from_millis(200));
+    assert!(net.take_events(b).contains(&Event::HolderRead6 {
+        address: six,
+        holder: Some(Some("web".into()))
+    }));
+    // The name given up: the IPv6 record is sealed again without it.
+    net.members[a].set_hostname(net.now, None);
+    net.run_for(Duration::from_millis(500));
+    assert!(
+        LEASE / 3 > Duration::from_millis(500),
+        "not the renewal's doing"
+    );
+    assert_eq!(read_name(&net), None);
+}

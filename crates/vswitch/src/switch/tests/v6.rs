@@ -270,12 +270,19 @@ fn a_members_packet_for_the_host_is_framed_and_others_are_dropped() {
         from_peer(&mut sw, &f[ETH_HEADER_LEN..ETH_HEADER_LEN + 30]).0,
         Action::Drop(DropReason::Malformed)
     );
-    // Never as from the outside world, and never the host's link's own discovery.
-    let outside = echo("2001:db8::53".parse().unwrap(), a6(OWN));
-    assert_eq!(
-        from_peer(&mut sw, &outside[ETH_HEADER_LEN..]).0,
-        Action::Drop(DropReason::OutsideSubnet)
-    );
+    // Never as from the outside world or the service address, and never the host's
+    // link's own discovery.
+    for src in ["2001:db8::53".parse().unwrap(), a6(1), a6(0)] {
+        let outside = echo(src, a6(OWN));
+        assert_eq!(
+            from_peer(&mut sw, &outside[ETH_HEADER_LEN..]).0,
+            Action::Drop(DropReason::OutsideSubnet),
+            "{src}"
+        );
+    }
+    // Nor is a route to them taken from a member.
+    sw.set_peer_addresses6(7, &[a6(PEER), a6(1), a6(0)]);
+    assert_eq!((sw.route6(a6(1)), sw.route6(a6(0))), (None, None));
     for kind in 133..=137u8 {
         let nd = frame6(a6(PEER), a6(OWN), 58, 255, &[kind, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
