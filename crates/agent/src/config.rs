@@ -27,7 +27,12 @@ pub use addresses::{
 };
 use files::read_credential;
 pub(crate) use files::{compile_policy, is_signed_policy, read_policy, SIGNED_POLICY};
-use namespace::{check_shared_bridge, validate_namespace};
+use namespace::{check_shared_bridge, validate_namespace, NamespaceSection};
+#[cfg(test)]
+use namespace::{
+    default_broadcast_rate, default_device, default_dns_rate, default_flows,
+    default_lan_timeout_secs, default_probe_timeout_ms,
+};
 use subnets::parse_subnets;
 pub use subnets::{check_in_subnet, parse_subnet};
 use underlay::workers;
@@ -106,119 +111,6 @@ impl Default for AgentSection {
             uplinks: Vec::new(),
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NamespaceSection {
-    name: String,
-    secret_file: PathBuf,
-    #[serde(default)]
-    subnet: Option<String>,
-    #[serde(default)]
-    subnets: Option<Vec<String>>,
-    #[serde(default = "default_mode")]
-    mode: String,
-    #[serde(default = "default_layer")]
-    layer: u8,
-    #[serde(default)]
-    vlan: Option<u16>,
-    #[serde(default)]
-    ethertypes: Vec<String>,
-    #[serde(default = "default_device")]
-    device: String,
-    #[serde(default)]
-    address: Option<String>,
-    #[serde(default)]
-    subnet6: Option<String>,
-    #[serde(default)]
-    address6: Option<String>,
-    #[serde(default)]
-    bridge: Option<String>,
-    #[serde(default)]
-    uplink: Option<String>,
-    #[serde(default)]
-    lan_ports: Option<String>,
-    #[serde(default)]
-    lan_table: Vec<lan::LanTableRow>,
-    #[serde(default = "default_probe_timeout_ms")]
-    probe_timeout_ms: u64,
-    #[serde(default = "default_lan_timeout_secs")]
-    lan_timeout_secs: u64,
-    #[serde(default = "default_broadcast_rate")]
-    broadcast_rate: u32,
-    #[serde(default)]
-    mtu: Option<u16>,
-    #[serde(default)]
-    bootstrap: Vec<String>,
-    #[serde(default = "default_lease_secs")]
-    lease_secs: u64,
-    #[serde(default)]
-    reserved: Vec<String>,
-    #[serde(default)]
-    hostname: Option<String>,
-    #[serde(default)]
-    resolvers: Option<Vec<String>>,
-    #[serde(default = "default_dns_rate")]
-    dns_rate: u32,
-    #[serde(default)]
-    gateway: Option<String>,
-    #[serde(default, rename = "peer")]
-    peers: Vec<PeerSection>,
-    #[serde(default)]
-    authority: Option<String>,
-    #[serde(default)]
-    certificate: Option<PathBuf>,
-    #[serde(default)]
-    revocations: Option<PathBuf>,
-    #[serde(default)]
-    policy: Option<PathBuf>,
-    #[serde(default = "default_flows")]
-    flows: usize,
-    #[serde(default)]
-    rate: Option<String>,
-    #[serde(default)]
-    burst: Option<u64>,
-    #[serde(default)]
-    weight: Option<u64>,
-    #[serde(default, rename = "cap")]
-    caps: Vec<hyphae_vswitch::qos::CapFile>,
-}
-
-fn default_flows() -> usize {
-    hyphae_vswitch::policy::flows::DEFAULT_FLOWS
-}
-
-fn default_mode() -> String {
-    "interface".into()
-}
-
-fn default_layer() -> u8 {
-    3
-}
-
-fn default_probe_timeout_ms() -> u64 {
-    2000
-}
-
-fn default_lan_timeout_secs() -> u64 {
-    30
-}
-
-fn default_broadcast_rate() -> u32 {
-    200
-}
-
-fn default_dns_rate() -> u32 {
-    hyphae_dhcp_dns::limit::DEFAULT_RATE
-}
-
-fn default_lease_secs() -> u64 {
-    DEFAULT_LEASE_SECS
-}
-
-fn default_device() -> String {
-    "hyphae0".into()
 }
 
 #[derive(Debug, Deserialize)]

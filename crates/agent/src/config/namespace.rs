@@ -2,15 +2,17 @@
 //! and its one-line error.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use serde::Deserialize;
 
 use super::{
     check_in_subnet, host_resolvers, lan, parse_bootstrap, parse_resolver, parse_subnets, qos,
     read_credential, read_policy, read_secret, resolve, Address, Address6, Mode, Namespace,
-    NamespaceSection, Subnet6, DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS, MIN_LEASE_SECS,
-    RESOLV_CONF,
+    PeerSection, Subnet6, DEFAULT_LEASE_SECS, DEFAULT_MTU, MAX_DEVICE_NAME, MAX_LEASE_SECS,
+    MIN_LEASE_SECS, RESOLV_CONF,
 };
 
 /// An EtherType by name or in hex ([`hyphae_vswitch::layer2::parse_ethertype`]).
@@ -379,4 +381,118 @@ impl Namespace {
             self.mtu
         }
     }
+}
+
+/// A `[[namespace]]` section as written (checked by [`validate_namespace`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NamespaceSection {
+    pub(super) name: String,
+    pub(super) secret_file: PathBuf,
+    #[serde(default)]
+    pub(super) subnet: Option<String>,
+    #[serde(default)]
+    pub(super) subnets: Option<Vec<String>>,
+    #[serde(default = "default_mode")]
+    pub(super) mode: String,
+    #[serde(default = "default_layer")]
+    pub(super) layer: u8,
+    #[serde(default)]
+    pub(super) vlan: Option<u16>,
+    #[serde(default)]
+    pub(super) ethertypes: Vec<String>,
+    #[serde(default = "default_device")]
+    pub(super) device: String,
+    #[serde(default)]
+    pub(super) address: Option<String>,
+    #[serde(default)]
+    pub(super) subnet6: Option<String>,
+    #[serde(default)]
+    pub(super) address6: Option<String>,
+    #[serde(default)]
+    pub(super) bridge: Option<String>,
+    #[serde(default)]
+    pub(super) uplink: Option<String>,
+    #[serde(default)]
+    pub(super) lan_ports: Option<String>,
+    #[serde(default)]
+    pub(super) lan_table: Vec<lan::LanTableRow>,
+    #[serde(default = "default_probe_timeout_ms")]
+    pub(super) probe_timeout_ms: u64,
+    #[serde(default = "default_lan_timeout_secs")]
+    pub(super) lan_timeout_secs: u64,
+    #[serde(default = "default_broadcast_rate")]
+    pub(super) broadcast_rate: u32,
+    #[serde(default)]
+    pub(super) mtu: Option<u16>,
+    #[serde(default)]
+    pub(super) bootstrap: Vec<String>,
+    #[serde(default = "default_lease_secs")]
+    pub(super) lease_secs: u64,
+    #[serde(default)]
+    pub(super) reserved: Vec<String>,
+    #[serde(default)]
+    pub(super) hostname: Option<String>,
+    #[serde(default)]
+    pub(super) resolvers: Option<Vec<String>>,
+    #[serde(default = "default_dns_rate")]
+    pub(super) dns_rate: u32,
+    #[serde(default)]
+    pub(super) gateway: Option<String>,
+    #[serde(default, rename = "peer")]
+    pub(super) peers: Vec<PeerSection>,
+    #[serde(default)]
+    pub(super) authority: Option<String>,
+    #[serde(default)]
+    pub(super) certificate: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) revocations: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) policy: Option<PathBuf>,
+    #[serde(default = "default_flows")]
+    pub(super) flows: usize,
+    #[serde(default)]
+    pub(super) rate: Option<String>,
+    #[serde(default)]
+    pub(super) burst: Option<u64>,
+    #[serde(default)]
+    pub(super) weight: Option<u64>,
+    #[serde(default, rename = "cap")]
+    pub(super) caps: Vec<hyphae_vswitch::qos::CapFile>,
+}
+
+pub(super) fn default_flows() -> usize {
+    hyphae_vswitch::policy::flows::DEFAULT_FLOWS
+}
+
+pub(super) fn default_mode() -> String {
+    "interface".into()
+}
+
+pub(super) fn default_layer() -> u8 {
+    3
+}
+
+pub(super) fn default_probe_timeout_ms() -> u64 {
+    2000
+}
+
+pub(super) fn default_lan_timeout_secs() -> u64 {
+    30
+}
+
+pub(super) fn default_broadcast_rate() -> u32 {
+    200
+}
+
+pub(super) fn default_dns_rate() -> u32 {
+    hyphae_dhcp_dns::limit::DEFAULT_RATE
+}
+
+pub(super) fn default_lease_secs() -> u64 {
+    DEFAULT_LEASE_SECS
+}
+
+pub(super) fn default_device() -> String {
+    "hyphae0".into()
 }

@@ -17,12 +17,12 @@
 //! `host` (the devices, addresses, routes and seeds it asks of the kernel); `datapath` is
 //! the data plane's batch. `sim` runs whole agents on a virtual clock for the tests.
 
+mod addresses;
 mod calls;
 mod caps;
 mod certificates;
 pub(crate) mod data;
 mod datapath;
-mod dual_stack;
 mod events;
 #[cfg(test)]
 mod frames;
@@ -62,7 +62,7 @@ use hyphae_overlay::{Identity, NamespaceId, NamespaceKeys, Node, PeerId};
 use hyphae_vswitch::{Client, Switch};
 use tokio::sync::{mpsc, Notify};
 
-use crate::config::{Address, Config, Mode, Subnet6, UnderlayMode};
+use crate::config::{Address, Config, Mode, UnderlayMode};
 use crate::setup;
 use data::{Batch, DataPlane, Lane};
 use workers::{lock, Command, Outgoing, Shared, WorkerLink};
@@ -379,19 +379,7 @@ impl Control {
             Mode::Router | Mode::Hybrid => setup::stable_mac([0x02, 0x49], &me, &cfg.name),
         };
         // Before any device: an IPv6 address outside the namespace's prefix is refused.
-        let prefix6 = match cfg.subnet6 {
-            Subnet6::Derived => Some(NamespaceKeys::derive(&cfg.name, &cfg.secret).ula_prefix()),
-            Subnet6::Prefix(net) => Some(net),
-            Subnet6::Off => None,
-        };
-        if let (Some(p), crate::config::Address6::Static(a)) = (prefix6, cfg.address6) {
-            if !membership::usable6(p, a) {
-                bail!(
-                    "namespace '{}': address6 {a} is not a member's address of the namespace's IPv6 prefix {p} (set `subnet6`, or use address6 = \"auto\")",
-                    cfg.name
-                );
-            }
-        }
+        let prefix6 = addresses::prefix6_of(cfg)?;
         // UDP datagrams are coalesced too where the TAP takes UDP segmentation offload.
         let host::Devices {
             tap,
@@ -779,39 +767,6 @@ impl Control {
                 }
             }
         }
-    }
-
-    /// Gives this member's address to the device, the switch and the tunnels.
-    pub(crate) fn set_address(&mut self, i: usize, address: Ipv4Addr, now: Instant) {
-        let n = &self.namespaces[i];
-        let (current, prefix) = {
-            let dp = lock(&self.dp);
-            let config = dp.lanes[i].switch.config();
-            (config.address, config.subnet.prefix_len())
-        };
-        if current != address && n.active() {
-            // The TAP (interface, router) or the host's veth (hybrid), with no lock held.
-            if let Err(e) = self.host.set_address(&n.device, address, prefix) {
-                tracing::error!(device = %n.device, error = %e, "cannot set the address");
-            }
-        }
-        let addresses = n.membership.addresses();
-        {
-            let mut dp = lock(&self.dp);
-            dp.lanes[i].switch.set_address(address);
-            dp.node.set_addresses(now, NamespaceId(i), addresses);
-        }
-        // The device's routes went with its old address; it may be a gateway now.
-        self.namespaces[i].link_routes.clear();
-        self.apply_links(i);
-    }
-
-    /// Tells the tunnels which addresses this member holds in namespace `i` now.
-    pub(crate) fn announce_addresses(&mut self, i: usize, now: Instant) {
-        let addresses = self.namespaces[i].membership.addresses();
-        lock(&self.dp)
-            .node
-            .set_addresses(now, NamespaceId(i), addresses);
     }
 
     /// Where members reach this agent's tunnels: its listen address, or (listening on all

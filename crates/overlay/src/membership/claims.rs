@@ -7,12 +7,35 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use super::{
-    holder_name, Address, Event, HostedClaim, Membership, Purpose, Request, Token, AUTO_PAUSE,
-    CLAIM_RETRY, CONFLICT_RETRY, MAX_AUTO_TRIES,
+    holder_name, Event, HostedClaim, Membership, Purpose, Request, Token, AUTO_PAUSE, CLAIM_RETRY,
+    CONFLICT_RETRY, MAX_AUTO_TRIES,
 };
 use crate::records::Envelope;
 use crate::swarm::ClaimResult;
 use crate::PeerId;
+
+/// Which address this member wants for itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address {
+    /// This address, claimed in the DHT (the first claim lost is a conflict).
+    Static(Ipv4Addr),
+    /// Any free address of the subnet, claimed in the DHT.
+    Auto,
+    /// None of its own (router mode: it claims its LAN hosts' addresses).
+    None,
+    /// Whatever the host's DHCP client obtains from the agent's virtual DHCP server.
+    Dhcp,
+}
+
+impl Address {
+    /// The static address, if any.
+    pub fn fixed(self) -> Option<Ipv4Addr> {
+        match self {
+            Address::Static(a) => Some(a),
+            Address::Auto | Address::None | Address::Dhcp => None,
+        }
+    }
+}
 
 /// This member's own address lease.
 #[derive(Debug, Default)]

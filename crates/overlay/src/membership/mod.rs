@@ -25,7 +25,7 @@
 
 mod claims;
 mod event;
-pub use claims::AddressError;
+pub use claims::{Address, AddressError};
 pub use event::Event;
 pub use handoff::HostedClaim;
 mod address6;
@@ -95,29 +95,6 @@ const CONFLICT_RETRY: Duration = Duration::from_secs(30);
 
 /// A new DHT peer may be a replica of our keys: renewals are brought this close.
 const RENEW_SOON: Duration = Duration::from_millis(300);
-
-/// Which address this member wants for itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Address {
-    /// This address, claimed in the DHT (the first claim lost is a conflict).
-    Static(Ipv4Addr),
-    /// Any free address of the subnet, claimed in the DHT.
-    Auto,
-    /// None of its own (router mode: it claims its LAN hosts' addresses).
-    None,
-    /// Whatever the host's DHCP client obtains from the agent's virtual DHCP server.
-    Dhcp,
-}
-
-impl Address {
-    /// The static address, if any.
-    pub fn fixed(self) -> Option<Ipv4Addr> {
-        match self {
-            Address::Static(a) => Some(a),
-            Address::Auto | Address::None | Address::Dhcp => None,
-        }
-    }
-}
 
 /// What a namespace's membership starts from.
 #[derive(Clone)]
