@@ -22,8 +22,10 @@ fn underlay(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, 0, i)
 }
 
+/// IPv4 only: these tests count the records a replica stores (an IPv6 lease per member
+/// would count too); IPv6 leases are tested in `ipv6.rs`.
 fn config(host: &Host, secret: &Path, address: &str, bootstrap: Option<Ipv4Addr>) -> String {
-    join_config(host, "lab", secret, SUBNET, address, bootstrap, LEASE_SECS)
+    join_config(host, "lab", secret, SUBNET, address, bootstrap, LEASE_SECS) + "subnet6 = \"off\"\n"
 }
 
 struct Member {
@@ -475,7 +477,7 @@ fn members_on_a_lan_find_each_other_by_mdns() {
             config(&host, &secret, "auto", None).replace("[agent]\n", "[agent]\nmdns = true\n");
         if i == 2 {
             c = c.replace(&format!("subnet = \"{SUBNET}\"\n"), "");
-            assert!(!c.contains("subnet") && !c.contains("bootstrap"), "{c}");
+            assert!(!c.contains("subnet =") && !c.contains("bootstrap"), "{c}");
         }
         let agent = bed.start_agent(&host, &c).unwrap();
         members.push(Member { host, agent });

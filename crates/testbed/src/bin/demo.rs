@@ -137,7 +137,7 @@ fn demo() -> Result<()> {
     }
 
     println!(
-        "== every host pings every other by name: its resolver is the virtual DNS at 10.201.0.1"
+        "== every host pings every other by name: its resolver is the virtual DNS at 10.201.0.1,\n   which answers AAAA too (each member's IPv6 address of the namespace's prefix: glibc picks it)"
     );
     for host in &hosts {
         let resolv = bed.private_resolv_conf(host)?;
