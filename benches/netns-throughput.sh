@@ -311,6 +311,7 @@ if [ "${HYPHAE_IPV6:-0}" = 1 ]; then
     addr6=$("$HYPHAE_BIN" status -c "$dir/B-socket.toml" --json | jq -r '.namespaces[0].address6 // empty')
     if [ -n "$addr6" ]; then
         daemons[hyphae-ipv6]=${daemons[hyphae]}
+        hyphae_bin[hyphae-ipv6]=${hyphae_bin[hyphae]}
         hyphae_cfg[hyphae-ipv6]=socket
         measure hyphae-ipv6 "$addr6"
     else
