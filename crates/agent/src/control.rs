@@ -385,7 +385,7 @@ pub struct NamespaceStatus {
     /// Router and hybrid modes: the LAN bridge.
     #[serde(default)]
     pub bridge: Option<String>,
-    /// Router and hybrid modes: namespace addresses seen on the LAN.
+    /// Router and hybrid modes: namespace addresses seen on the LAN (IPv4, then IPv6).
     #[serde(default)]
     pub lan_hosts: Vec<String>,
     /// Router mode: how LAN hosts reach each other, "veb" (through the bridge) or "vepa"
@@ -542,6 +542,16 @@ pub struct NamespaceStatus {
     /// ICMPv6 "packet too big" answers for IPv6 packets larger than the tunnel.
     #[serde(default)]
     pub packet_too_big: u64,
+    /// Router mode: neighbour solicitations sent on the LAN.
+    #[serde(default)]
+    pub nd_probes: u64,
+    /// Router mode: duplicate address probes for IPv6 addresses other members hold,
+    /// defended.
+    #[serde(default)]
+    pub dad_defended: u64,
+    /// Router mode: router advertisements of the prefix sent on the LAN.
+    #[serde(default)]
+    pub router_advertisements: u64,
     /// TCP SYNs whose MSS the switch lowered to fit the tunnel.
     #[serde(default)]
     pub mss_clamped: u64,

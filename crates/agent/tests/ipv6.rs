@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyphae_agent::control::{NamespaceStatus, Status};
-use hyphae_testbed::{join_config, require_root, AgentHandle, Host, Testbed};
+use hyphae_testbed::{
+    agent_section, join_config, lab_namespace, require_root, AgentHandle, Host, Testbed,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hyphae");
 const SUBNET: &str = "10.203.0.0/24";
@@ -72,12 +74,12 @@ fn address6(bed: &Testbed, m: &Member) -> Ipv6Addr {
 
 /// `ping -6` from `from` to `to` until one answers (15 s at most), then three more that
 /// must all answer.
-fn ping6(bed: &Testbed, from: &Member, to: Ipv6Addr) {
+fn ping6(bed: &Testbed, from: &Host, to: Ipv6Addr) {
     let to = to.to_string();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let out = bed
-            .ns_output(&from.host.ns, "ping", &["-6", "-c", "1", "-W", "1", &to])
+            .ns_output(&from.ns, "ping", &["-6", "-c", "1", "-W", "1", &to])
             .unwrap();
         if out.status.success() {
             break;
@@ -85,17 +87,17 @@ fn ping6(bed: &Testbed, from: &Member, to: Ipv6Addr) {
         assert!(
             Instant::now() < deadline,
             "{} never reached {to}: {}",
-            from.host.name,
+            from.name,
             String::from_utf8_lossy(&out.stdout)
         );
     }
     let out = bed
-        .ns_output(&from.host.ns, "ping", &["-6", "-c", "3", "-W", "2", &to])
+        .ns_output(&from.ns, "ping", &["-6", "-c", "3", "-W", "2", &to])
         .unwrap();
     assert!(
         out.status.success(),
         "{} -> {to}: {}",
-        from.host.name,
+        from.name,
         String::from_utf8_lossy(&out.stdout)
     );
 }
@@ -170,7 +172,7 @@ fn interface_members_hold_ipv6_addresses_and_reach_each_other() {
     for (i, from) in members.iter().enumerate() {
         for (j, to) in addresses.iter().enumerate() {
             if i != j {
-                ping6(&bed, from, *to);
+                ping6(&bed, &from.host, *to);
             }
         }
     }
@@ -279,7 +281,7 @@ fn an_ipv6_source_a_member_does_not_hold_is_dropped_and_counted() {
     let h1 = start_member(&mut bed, &secret, 1, "");
     let h2 = start_member(&mut bed, &secret, 2, "");
     let (a1, a2) = (address6(&bed, &h1), address6(&bed, &h2));
-    ping6(&bed, &h2, a1);
+    ping6(&bed, &h2.host, a1);
     let before = peer_drops(&bed, &h1, "spoofed_source");
 
     // h2's host takes a second address of the prefix that no member holds, and sends
@@ -337,5 +339,129 @@ fn an_ipv6_source_a_member_does_not_hold_is_dropped_and_counted() {
         ],
     )
     .unwrap();
-    ping6(&bed, &h2, a1);
+    ping6(&bed, &h2.host, a1);
+}
+
+/// The global address in `prefix` on `host`'s `eth0` once its kernel formed one from a
+/// router advertisement and it passed duplicate address detection (20 s at most).
+fn slaac_address(bed: &Testbed, host: &Host, prefix: ipnet::Ipv6Net) -> Ipv6Addr {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = bed
+            .ns_output(&host.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let formed = text.lines().find_map(|line| {
+            let mut words = line.split_whitespace().skip_while(|w| *w != "inet6");
+            let address: Ipv6Addr = words.nth(1)?.split('/').next()?.parse().ok()?;
+            let done = !line.contains("tentative") && line.contains("dynamic");
+            (prefix.contains(&address) && done).then_some(address)
+        });
+        if let Some(a) = formed {
+            return a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} formed no address in {prefix}: {text}",
+            host.name
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Router mode: a plain LAN host behind a router member configures its IPv6 address by
+/// itself, from the router advertisement of the agent (the kernel's SLAAC, nothing else
+/// running on it); the router learns the address from the host's duplicate address probe
+/// and claims it; the host and an interface member reach each other both ways. A second
+/// LAN host that tries the interface member's address by hand has its probe defended: its
+/// kernel marks the address failed and never uses it.
+#[test]
+fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_members() {
+    require_root();
+    let mut bed = Testbed::new("v6r", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = start_member(&mut bed, &secret, 1, "");
+    let a1 = address6(&bed, &h1);
+    let prefix: ipnet::Ipv6Net = namespace(&bed, &h1).subnet6.parse().expect("a prefix");
+
+    let lan = bed.add_lan("lan").unwrap();
+    let rh = bed.add_host("r", underlay(2)).unwrap();
+    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
+    let l1 = bed
+        .add_lan_host(&lan, "l1", "10.203.0.11/24", 1500)
+        .unwrap();
+    let lines = format!(
+        "lease_secs = {LEASE_SECS}\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
+    );
+    let cfg = agent_section(&rh) + &lab_namespace(&secret, SUBNET, Some(underlay(1)), &lines);
+    let agent = bed.start_agent(&rh, &cfg).unwrap();
+    let router = Member { host: rh, agent };
+
+    let l1_address = slaac_address(&bed, &l1, prefix);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !namespace(&bed, &router)
+        .lan_hosts
+        .contains(&l1_address.to_string())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the router never learned {l1_address}: {:?}",
+            namespace(&bed, &router)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = namespace(&bed, &router);
+    assert!(r.router_advertisements >= 1, "{r:?}");
+    assert_eq!(r.address6, "", "a router holds no IPv6 address of its own");
+
+    ping6(&bed, &l1, a1);
+    ping6(&bed, &h1.host, l1_address);
+    bed.tcp_transfer(
+        &h1.host,
+        (&l1, l1_address),
+        5601,
+        1 << 20,
+        Duration::from_secs(20),
+    )
+    .expect("TCP over IPv6 from the interface member to the LAN host");
+    // The interface member sees the LAN host's address as the router's.
+    let h1_status = namespace(&bed, &h1);
+    assert!(
+        h1_status
+            .peers
+            .iter()
+            .any(|p| p.addresses.contains(&l1_address.to_string())),
+        "{:?}",
+        h1_status.peers
+    );
+
+    // The interface member's address, tried on the LAN by hand: defended at DAD time.
+    let l2 = bed.add_lan_host(&lan, "l2", "", 1500).unwrap();
+    bed.ns(
+        &l2.ns,
+        "ip",
+        &["-6", "addr", "add", &format!("{a1}/64"), "dev", "eth0"],
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = bed
+            .ns_output(&l2.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = text.lines().find(|l| l.contains(&a1.to_string()));
+        if line.is_some_and(|l| l.contains("dadfailed")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{a1} on l2 was not refused: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = namespace(&bed, &router);
+    assert!(r.dad_defended >= 1, "{r:?}");
+    assert!(!r.lan_hosts.contains(&a1.to_string()), "{:?}", r.lan_hosts);
+    // The member keeps it, and still reaches the first LAN host.
+    ping6(&bed, &h1.host, l1_address);
 }

@@ -3,7 +3,7 @@
 //! [`DropReason`].
 
 use std::hash::Hash;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
 
 use crate::wire::Mac;
@@ -105,6 +105,11 @@ pub enum Event {
     LanHostUp(Ipv4Addr),
     /// Router mode: a LAN host stopped answering (the agent gives its address back).
     LanHostDown(Ipv4Addr),
+    /// Router mode, dual stack: an IPv6 address of the prefix appeared on the LAN (the
+    /// agent claims it).
+    LanHost6Up(Ipv6Addr),
+    /// Router mode: the LAN host at this IPv6 address stopped answering.
+    LanHost6Down(Ipv6Addr),
     /// Router mode: a host announced its MAC with RARP (QEMU's announce-self after a
     /// migration); the frame carries no address (`hyphae_migrate` looks it up).
     Rarp(Mac),
@@ -241,6 +246,13 @@ pub struct Counters {
     pub nd_replies: u64,
     /// ICMPv6 "packet too big" answers to the host for IPv6 packets larger than the tunnel.
     pub packet_too_big: u64,
+    /// Router mode: neighbour solicitations the switch sent on the LAN (for a host a member
+    /// sends to, or one fallen silent).
+    pub nd_probes: u64,
+    /// Router mode: duplicate address probes for addresses other members hold, defended.
+    pub dad_defended: u64,
+    /// Router mode: router advertisements of the prefix written to the LAN.
+    pub router_advertisements: u64,
     /// Frames held for resolution of an unknown namespace address.
     pub resolves: u64,
     /// Broadcast and multicast packets sent to every member.

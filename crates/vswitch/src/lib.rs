@@ -63,6 +63,7 @@ pub mod ndp;
 pub mod offload;
 pub mod policy;
 pub mod qos;
+pub mod ra;
 pub mod udp;
 pub mod wire;
 
@@ -195,6 +196,9 @@ pub struct Config {
     pub prefix6: Option<Ipv6Net>,
     /// The host's own IPv6 address in it, once held (interface mode).
     pub address6: Option<Ipv6Addr>,
+    /// Router mode: the virtual DNS server answers over IPv6 at the prefix's service
+    /// address, so router advertisements name it (RDNSS).
+    pub dns6: bool,
 }
 
 impl Config {
@@ -226,6 +230,7 @@ impl Config {
             lan_table: Vec::new(),
             prefix6: None,
             address6: None,
+            dns6: false,
         }
     }
 }

@@ -220,27 +220,76 @@ pub fn emit_advertisement(
 /// the message `fill` writes into a zeroed ICMPv6 area (one 8-byte option), its checksum.
 fn emit(
     buf: &mut [u8],
-    (src_mac, dst_mac): (Mac, Mac),
-    (src, dst): (Ipv6Addr, Ipv6Addr),
+    macs: (Mac, Mac),
+    addresses: (Ipv6Addr, Ipv6Addr),
     fill: impl FnOnce(&mut [u8]),
 ) -> Option<usize> {
-    let frame = buf.get_mut(..ADVERTISEMENT_FRAME_LEN)?;
+    emit_message(buf, macs, addresses, MESSAGE_LEN + 8, |icmp| {
+        fill(icmp);
+        icmp[25] = 1;
+    })
+}
+
+/// Writes a neighbour discovery message of `len` bytes (filled by `fill`, on zeros) in an
+/// IPv6 header with hop limit 255 and an Ethernet header, and its checksum.
+pub(crate) fn emit_message(
+    buf: &mut [u8],
+    (src_mac, dst_mac): (Mac, Mac),
+    (src, dst): (Ipv6Addr, Ipv6Addr),
+    len: usize,
+    fill: impl FnOnce(&mut [u8]),
+) -> Option<usize> {
+    let total = ETH_HEADER_LEN + IPV6_HEADER_LEN + len;
+    let frame = buf.get_mut(..total)?;
     frame[..6].copy_from_slice(&dst_mac);
     frame[6..12].copy_from_slice(&src_mac);
     frame[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
     let (header, icmp) = frame[ETH_HEADER_LEN..].split_at_mut(IPV6_HEADER_LEN);
     header[..4].copy_from_slice(&[0x60, 0, 0, 0]);
-    header[4..6].copy_from_slice(&((MESSAGE_LEN + 8) as u16).to_be_bytes());
+    header[4..6].copy_from_slice(&u16::try_from(len).ok()?.to_be_bytes());
     header[6] = NEXT_HEADER_ICMPV6;
     header[7] = HOP_LIMIT;
     header[8..24].copy_from_slice(&src.octets());
     header[24..40].copy_from_slice(&dst.octets());
     icmp.fill(0);
     fill(icmp);
-    icmp[25] = 1;
     let sum = !pseudo_sum(&header[8..40], icmp);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-    Some(ADVERTISEMENT_FRAME_LEN)
+    Some(total)
+}
+
+/// Writes the advertisement that defends `target` at `mac` against a duplicate address
+/// probe (RFC 4862 5.4.3): unsolicited, overriding, to all nodes (the prober has no
+/// address to be answered at yet). [`ADVERTISEMENT_FRAME_LEN`] bytes.
+pub fn emit_defence(buf: &mut [u8], (target, mac): (Ipv6Addr, Mac)) -> Option<usize> {
+    let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+    let group_mac = [0x33, 0x33, 0, 0, 0, 1];
+    emit(buf, (mac, group_mac), (target, all_nodes), |icmp| {
+        icmp[0] = TYPE_ADVERTISEMENT;
+        icmp[4] = FLAG_OVERRIDE;
+        icmp[8..24].copy_from_slice(&target.octets());
+        icmp[24] = OPTION_TARGET_LINK;
+        icmp[26..32].copy_from_slice(&mac);
+    })
+}
+
+/// The link-local address a host with `mac` forms (modified EUI-64, RFC 4291 appendix A).
+pub fn link_local_of(mac: Mac) -> Ipv6Addr {
+    let id = [
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ];
+    let mut octets = [0u8; 16];
+    octets[0] = 0xfe;
+    octets[1] = 0x80;
+    octets[8..].copy_from_slice(&id);
+    Ipv6Addr::from(octets)
 }
 
 #[cfg(test)]

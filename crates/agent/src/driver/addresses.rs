@@ -60,10 +60,11 @@ impl Control {
 
     /// Tells the tunnels which addresses this member holds in namespace `i` now.
     pub(crate) fn announce_addresses(&mut self, i: usize, now: Instant) {
-        let addresses = self.namespaces[i].membership.addresses();
-        lock(&self.dp)
-            .node
-            .set_addresses(now, NamespaceId(i), addresses);
+        let membership = &self.namespaces[i].membership;
+        let (addresses, addresses6) = (membership.addresses(), membership.addresses6());
+        let mut dp = lock(&self.dp);
+        dp.node.set_addresses(now, NamespaceId(i), addresses);
+        dp.node.set_addresses6(now, NamespaceId(i), addresses6);
     }
 
     /// This member holds `address` (or, `None`, no IPv6 address) in namespace `i` now.
@@ -82,9 +83,10 @@ impl Control {
                 tracing::error!(device = %n.device, error = %e, "cannot set the IPv6 address");
             }
         }
+        // The own address, and (router mode) the LAN hosts'.
+        let addresses6 = n.membership.addresses6();
         let mut dp = lock(&self.dp);
         dp.lanes[i].switch.set_address6(address);
-        dp.node
-            .set_addresses6(now, NamespaceId(i), address.into_iter().collect());
+        dp.node.set_addresses6(now, NamespaceId(i), addresses6);
     }
 }

@@ -587,7 +587,10 @@ impl DataPlane {
                 hyphae_vswitch::Event::LanHostUp(a)
                 | hyphae_vswitch::Event::GratuitousArp { address: a, .. }
                 | hyphae_vswitch::Event::LanHostHeard { address: a, .. } => Some(a),
-                hyphae_vswitch::Event::LanHostDown(_) | hyphae_vswitch::Event::Rarp(_) => None,
+                hyphae_vswitch::Event::LanHostDown(_)
+                | hyphae_vswitch::Event::LanHost6Up(_)
+                | hyphae_vswitch::Event::LanHost6Down(_)
+                | hyphae_vswitch::Event::Rarp(_) => None,
             };
             if let Some(a) = here {
                 self.lanes[i].grace.retain(|g| g.address != a);

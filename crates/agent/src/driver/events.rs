@@ -156,6 +156,16 @@ impl Control {
                 }
                 return;
             }
+            hyphae_vswitch::Event::LanHost6Up(a) => {
+                n.membership.add_hosted6(a, now);
+                return;
+            }
+            hyphae_vswitch::Event::LanHost6Down(a) => {
+                if n.membership.remove_hosted6(a) {
+                    self.announce_addresses(i, now);
+                }
+                return;
+            }
             // A host announcing itself after a migration (counted in status as
             // `lan_announcements`); a new one is claimed (LanHostUp came first), and a
             // refused claim starts the handoff (migration.rs).

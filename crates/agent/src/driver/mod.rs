@@ -481,7 +481,7 @@ impl Control {
         let Some(handoffs) = migration::Handoffs::new(&me) else {
             bail!("internal: this agent's identity has no libp2p peer id");
         };
-        let switch = Switch::new(hyphae_vswitch::Config {
+        let mut switch = Switch::new(hyphae_vswitch::Config {
             mode: cfg.mode,
             // The device has a static address from the start when the subnet is known
             // (see `create_tap`); any other is set once won.
@@ -506,9 +506,11 @@ impl Control {
             tunnel_mtu: cfg.mtu,
             prefix6,
             address6: None,
+            dns6: false,
             lan_ports: cfg.lan_ports,
             lan_table: cfg.lan_table.clone(),
         });
+        switch.start(now);
         // Each worker reads and writes a queue of its own; the control thread writes
         // through the first, which worker 0 reads.
         let i = self.namespaces.len();

@@ -36,7 +36,7 @@ struct DataStatus {
 struct LaneStatus {
     counters: Counters,
     address: Ipv4Addr,
-    lan_hosts: Vec<Ipv4Addr>,
+    lan_hosts: Vec<std::net::IpAddr>,
     lan_ports: hyphae_vswitch::LanPorts,
     port_counts: Vec<(hyphae_vswitch::Mac, hyphae_vswitch::PortCounts)>,
     tap_errors: u64,
@@ -75,7 +75,9 @@ impl DataStatus {
                     counters: l.switch.counters().clone(),
                     layer2: l.l2.as_ref().map(layer2_status),
                     address: l.switch.config().address,
-                    lan_hosts: l.switch.lan_hosts(),
+                    lan_hosts: (l.switch.lan_hosts().into_iter().map(Into::into))
+                        .chain(l.switch.lan_hosts6().into_iter().map(Into::into))
+                        .collect(),
                     lan_ports: l.switch.config().lan_ports,
                     port_counts: l.switch.lan_ports(),
                     tap_errors: l.tap_errors,
@@ -315,6 +317,9 @@ impl Control {
                     arp_replies: c.arp_replies,
                     nd_replies: c.nd_replies,
                     packet_too_big: c.packet_too_big,
+                    nd_probes: c.nd_probes,
+                    dad_defended: c.dad_defended,
+                    router_advertisements: c.router_advertisements,
                     mss_clamped: c.mss_clamped,
                     fragmented: c.fragmented,
                     frag_needed: c.frag_needed,

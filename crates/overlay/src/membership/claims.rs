@@ -646,3 +646,44 @@ impl Membership {
         }
     }
 }
+
+impl Membership {
+    /// Whether `auto`, a DHCP client or a LAN host may take `a`: in the subnet, not its
+    /// network, broadcast or service address (where the virtual DHCP/DNS server answers),
+    /// and not reserved. A static address is the operator's choice and only checked
+    /// against the subnet and the reserved list.
+    fn usable(&self, a: Ipv4Addr) -> bool {
+        self.subnet.is_some_and(|s| {
+            s.contains(&a)
+                && a != s.network()
+                && a != s.broadcast()
+                && a != hyphae_vswitch::service_address(s)
+                && !self.reserved.contains(&a)
+        })
+    }
+
+    /// Whether this member holds or claims `a` already (its own address, a LAN host's, a
+    /// DHCP client's): such an address is no candidate for another.
+    fn in_use_here(&self, a: Ipv4Addr) -> bool {
+        self.own.owned == Some(a)
+            || self.own.claiming == Some(a)
+            || self.hosted.contains_key(&a)
+            || self.dhcp_clients.contains_key(&a)
+    }
+
+    /// A random usable address not in `tried`, and not one this member holds or claims.
+    fn random_free(&mut self, tried: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+        use rand::Rng as _;
+        let subnet = self.subnet?;
+        let hosts = (1u64 << (32 - subnet.prefix_len())).saturating_sub(2);
+        let base = u32::from(subnet.network());
+        for _ in 0..1000 {
+            let index = 1 + self.rng.next_u64() % hosts.max(1);
+            let a = Ipv4Addr::from(base.wrapping_add(index as u32));
+            if self.usable(a) && !tried.contains(&a) && !self.in_use_here(a) {
+                return Some(a);
+            }
+        }
+        None
+    }
+}

@@ -31,6 +31,7 @@ pub use handoff::HostedClaim;
 mod address6;
 mod group;
 mod handoff;
+mod hosted6;
 mod macs;
 mod member_names;
 mod names;
@@ -196,6 +197,7 @@ enum Purpose {
         name: Option<String>,
     },
     Hosted(Ipv4Addr),
+    Hosted6(Ipv6Addr),
     HandOff(Ipv4Addr),
     Dhcp(DhcpClaim),
     Name {
@@ -254,6 +256,7 @@ pub struct Membership {
     wanted6: Address6,
     own6: address6::Own6,
     hosted: BTreeMap<Ipv4Addr, Hosted>,
+    hosted6: BTreeMap<Ipv6Addr, hosted6::Hosted6>,
     hosted_conflicts: u64,
     /// Times this member gave up its own address to another owner (partitions merged).
     address_conflicts: u64,
@@ -332,6 +335,7 @@ impl Membership {
             wanted6: config.address6,
             own6: address6::Own6::default(),
             hosted: BTreeMap::new(),
+            hosted6: BTreeMap::new(),
             hosted_conflicts: 0,
             address_conflicts: 0,
             dhcp_tried: HashMap::new(),
@@ -507,6 +511,7 @@ impl Membership {
         if self.started {
             earliest(self.macs_due());
             earliest(self.own6.due());
+            earliest(self.hosted6_due());
         }
         if self.settings.known {
             earliest(self.own.next.filter(|_| self.own.claiming.is_none()));
@@ -565,6 +570,7 @@ impl Membership {
         if self.own6.owned.is_some() {
             bring(&mut self.own6.next);
         }
+        self.renew_hosted6_by(soon);
         self.group.renew_soon(soon);
     }
 
@@ -582,6 +588,7 @@ impl Membership {
             self.run_macs(now);
             // Nor does the IPv6 address: its prefix is this member's, not the record's.
             self.run_own6(now);
+            self.run_hosted6(now);
         }
         if self.settings.known {
             self.run_hosted(now);
@@ -601,6 +608,7 @@ impl Membership {
             Purpose::Own(address) => self.own_claimed(now, address, result),
             Purpose::Own6 { address, name } => self.own6_claimed(now, address, name, result),
             Purpose::Hosted(address) => self.hosted_claimed(now, token, address, result),
+            Purpose::Hosted6(address) => self.hosted6_claimed(now, token, address, result),
             Purpose::HandOff(address) => self.handed_off(now, token, address, result),
             Purpose::Dhcp(claim) => self.dhcp_claimed(now, claim, result),
             Purpose::Name {
@@ -651,6 +659,7 @@ impl Membership {
         self.own = Own::new(None);
         self.own6 = address6::Own6::default();
         self.hosted.clear();
+        self.hosted6.clear();
         self.dhcp_clients.clear();
         self.group = Group::default();
         if self.settings.known && self.settings.keeper.is_none() {
@@ -680,7 +689,11 @@ impl Membership {
                     .map(|(name, _)| self.keys.name_key(name)),
             )
             .chain(self.held_macs().map(|m| self.keys.mac_key(m)))
-            .chain(self.own6.owned.map(|a| self.keys.address6_key(a)))
+            .chain(
+                self.addresses6()
+                    .into_iter()
+                    .map(|a| self.keys.address6_key(a)),
+            )
             .collect();
         let released = keys.len();
         for key in keys {
@@ -749,45 +762,6 @@ impl Membership {
             let (owner, value) = e.read::<T>(&self.keys, key, unix).ok()?;
             Some((PeerId::from_bytes(owner).ok()?, value))
         })
-    }
-
-    /// Whether `auto`, a DHCP client or a LAN host may take `a`: in the subnet, not its
-    /// network, broadcast or service address (where the virtual DHCP/DNS server answers),
-    /// and not reserved. A static address is the operator's choice and only checked
-    /// against the subnet and the reserved list.
-    fn usable(&self, a: Ipv4Addr) -> bool {
-        self.subnet.is_some_and(|s| {
-            s.contains(&a)
-                && a != s.network()
-                && a != s.broadcast()
-                && a != hyphae_vswitch::service_address(s)
-                && !self.reserved.contains(&a)
-        })
-    }
-
-    /// Whether this member holds or claims `a` already (its own address, a LAN host's, a
-    /// DHCP client's): such an address is no candidate for another.
-    fn in_use_here(&self, a: Ipv4Addr) -> bool {
-        self.own.owned == Some(a)
-            || self.own.claiming == Some(a)
-            || self.hosted.contains_key(&a)
-            || self.dhcp_clients.contains_key(&a)
-    }
-
-    /// A random usable address not in `tried`, and not one this member holds or claims.
-    fn random_free(&mut self, tried: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
-        use rand::Rng as _;
-        let subnet = self.subnet?;
-        let hosts = (1u64 << (32 - subnet.prefix_len())).saturating_sub(2);
-        let base = u32::from(subnet.network());
-        for _ in 0..1000 {
-            let index = 1 + self.rng.next_u64() % hosts.max(1);
-            let a = Ipv4Addr::from(base.wrapping_add(index as u32));
-            if self.usable(a) && !tried.contains(&a) && !self.in_use_here(a) {
-                return Some(a);
-            }
-        }
-        None
     }
 }
 

@@ -7,6 +7,7 @@
 mod arp;
 pub(crate) mod broadcast;
 mod lan;
+mod lan6;
 mod router;
 mod routes;
 mod service;
@@ -62,6 +63,10 @@ enum Emit {
         target: Ipv4Addr,
         to: (Mac, Ipv4Addr),
     },
+    /// Who has the IPv6 `target`? (A neighbour solicitation from the remote MAC.)
+    Probe6(Ipv6Addr),
+    /// The prefix, to all nodes (a router advertisement).
+    Advertise,
 }
 
 /// The switch of one namespace. `P` names a member (the overlay's peer handle).
@@ -77,6 +82,14 @@ pub struct Switch<P> {
     routes6: HashMap<Ipv6Addr, P>,
     resolved6: HashMap<Ipv6Addr, P>,
     lan: HashMap<Ipv4Addr, LanHost>,
+    /// Router mode: the IPv6 addresses of the namespace seen on the LAN.
+    lan6: HashMap<Ipv6Addr, LanHost>,
+    /// Router mode: LAN IPv6 addresses solicited recently (a member sent to an unknown one).
+    asked6: HashMap<Ipv6Addr, Instant>,
+    /// Router mode, dual stack: when the prefix is advertised next.
+    advertise_at: Option<Instant>,
+    /// How many of the first, closer spaced, advertisements are still to go.
+    initial_adverts: u8,
     probes: HashMap<Ipv4Addr, Probe>,
     /// Hybrid mode: remote addresses whose LAN probe went unanswered, until when.
     confirmed: HashMap<Ipv4Addr, Instant>,
@@ -93,6 +106,8 @@ pub struct Switch<P> {
     bucket_in: Bucket,
     /// ICMP "host unreachable" for routed destinations nobody holds.
     bucket_unreachable: Bucket,
+    /// Router advertisements answering solicitations.
+    bucket_ra: Bucket,
     counters: Counters,
     /// VEPA: counts by LAN host MAC.
     ports: HashMap<Mac, PortCounts>,
@@ -110,6 +125,10 @@ impl<P: Copy + Eq> Switch<P> {
             routes6: HashMap::new(),
             resolved6: HashMap::new(),
             lan: HashMap::new(),
+            lan6: HashMap::new(),
+            asked6: HashMap::new(),
+            advertise_at: None,
+            initial_adverts: 0,
             probes: HashMap::new(),
             confirmed: HashMap::new(),
             asked: HashMap::new(),
@@ -126,6 +145,10 @@ impl<P: Copy + Eq> Switch<P> {
                 last: None,
             },
             bucket_unreachable: Bucket {
+                tokens: 0.0,
+                last: None,
+            },
+            bucket_ra: Bucket {
                 tokens: 0.0,
                 last: None,
             },
@@ -262,11 +285,13 @@ impl<P: Copy + Eq> Switch<P> {
     ///
     /// [`MIN_REPLY_BUF`]: crate::MIN_REPLY_BUF
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<usize> {
-        // Only ARP is written here.
+        let emit = self.emits.pop_front()?;
+        if let Emit::Probe6(_) | Emit::Advertise = emit {
+            return self.emit6(emit, buf);
+        }
         if buf.len() < ETH_HEADER_LEN + ARP_LEN {
             return None;
         }
-        let emit = self.emits.pop_front()?;
         Some(match emit {
             Emit::Probe(target) => {
                 self.counters.arp_probes += 1;
@@ -276,6 +301,7 @@ impl<P: Copy + Eq> Switch<P> {
                 self.counters.arp_replies += 1;
                 emit_arp_reply(buf, self.config.remote_mac, target, to.0, to.1)
             }
+            Emit::Probe6(_) | Emit::Advertise => return None,
         })
     }
 
@@ -293,7 +319,10 @@ impl<P: Copy + Eq> Switch<P> {
                     .min()
             })
             .flatten();
-        [probe, lan].into_iter().flatten().min()
+        [probe, lan, self.poll_timeout6()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Runs the timers due at `now`: hybrid probes that went unanswered become ARP replies;
@@ -324,6 +353,7 @@ impl<P: Copy + Eq> Switch<P> {
         self.confirmed.retain(|_, until| *until > now);
         self.asked
             .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
+        self.handle_timeout6(now);
         if self.config.mode != Mode::Router {
             return;
         }

@@ -21,7 +21,9 @@ use std::time::Instant;
 use super::Switch;
 use crate::icmp6::{emit_packet_too_big, NEXT_HEADER_ICMPV6, TCP_IPV6_HEADERS};
 use crate::ndp::{self, Message, NaFlags, ADVERTISEMENT_FRAME_LEN, ETHERTYPE_IPV6};
-use crate::wire::{emit_ethernet_header, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN};
+use crate::wire::{
+    emit_ethernet_header, multicast_mac6, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN,
+};
 use crate::{mtu, service_address6, Action, DropReason, Mode, HEADROOM};
 
 /// Whether `a` is link-local unicast (fe80::/10).
@@ -31,13 +33,13 @@ fn link_local(a: Ipv6Addr) -> bool {
 
 /// Whether `a` may be a member's address in `prefix`: inside it, neither its `::` (the
 /// subnet-router anycast address) nor its `::1` (the service address).
-fn member_address(prefix: ipnet::Ipv6Net, a: Ipv6Addr) -> bool {
+pub(super) fn member_address(prefix: ipnet::Ipv6Net, a: Ipv6Addr) -> bool {
     prefix.contains(&a) && u128::from(a) & !u128::from(prefix.netmask()) > 1
 }
 
 /// Whether `a` stays on its link: link-local unicast, or multicast of interface- or
 /// link-local scope (RFC 4291 2.7).
-fn stays_on_link(a: Ipv6Addr) -> bool {
+pub(super) fn stays_on_link(a: Ipv6Addr) -> bool {
     link_local(a) || (a.is_multicast() && a.octets()[1] & 0x0f <= 2)
 }
 
@@ -107,13 +109,15 @@ impl<P: Copy + Eq> Switch<P> {
         let Some(prefix) = self.config.prefix6 else {
             return Action::Drop(DropReason::UnsupportedProtocol);
         };
-        if self.config.mode != Mode::Interface {
-            // Router and hybrid LANs stay IPv4 for now: their hosts' IPv6 is not carried.
-            return Action::Drop(DropReason::UnsupportedProtocol);
-        }
         let Ok(ip) = Ipv6Packet::new_checked(eth.payload()) else {
             return Action::Drop(DropReason::Malformed);
         };
+        match self.config.mode {
+            Mode::Interface => {}
+            Mode::Router => return self.classify_ipv6_lan(frame, eth, &ip, now, reply),
+            // A hybrid LAN stays IPv4 for now: its hosts' IPv6 is not carried.
+            Mode::Hybrid => return Action::Drop(DropReason::UnsupportedProtocol),
+        }
         if let Some(nd) = ndp::parse(frame) {
             return match nd.message {
                 Message::Solicitation { target, link } if !nd.source.is_unspecified() => {
@@ -159,7 +163,7 @@ impl<P: Copy + Eq> Switch<P> {
 
     /// IPOP 4.1 for neighbour discovery: a solicitation for an address of the prefix, not
     /// the host's own, that a member holds, is answered with the remote MAC.
-    fn answer_solicitation(
+    pub(super) fn answer_solicitation(
         &mut self,
         target: Ipv6Addr,
         (asker, asker_mac): (Ipv6Addr, crate::Mac),
@@ -193,7 +197,12 @@ impl<P: Copy + Eq> Switch<P> {
     }
 
     /// ICMPv6 "packet too big" to the host for `packet`, from the service address.
-    fn packet_too_big(&mut self, to: crate::Mac, packet: &[u8], reply: &mut [u8]) -> Action<P> {
+    pub(super) fn packet_too_big(
+        &mut self,
+        to: crate::Mac,
+        packet: &[u8],
+        reply: &mut [u8],
+    ) -> Action<P> {
         let Some(prefix) = self.config.prefix6 else {
             return Action::Drop(DropReason::TooBig);
         };
@@ -216,7 +225,7 @@ impl<P: Copy + Eq> Switch<P> {
         len: usize,
         now: Instant,
     ) -> Action<P> {
-        if self.config.prefix6.is_none() || self.config.mode != Mode::Interface {
+        if self.config.prefix6.is_none() || self.config.mode == Mode::Hybrid {
             return Action::Drop(DropReason::UnsupportedProtocol);
         }
         let Some(packet) = buf.get(HEADROOM..HEADROOM + len) else {
@@ -243,20 +252,36 @@ impl<P: Copy + Eq> Switch<P> {
             // Router and neighbour discovery are the host's link's, never a member's.
             return Action::Drop(DropReason::LinkLocal);
         }
-        if dst.is_multicast() {
+        let router = self.config.mode == Mode::Router;
+        let dst_mac = if dst.is_multicast() {
+            if router && self.is_lan_host6(src) {
+                return Action::Drop(DropReason::BroadcastFromLan);
+            }
             if !self.bucket_in.take(self.config.broadcast_rate, now) {
                 return Action::Drop(DropReason::BroadcastRateLimited);
             }
             self.counters.broadcasts_in += 1;
-        } else if Some(dst) != self.config.address6 {
+            // The whole LAN hears it, or only the host.
+            if router {
+                multicast_mac6(dst)
+            } else {
+                self.config.device_mac
+            }
+        } else if router {
+            match self.lan_host6_mac(dst, now) {
+                Some(mac) => mac,
+                None => return Action::Drop(DropReason::NotForUs),
+            }
+        } else if Some(dst) == self.config.address6 {
+            self.config.device_mac
+        } else {
             return Action::Drop(DropReason::NotForUs);
-        }
+        };
         let mss = self.config.tunnel_mtu.saturating_sub(TCP_IPV6_HEADERS);
         if mtu::clamp_mss6(&mut buf[HEADROOM..frame_len], mss) {
             self.counters.mss_clamped += 1;
         }
-        let (device, remote) = (self.config.device_mac, self.config.remote_mac);
-        emit_ethernet_header(buf, device, remote, ETHERTYPE_IPV6);
+        emit_ethernet_header(buf, dst_mac, self.config.remote_mac, ETHERTYPE_IPV6);
         Action::ToTap { len: frame_len }
     }
 }

@@ -5,6 +5,7 @@ mod arp;
 mod broadcast;
 mod frames;
 mod lan;
+mod lan6;
 mod router;
 mod routes;
 mod service;

@@ -1,0 +1,161 @@
+//! Router mode in a dual-stack namespace: the IPv6 addresses the LAN's hosts use (found by
+//! the switch, formed by the hosts themselves from the advertised prefix, or set by hand),
+//! each a lease on its key won, renewed and released by the same majority rule as a LAN
+//! host's IPv4 address. A lost claim leaves the address to its holder: the host's packets
+//! from it are not announced, so no member takes them.
+
+use std::net::Ipv6Addr;
+use std::time::Instant;
+
+use super::{holder_name, Membership, Purpose, Request, Token, CLAIM_RETRY, CONFLICT_RETRY};
+use crate::records::{MemberInfo, Subject};
+use crate::swarm::ClaimResult;
+
+/// A LAN host's IPv6 address.
+#[derive(Debug, Default)]
+pub(super) struct Hosted6 {
+    owned: bool,
+    claiming: Option<Token>,
+    next: Option<Instant>,
+}
+
+impl Membership {
+    /// Every IPv6 address this member holds a lease on: its own, then its LAN hosts'.
+    pub fn addresses6(&self) -> Vec<Ipv6Addr> {
+        self.own6
+            .owned
+            .into_iter()
+            .chain(
+                self.hosted6
+                    .iter()
+                    .filter(|(_, h)| h.owned)
+                    .map(|(a, _)| *a),
+            )
+            .collect()
+    }
+
+    /// Router mode: the IPv6 `address` appeared on the LAN; claim it for this member.
+    pub fn add_hosted6(&mut self, address: Ipv6Addr, now: Instant) {
+        if self.left || self.hosted6.contains_key(&address) {
+            return;
+        }
+        let usable = self.prefix6.is_some_and(|p| super::usable6(p, address));
+        if !usable || self.own6.owned == Some(address) {
+            tracing::warn!(namespace = %self.name, %address,
+                "a LAN host uses an IPv6 address that is not a usable namespace address; not claimed");
+            return;
+        }
+        tracing::info!(namespace = %self.name, %address, "LAN host found; claiming its IPv6 address");
+        let hosted = Hosted6 {
+            next: Some(now),
+            ..Hosted6::default()
+        };
+        self.hosted6.insert(address, hosted);
+    }
+
+    /// Router mode: the LAN host at the IPv6 `address` went away; give the address back.
+    /// Returns whether this member's addresses changed.
+    pub fn remove_hosted6(&mut self, address: Ipv6Addr) -> bool {
+        let Some(h) = self.hosted6.remove(&address) else {
+            return false;
+        };
+        tracing::info!(namespace = %self.name, %address, "LAN host gone; releasing its IPv6 address");
+        if h.owned {
+            self.request(Request::Release {
+                key: self.keys.address6_key(address),
+            });
+        }
+        h.owned
+    }
+
+    /// When a LAN host's IPv6 claim or renewal is due next.
+    pub(super) fn hosted6_due(&self) -> Option<Instant> {
+        self.hosted6
+            .values()
+            .filter(|h| h.claiming.is_none())
+            .filter_map(|h| h.next)
+            .min()
+    }
+
+    /// Brings the renewals of the held ones to `soon` at the latest.
+    pub(super) fn renew_hosted6_by(&mut self, soon: Instant) {
+        for h in self.hosted6.values_mut().filter(|h| h.owned) {
+            h.next = Some(h.next.map_or(soon, |t| t.min(soon)));
+        }
+    }
+
+    /// Claims (and renews) the LAN hosts' IPv6 addresses that are due.
+    pub(super) fn run_hosted6(&mut self, now: Instant) {
+        let due: Vec<(Ipv6Addr, bool)> = self
+            .hosted6
+            .iter()
+            .filter(|(_, h)| h.claiming.is_none() && h.next.is_some_and(|t| now >= t))
+            .map(|(a, h)| (*a, h.owned))
+            .collect();
+        for (address, renewal) in due {
+            let key = self.keys.address6_key(address);
+            let info = MemberInfo {
+                endpoints: self.endpoints.clone(),
+                name: None,
+                subject: Some(Subject::Address6(address)),
+            };
+            let token = self
+                .seal_record(&key, now, &crate::records::encode(&info))
+                .map(|envelope| {
+                    let request = Request::Claim {
+                        key,
+                        envelope,
+                        renewal,
+                    };
+                    self.start_op(request, Purpose::Hosted6(address))
+                });
+            if let Some(h) = self.hosted6.get_mut(&address) {
+                h.next = None;
+                match token {
+                    Some(token) => h.claiming = Some(token),
+                    None => h.next = Some(now + CLAIM_RETRY),
+                }
+            }
+        }
+    }
+
+    pub(super) fn hosted6_claimed(
+        &mut self,
+        now: Instant,
+        token: Token,
+        address: Ipv6Addr,
+        result: &ClaimResult,
+    ) {
+        let renew_at = now + self.lease / 3;
+        // A host that left (and maybe came back) while the claim was out: not this claim's.
+        let Some(h) = self
+            .hosted6
+            .get_mut(&address)
+            .filter(|h| h.claiming == Some(token))
+        else {
+            return;
+        };
+        h.claiming = None;
+        let was = h.owned;
+        match result {
+            ClaimResult::Won | ClaimResult::Kept(_) => {
+                h.owned = true;
+                h.next = Some(renew_at);
+                if !was {
+                    tracing::info!(namespace = %self.name, %address, "LAN host's IPv6 address claimed");
+                }
+            }
+            ClaimResult::Lost(Some(holder)) => {
+                tracing::info!(namespace = %self.name, %address, holder = %holder_name(holder),
+                    "a LAN host uses an IPv6 address another member holds; not carried");
+                h.owned = false;
+                h.next = Some(now + CONFLICT_RETRY);
+                self.hosted_conflicts += 1;
+            }
+            ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
+        }
+        if was != h.owned {
+            self.events.push_back(super::Event::AddressesChanged);
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! IPv6 hosts of a router-mode LAN: IPOP's router rules carried over to neighbour
+//! discovery. The switch learns a host's addresses in the prefix from its packets, its
+//! neighbour advertisements and its duplicate address probes (the agent claims each, as an
+//! IPv4 LAN host's); answers solicitations for addresses other members hold with the
+//! remote MAC, never for a LAN host's; defends against a duplicate address probe for an
+//! address another member holds (the host's kernel then never uses it); advertises the
+//! prefix (on link, for stateless autoconfiguration) at start, now and then, and to a
+//! soliciting host; and finds a host a member sends to with a solicitation of its own.
+
+use std::net::Ipv6Addr;
+use std::time::{Duration, Instant};
+
+use super::{Emit, LanHost, Switch};
+use crate::ndp::{self, Message};
+use crate::ra::{self, Advertised};
+use crate::wire::{EthernetFrame, Ipv6Packet, ETH_HEADER_LEN};
+use crate::{service_address6, Action, DropReason, Event, Mac, Mode, MAX_LAN_HOSTS};
+use crate::{LAN_PROBES, REMOTE_MAC_PREFIX};
+
+/// How often the prefix is advertised unasked (RFC 4861's MaxRtrAdvInterval is 600 s by
+/// default; the lifetimes advertised are many times this).
+pub(super) const ADVERTISE_EVERY: Duration = Duration::from_secs(200);
+/// The first advertisements after start, and the time between them (RFC 4861 6.2.4 allows
+/// 3, at most 16 s apart): a host whose solicitations went unanswered while the agent
+/// started, or whose first advertisement was lost, need not wait for the next interval.
+const INITIAL_ADVERTISEMENTS: u8 = 3;
+const INITIAL_EVERY: Duration = Duration::from_secs(4);
+/// Router advertisements a second answering solicitations (also the burst).
+const SOLICITED_RATE: u32 = 10;
+
+/// Whether `mac` may be a LAN host's: not an agent's remote MAC (FE:FD), not a group
+/// address, not zero.
+fn host_mac(mac: Mac) -> bool {
+    mac[..2] != REMOTE_MAC_PREFIX && mac[0] & 1 == 0 && mac != [0; 6]
+}
+
+impl<P: Copy + Eq> Switch<P> {
+    /// Router mode: the IPv6 addresses of the namespace seen on the LAN, sorted.
+    pub fn lan_hosts6(&self) -> Vec<Ipv6Addr> {
+        let mut v: Vec<Ipv6Addr> = self.lan6.keys().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Starts the timers that need a clock from the start: a router-mode switch of a
+    /// dual-stack namespace advertises the prefix at once (hosts already up learn it
+    /// without soliciting).
+    pub fn start(&mut self, now: Instant) {
+        if self.config.mode == Mode::Router && self.config.prefix6.is_some() {
+            self.advertise_at = Some(now);
+            self.initial_adverts = INITIAL_ADVERTISEMENTS;
+        }
+    }
+
+    /// An address of the prefix a LAN host uses (from `mac`): learned, and claimed by the
+    /// agent ([`Event::LanHost6Up`]) when new.
+    fn learn6(&mut self, ip: Ipv6Addr, mac: Mac, now: Instant) {
+        let usable = self
+            .config
+            .prefix6
+            .is_some_and(|p| super::v6::member_address(p, ip));
+        if !usable || !host_mac(mac) {
+            return;
+        }
+        self.asked6.remove(&ip);
+        if let Some(host) = self.lan6.get_mut(&ip) {
+            host.mac = mac;
+            host.seen = now;
+            host.probes = 0;
+            host.last_probe = None;
+            return;
+        }
+        if self.lan6.len() >= MAX_LAN_HOSTS {
+            self.counters.lan_table_full += 1;
+            return;
+        }
+        let host = LanHost {
+            mac,
+            seen: now,
+            probes: 0,
+            last_probe: None,
+        };
+        self.lan6.insert(ip, host);
+        self.events.push_back(Event::LanHost6Up(ip));
+    }
+
+    /// Forgets the LAN host at the IPv6 `address` at once (the agent gave it up, or it is
+    /// held elsewhere); its next frame here makes it [`Event::LanHost6Up`] again.
+    pub fn forget_lan_host6(&mut self, address: Ipv6Addr) {
+        self.lan6.remove(&address);
+    }
+
+    /// Router mode: an IPv6 frame from the LAN.
+    pub(super) fn classify_ipv6_lan(
+        &mut self,
+        frame: &[u8],
+        eth: &EthernetFrame<&[u8]>,
+        ip: &Ipv6Packet<&[u8]>,
+        now: Instant,
+        reply: &mut [u8],
+    ) -> Action<P> {
+        let Some(prefix) = self.config.prefix6 else {
+            return Action::Drop(DropReason::UnsupportedProtocol);
+        };
+        if let Some(rs) = ra::parse_solicitation(frame) {
+            let to = match rs.link {
+                Some(mac) if !rs.source.is_unspecified() => Some((rs.source, mac)),
+                _ if !rs.source.is_unspecified() => Some((rs.source, eth.src())),
+                _ => None,
+            };
+            return self.answer_router_solicitation(to, now, reply);
+        }
+        if ra::is_advertisement(frame) {
+            // Another router's, for its LAN.
+            return Action::Drop(DropReason::LanLocal);
+        }
+        if let Some(nd) = ndp::parse(frame) {
+            return match nd.message {
+                Message::Solicitation { target, .. } if nd.source.is_unspecified() => {
+                    self.duplicate_probe(target, eth.src(), now, reply)
+                }
+                Message::Solicitation { target, link } => {
+                    let mac = link.unwrap_or(eth.src());
+                    self.learn6(nd.source, mac, now);
+                    if self.lan6.contains_key(&target) {
+                        // A LAN host's own: it answers for itself.
+                        return Action::Drop(DropReason::LanLocal);
+                    }
+                    self.answer_solicitation(target, (nd.source, mac), reply)
+                }
+                Message::Advertisement { target, link, .. } => {
+                    self.learn6(target, link.unwrap_or(eth.src()), now);
+                    Action::Drop(DropReason::LanLocal)
+                }
+            };
+        }
+        let (src, dst) = (ip.src(), ip.dst());
+        if super::v6::stays_on_link(src) || super::v6::stays_on_link(dst) {
+            return Action::Drop(DropReason::LinkLocal);
+        }
+        if !prefix.contains(&src) {
+            return Action::Drop(DropReason::OutsideSubnet);
+        }
+        self.learn6(src, eth.src(), now);
+        let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
+        if packet.len() > usize::from(self.config.tunnel_mtu) {
+            return self.packet_too_big(eth.src(), &frame[packet], reply);
+        }
+        if dst.is_multicast() {
+            if !self.bucket_out.take(self.config.broadcast_rate, now) {
+                return Action::Drop(DropReason::BroadcastRateLimited);
+            }
+            return Action::Broadcast { packet };
+        }
+        // LAN unicast the bridge flooded before it learned where to send it.
+        if eth.dst() != self.config.remote_mac || self.lan6.contains_key(&dst) {
+            return Action::Drop(DropReason::LanLocal);
+        }
+        if !prefix.contains(&dst) {
+            return Action::Drop(DropReason::OutsideSubnet);
+        }
+        match self.route6(dst) {
+            Some(peer) => Action::ToPeer { peer, packet },
+            None if !super::v6::member_address(prefix, dst) => Action::Drop(DropReason::NoRoute),
+            None => Action::Resolve { target: dst.into() },
+        }
+    }
+
+    /// A duplicate address probe from the LAN for `target`: defended if another member
+    /// holds it (RFC 4862 5.4.3: the prober gives the address up), else the host at `mac`
+    /// is about to use it, and it is claimed for it now.
+    fn duplicate_probe(
+        &mut self,
+        target: Ipv6Addr,
+        mac: Mac,
+        now: Instant,
+        reply: &mut [u8],
+    ) -> Action<P> {
+        let usable = self
+            .config
+            .prefix6
+            .is_some_and(|p| super::v6::member_address(p, target));
+        if !usable || !host_mac(mac) {
+            return Action::Drop(DropReason::NdIgnored);
+        }
+        if !self.lan6.contains_key(&target) && self.route6(target).is_some() {
+            return match ndp::emit_defence(reply, (target, self.config.remote_mac)) {
+                Some(len) => {
+                    self.counters.dad_defended += 1;
+                    Action::ToTap { len }
+                }
+                None => Action::Drop(DropReason::Malformed),
+            };
+        }
+        self.learn6(target, mac, now);
+        Action::Drop(DropReason::NdIgnored)
+    }
+
+    /// A router solicitation: the prefix advertised to the host at `to` (all nodes when it
+    /// has no address yet), at most [`SOLICITED_RATE`] a second.
+    fn answer_router_solicitation(
+        &mut self,
+        to: Option<(Ipv6Addr, Mac)>,
+        now: Instant,
+        reply: &mut [u8],
+    ) -> Action<P> {
+        if !self.bucket_ra.take(SOLICITED_RATE, now) {
+            return Action::Drop(DropReason::NdIgnored);
+        }
+        match self.emit_router_advertisement(reply, to) {
+            Some(len) => Action::ToTap { len },
+            None => Action::Drop(DropReason::Malformed),
+        }
+    }
+
+    fn emit_router_advertisement(
+        &mut self,
+        buf: &mut [u8],
+        to: Option<(Ipv6Addr, Mac)>,
+    ) -> Option<usize> {
+        let prefix = self.config.prefix6?;
+        let advertised = Advertised {
+            prefix,
+            dns: self.config.dns6.then(|| service_address6(prefix)),
+        };
+        let len = ra::emit_advertisement(buf, self.config.remote_mac, to, &advertised)?;
+        self.counters.router_advertisements += 1;
+        Some(len)
+    }
+
+    /// Router mode: the MAC of the LAN host at the IPv6 `dst` a member sent to; unknown,
+    /// it is solicited on the LAN (once a second) and `None` returned.
+    pub(super) fn lan_host6_mac(&mut self, dst: Ipv6Addr, now: Instant) -> Option<Mac> {
+        if let Some(host) = self.lan6.get(&dst) {
+            return Some(host.mac);
+        }
+        let usable = self
+            .config
+            .prefix6
+            .is_some_and(|p| super::v6::member_address(p, dst));
+        if usable && !self.asked6.contains_key(&dst) && self.asked6.len() < MAX_LAN_HOSTS {
+            self.asked6.insert(dst, now);
+            self.emits.push_back(Emit::Probe6(dst));
+        }
+        None
+    }
+
+    /// Whether `src` is one of this LAN's hosts (its multicast came back from a member).
+    pub(super) fn is_lan_host6(&self, src: Ipv6Addr) -> bool {
+        self.lan6.contains_key(&src)
+    }
+
+    /// Writes the IPv6 frame `emit` stands for into `buf`.
+    pub(super) fn emit6(&mut self, emit: Emit, buf: &mut [u8]) -> Option<usize> {
+        let mac = self.config.remote_mac;
+        match emit {
+            Emit::Probe6(target) => {
+                let len = ndp::emit_solicitation(buf, (ndp::link_local_of(mac), mac), target)?;
+                self.counters.nd_probes += 1;
+                Some(len)
+            }
+            Emit::Advertise => self.emit_router_advertisement(buf, None),
+            Emit::Probe(_) | Emit::Reply { .. } => None,
+        }
+    }
+
+    /// When the IPv6 LAN timers want to run next.
+    pub(super) fn poll_timeout6(&self) -> Option<Instant> {
+        if self.config.mode != Mode::Router {
+            return None;
+        }
+        let hosts = self
+            .lan6
+            .values()
+            .map(|h| match h.last_probe {
+                Some(t) => t + Duration::from_secs(1),
+                None => h.seen + self.config.lan_timeout,
+            })
+            .min();
+        [hosts, self.advertise_at].into_iter().flatten().min()
+    }
+
+    /// Runs the IPv6 LAN timers: the prefix advertised when due; hosts that fell silent
+    /// solicited, then forgotten ([`Event::LanHost6Down`]).
+    pub(super) fn handle_timeout6(&mut self, now: Instant) {
+        self.asked6
+            .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
+        if self.config.mode != Mode::Router {
+            return;
+        }
+        if self.advertise_at.is_some_and(|t| t <= now) {
+            self.emits.push_back(Emit::Advertise);
+            self.initial_adverts = self.initial_adverts.saturating_sub(1);
+            let next = if self.initial_adverts > 0 {
+                INITIAL_EVERY
+            } else {
+                ADVERTISE_EVERY
+            };
+            self.advertise_at = Some(now + next);
+        }
+        let timeout = self.config.lan_timeout;
+        let mut gone = Vec::new();
+        for (addr, host) in &mut self.lan6 {
+            if now.saturating_duration_since(host.seen) < timeout
+                || host
+                    .last_probe
+                    .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+            {
+                continue;
+            }
+            if host.probes >= LAN_PROBES {
+                gone.push(*addr);
+                continue;
+            }
+            host.probes += 1;
+            host.last_probe = Some(now);
+            self.emits.push_back(Emit::Probe6(*addr));
+        }
+        for addr in gone {
+            self.lan6.remove(&addr);
+            self.events.push_back(Event::LanHost6Down(addr));
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! IPv6 in router mode: LAN hosts learned from their packets, advertisements and duplicate
+//! address probes; the proxy's rules on a LAN; the defence of members' addresses; router
+//! advertisements; and members' packets delivered to LAN hosts.
+
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use super::v6::{a6, dual, echo, frame6, from_peer, tap};
+use super::{t0, REMOTE_MAC};
+use crate::ndp::{self, link_local_of, Message, NaFlags};
+use crate::switch::Switch;
+use crate::wire::{EthernetFrame, ETH_HEADER_LEN, IPV6_HEADER_LEN};
+use crate::{ra, Action, DropReason, Event, Mac, Mode, LAN_PROBES, MIN_REPLY_BUF};
+
+const PEER: u16 = 0x20;
+const LAN_A: Mac = [0x02, 0, 0, 0, 0, 0x0a];
+const LAN_B: Mac = [0x02, 0, 0, 0, 0, 0x0b];
+
+fn router() -> Switch<u32> {
+    let mut sw = dual(Mode::Router);
+    sw.set_address6(None);
+    sw
+}
+
+/// `frame` as sent by the LAN host with `mac`.
+fn from(mac: Mac, mut frame: Vec<u8>) -> Vec<u8> {
+    frame[6..12].copy_from_slice(&mac);
+    frame
+}
+
+/// A duplicate address probe for `target`, as the kernel sends one: from `::` to the
+/// solicited-node group, with no link-layer option.
+fn dad(mac: Mac, target: Ipv6Addr) -> Vec<u8> {
+    let (group, group_mac) = ndp::solicited_node(target);
+    let mut message = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    message.extend_from_slice(&target.octets());
+    let mut f = frame6(Ipv6Addr::UNSPECIFIED, group, 58, 255, &message);
+    f[..6].copy_from_slice(&group_mac);
+    from(mac, f)
+}
+
+/// The solicitation of the LAN host at `source` (with `mac`) for `target`.
+fn solicitation(mac: Mac, source: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let mut f = vec![0; ndp::ADVERTISEMENT_FRAME_LEN];
+    let len = ndp::emit_solicitation(&mut f, (source, mac), target).unwrap();
+    f.truncate(len);
+    f
+}
+
+fn events(sw: &mut Switch<u32>) -> Vec<Event> {
+    std::iter::from_fn(|| sw.poll_event()).collect()
+}
+
+#[test]
+fn lan_hosts_are_learned_from_their_packets_and_duplicate_probes_and_claimed() {
+    let mut sw = router();
+    assert_eq!(
+        tap(&mut sw, &dad(LAN_A, a6(0x50))).0,
+        Action::Drop(DropReason::NdIgnored)
+    );
+    let (action, _) = tap(&mut sw, &from(LAN_B, echo(a6(0x51), a6(PEER))));
+    assert!(
+        matches!(action, Action::ToPeer { peer: 7, .. }),
+        "{action:?}"
+    );
+    assert_eq!(
+        events(&mut sw),
+        vec![Event::LanHost6Up(a6(0x50)), Event::LanHost6Up(a6(0x51))]
+    );
+    assert_eq!(sw.lan_hosts6(), vec![a6(0x50), a6(0x51)]);
+    // Not from another agent's remote MAC, not link-local, not the service address.
+    let agent: Mac = [0xfe, 0xfd, 0, 0, 0, 9];
+    let _ = tap(&mut sw, &from(agent, echo(a6(0x52), a6(PEER))));
+    let _ = tap(&mut sw, &dad(LAN_A, a6(1)));
+    let _ = tap(&mut sw, &dad(LAN_A, "fe80::1".parse().unwrap()));
+    assert_eq!(events(&mut sw), vec![]);
+    // Traffic between two LAN hosts is theirs; to an unknown member, looked up.
+    let mut to_b = from(LAN_A, echo(a6(0x50), a6(0x51)));
+    assert_eq!(tap(&mut sw, &to_b).0, Action::Drop(DropReason::LanLocal));
+    to_b[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x0b]);
+    assert_eq!(tap(&mut sw, &to_b).0, Action::Drop(DropReason::LanLocal));
+    assert_eq!(
+        tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(0x70)))).0,
+        Action::Resolve {
+            target: a6(0x70).into()
+        }
+    );
+}
+
+#[test]
+fn a_duplicate_probe_for_a_members_address_is_defended() {
+    let mut sw = router();
+    let (action, reply) = tap(&mut sw, &dad(LAN_A, a6(PEER)));
+    let Action::ToTap { len } = action else {
+        panic!("{action:?}");
+    };
+    let nd = ndp::parse(&reply[..len]).expect("a valid advertisement");
+    assert_eq!(nd.destination, "ff02::1".parse::<Ipv6Addr>().unwrap());
+    assert_eq!(
+        nd.message,
+        Message::Advertisement {
+            target: a6(PEER),
+            link: Some(REMOTE_MAC),
+            flags: NaFlags {
+                router: false,
+                override_cache: true
+            },
+            solicited: false,
+        }
+    );
+    assert_eq!(&reply[..6], &[0x33, 0x33, 0, 0, 0, 1]);
+    assert_eq!(sw.counters().dad_defended, 1);
+    assert_eq!(events(&mut sw), vec![], "the address is not claimed");
+    // A LAN host that holds it already (it moved here) is not fought.
+    let _ = tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(PEER))));
+    let _ = events(&mut sw);
+    sw.set_peer_addresses6(7, &[a6(PEER), a6(0x50)]);
+    assert_eq!(
+        tap(&mut sw, &dad(LAN_A, a6(0x50))).0,
+        Action::Drop(DropReason::NdIgnored)
+    );
+}
+
+#[test]
+fn solicitations_are_answered_for_members_and_never_for_lan_hosts() {
+    let mut sw = router();
+    let _ = tap(&mut sw, &dad(LAN_A, a6(0x50)));
+    let _ = events(&mut sw);
+    // B asks for A: A answers for itself.
+    let ask_a = solicitation(LAN_B, a6(0x51), a6(0x50));
+    assert_eq!(tap(&mut sw, &ask_a).0, Action::Drop(DropReason::LanLocal));
+    // The asker is learned from its solicitation.
+    assert_eq!(events(&mut sw), vec![Event::LanHost6Up(a6(0x51))]);
+    let (action, reply) = tap(&mut sw, &solicitation(LAN_B, a6(0x51), a6(PEER)));
+    let Action::ToTap { len } = action else {
+        panic!("{action:?}");
+    };
+    let eth = EthernetFrame::new_checked(&reply[..len]).unwrap();
+    assert_eq!((eth.dst(), eth.src()), (LAN_B, REMOTE_MAC));
+    assert_eq!(sw.counters().nd_replies, 1);
+    assert_eq!(
+        tap(&mut sw, &solicitation(LAN_B, a6(0x51), a6(0x70))).0,
+        Action::Resolve {
+            target: a6(0x70).into()
+        }
+    );
+}
+
+#[test]
+fn the_prefix_is_advertised_at_start_every_interval_and_to_a_soliciting_host() {
+    let mut sw = router();
+    assert_eq!(sw.poll_timeout(), None);
+    sw.start(t0());
+    assert_eq!(sw.poll_timeout(), Some(t0()));
+    sw.handle_timeout(t0());
+    let mut buf = vec![0u8; MIN_REPLY_BUF];
+    let len = sw.poll_transmit(&mut buf).expect("an advertisement");
+    assert_eq!(&buf[..6], &[0x33, 0x33, 0, 0, 0, 1]);
+    let icmp = &buf[ETH_HEADER_LEN + IPV6_HEADER_LEN..len];
+    assert_eq!(icmp[0], 134);
+    assert_eq!(&icmp[24 + 16..24 + 32], &a6(0).octets(), "the prefix");
+    // Two more 4 s apart, then one every 200 s.
+    let mut t = t0();
+    for next in [4, 4, 200, 200] {
+        let due = t + Duration::from_secs(next);
+        assert_eq!(sw.poll_timeout(), Some(due));
+        sw.handle_timeout(due);
+        assert!(sw.poll_transmit(&mut buf).is_some());
+        t = due;
+    }
+    assert_eq!(sw.counters().router_advertisements, 5);
+    // A host's solicitation, from its link-local address: answered to it.
+    let host = link_local_of(LAN_A);
+    let mut rs = vec![0u8; 128];
+    let n = ndp::emit_message(
+        &mut rs,
+        (LAN_A, [0x33, 0x33, 0, 0, 0, 2]),
+        (host, "ff02::2".parse().unwrap()),
+        16,
+        |icmp| {
+            icmp[0] = 133;
+            icmp[8] = 1;
+            icmp[9] = 1;
+            icmp[10..16].copy_from_slice(&LAN_A);
+        },
+    )
+    .unwrap();
+    let (action, reply) = tap(&mut sw, &rs[..n]);
+    let Action::ToTap { len } = action else {
+        panic!("{action:?}");
+    };
+    assert_eq!(&reply[..6], &LAN_A);
+    assert_eq!(
+        &reply[ETH_HEADER_LEN + 24..ETH_HEADER_LEN + 40],
+        &host.octets()
+    );
+    assert!(ra::is_advertisement(&reply[..len]));
+    // Another router's advertisement is the LAN's business.
+    assert_eq!(
+        tap(&mut sw, &from(LAN_B, reply[..len].to_vec())).0,
+        Action::Drop(DropReason::LanLocal)
+    );
+    // An interface-mode switch advertises nothing.
+    let mut iface = dual(Mode::Interface);
+    iface.start(t0());
+    assert_eq!(iface.poll_timeout(), None);
+}
+
+#[test]
+fn a_members_packet_reaches_a_known_lan_host_and_an_unknown_one_is_solicited() {
+    let mut sw = router();
+    let _ = tap(&mut sw, &dad(LAN_A, a6(0x50)));
+    let f = echo(a6(PEER), a6(0x50));
+    let (action, buf) = from_peer(&mut sw, &f[ETH_HEADER_LEN..]);
+    assert_eq!(action, Action::ToTap { len: f.len() });
+    let eth = EthernetFrame::new_checked(&buf[..f.len()]).unwrap();
+    assert_eq!((eth.dst(), eth.src()), (LAN_A, REMOTE_MAC));
+    // An unknown one: solicited once a second, from the switch's link-local address.
+    let unknown = echo(a6(PEER), a6(0x51));
+    for _ in 0..2 {
+        assert_eq!(
+            from_peer(&mut sw, &unknown[ETH_HEADER_LEN..]).0,
+            Action::Drop(DropReason::NotForUs)
+        );
+    }
+    let mut out = vec![0u8; MIN_REPLY_BUF];
+    let len = sw.poll_transmit(&mut out).expect("a solicitation");
+    assert_eq!(sw.poll_transmit(&mut out[..]), None, "only one");
+    let nd = ndp::parse(&out[..len]).unwrap();
+    assert_eq!(nd.source, link_local_of(REMOTE_MAC));
+    assert_eq!(
+        nd.message,
+        Message::Solicitation {
+            target: a6(0x51),
+            link: Some(REMOTE_MAC)
+        }
+    );
+    assert_eq!(sw.counters().nd_probes, 1);
+    // Its answer teaches the switch where it is.
+    let mut na = vec![0u8; ndp::ADVERTISEMENT_FRAME_LEN];
+    let answer = (link_local_of(REMOTE_MAC), REMOTE_MAC);
+    ndp::emit_advertisement(&mut na, (a6(0x51), LAN_B), answer, NaFlags::default()).unwrap();
+    assert_eq!(tap(&mut sw, &na).0, Action::Drop(DropReason::LanLocal));
+    let (action, buf) = from_peer(&mut sw, &unknown[ETH_HEADER_LEN..]);
+    assert_eq!(action, Action::ToTap { len: unknown.len() });
+    assert_eq!(&buf[..6], &LAN_B);
+    // Wider multicast from a member reaches the whole LAN; a LAN host's own coming back
+    // does not.
+    let group: Ipv6Addr = "ff05::1:3".parse().unwrap();
+    let (action, buf) = from_peer(&mut sw, &echo(a6(PEER), group)[ETH_HEADER_LEN..]);
+    assert!(matches!(action, Action::ToTap { .. }), "{action:?}");
+    assert_eq!(&buf[..6], &[0x33, 0x33, 0, 1, 0, 3]);
+    assert_eq!(
+        from_peer(&mut sw, &echo(a6(0x50), group)[ETH_HEADER_LEN..]).0,
+        Action::Drop(DropReason::BroadcastFromLan)
+    );
+}
+
+#[test]
+fn a_silent_lan_host_is_solicited_then_forgotten() {
+    let mut sw = router();
+    let _ = tap(&mut sw, &dad(LAN_A, a6(0x50)));
+    assert_eq!(events(&mut sw), vec![Event::LanHost6Up(a6(0x50))]);
+    let mut t = t0() + sw.config().lan_timeout;
+    let mut buf = vec![0u8; MIN_REPLY_BUF];
+    for _ in 0..LAN_PROBES {
+        assert!(sw.poll_timeout().is_some_and(|d| d <= t));
+        sw.handle_timeout(t);
+        let len = sw.poll_transmit(&mut buf).expect("a solicitation");
+        assert!(matches!(
+            ndp::parse(&buf[..len]).map(|n| n.message),
+            Some(Message::Solicitation { target, .. }) if target == a6(0x50)
+        ));
+        assert_eq!(events(&mut sw), vec![]);
+        t += Duration::from_secs(1);
+    }
+    sw.handle_timeout(t);
+    assert_eq!(events(&mut sw), vec![Event::LanHost6Down(a6(0x50))]);
+    assert!(sw.lan_hosts6().is_empty());
+}
