@@ -105,12 +105,17 @@ fn ping6(bed: &Testbed, from: &Host, to: Ipv6Addr) {
 /// `dig +short` at the namespace's service address from `m`: the answer once there is one
 /// (10 s at most: names are read from the DHT).
 fn dig(bed: &Testbed, m: &Member, args: &[&str]) -> String {
-    let server = "@10.203.0.1";
-    let mut all = vec![server, "+short", "+time=1", "+tries=1"];
+    dig_at(bed, &m.host, "10.203.0.1", args)
+}
+
+/// [`dig`] from `host` at `server`.
+fn dig_at(bed: &Testbed, host: &Host, server: &str, args: &[&str]) -> String {
+    let server = format!("@{server}");
+    let mut all = vec![server.as_str(), "+short", "+time=1", "+tries=1"];
     all.extend_from_slice(args);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let out = bed.ns_output(&m.host.ns, "dig", &all).unwrap();
+        let out = bed.ns_output(&host.ns, "dig", &all).unwrap();
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if !text.is_empty() && !text.starts_with(';') {
             return text;
@@ -118,7 +123,7 @@ fn dig(bed: &Testbed, m: &Member, args: &[&str]) -> String {
         assert!(
             Instant::now() < deadline,
             "dig {args:?} from {}: {text}",
-            m.host.name
+            host.name
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -380,9 +385,10 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
     require_root();
     let mut bed = Testbed::new("v6r", Path::new(BIN)).expect("testbed");
     let secret = secret(bed.dir());
-    let h1 = start_member(&mut bed, &secret, 1, "");
+    let h1 = start_member(&mut bed, &secret, 1, "hostname = \"v6host\"\n");
     let a1 = address6(&bed, &h1);
     let prefix: ipnet::Ipv6Net = namespace(&bed, &h1).subnet6.parse().expect("a prefix");
+    let service = Ipv6Addr::from(u128::from(prefix.network()) | 1).to_string();
 
     let lan = bed.add_lan("lan").unwrap();
     let rh = bed.add_host("r", underlay(2)).unwrap();
@@ -416,6 +422,16 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
 
     ping6(&bed, &l1, a1);
     ping6(&bed, &h1.host, l1_address);
+    // DNS over IPv6 at the prefix's service address (what the advertisement names), from
+    // the LAN host (its router answers) and from the interface member (its own agent).
+    assert_eq!(
+        dig_at(&bed, &l1, &service, &["v6host.lab", "AAAA"]),
+        a1.to_string()
+    );
+    assert_eq!(
+        dig_at(&bed, &h1.host, &service, &["-x", &a1.to_string()]),
+        "v6host.lab."
+    );
     bed.tcp_transfer(
         &h1.host,
         (&l1, l1_address),

@@ -13,7 +13,7 @@
 //! Messages are parsed and built with `hickory-proto`; the store is the agent's view of the
 //! names and addresses in the DHT ([`Names`]).
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
@@ -153,7 +153,7 @@ impl Server {
     /// answered, waits its turn (if `can_wait`: there is room to hold it), slips (answer it
     /// with [`truncated_answer`]) or is dropped, by its source's rate ([`crate::limit`]);
     /// what is not answered at once is counted.
-    pub fn admit(&mut self, now: Instant, source: Ipv4Addr, can_wait: bool) -> Verdict {
+    pub fn admit(&mut self, now: Instant, source: impl Into<IpAddr>, can_wait: bool) -> Verdict {
         let verdict = self.limit.handle_query(now, source, can_wait);
         match verdict {
             Verdict::Answer => {}

@@ -18,7 +18,7 @@
 //! starts again with a full bucket.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// Sources tracked at once.
@@ -61,9 +61,9 @@ struct Bucket {
 pub struct PerSource {
     /// Queries per second per source, also the burst; 0: no limit.
     rate: u32,
-    buckets: HashMap<Ipv4Addr, Bucket>,
+    buckets: HashMap<IpAddr, Bucket>,
     /// Sources in the order they entered the table: the first is forgotten first.
-    order: VecDeque<Ipv4Addr>,
+    order: VecDeque<IpAddr>,
 }
 
 impl PerSource {
@@ -89,7 +89,13 @@ impl PerSource {
 
     /// A query from `source` at `now`: answer it, delay it, slip or drop. `can_wait`:
     /// whether there is room to hold a delayed query (else it slips at once).
-    pub fn handle_query(&mut self, now: Instant, source: Ipv4Addr, can_wait: bool) -> Verdict {
+    pub fn handle_query(
+        &mut self,
+        now: Instant,
+        source: impl Into<IpAddr>,
+        can_wait: bool,
+    ) -> Verdict {
+        let source = source.into();
         if self.rate == 0 {
             return Verdict::Answer;
         }
@@ -135,6 +141,7 @@ impl PerSource {
 #[allow(clippy::disallowed_methods)] // tests start the clock
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     const NOISY: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 66);
     const QUIET: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 7);

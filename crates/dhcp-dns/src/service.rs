@@ -14,7 +14,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -300,7 +300,7 @@ impl<C: Copy> Service<C> {
         &mut self,
         now: Instant,
         query: &[u8],
-        source: Ipv4Addr,
+        source: impl Into<IpAddr>,
         client: C,
         held: &impl Held,
     ) {
@@ -310,7 +310,7 @@ impl<C: Copy> Service<C> {
             self.stats.not_ready += 1;
             return;
         };
-        match server.admit(now, source, can_wait) {
+        match server.admit(now, source.into(), can_wait) {
             Verdict::Answer => self.answer(query.to_vec(), Asker::Udp(client), now, held),
             Verdict::Delay(at) => {
                 self.paced_seq += 1;

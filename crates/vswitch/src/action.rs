@@ -92,8 +92,8 @@ pub enum Action<P> {
 pub struct Client {
     /// Its MAC.
     pub mac: Mac,
-    /// Its address.
-    pub ip: Ipv4Addr,
+    /// Its address (IPv6 for a query to the prefix's service address).
+    pub ip: IpAddr,
     /// Its UDP port.
     pub port: u16,
 }

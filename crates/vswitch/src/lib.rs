@@ -88,9 +88,13 @@ use wire::ETH_HEADER_LEN;
 pub const HEADROOM: usize = ETH_HEADER_LEN;
 
 /// Smallest reply buffer [`Switch::handle_tap_frame`] and [`Switch::poll_transmit`] may be
-/// given: room for an ICMP "fragmentation needed" quoting the largest IPv4 header (an ARP
-/// reply is shorter).
-pub const MIN_REPLY_BUF: usize = mtu::FRAG_NEEDED_MAX_LEN;
+/// given: room for an ICMP "fragmentation needed" quoting the largest IPv4 header and for
+/// a router advertisement (an ARP reply or a neighbour advertisement is shorter).
+pub const MIN_REPLY_BUF: usize = if mtu::FRAG_NEEDED_MAX_LEN > ra::ADVERTISEMENT_MAX_LEN {
+    mtu::FRAG_NEEDED_MAX_LEN
+} else {
+    ra::ADVERTISEMENT_MAX_LEN
+};
 
 /// The namespace MTU the agent uses by default, [`Config::interface`]'s: equal to
 /// `hyphae_overlay::DEFAULT_MTU` (1420, a full packet in a 1500-byte underlay datagram),
@@ -196,9 +200,6 @@ pub struct Config {
     pub prefix6: Option<Ipv6Net>,
     /// The host's own IPv6 address in it, once held (interface mode).
     pub address6: Option<Ipv6Addr>,
-    /// Router mode: the virtual DNS server answers over IPv6 at the prefix's service
-    /// address, so router advertisements name it (RDNSS).
-    pub dns6: bool,
 }
 
 impl Config {
@@ -230,7 +231,6 @@ impl Config {
             lan_table: Vec::new(),
             prefix6: None,
             address6: None,
-            dns6: false,
         }
     }
 }

@@ -150,11 +150,17 @@ fn link_option(mut options: &[u8], wanted: u8) -> Option<Option<Mac>> {
 /// The ones'-complement sum of an ICMPv6 message and its pseudo-header (`addresses`: the
 /// source and destination, 32 bytes): 0xffff when its checksum is right.
 pub(crate) fn pseudo_sum(addresses: &[u8], icmp: &[u8]) -> u16 {
+    upper_layer_sum(addresses, NEXT_HEADER_ICMPV6, icmp)
+}
+
+/// The ones'-complement sum of an upper-layer message of `next` header over IPv6 and its
+/// pseudo-header (RFC 8200 8.1).
+pub(crate) fn upper_layer_sum(addresses: &[u8], next: u8, message: &[u8]) -> u16 {
     let mut pseudo = [0u8; 8];
-    pseudo[..4].copy_from_slice(&(icmp.len() as u32).to_be_bytes());
-    pseudo[7] = NEXT_HEADER_ICMPV6;
+    pseudo[..4].copy_from_slice(&(message.len() as u32).to_be_bytes());
+    pseudo[7] = next;
     let sum = checksum(checksum(0, addresses), &pseudo);
-    checksum(sum, icmp)
+    checksum(sum, message)
 }
 
 /// The solicited-node multicast group of `target` (RFC 4291 2.7.1) and its Ethernet

@@ -397,6 +397,40 @@ pub fn emit_udp(
     Some(total)
 }
 
+/// Writes an Ethernet frame carrying an IPv6 UDP datagram with `payload` into `buf` and
+/// returns its length, or `None` if `buf` is too small. The UDP checksum (mandatory over
+/// IPv6) is computed.
+pub fn emit_udp6(
+    buf: &mut [u8],
+    (dst_mac, src_mac): (Mac, Mac),
+    (src, dst): (Ipv6Addr, Ipv6Addr),
+    (src_port, dst_port): (u16, u16),
+    payload: &[u8],
+) -> Option<usize> {
+    let udp_len = UDP_HEADER_LEN + payload.len();
+    let total = ETH_HEADER_LEN + IPV6_HEADER_LEN + udp_len;
+    let length = u16::try_from(udp_len).ok()?;
+    let frame = buf.get_mut(..total)?;
+    emit_ethernet_header(frame, dst_mac, src_mac, crate::ndp::ETHERTYPE_IPV6);
+    let (ip, udp) = frame[ETH_HEADER_LEN..].split_at_mut(IPV6_HEADER_LEN);
+    ip[..4].copy_from_slice(&[0x60, 0, 0, 0]);
+    ip[4..6].copy_from_slice(&length.to_be_bytes());
+    ip[6] = IPPROTO_UDP;
+    ip[7] = 64;
+    ip[8..24].copy_from_slice(&src.octets());
+    ip[24..40].copy_from_slice(&dst.octets());
+    udp[0..2].copy_from_slice(&src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
+    udp[4..6].copy_from_slice(&length.to_be_bytes());
+    udp[6..8].fill(0);
+    udp[UDP_HEADER_LEN..].copy_from_slice(payload);
+    let sum = !crate::ndp::upper_layer_sum(&ip[8..40], IPPROTO_UDP, udp);
+    // A computed 0 is sent as all ones (RFC 768; 0 means "none", which IPv6 forbids).
+    let sum = if sum == 0 { 0xffff } else { sum };
+    udp[6..8].copy_from_slice(&sum.to_be_bytes());
+    Some(total)
+}
+
 /// Lowers the TTL of the IPv4 packet `ip` by one and updates its header checksum; false
 /// (and nothing changed) if the header is malformed or the TTL is already zero.
 pub(crate) fn decrement_ttl(ip: &mut [u8]) -> bool {

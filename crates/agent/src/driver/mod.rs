@@ -506,7 +506,6 @@ impl Control {
             tunnel_mtu: cfg.mtu,
             prefix6,
             address6: None,
-            dns6: false,
             lan_ports: cfg.lan_ports,
             lan_table: cfg.lan_table.clone(),
         });

@@ -143,6 +143,9 @@ impl<P: Copy + Eq> Switch<P> {
         }
         self.learn6(src, eth.src(), now);
         let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
+        if dst == service_address6(prefix) {
+            return self.to_service6(eth, ip, packet);
+        }
         if packet.len() > usize::from(self.config.tunnel_mtu) {
             return self.packet_too_big(eth.src(), &frame[packet], reply);
         }
@@ -221,7 +224,7 @@ impl<P: Copy + Eq> Switch<P> {
         let prefix = self.config.prefix6?;
         let advertised = Advertised {
             prefix,
-            dns: self.config.dns6.then(|| service_address6(prefix)),
+            dns: Some(service_address6(prefix)),
         };
         let len = ra::emit_advertisement(buf, self.config.remote_mac, to, &advertised)?;
         self.counters.router_advertisements += 1;

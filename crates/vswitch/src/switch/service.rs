@@ -1,15 +1,15 @@
 //! The service address, where the agent's virtual DHCP and DNS servers and its service stack
 //! answer: packets to it go to the agent, and its replies are framed here.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::ops::Range;
 
 use super::Switch;
 use crate::wire::{
-    emit_ethernet_header, emit_udp, udp_parts, EthernetFrame, Ipv4Packet, ETHERTYPE_IPV4,
-    ETH_HEADER_LEN, IPPROTO_UDP,
+    emit_ethernet_header, emit_udp, emit_udp6, udp_parts, EthernetFrame, Ipv4Packet, Ipv6Packet,
+    ETHERTYPE_IPV4, ETH_HEADER_LEN, IPPROTO_UDP,
 };
-use crate::{service_address, Action, Client, DropReason, Mac, Mode};
+use crate::{service_address, service_address6, Action, Client, DropReason, Mac, Mode};
 
 impl<P: Copy + Eq> Switch<P> {
     /// The service address (the virtual DHCP and DNS server's), if the subnet is known.
@@ -46,7 +46,7 @@ impl<P: Copy + Eq> Switch<P> {
                     payload: at + udp.start..at + udp.end,
                     client: Client {
                         mac: eth.src(),
-                        ip: src,
+                        ip: src.into(),
                         port,
                     },
                 };
@@ -62,13 +62,44 @@ impl<P: Copy + Eq> Switch<P> {
     /// the remote MAC) to `client` into `buf`; returns its length, or `None` if it does
     /// not fit.
     pub fn emit_dns_reply(&self, buf: &mut [u8], client: Client, payload: &[u8]) -> Option<usize> {
-        emit_udp(
-            buf,
-            (client.mac, self.config.remote_mac),
-            (self.service(), client.ip),
-            (53, client.port),
-            payload,
-        )
+        let macs = (client.mac, self.config.remote_mac);
+        let ports = (53, client.port);
+        match client.ip {
+            IpAddr::V4(ip) => emit_udp(buf, macs, (self.service(), ip), ports, payload),
+            IpAddr::V6(ip) => {
+                let service = service_address6(self.config.prefix6?);
+                emit_udp6(buf, macs, (service, ip), ports, payload)
+            }
+        }
+    }
+
+    /// An IPv6 packet from the host (or a LAN host) to the prefix's service address: a DNS
+    /// query over UDP goes to the virtual DNS server; nothing else is served there over
+    /// IPv6 (DNS over TCP and ping answer at the IPv4 service address).
+    pub(super) fn to_service6(
+        &self,
+        eth: &EthernetFrame<&[u8]>,
+        ip: &Ipv6Packet<&[u8]>,
+        packet: Range<usize>,
+    ) -> Action<P> {
+        // Router: unicast to someone else, flooded by the bridge.
+        if self.config.mode == Mode::Router && eth.dst() != self.config.remote_mac {
+            return Action::Drop(DropReason::LanLocal);
+        }
+        if ip.next_header() == IPPROTO_UDP {
+            if let Some((port, 53, udp)) = udp_parts(ip.payload()) {
+                let at = packet.end - ip.payload().len();
+                return Action::Dns {
+                    payload: at + udp.start..at + udp.end,
+                    client: Client {
+                        mac: eth.src(),
+                        ip: ip.src().into(),
+                        port,
+                    },
+                };
+            }
+        }
+        Action::Drop(DropReason::NoRoute)
     }
 
     /// Frames an IPv4 packet of the service stack (from the service address) to `dst_mac`

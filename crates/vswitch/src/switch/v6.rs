@@ -137,6 +137,9 @@ impl<P: Copy + Eq> Switch<P> {
             return Action::Drop(DropReason::OutsideSubnet);
         }
         let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
+        if dst == service_address6(prefix) {
+            return self.to_service6(eth, &ip, packet);
+        }
         if packet.len() > usize::from(self.config.tunnel_mtu) {
             return self.packet_too_big(eth.src(), &frame[packet], reply);
         }
@@ -173,7 +176,9 @@ impl<P: Copy + Eq> Switch<P> {
         if !in_prefix || Some(target) == self.config.address6 || target == asker {
             return Action::Drop(DropReason::NdIgnored);
         }
-        if self.route6(target).is_none() {
+        // The service address (the virtual DNS server's) is always here.
+        let service = self.config.prefix6.map(service_address6) == Some(target);
+        if !service && self.route6(target).is_none() {
             return Action::Resolve {
                 target: target.into(),
             };

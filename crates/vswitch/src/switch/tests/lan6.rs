@@ -159,6 +159,7 @@ fn the_prefix_is_advertised_at_start_every_interval_and_to_a_soliciting_host() {
     let icmp = &buf[ETH_HEADER_LEN + IPV6_HEADER_LEN..len];
     assert_eq!(icmp[0], 134);
     assert_eq!(&icmp[24 + 16..24 + 32], &a6(0).octets(), "the prefix");
+    assert_eq!(&icmp[56 + 8..56 + 24], &a6(1).octets(), "the DNS server");
     // Two more 4 s apart, then one every 200 s.
     let mut t = t0();
     for next in [4, 4, 200, 200] {

@@ -28,7 +28,7 @@ fn dns_and_other_packets_to_the_service_address_go_to_the_agent() {
             client,
             Client {
                 mac: DEVICE_MAC,
-                ip: host,
+                ip: host.into(),
                 port: 5353
             }
         );

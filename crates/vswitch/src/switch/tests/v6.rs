@@ -345,3 +345,54 @@ fn without_a_prefix_or_in_hybrid_mode_ipv6_is_not_carried() {
         Action::Drop(DropReason::UnsupportedProtocol)
     );
 }
+
+#[test]
+fn a_dns_query_to_the_ipv6_service_address_is_answered_from_it() {
+    for mode in [Mode::Interface, Mode::Router] {
+        let mut sw = dual(mode);
+        let service = a6(1);
+        // The service address is resolved at once (no member holds it).
+        let (action, _) = tap(&mut sw, &solicitation(service));
+        assert!(
+            matches!(action, Action::ToTap { .. }),
+            "{mode:?}: {action:?}"
+        );
+        // UDP to port 53 from port 5353.
+        let mut udp = vec![0x14, 0xe9, 0, 53, 0, 13, 0, 0];
+        udp.extend_from_slice(b"query");
+        let f = frame6(a6(OWN), service, 17, 64, &udp);
+        let Action::Dns { payload, client } = tap(&mut sw, &f).0 else {
+            panic!("{mode:?}: not intercepted");
+        };
+        assert_eq!(&f[payload], b"query");
+        assert_eq!(
+            client,
+            crate::Client {
+                mac: DEVICE_MAC,
+                ip: a6(OWN).into(),
+                port: 5353
+            }
+        );
+        assert_eq!(sw.counters().dns_queries, 1);
+        let mut buf = [0u8; 128];
+        let n = sw.emit_dns_reply(&mut buf, client, b"answer").unwrap();
+        let eth = EthernetFrame::new_checked(&buf[..n]).unwrap();
+        assert_eq!(
+            (eth.dst(), eth.src(), eth.ethertype()),
+            (DEVICE_MAC, REMOTE_MAC, 0x86dd)
+        );
+        let ip = crate::wire::Ipv6Packet::new_checked(eth.payload()).unwrap();
+        assert_eq!(
+            (ip.src(), ip.dst(), ip.next_header()),
+            (service, a6(OWN), 17)
+        );
+        let udp = ip.payload();
+        assert_eq!(&udp[..4], &[0, 53, 0x14, 0xe9]);
+        assert_eq!(&udp[8..], b"answer");
+        let sum = ndp::upper_layer_sum(&eth.payload()[8..40], 17, udp);
+        assert_eq!(sum, 0xffff, "UDP checksum");
+        // Anything else to it is not served.
+        let ping = echo(a6(OWN), service);
+        assert_eq!(tap(&mut sw, &ping).0, Action::Drop(DropReason::NoRoute));
+    }
+}
