@@ -5,6 +5,8 @@
 //!
 //! - [`dhcp`]: a DHCPv4 server (RFC 2131) over `dhcproto`, whose leases are DHT claims
 //!   (IPOP Sec. 4.2, Diverter's synthesized DHCP).
+//! - [`dhcp6`]: a DHCPv6 server (RFC 8415, stateful addresses) for a router's LAN, whose
+//!   leases are DHT claims too.
 //! - [`dns`]: the namespace's DNS zone (hickory-proto messages): member names, IPOP's
 //!   automatic names, reverse names; forwarding or REFUSED outside it.
 //! - [`forward`]: queries outside the zone to the configured resolvers, answers matched by
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod dhcp;
+pub mod dhcp6;
 pub mod dns;
 pub mod forward;
 pub mod limit;

@@ -1,0 +1,265 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::disallowed_methods)] // tests start the clock
+
+use super::*;
+
+const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
+const AGENT_MAC: [u8; 6] = [0xfe, 0xfd, 1, 2, 3, 4];
+
+fn host() -> (Ipv6Addr, [u8; 6]) {
+    ("fe80::a".parse().unwrap(), HOST_MAC)
+}
+
+fn prefix() -> Ipv6Net {
+    "fd12:3456:789a::/64".parse().unwrap()
+}
+
+fn server() -> Server {
+    Server::new(Settings {
+        prefix: prefix(),
+        server_id: duid_ll(AGENT_MAC),
+        dns: vec!["fd12:3456:789a::1".parse().unwrap()],
+        domain: "lab".into(),
+        lease: Duration::from_secs(600),
+    })
+}
+
+fn t0() -> Instant {
+    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *T0.get_or_init(Instant::now)
+}
+
+const CLIENT_DUID: [u8; 10] = [0, 3, 0, 1, 2, 0, 0, 0, 0, 0x0a];
+
+/// A client's message of `kind` for IAID 7, naming `address` if any, to `server_id`.
+fn message(kind: MessageType, address: Option<Ipv6Addr>, server_id: Option<Vec<u8>>) -> Vec<u8> {
+    let mut m = Message::new_with_id(kind, [1, 2, 3]);
+    let opts = m.opts_mut();
+    opts.insert(DhcpOption::ClientId(CLIENT_DUID.to_vec()));
+    if let Some(id) = server_id {
+        opts.insert(DhcpOption::ServerId(id));
+    }
+    let mut ia_opts = DhcpOptions::new();
+    if let Some(addr) = address {
+        ia_opts.insert(DhcpOption::IAAddr(IAAddr {
+            addr,
+            preferred_life: 0,
+            valid_life: 0,
+            opts: DhcpOptions::new(),
+        }));
+    }
+    opts.insert(DhcpOption::IANA(IANA {
+        id: 7,
+        t1: 0,
+        t2: 0,
+        opts: ia_opts,
+    }));
+    let mut bytes = Vec::new();
+    m.encode(&mut Encoder::new(&mut bytes)).unwrap();
+    bytes
+}
+
+fn outputs(s: &mut Server) -> Vec<Output> {
+    std::iter::from_fn(|| s.poll_output()).collect()
+}
+
+/// The only output: a reply, decoded.
+fn reply(s: &mut Server) -> Message {
+    match outputs(s).as_slice() {
+        [Output::Reply(r)] => {
+            assert_eq!(r.to, host());
+            Message::decode(&mut Decoder::new(&r.bytes)).unwrap()
+        }
+        other => panic!("not one reply: {other:?}"),
+    }
+}
+
+/// The only output: a claim.
+fn claim(s: &mut Server) -> Ipv6Addr {
+    match outputs(s).as_slice() {
+        [Output::Claim(a)] => *a,
+        other => panic!("not one claim: {other:?}"),
+    }
+}
+
+fn ia(m: &Message) -> &IANA {
+    first_ia_na(m).expect("an IA_NA")
+}
+
+fn ia_status(m: &Message) -> Option<Status> {
+    ia(m).opts.iter().find_map(|o| match o {
+        DhcpOption::StatusCode(s) => Some(s.status),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_client_is_advertised_a_claimed_address_then_leased_it_on_request() {
+    let mut s = server();
+    s.handle_request(t0(), &message(MessageType::Solicit, None, None), host());
+    let address = claim(&mut s);
+    assert!(prefix().contains(&address) && s.usable(address));
+    s.allocated(address, t0());
+    let adv = reply(&mut s);
+    assert_eq!(adv.msg_type(), MessageType::Advertise);
+    assert_eq!(adv.xid(), [1, 2, 3]);
+    assert_eq!(named_address(ia(&adv)), Some(address));
+    assert_eq!((ia(&adv).id, ia(&adv).t1, ia(&adv).t2), (7, 300, 480));
+    assert_eq!(
+        adv.opts().get(OptionCode::ServerId),
+        Some(&DhcpOption::ServerId(duid_ll(AGENT_MAC)))
+    );
+    assert_eq!(
+        adv.opts().get(OptionCode::ClientId),
+        Some(&DhcpOption::ClientId(CLIENT_DUID.to_vec()))
+    );
+    assert!(matches!(
+        adv.opts().get(OptionCode::DomainNameServers),
+        Some(DhcpOption::DomainNameServers(d)) if d == &vec!["fd12:3456:789a::1".parse::<Ipv6Addr>().unwrap()]
+    ));
+    assert!(adv.opts().get(OptionCode::DomainSearchList).is_some());
+    // The REQUEST is answered at once: the address is claimed already.
+    let request = message(MessageType::Request, Some(address), Some(duid_ll(AGENT_MAC)));
+    s.handle_request(t0(), &request, host());
+    let ack = reply(&mut s);
+    assert_eq!(ack.msg_type(), MessageType::Reply);
+    assert_eq!(named_address(ia(&ack)), Some(address));
+    let client = Client {
+        duid: CLIENT_DUID.to_vec(),
+        iaid: 7,
+    };
+    assert_eq!(s.lease_of(&client), Some(address));
+    // A lease lasts its lifetime, not the offer's.
+    s.handle_timeout(t0() + OFFER_LIFETIME + Duration::from_secs(1));
+    assert_eq!(outputs(&mut s), vec![]);
+    s.handle_timeout(t0() + Duration::from_secs(601));
+    assert_eq!(outputs(&mut s), vec![Output::Release(address)]);
+    // The same client gets the same address next time.
+    let mut again = server();
+    again.handle_request(t0(), &message(MessageType::Solicit, None, None), host());
+    assert_eq!(claim(&mut again), address);
+}
+
+#[test]
+fn a_refused_address_is_replaced_until_the_tries_run_out() {
+    let mut s = server();
+    s.handle_request(t0(), &message(MessageType::Solicit, None, None), host());
+    let mut tried = vec![claim(&mut s)];
+    for _ in 1..MAX_TRIES {
+        s.refused(*tried.last().unwrap());
+        let next = claim(&mut s);
+        assert!(!tried.contains(&next), "{next} again");
+        tried.push(next);
+    }
+    s.refused(*tried.last().unwrap());
+    let adv = reply(&mut s);
+    assert_eq!(ia_status(&adv), Some(Status::NoAddrsAvail));
+    assert_eq!(named_address(ia(&adv)), None);
+}
+
+#[test]
+fn messages_for_another_server_or_without_what_they_need_are_not_answered() {
+    let mut s = server();
+    let other = Some(duid_ll([2, 0, 0, 0, 0, 9]));
+    s.handle_request(t0(), &message(MessageType::Request, None, other), host());
+    s.handle_request(t0(), &message(MessageType::Solicit, None, Some(duid_ll(AGENT_MAC))), host());
+    assert_eq!(s.stats().ignored, 2);
+    s.handle_request(t0(), b"\x01\x02", host());
+    s.handle_request(t0(), &[0xff; 40], host());
+    // A SOLICIT with no IA_NA.
+    let mut m = Message::new_with_id(MessageType::Solicit, [1, 1, 1]);
+    m.opts_mut().insert(DhcpOption::ClientId(CLIENT_DUID.to_vec()));
+    let mut bytes = Vec::new();
+    m.encode(&mut Encoder::new(&mut bytes)).unwrap();
+    s.handle_request(t0(), &bytes, host());
+    assert!(s.stats().malformed >= 2, "{:?}", s.stats());
+    assert_eq!(outputs(&mut s), vec![]);
+}
+
+#[test]
+fn a_renewal_after_a_restart_claims_that_address_only() {
+    let mut s = server();
+    let mine: Ipv6Addr = "fd12:3456:789a::77".parse().unwrap();
+    let id = Some(duid_ll(AGENT_MAC));
+    s.handle_request(t0(), &message(MessageType::Renew, Some(mine), id.clone()), host());
+    assert_eq!(claim(&mut s), mine);
+    s.allocated(mine, t0());
+    let ack = reply(&mut s);
+    assert_eq!(ack.msg_type(), MessageType::Reply);
+    assert_eq!(named_address(ia(&ack)), Some(mine));
+    // Another client's renewal of an address someone else holds: no binding.
+    let mut s = server();
+    s.handle_request(t0(), &message(MessageType::Rebind, Some(mine), None), host());
+    assert_eq!(claim(&mut s), mine);
+    s.refused(mine);
+    assert_eq!(ia_status(&reply(&mut s)), Some(Status::NoBinding));
+    // Outside the prefix: not on link.
+    let far: Ipv6Addr = "2001:db8::1".parse().unwrap();
+    s.handle_request(t0(), &message(MessageType::Rebind, Some(far), None), host());
+    assert_eq!(ia_status(&reply(&mut s)), Some(Status::NotOnLink));
+}
+
+#[test]
+fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_again() {
+    let mut s = server();
+    let id = Some(duid_ll(AGENT_MAC));
+    s.handle_request(t0(), &message(MessageType::Request, None, id.clone()), host());
+    let first = claim(&mut s);
+    s.allocated(first, t0());
+    let _ = reply(&mut s);
+    s.handle_request(t0(), &message(MessageType::Decline, Some(first), id.clone()), host());
+    let out = outputs(&mut s);
+    assert_eq!(out[0], Output::Release(first));
+    assert!(matches!(&out[1], Output::Reply(_)));
+    assert_eq!(s.stats().declines, 1);
+    assert!(!s.usable(first));
+    s.handle_request(t0(), &message(MessageType::Request, Some(first), id.clone()), host());
+    let second = claim(&mut s);
+    assert_ne!(second, first);
+    s.allocated(second, t0());
+    let _ = reply(&mut s);
+    s.handle_request(t0(), &message(MessageType::Release, Some(second), id), host());
+    let out = outputs(&mut s);
+    assert_eq!(out[0], Output::Release(second));
+    assert!(s.usable(second));
+}
+
+#[test]
+fn rapid_commit_confirm_and_information_requests() {
+    let mut s = server();
+    let mut m = Message::decode(&mut Decoder::new(&message(MessageType::Solicit, None, None)))
+        .unwrap();
+    m.opts_mut().insert(DhcpOption::RapidCommit);
+    let mut bytes = Vec::new();
+    m.encode(&mut Encoder::new(&mut bytes)).unwrap();
+    s.handle_request(t0(), &bytes, host());
+    let address = claim(&mut s);
+    s.allocated(address, t0());
+    let r = reply(&mut s);
+    assert_eq!(r.msg_type(), MessageType::Reply);
+    assert!(r.opts().get(OptionCode::RapidCommit).is_some());
+    s.handle_timeout(t0() + OFFER_LIFETIME + Duration::from_secs(1));
+    assert_eq!(outputs(&mut s), vec![], "a lease, not an offer");
+
+    let far: Ipv6Addr = "2001:db8::1".parse().unwrap();
+    s.handle_request(t0(), &message(MessageType::Confirm, Some(far), None), host());
+    let r = reply(&mut s);
+    assert!(matches!(
+        r.opts().get(OptionCode::StatusCode),
+        Some(DhcpOption::StatusCode(c)) if c.status == Status::NotOnLink
+    ));
+    s.handle_request(t0(), &message(MessageType::Confirm, Some(address), None), host());
+    assert!(matches!(
+        reply(&mut s).opts().get(OptionCode::StatusCode),
+        Some(DhcpOption::StatusCode(c)) if c.status == Status::Success
+    ));
+
+    let info = Message::new_with_id(MessageType::InformationRequest, [9, 9, 9]);
+    let mut bytes = Vec::new();
+    info.encode(&mut Encoder::new(&mut bytes)).unwrap();
+    s.handle_request(t0(), &bytes, host());
+    let r = reply(&mut s);
+    assert_eq!(r.xid(), [9, 9, 9]);
+    assert!(r.opts().get(OptionCode::DomainNameServers).is_some());
+    assert!(first_ia_na(&r).is_none());
+}
