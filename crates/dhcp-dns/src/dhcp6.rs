@@ -482,8 +482,7 @@ impl Server {
                 o
             },
         };
-        let rapid = p.answer == MessageType::Reply
-            && p.message.msg_type() == MessageType::Solicit;
+        let rapid = p.answer == MessageType::Reply && p.message.msg_type() == MessageType::Solicit;
         let mut reply = reply_to(&p.message, p.answer);
         let opts = reply.opts_mut();
         opts.insert(DhcpOption::IANA(ia));

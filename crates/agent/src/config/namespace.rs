@@ -47,7 +47,9 @@ fn check_layer2(s: &NamespaceSection, mode: Mode) -> Result<()> {
 
 /// `subnet6` and `address6`: an IP namespace is dual-stack unless `subnet6 = "off"`; an
 /// interface member takes an `auto` IPv6 address unless it names one (or `"none"`).
-/// Router and hybrid members carry IPv4 only for now: they hold no IPv6 address.
+/// Router and hybrid members hold no IPv6 address of their own: a router claims its LAN
+/// hosts' (learned, or formed from its router advertisements); a hybrid LAN carries IPv4
+/// only for now.
 fn parse_ipv6(s: &NamespaceSection, mode: Mode, layer2: bool) -> Result<(Subnet6, Address6)> {
     if layer2 {
         if s.subnet6.is_some() || s.address6.is_some() {
@@ -77,7 +79,7 @@ fn parse_ipv6(s: &NamespaceSection, mode: Mode, layer2: bool) -> Result<(Subnet6
     let address6 = match (mode, s.address6.as_deref()) {
         (_, Some("none" | "off")) | (Mode::Router | Mode::Hybrid, None) => Address6::None,
         (Mode::Router | Mode::Hybrid, Some(_)) => bail!(
-            "`address6` needs mode = \"interface\" (router and hybrid members carry IPv4 only for now)"
+            "`address6` needs mode = \"interface\" (a router claims its LAN hosts' IPv6 addresses; a hybrid member carries IPv4 only for now)"
         ),
         (Mode::Interface, None | Some("auto")) => Address6::Auto,
         (Mode::Interface, Some(text)) => {

@@ -119,7 +119,11 @@ fn a_client_is_advertised_a_claimed_address_then_leased_it_on_request() {
     ));
     assert!(adv.opts().get(OptionCode::DomainSearchList).is_some());
     // The REQUEST is answered at once: the address is claimed already.
-    let request = message(MessageType::Request, Some(address), Some(duid_ll(AGENT_MAC)));
+    let request = message(
+        MessageType::Request,
+        Some(address),
+        Some(duid_ll(AGENT_MAC)),
+    );
     s.handle_request(t0(), &request, host());
     let ack = reply(&mut s);
     assert_eq!(ack.msg_type(), MessageType::Reply);
@@ -162,13 +166,18 @@ fn messages_for_another_server_or_without_what_they_need_are_not_answered() {
     let mut s = server();
     let other = Some(duid_ll([2, 0, 0, 0, 0, 9]));
     s.handle_request(t0(), &message(MessageType::Request, None, other), host());
-    s.handle_request(t0(), &message(MessageType::Solicit, None, Some(duid_ll(AGENT_MAC))), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Solicit, None, Some(duid_ll(AGENT_MAC))),
+        host(),
+    );
     assert_eq!(s.stats().ignored, 2);
     s.handle_request(t0(), b"\x01\x02", host());
     s.handle_request(t0(), &[0xff; 40], host());
     // A SOLICIT with no IA_NA.
     let mut m = Message::new_with_id(MessageType::Solicit, [1, 1, 1]);
-    m.opts_mut().insert(DhcpOption::ClientId(CLIENT_DUID.to_vec()));
+    m.opts_mut()
+        .insert(DhcpOption::ClientId(CLIENT_DUID.to_vec()));
     let mut bytes = Vec::new();
     m.encode(&mut Encoder::new(&mut bytes)).unwrap();
     s.handle_request(t0(), &bytes, host());
@@ -181,7 +190,11 @@ fn a_renewal_after_a_restart_claims_that_address_only() {
     let mut s = server();
     let mine: Ipv6Addr = "fd12:3456:789a::77".parse().unwrap();
     let id = Some(duid_ll(AGENT_MAC));
-    s.handle_request(t0(), &message(MessageType::Renew, Some(mine), id.clone()), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Renew, Some(mine), id.clone()),
+        host(),
+    );
     assert_eq!(claim(&mut s), mine);
     s.allocated(mine, t0());
     let ack = reply(&mut s);
@@ -189,7 +202,11 @@ fn a_renewal_after_a_restart_claims_that_address_only() {
     assert_eq!(named_address(ia(&ack)), Some(mine));
     // Another client's renewal of an address someone else holds: no binding.
     let mut s = server();
-    s.handle_request(t0(), &message(MessageType::Rebind, Some(mine), None), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Rebind, Some(mine), None),
+        host(),
+    );
     assert_eq!(claim(&mut s), mine);
     s.refused(mine);
     assert_eq!(ia_status(&reply(&mut s)), Some(Status::NoBinding));
@@ -203,22 +220,38 @@ fn a_renewal_after_a_restart_claims_that_address_only() {
 fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_again() {
     let mut s = server();
     let id = Some(duid_ll(AGENT_MAC));
-    s.handle_request(t0(), &message(MessageType::Request, None, id.clone()), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Request, None, id.clone()),
+        host(),
+    );
     let first = claim(&mut s);
     s.allocated(first, t0());
     let _ = reply(&mut s);
-    s.handle_request(t0(), &message(MessageType::Decline, Some(first), id.clone()), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Decline, Some(first), id.clone()),
+        host(),
+    );
     let out = outputs(&mut s);
     assert_eq!(out[0], Output::Release(first));
     assert!(matches!(&out[1], Output::Reply(_)));
     assert_eq!(s.stats().declines, 1);
     assert!(!s.usable(first));
-    s.handle_request(t0(), &message(MessageType::Request, Some(first), id.clone()), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Request, Some(first), id.clone()),
+        host(),
+    );
     let second = claim(&mut s);
     assert_ne!(second, first);
     s.allocated(second, t0());
     let _ = reply(&mut s);
-    s.handle_request(t0(), &message(MessageType::Release, Some(second), id), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Release, Some(second), id),
+        host(),
+    );
     let out = outputs(&mut s);
     assert_eq!(out[0], Output::Release(second));
     assert!(s.usable(second));
@@ -227,8 +260,12 @@ fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_agai
 #[test]
 fn rapid_commit_confirm_and_information_requests() {
     let mut s = server();
-    let mut m = Message::decode(&mut Decoder::new(&message(MessageType::Solicit, None, None)))
-        .unwrap();
+    let mut m = Message::decode(&mut Decoder::new(&message(
+        MessageType::Solicit,
+        None,
+        None,
+    )))
+    .unwrap();
     m.opts_mut().insert(DhcpOption::RapidCommit);
     let mut bytes = Vec::new();
     m.encode(&mut Encoder::new(&mut bytes)).unwrap();
@@ -242,13 +279,21 @@ fn rapid_commit_confirm_and_information_requests() {
     assert_eq!(outputs(&mut s), vec![], "a lease, not an offer");
 
     let far: Ipv6Addr = "2001:db8::1".parse().unwrap();
-    s.handle_request(t0(), &message(MessageType::Confirm, Some(far), None), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Confirm, Some(far), None),
+        host(),
+    );
     let r = reply(&mut s);
     assert!(matches!(
         r.opts().get(OptionCode::StatusCode),
         Some(DhcpOption::StatusCode(c)) if c.status == Status::NotOnLink
     ));
-    s.handle_request(t0(), &message(MessageType::Confirm, Some(address), None), host());
+    s.handle_request(
+        t0(),
+        &message(MessageType::Confirm, Some(address), None),
+        host(),
+    );
     assert!(matches!(
         reply(&mut s).opts().get(OptionCode::StatusCode),
         Some(DhcpOption::StatusCode(c)) if c.status == Status::Success

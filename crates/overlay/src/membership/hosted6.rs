@@ -15,6 +15,8 @@ use crate::swarm::ClaimResult;
 #[derive(Debug, Default)]
 pub(super) struct Hosted6 {
     owned: bool,
+    /// A claim of it was refused (another member holds it), and not won since.
+    refused: bool,
     claiming: Option<Token>,
     next: Option<Instant>,
 }
@@ -138,19 +140,31 @@ impl Membership {
         h.claiming = None;
         let was = h.owned;
         match result {
-            ClaimResult::Won | ClaimResult::Kept(_) => {
+            ClaimResult::Won => {
                 h.owned = true;
+                h.refused = false;
                 h.next = Some(renew_at);
                 if !was {
                     tracing::info!(namespace = %self.name, %address, "LAN host's IPv6 address claimed");
                 }
             }
+            ClaimResult::Kept(rival) => {
+                // Partitions merged and the merge rule keeps it ours: checked again soon.
+                tracing::warn!(namespace = %self.name, %address, rival = %holder_name(rival),
+                    "a LAN host's IPv6 address is held by another member too (partitions merged); the merge rule keeps it ours");
+                h.owned = true;
+                h.next = Some(now + CLAIM_RETRY);
+            }
             ClaimResult::Lost(Some(holder)) => {
                 tracing::info!(namespace = %self.name, %address, holder = %holder_name(holder),
                     "a LAN host uses an IPv6 address another member holds; not carried");
+                // Counted once: when it was held here and is lost, or first refused.
+                if was || !h.refused {
+                    self.hosted_conflicts += 1;
+                }
+                h.refused = true;
                 h.owned = false;
                 h.next = Some(now + CONFLICT_RETRY);
-                self.hosted_conflicts += 1;
             }
             ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
         }

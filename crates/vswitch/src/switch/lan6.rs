@@ -27,6 +27,9 @@ const INITIAL_ADVERTISEMENTS: u8 = 3;
 const INITIAL_EVERY: Duration = Duration::from_secs(4);
 /// Router advertisements a second answering solicitations (also the burst).
 const SOLICITED_RATE: u32 = 10;
+/// A solicitation from `::` is answered to all nodes, at most this often (RFC 4861 6.2.6's
+/// MIN_DELAY_BETWEEN_RAS).
+const MULTICAST_ANSWER_EVERY: Duration = Duration::from_secs(3);
 
 /// Whether `mac` may be a LAN host's: not an agent's remote MAC (FE:FD), not a group
 /// address, not zero.
@@ -46,20 +49,29 @@ impl<P: Copy + Eq> Switch<P> {
     /// dual-stack namespace advertises the prefix at once (hosts already up learn it
     /// without soliciting).
     pub fn start(&mut self, now: Instant) {
-        if self.config.mode == Mode::Router && self.config.prefix6.is_some() {
+        if self.config.mode == Mode::Router && self.carries_ipv6() {
             self.advertise_at = Some(now);
             self.initial_adverts = INITIAL_ADVERTISEMENTS;
         }
     }
 
+    /// Whether this switch carries IPv6: a dual-stack namespace, in interface or router
+    /// mode, a router's LAN ports switched by the bridge (VEB). A hybrid LAN and a VEPA
+    /// router's stay IPv4: their hosts' IPv6 is not carried (and not advertised).
+    pub(super) fn carries_ipv6(&self) -> bool {
+        self.config.prefix6.is_some() && self.config.mode != Mode::Hybrid && !self.vepa()
+    }
+
     /// An address of the prefix a LAN host uses (from `mac`): learned, and claimed by the
-    /// agent ([`Event::LanHost6Up`]) when new.
+    /// agent ([`Event::LanHost6Up`]) when new. Never one another member holds: a LAN host
+    /// that claims a member's address by sending from it (or answering for it) would
+    /// silence the proxy and the defence of that address here.
     fn learn6(&mut self, ip: Ipv6Addr, mac: Mac, now: Instant) {
         let usable = self
             .config
             .prefix6
             .is_some_and(|p| super::v6::member_address(p, ip));
-        if !usable || !host_mac(mac) {
+        if !usable || !host_mac(mac) || self.route6(ip).is_some() {
             return;
         }
         self.asked6.remove(&ip);
@@ -122,7 +134,12 @@ impl<P: Copy + Eq> Switch<P> {
                 Message::Solicitation { target, link } => {
                     let mac = link.unwrap_or(eth.src());
                     self.learn6(nd.source, mac, now);
-                    if self.lan6.contains_key(&target) {
+                    let own = ndp::link_local_of(self.config.remote_mac);
+                    if target == own {
+                        // The source of the switch's advertisements and probes.
+                        return self.answer_for_link_local((nd.source, mac), reply);
+                    }
+                    if self.route6(target).is_none() && self.lan6.contains_key(&target) {
                         // A LAN host's own: it answers for itself.
                         return Action::Drop(DropReason::LanLocal);
                     }
@@ -156,7 +173,7 @@ impl<P: Copy + Eq> Switch<P> {
             return Action::Broadcast { packet };
         }
         // LAN unicast the bridge flooded before it learned where to send it.
-        if eth.dst() != self.config.remote_mac || self.lan6.contains_key(&dst) {
+        if eth.dst() != self.config.remote_mac {
             return Action::Drop(DropReason::LanLocal);
         }
         if !prefix.contains(&dst) {
@@ -164,14 +181,17 @@ impl<P: Copy + Eq> Switch<P> {
         }
         match self.route6(dst) {
             Some(peer) => Action::ToPeer { peer, packet },
+            None if self.lan6.contains_key(&dst) => Action::Drop(DropReason::LanLocal),
             None if !super::v6::member_address(prefix, dst) => Action::Drop(DropReason::NoRoute),
             None => Action::Resolve { target: dst.into() },
         }
     }
 
     /// A duplicate address probe from the LAN for `target`: defended if another member
-    /// holds it (RFC 4862 5.4.3: the prober gives the address up), else the host at `mac`
-    /// is about to use it, and it is claimed for it now.
+    /// holds it, or it is the service address (RFC 4862 5.4.3: the prober gives the
+    /// address up); else the host at `mac` is about to use it, and it is claimed for it
+    /// now. A known LAN host's address is left to that host (it defends it itself): the
+    /// prober's MAC does not replace its own.
     fn duplicate_probe(
         &mut self,
         target: Ipv6Addr,
@@ -179,14 +199,14 @@ impl<P: Copy + Eq> Switch<P> {
         now: Instant,
         reply: &mut [u8],
     ) -> Action<P> {
-        let usable = self
-            .config
-            .prefix6
-            .is_some_and(|p| super::v6::member_address(p, target));
-        if !usable || !host_mac(mac) {
+        let Some(prefix) = self.config.prefix6 else {
+            return Action::Drop(DropReason::NdIgnored);
+        };
+        let service = target == service_address6(prefix);
+        if !host_mac(mac) || !(service || super::v6::member_address(prefix, target)) {
             return Action::Drop(DropReason::NdIgnored);
         }
-        if !self.lan6.contains_key(&target) && self.route6(target).is_some() {
+        if service || self.route6(target).is_some() {
             return match ndp::emit_defence(reply, (target, self.config.remote_mac)) {
                 Some(len) => {
                     self.counters.dad_defended += 1;
@@ -195,8 +215,28 @@ impl<P: Copy + Eq> Switch<P> {
                 None => Action::Drop(DropReason::Malformed),
             };
         }
-        self.learn6(target, mac, now);
+        if !self.lan6.contains_key(&target) {
+            self.learn6(target, mac, now);
+        }
         Action::Drop(DropReason::NdIgnored)
+    }
+
+    /// A solicitation for the switch's own link-local address (a host checking that the
+    /// sender of its router advertisements is still there): answered as a router does.
+    fn answer_for_link_local(&mut self, asker: (Ipv6Addr, Mac), reply: &mut [u8]) -> Action<P> {
+        let mac = self.config.remote_mac;
+        let own = (ndp::link_local_of(mac), mac);
+        let flags = ndp::NaFlags {
+            router: true,
+            override_cache: true,
+        };
+        match ndp::emit_advertisement(reply, own, asker, flags) {
+            Some(len) => {
+                self.counters.nd_replies += 1;
+                Action::ToTap { len }
+            }
+            None => Action::Drop(DropReason::Malformed),
+        }
     }
 
     /// A router solicitation: the prefix advertised to the host at `to` (all nodes when it
@@ -207,6 +247,15 @@ impl<P: Copy + Eq> Switch<P> {
         now: Instant,
         reply: &mut [u8],
     ) -> Action<P> {
+        if to.is_none() {
+            if self
+                .last_multicast_answer
+                .is_some_and(|t| now.saturating_duration_since(t) < MULTICAST_ANSWER_EVERY)
+            {
+                return Action::Drop(DropReason::NdIgnored);
+            }
+            self.last_multicast_answer = Some(now);
+        }
         if !self.bucket_ra.take(SOLICITED_RATE, now) {
             return Action::Drop(DropReason::NdIgnored);
         }

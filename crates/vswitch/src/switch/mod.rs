@@ -90,6 +90,8 @@ pub struct Switch<P> {
     advertise_at: Option<Instant>,
     /// How many of the first, closer spaced, advertisements are still to go.
     initial_adverts: u8,
+    /// When a solicitation from `::` was last answered (to all nodes).
+    last_multicast_answer: Option<Instant>,
     probes: HashMap<Ipv4Addr, Probe>,
     /// Hybrid mode: remote addresses whose LAN probe went unanswered, until when.
     confirmed: HashMap<Ipv4Addr, Instant>,
@@ -129,6 +131,7 @@ impl<P: Copy + Eq> Switch<P> {
             asked6: HashMap::new(),
             advertise_at: None,
             initial_adverts: 0,
+            last_multicast_answer: None,
             probes: HashMap::new(),
             confirmed: HashMap::new(),
             asked: HashMap::new(),
@@ -285,13 +288,19 @@ impl<P: Copy + Eq> Switch<P> {
     ///
     /// [`MIN_REPLY_BUF`]: crate::MIN_REPLY_BUF
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<usize> {
-        let emit = self.emits.pop_front()?;
+        // (Taken only once it fits: a short buffer loses nothing.)
+        let emit = *self.emits.front()?;
         if let Emit::Probe6(_) | Emit::Advertise = emit {
+            if buf.len() < crate::ra::ADVERTISEMENT_MAX_LEN {
+                return None;
+            }
+            self.emits.pop_front();
             return self.emit6(emit, buf);
         }
         if buf.len() < ETH_HEADER_LEN + ARP_LEN {
             return None;
         }
+        self.emits.pop_front();
         Some(match emit {
             Emit::Probe(target) => {
                 self.counters.arp_probes += 1;

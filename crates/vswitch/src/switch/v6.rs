@@ -112,11 +112,11 @@ impl<P: Copy + Eq> Switch<P> {
         let Ok(ip) = Ipv6Packet::new_checked(eth.payload()) else {
             return Action::Drop(DropReason::Malformed);
         };
-        match self.config.mode {
-            Mode::Interface => {}
-            Mode::Router => return self.classify_ipv6_lan(frame, eth, &ip, now, reply),
-            // A hybrid LAN stays IPv4 for now: its hosts' IPv6 is not carried.
-            Mode::Hybrid => return Action::Drop(DropReason::UnsupportedProtocol),
+        if !self.carries_ipv6() {
+            return Action::Drop(DropReason::UnsupportedProtocol);
+        }
+        if self.config.mode == Mode::Router {
+            return self.classify_ipv6_lan(frame, eth, &ip, now, reply);
         }
         if let Some(nd) = ndp::parse(frame) {
             return match nd.message {
@@ -186,10 +186,12 @@ impl<P: Copy + Eq> Switch<P> {
         if reply.len() < ADVERTISEMENT_FRAME_LEN {
             return Action::Drop(DropReason::Malformed);
         }
-        // A host's own answer: solicited, overriding what it cached, not a router.
+        // A host's own answer: solicited, not a router; overriding what it cached in
+        // interface mode (the switch is the only other node on the link), not on a LAN
+        // (RFC 4861 7.2.8: a proxy's answer yields to the owner's, should one answer).
         let flags = NaFlags {
             router: false,
-            override_cache: true,
+            override_cache: self.config.mode == Mode::Interface,
         };
         let mac = self.config.remote_mac;
         match ndp::emit_advertisement(reply, (target, mac), (asker, asker_mac), flags) {
@@ -230,7 +232,7 @@ impl<P: Copy + Eq> Switch<P> {
         len: usize,
         now: Instant,
     ) -> Action<P> {
-        if self.config.prefix6.is_none() || self.config.mode == Mode::Hybrid {
+        if !self.carries_ipv6() {
             return Action::Drop(DropReason::UnsupportedProtocol);
         }
         let Some(packet) = buf.get(HEADROOM..HEADROOM + len) else {

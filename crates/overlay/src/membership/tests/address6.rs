@@ -183,3 +183,57 @@ fn the_own_name_stands_for_the_ipv6_address_and_the_ipv6_record_carries_the_name
     );
     assert_eq!(read_name(&net), None);
 }
+
+/// A router-mode member (no IPv6 address of its own).
+fn router6() -> Config {
+    Config {
+        prefix6: Some(prefix()),
+        address6: Address6::None,
+        ..config(Address::None)
+    }
+}
+
+#[test]
+fn a_routers_lan_hosts_ipv6_addresses_are_claimed_renewed_and_given_back() {
+    let mut net = Net::new();
+    let a = net.add(dual(Address6::Auto), 1);
+    let r = net.add(router6(), 2);
+    net.run_for(Duration::from_secs(1));
+    let held = net.members[a].owned6().unwrap();
+    let host = Ipv6Addr::from(u128::from(prefix().network()) | 0x50);
+    net.members[r].add_hosted6(host, net.now);
+    // Neither the service address, one outside the prefix, nor an address taken: claimed.
+    net.members[r].add_hosted6(Ipv6Addr::from(u128::from(prefix().network()) | 1), net.now);
+    net.members[r].add_hosted6("2001:db8::5".parse().unwrap(), net.now);
+    net.members[r].add_hosted6(held, net.now);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.members[r].addresses6(), vec![host]);
+    assert_eq!(net.members[r].owned6(), None);
+    assert!(net
+        .take_events(r)
+        .iter()
+        .any(|e| matches!(e, Event::AddressesChanged)));
+    // The refused one counted once, however often it is retried.
+    net.run_for(CONFLICT_RETRY * 3);
+    assert_eq!(net.members[r].hosted_conflicts(), 1);
+    assert_eq!(net.members[a].owned6(), Some(held), "A keeps its own");
+    // Renewed while the host is there.
+    let key = keys().address6_key(host);
+    net.run_for(LEASE * 2);
+    let e = net.replicas.leases.get(&key).expect("still held");
+    let (owner, info) = e.read::<MemberInfo>(&keys(), &key, net.unix()).unwrap();
+    assert_eq!(owner, *net.id(r).as_bytes());
+    assert_eq!(info.subject, Some(crate::records::Subject::Address6(host)));
+    // The host went away: given back at once.
+    assert!(net.members[r].remove_hosted6(host));
+    net.run_for(Duration::from_millis(200));
+    assert!(!net.replicas.leases.contains_key(&key));
+    assert!(net.members[r].addresses6().is_empty());
+    // On leave, every one held goes back.
+    net.members[r].add_hosted6(host, net.now);
+    net.run_for(Duration::from_secs(1));
+    assert!(net.replicas.leases.contains_key(&key));
+    net.members[r].leave();
+    net.run_for(Duration::from_millis(200));
+    assert!(!net.replicas.leases.contains_key(&key));
+}

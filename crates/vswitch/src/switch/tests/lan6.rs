@@ -111,13 +111,87 @@ fn a_duplicate_probe_for_a_members_address_is_defended() {
     assert_eq!(&reply[..6], &[0x33, 0x33, 0, 0, 0, 1]);
     assert_eq!(sw.counters().dad_defended, 1);
     assert_eq!(events(&mut sw), vec![], "the address is not claimed");
-    // A LAN host that holds it already (it moved here) is not fought.
+    // The service address (the DNS server's) is defended too.
+    assert!(matches!(
+        tap(&mut sw, &dad(LAN_A, a6(1))).0,
+        Action::ToTap { .. }
+    ));
+    // A known LAN host's address probed by another host: left to its holder, whose MAC
+    // stays.
     let _ = tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(PEER))));
     let _ = events(&mut sw);
-    sw.set_peer_addresses6(7, &[a6(PEER), a6(0x50)]);
+    assert_eq!(
+        tap(&mut sw, &dad(LAN_B, a6(0x50))).0,
+        Action::Drop(DropReason::NdIgnored)
+    );
+    let f = echo(a6(PEER), a6(0x50));
+    assert_eq!(&from_peer(&mut sw, &f[ETH_HEADER_LEN..]).1[..6], &LAN_A);
+}
+
+#[test]
+fn a_lan_host_sending_from_a_members_address_silences_nothing() {
+    let mut sw = router();
+    // B sends from the member's address, and answers for it.
+    let _ = tap(&mut sw, &from(LAN_B, echo(a6(PEER), a6(0x30))));
+    let mut na = vec![0u8; ndp::ADVERTISEMENT_FRAME_LEN];
+    let to = (link_local_of(REMOTE_MAC), REMOTE_MAC);
+    ndp::emit_advertisement(&mut na, (a6(PEER), LAN_B), to, NaFlags::default()).unwrap();
+    let _ = tap(&mut sw, &na);
+    assert_eq!(events(&mut sw), vec![], "not learned");
+    assert!(sw.lan_hosts6().is_empty());
+    // The proxy still answers for the member (without overriding: a proxy's answer), its
+    // address is still defended, and A's packets to it still go to it.
+    let (action, reply) = tap(&mut sw, &solicitation(LAN_A, a6(0x50), a6(PEER)));
+    let Action::ToTap { len } = action else {
+        panic!("{action:?}");
+    };
+    let Some(Message::Advertisement { flags, .. }) = ndp::parse(&reply[..len]).map(|n| n.message)
+    else {
+        panic!("not an advertisement");
+    };
+    assert!(!flags.override_cache && !flags.router);
+    assert!(matches!(
+        tap(&mut sw, &dad(LAN_A, a6(PEER))).0,
+        Action::ToTap { .. }
+    ));
+    assert!(matches!(
+        tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(PEER)))).0,
+        Action::ToPeer { peer: 7, .. }
+    ));
+}
+
+#[test]
+fn the_switchs_link_local_address_is_answered_as_a_routers() {
+    let mut sw = router();
+    let own = link_local_of(REMOTE_MAC);
+    let (action, reply) = tap(&mut sw, &solicitation(LAN_A, link_local_of(LAN_A), own));
+    let Action::ToTap { len } = action else {
+        panic!("{action:?}");
+    };
+    let nd = ndp::parse(&reply[..len]).unwrap();
+    assert_eq!(nd.source, own);
+    assert!(matches!(
+        nd.message,
+        Message::Advertisement { target, link: Some(REMOTE_MAC), flags, solicited: true }
+            if target == own && flags.router
+    ));
+}
+
+#[test]
+fn a_vepa_router_carries_no_ipv6_and_advertises_none() {
+    let mut sw = router();
+    let mut config = sw.config().clone();
+    config.lan_ports = crate::LanPorts::Vepa;
+    sw = Switch::new(config);
+    sw.start(t0());
+    assert_eq!(sw.poll_timeout(), None);
     assert_eq!(
         tap(&mut sw, &dad(LAN_A, a6(0x50))).0,
-        Action::Drop(DropReason::NdIgnored)
+        Action::Drop(DropReason::UnsupportedProtocol)
+    );
+    assert_eq!(
+        from_peer(&mut sw, &echo(a6(PEER), a6(0x50))[ETH_HEADER_LEN..]).0,
+        Action::Drop(DropReason::UnsupportedProtocol)
     );
 }
 
@@ -196,6 +270,26 @@ fn the_prefix_is_advertised_at_start_every_interval_and_to_a_soliciting_host() {
         &host.octets()
     );
     assert!(ra::is_advertisement(&reply[..len]));
+    // From `::` (no address yet): to all nodes, at most once in 3 s.
+    let mut anonymous = vec![0u8; 128];
+    let n = ndp::emit_message(
+        &mut anonymous,
+        (LAN_B, [0x33, 0x33, 0, 0, 0, 2]),
+        (Ipv6Addr::UNSPECIFIED, "ff02::2".parse().unwrap()),
+        8,
+        |icmp| icmp[0] = 133,
+    )
+    .unwrap();
+    let at = t0() + Duration::from_secs(1000);
+    let mut frame = anonymous[..n].to_vec();
+    let mut out = vec![0u8; MIN_REPLY_BUF];
+    let first = sw.handle_tap_frame(at, &mut frame, &mut out);
+    assert!(matches!(first, Action::ToTap { .. }), "{first:?}");
+    assert_eq!(&out[..6], &[0x33, 0x33, 0, 0, 0, 1]);
+    let again = sw.handle_tap_frame(at + Duration::from_secs(1), &mut frame, &mut out);
+    assert_eq!(again, Action::Drop(DropReason::NdIgnored));
+    let later = sw.handle_tap_frame(at + Duration::from_secs(4), &mut frame, &mut out);
+    assert!(matches!(later, Action::ToTap { .. }));
     // Another router's advertisement is the LAN's business.
     assert_eq!(
         tap(&mut sw, &from(LAN_B, reply[..len].to_vec())).0,
