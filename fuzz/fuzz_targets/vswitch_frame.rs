@@ -31,6 +31,7 @@ fuzz_target!(|data: &[u8]| {
         config.routed = vec!["10.202.0.0/16".parse().expect("subnet")];
         config.prefix6 = Some("fd00:1::/64".parse().expect("prefix"));
         let mut sw: Switch<u8> = Switch::new(config);
+        sw.start(now);
         sw.set_peer_addresses(
             1,
             &[Ipv4Addr::new(10, 201, 0, 2), Ipv4Addr::new(10, 202, 0, 2)],
@@ -52,6 +53,8 @@ fuzz_target!(|data: &[u8]| {
             sw.address_copy(&mut copy, mac);
         }
         let _ = sw.emit_unreachable(now, &mut reply, data);
+        let to = ("fe80::1".parse().expect("address"), [2, 0, 0, 0, 0, 9]);
+        let _ = sw.emit_dhcp6_reply(&mut reply, to, data);
         let mut buf = vec![0u8; HEADROOM + data.len()];
         buf[HEADROOM..].copy_from_slice(data);
         let _ = sw.handle_peer_packet(now, &mut buf, data.len());

@@ -451,6 +451,60 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
         h1_status.peers
     );
 
+    // A LAN host asking DHCPv6 (ISC dhclient -6) is leased an address of the prefix, which
+    // the router claims for it and the interface member reaches.
+    let l3 = bed.add_lan_host(&lan, "l3", "", 1500).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = bed
+            .ns_output(&l3.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"])
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("fe80") && !text.contains("tentative") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no link-local address on l3: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let leases = l3.dir.join("dhclient6.leases");
+    let pid = l3.dir.join("dhclient6.pid").display().to_string();
+    let leases_arg = leases.display().to_string();
+    bed.spawn(
+        &l3.ns,
+        "dhclient",
+        &["-6", "-d", "-v", "-pf", &pid, "-lf", &leases_arg, "eth0"],
+        &l3.dir.join("dhclient6.log"),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leased: Ipv6Addr = loop {
+        let text = std::fs::read_to_string(&leases).unwrap_or_default();
+        let found = text.lines().find_map(|l| {
+            let rest = l.trim().strip_prefix("iaaddr ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        });
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dhclient -6 got no lease: {}",
+            std::fs::read_to_string(l3.dir.join("dhclient6.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(prefix.contains(&leased), "{leased} outside {prefix}");
+    let shown = bed
+        .ns_output(&l3.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains(&leased.to_string()),
+        "dhclient did not configure {leased}"
+    );
+    ping6(&bed, &h1.host, leased);
+    let r = namespace(&bed, &router);
+    assert!(r.dhcp_requests >= 2, "{r:?}");
+
     // The interface member's address, tried on the LAN by hand: defended at DAD time.
     let l2 = bed.add_lan_host(&lan, "l2", "", 1500).unwrap();
     bed.ns(

@@ -44,6 +44,14 @@ pub enum Action<P> {
         /// The sender's MAC: a relayed request's reply goes back through it.
         mac: Mac,
     },
+    /// A DHCPv6 message from a LAN host (UDP to all DHCPv6 servers, port 547), for the
+    /// agent's virtual DHCPv6 server.
+    Dhcp6 {
+        /// Where the message (the UDP payload) lies in the frame.
+        payload: Range<usize>,
+        /// Its sender: MAC, link-local address and port.
+        client: Client,
+    },
     /// A DNS query over UDP to the service address, for the agent's virtual DNS server.
     Dns {
         /// Where the query (the UDP payload) lies in the frame.

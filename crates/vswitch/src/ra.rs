@@ -20,6 +20,8 @@ const OPTION_RDNSS: u8 = 25;
 /// Prefix information flags: on link, autonomous address configuration.
 const PREFIX_ON_LINK: u8 = 0x80;
 const PREFIX_AUTONOMOUS: u8 = 0x40;
+/// Router advertisement flag: addresses are available from DHCPv6.
+const FLAG_MANAGED: u8 = 0x80;
 /// Header, source link-layer option, prefix information option.
 const BASE_LEN: usize = 16 + 8 + 32;
 const RDNSS_LEN: usize = 24;
@@ -41,6 +43,8 @@ pub struct Advertised {
     pub prefix: Ipv6Net,
     /// The recursive DNS server (RFC 8106), if one answers over IPv6.
     pub dns: Option<Ipv6Addr>,
+    /// Addresses are available from DHCPv6 too (the M flag; SLAAC stays on).
+    pub managed: bool,
 }
 
 /// Writes a router advertisement from `mac` (and its link-local address) to `to` (an
@@ -68,8 +72,11 @@ pub fn emit_advertisement(
     let src = (link_local_of(mac), dst);
     emit_message(buf, (mac, dst_mac), src, len, |icmp| {
         icmp[0] = TYPE_ROUTER_ADVERTISEMENT;
-        // Current hop limit, flags, router lifetime, reachable time and retransmission
-        // timer: all 0, "unspecified" (the hosts keep theirs).
+        // Current hop limit, router lifetime, reachable time and retransmission timer: all
+        // 0, "unspecified" (the hosts keep theirs).
+        if advertised.managed {
+            icmp[5] = FLAG_MANAGED;
+        }
         let options = &mut icmp[16..];
         options[0] = OPTION_SOURCE_LINK;
         options[1] = 1;
@@ -170,6 +177,7 @@ mod tests {
         let advertised = Advertised {
             prefix: prefix(),
             dns: Some(dns),
+            managed: true,
         };
         let len = emit_advertisement(&mut buf, MAC, None, &advertised).unwrap();
         assert_eq!(len, ADVERTISEMENT_MAX_LEN);
@@ -206,6 +214,7 @@ mod tests {
         let advertised = Advertised {
             prefix: "fd00:1::/112".parse().unwrap(),
             dns: None,
+            managed: false,
         };
         let to = ("fe80::9".parse().unwrap(), HOST);
         let len = emit_advertisement(&mut buf, MAC, Some(to), &advertised).unwrap();
@@ -213,6 +222,7 @@ mod tests {
         assert_eq!(&buf[..6], &HOST);
         let icmp = &buf[ETH_HEADER_LEN + IPV6_HEADER_LEN..len];
         assert_eq!(icmp[24 + 3], PREFIX_ON_LINK);
+        assert_eq!(icmp[5], 0, "not managed");
         assert!(emit_advertisement(&mut buf[..len - 1], MAC, Some(to), &advertised).is_none());
         assert!(is_advertisement(&buf[..len]));
         assert!(parse_solicitation(&buf[..len]).is_none());

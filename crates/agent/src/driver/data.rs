@@ -169,6 +169,12 @@ pub(crate) enum ToControl {
         payload: Vec<u8>,
         mac: Mac,
     },
+    /// A DHCPv6 message from a LAN host for the namespace's virtual server.
+    Dhcp6 {
+        ns: usize,
+        payload: Vec<u8>,
+        client: hyphae_vswitch::Client,
+    },
     /// A DNS query over UDP to the service address.
     Dns {
         ns: usize,

@@ -295,6 +295,11 @@ impl DataPlane {
                 payload: frame[payload].to_vec(),
                 mac,
             }),
+            Action::Dhcp6 { payload, client } => self.tell_control(ToControl::Dhcp6 {
+                ns: i,
+                payload: frame[payload].to_vec(),
+                client,
+            }),
             Action::Dns { payload, client } => self.tell_control(ToControl::Dns {
                 ns: i,
                 payload: frame[payload].to_vec(),

@@ -40,6 +40,11 @@ impl Control {
     fn handle_inbox(&mut self, now: Instant, message: ToControl) {
         match message {
             ToControl::Dhcp { ns, payload, mac } => self.handle_dhcp(ns, &payload, mac, now),
+            ToControl::Dhcp6 {
+                ns,
+                payload,
+                client,
+            } => self.handle_dhcp6(ns, &payload, client, now),
             ToControl::Dns {
                 ns,
                 payload,
@@ -353,6 +358,7 @@ impl Control {
                 }
                 self.apply_links(i);
             }
+            Event::Dhcp6 { address, won } => self.dhcp6_claimed(i, address, won, now),
             Event::Dhcp { client, address } => {
                 self.dhcp_claimed(i, hyphae_dhcp_dns::dhcp::ClientId(client), address, now);
             }

@@ -23,6 +23,7 @@ mod caps;
 mod certificates;
 pub(crate) mod data;
 mod datapath;
+mod dhcp6;
 mod events;
 #[cfg(test)]
 mod frames;
@@ -111,6 +112,8 @@ pub(crate) struct Joined {
     pub(crate) mac_checks: mac_checks::MacChecks<PeerId>,
     /// The virtual DHCP server (router mode, or `address = "dhcp"`), once the subnet is known.
     pub(crate) dhcp: Option<dhcp::Server>,
+    /// Router mode, dual stack: the virtual DHCPv6 server, once a LAN host asks.
+    pub(crate) dhcp6: Option<hyphae_dhcp_dns::dhcp6::Server>,
     /// The default gateway DHCP hands out, if configured.
     pub(crate) gateway: Option<Ipv4Addr>,
     /// The virtual DNS service.
@@ -577,6 +580,7 @@ impl Control {
             group: Vec::new(),
             mac_checks: Default::default(),
             dhcp: None,
+            dhcp6: None,
             gateway: cfg.gateway,
             dns,
             live: false,
@@ -609,6 +613,7 @@ impl Control {
                 n.membership.poll_timeout(),
                 n.mac_checks.poll_timeout(),
                 n.dhcp.as_ref().and_then(dhcp::Server::poll_timeout),
+                n.dhcp6.as_ref().and_then(|s| s.poll_timeout()),
                 n.dns.poll_timeout(),
                 n.handoffs.poll_timeout(),
                 n.lan.as_ref().and_then(crate::lan::Lan::poll_timeout),
@@ -662,6 +667,7 @@ impl Control {
                 }
                 self.drain_dhcp(i, now);
             }
+            self.dhcp6_timers(i, now);
             let n = &mut self.namespaces[i];
             if due(n.dns.poll_timeout()) {
                 n.dns.handle_timeout(now, &services::HeldBy(&n.membership));

@@ -37,6 +37,14 @@ pub enum Event {
         /// The address, if won.
         address: Option<Ipv4Addr>,
     },
+    /// A claim for a DHCPv6 client ([`Membership::claim_for_dhcp6`]) ended: `address` won,
+    /// or refused (another member holds it, or the replicas did not answer).
+    Dhcp6 {
+        /// The address claimed.
+        address: Ipv6Addr,
+        /// Whether this member holds it now.
+        won: bool,
+    },
     /// A name claim ended: held, or held by another member (why, in words).
     Name {
         /// The name.

@@ -17,6 +17,8 @@ pub(super) struct Hosted6 {
     owned: bool,
     /// A claim of it was refused (another member holds it), and not won since.
     refused: bool,
+    /// A DHCPv6 client waits for the outcome of its claim ([`super::Event::Dhcp6`]).
+    for_dhcp: bool,
     claiming: Option<Token>,
     next: Option<Instant>,
 }
@@ -53,6 +55,29 @@ impl Membership {
             ..Hosted6::default()
         };
         self.hosted6.insert(address, hosted);
+    }
+
+    /// Router mode: claims `address` for a DHCPv6 client of the LAN, as a LAN host's. The
+    /// outcome comes back as [`super::Event::Dhcp6`] (at once if it is held already).
+    pub fn claim_for_dhcp6(&mut self, address: Ipv6Addr, now: Instant) {
+        let usable = self.prefix6.is_some_and(|p| super::usable6(p, address));
+        if self.left || !usable || self.own6.owned == Some(address) {
+            self.events.push_back(super::Event::Dhcp6 {
+                address,
+                won: false,
+            });
+            return;
+        }
+        let h = self.hosted6.entry(address).or_default();
+        if h.owned {
+            self.events
+                .push_back(super::Event::Dhcp6 { address, won: true });
+            return;
+        }
+        h.for_dhcp = true;
+        if h.claiming.is_none() {
+            h.next = Some(now);
+        }
     }
 
     /// Router mode: the LAN host at the IPv6 `address` went away; give the address back.
@@ -139,6 +164,16 @@ impl Membership {
         };
         h.claiming = None;
         let was = h.owned;
+        let won = matches!(result, ClaimResult::Won | ClaimResult::Kept(_));
+        if std::mem::take(&mut h.for_dhcp) {
+            self.events.push_back(super::Event::Dhcp6 { address, won });
+            if !won && !was {
+                // A DHCPv6 candidate another member holds (or the replicas did not
+                // grant): the server tries another; nothing to retry here.
+                self.hosted6.remove(&address);
+                return;
+            }
+        }
         match result {
             ClaimResult::Won => {
                 h.owned = true;

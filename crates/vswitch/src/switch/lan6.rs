@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 use super::{Emit, LanHost, Switch};
 use crate::ndp::{self, Message};
 use crate::ra::{self, Advertised};
-use crate::wire::{EthernetFrame, Ipv6Packet, ETH_HEADER_LEN};
-use crate::{service_address6, Action, DropReason, Event, Mac, Mode, MAX_LAN_HOSTS};
+use crate::wire::{
+    emit_udp6, udp_parts, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN, IPPROTO_UDP, IPV6_HEADER_LEN,
+};
+use crate::{service_address6, Action, Client, DropReason, Event, Mac, Mode, MAX_LAN_HOSTS};
 use crate::{LAN_PROBES, REMOTE_MAC_PREFIX};
 
 /// How often the prefix is advertised unasked (RFC 4861's MaxRtrAdvInterval is 600 s by
@@ -30,6 +32,9 @@ const SOLICITED_RATE: u32 = 10;
 /// A solicitation from `::` is answered to all nodes, at most this often (RFC 4861 6.2.6's
 /// MIN_DELAY_BETWEEN_RAS).
 const MULTICAST_ANSWER_EVERY: Duration = Duration::from_secs(3);
+
+/// All DHCPv6 relay agents and servers on a link (RFC 8415 7.1).
+const ALL_DHCP_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
 
 /// Whether `mac` may be a LAN host's: not an agent's remote MAC (FE:FD), not a group
 /// address, not zero.
@@ -126,6 +131,9 @@ impl<P: Copy + Eq> Switch<P> {
             // Another router's, for its LAN.
             return Action::Drop(DropReason::LanLocal);
         }
+        if let Some(dhcp) = self.dhcp6_request(eth, ip) {
+            return dhcp;
+        }
         if let Some(nd) = ndp::parse(frame) {
             return match nd.message {
                 Message::Solicitation { target, .. } if nd.source.is_unspecified() => {
@@ -185,6 +193,44 @@ impl<P: Copy + Eq> Switch<P> {
             None if !super::v6::member_address(prefix, dst) => Action::Drop(DropReason::NoRoute),
             None => Action::Resolve { target: dst.into() },
         }
+    }
+
+    /// A DHCPv6 message from a LAN host (UDP from its port to all DHCPv6 servers' port
+    /// 547), when the agent serves DHCP.
+    fn dhcp6_request(
+        &self,
+        eth: &EthernetFrame<&[u8]>,
+        ip: &Ipv6Packet<&[u8]>,
+    ) -> Option<Action<P>> {
+        if !self.config.dhcp || ip.next_header() != IPPROTO_UDP || ip.dst() != ALL_DHCP_SERVERS {
+            return None;
+        }
+        let (port, 547, udp) = udp_parts(ip.payload())? else {
+            return None;
+        };
+        let at = ETH_HEADER_LEN + IPV6_HEADER_LEN;
+        Some(Action::Dhcp6 {
+            payload: at + udp.start..at + udp.end,
+            client: Client {
+                mac: eth.src(),
+                ip: ip.src().into(),
+                port,
+            },
+        })
+    }
+
+    /// Frames a reply of the virtual DHCPv6 server (UDP from port 547 of the switch's
+    /// link-local address to port 546 of the client at `to`) into `buf`; returns its
+    /// length, or `None` if it does not fit.
+    pub fn emit_dhcp6_reply(
+        &self,
+        buf: &mut [u8],
+        (to, to_mac): (Ipv6Addr, Mac),
+        payload: &[u8],
+    ) -> Option<usize> {
+        let mac = self.config.remote_mac;
+        let from = ndp::link_local_of(mac);
+        emit_udp6(buf, (to_mac, mac), (from, to), (547, 546), payload)
     }
 
     /// A duplicate address probe from the LAN for `target`: defended if another member
@@ -274,6 +320,7 @@ impl<P: Copy + Eq> Switch<P> {
         let advertised = Advertised {
             prefix,
             dns: Some(service_address6(prefix)),
+            managed: self.config.dhcp,
         };
         let len = ra::emit_advertisement(buf, self.config.remote_mac, to, &advertised)?;
         self.counters.router_advertisements += 1;

@@ -217,7 +217,7 @@ impl<P: Copy + Eq> Switch<P> {
                     None => self.counters.broadcasts_out += 1,
                 }
             }
-            Action::Dhcp { .. } => self.counters.dhcp_requests += 1,
+            Action::Dhcp { .. } | Action::Dhcp6 { .. } => self.counters.dhcp_requests += 1,
             Action::Dns { .. } => self.counters.dns_queries += 1,
             Action::Service { .. } => self.counters.service_packets += 1,
             // Counted where they are built: ARP replies, ICMP errors, reflected frames.
@@ -521,6 +521,7 @@ impl<P: Copy + Eq> Switch<P> {
             | Action::Broadcast { .. }
             | Action::Fragment { .. }
             | Action::Dhcp { .. }
+            | Action::Dhcp6 { .. }
             | Action::Dns { .. }
             | Action::Service { .. } => {}
         }

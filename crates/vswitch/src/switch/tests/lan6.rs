@@ -16,9 +16,13 @@ const PEER: u16 = 0x20;
 const LAN_A: Mac = [0x02, 0, 0, 0, 0, 0x0a];
 const LAN_B: Mac = [0x02, 0, 0, 0, 0, 0x0b];
 
+/// A router (which serves DHCP) with no IPv6 address of its own; member 7 holds PEER.
 fn router() -> Switch<u32> {
-    let mut sw = dual(Mode::Router);
-    sw.set_address6(None);
+    let mut config = dual(Mode::Router).config().clone();
+    config.address6 = None;
+    config.dhcp = true;
+    let mut sw = Switch::new(config);
+    sw.set_peer_addresses6(7, &[a6(PEER)]);
     sw
 }
 
@@ -372,4 +376,45 @@ fn a_silent_lan_host_is_solicited_then_forgotten() {
     sw.handle_timeout(t);
     assert_eq!(events(&mut sw), vec![Event::LanHost6Down(a6(0x50))]);
     assert!(sw.lan_hosts6().is_empty());
+}
+
+#[test]
+fn dhcpv6_from_a_lan_host_goes_to_the_server_and_its_reply_comes_from_the_link_local_address() {
+    let mut sw = router();
+    let host = link_local_of(LAN_A);
+    let servers: Ipv6Addr = "ff02::1:2".parse().unwrap();
+    let mut udp = vec![0x02, 0x22, 0x02, 0x23, 0, 12, 0, 0];
+    udp.extend_from_slice(&[1, 0xab, 0xcd, 0xef]);
+    let mut f = from(LAN_A, frame6(host, servers, 17, 1, &udp));
+    f[..6].copy_from_slice(&[0x33, 0x33, 0, 1, 0, 2]);
+    let Action::Dhcp6 { payload, client } = tap(&mut sw, &f).0 else {
+        panic!("not intercepted");
+    };
+    assert_eq!(&f[payload], &[1, 0xab, 0xcd, 0xef]);
+    assert_eq!(
+        (client.mac, client.ip, client.port),
+        (LAN_A, host.into(), 546)
+    );
+    assert_eq!(sw.counters().dhcp_requests, 1);
+    let mut buf = vec![0u8; 256];
+    let n = sw
+        .emit_dhcp6_reply(&mut buf, (host, LAN_A), b"reply")
+        .unwrap();
+    let eth = EthernetFrame::new_checked(&buf[..n]).unwrap();
+    assert_eq!((eth.dst(), eth.src()), (LAN_A, REMOTE_MAC));
+    let ip = crate::wire::Ipv6Packet::new_checked(eth.payload()).unwrap();
+    assert_eq!((ip.src(), ip.dst()), (link_local_of(REMOTE_MAC), host));
+    assert_eq!(&ip.payload()[..4], &[2, 0x23, 2, 0x22]);
+    assert_eq!(
+        ndp::upper_layer_sum(&eth.payload()[8..40], 17, ip.payload()),
+        0xffff
+    );
+    // Without DHCP, or to another port: not taken.
+    let mut other = f.clone();
+    other[ETH_HEADER_LEN + IPV6_HEADER_LEN + 3] = 0x24;
+    assert_eq!(tap(&mut sw, &other).0, Action::Drop(DropReason::LinkLocal));
+    let mut config = sw.config().clone();
+    config.dhcp = false;
+    let mut plain = Switch::new(config);
+    assert_eq!(tap(&mut plain, &f).0, Action::Drop(DropReason::LinkLocal));
 }

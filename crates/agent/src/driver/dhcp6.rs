@@ -1,0 +1,108 @@
+//! The virtual DHCPv6 server of a router-mode LAN in a dual-stack namespace, as the driver
+//! runs it: its addresses are the membership's claims for LAN hosts (`claim_for_dhcp6`),
+//! its replies leave through the switch from the router's link-local address.
+
+use std::time::Instant;
+
+use hyphae_dhcp_dns::dhcp6;
+use hyphae_overlay::NamespaceId;
+
+use super::workers::lock;
+use super::Control;
+use crate::config::Mode;
+
+impl Control {
+    /// A DHCPv6 message from a LAN host at `client` (its link-local address and MAC).
+    pub(crate) fn handle_dhcp6(
+        &mut self,
+        i: usize,
+        payload: &[u8],
+        client: hyphae_vswitch::Client,
+        now: Instant,
+    ) {
+        let std::net::IpAddr::V6(from) = client.ip else {
+            return;
+        };
+        let n = &mut self.namespaces[i];
+        let Some(prefix) = n.membership.prefix6().filter(|_| n.mode == Mode::Router) else {
+            return;
+        };
+        if n.dhcp6.is_none() {
+            let mac = lock(&self.dp).lanes[i].switch.config().remote_mac;
+            let service = hyphae_vswitch::service_address6(prefix);
+            n.dhcp6 = Some(dhcp6::Server::new(dhcp6::Settings {
+                prefix,
+                server_id: dhcp6::duid_ll(mac),
+                dns: vec![service],
+                domain: n.membership.name().to_string(),
+                lease: n.membership.lease(),
+            }));
+        }
+        if let Some(server) = n.dhcp6.as_mut() {
+            server.handle_request(now, payload, (from, client.mac));
+        }
+        self.drain_dhcp6(i, now);
+    }
+
+    /// Carries out what the DHCPv6 server of namespace `i` asks: replies to the LAN, claims
+    /// and releases in the DHT.
+    pub(crate) fn drain_dhcp6(&mut self, i: usize, now: Instant) {
+        let n = &mut self.namespaces[i];
+        let mut released = false;
+        while let Some(output) = n.dhcp6.as_mut().and_then(dhcp6::Server::poll_output) {
+            match output {
+                dhcp6::Output::Reply(r) => {
+                    let emitted = lock(&self.dp).lanes[i].switch.emit_dhcp6_reply(
+                        &mut self.batch.reply,
+                        r.to,
+                        &r.bytes,
+                    );
+                    if let Some(len) = emitted {
+                        self.batch.write_reply(i, len);
+                    }
+                }
+                dhcp6::Output::Claim(address) => n.membership.claim_for_dhcp6(address, now),
+                dhcp6::Output::Release(address) => {
+                    released |= n.membership.remove_hosted6(address);
+                    lock(&self.dp).lanes[i].switch.forget_lan_host6(address);
+                }
+            }
+        }
+        if released {
+            let addresses6 = self.namespaces[i].membership.addresses6();
+            lock(&self.dp)
+                .node
+                .set_addresses6(now, NamespaceId(i), addresses6);
+        }
+    }
+
+    /// The DHT decided a DHCPv6 client's claim: the reply that waited goes out.
+    pub(crate) fn dhcp6_claimed(
+        &mut self,
+        i: usize,
+        address: std::net::Ipv6Addr,
+        won: bool,
+        now: Instant,
+    ) {
+        let Some(server) = self.namespaces[i].dhcp6.as_mut() else {
+            return;
+        };
+        if won {
+            server.allocated(address, now);
+        } else {
+            server.refused(address);
+        }
+        self.drain_dhcp6(i, now);
+    }
+
+    /// Runs the DHCPv6 server's timers of namespace `i` when due (expired bindings).
+    pub(crate) fn dhcp6_timers(&mut self, i: usize, now: Instant) {
+        let Some(server) = self.namespaces[i].dhcp6.as_mut() else {
+            return;
+        };
+        if server.poll_timeout().is_some_and(|t| t <= now) {
+            server.handle_timeout(now);
+            self.drain_dhcp6(i, now);
+        }
+    }
+}
