@@ -457,13 +457,20 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let out = bed
-            .ns_output(&l3.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"])
+            .ns_output(
+                &l3.ns,
+                "ip",
+                &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"],
+            )
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         if text.contains("fe80") && !text.contains("tentative") {
             break;
         }
-        assert!(Instant::now() < deadline, "no link-local address on l3: {text}");
+        assert!(
+            Instant::now() < deadline,
+            "no link-local address on l3: {text}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let leases = l3.dir.join("dhclient6.leases");

@@ -150,23 +150,27 @@ pub(crate) fn program(port: u16, map_fd: RawFd, max_frame: u16) -> Vec<u64> {
     p
 }
 
-/// The TAP steering program for `shards` shards: an IPv4 frame goes to queue
+/// The TAP steering program for `shards` shards: an IPv4 or IPv6 frame goes to queue
 /// `hyphae_overlay::flow_shard(packet, shards)`, the shard its flow is sealed on, which
 /// worker `k` (reading queue `k`, receiving shard `k`'s datagrams) owns; anything else to
 /// queue 0. (A tunnel has at most `MAX_SHARDS` shards: with more workers than that, the
 /// caller passes that bound, and the workers above it read no member's flow.) The same hash of addresses, protocol and ports (TCP and UDP, not a fragment;
-/// splitmix64's finalizer), in 64-bit BPF arithmetic. One difference, for malformed frames
-/// only: a TCP or UDP packet cut before its ports goes to queue 0 here (the load fails)
-/// where the hash takes its ports as 0.
+/// splitmix64's finalizer), in 64-bit BPF arithmetic; an IPv6 address folded to 32 bits
+/// (its words XORed), the next header for the protocol, ports when TCP or UDP follows the
+/// fixed header. One difference, for malformed frames only: a TCP or UDP packet cut before
+/// its ports goes to queue 0 here (the load fails) where the hash takes its ports as 0.
 pub(crate) fn steering_program(shards: u32) -> Vec<u64> {
     // Registers: r6 the context (packet loads read through it), r7 protocol, r8 and r9
     // the IHL, then the addresses; the ports on the stack until every load is done (a
     // load clobbers r1-r5).
-    const PORTS: usize = 16;
-    const ADDRESSES: usize = 20;
-    const SWAP: usize = 29;
-    const KEY: usize = 35;
-    const ZERO: usize = 60;
+    const PORTS: usize = 17;
+    const ADDRESSES: usize = 21;
+    const IPV6: usize = 26;
+    const PORTS6: usize = 48;
+    const JOIN: usize = 52;
+    const SWAP: usize = 57;
+    const KEY: usize = 63;
+    const ZERO: usize = 88;
     let mut p: Vec<u64> = Vec::with_capacity(ZERO + 2);
     let imm64 = |p: &mut Vec<u64>, dst: u8, v: u64| {
         p.push(insn(LD_IMM64, dst, 0, 0, v as u32 as i32));
@@ -174,6 +178,7 @@ pub(crate) fn steering_program(shards: u32) -> Vec<u64> {
     };
     p.push(insn(MOV64_X, 6, 1, 0, 0));
     p.push(insn(LD_ABS_H, 0, 0, 0, 12)); // EtherType (host order)
+    jump(&mut p, JEQ_K, 0, 0, IPV6, 0x86dd);
     jump(&mut p, JNE_K, 0, 0, ZERO, 0x0800);
     p.push(insn(LD_ABS_B, 0, 0, 0, 14)); // version and IHL
     p.push(insn(AND64_K, 0, 0, 0, 0x0f));
@@ -198,6 +203,30 @@ pub(crate) fn steering_program(shards: u32) -> Vec<u64> {
     p.push(insn(MOV64_X, 8, 0, 0, 0));
     p.push(insn(LD_ABS_W, 0, 0, 0, 30));
     p.push(insn(MOV64_X, 9, 0, 0, 0));
+    jump(&mut p, JA, 0, 0, JOIN, 0);
+    // IPv6: each address's four words XORed (r8 the source, r9 the destination), the next
+    // header, and the ports behind the fixed header when it is TCP or UDP.
+    debug_assert_eq!(p.len(), IPV6);
+    for (register, at) in [(8u8, 22i32), (9, 38)] {
+        p.push(insn(LD_ABS_W, 0, 0, 0, at));
+        p.push(insn(MOV64_X, register, 0, 0, 0));
+        for word in 1..4 {
+            p.push(insn(LD_ABS_W, 0, 0, 0, at + 4 * word));
+            p.push(insn(XOR64_X, register, 0, 0, 0));
+        }
+    }
+    p.push(insn(LD_ABS_B, 0, 0, 0, 20)); // next header
+    p.push(insn(MOV64_X, 7, 0, 0, 0));
+    p.push(insn(ST_DW, 10, 0, -8, 0));
+    p.push(insn(ST_DW, 10, 0, -16, 0));
+    jump(&mut p, JEQ_K, 7, 0, PORTS6, 6);
+    jump(&mut p, JNE_K, 7, 0, JOIN, 17);
+    debug_assert_eq!(p.len(), PORTS6);
+    p.push(insn(LD_ABS_H, 0, 0, 0, 54));
+    p.push(insn(STX_DW, 10, 0, -8, 0));
+    p.push(insn(LD_ABS_H, 0, 0, 0, 56));
+    p.push(insn(STX_DW, 10, 0, -16, 0));
+    debug_assert_eq!(p.len(), JOIN);
     p.push(insn(LDX_DW, 1, 10, -8, 0));
     p.push(insn(LDX_DW, 2, 10, -16, 0));
     // (r8, r1) is the source end, (r9, r2) the destination: the lower one first.
@@ -485,6 +514,34 @@ mod tests {
                 seen[got as usize] += 1;
             }
             assert!(seen.iter().all(|&n| n > 0), "every queue used: {seen:?}");
+            // IPv6: TCP, UDP, ICMPv6; equal addresses now and then.
+            let mut seen = vec![0u32; queues as usize];
+            for i in 0..600u32 {
+                let mut ip = vec![0u8; 40 + 8];
+                ip[0] = 0x60;
+                ip[4..6].copy_from_slice(&8u16.to_be_bytes());
+                ip[6] = [6u8, 17, 58, 6, 17][(i % 5) as usize];
+                ip[7] = 64;
+                for chunk in ip[8..40].chunks_exact_mut(8) {
+                    chunk.copy_from_slice(&next().to_be_bytes());
+                }
+                if i % 13 == 0 {
+                    let src: [u8; 16] = ip[8..24].try_into().unwrap();
+                    ip[24..40].copy_from_slice(&src);
+                }
+                ip[40..44].copy_from_slice(&(next() as u32).to_be_bytes());
+                let mut frame = vec![0u8; 12];
+                frame.extend_from_slice(&0x86ddu16.to_be_bytes());
+                frame.extend_from_slice(&ip);
+                let want = hyphae_overlay::flow_shard(&ip, queues as usize) as u32;
+                let got = test_run(&prog, &frame).expect("test run");
+                assert_eq!(got, want, "IPv6 frame {i} ({queues} queues): {ip:02x?}");
+                seen[got as usize] += 1;
+            }
+            assert!(
+                seen.iter().all(|&n| n > 0),
+                "every queue used by IPv6: {seen:?}"
+            );
             // Runts and other EtherTypes: queue 0.
             let mut arp = vec![0u8; 12];
             arp.extend_from_slice(&0x0806u16.to_be_bytes());
