@@ -197,6 +197,15 @@ impl Server {
 
     /// A DHCPv6 message from the LAN host at `from` (its link-local address and MAC).
     pub fn handle_request(&mut self, now: Instant, payload: &[u8], from: (Ipv6Addr, [u8; 6])) {
+        // Relay messages (types 12 and 13) are not served; anything else is checked before
+        // dhcproto reads it (see `options_sound`).
+        let sound = payload.len() >= 4
+            && !matches!(payload[0], 12 | 13)
+            && options_sound(&payload[4..], 0);
+        if !sound {
+            self.stats.malformed += 1;
+            return;
+        }
         let Ok(message) = Message::decode(&mut Decoder::new(payload)) else {
             self.stats.malformed += 1;
             return;
@@ -566,6 +575,50 @@ impl Server {
         self.stats.replies += 1;
         self.out.push_back(Output::Reply(Reply { bytes, to }));
     }
+}
+
+/// Whether every option of `options` (and of the options nested in them) has a length that
+/// `dhcproto` 0.15 decodes without harm: its decoders of Status Code, Vendor Class and
+/// Vendor-specific Information subtract a fixed size from the option's length unchecked (a
+/// shorter one panics with overflow checks on, as the fuzzer found), and a relay message
+/// nests a whole message. Such options are refused here with the message.
+fn options_sound(mut options: &[u8], depth: u8) -> bool {
+    if depth > 4 {
+        return false;
+    }
+    while !options.is_empty() {
+        let Some(head) = options.get(..4) else {
+            return false;
+        };
+        let code = u16::from_be_bytes([head[0], head[1]]);
+        let len = usize::from(u16::from_be_bytes([head[2], head[3]]));
+        let Some(body) = options.get(4..4 + len) else {
+            return false;
+        };
+        let (least, nested) = match code {
+            // IA_NA, IA_PD: IAID, T1, T2, then options.
+            3 | 25 => (0, body.get(12..)),
+            // IA_TA: IAID, then options.
+            4 => (0, body.get(4..)),
+            // IAADDR: address and two lifetimes; IAPREFIX: two lifetimes, length, prefix.
+            5 => (0, body.get(24..)),
+            26 => (0, body.get(25..)),
+            // Relay message: not served.
+            9 => return false,
+            // Authentication, Status Code, Vendor Class.
+            11 => (11, None),
+            13 => (2, None),
+            16 => (4, None),
+            // Vendor-specific Information: enterprise number, then options.
+            17 => (4, body.get(4..)),
+            _ => (0, None),
+        };
+        if len < least || nested.is_some_and(|n| !options_sound(n, depth + 1)) {
+            return false;
+        }
+        options = &options[4 + len..];
+    }
+    true
 }
 
 /// An answer of `kind` with the request's transaction id.

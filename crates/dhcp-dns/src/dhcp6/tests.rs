@@ -308,3 +308,23 @@ fn rapid_commit_confirm_and_information_requests() {
     assert!(r.opts().get(OptionCode::DomainNameServers).is_some());
     assert!(first_ia_na(&r).is_none());
 }
+
+#[test]
+fn options_dhcproto_would_choke_on_are_refused_and_counted() {
+    let mut s = server();
+    // What the fuzzer found: a Status Code option one byte long (dhcproto subtracts 2).
+    s.handle_request(t0(), &[0, 0, 0, 1, 0, 13, 0, 0, 0, 1, 123], host());
+    // The same inside an IA_NA, a Vendor Class of 3 bytes, a relay message, a relay-forw.
+    let mut inside = vec![1, 0, 0, 1, 0, 3, 0, 16];
+    inside.extend_from_slice(&[0; 12]);
+    inside.extend_from_slice(&[0, 13, 0, 0]);
+    s.handle_request(t0(), &inside, host());
+    s.handle_request(t0(), &[1, 0, 0, 1, 0, 16, 0, 3, 0, 0, 0], host());
+    s.handle_request(t0(), &[1, 0, 0, 1, 0, 9, 0, 0], host());
+    s.handle_request(t0(), &[12; 40], host());
+    assert_eq!(s.stats().malformed, 5);
+    assert_eq!(outputs(&mut s), vec![]);
+    // A sound message still passes the check.
+    let good = message(MessageType::Solicit, None, None);
+    assert!(options_sound(&good[4..], 0));
+}
