@@ -211,11 +211,16 @@ fn attach_links(ns: &Namespace, tap: &str, device_mac: [u8; 6]) -> Result<Lan> {
         ])
         .with_context(|| format!("namespace '{}': cannot create veth {device}", ns.name))?;
         lan.veth = Some(device.to_string());
-        // The overlay carries IPv4: keep IPv6 chatter off the host's device.
-        let _ = std::fs::write(
-            format!("/proc/sys/net/ipv6/conf/{device}/disable_ipv6"),
-            "1",
-        );
+        // An IPv4-only namespace: keep IPv6 chatter off the host's device. In a dual-stack
+        // one the device carries the member's IPv6 address (set once won, without DAD).
+        let ipv6 = ns.subnet6 != crate::config::Subnet6::Off
+            && ns.address6 != crate::config::Address6::None;
+        if !ipv6 {
+            let _ = std::fs::write(
+                format!("/proc/sys/net/ipv6/conf/{device}/disable_ipv6"),
+                "1",
+            );
+        }
         ip(&[
             "link", "set", &peer, "mtu", &lan_mtu, "master", bridge, "up",
         ])?;

@@ -7,7 +7,7 @@
 //! a LAN with two hybrid-mode hosts (each its own bridge, uplink and veth device); one more
 //! host runs interface mode. All agents meet on the underlay through the interface host.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -125,6 +125,52 @@ fn build(label: &str) -> Site {
         hybrids,
         lan_hosts: vec![l1, l2],
     }
+}
+
+/// The IPv6 address `member` holds, once it holds one (20 s at most).
+fn member6(site: &Site, member: &(Host, AgentHandle)) -> Ipv6Addr {
+    let mut held = None;
+    wait_until("an IPv6 address is held", Duration::from_secs(20), || {
+        held = site.ns_status(member).address6.parse().ok();
+        held.is_some()
+    });
+    held.expect("an IPv6 address")
+}
+
+/// The address of `prefix` `host`'s kernel formed on `eth0` from the router's
+/// advertisement, once it passed duplicate address detection (20 s at most).
+fn slaac6(bed: &Testbed, host: &Host, prefix: ipnet::Ipv6Net) -> Ipv6Addr {
+    let mut formed = None;
+    wait_until("a SLAAC address", Duration::from_secs(20), || {
+        let out = bed
+            .ns_output(&host.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
+            .unwrap();
+        formed = String::from_utf8_lossy(&out.stdout).lines().find_map(|line| {
+            let word = line.split_whitespace().skip_while(|w| *w != "inet6").nth(1)?;
+            let a: Ipv6Addr = word.split('/').next()?.parse().ok()?;
+            (prefix.contains(&a) && !line.contains("tentative")).then_some(a)
+        });
+        formed.is_some()
+    });
+    formed.expect("a SLAAC address")
+}
+
+/// `ping -6` from `from` to `to` until one answers (20 s at most), then three that must.
+fn ping6(bed: &Testbed, from: &Host, to: Ipv6Addr) -> bool {
+    let to = to.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let out = bed
+            .ns_output(&from.ns, "ping", &["-6", "-c", "1", "-W", "1", &to])
+            .unwrap();
+        if out.status.success() {
+            let out = bed
+                .ns_output(&from.ns, "ping", &["-6", "-c", "3", "-W", "2", &to])
+                .unwrap();
+            return out.status.success();
+        }
+    }
+    false
 }
 
 fn ping(bed: &Testbed, from: &Host, to: Ipv4Addr, count: u32) -> bool {
@@ -321,6 +367,56 @@ fn router_hybrid_and_interface_hosts_share_one_namespace() {
     }
     assert!(site.ns_status(&site.router).broadcasts_out >= 1);
     assert!(site.ns_status(&site.iface).broadcasts_in >= 1);
+
+    // IPv6 with no IPv6 configuration anywhere: the interface and hybrid members hold
+    // addresses of the derived prefix, the router's LAN hosts form theirs from its
+    // advertisements (and the router claims them); every host reaches every other.
+    let prefix: ipnet::Ipv6Net = site
+        .ns_status(&site.iface)
+        .subnet6
+        .parse()
+        .expect("a prefix");
+    let mut hosts6 = vec![(site.iface.0.clone(), member6(&site, &site.iface))];
+    for h in &site.hybrids {
+        hosts6.push((h.0.clone(), member6(&site, h)));
+    }
+    for l in &site.lan_hosts {
+        hosts6.push((l.clone(), slaac6(&site.bed, l, prefix)));
+    }
+    for (from, _) in &hosts6 {
+        for (to_host, to) in &hosts6 {
+            if from.ns != to_host.ns {
+                assert!(ping6(&site.bed, from, *to), "{} -> {to}", from.name);
+            }
+        }
+    }
+    // Hybrid neighbours reach each other over their LAN: neither agent carries it, and
+    // neither answered the other's address (each probed the LAN and heard it).
+    let before: Vec<_> = site
+        .hybrids
+        .iter()
+        .map(|h| carried(&site.ns_status(h)))
+        .collect();
+    assert!(ping6(&site.bed, &site.hybrids[0].0, hosts6[2].1));
+    let after: Vec<_> = site
+        .hybrids
+        .iter()
+        .map(|h| carried(&site.ns_status(h)))
+        .collect();
+    assert_eq!(after, before, "site 2 IPv6 LAN traffic reached a hybrid agent");
+    let h3 = site.ns_status(&site.hybrids[0]);
+    assert!(h3.lan_hosts.contains(&hosts6[2].1.to_string()), "{h3:?}");
+    // iperf3 over IPv6 to the router's LAN host, from the interface and a hybrid host.
+    let l1_v6 = hosts6[3].1;
+    for (from, port) in [(site.iface.0.clone(), 5311), (site.hybrids[0].0.clone(), 5312)] {
+        let l1 = site.lan_hosts[0].clone();
+        let (packets, lost) = site
+            .bed
+            .udp_stream(&from, &l1, l1_v6, port, ("50M", 1200, 2))
+            .expect("UDP stream over IPv6");
+        eprintln!("IPv6 UDP {} -> l1: {packets} sent, {lost} lost", from.name);
+        assert!(packets > 500 && lost * 4 < packets, "{packets} sent, {lost} lost");
+    }
 
     // A UDP stream to a plain LAN host behind the router: the router's agent writes its
     // datagrams coalesced into its TAP, a bridge port, and the bridge hands the LAN host

@@ -580,8 +580,10 @@ impl Server {
 /// Whether every option of `options` (and of the options nested in them) has a length that
 /// `dhcproto` 0.15 decodes without harm: its decoders of Status Code, Vendor Class and
 /// Vendor-specific Information subtract a fixed size from the option's length unchecked (a
-/// shorter one panics with overflow checks on, as the fuzzer found), and a relay message
-/// nests a whole message. Such options are refused here with the message.
+/// shorter one panics with overflow checks on, as the fuzzer found); those of fixed-size
+/// options read their size whatever the length says (so a wrong length shifts every option
+/// after it, past what this walk checked); and a relay message nests a whole message. Such
+/// options are refused here with the message.
 fn options_sound(mut options: &[u8], depth: u8) -> bool {
     if depth > 4 {
         return false;
@@ -595,6 +597,18 @@ fn options_sound(mut options: &[u8], depth: u8) -> bool {
         let Some(body) = options.get(4..4 + len) else {
             return false;
         };
+        let exact = match code {
+            // Preference, Elapsed Time, Server Unicast, Rapid Commit, Reconfigure Message,
+            // Reconfigure Accept.
+            7 | 19 => Some(1),
+            8 => Some(2),
+            12 => Some(16),
+            14 | 20 => Some(0),
+            _ => None,
+        };
+        if exact.is_some_and(|n| n != len) {
+            return false;
+        }
         let (least, nested) = match code {
             // IA_NA, IA_PD: IAID, T1, T2, then options.
             3 | 25 => (0, body.get(12..)),

@@ -124,10 +124,11 @@ impl Testbed {
         &mut self,
         from: &Host,
         to: &Host,
-        address: Ipv4Addr,
+        address: impl Into<std::net::IpAddr>,
         port: u16,
         (rate, len, secs): (&str, usize, u32),
     ) -> Result<(u64, u64)> {
+        let address: std::net::IpAddr = address.into();
         let port = port.to_string();
         let log = to.dir.join(format!("iperf3-udp-{port}.log"));
         self.spawn(&to.ns, "iperf3", &["-s", "-1", "-p", &port], &log)?;

@@ -46,10 +46,9 @@ fn check_layer2(s: &NamespaceSection, mode: Mode) -> Result<()> {
 }
 
 /// `subnet6` and `address6`: an IP namespace is dual-stack unless `subnet6 = "off"`; an
-/// interface member takes an `auto` IPv6 address unless it names one (or `"none"`).
-/// Router and hybrid members hold no IPv6 address of their own: a router claims its LAN
-/// hosts' (learned, or formed from its router advertisements); a hybrid LAN carries IPv4
-/// only for now.
+/// interface or hybrid member takes an `auto` IPv6 address unless it names one (or
+/// `"none"`). A router holds no IPv6 address of its own: it claims its LAN hosts' (learned,
+/// formed from its router advertisements, or leased by its DHCPv6 server).
 fn parse_ipv6(s: &NamespaceSection, mode: Mode, layer2: bool) -> Result<(Subnet6, Address6)> {
     if layer2 {
         if s.subnet6.is_some() || s.address6.is_some() {
@@ -77,12 +76,12 @@ fn parse_ipv6(s: &NamespaceSection, mode: Mode, layer2: bool) -> Result<(Subnet6
         }
     };
     let address6 = match (mode, s.address6.as_deref()) {
-        (_, Some("none" | "off")) | (Mode::Router | Mode::Hybrid, None) => Address6::None,
-        (Mode::Router | Mode::Hybrid, Some(_)) => bail!(
-            "`address6` needs mode = \"interface\" (a router claims its LAN hosts' IPv6 addresses; a hybrid member carries IPv4 only for now)"
+        (_, Some("none" | "off")) | (Mode::Router, None) => Address6::None,
+        (Mode::Router, Some(_)) => bail!(
+            "`address6` needs mode = \"interface\" or \"hybrid\" (a router claims its LAN hosts' IPv6 addresses)"
         ),
-        (Mode::Interface, None | Some("auto")) => Address6::Auto,
-        (Mode::Interface, Some(text)) => {
+        (Mode::Interface | Mode::Hybrid, None | Some("auto")) => Address6::Auto,
+        (Mode::Interface | Mode::Hybrid, Some(text)) => {
             let address: Ipv6Addr = text.parse().map_err(|_| {
                 anyhow::anyhow!("address6 '{text}' is not an IPv6 address, \"auto\" or \"none\"")
             })?;

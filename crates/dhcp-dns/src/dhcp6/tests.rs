@@ -328,3 +328,24 @@ fn options_dhcproto_would_choke_on_are_refused_and_counted() {
     let good = message(MessageType::Solicit, None, None);
     assert!(options_sound(&good[4..], 0));
 }
+
+#[test]
+fn a_fixed_size_option_of_another_length_is_refused() {
+    let mut s = server();
+    // The fuzzer's second find: an Elapsed Time of length 0 (dhcproto reads 2 bytes
+    // anyway), after which a Vendor Class of length 0 lay where this check did not look.
+    let mut found = vec![172, 5, 14, 123, 40, 0, 0, 0, 0, 0, 0, 0, 0, 14, 0, 0, 0, 8, 0, 0];
+    found.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 16]);
+    found.extend_from_slice(&[0; 25]);
+    found.push(63);
+    found.extend_from_slice(&[0; 18]);
+    assert_eq!(found.len(), 72);
+    s.handle_request(t0(), &found, host());
+    for (code, len) in [(7u8, 2u8), (8, 1), (12, 4), (14, 1), (19, 0), (20, 2)] {
+        let mut m = vec![1, 0, 0, 1, 0, code, 0, len];
+        m.extend(std::iter::repeat_n(0, usize::from(len)));
+        s.handle_request(t0(), &m, host());
+    }
+    assert_eq!(s.stats().malformed, 7);
+    assert_eq!(outputs(&mut s), vec![]);
+}

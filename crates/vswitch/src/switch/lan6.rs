@@ -60,26 +60,29 @@ impl<P: Copy + Eq> Switch<P> {
         }
     }
 
-    /// Whether this switch carries IPv6: a dual-stack namespace, in interface or router
-    /// mode, a router's LAN ports switched by the bridge (VEB). A hybrid LAN and a VEPA
-    /// router's stay IPv4: their hosts' IPv6 is not carried (and not advertised).
+    /// Whether this switch carries IPv6: a dual-stack namespace, unless a router's LAN
+    /// ports are VEPA ones (their hosts' IPv6 is not carried, nor advertised).
     pub(super) fn carries_ipv6(&self) -> bool {
-        self.config.prefix6.is_some() && self.config.mode != Mode::Hybrid && !self.vepa()
+        self.config.prefix6.is_some() && !self.vepa()
     }
 
     /// An address of the prefix a LAN host uses (from `mac`): learned, and claimed by the
-    /// agent ([`Event::LanHost6Up`]) when new. Never one another member holds: a LAN host
-    /// that claims a member's address by sending from it (or answering for it) would
-    /// silence the proxy and the defence of that address here.
-    fn learn6(&mut self, ip: Ipv6Addr, mac: Mac, now: Instant) {
+    /// agent ([`Event::LanHost6Up`], router mode) when new. A router never learns one
+    /// another member holds: a LAN host that claims a member's address by sending from it
+    /// (or answering for it) would silence the proxy and the defence of that address
+    /// there. A hybrid switch does: another member on its LAN answers there itself.
+    pub(super) fn learn6(&mut self, ip: Ipv6Addr, mac: Mac, now: Instant) {
         let usable = self
             .config
             .prefix6
             .is_some_and(|p| super::v6::member_address(p, ip));
-        if !usable || !host_mac(mac) || self.route6(ip).is_some() {
+        let router = self.config.mode == Mode::Router;
+        if !usable || !host_mac(mac) || (router && self.route6(ip).is_some()) {
             return;
         }
         self.asked6.remove(&ip);
+        self.probes6.remove(&ip);
+        self.confirmed6.remove(&ip);
         if let Some(host) = self.lan6.get_mut(&ip) {
             host.mac = mac;
             host.seen = now;
@@ -98,7 +101,9 @@ impl<P: Copy + Eq> Switch<P> {
             last_probe: None,
         };
         self.lan6.insert(ip, host);
-        self.events.push_back(Event::LanHost6Up(ip));
+        if router {
+            self.events.push_back(Event::LanHost6Up(ip));
+        }
     }
 
     /// Forgets the LAN host at the IPv6 `address` at once (the agent gave it up, or it is
@@ -359,6 +364,15 @@ impl<P: Copy + Eq> Switch<P> {
                 Some(len)
             }
             Emit::Advertise => self.emit_router_advertisement(buf, None),
+            Emit::Reply6 { target, to } => {
+                let flags = ndp::NaFlags {
+                    router: false,
+                    override_cache: true,
+                };
+                let len = ndp::emit_advertisement(buf, (target, mac), to, flags)?;
+                self.counters.nd_replies += 1;
+                Some(len)
+            }
             Emit::Probe(_) | Emit::Reply { .. } => None,
         }
     }
@@ -366,7 +380,7 @@ impl<P: Copy + Eq> Switch<P> {
     /// When the IPv6 LAN timers want to run next.
     pub(super) fn poll_timeout6(&self) -> Option<Instant> {
         if self.config.mode != Mode::Router {
-            return None;
+            return self.probes6_due();
         }
         let hosts = self
             .lan6
@@ -384,6 +398,7 @@ impl<P: Copy + Eq> Switch<P> {
     pub(super) fn handle_timeout6(&mut self, now: Instant) {
         self.asked6
             .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
+        self.expire_probes6(now);
         if self.config.mode != Mode::Router {
             return;
         }

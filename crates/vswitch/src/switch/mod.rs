@@ -6,6 +6,7 @@
 
 mod arp;
 pub(crate) mod broadcast;
+mod hybrid6;
 mod lan;
 mod lan6;
 mod router;
@@ -67,6 +68,12 @@ enum Emit {
     Probe6(Ipv6Addr),
     /// The prefix, to all nodes (a router advertisement).
     Advertise,
+    /// The IPv6 `target` is at the remote MAC, told to the requester (hybrid mode, after
+    /// the LAN probe went unanswered).
+    Reply6 {
+        target: Ipv6Addr,
+        to: (Ipv6Addr, Mac),
+    },
 }
 
 /// The switch of one namespace. `P` names a member (the overlay's peer handle).
@@ -86,6 +93,10 @@ pub struct Switch<P> {
     lan6: HashMap<Ipv6Addr, LanHost>,
     /// Router mode: LAN IPv6 addresses solicited recently (a member sent to an unknown one).
     asked6: HashMap<Ipv6Addr, Instant>,
+    /// Hybrid mode: the host's solicitations waiting for the LAN probe, and the members'
+    /// addresses whose probe went unanswered, until when.
+    probes6: HashMap<Ipv6Addr, hybrid6::Probe6>,
+    confirmed6: HashMap<Ipv6Addr, Instant>,
     /// Router mode, dual stack: when the prefix is advertised next.
     advertise_at: Option<Instant>,
     /// How many of the first, closer spaced, advertisements are still to go.
@@ -130,6 +141,8 @@ impl<P: Copy + Eq> Switch<P> {
             lan6: HashMap::new(),
             asked6: HashMap::new(),
             advertise_at: None,
+            probes6: HashMap::new(),
+            confirmed6: HashMap::new(),
             initial_adverts: 0,
             last_multicast_answer: None,
             probes: HashMap::new(),
@@ -290,7 +303,7 @@ impl<P: Copy + Eq> Switch<P> {
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<usize> {
         // (Taken only once it fits: a short buffer loses nothing.)
         let emit = *self.emits.front()?;
-        if let Emit::Probe6(_) | Emit::Advertise = emit {
+        if let Emit::Probe6(_) | Emit::Advertise | Emit::Reply6 { .. } = emit {
             if buf.len() < crate::ra::ADVERTISEMENT_MAX_LEN {
                 return None;
             }
@@ -310,7 +323,7 @@ impl<P: Copy + Eq> Switch<P> {
                 self.counters.arp_replies += 1;
                 emit_arp_reply(buf, self.config.remote_mac, target, to.0, to.1)
             }
-            Emit::Probe6(_) | Emit::Advertise => return None,
+            Emit::Probe6(_) | Emit::Advertise | Emit::Reply6 { .. } => return None,
         })
     }
 

@@ -115,13 +115,21 @@ impl<P: Copy + Eq> Switch<P> {
         if !self.carries_ipv6() {
             return Action::Drop(DropReason::UnsupportedProtocol);
         }
-        if self.config.mode == Mode::Router {
-            return self.classify_ipv6_lan(frame, eth, &ip, now, reply);
+        let hybrid = self.config.mode == Mode::Hybrid;
+        match self.config.mode {
+            Mode::Router => return self.classify_ipv6_lan(frame, eth, &ip, now, reply),
+            Mode::Hybrid if eth.src() != self.config.device_mac => {
+                return self.learn_from_lan6(frame, eth, &ip, now);
+            }
+            Mode::Hybrid | Mode::Interface => {}
         }
         if let Some(nd) = ndp::parse(frame) {
             return match nd.message {
                 Message::Solicitation { target, link } if !nd.source.is_unspecified() => {
                     let asker = (nd.source, link.unwrap_or(eth.src()));
+                    if hybrid {
+                        return self.hybrid_solicitation(target, asker, now, reply);
+                    }
                     self.answer_solicitation(target, asker, reply)
                 }
                 Message::Solicitation { .. } => Action::Drop(DropReason::NdIgnored),
@@ -148,6 +156,10 @@ impl<P: Copy + Eq> Switch<P> {
                 return Action::Drop(DropReason::BroadcastRateLimited);
             }
             return Action::Broadcast { packet };
+        }
+        // Hybrid: unicast to a LAN host, flooded before the bridge learned where it is.
+        if hybrid && eth.dst() != self.config.remote_mac {
+            return Action::Drop(DropReason::LanLocal);
         }
         if !prefix.contains(&dst) {
             return Action::Drop(DropReason::OutsideSubnet);

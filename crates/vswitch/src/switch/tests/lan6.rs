@@ -418,3 +418,68 @@ fn dhcpv6_from_a_lan_host_goes_to_the_server_and_its_reply_comes_from_the_link_l
     let mut plain = Switch::new(config);
     assert_eq!(tap(&mut plain, &f).0, Action::Drop(DropReason::LinkLocal));
 }
+
+#[test]
+fn a_hybrid_host_is_answered_for_a_remote_member_only_after_the_lan_stayed_silent() {
+    use super::v6::solicitation as host_asks;
+    use super::DEVICE_MAC;
+    let mut sw = dual(Mode::Hybrid);
+    let timeout = sw.config().probe_timeout;
+    // Another host on the LAN: learned from what the bridge floods, and not carried.
+    assert_eq!(
+        tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(0x51)))).0,
+        Action::Drop(DropReason::OtherHost)
+    );
+    assert_eq!(events(&mut sw), vec![], "a hybrid switch claims no LAN host");
+    assert_eq!(
+        tap(&mut sw, &host_asks(a6(0x50))).0,
+        Action::Drop(DropReason::LanLocal)
+    );
+    // A member elsewhere: the LAN is asked first.
+    assert_eq!(
+        tap(&mut sw, &host_asks(a6(PEER))).0,
+        Action::Drop(DropReason::ArpProbing)
+    );
+    let mut out = vec![0u8; MIN_REPLY_BUF];
+    let len = sw.poll_transmit(&mut out).expect("a probe");
+    assert!(matches!(
+        ndp::parse(&out[..len]).map(|n| n.message),
+        Some(Message::Solicitation { target, .. }) if target == a6(PEER)
+    ));
+    assert_eq!(sw.poll_timeout(), Some(t0() + timeout));
+    sw.handle_timeout(t0() + timeout);
+    let len = sw.poll_transmit(&mut out).expect("the deferred answer");
+    let nd = ndp::parse(&out[..len]).unwrap();
+    assert_eq!(&out[..6], &DEVICE_MAC);
+    assert!(matches!(
+        nd.message,
+        Message::Advertisement { target, link: Some(REMOTE_MAC), .. } if target == a6(PEER)
+    ));
+    // Confirmed remote: answered at once from now on.
+    assert!(matches!(
+        tap(&mut sw, &host_asks(a6(PEER))).0,
+        Action::ToTap { .. }
+    ));
+    // A member on this LAN answers the probe itself: the host is left to it.
+    sw.set_peer_addresses6(8, &[a6(0x60)]);
+    let _ = tap(&mut sw, &host_asks(a6(0x60)));
+    let mut na = vec![0u8; ndp::ADVERTISEMENT_FRAME_LEN];
+    let to = (link_local_of(REMOTE_MAC), REMOTE_MAC);
+    ndp::emit_advertisement(&mut na, (a6(0x60), LAN_B), to, NaFlags::default()).unwrap();
+    assert_eq!(tap(&mut sw, &na).0, Action::Drop(DropReason::OtherHost));
+    while sw.poll_transmit(&mut out).is_some() {}
+    sw.handle_timeout(t0() + timeout * 3);
+    assert_eq!(sw.poll_transmit(&mut out), None, "no answer for a LAN member");
+    assert_eq!(
+        tap(&mut sw, &host_asks(a6(0x60))).0,
+        Action::Drop(DropReason::LanLocal)
+    );
+    // The host's unicast to a LAN host's MAC is the LAN's; to the remote MAC, the member's.
+    let mut direct = echo(a6(0x10), a6(0x60));
+    direct[..6].copy_from_slice(&LAN_B);
+    assert_eq!(tap(&mut sw, &direct).0, Action::Drop(DropReason::LanLocal));
+    assert!(matches!(
+        tap(&mut sw, &echo(a6(0x10), a6(PEER))).0,
+        Action::ToPeer { peer: 7, .. }
+    ));
+}
