@@ -145,11 +145,16 @@ fn slaac6(bed: &Testbed, host: &Host, prefix: ipnet::Ipv6Net) -> Ipv6Addr {
         let out = bed
             .ns_output(&host.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
             .unwrap();
-        formed = String::from_utf8_lossy(&out.stdout).lines().find_map(|line| {
-            let word = line.split_whitespace().skip_while(|w| *w != "inet6").nth(1)?;
-            let a: Ipv6Addr = word.split('/').next()?.parse().ok()?;
-            (prefix.contains(&a) && !line.contains("tentative")).then_some(a)
-        });
+        formed = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|line| {
+                let word = line
+                    .split_whitespace()
+                    .skip_while(|w| *w != "inet6")
+                    .nth(1)?;
+                let a: Ipv6Addr = word.split('/').next()?.parse().ok()?;
+                (prefix.contains(&a) && !line.contains("tentative")).then_some(a)
+            });
         formed.is_some()
     });
     formed.expect("a SLAAC address")
@@ -403,19 +408,28 @@ fn router_hybrid_and_interface_hosts_share_one_namespace() {
         .iter()
         .map(|h| carried(&site.ns_status(h)))
         .collect();
-    assert_eq!(after, before, "site 2 IPv6 LAN traffic reached a hybrid agent");
+    assert_eq!(
+        after, before,
+        "site 2 IPv6 LAN traffic reached a hybrid agent"
+    );
     let h3 = site.ns_status(&site.hybrids[0]);
     assert!(h3.lan_hosts.contains(&hosts6[2].1.to_string()), "{h3:?}");
     // iperf3 over IPv6 to the router's LAN host, from the interface and a hybrid host.
     let l1_v6 = hosts6[3].1;
-    for (from, port) in [(site.iface.0.clone(), 5311), (site.hybrids[0].0.clone(), 5312)] {
+    for (from, port) in [
+        (site.iface.0.clone(), 5311),
+        (site.hybrids[0].0.clone(), 5312),
+    ] {
         let l1 = site.lan_hosts[0].clone();
         let (packets, lost) = site
             .bed
             .udp_stream(&from, &l1, l1_v6, port, ("50M", 1200, 2))
             .expect("UDP stream over IPv6");
         eprintln!("IPv6 UDP {} -> l1: {packets} sent, {lost} lost", from.name);
-        assert!(packets > 500 && lost * 4 < packets, "{packets} sent, {lost} lost");
+        assert!(
+            packets > 500 && lost * 4 < packets,
+            "{packets} sent, {lost} lost"
+        );
     }
 
     // A UDP stream to a plain LAN host behind the router: the router's agent writes its

@@ -46,6 +46,11 @@ const MAX_DECLINED: usize = 256;
 pub const OFFER_LIFETIME: Duration = Duration::from_secs(60);
 /// Addresses tried for one client before it is told none is available.
 const MAX_TRIES: u32 = 8;
+/// How long a request waits for the claim of its address; then it is dropped (the client
+/// asks again, and is answered then).
+pub const CLAIM_WAIT: Duration = Duration::from_secs(30);
+/// The longest DUID (RFC 8415 11.1).
+const MAX_DUID: usize = 130;
 
 /// What a namespace's DHCPv6 replies say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,11 +100,24 @@ pub struct Reply {
 pub enum Output {
     /// Send this reply.
     Reply(Reply),
-    /// Claim `address` in the DHT for a client of the LAN; answer with
-    /// [`Server::allocated`] or [`Server::refused`].
-    Claim(Ipv6Addr),
-    /// The address is free again (released, declined or expired): release its DHT lease.
-    Release(Ipv6Addr),
+    /// Claim `address` in the DHT for the client at `mac`; answer with
+    /// [`Server::allocated`] or [`Server::refused`] (refuse it at once if another host of
+    /// the LAN uses it).
+    Claim {
+        /// The address.
+        address: Ipv6Addr,
+        /// The client's MAC.
+        mac: [u8; 6],
+    },
+    /// The address is free again (released, declined, expired, or won for a client that
+    /// stopped waiting): release its DHT lease, unless a host other than the one at `mac`
+    /// uses it on the LAN.
+    Release {
+        /// The address.
+        address: Ipv6Addr,
+        /// The MAC of the client it was for, if known.
+        mac: Option<[u8; 6]>,
+    },
 }
 
 /// Counters.
@@ -120,6 +138,7 @@ pub struct Stats {
 #[derive(Debug, Clone)]
 struct Binding {
     address: Ipv6Addr,
+    mac: [u8; 6],
     expires: Instant,
     /// Advertised and not yet requested: it lapses after [`OFFER_LIFETIME`].
     offered: bool,
@@ -136,6 +155,8 @@ struct Pending {
     /// Only the address the client named will do (it renews or rebinds one it has).
     exact: bool,
     tries: u32,
+    /// Dropped at this time if still waiting.
+    until: Instant,
 }
 
 /// One namespace's DHCPv6 server.
@@ -178,30 +199,36 @@ impl Server {
         self.out.pop_front()
     }
 
-    /// When [`Server::handle_timeout`] next has work: a binding that expires.
+    /// When [`Server::handle_timeout`] next has work: a binding that expires, or a request
+    /// that stops waiting for its claim.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.bindings.values().map(|b| b.expires).min()
+        let bindings = self.bindings.values().map(|b| b.expires);
+        bindings.chain(self.pending.values().map(|p| p.until)).min()
     }
 
-    /// Expires the bindings whose time is up: their addresses are released.
+    /// Expires the bindings whose time is up (their addresses are released), and drops the
+    /// requests that waited too long for a claim.
     pub fn handle_timeout(&mut self, now: Instant) {
         let out = &mut self.out;
         self.bindings.retain(|_, b| {
             let keep = b.expires > now;
             if !keep {
-                out.push_back(Output::Release(b.address));
+                out.push_back(Output::Release {
+                    address: b.address,
+                    mac: Some(b.mac),
+                });
             }
             keep
         });
+        self.pending.retain(|_, p| p.until > now);
     }
 
     /// A DHCPv6 message from the LAN host at `from` (its link-local address and MAC).
     pub fn handle_request(&mut self, now: Instant, payload: &[u8], from: (Ipv6Addr, [u8; 6])) {
         // Relay messages (types 12 and 13) are not served; anything else is checked before
         // dhcproto reads it (see `options_sound`).
-        let sound = payload.len() >= 4
-            && !matches!(payload[0], 12 | 13)
-            && options_sound(&payload[4..], 0);
+        let sound =
+            payload.len() >= 4 && !matches!(payload[0], 12 | 13) && options_sound(&payload[4..], 0);
         if !sound {
             self.stats.malformed += 1;
             return;
@@ -236,7 +263,9 @@ impl Server {
             return;
         }
         let duid = match message.opts().get(OptionCode::ClientId) {
-            Some(DhcpOption::ClientId(duid)) if !duid.is_empty() => Some(duid.clone()),
+            Some(DhcpOption::ClientId(duid)) if !duid.is_empty() && duid.len() <= MAX_DUID => {
+                Some(duid.clone())
+            }
             _ => None,
         };
         if kind == MessageType::InformationRequest {
@@ -273,7 +302,7 @@ impl Server {
                     (Some(_), _) => {
                         self.assign(now, client, message, from, (MessageType::Reply, named));
                     }
-                    (None, Some(n)) => self.assign_exact(client, message, from, n),
+                    (None, Some(n)) => self.assign_exact(now, client, message, from, n),
                     (None, None) => {
                         self.reply_status(&message, &client, from, Status::NoBinding);
                     }
@@ -283,20 +312,29 @@ impl Server {
                 if kind == MessageType::Decline {
                     self.stats.declines += 1;
                 }
+                // A claim still out for it is no longer wanted.
+                self.pending.retain(|_, p| p.client != client);
                 if let Some(b) = self.bindings.remove(&client) {
                     if kind == MessageType::Decline && self.declined.len() < MAX_DECLINED {
                         // Someone on the link uses it: never offered again.
                         self.declined.insert(b.address);
                     }
-                    self.out.push_back(Output::Release(b.address));
+                    self.out.push_back(Output::Release {
+                        address: b.address,
+                        mac: Some(b.mac),
+                    });
                 }
                 self.send(&message, Some(&client.duid), from, |opts| {
                     opts.insert(status(Status::Success, "done"));
                 });
             }
             MessageType::Confirm => {
-                let prefix = self.settings.prefix;
-                let on_link = named.is_none_or(|a| prefix.contains(&a));
+                // Nothing to confirm: no reply (RFC 8415 18.3.3).
+                let Some(named) = named else {
+                    self.stats.ignored += 1;
+                    return;
+                };
+                let on_link = self.settings.prefix.contains(&named);
                 let (code, text) = if on_link {
                     (Status::Success, "on link")
                 } else {
@@ -314,6 +352,10 @@ impl Server {
     /// goes out.
     pub fn allocated(&mut self, address: Ipv6Addr, now: Instant) {
         let Some(p) = self.pending.remove(&address) else {
+            // Won for a request that stopped waiting: not anyone's here.
+            if !self.bindings.values().any(|b| b.address == address) {
+                self.out.push_back(Output::Release { address, mac: None });
+            }
             return;
         };
         let offered = p.answer == MessageType::Advertise;
@@ -324,11 +366,13 @@ impl Server {
         };
         if let Some(old) = self.bindings.get(&p.client).map(|b| b.address) {
             if old != address {
-                self.out.push_back(Output::Release(old));
+                let mac = Some(p.from.1);
+                self.out.push_back(Output::Release { address: old, mac });
             }
         }
         let binding = Binding {
             address,
+            mac: p.from.1,
             expires: now + lifetime,
             offered,
         };
@@ -354,8 +398,9 @@ impl Server {
         }
         match self.candidate(&p.client, p.tries) {
             Some(next) => {
+                let mac = p.from.1;
                 self.pending.insert(next, p);
-                self.out.push_back(Output::Claim(next));
+                self.out.push_back(Output::Claim { address: next, mac });
             }
             None => self.reply_status(&p.message, &p.client, p.from, Status::NoAddrsAvail),
         }
@@ -387,6 +432,7 @@ impl Server {
                 answer,
                 exact: false,
                 tries: 0,
+                until: now,
             };
             self.answer_with(&p, address);
             return;
@@ -398,25 +444,40 @@ impl Server {
             self.reply_status(&message, &client, from, Status::NoAddrsAvail);
             return;
         };
-        self.claim(client, message, from, (answer, address, false));
+        self.claim(now, client, message, from, (answer, address, false));
     }
 
     /// RENEW or REBIND of an address this server has no binding for: that address only.
     fn assign_exact(
         &mut self,
+        now: Instant,
         client: Client,
         message: Message,
         from: (Ipv6Addr, [u8; 6]),
         named: Ipv6Addr,
     ) {
-        match Some(named).filter(|a| self.usable(*a)) {
-            Some(address) => self.claim(client, message, from, (MessageType::Reply, address, true)),
-            None => self.reply_status(&message, &client, from, Status::NotOnLink),
+        if self.usable(named) {
+            let answer = (MessageType::Reply, named, true);
+            self.claim(now, client, message, from, answer);
+            return;
         }
+        // Not one this server can give (outside the prefix, declined, another client's):
+        // returned with lifetimes 0, so the client stops using it now (RFC 8415 18.3.4).
+        let p = Pending {
+            client,
+            message,
+            from,
+            answer: MessageType::Reply,
+            exact: true,
+            tries: 0,
+            until: now,
+        };
+        self.answer_with_lifetimes(&p, named, 0);
     }
 
     fn claim(
         &mut self,
+        now: Instant,
         client: Client,
         message: Message,
         from: (Ipv6Addr, [u8; 6]),
@@ -441,9 +502,11 @@ impl Server {
             answer,
             exact,
             tries: 0,
+            until: now + CLAIM_WAIT,
         };
+        let mac = from.1;
         self.pending.insert(address, p);
-        self.out.push_back(Output::Claim(address));
+        self.out.push_back(Output::Claim { address, mac });
     }
 
     /// Whether `address` may be handed out: in the prefix, neither its `::` nor its `::1`
@@ -476,6 +539,10 @@ impl Server {
 
     fn answer_with(&mut self, p: &Pending, address: Ipv6Addr) {
         let lease = u32::try_from(self.settings.lease.as_secs()).unwrap_or(u32::MAX);
+        self.answer_with_lifetimes(p, address, lease);
+    }
+
+    fn answer_with_lifetimes(&mut self, p: &Pending, address: Ipv6Addr, lease: u32) {
         let ia = IANA {
             id: p.client.iaid,
             t1: lease / 2,

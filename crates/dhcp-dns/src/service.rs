@@ -75,9 +75,10 @@ const MAX_CACHE: usize = 4096;
 /// IPv6 holders cached (reverse lookups); beyond, that cache alone starts over.
 const MAX_CACHE6: usize = 1024;
 
-/// IPv4 and UDP headers: a UDP answer is at most the namespace MTU less these. A larger
-/// forwarded answer is sent truncated (the client asks again over TCP).
-const UDP_OVERHEAD: usize = 28;
+/// IPv6 and UDP headers (the larger family's, so an answer fits either): a UDP answer is
+/// at most the namespace MTU less these. A larger forwarded answer is sent truncated (the
+/// client asks again over TCP, which the IPv4 service address serves).
+const UDP_OVERHEAD: usize = 48;
 
 /// Who asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

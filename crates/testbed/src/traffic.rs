@@ -2,7 +2,6 @@
 //! wrote: a TCP transfer (socat, sha256sum), a UDP stream (iperf3), and a web page as a
 //! browser renders it (chromium).
 
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};

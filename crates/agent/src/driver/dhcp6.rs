@@ -61,10 +61,27 @@ impl Control {
                         self.batch.write_reply(i, len);
                     }
                 }
-                dhcp6::Output::Claim(address) => n.membership.claim_for_dhcp6(address, now),
-                dhcp6::Output::Release(address) => {
-                    released |= n.membership.remove_hosted6(address);
-                    lock(&self.dp).lanes[i].switch.forget_lan_host6(address);
+                dhcp6::Output::Claim { address, mac } => {
+                    // Another host of the LAN uses it (a SLAAC or static address): not
+                    // this client's, whoever holds the lease.
+                    let seen = lock(&self.dp).lanes[i].switch.lan_host6(address);
+                    if seen.is_some_and(|m| m != mac) {
+                        if let Some(server) = n.dhcp6.as_mut() {
+                            server.refused(address);
+                        }
+                    } else {
+                        n.membership.claim_for_dhcp6(address, now);
+                    }
+                }
+                dhcp6::Output::Release { address, mac } => {
+                    let mut dp = lock(&self.dp);
+                    let switch = &mut dp.lanes[i].switch;
+                    let in_use = switch.lan_host6(address).is_some_and(|m| Some(m) != mac);
+                    if !in_use {
+                        switch.forget_lan_host6(address);
+                    }
+                    drop(dp);
+                    released |= n.membership.release_dhcp6(address, in_use);
                 }
             }
         }

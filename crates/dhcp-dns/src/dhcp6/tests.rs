@@ -77,7 +77,10 @@ fn reply(s: &mut Server) -> Message {
 /// The only output: a claim.
 fn claim(s: &mut Server) -> Ipv6Addr {
     match outputs(s).as_slice() {
-        [Output::Claim(a)] => *a,
+        [Output::Claim { address, mac }] => {
+            assert_eq!(*mac, HOST_MAC);
+            *address
+        }
         other => panic!("not one claim: {other:?}"),
     }
 }
@@ -137,7 +140,13 @@ fn a_client_is_advertised_a_claimed_address_then_leased_it_on_request() {
     s.handle_timeout(t0() + OFFER_LIFETIME + Duration::from_secs(1));
     assert_eq!(outputs(&mut s), vec![]);
     s.handle_timeout(t0() + Duration::from_secs(601));
-    assert_eq!(outputs(&mut s), vec![Output::Release(address)]);
+    assert_eq!(
+        outputs(&mut s),
+        vec![Output::Release {
+            address: address,
+            mac: Some(HOST_MAC)
+        }]
+    );
     // The same client gets the same address next time.
     let mut again = server();
     again.handle_request(t0(), &message(MessageType::Solicit, None, None), host());
@@ -213,7 +222,11 @@ fn a_renewal_after_a_restart_claims_that_address_only() {
     // Outside the prefix: not on link.
     let far: Ipv6Addr = "2001:db8::1".parse().unwrap();
     s.handle_request(t0(), &message(MessageType::Rebind, Some(far), None), host());
-    assert_eq!(ia_status(&reply(&mut s)), Some(Status::NotOnLink));
+    let r = reply(&mut s);
+    let zero = ia(&r).opts.iter().any(|o| {
+        matches!(o, DhcpOption::IAAddr(a) if a.addr == far && a.valid_life == 0 && a.preferred_life == 0)
+    });
+    assert!(zero, "returned with lifetimes 0: {r:?}");
 }
 
 #[test]
@@ -234,7 +247,13 @@ fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_agai
         host(),
     );
     let out = outputs(&mut s);
-    assert_eq!(out[0], Output::Release(first));
+    assert_eq!(
+        out[0],
+        Output::Release {
+            address: first,
+            mac: Some(HOST_MAC)
+        }
+    );
     assert!(matches!(&out[1], Output::Reply(_)));
     assert_eq!(s.stats().declines, 1);
     assert!(!s.usable(first));
@@ -253,7 +272,13 @@ fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_agai
         host(),
     );
     let out = outputs(&mut s);
-    assert_eq!(out[0], Output::Release(second));
+    assert_eq!(
+        out[0],
+        Output::Release {
+            address: second,
+            mac: Some(HOST_MAC)
+        }
+    );
     assert!(s.usable(second));
 }
 
@@ -334,7 +359,9 @@ fn a_fixed_size_option_of_another_length_is_refused() {
     let mut s = server();
     // The fuzzer's second find: an Elapsed Time of length 0 (dhcproto reads 2 bytes
     // anyway), after which a Vendor Class of length 0 lay where this check did not look.
-    let mut found = vec![172, 5, 14, 123, 40, 0, 0, 0, 0, 0, 0, 0, 0, 14, 0, 0, 0, 8, 0, 0];
+    let mut found = vec![
+        172, 5, 14, 123, 40, 0, 0, 0, 0, 0, 0, 0, 0, 14, 0, 0, 0, 8, 0, 0,
+    ];
     found.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 16]);
     found.extend_from_slice(&[0; 25]);
     found.push(63);
@@ -348,4 +375,49 @@ fn a_fixed_size_option_of_another_length_is_refused() {
     }
     assert_eq!(s.stats().malformed, 7);
     assert_eq!(outputs(&mut s), vec![]);
+}
+
+#[test]
+fn a_request_that_waits_too_long_is_dropped_and_its_late_claim_given_back() {
+    let mut s = server();
+    s.handle_request(t0(), &message(MessageType::Solicit, None, None), host());
+    let address = claim(&mut s);
+    assert_eq!(s.poll_timeout(), Some(t0() + CLAIM_WAIT));
+    s.handle_timeout(t0() + CLAIM_WAIT);
+    // The client asks again: a new claim goes out (the first no longer blocks it).
+    s.handle_request(
+        t0() + CLAIM_WAIT,
+        &message(MessageType::Solicit, None, None),
+        host(),
+    );
+    assert_eq!(claim(&mut s), address);
+    s.handle_timeout(t0() + CLAIM_WAIT * 2);
+    // The DHT answers late: nobody waits, so the address goes back.
+    s.allocated(address, t0() + CLAIM_WAIT * 2);
+    assert_eq!(
+        outputs(&mut s),
+        vec![Output::Release { address, mac: None }]
+    );
+    // A release while a claim is out drops the claim.
+    let id = Some(duid_ll(AGENT_MAC));
+    s.handle_request(
+        t0(),
+        &message(MessageType::Request, None, id.clone()),
+        host(),
+    );
+    let pending = claim(&mut s);
+    s.handle_request(
+        t0(),
+        &message(MessageType::Release, Some(pending), id),
+        host(),
+    );
+    let _ = outputs(&mut s);
+    s.allocated(pending, t0());
+    assert_eq!(
+        outputs(&mut s),
+        vec![Output::Release {
+            address: pending,
+            mac: None
+        }]
+    );
 }

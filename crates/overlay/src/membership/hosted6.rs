@@ -19,6 +19,10 @@ pub(super) struct Hosted6 {
     refused: bool,
     /// A DHCPv6 client waits for the outcome of its claim ([`super::Event::Dhcp6`]).
     for_dhcp: bool,
+    /// Seen on the LAN (the switch learned it), and leased by the DHCPv6 server: it is
+    /// given back when neither holds it any more.
+    learned: bool,
+    leased: bool,
     claiming: Option<Token>,
     next: Option<Instant>,
 }
@@ -40,7 +44,11 @@ impl Membership {
 
     /// Router mode: the IPv6 `address` appeared on the LAN; claim it for this member.
     pub fn add_hosted6(&mut self, address: Ipv6Addr, now: Instant) {
-        if self.left || self.hosted6.contains_key(&address) {
+        if self.left {
+            return;
+        }
+        if let Some(h) = self.hosted6.get_mut(&address) {
+            h.learned = true;
             return;
         }
         let usable = self.prefix6.is_some_and(|p| super::usable6(p, address));
@@ -52,6 +60,7 @@ impl Membership {
         tracing::info!(namespace = %self.name, %address, "LAN host found; claiming its IPv6 address");
         let hosted = Hosted6 {
             next: Some(now),
+            learned: true,
             ..Hosted6::default()
         };
         self.hosted6.insert(address, hosted);
@@ -69,6 +78,7 @@ impl Membership {
             return;
         }
         let h = self.hosted6.entry(address).or_default();
+        h.leased = true;
         if h.owned {
             self.events
                 .push_back(super::Event::Dhcp6 { address, won: true });
@@ -80,9 +90,36 @@ impl Membership {
         }
     }
 
-    /// Router mode: the LAN host at the IPv6 `address` went away; give the address back.
-    /// Returns whether this member's addresses changed.
+    /// Router mode: the LAN host at the IPv6 `address` went away; give the address back,
+    /// unless a DHCPv6 lease still holds it (the client may only be quiet). Returns whether
+    /// this member's addresses changed.
     pub fn remove_hosted6(&mut self, address: Ipv6Addr) -> bool {
+        match self.hosted6.get_mut(&address) {
+            Some(h) if h.leased => {
+                h.learned = false;
+                false
+            }
+            Some(_) => self.give_back6(address),
+            None => false,
+        }
+    }
+
+    /// Router mode: the DHCPv6 lease on `address` ended (released, declined, expired).
+    /// Given back unless `in_use`: another host of the LAN uses it (its own lease stays).
+    /// Returns whether this member's addresses changed.
+    pub fn release_dhcp6(&mut self, address: Ipv6Addr, in_use: bool) -> bool {
+        match self.hosted6.get_mut(&address) {
+            Some(h) if in_use => {
+                h.leased = false;
+                h.learned = true;
+                false
+            }
+            Some(_) => self.give_back6(address),
+            None => false,
+        }
+    }
+
+    fn give_back6(&mut self, address: Ipv6Addr) -> bool {
         let Some(h) = self.hosted6.remove(&address) else {
             return false;
         };
@@ -167,11 +204,14 @@ impl Membership {
         let won = matches!(result, ClaimResult::Won | ClaimResult::Kept(_));
         if std::mem::take(&mut h.for_dhcp) {
             self.events.push_back(super::Event::Dhcp6 { address, won });
-            if !won && !was {
+            if !won && !was && !h.learned {
                 // A DHCPv6 candidate another member holds (or the replicas did not
                 // grant): the server tries another; nothing to retry here.
                 self.hosted6.remove(&address);
                 return;
+            }
+            if !won {
+                h.leased = false;
             }
         }
         match result {

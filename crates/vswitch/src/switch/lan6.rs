@@ -106,6 +106,11 @@ impl<P: Copy + Eq> Switch<P> {
         }
     }
 
+    /// The MAC of the LAN host at the IPv6 `address`, if one is known here.
+    pub fn lan_host6(&self, address: Ipv6Addr) -> Option<Mac> {
+        self.lan6.get(&address).map(|h| h.mac)
+    }
+
     /// Forgets the LAN host at the IPv6 `address` at once (the agent gave it up, or it is
     /// held elsewhere); its next frame here makes it [`Event::LanHost6Up`] again.
     pub fn forget_lan_host6(&mut self, address: Ipv6Addr) {

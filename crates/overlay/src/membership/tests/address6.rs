@@ -237,3 +237,61 @@ fn a_routers_lan_hosts_ipv6_addresses_are_claimed_renewed_and_given_back() {
     net.run_for(Duration::from_millis(200));
     assert!(!net.replicas.leases.contains_key(&key));
 }
+
+#[test]
+fn a_dhcpv6_lease_outlives_a_quiet_host_and_a_refused_candidate_spares_a_seen_host() {
+    let mut net = Net::new();
+    let a = net.add(dual(Address6::Auto), 1);
+    let r = net.add(router6(), 2);
+    net.run_for(Duration::from_secs(1));
+    let dhcp6 = |events: &[Event]| -> Vec<(Ipv6Addr, bool)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Dhcp6 { address, won } => Some((*address, *won)),
+                _ => None,
+            })
+            .collect()
+    };
+    let leased = Ipv6Addr::from(u128::from(prefix().network()) | 0x77);
+    net.members[r].claim_for_dhcp6(leased, net.now);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(dhcp6(&net.take_events(r)), vec![(leased, true)]);
+    // Asked again while held: answered at once.
+    net.members[r].claim_for_dhcp6(leased, net.now);
+    net.run_for(Duration::from_millis(10));
+    assert_eq!(dhcp6(&net.take_events(r)), vec![(leased, true)]);
+    // The host fell quiet on the LAN: the lease still holds the address.
+    net.members[r].add_hosted6(leased, net.now);
+    assert!(!net.members[r].remove_hosted6(leased));
+    assert_eq!(net.members[r].addresses6(), vec![leased]);
+    // The lease ends while another host uses the address: kept for that host.
+    assert!(!net.members[r].release_dhcp6(leased, true));
+    assert_eq!(net.members[r].addresses6(), vec![leased]);
+    // That host goes too: given back.
+    assert!(net.members[r].remove_hosted6(leased));
+    net.run_for(Duration::from_millis(200));
+    assert!(!net
+        .replicas
+        .leases
+        .contains_key(&keys().address6_key(leased)));
+    // A candidate A holds: refused, and nothing stays to retry.
+    let held = net.members[a].owned6().unwrap();
+    net.members[r].claim_for_dhcp6(held, net.now);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(dhcp6(&net.take_events(r)), vec![(held, false)]);
+    assert!(net.members[r].addresses6().is_empty());
+    net.run_for(CONFLICT_RETRY * 2);
+    assert_eq!(
+        net.members[r].hosted_conflicts(),
+        0,
+        "a candidate is no conflict"
+    );
+    // One the switch saw a host use stays claimed (and counted) for that host.
+    net.members[r].add_hosted6(held, net.now);
+    net.run_for(Duration::from_secs(1));
+    net.members[r].claim_for_dhcp6(held, net.now);
+    net.run_for(CONFLICT_RETRY * 2);
+    assert_eq!(dhcp6(&net.take_events(r)), vec![(held, false)]);
+    assert_eq!(net.members[r].hosted_conflicts(), 1);
+}

@@ -430,7 +430,11 @@ fn a_hybrid_host_is_answered_for_a_remote_member_only_after_the_lan_stayed_silen
         tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(0x51)))).0,
         Action::Drop(DropReason::OtherHost)
     );
-    assert_eq!(events(&mut sw), vec![], "a hybrid switch claims no LAN host");
+    assert_eq!(
+        events(&mut sw),
+        vec![],
+        "a hybrid switch claims no LAN host"
+    );
     assert_eq!(
         tap(&mut sw, &host_asks(a6(0x50))).0,
         Action::Drop(DropReason::LanLocal)
@@ -469,7 +473,11 @@ fn a_hybrid_host_is_answered_for_a_remote_member_only_after_the_lan_stayed_silen
     assert_eq!(tap(&mut sw, &na).0, Action::Drop(DropReason::OtherHost));
     while sw.poll_transmit(&mut out).is_some() {}
     sw.handle_timeout(t0() + timeout * 3);
-    assert_eq!(sw.poll_transmit(&mut out), None, "no answer for a LAN member");
+    assert_eq!(
+        sw.poll_transmit(&mut out),
+        None,
+        "no answer for a LAN member"
+    );
     assert_eq!(
         tap(&mut sw, &host_asks(a6(0x60))).0,
         Action::Drop(DropReason::LanLocal)
