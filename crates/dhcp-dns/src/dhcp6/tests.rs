@@ -143,7 +143,7 @@ fn a_client_is_advertised_a_claimed_address_then_leased_it_on_request() {
     assert_eq!(
         outputs(&mut s),
         vec![Output::Release {
-            address: address,
+            address,
             mac: Some(HOST_MAC)
         }]
     );
