@@ -21,8 +21,13 @@ struct Namespace {
     name: String,
     mode: String,
     subnet: String,
-    /// This member: its address (empty while claiming) and name.
+    /// A dual-stack namespace's IPv6 prefix (empty: IPv4 only).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    subnet6: String,
+    /// This member: its address (empty while claiming), its IPv6 address, and name.
     address: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    address6: String,
     hostname: Option<String>,
     /// Members with a live tunnel: a session younger than [`SESSION_LIFETIME_SECS`] and
     /// at least one address (a layer-2 namespace: MAC) announced.
@@ -92,7 +97,9 @@ impl From<&NamespaceStatus> for Namespace {
             name: ns.name.clone(),
             mode: ns.mode.clone(),
             subnet: ns.subnet.clone(),
+            subnet6: ns.subnet6.clone(),
             address: ns.address.clone(),
+            address6: ns.address6.clone(),
             hostname: ns.hostname.clone().filter(|_| ns.name_error.is_none()),
             members: ns
                 .peers

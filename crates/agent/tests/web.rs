@@ -329,20 +329,43 @@ fn the_topology_page_shows_the_members_and_drops_one_that_leaves() {
         .map(|m| bed.status(&m.host, &m.agent).unwrap().identity)
         .collect();
     let profile: PathBuf = bed.dir().join("chromium");
+    // Each member's IPv6 address (the namespace is dual-stack with no configuration).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let v6: Vec<String> = members
+        .iter()
+        .map(|m| loop {
+            let a6 = bed.status(&m.host, &m.agent).unwrap().namespaces[0]
+                .address6
+                .clone();
+            if !a6.is_empty() {
+                break a6;
+            }
+            assert!(std::time::Instant::now() < deadline, "no IPv6 address");
+            std::thread::sleep(Duration::from_millis(200));
+        })
+        .collect();
 
-    // Every member with its address and name (the names come from the DHT, read when the
-    // page first asks, so they may take a poll or two).
+    // Every member with its addresses and name (the names come from the DHT, read when
+    // the page first asks, so they may take a poll or two; IPv6 addresses come with the
+    // members' announcements).
     let names = ["alpha.lab", "beta.lab", "gamma.lab"];
     let (dom, rows) = render_until(&bed, &a.host, &profile, |rows| {
         rows.len() == 3
-            && ids
-                .iter()
-                .zip(names)
-                .all(|(id, n)| rows.get(id).is_some_and(|r| r.contains(n)))
+            && ids.iter().zip(names).zip(&v6).all(|((id, n), a6)| {
+                rows.get(id)
+                    .is_some_and(|r| r.contains(n) && r.contains(a6.as_str()))
+            })
     });
     for (m, id) in members.iter().zip(&ids) {
         assert!(rows[id].contains(&m.address.to_string()), "{}", rows[id]);
     }
+    let prefix = bed.status(&a.host, &a.agent).unwrap().namespaces[0]
+        .subnet6
+        .clone();
+    assert!(
+        dom.contains(&prefix),
+        "the IPv6 prefix in the heading: {dom}"
+    );
     assert!(rows[&ids[0]].contains("this agent"), "{}", rows[&ids[0]]);
     assert!(rows[&ids[1]].contains("direct"), "{}", rows[&ids[1]]);
     assert!(dom.contains("live · updated"), "{dom}");
