@@ -152,6 +152,14 @@ pub struct CloudInitArgs {
     /// `auto`, `dhcp` or a static address (router mode: none).
     #[arg(long)]
     pub address: Option<String>,
+    /// The namespace's IPv6 prefix, or `off` (IPv4 only); default: the unique local /64
+    /// derived from the namespace, the same at every member.
+    #[arg(long)]
+    pub subnet6: Option<String>,
+    /// `auto`, a static IPv6 address of the prefix, or `none` (router mode: none; it claims
+    /// its LAN hosts').
+    #[arg(long)]
+    pub address6: Option<String>,
     /// This member's name in the namespace DNS; default: the instance's name from the
     /// provider's metadata, else its host name, at boot.
     #[arg(long)]
@@ -413,6 +421,12 @@ fn config_text(
     match (args.mode.as_str(), &args.address) {
         ("router", None) => {}
         (_, address) => ns["address"] = value(address.as_deref().unwrap_or("auto")),
+    }
+    if let Some(subnet6) = &args.subnet6 {
+        ns["subnet6"] = value(subnet6.as_str());
+    }
+    if let Some(address6) = &args.address6 {
+        ns["address6"] = value(address6.as_str());
     }
     if let Some(bridge) = &args.bridge {
         ns["bridge"] = value(bridge.as_str());

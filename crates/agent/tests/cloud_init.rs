@@ -229,6 +229,39 @@ fn every_providers_user_data_passes_the_schema_and_carries_a_loadable_config() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("overlap"), "{err}");
+
+    // IPv6: a prefix and an address of it go into the config; one outside it, or an
+    // address for a router, is refused with the agent's message.
+    let dual = |extra: &[&str]| {
+        let mut args = vec![
+            "cloud-init",
+            "--namespace",
+            "lab",
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--subnet",
+            "10.1.0.0/24",
+            "--install",
+            "/usr/bin/hyphae",
+        ];
+        args.extend_from_slice(extra);
+        hyphae(&args)
+    };
+    let out = dual(&["--subnet6", "fd00:5::/64", "--address6", "fd00:5::20"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(r#"subnet6 = "fd00:5::/64""#), "{text}");
+    assert!(text.contains(r#"address6 = "fd00:5::20""#), "{text}");
+    let out = dual(&["--subnet6", "fd00:5::/64", "--address6", "fd00:6::20"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("subnet6"));
+    let out = dual(&["--mode", "router", "--bridge", "br0", "--address6", "auto"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("address6"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
