@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         s.handle_request(now + Duration::from_secs(round), data, from);
         let mut granted = round == 1;
         while let Some(o) = s.poll_output() {
-            if let Output::Claim(address) = o {
+            if let Output::Claim { address, .. } = o {
                 granted = !granted;
                 if granted {
                     s.allocated(address, now);
