@@ -299,7 +299,7 @@ pub(crate) fn more_queues(first: &SyncDevice, queues: usize) -> Result<Vec<SyncD
         .collect()
 }
 
-/// Has the kernel hand each IPv4 flow's frames to queue `k` of the TAP, `k` being the
+/// Has the kernel hand each IP flow's frames (IPv4 or IPv6) to queue `k` of the TAP, `k` being the
 /// tunnel shard the flow is sealed on (`hyphae_overlay::flow_shard`, over at most
 /// `MAX_SHARDS` shards), which worker `k` owns: a flow is read, sealed, received and
 /// written by one worker at each end, from its first frame and for good

@@ -414,6 +414,27 @@ fn router_hybrid_and_interface_hosts_share_one_namespace() {
     );
     let h3 = site.ns_status(&site.hybrids[0]);
     assert!(h3.lan_hosts.contains(&hosts6[2].1.to_string()), "{h3:?}");
+    // h3's kernel holds h4's own MAC for it, not an agent's FE:FD one.
+    let neigh = site
+        .bed
+        .ns_output(
+            &site.hybrids[0].0.ns,
+            "ip",
+            &[
+                "-6",
+                "neigh",
+                "show",
+                &hosts6[2].1.to_string(),
+                "dev",
+                "hy0",
+            ],
+        )
+        .unwrap();
+    let neigh = String::from_utf8_lossy(&neigh.stdout).to_string();
+    assert!(
+        neigh.contains("lladdr") && !neigh.contains("lladdr fe:fd"),
+        "h3's neighbour entry for h4: {neigh}"
+    );
     // iperf3 over IPv6 to the router's LAN host, from the interface and a hybrid host.
     let l1_v6 = hosts6[3].1;
     for (from, port) in [

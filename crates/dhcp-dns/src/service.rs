@@ -75,16 +75,18 @@ const MAX_CACHE: usize = 4096;
 /// IPv6 holders cached (reverse lookups); beyond, that cache alone starts over.
 const MAX_CACHE6: usize = 1024;
 
-/// IPv6 and UDP headers (the larger family's, so an answer fits either): a UDP answer is
-/// at most the namespace MTU less these. A larger forwarded answer is sent truncated (the
-/// client asks again over TCP, which the IPv4 service address serves).
-const UDP_OVERHEAD: usize = 48;
+/// IPv4 and UDP headers: a UDP answer is at most the namespace MTU less these. A larger
+/// forwarded answer is sent truncated (the client asks again over TCP).
+const UDP_OVERHEAD: usize = 28;
+/// The same over IPv6 (its header is 20 bytes longer). DNS over TCP is served at the IPv4
+/// service address only: an IPv6 client's retry must go there.
+const UDP_OVERHEAD6: usize = 48;
 
 /// Who asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Asker<C> {
-    /// Over UDP, from this host (or LAN host).
-    Udp(C),
+    /// Over UDP, from this host (or LAN host); over IPv6 if the flag is set.
+    Udp(C, bool),
     /// Over a TCP connection of the service stack.
     Tcp(tcp::ConnId),
 }
@@ -125,6 +127,7 @@ struct Paced<C> {
     seq: u64,
     query: Vec<u8>,
     client: C,
+    ipv6: bool,
 }
 
 impl<C> PartialEq for Paced<C> {
@@ -311,8 +314,10 @@ impl<C: Copy> Service<C> {
             self.stats.not_ready += 1;
             return;
         };
-        match server.admit(now, source.into(), can_wait) {
-            Verdict::Answer => self.answer(query.to_vec(), Asker::Udp(client), now, held),
+        let source = source.into();
+        let ipv6 = source.is_ipv6();
+        match server.admit(now, source, can_wait) {
+            Verdict::Answer => self.answer(query.to_vec(), Asker::Udp(client, ipv6), now, held),
             Verdict::Delay(at) => {
                 self.paced_seq += 1;
                 self.paced.push(Reverse(Paced {
@@ -320,6 +325,7 @@ impl<C: Copy> Service<C> {
                     seq: self.paced_seq,
                     query: query.to_vec(),
                     client,
+                    ipv6,
                 }));
             }
             Verdict::Truncate => {
@@ -513,8 +519,9 @@ impl<C: Copy> Service<C> {
 
     fn send(&mut self, asker: Asker<C>, mut answer: Vec<u8>, now: Instant) {
         match asker {
-            Asker::Udp(client) => {
-                if answer.len() > usize::from(self.mtu).saturating_sub(UDP_OVERHEAD) {
+            Asker::Udp(client, ipv6) => {
+                let overhead = if ipv6 { UDP_OVERHEAD6 } else { UDP_OVERHEAD };
+                if answer.len() > usize::from(self.mtu).saturating_sub(overhead) {
                     match dns::truncated(&answer) {
                         Some(cut) => answer = cut,
                         None => return,
@@ -543,7 +550,7 @@ impl<C: Copy> Service<C> {
     pub fn handle_timeout(&mut self, now: Instant, held: &impl Held) {
         while self.paced.peek().is_some_and(|Reverse(p)| p.at <= now) {
             if let Some(Reverse(p)) = self.paced.pop() {
-                self.answer(p.query, Asker::Udp(p.client), now, held);
+                self.answer(p.query, Asker::Udp(p.client, p.ipv6), now, held);
             }
         }
         let (late, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)

@@ -207,8 +207,8 @@ impl Tunnels {
 /// The shard of `shards` an IP packet's flow takes: a hash of its addresses, protocol
 /// and (TCP and UDP, not a fragment) ports, the same both ways, so a flow and its replies
 /// keep to one shard (and one worker at each end). The agent's TAP steering program
-/// computes the same in BPF for IPv4 (`hyphae-agent`'s `underlay/bpf.rs`, checked against
-/// this); it reads every IPv6 frame on the first queue.
+/// computes the same in BPF (`hyphae-agent`'s `underlay/bpf.rs`, checked against this for
+/// IPv4 and IPv6).
 pub fn flow_shard(packet: &[u8], shards: usize) -> usize {
     if shards <= 1 {
         return 0;

@@ -284,6 +284,7 @@ impl Node {
         // messages, on shard 0: the receiver then takes a new MAC's announcement before its
         // first frame (different shards may be opened by different workers there).
         let envelope = packet.len() >= 20
+            && packet[0] >> 4 == 4
             && packet[9] == hyphae_vswitch::layer2::IPPROTO_ETHERIP
             && packet[12..20] == [0; 8];
         let shard = if control || envelope {

@@ -32,9 +32,14 @@ impl<P: Copy + Eq> Switch<P> {
         now: Instant,
     ) -> Action<P> {
         match ndp::parse(frame).map(|n| n.message) {
-            Some(Message::Advertisement { target, link, .. }) => {
-                self.learn6(target, link.unwrap_or(eth.src()), now);
+            // Only an advertisement for the sender's own link-layer address: one naming
+            // another is not the sender speaking for itself.
+            Some(Message::Advertisement { target, link, .. })
+                if link.is_none_or(|l| l == eth.src()) =>
+            {
+                self.learn6(target, eth.src(), now);
             }
+            Some(Message::Advertisement { .. }) => {}
             // A probe names an address someone is about to use, not one it answers for.
             Some(Message::Solicitation { .. }) if ip.src().is_unspecified() => {}
             _ => self.learn6(ip.src(), eth.src(), now),

@@ -77,7 +77,8 @@ impl<P: Copy + Eq> Switch<P> {
             .prefix6
             .is_some_and(|p| super::v6::member_address(p, ip));
         let router = self.config.mode == Mode::Router;
-        if !usable || !host_mac(mac) || (router && self.route6(ip).is_some()) {
+        let own = Some(ip) == self.config.address6;
+        if !usable || own || !host_mac(mac) || (router && self.route6(ip).is_some()) {
             return;
         }
         self.asked6.remove(&ip);
@@ -370,9 +371,10 @@ impl<P: Copy + Eq> Switch<P> {
             }
             Emit::Advertise => self.emit_router_advertisement(buf, None),
             Emit::Reply6 { target, to } => {
+                // A proxy's answer on a LAN yields to the owner's (RFC 4861 7.2.8).
                 let flags = ndp::NaFlags {
                     router: false,
-                    override_cache: true,
+                    override_cache: false,
                 };
                 let len = ndp::emit_advertisement(buf, (target, mac), to, flags)?;
                 self.counters.nd_replies += 1;
@@ -385,7 +387,9 @@ impl<P: Copy + Eq> Switch<P> {
     /// When the IPv6 LAN timers want to run next.
     pub(super) fn poll_timeout6(&self) -> Option<Instant> {
         if self.config.mode != Mode::Router {
-            return self.probes6_due();
+            // Hybrid: probes, and LAN addresses that fall silent are forgotten.
+            let silent = self.lan6.values().map(|h| h.seen + self.config.lan_timeout);
+            return silent.chain(self.probes6_due()).min();
         }
         let hosts = self
             .lan6
@@ -405,6 +409,12 @@ impl<P: Copy + Eq> Switch<P> {
             .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
         self.expire_probes6(now);
         if self.config.mode != Mode::Router {
+            // Hybrid: an address silent for `lan_timeout` is no longer the LAN's (a host
+            // that moved away, or one that only claimed it once): its next solicitation is
+            // probed again.
+            let timeout = self.config.lan_timeout;
+            self.lan6
+                .retain(|_, h| now.saturating_duration_since(h.seen) < timeout);
             return;
         }
         if self.advertise_at.is_some_and(|t| t <= now) {

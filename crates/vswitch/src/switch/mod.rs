@@ -470,8 +470,9 @@ impl<P: Copy + Eq> Switch<P> {
                     }
                     return Action::Broadcast { packet };
                 }
-                // Router: LAN unicast the bridge flooded before it learned where to send it.
-                if mode == Mode::Router && eth.dst() != self.config.remote_mac {
+                // Router and hybrid: LAN unicast the bridge flooded before it learned where
+                // to send it (a hybrid host's to a neighbour would otherwise arrive twice).
+                if mode != Mode::Interface && eth.dst() != self.config.remote_mac {
                     return Action::Drop(DropReason::LanLocal);
                 }
                 if !self.config.subnet.contains(&dst) {

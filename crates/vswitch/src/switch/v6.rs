@@ -144,6 +144,11 @@ impl<P: Copy + Eq> Switch<P> {
         if !prefix.contains(&src) {
             return Action::Drop(DropReason::OutsideSubnet);
         }
+        // Hybrid: unicast to a LAN host, flooded before the bridge learned where it is
+        // (before any size check: the LAN's MTU is not the tunnel's).
+        if hybrid && !dst.is_multicast() && eth.dst() != self.config.remote_mac {
+            return Action::Drop(DropReason::LanLocal);
+        }
         let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
         if dst == service_address6(prefix) {
             return self.to_service6(eth, &ip, packet);
@@ -156,10 +161,6 @@ impl<P: Copy + Eq> Switch<P> {
                 return Action::Drop(DropReason::BroadcastRateLimited);
             }
             return Action::Broadcast { packet };
-        }
-        // Hybrid: unicast to a LAN host, flooded before the bridge learned where it is.
-        if hybrid && eth.dst() != self.config.remote_mac {
-            return Action::Drop(DropReason::LanLocal);
         }
         if !prefix.contains(&dst) {
             return Action::Drop(DropReason::OutsideSubnet);
@@ -273,7 +274,8 @@ impl<P: Copy + Eq> Switch<P> {
         }
         let router = self.config.mode == Mode::Router;
         let dst_mac = if dst.is_multicast() {
-            if router && self.is_lan_host6(src) {
+            // A LAN host's own, back from a member: the LAN heard it already.
+            if self.config.mode != Mode::Interface && self.is_lan_host6(src) {
                 return Action::Drop(DropReason::BroadcastFromLan);
             }
             if !self.bucket_in.take(self.config.broadcast_rate, now) {

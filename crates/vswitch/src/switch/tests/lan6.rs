@@ -482,10 +482,38 @@ fn a_hybrid_host_is_answered_for_a_remote_member_only_after_the_lan_stayed_silen
         tap(&mut sw, &host_asks(a6(0x60))).0,
         Action::Drop(DropReason::LanLocal)
     );
-    // The host's unicast to a LAN host's MAC is the LAN's; to the remote MAC, the member's.
+    // The host's unicast to a LAN host's MAC is the LAN's (however large: the LAN's MTU is
+    // not the tunnel's); to the remote MAC, the member's.
     let mut direct = echo(a6(0x10), a6(0x60));
     direct[..6].copy_from_slice(&LAN_B);
     assert_eq!(tap(&mut sw, &direct).0, Action::Drop(DropReason::LanLocal));
+    let mut large = frame6(a6(0x10), a6(0x60), 17, 64, &[0u8; 1400]);
+    large[..6].copy_from_slice(&LAN_B);
+    assert_eq!(tap(&mut sw, &large).0, Action::Drop(DropReason::LanLocal));
+    assert_eq!(sw.counters().packet_too_big, 0);
+    // A neighbour's multicast, back from a member: the host heard it on the LAN already.
+    let group: Ipv6Addr = "ff05::1:3".parse().unwrap();
+    assert_eq!(
+        from_peer(&mut sw, &echo(a6(0x60), group)[ETH_HEADER_LEN..]).0,
+        Action::Drop(DropReason::BroadcastFromLan)
+    );
+    // An advertisement naming another host's MAC teaches nothing.
+    let mut na = vec![0u8; ndp::ADVERTISEMENT_FRAME_LEN];
+    ndp::emit_advertisement(&mut na, (a6(PEER), LAN_B), to, NaFlags::default()).unwrap();
+    na[6..12].copy_from_slice(&LAN_A);
+    let _ = tap(&mut sw, &na);
+    assert!(!sw.lan_hosts6().contains(&a6(PEER)));
+    // A LAN address silent for `lan_timeout` is forgotten: the host's next solicitation for
+    // it is probed again.
+    let later = t0() + sw.config().lan_timeout + Duration::from_secs(1);
+    assert!(sw.poll_timeout().is_some_and(|t| t <= later));
+    sw.handle_timeout(later);
+    assert!(sw.lan_hosts6().is_empty());
+    let mut asks = host_asks(a6(0x60));
+    assert_eq!(
+        sw.handle_tap_frame(later, &mut asks, &mut out),
+        Action::Drop(DropReason::ArpProbing)
+    );
     assert!(matches!(
         tap(&mut sw, &echo(a6(0x10), a6(PEER))).0,
         Action::ToPeer { peer: 7, .. }
