@@ -134,6 +134,14 @@ fn members_keep_addresses_names_and_traffic_under_a_hostile_stranger() {
     let b = start(&mut bed, &secret, 2, "10.203.0.20", "bravo", boot);
     let c = start(&mut bed, &secret, 3, "auto", "charlie", boot);
     let mut members = vec![a, b, c];
+    // The baseline: first the members' tunnels form (charlie's first ping to alpha waits
+    // for its lookup and handshake, which took longer than three pings' 0.4 s once on a
+    // loaded CI machine); every later check pings at once.
+    for (i, m) in members.iter().enumerate() {
+        let to = &members[(i + 1) % members.len()];
+        bed.wait_for_ping(&m.host, to.address, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{} never reached {}: {e}", m.name, to.name));
+    }
     members_intact(&bed, &members);
     let before = rss_check(
         &members.iter().map(|m| &m.agent).collect::<Vec<_>>(),
