@@ -97,6 +97,11 @@ impl Node {
         let result = tunnel
             .lock()
             .decapsulate(Some(route.source_ip()), datagram, out);
+        // Announced again after the flush below: an announcement queued while there was no
+        // session (older addresses) leaves with the flush, after the fresh one, and would
+        // otherwise stand at the member until the next periodic one (20 s without our
+        // address: seen as a first ping lost for 20 s).
+        let mut reannounce = false;
         // Only what the member's keys produced may refresh its endpoint and liveness: a
         // decrypted packet or keepalive, or a handshake response that completed. A cookie
         // reply, and boringtun's cookie answer to handshakes under load, prove nothing.
@@ -116,6 +121,7 @@ impl Node {
                         .is_some_and(|p| std::mem::take(&mut p.announce_pending));
                 if pending {
                     self.announce(now, handle);
+                    reannounce = true;
                 }
                 (Received::Consumed, completed)
             }
@@ -135,6 +141,9 @@ impl Node {
             self.announce_first(now, handle);
         }
         self.flush_tunnel(handle, shard);
+        if reannounce {
+            self.announce(now, handle);
+        }
         received
     }
 
