@@ -358,8 +358,9 @@ fn a_layer2_namespace_carries_any_frame_between_two_sites() {
         "r2's row shows b1's MAC: {ns}"
     );
     assert!(ns["layer2"]["arp_suppressed"].as_u64() >= Some(1), "{ns}");
-    // And a real browser renders it: the MAC-table line and b1's MAC in r2's row (again
-    // until it does: on a loaded machine the page's first poll may miss the dump).
+    // And a real browser renders it: the MAC-table line and b1's MAC in r2's row (shown,
+    // or in the cell's title when r2 has more MACs than the cell shows; again until it
+    // does: on a loaded machine the page's first poll may miss the dump).
     let profile = bed.dir().join("chromium");
     eventually(
         "chromium renders the MAC table",
