@@ -16,8 +16,8 @@ use crate::ra::{self, Advertised};
 use crate::wire::{
     emit_udp6, udp_parts, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN, IPPROTO_UDP, IPV6_HEADER_LEN,
 };
+use crate::REMOTE_MAC_PREFIX;
 use crate::{service_address6, Action, Client, DropReason, Event, Mac, Mode, MAX_LAN_HOSTS};
-use crate::{LAN_PROBES, REMOTE_MAC_PREFIX};
 
 /// How often the prefix is advertised unasked (RFC 4861's MaxRtrAdvInterval is 600 s by
 /// default; the lifetimes advertised are many times this).
@@ -427,27 +427,9 @@ impl<P: Copy + Eq> Switch<P> {
             };
             self.advertise_at = Some(now + next);
         }
-        let timeout = self.config.lan_timeout;
-        let mut gone = Vec::new();
-        for (addr, host) in &mut self.lan6 {
-            if now.saturating_duration_since(host.seen) < timeout
-                || host
-                    .last_probe
-                    .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
-            {
-                continue;
-            }
-            if host.probes >= LAN_PROBES {
-                gone.push(*addr);
-                continue;
-            }
-            host.probes += 1;
-            host.last_probe = Some(now);
-            self.emits.push_back(Emit::Probe6(*addr));
-        }
-        for addr in gone {
-            self.lan6.remove(&addr);
-            self.events.push_back(Event::LanHost6Down(addr));
-        }
+        let (probe, gone) = super::age(&mut self.lan6, now, self.config.lan_timeout);
+        self.emits.extend(probe.into_iter().map(Emit::Probe6));
+        self.events
+            .extend(gone.into_iter().map(Event::LanHost6Down));
     }
 }

@@ -47,6 +47,36 @@ struct LanHost {
     last_probe: Option<Instant>,
 }
 
+/// Router mode: the LAN hosts of `hosts` (IPv4 or IPv6) silent for `timeout` at `now`,
+/// probed at most once a second: those to probe now (counted as probed), and those that
+/// went unanswered [`LAN_PROBES`] times (removed).
+fn age<K: Copy + Eq + std::hash::Hash>(
+    hosts: &mut HashMap<K, LanHost>,
+    now: Instant,
+    timeout: Duration,
+) -> (Vec<K>, Vec<K>) {
+    let (mut probe, mut gone) = (Vec::new(), Vec::new());
+    for (addr, host) in hosts.iter_mut() {
+        let probed_lately = host
+            .last_probe
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1));
+        if now.saturating_duration_since(host.seen) < timeout || probed_lately {
+            continue;
+        }
+        if host.probes >= LAN_PROBES {
+            gone.push(*addr);
+            continue;
+        }
+        host.probes += 1;
+        host.last_probe = Some(now);
+        probe.push(*addr);
+    }
+    for addr in &gone {
+        hosts.remove(addr);
+    }
+    (probe, gone)
+}
+
 /// Hybrid mode: an ARP request of the host waiting for the LAN probe to time out.
 #[derive(Debug, Clone, Copy)]
 struct Probe {
@@ -379,30 +409,9 @@ impl<P: Copy + Eq> Switch<P> {
         if self.config.mode != Mode::Router {
             return;
         }
-        let timeout = self.config.lan_timeout;
-        let mut gone = Vec::new();
-        for (addr, host) in &mut self.lan {
-            if now.saturating_duration_since(host.seen) < timeout {
-                continue;
-            }
-            if host
-                .last_probe
-                .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
-            {
-                continue;
-            }
-            if host.probes >= LAN_PROBES {
-                gone.push(*addr);
-                continue;
-            }
-            host.probes += 1;
-            host.last_probe = Some(now);
-            self.emits.push_back(Emit::Probe(*addr));
-        }
-        for addr in gone {
-            self.lan.remove(&addr);
-            self.events.push_back(Event::LanHostDown(addr));
-        }
+        let (probe, gone) = age(&mut self.lan, now, self.config.lan_timeout);
+        self.emits.extend(probe.into_iter().map(Emit::Probe));
+        self.events.extend(gone.into_iter().map(Event::LanHostDown));
     }
 
     fn classify_tap_frame(&mut self, frame: &[u8], now: Instant, reply: &mut [u8]) -> Action<P> {
