@@ -65,21 +65,7 @@ pub struct Neighbour {
 
 /// The neighbour discovery message `frame` carries, if it is a valid one.
 pub fn parse(frame: &[u8]) -> Option<Neighbour> {
-    if frame.get(12..14)? != ETHERTYPE_IPV6.to_be_bytes() {
-        return None;
-    }
-    let ip = frame.get(ETH_HEADER_LEN..)?;
-    if ip.len() < IPV6_HEADER_LEN || ip[0] >> 4 != 6 {
-        return None;
-    }
-    let length = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    if ip[6] != NEXT_HEADER_ICMPV6 || ip[7] != HOP_LIMIT || length < MESSAGE_LEN {
-        return None;
-    }
-    let icmp = ip.get(IPV6_HEADER_LEN..IPV6_HEADER_LEN + length)?;
-    if icmp[1] != 0 || pseudo_sum(&ip[8..40], icmp) != 0xffff {
-        return None;
-    }
+    let (ip, icmp) = discovery_message(frame, MESSAGE_LEN)?;
     let address = |at: usize| -> Ipv6Addr {
         let mut b = [0u8; 16];
         b.copy_from_slice(&ip[at..at + 16]);
@@ -130,9 +116,32 @@ pub fn parse(frame: &[u8]) -> Option<Neighbour> {
     })
 }
 
+/// The IPv6 header and the ICMPv6 message `frame` carries, if it is a neighbour discovery
+/// message (RFC 4861: solicitations, advertisements, router ones) as a node checks one
+/// (7.1.1, 6.1.1): not forwarded (hop limit 255), code 0, its checksum right, at least
+/// `least` bytes long.
+pub(crate) fn discovery_message(frame: &[u8], least: usize) -> Option<(&[u8], &[u8])> {
+    if frame.get(12..14)? != ETHERTYPE_IPV6.to_be_bytes() {
+        return None;
+    }
+    let ip = frame.get(ETH_HEADER_LEN..)?;
+    if ip.len() < IPV6_HEADER_LEN || ip[0] >> 4 != 6 {
+        return None;
+    }
+    let length = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    if ip[6] != NEXT_HEADER_ICMPV6 || ip[7] != HOP_LIMIT || length < least.max(4) {
+        return None;
+    }
+    let icmp = ip.get(IPV6_HEADER_LEN..IPV6_HEADER_LEN + length)?;
+    if icmp[1] != 0 || pseudo_sum(&ip[8..40], icmp) != 0xffff {
+        return None;
+    }
+    Some((ip, icmp))
+}
+
 /// The link-layer address option of type `wanted` among `options` (`Some(None)` if there
 /// is none), or `None` if the options are malformed (one of length 0 or past the end).
-fn link_option(mut options: &[u8], wanted: u8) -> Option<Option<Mac>> {
+pub(crate) fn link_option(mut options: &[u8], wanted: u8) -> Option<Option<Mac>> {
     let mut found = None;
     while !options.is_empty() {
         let len = usize::from(*options.get(1)?) * 8;

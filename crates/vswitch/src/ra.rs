@@ -8,7 +8,7 @@ use std::net::Ipv6Addr;
 
 use ipnet::Ipv6Net;
 
-use crate::ndp::{emit_message, link_local_of, pseudo_sum, ETHERTYPE_IPV6};
+use crate::ndp::{discovery_message, emit_message, link_local_of, link_option, ETHERTYPE_IPV6};
 use crate::wire::{Mac, ETH_HEADER_LEN, IPV6_HEADER_LEN};
 
 const NEXT_HEADER_ICMPV6: u8 = 58;
@@ -116,35 +116,12 @@ pub struct Solicitation {
 
 /// Reads `frame` as a router solicitation; `None` if it is not one, or not a valid one.
 pub fn parse_solicitation(frame: &[u8]) -> Option<Solicitation> {
-    if frame.get(12..14)? != ETHERTYPE_IPV6.to_be_bytes() {
-        return None;
-    }
-    let ip = frame.get(ETH_HEADER_LEN..)?;
-    if ip.len() < IPV6_HEADER_LEN || ip[0] >> 4 != 6 {
-        return None;
-    }
-    let length = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    if ip[6] != NEXT_HEADER_ICMPV6 || ip[7] != 255 || length < 8 {
-        return None;
-    }
-    let icmp = ip.get(IPV6_HEADER_LEN..IPV6_HEADER_LEN + length)?;
-    if icmp[0] != TYPE_ROUTER_SOLICITATION || icmp[1] != 0 || pseudo_sum(&ip[8..40], icmp) != 0xffff
-    {
+    let (ip, icmp) = discovery_message(frame, 8)?;
+    if icmp[0] != TYPE_ROUTER_SOLICITATION {
         return None;
     }
     let source = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).ok()?);
-    let mut link = None;
-    let mut options = &icmp[8..];
-    while !options.is_empty() {
-        let len = usize::from(*options.get(1)?) * 8;
-        if len == 0 || len > options.len() {
-            return None;
-        }
-        if options[0] == OPTION_SOURCE_LINK && len == 8 {
-            link = <Mac>::try_from(&options[2..8]).ok();
-        }
-        options = &options[len..];
-    }
+    let link = link_option(&icmp[8..], OPTION_SOURCE_LINK)?;
     // An unspecified source carries no link-layer address (6.1.1).
     if source.is_unspecified() && link.is_some() {
         return None;
@@ -162,6 +139,7 @@ pub fn is_advertisement(frame: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ndp::pseudo_sum;
 
     const MAC: Mac = [0xfe, 0xfd, 1, 2, 3, 4];
     const HOST: Mac = [0x02, 0, 0, 0, 0, 9];
