@@ -30,6 +30,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Control::parse(&again), Some(Control::Macs(part.clone())));
         let _ = hyphae_overlay::wire::MacParts::default().take(part);
     }
+    if let Some(Control::Addresses(part)) = Control::parse(data) {
+        let again = Control::Addresses(part.clone()).emit();
+        assert_eq!(Control::parse(&again), Some(Control::Addresses(part.clone())));
+        let _ = hyphae_overlay::wire::AddressParts::default().take(part);
+    }
     // What parses as an announcement is emitted as it came (IPv6 lists included).
     if let Some(a) = Announce::parse(data) {
         assert_eq!(Announce::parse(&a.emit()), Some(a));

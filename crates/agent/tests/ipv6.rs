@@ -432,6 +432,17 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
         dig_at(&bed, &h1.host, &service, &["-x", &a1.to_string()]),
         "v6host.lab."
     );
+    // The LAN host's address carries no name: its automatic name answers both ways.
+    assert_eq!(prefix.prefix_len(), 64);
+    let auto = format!("v6-{:016x}.lab", u128::from(l1_address) as u64);
+    assert_eq!(
+        dig_at(&bed, &h1.host, &service, &["-x", &l1_address.to_string()]),
+        format!("{auto}.")
+    );
+    assert_eq!(
+        dig_at(&bed, &l1, &service, &[&auto, "AAAA"]),
+        l1_address.to_string()
+    );
     bed.tcp_transfer(
         &h1.host,
         (&l1, l1_address),
@@ -541,4 +552,112 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
     assert!(!r.lan_hosts.contains(&a1.to_string()), "{:?}", r.lan_hosts);
     // The member keeps it, and still reaches the first LAN host.
     ping6(&bed, &h1.host, l1_address);
+}
+
+/// Waits until `f` holds (`within` at most), then says how long it took.
+fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    start.elapsed()
+}
+
+/// A router whose LAN holds more addresses than one announcement carries (64 of each
+/// family): one LAN host with 80 IPv4 and 80 IPv6 addresses, as a rack of hosts or
+/// dual-stack hosts with several addresses each would be. The router learns and claims
+/// them all, the interface member takes all of them as the router's (the lists travel in
+/// parts), and a ping from every one of them is answered, none dropped as spoofed.
+#[test]
+fn a_router_with_more_addresses_than_an_announcement_carries_is_heard_from_all() {
+    require_root();
+    let mut bed = Testbed::new("v6many", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = start_member(&mut bed, &secret, 1, "");
+    let a1 = address6(&bed, &h1);
+    let v1: Ipv4Addr = namespace(&bed, &h1).addresses[0].parse().expect("IPv4");
+    let prefix: ipnet::Ipv6Net = namespace(&bed, &h1).subnet6.parse().expect("a prefix");
+
+    let lan = bed.add_lan("lan").unwrap();
+    let rh = bed.add_host("r", underlay(2)).unwrap();
+    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
+    let l1 = bed
+        .add_lan_host(&lan, "l1", "10.203.0.11/24", 1500)
+        .unwrap();
+    let lines = format!(
+        "lease_secs = {LEASE_SECS}\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
+    );
+    let cfg = agent_section(&rh) + &lab_namespace(&secret, SUBNET, Some(underlay(1)), &lines);
+    let agent = bed.start_agent(&rh, &cfg).unwrap();
+    let router = Member { host: rh, agent };
+
+    let v4: Vec<String> = (100..180).map(|i| format!("10.203.0.{i}")).collect();
+    let v6: Vec<String> = (0..80u128)
+        .map(|i| Ipv6Addr::from(u128::from(prefix.network()) | 0x5000 | i).to_string())
+        .collect();
+    for a in &v4 {
+        bed.ns(
+            &l1.ns,
+            "ip",
+            &["addr", "add", &format!("{a}/24"), "dev", "eth0"],
+        )
+        .unwrap();
+    }
+    for a in &v6 {
+        let a = format!("{a}/{}", prefix.prefix_len());
+        bed.ns(
+            &l1.ns,
+            "ip",
+            &["-6", "addr", "add", &a, "dev", "eth0", "nodad"],
+        )
+        .unwrap();
+    }
+    // One ping from each address at once: the router learns them from the packets.
+    let pings = |sources: &[String], to: &str| {
+        sources
+            .iter()
+            .map(|a| format!("ping -c 1 -W 2 -I {a} {to} >/dev/null 2>&1 &"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\nwait\n"
+    };
+    let script = pings(&v4, &v1.to_string()) + &pings(&v6, &a1.to_string());
+    bed.ns_output(&l1.ns, "sh", &["-c", &script]).unwrap();
+    let learned = wait_for(
+        "the router learns and claims all 160",
+        Duration::from_secs(60),
+        || {
+            let hosts = namespace(&bed, &router).lan_hosts;
+            v4.iter().chain(&v6).all(|a| hosts.contains(a))
+        },
+    );
+    let taken = wait_for(
+        "the interface member takes all 160 as the router's",
+        Duration::from_secs(30),
+        || {
+            namespace(&bed, &h1)
+                .peers
+                .iter()
+                .any(|p| v4.iter().chain(&v6).all(|a| p.addresses.contains(a)))
+        },
+    );
+    eprintln!("learned and claimed in {learned:?}, taken by the member {taken:?} later");
+    let spoofed = peer_drops(&bed, &h1, "spoofed_source");
+    for a in v4.iter().chain(&v6) {
+        let to = if a.contains(':') {
+            a1.to_string()
+        } else {
+            v1.to_string()
+        };
+        let out = bed
+            .ns_output(&l1.ns, "ping", &["-c", "1", "-W", "2", "-I", a, &to])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{a} -> {to}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    assert_eq!(peer_drops(&bed, &h1, "spoofed_source"), spoofed);
 }

@@ -77,6 +77,7 @@ const RELAY_OFFER_MAGIC: &[u8; 4] = b"HYO1";
 const PROBE_MAGIC: &[u8; 4] = b"HYP1";
 const UPLINKS_MAGIC: &[u8; 4] = b"HYU1";
 const MACS_MAGIC: &[u8; 4] = b"HYM2";
+const ADDRESSES_MAGIC: &[u8; 4] = b"HYX1";
 
 /// Most MACs one [`Control::Macs`] part carries (200 of 6 bytes fit a tunnel of 1280).
 pub const MAX_MACS_PER_PART: usize = 200;
@@ -99,8 +100,20 @@ const FLAG_ADDRESSES6: u8 = 16;
 const FLAG_LIST6: u8 = 32;
 /// Most uplinks one member announces.
 pub const MAX_UPLINKS: usize = 8;
-/// Most addresses one announcement may carry.
+/// Most addresses of each family one announcement may carry; a member that holds more
+/// sends them all in [`Control::Addresses`] parts to members that read them.
 pub const MAX_ANNOUNCED: usize = 64;
+/// In an announcement: the sender reads [`Control::Addresses`] parts.
+const FLAG_READS_PARTS: u8 = 64;
+/// In an announcement: the sender's whole address lists follow in [`Control::Addresses`]
+/// parts of the generation that ends the announcement (sent only to members that set
+/// [`FLAG_READS_PARTS`]); the certificate's length is then always there, 0 for none.
+const FLAG_IN_PARTS: u8 = 128;
+/// Most address bytes one [`Control::Addresses`] part carries (256 IPv4 or 64 IPv6
+/// addresses, well within a tunnel of 1280).
+pub const MAX_ADDRESS_BYTES_PER_PART: usize = 1024;
+/// Most parts one member's address lists are cut into (8192 IPv4 or 2048 IPv6 addresses).
+pub const MAX_ADDRESS_PARTS: usize = 32;
 
 /// Why a datagram did not parse. The node counts every one as
 /// [`DropReason::Malformed`](crate::DropReason::Malformed).
@@ -384,6 +397,9 @@ pub enum Control {
     /// A layer-2 namespace: part `part` of `parts` of every MAC the sender holds there,
     /// the only ones its frames may come from ([`MacParts`]). Sent with each announcement.
     Macs(MacPart),
+    /// Part `part` of `parts` of every address the sender holds, when it holds more than
+    /// one announcement carries ([`Announce::in_parts`]).
+    Addresses(AddressPart),
 }
 
 /// One part of a member's MAC announcement: a set too large for one control packet is
@@ -422,42 +438,152 @@ impl MacPart {
     }
 }
 
-/// A member's MAC announcement put back together from its parts.
-#[derive(Debug, Clone, Default)]
-pub struct MacParts {
+/// A set sent in parts ([`MacPart`], [`AddressPart`]) put back together.
+#[derive(Debug, Clone)]
+pub struct Parts<T> {
     generation: u16,
     parts: u8,
     /// One bit per part received.
-    received: u8,
-    macs: Vec<[u8; 6]>,
+    received: u32,
+    items: Vec<T>,
 }
 
-impl MacParts {
-    /// Takes `part`; the whole set once every part of its generation is in. A part of
-    /// another generation starts that one over (a set that changed midway, or an old
-    /// part late).
-    pub fn take(&mut self, part: MacPart) -> Option<Vec<[u8; 6]>> {
-        if part.parts == 0 || part.part >= part.parts || usize::from(part.parts) > MAX_MAC_PARTS {
+impl<T> Default for Parts<T> {
+    fn default() -> Self {
+        Self {
+            generation: 0,
+            parts: 0,
+            received: 0,
+            items: Vec::new(),
+        }
+    }
+}
+
+impl<T: Clone> Parts<T> {
+    /// Takes part `part` of `parts` (at most `most`) of `generation`; the whole set once
+    /// every part of its generation is in. A part of another generation starts that one
+    /// over (a set that changed midway, or an old part late).
+    fn gather(
+        &mut self,
+        generation: u16,
+        (part, parts): (u8, u8),
+        most: usize,
+        items: &[T],
+    ) -> Option<Vec<T>> {
+        if parts == 0 || part >= parts || usize::from(parts) > most.min(32) {
             return None;
         }
-        if self.received == 0 || part.generation != self.generation || part.parts != self.parts {
+        if self.received == 0 || generation != self.generation || parts != self.parts {
             *self = Self {
-                generation: part.generation,
-                parts: part.parts,
+                generation,
+                parts,
                 received: 0,
-                macs: Vec::new(),
+                items: Vec::new(),
             };
         }
-        let bit = 1u8 << part.part;
+        let bit = 1u32 << part;
         if self.received & bit == 0 {
             self.received |= bit;
-            self.macs.extend_from_slice(&part.macs);
+            self.items.extend_from_slice(items);
         }
         if self.received.count_ones() < u32::from(self.parts) {
             return None;
         }
         self.received = 0;
-        Some(std::mem::take(&mut self.macs))
+        Some(std::mem::take(&mut self.items))
+    }
+}
+
+/// A member's MAC announcement put back together from its parts.
+pub type MacParts = Parts<[u8; 6]>;
+
+impl MacParts {
+    /// Takes `part`; the whole set once every part of its generation is in.
+    pub fn take(&mut self, part: MacPart) -> Option<Vec<[u8; 6]>> {
+        self.gather(
+            part.generation,
+            (part.part, part.parts),
+            MAX_MAC_PARTS,
+            &part.macs,
+        )
+    }
+}
+
+/// One part of a member's address lists, for a member that holds more addresses than an
+/// announcement carries ([`MAX_ANNOUNCED`] of each family): up to
+/// [`MAX_ADDRESS_PARTS`] parts, which stand together only when every part of the
+/// generation the announcement named has arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressPart {
+    /// Changes whenever the lists do; named by the announcement.
+    pub generation: u16,
+    /// This part's place, from 0.
+    pub part: u8,
+    /// How many parts the lists are in (1 to [`MAX_ADDRESS_PARTS`]).
+    pub parts: u8,
+    /// IPv4 addresses first, then IPv6; at most [`MAX_ADDRESS_BYTES_PER_PART`] bytes of
+    /// them.
+    pub addresses: Vec<IpAddr>,
+}
+
+impl AddressPart {
+    /// `v4` and `v6` as the parts of one generation (what does not fit
+    /// [`MAX_ADDRESS_PARTS`] is left out).
+    pub fn split(generation: u16, v4: &[Ipv4Addr], v6: &[Ipv6Addr]) -> Vec<AddressPart> {
+        let all = v4
+            .iter()
+            .map(|a| IpAddr::V4(*a))
+            .chain(v6.iter().map(|a| IpAddr::V6(*a)));
+        let mut parts: Vec<Vec<IpAddr>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for a in all {
+            let len = address_len(&a);
+            if bytes + len > MAX_ADDRESS_BYTES_PER_PART {
+                if parts.len() == MAX_ADDRESS_PARTS {
+                    break;
+                }
+                parts.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += len;
+            if let Some(last) = parts.last_mut() {
+                last.push(a);
+            }
+        }
+        let n = parts.len() as u8;
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, addresses)| AddressPart {
+                generation,
+                part: i as u8,
+                parts: n,
+                addresses,
+            })
+            .collect()
+    }
+}
+
+fn address_len(a: &IpAddr) -> usize {
+    match a {
+        IpAddr::V4(_) => 4,
+        IpAddr::V6(_) => 16,
+    }
+}
+
+/// A member's address lists put back together from their parts.
+pub type AddressParts = Parts<IpAddr>;
+
+impl AddressParts {
+    /// Takes `part`; the generation and the whole lists once every part of it is in.
+    pub fn take(&mut self, part: AddressPart) -> Option<(u16, Vec<IpAddr>)> {
+        let set = self.gather(
+            part.generation,
+            (part.part, part.parts),
+            MAX_ADDRESS_PARTS,
+            &part.addresses,
+        )?;
+        Some((part.generation, set))
     }
 }
 
@@ -495,6 +621,34 @@ impl Control {
                     emit_endpoint(&mut body, *endpoint);
                     body.extend_from_slice(&rate.to_be_bytes());
                 }
+            }
+            Control::Addresses(p) => {
+                // (Parts come from `AddressPart::split`; a longer one is cut.)
+                let mut taken = Vec::new();
+                let mut bytes = 0;
+                for a in &p.addresses {
+                    bytes += address_len(a);
+                    if bytes > MAX_ADDRESS_BYTES_PER_PART {
+                        break;
+                    }
+                    taken.push(*a);
+                }
+                let v4 = taken.iter().filter_map(|a| match a {
+                    IpAddr::V4(a) => Some(a.octets()),
+                    IpAddr::V6(_) => None,
+                });
+                let v6 = taken.iter().filter_map(|a| match a {
+                    IpAddr::V6(a) => Some(a.octets()),
+                    IpAddr::V4(_) => None,
+                });
+                body.extend_from_slice(ADDRESSES_MAGIC);
+                body.extend_from_slice(&p.generation.to_be_bytes());
+                body.push(p.part);
+                body.push(p.parts);
+                body.extend_from_slice(&(v4.clone().count() as u16).to_be_bytes());
+                body.extend_from_slice(&(v6.clone().count() as u16).to_be_bytes());
+                v4.for_each(|a| body.extend_from_slice(&a));
+                v6.for_each(|a| body.extend_from_slice(&a));
             }
             Control::Macs(p) => {
                 let n = p.macs.len().min(MAX_MACS_PER_PART);
@@ -575,6 +729,35 @@ impl Control {
                     macs,
                 }))
             }
+            m if m == ADDRESSES_MAGIC => {
+                let head = rest.get(..8)?;
+                let (part, parts) = (head[2], head[3]);
+                let n4 = usize::from(u16::from_be_bytes([head[4], head[5]]));
+                let n6 = usize::from(u16::from_be_bytes([head[6], head[7]]));
+                let bytes = 4 * n4 + 16 * n6;
+                if bytes > MAX_ADDRESS_BYTES_PER_PART
+                    || rest.len() != 8 + bytes
+                    || parts == 0
+                    || part >= parts
+                    || usize::from(parts) > MAX_ADDRESS_PARTS
+                {
+                    return None;
+                }
+                let (v4, v6) = rest[8..].split_at(4 * n4);
+                let v4 = v4
+                    .chunks_exact(4)
+                    .map(|c| IpAddr::V4(Ipv4Addr::new(c[0], c[1], c[2], c[3])));
+                let v6 = v6
+                    .chunks_exact(16)
+                    .filter_map(|c| <[u8; 16]>::try_from(c).ok())
+                    .map(|c| IpAddr::V6(Ipv6Addr::from(c)));
+                Some(Control::Addresses(AddressPart {
+                    generation: u16::from_be_bytes([head[0], head[1]]),
+                    part,
+                    parts,
+                    addresses: v4.chain(v6).collect(),
+                }))
+            }
             _ => None,
         }
     }
@@ -643,6 +826,13 @@ pub struct Announce {
     /// announcement set [`Announce::addresses6`] (an older agent's parser refuses a longer
     /// announcement). `None`: not sent.
     pub list6: Option<Vec<Ipv6Addr>>,
+    /// Set by an agent that reads [`Control::Addresses`] parts (a flag bit older agents
+    /// ignore).
+    pub reads_parts: bool,
+    /// The sender's whole lists follow in [`Control::Addresses`] parts of this generation
+    /// (its lists here are their first [`MAX_ANNOUNCED`] only): sent only to members that
+    /// set [`Announce::reads_parts`]. `None`: the lists here are whole.
+    pub in_parts: Option<u16>,
     /// The sender's addresses.
     pub addresses: Vec<Ipv4Addr>,
     /// Shards the sender accepts, 1 to [`MAX_SHARDS`] (a trailing byte: an agent that
@@ -669,6 +859,12 @@ impl Announce {
         if self.list6.is_some() {
             flags |= FLAG_LIST6;
         }
+        if self.reads_parts {
+            flags |= FLAG_READS_PARTS;
+        }
+        if self.in_parts.is_some() {
+            flags |= FLAG_IN_PARTS;
+        }
         body.push(flags);
         body.push(n as u8);
         for a in &self.addresses[..n] {
@@ -678,7 +874,7 @@ impl Announce {
         let certificate = Some(&self.certificate[..])
             .filter(|c| !c.is_empty() && c.len() <= crate::cert::MAX_CERT_LEN)
             .unwrap_or_default();
-        if !certificate.is_empty() || self.list6.is_some() {
+        if !certificate.is_empty() || self.list6.is_some() || self.in_parts.is_some() {
             body.extend_from_slice(&(certificate.len() as u16).to_be_bytes());
             body.extend_from_slice(certificate);
         }
@@ -688,6 +884,9 @@ impl Announce {
             for a in &list[..n6] {
                 body.extend_from_slice(&a.octets());
             }
+        }
+        if let Some(generation) = self.in_parts {
+            body.extend_from_slice(&generation.to_be_bytes());
         }
         control_packet(&body)
     }
@@ -706,33 +905,41 @@ impl Announce {
         }
         let list = body.get(6..6 + 4 * n)?;
         let shards = body.get(6 + 4 * n).copied().unwrap_or(1);
-        let (certificate, list6) = match body.get(7 + 4 * n..) {
-            None | Some([]) if flags & FLAG_LIST6 == 0 => (Vec::new(), None),
+        let tail = flags & (FLAG_LIST6 | FLAG_IN_PARTS) != 0;
+        let (certificate, list6, in_parts) = match body.get(7 + 4 * n..) {
+            None | Some([]) if !tail => (Vec::new(), None, None),
             None | Some([]) => return None,
             Some(rest) => {
                 let len = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
                 let cert = rest.get(2..2 + len)?;
-                let after = &rest[2 + len..];
+                let mut after = &rest[2 + len..];
                 if len > crate::cert::MAX_CERT_LEN {
                     return None;
                 }
                 let list6 = if flags & FLAG_LIST6 == 0 {
-                    if !after.is_empty() {
-                        return None;
-                    }
                     None
                 } else {
                     let n6 = usize::from(*after.first()?);
-                    if n6 > MAX_ANNOUNCED || after.len() != 1 + 16 * n6 {
-                        return None;
-                    }
-                    let list = after[1..]
+                    let list = after.get(1..1 + 16 * n6).filter(|_| n6 <= MAX_ANNOUNCED)?;
+                    let list = list
                         .chunks_exact(16)
                         .map(|c| <[u8; 16]>::try_from(c).ok().map(Ipv6Addr::from))
                         .collect::<Option<Vec<_>>>()?;
+                    after = &after[1 + 16 * n6..];
                     Some(list)
                 };
-                (cert.to_vec(), list6)
+                let in_parts = if flags & FLAG_IN_PARTS == 0 {
+                    None
+                } else {
+                    let g = after.get(..2)?;
+                    let generation = u16::from_be_bytes([g[0], g[1]]);
+                    after = &after[2..];
+                    Some(generation)
+                };
+                if !after.is_empty() {
+                    return None;
+                }
+                (cert.to_vec(), list6, in_parts)
             }
         };
         Some(Self {
@@ -740,6 +947,8 @@ impl Announce {
             uplinks: flags & FLAG_UPLINKS != 0,
             addresses6: flags & FLAG_ADDRESSES6 != 0,
             list6,
+            reads_parts: flags & FLAG_READS_PARTS != 0,
+            in_parts,
             addresses: list
                 .chunks_exact(4)
                 .map(|c| Ipv4Addr::new(c[0], c[1], c[2], c[3]))
@@ -786,6 +995,8 @@ mod tests {
                 uplinks: true,
                 addresses6: true,
                 list6: Some(list.clone()),
+                reads_parts: false,
+                in_parts: None,
                 addresses: vec![Ipv4Addr::new(10, 201, 0, 1)],
                 shards: 2,
                 certificate,
@@ -812,12 +1023,105 @@ mod tests {
             uplinks: true,
             addresses6: true,
             list6: Some((0..MAX_ANNOUNCED as u128 + 5).map(Ipv6Addr::from).collect()),
+            reads_parts: false,
+            in_parts: None,
             addresses: Vec::new(),
             shards: 1,
             certificate: Vec::new(),
         };
         let sent = Announce::parse(&many.emit()).and_then(|a| a.list6);
         assert_eq!(sent.map(|l| l.len()), Some(MAX_ANNOUNCED));
+    }
+
+    #[test]
+    fn lists_beyond_an_announcement_travel_in_parts_of_its_generation() {
+        let v4: Vec<Ipv4Addr> = (0..300u32)
+            .map(|i| Ipv4Addr::from(0x0ac9_0000 + i))
+            .collect();
+        let v6: Vec<Ipv6Addr> = (0..100u128)
+            .map(|i| Ipv6Addr::from(0xfd00_u128 << 112 | i))
+            .collect();
+        // The announcement says who reads parts and which generation its lists are in.
+        for list6 in [None, Some(v6[..MAX_ANNOUNCED].to_vec())] {
+            for certificate in [Vec::new(), vec![7u8; 40]] {
+                let a = Announce {
+                    have_yours: true,
+                    uplinks: true,
+                    addresses6: true,
+                    list6: list6.clone(),
+                    reads_parts: true,
+                    in_parts: Some(0xbeef),
+                    addresses: v4[..MAX_ANNOUNCED].to_vec(),
+                    shards: 2,
+                    certificate,
+                };
+                let p = a.emit();
+                assert_eq!(Announce::parse(&p), Some(a.clone()));
+                assert_eq!(Announce::parse(&p[..p.len() - 1]), None);
+                let mut long = p.clone();
+                long.push(0);
+                assert_eq!(Announce::parse(&long), None);
+                let whole = Announce {
+                    in_parts: None,
+                    ..a
+                };
+                assert_eq!(Announce::parse(&whole.emit()), Some(whole));
+            }
+        }
+        // 300 IPv4 and 100 IPv6 addresses: 1200 + 1600 bytes, in parts of at most 1024.
+        let parts = AddressPart::split(7, &v4, &v6);
+        assert_eq!(parts.len(), 3);
+        let mut gathered = AddressParts::default();
+        let mut whole = None;
+        // Out of order, one twice, through the wire: whole once every part is in.
+        for i in [2, 0, 0, 1] {
+            let p = Control::Addresses(parts[i].clone()).emit();
+            assert!(p.len() <= 20 + 12 + MAX_ADDRESS_BYTES_PER_PART);
+            let Some(Control::Addresses(part)) = Control::parse(&p) else {
+                panic!("part {i} does not parse");
+            };
+            assert_eq!(part, parts[i]);
+            assert!(whole.is_none());
+            whole = gathered.take(part);
+        }
+        let (generation, mut all) = whole.expect("whole after the last part");
+        assert_eq!(generation, 7);
+        let mut expected: Vec<IpAddr> = v4.iter().map(|a| IpAddr::V4(*a)).collect();
+        expected.extend(v6.iter().map(|a| IpAddr::V6(*a)));
+        all.sort();
+        expected.sort();
+        assert_eq!(all, expected);
+        // A part of the next generation starts over: the old parts never mix in.
+        let next = AddressPart::split(8, &v4[..10], &[]);
+        assert_eq!(next.len(), 1);
+        assert_eq!(gathered.take(parts[0].clone()), None);
+        assert_eq!(
+            gathered.take(next[0].clone()).map(|(g, l)| (g, l.len())),
+            Some((8, 10))
+        );
+        // What does not fit MAX_ADDRESS_PARTS is left out.
+        let lots: Vec<Ipv4Addr> = (0..10_000u32).map(Ipv4Addr::from).collect();
+        let cut = AddressPart::split(1, &lots, &[]);
+        assert_eq!(cut.len(), MAX_ADDRESS_PARTS);
+        assert_eq!(
+            cut.iter().map(|p| p.addresses.len()).sum::<usize>(),
+            MAX_ADDRESS_PARTS * MAX_ADDRESS_BYTES_PER_PART / 4
+        );
+        // Malformed parts: counts beyond the bytes or the limit, a part past the count.
+        let good = Control::Addresses(parts[1].clone()).emit();
+        assert_eq!(Control::parse(&good[..good.len() - 1]), None);
+        let mut long = good.clone();
+        long.extend_from_slice(&[0; 4]);
+        assert_eq!(Control::parse(&long), None);
+        let body = 20 + 4;
+        for (at, value) in [(2, 3u8), (3, 0), (3, 33)] {
+            let mut bad = good.clone();
+            bad[body + at] = value;
+            assert_eq!(Control::parse(&bad), None, "byte {at} = {value}");
+        }
+        let mut over = good;
+        over[body + 4..body + 6].copy_from_slice(&257u16.to_be_bytes());
+        assert_eq!(Control::parse(&over), None);
     }
 
     #[test]
@@ -839,6 +1143,8 @@ mod tests {
             uplinks: true,
             addresses6: true,
             list6: None,
+            reads_parts: false,
+            in_parts: None,
             addresses: vec![Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 7)],
             shards: 4,
             certificate: Vec::new(),

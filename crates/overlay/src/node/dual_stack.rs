@@ -19,6 +19,7 @@ impl Node {
             return;
         }
         namespace.addresses6 = addresses;
+        namespace.address_generation = namespace.address_generation.wrapping_add(1);
         for handle in self.handles_in(ns) {
             if self
                 .peer(handle)

@@ -94,6 +94,8 @@ impl Node {
                         peer.speaks_addresses6 = false;
                         peer.got_list6 = false;
                         peer.speaks_uplinks = false;
+                        peer.reads_parts = false;
+                        peer.parts_expected = None;
                         // Its other shards' sessions are gone with it: ours are dropped
                         // (their flows go on shard 0) and made afresh from its next
                         // announcement.
@@ -169,7 +171,14 @@ impl Node {
         let Some(peer) = self.peer_mut(handle) else {
             return Received::Consumed;
         };
-        if peer.handle_announce(&addresses) {
+        let first_parts = announce.reads_parts && !peer.reads_parts;
+        peer.reads_parts = announce.reads_parts;
+        // Lists that follow in parts replace the ones we have when they are all in; the
+        // first addresses here say nothing more.
+        peer.parts_expected = announce.in_parts;
+        if announce.in_parts.is_some() {
+            peer.have_their_announce = true;
+        } else if peer.handle_announce(&addresses) {
             self.events.push_back(Event::PeerAddresses {
                 ns,
                 peer: handle,
@@ -182,15 +191,19 @@ impl Node {
             if let Some(peer) = self.peer_mut(handle) {
                 peer.got_list6 = true;
             }
-            self.handle_addresses6(handle, list);
+            if announce.in_parts.is_none() {
+                self.handle_addresses6(handle, list);
+            }
         }
+        self.take_address_parts(handle);
         let first_uplinks = announce.uplinks
             && self
                 .peer_mut(handle)
                 .is_some_and(|p| !std::mem::replace(&mut p.speaks_uplinks, true));
-        if !announce.have_yours {
+        if !announce.have_yours || (first_parts && self.in_parts(handle)) {
             // (Our uplinks follow our announcement; our IPv6 list is in it if it reads
-            // one: `have_yours` is clear until it has our list too.)
+            // one: `have_yours` is clear until it has our list too. A member that now
+            // reads parts gets lists it only had the first addresses of.)
             self.announce(now, handle);
         } else if first_uplinks && !self.uplinks.is_empty() {
             self.send_uplinks(handle);
@@ -204,19 +217,26 @@ impl Node {
             return;
         };
         let ns = peer.ns;
+        let in_parts = self.in_parts(handle);
+        let namespace = &self.namespaces[ns.0];
         let packet = Announce {
             have_yours: peer.has_their_announcement(),
             uplinks: true,
             addresses6: !self.is_layer2(ns),
             // Only to a member that reads the list (an older one refuses the longer form).
             list6: (peer.speaks_addresses6 && !self.is_layer2(ns))
-                .then(|| self.namespaces[ns.0].addresses6.clone()),
-            addresses: self.namespaces[peer.ns.0].addresses.clone(),
+                .then(|| namespace.addresses6.clone()),
+            reads_parts: true,
+            in_parts: in_parts.then_some(namespace.address_generation),
+            addresses: namespace.addresses.clone(),
             shards: self.shards,
             certificate: self.own_certificate(peer.ns),
         }
         .emit();
         self.send_control(handle, &packet, None);
+        if in_parts {
+            self.send_address_parts(handle);
+        }
         if let Some(macs) = &self.namespaces[ns.0].macs {
             // (The switch learns no more than one announcement carries.)
             let generation = self.namespaces[ns.0].mac_generation;

@@ -44,6 +44,7 @@
 //! probes from the new address (`roam.rs`); a member's endpoint follows the last address an
 //! authenticated packet came from directly, as in WireGuard.
 
+mod address_parts;
 mod bond;
 mod certified;
 mod dual_stack;
@@ -136,6 +137,8 @@ struct Namespace {
     macs: Option<Vec<[u8; 6]>>,
     /// Changes with `macs`: the parts of one announcement are told apart from the next's.
     mac_generation: u16,
+    /// Changes with `addresses` and `addresses6` (`address_parts.rs`).
+    address_generation: u16,
 }
 
 /// The tunnel endpoint of one agent.
@@ -289,6 +292,7 @@ impl Node {
             macs: None,
             // Random: parts left over from before a restart never join the next set.
             mac_generation: rand::random(),
+            address_generation: rand::random(),
         });
         NamespaceId(self.namespaces.len() - 1)
     }
@@ -419,6 +423,7 @@ impl Node {
             return;
         }
         namespace.addresses = addresses;
+        namespace.address_generation = namespace.address_generation.wrapping_add(1);
         for handle in self.handles_in(ns) {
             if self
                 .peer(handle)

@@ -144,6 +144,8 @@ pub(super) struct Peer {
     /// Our underlay address changed and the member has not answered from it yet.
     roam: Option<Roam>,
     pub(super) addresses: Vec<Ipv4Addr>,
+    /// `addresses` sorted, for the source check of every packet.
+    sorted: Vec<Ipv4Addr>,
     /// Its IPv6 addresses (`dual_stack.rs`), sorted.
     pub(super) addresses6: Vec<Ipv6Addr>,
     /// A layer-2 namespace: the MACs it announced, the only ones its frames may come from,
@@ -166,6 +168,15 @@ pub(super) struct Peer {
     pub(super) speaks_uplinks: bool,
     /// Its announcement said it reads our IPv6 addresses (`dual_stack.rs`).
     pub(super) speaks_addresses6: bool,
+    /// Its announcement said it reads address lists in parts (`address_parts.rs`).
+    pub(super) reads_parts: bool,
+    /// Its last announcement said its lists follow in parts of this generation, and they
+    /// have not all come yet.
+    pub(super) parts_expected: Option<u16>,
+    /// The parts of its lists gathered so far, and the last whole set not yet taken (its
+    /// generation and addresses).
+    pub(super) address_parts: crate::wire::AddressParts,
+    pub(super) parts_whole: Option<(u16, Vec<std::net::IpAddr>)>,
     /// The links it announced and the bond over them.
     pub(super) bond: Option<super::bond::Bonded>,
     /// We initiate handshakes with this member: the side with the lower X25519 key.
@@ -212,6 +223,7 @@ impl Peer {
             rtt: None,
             roam: None,
             addresses: Vec::new(),
+            sorted: Vec::new(),
             addresses6: Vec::new(),
             macs: Vec::new(),
             mac_parts: Default::default(),
@@ -222,6 +234,10 @@ impl Peer {
             got_list6: false,
             speaks_uplinks: false,
             speaks_addresses6: false,
+            reads_parts: false,
+            parts_expected: None,
+            address_parts: Default::default(),
+            parts_whole: None,
             bond: None,
             initiator,
             announce_pending: false,
@@ -320,7 +336,7 @@ impl Peer {
         len: usize,
         via_link: bool,
     ) -> Result<(), PeerDropReason> {
-        if !via_link && !self.addresses.contains(&src) {
+        if !via_link && self.sorted.binary_search(&src).is_err() {
             self.forwards.retain(|(_, until)| now < *until);
             if !dst.is_some_and(|d| self.forwards.iter().any(|(a, _)| *a == d)) {
                 return Err(PeerDropReason::SpoofedSource);
@@ -553,7 +569,9 @@ impl Peer {
     /// Whether we have its announcement, and its IPv6 list if it sends one (what our
     /// `have_yours` says: until then it announces again when it hears ours).
     pub(super) fn has_their_announcement(&self) -> bool {
-        self.have_their_announce && (!self.speaks_addresses6 || self.got_list6)
+        self.have_their_announce
+            && (!self.speaks_addresses6 || self.got_list6)
+            && self.parts_expected.is_none()
     }
 
     /// The member announced `addresses`; true if they changed.
@@ -562,8 +580,10 @@ impl Peer {
         if self.addresses == addresses {
             return false;
         }
-        tracing::info!(peer = ?self.id, ?addresses, "member addresses");
+        tracing::info!(peer = ?self.id, n = addresses.len(), first = ?addresses.first(), "member addresses");
         self.addresses = addresses.to_vec();
+        self.sorted = addresses.to_vec();
+        self.sorted.sort_unstable();
         true
     }
 

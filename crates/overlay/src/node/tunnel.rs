@@ -407,6 +407,10 @@ impl Node {
                 self.handle_uplinks(now, handle, links);
                 Received::Consumed
             }
+            Some(Control::Addresses(part)) => {
+                self.handle_address_part(handle, part);
+                Received::Consumed
+            }
             Some(Control::Macs(macs)) => {
                 let Some(peer) = self.peer_mut(handle) else {
                     return Received::Consumed;
