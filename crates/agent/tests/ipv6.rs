@@ -434,7 +434,7 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
     );
     // The LAN host's address carries no name: its automatic name answers both ways.
     assert_eq!(prefix.prefix_len(), 64);
-    let auto = format!("v6-{:016x}.lab", u128::from(l1_address) as u64);
+    let auto = format!("v6--{:016x}.lab", u128::from(l1_address) as u64);
     assert_eq!(
         dig_at(&bed, &h1.host, &service, &["-x", &l1_address.to_string()]),
         format!("{auto}.")

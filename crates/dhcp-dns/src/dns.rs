@@ -6,8 +6,9 @@
 //! each), reverse names in the subnet answer PTR, and anything else in the zone is
 //! NXDOMAIN. In a dual-stack namespace a member's own name answers AAAA with its IPv6
 //! address too, every held IPv6 address has an automatic name as well
-//! (`V6-0000000000000005.NAMESPACE` is the prefix's `::5`: `v6-` and the address's bits
-//! after the prefix in hex, zero-padded), and the prefix's ip6.arpa names answer PTR with
+//! (`V6--0000000000000005.NAMESPACE` is the prefix's `::5`: `v6--` and the address's bits
+//! after the prefix in hex, zero-padded; a label with `--` in its third and fourth places
+//! is one no host name may have, RFC 5891 4.2.3.1), and the prefix's ip6.arpa names answer PTR with
 //! the name its holder gave it, else its automatic name. Outside the zone the query is
 //! forwarded to the configured resolvers, or refused when there are none. Malformed queries get FORMERR when they carry a readable header,
 //! and are dropped (counted) otherwise.
@@ -537,23 +538,25 @@ pub fn host_name(name: &str) -> Result<String, String> {
     }
     if is_automatic6(&lower) {
         return Err(format!(
-            "'{name}' is an automatic name (v6- + hex digits stands for an IPv6 address); choose another"
+            "'{name}' is an automatic name (v6-- + hex digits stands for an IPv6 address); choose another"
         ));
     }
     Ok(lower)
 }
 
-/// The automatic name of an IPv6 address of `prefix`: `v6-` and its bits after the prefix
-/// in hex, zero-padded to the prefix's host part (16 digits in a /64).
+/// The automatic name of an IPv6 address of `prefix`: `v6--` and its bits after the prefix
+/// in hex, zero-padded to the prefix's host part (16 digits in a /64). The double hyphen
+/// in third and fourth place marks a reserved label shape (RFC 5891 4.2.3.1), so no host
+/// name a member held before these names existed can be one.
 pub fn automatic_name6(a: Ipv6Addr, prefix: Ipv6Net) -> String {
     let host_bits = 128 - u32::from(prefix.prefix_len());
     let host = u128::from(a) & u128::MAX.checked_shr(128 - host_bits).unwrap_or(0);
     let width = host_bits.div_ceil(4).max(1) as usize;
-    format!("v6-{host:0width$x}")
+    format!("v6--{host:0width$x}")
 }
 
 fn is_automatic6(host: &str) -> bool {
-    host.strip_prefix("v6-")
+    host.strip_prefix("v6--")
         .is_some_and(|h| (1..=32).contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
@@ -563,7 +566,7 @@ fn automatic_address6(host: &str, prefix: Ipv6Net) -> Option<Ipv6Addr> {
     if !is_automatic6(host) {
         return None;
     }
-    let digits = host.get(3..)?;
+    let digits = host.get(4..)?;
     let host_bits = 128 - u32::from(prefix.prefix_len());
     if digits.len() != host_bits.div_ceil(4).max(1) as usize {
         return None;
@@ -740,7 +743,7 @@ mod tests {
         let r = ask(&mut s, &arpa6("fd12::99"), RecordType::PTR);
         match &r.answers[..] {
             [rec] => assert!(
-                matches!(&rec.data, RData::PTR(PTR(n)) if n.to_string() == "v6-0000000000000099.lab."),
+                matches!(&rec.data, RData::PTR(PTR(n)) if n.to_string() == "v6--0000000000000099.lab."),
                 "{rec:?}"
             ),
             other => panic!("{other:?}"),
@@ -1008,56 +1011,63 @@ mod tests {
             "we b",
             "web.lab",
             "c250005005",
-            "v6-0000000000000099",
-            "V6-ab",
+            "v6--0000000000000099",
+            "V6--ab",
             &"a".repeat(64),
         ] {
             assert!(host_name(bad).is_err(), "{bad:?}");
         }
         assert!(host_name("c25000500").is_ok());
         assert!(host_name("v6-web").is_ok());
+        assert!(
+            host_name("v6-cafe").is_ok(),
+            "one hyphen: a name like any other"
+        );
     }
 
     #[test]
     fn held_ipv6_addresses_have_automatic_names() {
         let p64: Ipv6Net = "fd12::/64".parse().unwrap();
         let a: Ipv6Addr = "fd12::99".parse().unwrap();
-        assert_eq!(automatic_name6(a, p64), "v6-0000000000000099");
-        assert_eq!(automatic_address6("v6-0000000000000099", p64), Some(a));
+        assert_eq!(automatic_name6(a, p64), "v6--0000000000000099");
+        assert_eq!(automatic_address6("v6--0000000000000099", p64), Some(a));
         // Other widths: the host part's digits, no more, no fewer.
         let p120: Ipv6Net = "fd12::/120".parse().unwrap();
-        assert_eq!(automatic_name6(a, p120), "v6-99");
-        assert_eq!(automatic_address6("v6-99", p120), Some(a));
-        assert_eq!(automatic_address6("v6-099", p120), None);
-        assert_eq!(automatic_address6("v6-99", p64), None);
+        assert_eq!(automatic_name6(a, p120), "v6--99");
+        assert_eq!(automatic_address6("v6--99", p120), Some(a));
+        assert_eq!(automatic_address6("v6--099", p120), None);
+        assert_eq!(automatic_address6("v6--99", p64), None);
         let p0: Ipv6Net = "::/0".parse().unwrap();
-        assert_eq!(automatic_name6(a, p0), format!("v6-{:032x}", u128::from(a)));
+        assert_eq!(
+            automatic_name6(a, p0),
+            format!("v6--{:032x}", u128::from(a))
+        );
         assert_eq!(automatic_address6(&automatic_name6(a, p0), p0), Some(a));
         let p126: Ipv6Net = "fd12::98/126".parse().unwrap();
         assert_eq!(
-            automatic_address6("v6-4", p126),
+            automatic_address6("v6--4", p126),
             None,
             "beyond the host part"
         );
-        assert_eq!(automatic_address6("v6-1", p126), "fd12::99".parse().ok());
+        assert_eq!(automatic_address6("v6--1", p126), "fd12::99".parse().ok());
 
         let mut s = server(false);
         // Held (without a name): AAAA, and no A; not held: NXDOMAIN.
-        let r = ask(&mut s, "V6-0000000000000099.lab.", RecordType::AAAA);
+        let r = ask(&mut s, "V6--0000000000000099.lab.", RecordType::AAAA);
         assert!(r.metadata.authoritative);
         assert_eq!(aaaa_of(&r), vec![a]);
-        let r = ask(&mut s, "v6-0000000000000099.lab.", RecordType::A);
+        let r = ask(&mut s, "v6--0000000000000099.lab.", RecordType::A);
         assert_eq!(
             (r.metadata.response_code, r.answers.len()),
             (ResponseCode::NoError, 0)
         );
-        let r = ask(&mut s, "v6-0000000000000098.lab.", RecordType::AAAA);
+        let r = ask(&mut s, "v6--0000000000000098.lab.", RecordType::AAAA);
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
         // A named member's address has one too.
-        let r = ask(&mut s, "v6-0000000000000007.lab.", RecordType::ANY);
+        let r = ask(&mut s, "v6--0000000000000007.lab.", RecordType::ANY);
         assert_eq!(aaaa_of(&r), vec![WEB6.parse::<Ipv6Addr>().unwrap()]);
         // Not of the prefix's width: no such name.
-        let r = ask(&mut s, "v6-99.lab.", RecordType::AAAA);
+        let r = ask(&mut s, "v6--99.lab.", RecordType::AAAA);
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
     }
 

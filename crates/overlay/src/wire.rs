@@ -527,13 +527,18 @@ pub struct AddressPart {
 }
 
 impl AddressPart {
-    /// `v4` and `v6` as the parts of one generation (what does not fit
-    /// [`MAX_ADDRESS_PARTS`] is left out).
+    /// `v4` and `v6` as the parts of one generation: the first [`MAX_ANNOUNCED`] of each
+    /// family (what an announcement carries), then the rest of the IPv4 ones, then the
+    /// rest of the IPv6 ones; what does not fit [`MAX_ADDRESS_PARTS`] is left out (the two
+    /// families share the room).
     pub fn split(generation: u16, v4: &[Ipv4Addr], v6: &[Ipv6Addr]) -> Vec<AddressPart> {
-        let all = v4
+        let (k4, k6) = (v4.len().min(MAX_ANNOUNCED), v6.len().min(MAX_ANNOUNCED));
+        let all = v4[..k4]
             .iter()
             .map(|a| IpAddr::V4(*a))
-            .chain(v6.iter().map(|a| IpAddr::V6(*a)));
+            .chain(v6[..k6].iter().map(|a| IpAddr::V6(*a)))
+            .chain(v4[k4..].iter().map(|a| IpAddr::V4(*a)))
+            .chain(v6[k6..].iter().map(|a| IpAddr::V6(*a)));
         let mut parts: Vec<Vec<IpAddr>> = vec![Vec::new()];
         let mut bytes = 0;
         for a in all {
@@ -554,6 +559,12 @@ impl AddressPart {
         parts
             .into_iter()
             .enumerate()
+            .map(|(i, mut addresses)| {
+                // As the wire has them: a part's IPv4 addresses before its IPv6 ones
+                // (each family keeps its order).
+                addresses.sort_by_key(IpAddr::is_ipv6);
+                (i, addresses)
+            })
             .map(|(i, addresses)| AddressPart {
                 generation,
                 part: i as u8,
@@ -1107,6 +1118,15 @@ mod tests {
             cut.iter().map(|p| p.addresses.len()).sum::<usize>(),
             MAX_ADDRESS_PARTS * MAX_ADDRESS_BYTES_PER_PART / 4
         );
+        // The two families share the room, but the first of each always fit: an IPv4 list
+        // too long does not push the IPv6 one out.
+        let both = AddressPart::split(1, &lots, &v6);
+        let sent6 = both
+            .iter()
+            .flat_map(|p| &p.addresses)
+            .filter(|a| a.is_ipv6())
+            .count();
+        assert_eq!(sent6, MAX_ANNOUNCED);
         // Malformed parts: counts beyond the bytes or the limit, a part past the count.
         let good = Control::Addresses(parts[1].clone()).emit();
         assert_eq!(Control::parse(&good[..good.len() - 1]), None);

@@ -37,11 +37,18 @@ impl Node {
         };
         let ns = peer.ns;
         let v6 = peer.speaks_addresses6 && !self.is_layer2(ns);
-        let Some(namespace) = self.namespaces.get(ns.0) else {
+        let Some(namespace) = self.namespaces.get_mut(ns.0) else {
             return;
         };
         let list6 = if v6 { &namespace.addresses6[..] } else { &[] };
-        let parts = AddressPart::split(namespace.address_generation, &namespace.addresses, list6);
+        let generation = namespace.address_generation;
+        let parts = AddressPart::split(generation, &namespace.addresses, list6);
+        let sent: usize = parts.iter().map(|p| p.addresses.len()).sum();
+        let cut = namespace.addresses.len() + list6.len() - sent;
+        if cut > 0 && namespace.parts_cut != Some(generation) {
+            namespace.parts_cut = Some(generation);
+            tracing::warn!(cut, sent, "more addresses than an announcement's parts carry: members take packets only from those sent");
+        }
         for part in parts {
             let packet = Control::Addresses(part).emit();
             self.send_control(handle, &packet, None);
@@ -69,11 +76,25 @@ impl Node {
         if expected.is_none() || peer.parts_whole.as_ref().map(|(g, _)| *g) != expected {
             return;
         }
-        let Some((_, all)) = peer.parts_whole.take() else {
+        let ns = peer.ns;
+        let certified = self
+            .namespaces
+            .get(ns.0)
+            .is_some_and(|n| n.credential.is_some());
+        let Some(peer) = self.peer_mut(handle) else {
+            return;
+        };
+        // With an authority, its certificate (checked with the announcement that named the
+        // parts) says which addresses stand; without one yet, the set waits.
+        if certified && peer.certificate.is_none() {
+            return;
+        }
+        let Some((generation, all)) = peer.parts_whole.take() else {
             return;
         };
         peer.parts_expected = None;
-        let (ns, reads6) = (peer.ns, peer.speaks_addresses6);
+        peer.parts_taken = Some(generation);
+        let reads6 = peer.speaks_addresses6;
         let mut v4 = Vec::new();
         let mut v6 = Vec::new();
         for a in all {
@@ -82,23 +103,17 @@ impl Node {
                 IpAddr::V6(a) => v6.push(a),
             }
         }
-        let certified = self
-            .namespaces
-            .get(ns.0)
-            .is_some_and(|n| n.credential.is_some());
-        let Some(peer) = self.peer_mut(handle) else {
-            return;
-        };
-        if certified {
-            // (Its certificate was checked with the announcement that named the parts.)
-            let Some(cert) = peer.certificate.as_ref() else {
-                return;
-            };
-            let before = v4.len();
+        if let Some(cert) = peer.certificate.as_ref().filter(|_| certified) {
+            // The first ones were counted with the announcement (the parts start with them).
+            let refused = v4
+                .iter()
+                .skip(MAX_ANNOUNCED)
+                .filter(|a| !cert.allows_address((**a).into()))
+                .count();
             v4.retain(|a| cert.allows_address((*a).into()));
-            if v4.len() < before {
-                tracing::warn!(peer = ?peer.id, "member listed addresses its certificate does not allow");
-                self.certificate_stats.address_not_allowed += (before - v4.len()) as u64;
+            if refused > 0 {
+                tracing::warn!(peer = ?peer.id, refused, "member listed addresses its certificate does not allow");
+                self.certificate_stats.address_not_allowed += refused as u64;
             }
         }
         let Some(peer) = self.peer_mut(handle) else {
@@ -271,5 +286,72 @@ mod tests {
             b.peers().next().map(|p| p.addresses.to_vec()),
             Some(v4[..200].to_vec())
         );
+    }
+
+    #[test]
+    fn two_members_both_in_parts_go_quiet() {
+        let now = test_epoch();
+        let (mut a, mut b) = (member(1), member(2));
+        let many = |base: u32| -> Vec<Ipv4Addr> {
+            (0..200u32).map(|i| Ipv4Addr::from(base + i)).collect()
+        };
+        // Both hold more than one announcement carries before they meet.
+        a.set_addresses(now, NamespaceId(0), many(0x0ac9_0100));
+        b.set_addresses(now, NamespaceId(0), many(0x0ac9_1000));
+        a.add_static_peer(NamespaceId(0), B, now);
+        a.handle_timeout(now);
+        quiet_within(&mut a, &mut b, now, 20);
+        assert_eq!(
+            a.peers().next().map(|p| p.addresses.to_vec()),
+            Some(many(0x0ac9_1000))
+        );
+        assert_eq!(
+            b.peers().next().map(|p| p.addresses.to_vec()),
+            Some(many(0x0ac9_0100))
+        );
+        // Each has the other's lists, and says so.
+        assert!(a
+            .peers()
+            .next()
+            .is_some_and(|p| a.peer(p.handle).is_some_and(|p| p.has_their_announcement())));
+        assert!(b
+            .peers()
+            .next()
+            .is_some_and(|p| b.peer(p.handle).is_some_and(|p| p.has_their_announcement())));
+        // The periodic announcement names the generation taken: b waits for nothing.
+        let later = now + crate::node::ANNOUNCE_INTERVAL + crate::node::TICK;
+        a.handle_timeout(later);
+        let sent: Vec<Vec<u8>> = std::iter::from_fn(|| a.poll_transmit().map(|(_, d)| d)).collect();
+        assert!(!sent.is_empty(), "a announces again");
+        let mut out = vec![0u8; 65536];
+        for d in &sent {
+            b.handle_datagram(later, A, d, &mut out);
+            assert!(b.peers().next().is_some_and(|p| b
+                .peer(p.handle)
+                .is_some_and(|p| p.parts_expected.is_none() && p.has_their_announcement())));
+        }
+        quiet_within(&mut a, &mut b, later, 20);
+    }
+
+    /// Moves datagrams between `a` (at A) and `b` (at B) until both are quiet, failing
+    /// after `most` rounds.
+    fn quiet_within(a: &mut Node, b: &mut Node, now: std::time::Instant, most: usize) {
+        let mut out = vec![0u8; 65536];
+        for _ in 0..most {
+            let from_a: Vec<Vec<u8>> =
+                std::iter::from_fn(|| a.poll_transmit().map(|(_, d)| d)).collect();
+            let from_b: Vec<Vec<u8>> =
+                std::iter::from_fn(|| b.poll_transmit().map(|(_, d)| d)).collect();
+            if from_a.is_empty() && from_b.is_empty() {
+                return;
+            }
+            for d in &from_a {
+                b.handle_datagram(now, A, d, &mut out);
+            }
+            for d in &from_b {
+                a.handle_datagram(now, B, d, &mut out);
+            }
+        }
+        panic!("still answering each other after {most} rounds");
     }
 }

@@ -79,7 +79,7 @@ impl Node {
             return Received::Consumed;
         };
         if peer.addresses6 != addresses {
-            tracing::info!(peer = ?peer.id, ?addresses, "member IPv6 addresses");
+            tracing::info!(peer = ?peer.id, n = addresses.len(), first = ?addresses.first(), "member IPv6 addresses");
             peer.addresses6 = addresses.clone();
             self.events.push_back(Event::PeerAddresses6 {
                 ns,

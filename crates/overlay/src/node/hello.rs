@@ -96,6 +96,9 @@ impl Node {
                         peer.speaks_uplinks = false;
                         peer.reads_parts = false;
                         peer.parts_expected = None;
+                        peer.parts_taken = None;
+                        peer.parts_whole = None;
+                        peer.address_parts = Default::default();
                         // Its other shards' sessions are gone with it: ours are dropped
                         // (their flows go on shard 0) and made afresh from its next
                         // announcement.
@@ -173,9 +176,9 @@ impl Node {
         };
         let first_parts = announce.reads_parts && !peer.reads_parts;
         peer.reads_parts = announce.reads_parts;
-        // Lists that follow in parts replace the ones we have when they are all in; the
-        // first addresses here say nothing more.
-        peer.parts_expected = announce.in_parts;
+        // Lists that follow in parts replace the ones we have when they are all in (unless
+        // they are the ones we took last); the first addresses here say nothing more.
+        peer.parts_expected = announce.in_parts.filter(|g| Some(*g) != peer.parts_taken);
         if announce.in_parts.is_some() {
             peer.have_their_announce = true;
         } else if peer.handle_announce(&addresses) {

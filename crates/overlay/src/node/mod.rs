@@ -139,6 +139,8 @@ struct Namespace {
     mac_generation: u16,
     /// Changes with `addresses` and `addresses6` (`address_parts.rs`).
     address_generation: u16,
+    /// The generation whose lists were too long for their parts, once said.
+    parts_cut: Option<u16>,
 }
 
 /// The tunnel endpoint of one agent.
@@ -293,6 +295,7 @@ impl Node {
             // Random: parts left over from before a restart never join the next set.
             mac_generation: rand::random(),
             address_generation: rand::random(),
+            parts_cut: None,
         });
         NamespaceId(self.namespaces.len() - 1)
     }

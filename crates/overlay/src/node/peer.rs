@@ -177,6 +177,9 @@ pub(super) struct Peer {
     /// generation and addresses).
     pub(super) address_parts: crate::wire::AddressParts,
     pub(super) parts_whole: Option<(u16, Vec<std::net::IpAddr>)>,
+    /// The generation of its lists we took last: an announcement naming it again (its
+    /// periodic one, or its answer to ours) waits for nothing.
+    pub(super) parts_taken: Option<u16>,
     /// The links it announced and the bond over them.
     pub(super) bond: Option<super::bond::Bonded>,
     /// We initiate handshakes with this member: the side with the lower X25519 key.
@@ -238,6 +241,7 @@ impl Peer {
             parts_expected: None,
             address_parts: Default::default(),
             parts_whole: None,
+            parts_taken: None,
             bond: None,
             initiator,
             announce_pending: false,
