@@ -89,7 +89,7 @@ fn start_with(
 /// iperf3 from `from` to `to` for 3 s (`args` more), as JSON: the receiver's rate in
 /// Mbit/s. A run that fails to start (its server still busy with the run before) is tried
 /// again, up to 5 times.
-fn iperf(bed: &Testbed, from: &Host, to: Ipv4Addr, args: &[&str]) -> f64 {
+fn iperf(bed: &Testbed, from: &Host, to: impl std::fmt::Display, args: &[&str]) -> f64 {
     let to = to.to_string();
     let mut all = vec!["-c", &to, "-t", "3", "-J", "--connect-timeout", "3000"];
     all.extend_from_slice(args);
@@ -377,6 +377,47 @@ fn caps_per_member_hold_one_member_both_ways_and_leave_the_others() {
             "only beta's traffic takes the cap's buckets: {cap:?}"
         );
     }
+}
+
+/// Caps pick IPv6 packets by IPv6 addresses (issue 29): alpha caps what it sends to the
+/// namespace's ULA prefix at 30 Mbit/s; its IPv6 stream to beta is held, its IPv4 stream
+/// to the same member is not.
+#[test]
+fn a_cap_by_ipv6_prefix_holds_ipv6_and_leaves_ipv4() {
+    let (_one, mut bed) = lab_bed("qos6");
+    let caps = "[[namespace.cap]]\nmembers = [\"fd00::/8\"]\negress = \"30M\"\n";
+    let [(alpha, a), (beta, b), _] = trio(&mut bed, "", caps);
+    // Its IPv6 address, once it holds one (20 s at most).
+    let beta6 = (0..200)
+        .find_map(|_| {
+            let held = bed
+                .namespace_status(&beta, &b)
+                .ok()?
+                .address6
+                .parse::<std::net::Ipv6Addr>();
+            if held.is_err() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            held.ok()
+        })
+        .expect("beta holds an IPv6 address");
+    let to = beta6.to_string();
+    let reached = (0..10).any(|_| {
+        bed.ns_output(&alpha.ns, "ping", &["-6", "-c", "1", "-W", "1", &to])
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(reached, "alpha -> beta over IPv6");
+    let v6 = iperf(&bed, &alpha, beta6, &[]);
+    let v4 = iperf(&bed, &alpha, Ipv4Addr::new(10, 206, 0, 12), &[]);
+    println!("alpha to beta: IPv6 (30M cap on fd00::/8) {v6:.1} Mbit/s, IPv4 (no cap) {v4:.1}");
+    assert!(
+        (24.0..=31.0).contains(&v6),
+        "IPv6 to beta: {v6:.1} Mbit/s under a 30 Mbit/s cap"
+    );
+    assert!(v4 > 100.0, "IPv4 to beta is not held: {v4:.1}");
+    let status = bed.namespace_status(&alpha, &a).unwrap();
+    let egress = status.caps[0].egress.clone().expect("an egress cap");
+    assert!(egress.delayed > 0, "{egress:?}");
 }
 
 /// Issue 32, item 2 (weights per member): alpha's uplink (200 Mbit/s) is saturated by UDP

@@ -5,7 +5,7 @@
 //! caps hold frames before the TAP.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use hyphae_overlay::{Node, PeerHandle};
@@ -27,7 +27,7 @@ pub(crate) struct CapKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Who {
     Member(PeerHandle),
-    Host(Ipv4Addr),
+    Host(IpAddr),
     All,
 }
 
@@ -164,9 +164,9 @@ impl LaneCaps {
         mask
     }
 
-    /// The cap and bucket IPv4 packet `ip` takes between this side and the member of
-    /// tunnel `peer` (`ingress`: from it), with the cap's rate and burst; None if no cap
-    /// picks it.
+    /// The cap and bucket IP packet `ip` takes between this side and the member of tunnel
+    /// `peer` (`ingress`: from it), with the cap's rate and burst; None if no cap picks
+    /// it.
     pub(crate) fn key(
         &mut self,
         node: &Node,
@@ -174,16 +174,7 @@ impl LaneCaps {
         ip: &[u8],
         ingress: bool,
     ) -> Option<(CapKey, u64, u64)> {
-        let a: [u8; 8] = ip.get(12..20)?.try_into().ok()?;
-        let (src, dst) = if ip[0] >> 4 == 4 {
-            (
-                Ipv4Addr::new(a[0], a[1], a[2], a[3]),
-                Ipv4Addr::new(a[4], a[5], a[6], a[7]),
-            )
-        } else {
-            // IPv6: caps pick it by member only (docs/QOS.md).
-            (Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED)
-        };
+        let (src, dst) = ends(ip)?;
         let (remote, local) = if ingress { (src, dst) } else { (dst, src) };
         let mask = self.mask(node, peer);
         let r = self.caps.find(mask, remote, local, ingress)?;
@@ -207,19 +198,7 @@ impl LaneCaps {
         if !self.caps.weighs() {
             return (0, 1);
         }
-        // IPv6: weighed by member only, as `key` picks it.
-        let v4 = ip.first().is_some_and(|b| b >> 4 == 4);
-        let Some((remote, local)) = ip
-            .get(12..20)
-            .filter(|_| v4)
-            .and_then(|a| <[u8; 8]>::try_from(a).ok())
-            .map(|a| {
-                (
-                    Ipv4Addr::new(a[4], a[5], a[6], a[7]),
-                    Ipv4Addr::new(a[0], a[1], a[2], a[3]),
-                )
-            })
-        else {
+        let Some((local, remote)) = ends(ip) else {
             return (0, 1);
         };
         let mask = self.mask(node, peer);
@@ -264,4 +243,54 @@ impl LaneCaps {
 /// A pacer for a cap of `rate` bits a second and `burst` bytes.
 pub(crate) fn pacer<T>(rate: u64, burst: u64) -> Pacer<T> {
     Pacer::new(rate, burst, MAX_DELAY)
+}
+
+/// The source and destination of IP packet `ip` (IPv4 or IPv6), if it has a whole header's
+/// worth of them.
+fn ends(ip: &[u8]) -> Option<(IpAddr, IpAddr)> {
+    match ip.first()? >> 4 {
+        4 => {
+            let a: [u8; 8] = ip.get(12..20)?.try_into().ok()?;
+            Some((
+                Ipv4Addr::new(a[0], a[1], a[2], a[3]).into(),
+                Ipv4Addr::new(a[4], a[5], a[6], a[7]).into(),
+            ))
+        }
+        6 => {
+            let src: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
+            let dst: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
+            Some((Ipv6Addr::from(src).into(), Ipv6Addr::from(dst).into()))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ends_of_ipv4_and_ipv6_packets_and_of_neither() {
+        let mut v4 = vec![
+            0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
+        assert_eq!(
+            ends(&v4),
+            Some(("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()))
+        );
+        let mut v6 = vec![0x60, 0, 0, 0, 0, 0, 17, 64];
+        v6.extend_from_slice(&"fd00::1".parse::<Ipv6Addr>().unwrap().octets());
+        v6.extend_from_slice(&"fd00::2".parse::<Ipv6Addr>().unwrap().octets());
+        assert_eq!(
+            ends(&v6),
+            Some(("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap()))
+        );
+        // Short headers and other versions: none.
+        v4.pop();
+        v6.pop();
+        assert_eq!(ends(&v4), None);
+        assert_eq!(ends(&v6), None);
+        assert_eq!(ends(&[0x25; 40]), None);
+        assert_eq!(ends(&[]), None);
+    }
 }

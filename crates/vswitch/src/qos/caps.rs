@@ -11,9 +11,9 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use serde::Deserialize;
 
 use super::{parse_rate, Paced, Pacer, PacerStats};
@@ -75,14 +75,14 @@ enum Who {
     Any,
     Group(String),
     Name(String),
-    Net(Ipv4Net),
+    Net(IpNet),
 }
 
 /// One compiled cap.
 #[derive(Debug, Clone)]
 pub struct Cap {
     members: Vec<Who>,
-    hosts: Vec<Ipv4Net>,
+    hosts: Vec<IpNet>,
     /// Egress and ingress rates, bits a second.
     pub egress: Option<u64>,
     pub ingress: Option<u64>,
@@ -172,14 +172,9 @@ impl Caps {
 
     /// The first cap with a rate for this direction (`ingress`, else egress) over a
     /// packet between a member of mask `mask` using address `remote` and the host on this
-    /// side at `local`.
-    pub fn find(
-        &self,
-        mask: u64,
-        remote: Ipv4Addr,
-        local: Ipv4Addr,
-        ingress: bool,
-    ) -> Option<usize> {
+    /// side at `local` (both IPv4 or both IPv6: a CIDR of one family never picks the
+    /// other's addresses).
+    pub fn find(&self, mask: u64, remote: IpAddr, local: IpAddr, ingress: bool) -> Option<usize> {
         self.first(mask, remote, local, |c| {
             if ingress {
                 c.ingress.is_some()
@@ -190,15 +185,15 @@ impl Caps {
     }
 
     /// The first cap with a weight over a packet sent to a member (as [`Caps::find`]).
-    pub fn find_weight(&self, mask: u64, remote: Ipv4Addr, local: Ipv4Addr) -> Option<usize> {
+    pub fn find_weight(&self, mask: u64, remote: IpAddr, local: IpAddr) -> Option<usize> {
         self.first(mask, remote, local, |c| c.weight.is_some())
     }
 
     fn first(
         &self,
         mask: u64,
-        remote: Ipv4Addr,
-        local: Ipv4Addr,
+        remote: IpAddr,
+        local: IpAddr,
         has: impl Fn(&Cap) -> bool,
     ) -> Option<usize> {
         self.caps.iter().enumerate().position(|(r, c)| {
@@ -276,10 +271,10 @@ fn compile_one(f: &CapFile, certified: bool) -> Result<Cap, String> {
     })
 }
 
-fn net(word: &str) -> Option<Ipv4Net> {
-    word.parse::<Ipv4Net>()
+fn net(word: &str) -> Option<IpNet> {
+    word.parse::<IpNet>()
         .ok()
-        .or_else(|| word.parse::<Ipv4Addr>().ok().map(Ipv4Net::from))
+        .or_else(|| word.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
 /// Pacers by key: a member's, a host's, a cap's. What one key sends beyond its rate waits

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(clippy::disallowed_methods)] // the virtual clock starts from a real instant
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -19,7 +19,7 @@ fn cap(members: &[&str], hosts: &[&str], egress: Option<&str>, ingress: Option<&
     }
 }
 
-fn ip(s: &str) -> Ipv4Addr {
+fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
@@ -128,6 +128,38 @@ fn the_first_cap_with_a_rate_for_the_direction_picks_a_packet() {
         Caps::compile(&[cap(&["group:guests"], &[], Some("1M"), None)], true).unwrap();
     let m = only_guests.member_mask(&["web"], None);
     assert_eq!(only_guests.find(m, ip("10.1.0.9"), me, false), None);
+}
+
+#[test]
+fn ipv6_packets_are_picked_by_ipv6_addresses_and_never_by_ipv4_ones() {
+    let caps = Caps::compile(
+        &[
+            // 0: the remote IPv6 LAN, out.
+            cap(&["fd00:5::/64"], &[], Some("10M"), None),
+            // 1: this side's IPv6 host, in.
+            cap(&[], &["fd00:1::7"], None, Some("5M")),
+            // 2: an IPv4 LAN, both ways.
+            cap(&["10.1.0.0/24"], &["10.1.0.0/24"], Some("1M"), Some("1M")),
+        ],
+        false,
+    )
+    .unwrap();
+    // Cap 1 names no member: every member's mask has it.
+    let m = caps.member_mask(&[], None);
+    assert_eq!(m, 0b010);
+    let (me6, host6) = (ip("fd00:1::2"), ip("fd00:1::7"));
+    assert_eq!(caps.find(m, ip("fd00:5::9"), me6, false), Some(0));
+    assert_eq!(caps.find(m, ip("fd00:5::9"), me6, true), None);
+    assert_eq!(caps.find(m, ip("fd00:9::9"), host6, true), Some(1));
+    assert_eq!(caps.find(m, ip("fd00:9::9"), host6, false), None);
+    // An IPv4-mapped IPv6 address is no IPv4 address of the LAN.
+    assert_eq!(
+        caps.find(m, ip("::ffff:10.1.0.9"), ip("::ffff:10.1.0.2"), false),
+        None
+    );
+    assert_eq!(caps.find(m, ip("10.1.0.9"), ip("10.1.0.2"), false), Some(2));
+    assert_eq!(caps.caps()[1].picks, "hosts fd00:1::7");
+    assert!(Caps::compile(&[cap(&["fd00::/129"], &[], Some("1M"), None)], false).is_err());
 }
 
 #[test]
