@@ -347,6 +347,23 @@ fn an_ipv6_source_a_member_does_not_hold_is_dropped_and_counted() {
     ping6(&bed, &h2.host, a1);
 }
 
+/// A LAN, a router-mode member `r` on it (bootstrapping from `h1`) and a LAN host `l1`
+/// at 10.203.0.11.
+fn router_site(bed: &mut Testbed, secret: &Path) -> (String, Member, Host) {
+    let lan = bed.add_lan("lan").unwrap();
+    let rh = bed.add_host("r", underlay(2)).unwrap();
+    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
+    let l1 = bed
+        .add_lan_host(&lan, "l1", "10.203.0.11/24", 1500)
+        .unwrap();
+    let lines = format!(
+        "lease_secs = {LEASE_SECS}\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
+    );
+    let cfg = agent_section(&rh) + &lab_namespace(secret, SUBNET, Some(underlay(1)), &lines);
+    let agent = bed.start_agent(&rh, &cfg).unwrap();
+    (lan, Member { host: rh, agent }, l1)
+}
+
 /// The global address in `prefix` on `host`'s `eth0` once its kernel formed one from a
 /// router advertisement and it passed duplicate address detection (20 s at most).
 fn slaac_address(bed: &Testbed, host: &Host, prefix: ipnet::Ipv6Net) -> Ipv6Addr {
@@ -390,18 +407,7 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
     let prefix: ipnet::Ipv6Net = namespace(&bed, &h1).subnet6.parse().expect("a prefix");
     let service = Ipv6Addr::from(u128::from(prefix.network()) | 1).to_string();
 
-    let lan = bed.add_lan("lan").unwrap();
-    let rh = bed.add_host("r", underlay(2)).unwrap();
-    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
-    let l1 = bed
-        .add_lan_host(&lan, "l1", "10.203.0.11/24", 1500)
-        .unwrap();
-    let lines = format!(
-        "lease_secs = {LEASE_SECS}\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
-    );
-    let cfg = agent_section(&rh) + &lab_namespace(&secret, SUBNET, Some(underlay(1)), &lines);
-    let agent = bed.start_agent(&rh, &cfg).unwrap();
-    let router = Member { host: rh, agent };
+    let (lan, router, l1) = router_site(&mut bed, &secret);
 
     let l1_address = slaac_address(&bed, &l1, prefix);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -579,18 +585,7 @@ fn a_router_with_more_addresses_than_an_announcement_carries_is_heard_from_all()
     let v1: Ipv4Addr = namespace(&bed, &h1).addresses[0].parse().expect("IPv4");
     let prefix: ipnet::Ipv6Net = namespace(&bed, &h1).subnet6.parse().expect("a prefix");
 
-    let lan = bed.add_lan("lan").unwrap();
-    let rh = bed.add_host("r", underlay(2)).unwrap();
-    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
-    let l1 = bed
-        .add_lan_host(&lan, "l1", "10.203.0.11/24", 1500)
-        .unwrap();
-    let lines = format!(
-        "lease_secs = {LEASE_SECS}\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
-    );
-    let cfg = agent_section(&rh) + &lab_namespace(&secret, SUBNET, Some(underlay(1)), &lines);
-    let agent = bed.start_agent(&rh, &cfg).unwrap();
-    let router = Member { host: rh, agent };
+    let (_, router, l1) = router_site(&mut bed, &secret);
 
     // 80 free addresses of the subnet: not the member's (auto, anywhere in it), nor the
     // router's own, if it holds one.

@@ -159,13 +159,19 @@ mod tests {
         p
     }
 
-    #[test]
-    fn a_member_holding_hundreds_of_addresses_has_every_one_taken() {
-        let now = test_epoch();
+    /// Members 1 (at A) and 2 (at B) with a tunnel between them.
+    fn pair(now: std::time::Instant) -> (Node, Node) {
         let (mut a, mut b) = (member(1), member(2));
         a.add_static_peer(NamespaceId(0), B, now);
         a.handle_timeout(now);
         pump(&mut a, A, &mut b, B, now);
+        (a, b)
+    }
+
+    #[test]
+    fn a_member_holding_hundreds_of_addresses_has_every_one_taken() {
+        let now = test_epoch();
+        let (mut a, mut b) = pair(now);
         let ha = a.peers().next().map(|p| p.handle).expect("a has a tunnel");
         let hb = b.peers().next().map(|p| p.handle).expect("b has a tunnel");
         // A router with 300 IPv4 and 100 IPv6 addresses (its own and its LAN hosts').
@@ -230,10 +236,7 @@ mod tests {
     #[test]
     fn lists_in_parts_are_taken_only_whole_and_of_the_announced_generation() {
         let now = test_epoch();
-        let (mut a, mut b) = (member(1), member(2));
-        a.add_static_peer(NamespaceId(0), B, now);
-        a.handle_timeout(now);
-        pump(&mut a, A, &mut b, B, now);
+        let (mut a, mut b) = pair(now);
         let v4: Vec<Ipv4Addr> = (1..=600u32)
             .map(|i| Ipv4Addr::from(0x0ac9_0000 + i))
             .collect();
