@@ -731,23 +731,20 @@ mod tests {
             (auto.metadata.response_code, auto.answers.len()),
             (ResponseCode::NoError, 0)
         );
+        let ptr_of = |r: &Message| -> Vec<String> {
+            r.answers
+                .iter()
+                .map(|rec| match &rec.data {
+                    RData::PTR(PTR(n)) => n.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
         let r = ask(&mut s, &arpa6(WEB6), RecordType::PTR);
-        match &r.answers[..] {
-            [rec] => assert!(
-                matches!(&rec.data, RData::PTR(PTR(n)) if n.to_string() == "web.lab."),
-                "{rec:?}"
-            ),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(ptr_of(&r), ["web.lab."]);
         // Held without a name: its automatic name; not held: no PTR.
         let r = ask(&mut s, &arpa6("fd12::99"), RecordType::PTR);
-        match &r.answers[..] {
-            [rec] => assert!(
-                matches!(&rec.data, RData::PTR(PTR(n)) if n.to_string() == "v6--0000000000000099.lab."),
-                "{rec:?}"
-            ),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(ptr_of(&r), ["v6--0000000000000099.lab."]);
         let r = ask(&mut s, &arpa6("fd12::98"), RecordType::PTR);
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
         assert!(r.metadata.authoritative);
