@@ -41,7 +41,9 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${ROUNDS:-3}
 skip=" ${SKIP:-} "
-scripts/deps iperf3 wireguard-tools jq protobuf-compiler libprotobuf-dev >/dev/null
+scripts/deps iperf3 wireguard-tools jq >/dev/null
+# (EasyTier's build alone needs protoc and the protobuf types.)
+[[ $skip == *" easytier "* ]] || scripts/deps protobuf-compiler libprotobuf-dev >/dev/null
 
 HYPHAE_BIN=${HYPHAE_BIN:-target/release/hyphae}
 [ -x "$HYPHAE_BIN" ] || cargo build --release --quiet --bin hyphae
