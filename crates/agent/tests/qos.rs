@@ -379,42 +379,67 @@ fn caps_per_member_hold_one_member_both_ways_and_leave_the_others() {
     }
 }
 
-/// Caps pick IPv6 packets by IPv6 addresses (issue 29): alpha caps what it sends to the
-/// namespace's ULA prefix at 30 Mbit/s; its IPv6 stream to beta is held, its IPv4 stream
-/// to the same member is not.
+/// Caps pick IPv6 packets by IPv6 addresses (issue 29): alpha caps what it sends to beta's
+/// IPv6 address at 30 Mbit/s; its IPv6 stream to beta is held, its IPv6 stream to gamma
+/// and its IPv4 stream to beta are not. (beta and gamma start first: alpha's cap names
+/// beta's address, which its identity decides.)
 #[test]
-fn a_cap_by_ipv6_prefix_holds_ipv6_and_leaves_ipv4() {
+fn a_cap_by_ipv6_address_holds_ipv6_to_that_member_only() {
     let (_one, mut bed) = lab_bed("qos6");
-    let caps = "[[namespace.cap]]\nmembers = [\"fd00::/8\"]\negress = \"30M\"\n";
-    let [(alpha, a), (beta, b), _] = trio(&mut bed, "", caps);
-    // Its IPv6 address, once it holds one (20 s at most).
-    let beta6 = (0..200)
-        .find_map(|_| {
-            let held = bed
-                .namespace_status(&beta, &b)
-                .ok()?
-                .address6
-                .parse::<std::net::Ipv6Addr>();
-            if held.is_err() {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            held.ok()
-        })
-        .expect("beta holds an IPv6 address");
-    let to = beta6.to_string();
-    let reached = (0..10).any(|_| {
-        bed.ns_output(&alpha.ns, "ping", &["-6", "-c", "1", "-W", "1", &to])
-            .is_ok_and(|o| o.status.success())
-    });
-    assert!(reached, "alpha -> beta over IPv6");
-    let v6 = iperf(&bed, &alpha, beta6, &[]);
-    let v4 = iperf(&bed, &alpha, Ipv4Addr::new(10, 206, 0, 12), &[]);
-    println!("alpha to beta: IPv6 (30M cap on fd00::/8) {v6:.1} Mbit/s, IPv4 (no cap) {v4:.1}");
-    assert!(
-        (24.0..=31.0).contains(&v6),
-        "IPv6 to beta: {v6:.1} Mbit/s under a 30 Mbit/s cap"
+    let (beta, b) = start(&mut bed, 2, "beta", None, "");
+    let boot = Some(beta.underlay);
+    let (gamma, g) = start(&mut bed, 3, "gamma", boot, "");
+    // A member's IPv6 address, once it holds one (20 s at most).
+    let address6 = |host: &Host, agent: &AgentHandle| {
+        (0..200)
+            .find_map(|_| {
+                let held = bed
+                    .namespace_status(host, agent)
+                    .ok()?
+                    .address6
+                    .parse::<std::net::Ipv6Addr>();
+                if held.is_err() {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                held.ok()
+            })
+            .expect("an IPv6 address")
+    };
+    let (beta6, gamma6) = (address6(&beta, &b), address6(&gamma, &g));
+    // (The bootstrap line goes before the cap's table: after it, it would be the cap's.)
+    let caps = format!(
+        "bootstrap = [\"{}:7400\"]\n[[namespace.cap]]\nmembers = [\"{beta6}/128\"]\negress = \"30M\"\n",
+        beta.underlay
     );
-    assert!(v4 > 100.0, "IPv4 to beta is not held: {v4:.1}");
+    let (alpha, a) = start_with(&mut bed, 1, "alpha", None, "", &caps);
+    for h in [&beta, &gamma] {
+        bed.spawn(&h.ns, "iperf3", &["-s"], &h.dir.join("iperf3-s.log"))
+            .unwrap();
+    }
+    for to in [beta6, gamma6] {
+        let to = to.to_string();
+        let reached = (0..10).any(|_| {
+            bed.ns_output(&alpha.ns, "ping", &["-6", "-c", "1", "-W", "1", &to])
+                .is_ok_and(|o| o.status.success())
+        });
+        assert!(reached, "alpha -> {to} over IPv6");
+    }
+    let to_beta6 = iperf(&bed, &alpha, beta6, &[]);
+    let to_gamma6 = iperf(&bed, &alpha, gamma6, &[]);
+    let to_beta4 = iperf(&bed, &alpha, Ipv4Addr::new(10, 206, 0, 12), &[]);
+    println!(
+        "alpha to beta over IPv6 (30M cap on its address) {to_beta6:.1} Mbit/s; \
+         to gamma over IPv6 {to_gamma6:.1}; to beta over IPv4 {to_beta4:.1}"
+    );
+    assert!(
+        (24.0..=31.0).contains(&to_beta6),
+        "IPv6 to beta: {to_beta6:.1} Mbit/s under a 30 Mbit/s cap"
+    );
+    assert!(
+        to_gamma6 > 100.0,
+        "IPv6 to gamma is not held: {to_gamma6:.1}"
+    );
+    assert!(to_beta4 > 100.0, "IPv4 to beta is not held: {to_beta4:.1}");
     let status = bed.namespace_status(&alpha, &a).unwrap();
     let egress = status.caps[0].egress.clone().expect("an egress cap");
     assert!(egress.delayed > 0, "{egress:?}");

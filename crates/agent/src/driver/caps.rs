@@ -188,7 +188,7 @@ impl LaneCaps {
         Some((CapKey { cap: r, who }, rate, cap.burst(rate)))
     }
 
-    /// The member part of the namespace's share of the uplink that IPv4 packet `ip` to the
+    /// The member part of the namespace's share of the uplink that IP packet `ip` to the
     /// member of tunnel `peer` takes, and its weight ([`Shares::push_member`]): the first
     /// cap with a weight that picks it decides (its `per` says whose part), else the member
     /// has a part of its own of weight 1. (0, 1), one part for all, when no cap weighs.
