@@ -411,6 +411,10 @@ pub struct NamespaceStatus {
     /// Every address this member holds a lease on (router mode: its LAN hosts').
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// Every IPv6 address this member holds a lease on: its own, then (router mode) its
+    /// LAN hosts'.
+    #[serde(default)]
+    pub addresses6: Vec<String>,
     /// Router mode: LAN hosts whose address another member owns.
     #[serde(default)]
     pub hosted_conflicts: u64,

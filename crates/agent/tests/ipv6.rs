@@ -350,18 +350,25 @@ fn an_ipv6_source_a_member_does_not_hold_is_dropped_and_counted() {
 /// A LAN, a router-mode member `r` on it (bootstrapping from `h1`) and a LAN host `l1`
 /// at 10.203.0.11.
 fn router_site(bed: &mut Testbed, secret: &Path) -> (String, Member, Host) {
-    let lan = bed.add_lan("lan").unwrap();
-    let rh = bed.add_host("r", underlay(2)).unwrap();
-    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
+    let (lan, router) = router_at(bed, secret, "", 2);
     let l1 = bed
         .add_lan_host(&lan, "l1", "10.203.0.11/24", 1500)
         .unwrap();
+    (lan, router, l1)
+}
+
+/// LAN `lan{tag}` and router-mode member `r{tag}` on it (underlay address `underlay(u)`,
+/// bootstrapping from `h1`).
+fn router_at(bed: &mut Testbed, secret: &Path, tag: &str, u: u8) -> (String, Member) {
+    let lan = bed.add_lan(&format!("lan{tag}")).unwrap();
+    let rh = bed.add_host(&format!("r{tag}"), underlay(u)).unwrap();
+    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
     let lines = format!(
         "lease_secs = {LEASE_SECS}\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\n"
     );
     let cfg = agent_section(&rh) + &lab_namespace(secret, SUBNET, Some(underlay(1)), &lines);
     let agent = bed.start_agent(&rh, &cfg).unwrap();
-    (lan, Member { host: rh, agent }, l1)
+    (lan, Member { host: rh, agent })
 }
 
 /// The global address in `prefix` on `host`'s `eth0` once its kernel formed one from a
@@ -558,6 +565,125 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
     assert!(!r.lan_hosts.contains(&a1.to_string()), "{:?}", r.lan_hosts);
     // The member keeps it, and still reaches the first LAN host.
     ping6(&bed, &h1.host, l1_address);
+}
+
+/// An unsolicited neighbour advertisement for the address in `sys.argv[1]` from `eth0`
+/// (override set, the link-layer address in it), twice: what a Linux guest sends for each
+/// of its addresses when its hypervisor asks it to announce itself after a live
+/// migration. The kernel fills in the ICMPv6 checksum of a raw ICMPv6 socket.
+const SEND_UNSOLICITED_NA: &str = "\
+import socket, sys, time
+address = socket.inet_pton(socket.AF_INET6, sys.argv[1])
+mac = bytes.fromhex(open('/sys/class/net/eth0/address').read().strip().replace(':', ''))
+index = socket.if_nametoindex('eth0')
+s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, index)
+na = bytes([136, 0, 0, 0, 0x20, 0, 0, 0]) + address + bytes([2, 1]) + mac
+for i in range(2):
+    s.sendto(na, ('ff02::1', 0, 0, index))
+    time.sleep(0.05)
+";
+
+/// Router mode, migration: a plain LAN host with only an IPv6 address (formed by SLAAC
+/// from router r1's advertisement) moves to router r2's LAN and back, keeping its MAC and
+/// address (its veth's bridge end changes bridges, as a live migration moves a guest),
+/// and is handed off by that address alone, three ways: (1) the duplicate address probe
+/// its kernel sends when the address is configured again, which r2 must not defend (the
+/// host left r1's LAN: r1's probes go unanswered), (2) an unsolicited neighbour
+/// advertisement (what a guest sends after a live migration), (3) its first packet.
+/// After each move the new router holds the address, the old one handed it off, the
+/// host's address is not failed, and an interface member reaches it with ping -6.
+#[test]
+fn a_moved_ipv6_lan_host_is_handed_off_between_routers() {
+    require_root();
+    let mut bed = Testbed::new("v6mv", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = start_member(&mut bed, &secret, 1, "");
+    let a1 = address6(&bed, &h1);
+    let prefix: ipnet::Ipv6Net = namespace(&bed, &h1).subnet6.parse().expect("a prefix");
+    let (lan1, r1) = router_at(&mut bed, &secret, "1", 2);
+    let (lan2, r2) = router_at(&mut bed, &secret, "2", 3);
+    let vm = bed.add_lan_host(&lan1, "vm", "", 1500).unwrap();
+    let address = slaac_address(&bed, &vm, prefix);
+    let a = address.to_string();
+    wait_for(
+        "r1 holds the host's address",
+        Duration::from_secs(20),
+        || namespace(&bed, &r1).addresses6.contains(&a),
+    );
+    ping6(&bed, &h1.host, address);
+
+    let port = bed.bridge_port(&vm, &lan1).unwrap();
+    let sites = [(&lan1, &r1), (&lan2, &r2)];
+    for (k, how) in ["duplicate probe", "advertisement", "first packet"]
+        .into_iter()
+        .enumerate()
+    {
+        let ((from_lan, from), (to_lan, to)) = (sites[k % 2], sites[(k + 1) % 2]);
+        let (before_in, before_out) = (
+            namespace(&bed, to).handoffs_in,
+            namespace(&bed, from).handoffs_out,
+        );
+        bed.move_port(&port, from_lan, to_lan).unwrap();
+        match how {
+            "duplicate probe" => {
+                let with_len = format!("{a}/64");
+                for verb in ["del", "add"] {
+                    bed.ns(
+                        &vm.ns,
+                        "ip",
+                        &["-6", "addr", verb, &with_len, "dev", "eth0"],
+                    )
+                    .unwrap();
+                }
+            }
+            "advertisement" => {
+                let out = bed
+                    .ns_output(&vm.ns, "python3", &["-c", SEND_UNSOLICITED_NA, &a])
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            "first packet" => {
+                let _ = bed
+                    .ns_output(
+                        &vm.ns,
+                        "ping",
+                        &["-6", "-c", "1", "-W", "1", &a1.to_string()],
+                    )
+                    .unwrap();
+            }
+            _ => {}
+        }
+        let took = wait_for(
+            &format!("move {k} ({how}): handed over"),
+            Duration::from_secs(20),
+            || {
+                let (f, t) = (namespace(&bed, from), namespace(&bed, to));
+                t.handoffs_in > before_in
+                    && f.handoffs_out > before_out
+                    && t.addresses6.contains(&a)
+                    && !f.addresses6.contains(&a)
+            },
+        );
+        eprintln!("move {k} ({how}): handed over after {took:?}");
+        let out = bed
+            .ns_output(&vm.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&a) && !text.contains("dadfailed"),
+            "move {k} ({how}): {text}"
+        );
+        ping6(&bed, &h1.host, address);
+        ping6(&bed, &vm, a1);
+        let t = namespace(&bed, to);
+        assert_eq!(t.hosted_conflicts, 0, "move {k} ({how}): {t:?}");
+    }
 }
 
 /// Waits until `f` holds (`within` at most), then says how long it took.

@@ -2,7 +2,9 @@
 //!
 //! A plain LAN host (a VM with no hyphae software) keeps its IP and MAC when its hypervisor
 //! moves it from router A's LAN to router B's. IPOP Sec. 5 and Fig. 11 hand its address over
-//! between the two routers; this crate does that, faster and safer:
+//! between the two routers; this crate does that, faster and safer. An address is IPv4 or
+//! IPv6: each of a host's addresses moves by its own handoff (the messages carry them as
+//! text, so an IPv4 one reads as it did when they named IPv4 only).
 //!
 //! 1. **Target** (B) sees the host on its LAN ([`Presence`]: a RARP frame as QEMU's
 //!    announce-self sends, a gratuitous ARP, or its first packet) for an address it does not
@@ -18,7 +20,7 @@
 //!    within [`Config::mac_query_wait`]: given up ([`Event::GaveUp`]; the host's first
 //!    packet starts a handoff again). A late, duplicated or unasked-for `IsAt` is ignored.
 //! 2. **Source** (A) checks that the host is gone from its LAN: [`Config::probes`] ARP
-//!    probes [`Config::probe_interval`] apart ([`Output::Probe`]; hundreds of milliseconds,
+//!    probes (neighbour solicitations for an IPv6 address) [`Config::probe_interval`] apart ([`Output::Probe`]; hundreds of milliseconds,
 //!    not IPOP's seconds). An answer, or any frame from the host meanwhile, means it never
 //!    left: [`Answer::Present`], no handoff. Silence: A transfers the lease on the replicas
 //!    to B ([`DhtOp::Transfer`]: only the holder can, the record names B, so no third member
@@ -59,7 +61,7 @@ mod target;
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -128,6 +130,13 @@ pub enum Announce {
     Rarp,
     /// A gratuitous ARP (sender and target address the same): `arping -U`, Xen, VMware.
     GratuitousArp,
+    /// An unsolicited IPv6 neighbour advertisement: what a Linux guest sends for each of
+    /// its IPv6 addresses when its hypervisor asks it to announce itself.
+    NeighbourAdvertisement,
+    /// An IPv6 duplicate address probe for an address another member holds: a host that
+    /// moved here and configures its address again (or a real duplicate: the holder's
+    /// answer tells).
+    DuplicateProbe,
     /// Any other frame from the host: its first packet after the move.
     Packet,
 }
@@ -136,7 +145,7 @@ pub enum Announce {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Presence {
     /// Its address, if the frame carried one (a RARP frame does not).
-    pub address: Option<Ipv4Addr>,
+    pub address: Option<IpAddr>,
     /// Its MAC.
     pub mac: Mac,
     /// What it sent.
@@ -181,7 +190,7 @@ pub enum Message<P> {
         /// Matches the reply to the request (unique per target).
         id: u64,
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The target's own record for the address, signed by it (opaque here): what the
         /// replicas keep once the lease is the target's ([`DhtOp::Transfer`]).
         record: Vec<u8>,
@@ -191,14 +200,14 @@ pub enum Message<P> {
         /// The request's id.
         id: u64,
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The outcome.
         answer: Answer<P>,
     },
     /// Old holder to every member: `address` is at `to` now.
     Moved {
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// Its new holder.
         to: P,
     },
@@ -216,7 +225,7 @@ pub enum Message<P> {
         /// The MAC asked for.
         mac: Mac,
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
     },
 }
 
@@ -277,16 +286,16 @@ pub enum Answer<P> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DhtOp<P> {
     /// Who holds `address`? Result: [`Migrate::handle_lookup`].
-    Lookup(Ipv4Addr),
+    Lookup(IpAddr),
     /// Claim the (free or lapsed) `address` for this member. Result:
     /// [`Migrate::handle_claim`].
-    Claim(Ipv4Addr),
+    Claim(IpAddr),
     /// Move this member's lease on `address` to `to` on the replicas, leaving `record`
     /// (the new holder's, from its request) as the value. Result:
     /// [`Migrate::handle_transfer`].
     Transfer {
         /// The address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The new holder.
         to: P,
         /// The new holder's signed record.
@@ -335,7 +344,7 @@ pub enum Event<P> {
     /// lapsed); `took` runs from the host's first sighting to now.
     TookOver {
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The old holder.
         from: Option<P>,
         /// What came with it (empty when the source was silent).
@@ -347,7 +356,7 @@ pub enum Event<P> {
     /// the LAN (packets for it go to [`Migrate::forward_to`] for the grace period).
     HandedOff {
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The new holder.
         to: P,
         /// From the first request to the transfer.
@@ -356,21 +365,21 @@ pub enum Event<P> {
     /// Source: the host answered on this LAN; the request was refused.
     Kept {
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// Who asked.
         asker: P,
     },
     /// Target: the holder says the host is still on its LAN; the address stays its.
     Refused {
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The holder.
         holder: P,
     },
     /// Target: the holder never answered; the address is claimed when its lease lapses.
     SourceSilent {
         /// The host's address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The silent holder.
         holder: P,
         /// When the claim goes out.
@@ -380,7 +389,7 @@ pub enum Event<P> {
     /// for a RARP frame's MAC within [`Config::mac_query_wait`]).
     GaveUp {
         /// The host's address, if known.
-        address: Option<Ipv4Addr>,
+        address: Option<IpAddr>,
         /// Why.
         reason: &'static str,
     },
@@ -403,8 +412,9 @@ pub enum Output<P> {
     Push(Message<P>),
     /// Run a DHT operation.
     Dht(DhtOp<P>),
-    /// Send an ARP probe for the address on the LAN.
-    Probe(Ipv4Addr),
+    /// Probe the LAN for the address: an ARP probe, or a neighbour solicitation for an
+    /// IPv6 address.
+    Probe(IpAddr),
     /// Report or act on an event.
     Event(Event<P>),
 }
@@ -427,14 +437,14 @@ pub struct Stats {
 #[derive(Debug)]
 pub struct Migrate<P> {
     config: Config,
-    targets: HashMap<Ipv4Addr, target::Handoff<P>>,
+    targets: HashMap<IpAddr, target::Handoff<P>>,
     /// RARP MACs asked of the members ([`Message::WhoHas`]), with when the first frame
     /// was seen (the handoff's duration runs from there; the wait ends
     /// [`Config::mac_query_wait`] later).
     mac_queries: HashMap<Mac, Instant>,
-    sources: HashMap<Ipv4Addr, source::Handoff<P>>,
+    sources: HashMap<IpAddr, source::Handoff<P>>,
     /// Hosts handed off: forwarded to the new holder until the grace period ends.
-    moved: HashMap<Ipv4Addr, source::Moved<P>>,
+    moved: HashMap<IpAddr, source::Moved<P>>,
     /// This member.
     local: P,
     next_id: u64,
@@ -465,7 +475,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
 
     /// Source: the member packets for `address` go to during the grace period after it was
     /// handed off.
-    pub fn forward_to(&self, address: Ipv4Addr, now: Instant) -> Option<P> {
+    pub fn forward_to(&self, address: IpAddr, now: Instant) -> Option<P> {
         self.moved
             .get(&address)
             .filter(|m| now < m.until)
@@ -473,7 +483,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     }
 
     /// Whether a handoff of `address` is under way here, either way.
-    pub fn in_progress(&self, address: Ipv4Addr) -> bool {
+    pub fn in_progress(&self, address: IpAddr) -> bool {
         self.targets.contains_key(&address) || self.sources.contains_key(&address)
     }
 

@@ -1,6 +1,6 @@
 //! The source router's side: a member asks for a host this router holds.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Instant;
 
 use crate::{
@@ -56,7 +56,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         now: Instant,
         from: P,
         id: u64,
-        address: Ipv4Addr,
+        address: IpAddr,
         record: Vec<u8>,
         held: bool,
     ) {
@@ -110,7 +110,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     /// it on the replicas (`None` otherwise: another member may, and answers). Found, the
     /// asker is told ([`Message::IsAt`]); a duplicate is answered again, which the asker
     /// ignores.
-    pub fn handle_who_has(&mut self, from: P, mac: Mac, found: Option<Ipv4Addr>) {
+    pub fn handle_who_has(&mut self, from: P, mac: Mac, found: Option<IpAddr>) {
         let Some(address) = found else {
             return;
         };
@@ -120,7 +120,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         });
     }
 
-    fn reply(&mut self, to: P, id: u64, address: Ipv4Addr, answer: Answer<P>) {
+    fn reply(&mut self, to: P, id: u64, address: IpAddr, answer: Answer<P>) {
         self.emit(Output::Send {
             to,
             message: Message::Reply {
@@ -133,7 +133,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
 
     /// The host at `address` was seen on this LAN (a probe answered, or any frame). If a
     /// handoff of it is under way here, it stays: returns true.
-    pub(crate) fn source_sees_host(&mut self, address: Ipv4Addr, presence: Presence) -> bool {
+    pub(crate) fn source_sees_host(&mut self, address: IpAddr, presence: Presence) -> bool {
         let Some(h) = self.sources.get_mut(&address) else {
             return false;
         };
@@ -161,7 +161,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     pub fn handle_transfer(
         &mut self,
         now: Instant,
-        address: Ipv4Addr,
+        address: IpAddr,
         outcome: TransferOutcome,
         state: HostState,
     ) {
@@ -216,7 +216,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     }
 
     pub(crate) fn sources_timeout(&mut self, now: Instant) {
-        let due: Vec<Ipv4Addr> = self
+        let due: Vec<IpAddr> = self
             .sources
             .iter()
             .filter(|(_, h)| h.deadline().is_some_and(|t| t <= now))

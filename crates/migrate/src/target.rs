@@ -1,7 +1,7 @@
 //! The target router's side: a host it does not hold showed up on its LAN.
 
 use std::collections::hash_map::Entry;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::{
@@ -88,7 +88,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         &mut self,
         now: Instant,
         started: Instant,
-        address: Ipv4Addr,
+        address: IpAddr,
         hops: u32,
         from: Option<P>,
     ) {
@@ -109,7 +109,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     /// A member's [`Message::IsAt`]: the RARP frame's MAC is at `address` on its LAN. Only
     /// the first answer to a question still out counts; its address's holder is looked up
     /// as after a gratuitous ARP, the handoff's duration counting from the RARP frame.
-    pub(crate) fn target_is_at(&mut self, now: Instant, mac: Mac, address: Ipv4Addr) {
+    pub(crate) fn target_is_at(&mut self, now: Instant, mac: Mac, address: IpAddr) {
         let Some(&started) = self.mac_queries.get(&mac) else {
             // Never asked, answered already, or given up.
             return;
@@ -155,7 +155,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     pub fn handle_lookup(
         &mut self,
         now: Instant,
-        address: Ipv4Addr,
+        address: IpAddr,
         lookup: Lookup<P>,
         record: Vec<u8>,
     ) {
@@ -182,7 +182,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         }
     }
 
-    fn ask(&mut self, now: Instant, address: Ipv4Addr, holder: Holder<P>) {
+    fn ask(&mut self, now: Instant, address: IpAddr, holder: Holder<P>) {
         let id = self.next_id;
         self.next_id += 1;
         let next = now + self.config.request_retry;
@@ -210,7 +210,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
 
     /// Looks the holder up again after `request_retry`, unless this handoff took too many
     /// turns already.
-    fn retry(&mut self, now: Instant, address: Ipv4Addr, reason: &'static str) {
+    fn retry(&mut self, now: Instant, address: IpAddr, reason: &'static str) {
         let limit = self.config.max_hops + self.config.request_tries;
         let Some(h) = self.targets.get_mut(&address) else {
             return;
@@ -230,7 +230,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     }
 
     /// The answer to [`DhtOp::Claim`].
-    pub fn handle_claim(&mut self, now: Instant, address: Ipv4Addr, outcome: ClaimOutcome<P>) {
+    pub fn handle_claim(&mut self, now: Instant, address: IpAddr, outcome: ClaimOutcome<P>) {
         let Some(h) = self.targets.get(&address) else {
             return;
         };
@@ -262,7 +262,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         }
     }
 
-    fn took_over(&mut self, now: Instant, address: Ipv4Addr, from: Option<P>, state: HostState) {
+    fn took_over(&mut self, now: Instant, address: IpAddr, from: Option<P>, state: HostState) {
         let Some(h) = self.targets.remove(&address) else {
             return;
         };
@@ -282,7 +282,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
         now: Instant,
         from: P,
         id: u64,
-        address: Ipv4Addr,
+        address: IpAddr,
         answer: Answer<P>,
     ) {
         let Some(h) = self.targets.get(&address) else {
@@ -315,7 +315,7 @@ impl<P: Copy + Eq + std::fmt::Debug> Migrate<P> {
     }
 
     pub(crate) fn targets_timeout(&mut self, now: Instant) {
-        let due: Vec<Ipv4Addr> = self
+        let due: Vec<IpAddr> = self
             .targets
             .iter()
             .filter(|(_, h)| h.deadline().is_some_and(|t| t <= now))

@@ -12,10 +12,17 @@ use crate::{run, Host, Testbed};
 impl Testbed {
     /// Adds a LAN: a namespace holding a bridge `br0` that hosts plug into with
     /// [`Testbed::plug`] (a site's switch, as the underlay has its own). Returns its name.
+    /// A switch is no IPv6 host: its bridge and ports form no addresses from a router's
+    /// advertisement (a bridge takes its lowest port's MAC, so two LANs' bridges would
+    /// form the same address when a port moves between them).
     pub fn add_lan(&mut self, name: &str) -> Result<String> {
         let ns = format!("{}-{name}", self.prefix);
         run("ip", &["netns", "add", &ns])?;
         self.namespaces.push(ns.clone());
+        for scope in ["all", "default"] {
+            let key = format!("net.ipv6.conf.{scope}.disable_ipv6=1");
+            self.ns(&ns, "sysctl", &["-qw", &key])?;
+        }
         self.ns(&ns, "ip", &["link", "add", "br0", "type", "bridge"])?;
         self.ns(&ns, "ip", &["link", "set", "br0", "up"])?;
         Ok(ns)

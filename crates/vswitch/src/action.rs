@@ -129,13 +129,28 @@ pub enum Event {
         /// The host's MAC.
         mac: Mac,
     },
+    /// Router mode, dual stack: a LAN host announced its IPv6 address: an unsolicited
+    /// neighbour advertisement (`dad: false`; what a guest sends after a live migration),
+    /// or a duplicate address probe for an address another member holds (`dad: true`;
+    /// the host may have moved here, and [`Switch::defend6`] answers the probe if the
+    /// holder's host is still at its site).
+    ///
+    /// [`Switch::defend6`]: crate::Switch::defend6
+    Announced6 {
+        /// The announced address.
+        address: Ipv6Addr,
+        /// The host's MAC.
+        mac: Mac,
+        /// Whether it was a duplicate address probe.
+        dad: bool,
+    },
     /// Router mode: a host [`Switch::probe_lan_host`] asked about sent a frame (an answer
     /// to the probe, or anything else): it is on this LAN.
     ///
     /// [`Switch::probe_lan_host`]: crate::Switch::probe_lan_host
     LanHostHeard {
-        /// Its address.
-        address: Ipv4Addr,
+        /// Its address (IPv4, or IPv6 after a neighbour solicitation).
+        address: IpAddr,
         /// Its MAC.
         mac: Mac,
     },

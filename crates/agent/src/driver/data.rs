@@ -9,7 +9,7 @@
 //! holding only the tunnel shard each uses. Nothing here reads a clock, opens a socket or
 //! touches a device.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -92,10 +92,11 @@ impl Lane {
         if self.grace.is_empty() {
             return None;
         }
-        if packet.first()? >> 4 != 4 {
-            return None;
-        }
-        let dst = Ipv4Addr::from(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?);
+        let dst = match packet.first()? >> 4 {
+            4 => IpAddr::from(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?),
+            6 => IpAddr::from(<[u8; 16]>::try_from(packet.get(24..40)?).ok()?),
+            _ => return None,
+        };
         self.grace
             .iter()
             .find(|g| g.address == dst && g.until > now)
@@ -106,7 +107,7 @@ impl Lane {
 /// Packets for `address` go on to `to` until `until`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Grace {
-    pub(crate) address: Ipv4Addr,
+    pub(crate) address: IpAddr,
     pub(crate) to: PeerHandle,
     pub(crate) until: Instant,
 }

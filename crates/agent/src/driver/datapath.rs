@@ -324,7 +324,7 @@ impl DataPlane {
                         let src = frame.get(packet.start + 12..packet.start + 16);
                         let sender = src
                             .and_then(|a| <[u8; 4]>::try_from(a).ok())
-                            .and_then(|a| lane.switch.lan_host_mac(a.into()));
+                            .and_then(|a| lane.switch.lan_host_mac(std::net::Ipv4Addr::from(a)));
                         if let Some(sender) = sender {
                             // As it came: from the sender, to the router MAC.
                             frame.copy_within(6..12, 0);
@@ -590,10 +590,11 @@ impl DataPlane {
             // `Migrate::forward_to` stops once the host shows up here).
             let here = match event {
                 hyphae_vswitch::Event::LanHostUp(a)
-                | hyphae_vswitch::Event::GratuitousArp { address: a, .. }
-                | hyphae_vswitch::Event::LanHostHeard { address: a, .. } => Some(a),
+                | hyphae_vswitch::Event::GratuitousArp { address: a, .. } => Some(a.into()),
+                hyphae_vswitch::Event::LanHost6Up(a)
+                | hyphae_vswitch::Event::Announced6 { address: a, .. } => Some(a.into()),
+                hyphae_vswitch::Event::LanHostHeard { address, .. } => Some(address),
                 hyphae_vswitch::Event::LanHostDown(_)
-                | hyphae_vswitch::Event::LanHost6Up(_)
                 | hyphae_vswitch::Event::LanHost6Down(_)
                 | hyphae_vswitch::Event::Rarp(_) => None,
             };

@@ -176,7 +176,18 @@ impl Control {
             // refused claim starts the handoff (migration.rs).
             hyphae_vswitch::Event::Rarp(mac) => (None, mac, Announce::Rarp),
             hyphae_vswitch::Event::GratuitousArp { address, mac } => {
-                (Some(address), mac, Announce::GratuitousArp)
+                (Some(address.into()), mac, Announce::GratuitousArp)
+            }
+            // The same for an IPv6 address: an unsolicited neighbour advertisement, or a
+            // duplicate address probe for an address another member holds (answered only
+            // if the handoff is refused: `handoff_event`).
+            hyphae_vswitch::Event::Announced6 { address, mac, dad } => {
+                let announce = if dad {
+                    Announce::DuplicateProbe
+                } else {
+                    Announce::NeighbourAdvertisement
+                };
+                (Some(address.into()), mac, announce)
             }
             // A host a handoff probes for answered: it never left.
             hyphae_vswitch::Event::LanHostHeard { address, mac } => {

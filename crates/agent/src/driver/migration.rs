@@ -8,6 +8,12 @@
 //!   frame naming a MAC this router does not know (the MAC is asked of every member), starts
 //!   a handoff: the holder is asked, and on its answer the address, the host's DHCP lease
 //!   and its names are this router's.
+//! - **IPv6.** Each IPv6 address of a LAN host moves by the same handoff, on its own: its
+//!   first packet, an unsolicited neighbour advertisement (what a guest sends for each
+//!   address when it announces itself) or a duplicate address probe starts it, and the
+//!   source probes with a neighbour solicitation. A duplicate address probe is answered
+//!   (the prober gives the address up) only if the holder refuses: its host still answers
+//!   at its site, or the address is the holder's own.
 //! - **Source.** Asked for a host it holds, the router probes its LAN; silence means the
 //!   host left: the lease moves on the replicas to the asker, the host's state goes with the
 //!   answer, and every member is told ([`Message::Moved`]) so its route moves at once.
@@ -16,7 +22,7 @@
 //! member names as libp2p peer ids.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use hyphae_dhcp_dns::dhcp::ClientId;
@@ -38,7 +44,7 @@ pub(crate) struct Handoffs {
     pub(crate) core: Migrate<NetworkId>,
     /// Names of hosts whose lease is being transferred (the membership unbinds them when
     /// the transfer ends, before the answer is built).
-    leaving: HashMap<Ipv4Addr, (Option<Mac>, Vec<String>)>,
+    leaving: HashMap<IpAddr, (Option<Mac>, Vec<String>)>,
 }
 
 impl Handoffs {
@@ -66,7 +72,8 @@ impl Control {
         let known = match presence.address {
             None => lock(&self.dp).lanes[i]
                 .switch
-                .lan_host_with_mac(presence.mac),
+                .lan_host_with_mac(presence.mac)
+                .map(IpAddr::V4),
             Some(_) => None,
         };
         let presence = match presence.address {
@@ -80,7 +87,7 @@ impl Control {
             },
             Some(_) => presence,
         };
-        let held = presence.address.is_some_and(|a| n.membership.holds(a));
+        let held = presence.address.is_some_and(|a| n.membership.holds_ip(a));
         n.handoffs.core.handle_presence(now, presence, held);
     }
 
@@ -91,7 +98,7 @@ impl Control {
         &mut self,
         i: usize,
         now: Instant,
-        address: Ipv4Addr,
+        address: IpAddr,
         outcome: HostedClaim,
     ) {
         let n = &mut self.namespaces[i];
@@ -128,7 +135,7 @@ impl Control {
         &mut self,
         i: usize,
         now: Instant,
-        address: Ipv4Addr,
+        address: IpAddr,
         holder: Option<(PeerId, Duration)>,
     ) {
         let n = &mut self.namespaces[i];
@@ -148,7 +155,7 @@ impl Control {
     }
 
     /// A lease transfer of namespace `i`'s membership ended (this router is the source).
-    pub(crate) fn handed_off(&mut self, i: usize, now: Instant, address: Ipv4Addr, done: bool) {
+    pub(crate) fn handed_off(&mut self, i: usize, now: Instant, address: IpAddr, done: bool) {
         let n = &mut self.namespaces[i];
         let (mac, names) = n.handoffs.leaving.remove(&address).unwrap_or_default();
         let mut state = HostState {
@@ -157,12 +164,19 @@ impl Control {
             names,
         };
         let outcome = if done {
-            state.dhcp = n.dhcp.as_mut().and_then(|d| d.hand_over(address, now)).map(
-                |(client, remaining)| DhcpLease {
+            let v4 = match address {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            };
+            state.dhcp = n
+                .dhcp
+                .as_mut()
+                .zip(v4)
+                .and_then(|(d, a)| d.hand_over(a, now))
+                .map(|(client, remaining)| DhcpLease {
                     client: client.0,
                     remaining,
-                },
-            );
+                });
             TransferOutcome::Done
         } else {
             TransferOutcome::Unanswered
@@ -206,10 +220,27 @@ impl Control {
             Message::WhoHas { mac } => {
                 let address = lock(&self.dp).lanes[i].switch.lan_host_with_mac(mac);
                 let found = address.filter(|a| n.membership.holds(*a));
-                n.handoffs.core.handle_who_has(from, mac, found);
+                n.handoffs
+                    .core
+                    .handle_who_has(from, mac, found.map(IpAddr::V4));
             }
-            Message::Request { address, .. } | Message::Reply { address, .. } => {
-                let held = n.membership.holds(address);
+            Message::Request { address, .. } => {
+                let held = n.membership.holds_ip(address);
+                let own = n.membership.is_own(address);
+                n.handoffs.core.handle_message(now, from, message, held);
+                if own {
+                    // This member's own address, never a LAN host's to hand over: its
+                    // host is here (the asker's LAN host is a duplicate).
+                    let presence = Presence {
+                        address: Some(address),
+                        mac: [0; 6],
+                        announce: hyphae_migrate::Announce::Packet,
+                    };
+                    n.handoffs.core.handle_presence(now, presence, true);
+                }
+            }
+            Message::Reply { address, .. } => {
+                let held = n.membership.holds_ip(address);
                 n.handoffs.core.handle_message(now, from, message, held);
             }
             Message::IsAt { .. } => n.handoffs.core.handle_message(now, from, message, false),
@@ -218,7 +249,7 @@ impl Control {
 
     /// The old holder of `address` says it is at `to` now: the route moves at once, if
     /// the old holder is where it points (no third member redirects traffic this way).
-    fn moved(&mut self, i: usize, from: NetworkId, address: Ipv4Addr, to: NetworkId) {
+    fn moved(&mut self, i: usize, from: NetworkId, address: IpAddr, to: NetworkId) {
         let id = NamespaceId(i);
         let (Some(from), Some(to)) = (member(&from), member(&to)) else {
             return;
@@ -228,7 +259,7 @@ impl Control {
             return;
         };
         let n = &mut self.namespaces[i];
-        if !hyphae_migrate::accept_moved(&old, dp.lanes[i].switch.route(address).as_ref()) {
+        if !hyphae_migrate::accept_moved(&old, dp.lanes[i].switch.route_ip(address).as_ref()) {
             return;
         }
         let new = dp.node.member_handle(id, to);
@@ -283,6 +314,8 @@ impl Control {
                 }
                 Output::Push(message) => self.push(i, message),
                 Output::Dht(op) => self.handoff_dht(i, now, op),
+                // This member's own address: answered at once (`member_message`).
+                Output::Probe(address) if self.namespaces[i].membership.is_own(address) => {}
                 Output::Probe(address) => {
                     let mut dp = lock(&self.dp);
                     dp.lanes[i].switch.probe_lan_host(address);
@@ -329,7 +362,11 @@ impl Control {
                 // Only the asker's own record: the lease moves to whoever signed it.
                 let envelope = Envelope::unpack(&record)
                     .filter(|e| e.owner().and_then(|o| network_id(&o)) == Some(to));
-                let names = n.membership.name_for(address).map(str::to_string);
+                let names = match address {
+                    IpAddr::V4(a) => n.membership.name_for(a).map(str::to_string),
+                    // An IPv6 address's names follow its IPv4 one's (`own_names`).
+                    IpAddr::V6(_) => None,
+                };
                 let mac = lock(&self.dp).lanes[i].switch.lan_host_mac(address);
                 let started = envelope.is_some_and(|e| n.membership.hand_off_hosted(address, e));
                 if started {
@@ -345,6 +382,21 @@ impl Control {
                     );
                 }
             }
+        }
+    }
+
+    /// A duplicate address probe for the IPv6 `address` waiting on namespace `i`'s LAN is
+    /// answered (the prober gives the address up): the handoff did not bring it here. The
+    /// address is then no LAN host's here, and not claimed again.
+    fn defend(&mut self, i: usize, now: Instant, address: IpAddr) {
+        let IpAddr::V6(a) = address else {
+            return;
+        };
+        let mut dp = lock(&self.dp);
+        if dp.lanes[i].switch.defend6(a, now) {
+            dp.flush_switch(i, &mut self.batch);
+            drop(dp);
+            self.namespaces[i].membership.remove_hosted6(a);
         }
     }
 
@@ -380,6 +432,9 @@ impl Control {
                 }
                 dp.flush_switch(i, &mut self.batch);
                 drop(dp);
+                let IpAddr::V4(address) = address else {
+                    return;
+                };
                 if let Some(lease) = state.dhcp {
                     if let Some(d) = n.dhcp.as_mut() {
                         d.take_over(
@@ -421,6 +476,8 @@ impl Control {
             }
             Event::Refused { address, holder } => {
                 n.membership.hosted_conflict();
+                self.defend(i, now, address);
+                let n = &mut self.namespaces[i];
                 tracing::error!(namespace = %n.name, %address, %holder,
                     "a LAN host uses an address another member owns, and that member's host still answers: an address conflict; it is not reachable through the overlay");
             }
@@ -434,9 +491,11 @@ impl Control {
                     "the LAN host's old router does not answer; its address is claimed when its lease lapses");
             }
             Event::GaveUp { address, reason } => {
-                if address.is_some() {
+                if let Some(a) = address {
                     n.membership.hosted_conflict();
+                    self.defend(i, now, a);
                 }
+                let n = &mut self.namespaces[i];
                 tracing::warn!(namespace = %n.name, address = ?address, reason, "LAN host handoff given up");
             }
         }

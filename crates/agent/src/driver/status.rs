@@ -220,6 +220,7 @@ impl Control {
                     ports_isolated_late: p.lan.as_ref().map_or(0, crate::lan::Lan::isolated_late),
                     lan_ports: lan_port_status(p.lan.as_ref(), &lane.port_counts),
                     addresses: m.addresses().iter().map(|a| a.to_string()).collect(),
+                    addresses6: m.addresses6().iter().map(|a| a.to_string()).collect(),
                     hosted_conflicts: m.hosted_conflicts(),
                     group_members: p.group.len(),
                     broadcasts_out: c.broadcasts_out,

@@ -292,7 +292,7 @@ fn a_moved_hosts_packets_go_on_to_its_new_router_for_the_grace_period() {
     let moved = Ipv4Addr::new(10, 201, 0, 50);
     let to = b_handle(&a).expect("a tunnel");
     a.dp.lanes[0].grace.push(Grace {
-        address: moved,
+        address: moved.into(),
         to,
         until: now + Duration::from_secs(5),
     });

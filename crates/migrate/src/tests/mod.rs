@@ -2,12 +2,12 @@
 //! duplication, a DHT of leases with the transfer operation, LANs that answer probes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use super::*;
 
-const HOST: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 50);
+const HOST: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 9, 0, 50));
 const MAC: Mac = [0x52, 0x54, 0, 0x12, 0x34, 0x56];
 const LEASE: Duration = Duration::from_secs(60);
 const LATENCY: Duration = Duration::from_millis(20);
@@ -22,9 +22,9 @@ type Decide = Box<dyn FnMut(u64, &Message<Id>) -> bool>;
 enum Input {
     Message { from: Id, message: Message<Id> },
     Presence(Presence),
-    Lookup(Ipv4Addr, Lookup<Id>),
-    Claim(Ipv4Addr, ClaimOutcome<Id>),
-    Transfer(Ipv4Addr, TransferOutcome),
+    Lookup(IpAddr, Lookup<Id>),
+    Claim(IpAddr, ClaimOutcome<Id>),
+    Transfer(IpAddr, TransferOutcome),
 }
 
 /// The replicas' view of one lease, as `records` keeps it: a holder until a time.
@@ -40,7 +40,7 @@ struct Net {
     dead: Vec<Id>,
     /// Which router's LAN the host is on (`None`: in flight between hypervisors).
     host_at: Option<Id>,
-    dht: HashMap<Ipv4Addr, Lease>,
+    dht: HashMap<IpAddr, Lease>,
     /// (deliver at, sequence, to, input); the sequence keeps delivery order stable.
     queue: Vec<(Instant, u64, Id, Input)>,
     seq: u64,
@@ -54,8 +54,8 @@ struct Net {
     /// Every router message sent (pushes one per member): from, to, message.
     messages: Vec<(Id, Id, Message<Id>)>,
     /// Every DHT lookup asked: by whom, of which address.
-    lookups: Vec<(Id, Ipv4Addr)>,
-    probes: Vec<(Id, Ipv4Addr)>,
+    lookups: Vec<(Id, IpAddr)>,
+    probes: Vec<(Id, IpAddr)>,
     /// The DHT's claim and transfer history, to check no third member held the lease.
     holders: Vec<Id>,
 }
@@ -113,14 +113,14 @@ impl Net {
         }
     }
 
-    fn holder(&self, address: Ipv4Addr) -> Option<Lease> {
+    fn holder(&self, address: IpAddr) -> Option<Lease> {
         self.dht
             .get(&address)
             .copied()
             .filter(|l| l.until > self.now)
     }
 
-    fn holds(&self, id: Id, address: Ipv4Addr) -> bool {
+    fn holds(&self, id: Id, address: IpAddr) -> bool {
         self.holder(address).is_some_and(|l| l.holder == id)
     }
 
@@ -160,7 +160,7 @@ impl Net {
             return;
         }
         let now = self.now;
-        let held = |net: &Net, a: Ipv4Addr| net.holds(to, a);
+        let held = |net: &Net, a: IpAddr| net.holds(to, a);
         match input {
             Input::Message {
                 from,
@@ -211,7 +211,7 @@ impl Net {
 
     /// The replicas' answer to `op` from `id`, as `records` gives it.
     fn dht_op(&mut self, id: Id, op: DhtOp<Id>) -> Input {
-        let lookup = |net: &Net, a: Ipv4Addr| match net.holder(a) {
+        let lookup = |net: &Net, a: IpAddr| match net.holder(a) {
             Some(l) => Lookup::Held(Holder {
                 member: l.holder,
                 remaining: l.until - net.now,
@@ -410,6 +410,34 @@ fn garp_moves_the_lease_and_state_in_under_half_a_second() {
     assert_eq!(r1.stats().handoffs_out, 1);
     assert_eq!(net.routers[&2].stats().handoffs_in, 1);
     assert_eq!(r1.poll_timeout(), None, "nothing left to do");
+}
+
+#[test]
+fn an_ipv6_address_moves_by_the_same_handoff_on_its_own() {
+    let mut net = Net::new(2);
+    let host6: IpAddr = "fd00::50".parse::<Ipv6Addr>().expect("an address").into();
+    let until = net.now + LEASE;
+    net.dht.insert(host6, Lease { holder: 1, until });
+    // The host is on router 2's LAN and sends an unsolicited neighbour advertisement.
+    net.host_at = Some(2);
+    let presence = Presence {
+        address: Some(host6),
+        mac: MAC,
+        announce: Announce::NeighbourAdvertisement,
+    };
+    net.push(net.now, 2, Input::Presence(presence));
+    net.run(Duration::from_secs(1));
+    assert!(net.holds(2, host6), "{:?}", net.events);
+    assert!(
+        net.holds(1, HOST),
+        "the IPv4 address moves by its own handoff"
+    );
+    assert_eq!(net.probes, vec![(1, host6); 3], "solicited on the old LAN");
+    let took = net.took_over(2);
+    assert_eq!(took.len(), 1, "{:?}", net.events);
+    assert!(took[0].2 <= Duration::from_millis(500), "{:?}", took[0].2);
+    assert_eq!(net.routers[&1].forward_to(host6, net.now), Some(2));
+    assert_eq!(net.routers[&1].forward_to(HOST, net.now), None);
 }
 
 #[test]
@@ -620,7 +648,7 @@ fn twenty_moves_back_and_forth() {
 fn messages_survive_their_wire_form_and_member_mapping() {
     let reply: Message<u8> = Message::Reply {
         id: 7,
-        address: Ipv4Addr::new(10, 1, 0, 9),
+        address: Ipv4Addr::new(10, 1, 0, 9).into(),
         answer: Answer::Transferred(HostState {
             mac: Some([2, 0, 0, 0, 0, 9]),
             dhcp: Some(DhcpLease {
@@ -633,14 +661,22 @@ fn messages_survive_their_wire_form_and_member_mapping() {
     let json = serde_json::to_string(&reply).expect("serializes");
     let back: Message<u8> = serde_json::from_str(&json).expect("parses");
     assert_eq!(back, reply);
+    // An IPv4 address reads as it did when the messages named IPv4 only (older agents).
+    assert!(json.contains(r#""address":"10.1.0.9""#), "{json}");
     let moved = Message::Moved {
-        address: Ipv4Addr::new(10, 1, 0, 9),
+        address: "fd00::9".parse::<Ipv6Addr>().expect("an address").into(),
         to: 3u8,
     };
+    let json = serde_json::to_string(&moved).expect("serializes");
+    assert!(json.contains(r#""address":"fd00::9""#), "{json}");
+    assert_eq!(
+        serde_json::from_str::<Message<u8>>(&json).ok(),
+        Some(moved.clone())
+    );
     assert_eq!(
         moved.clone().map_members(|p| Some(u16::from(p) * 100)),
         Some(Message::Moved {
-            address: Ipv4Addr::new(10, 1, 0, 9),
+            address: "fd00::9".parse::<Ipv6Addr>().expect("an address").into(),
             to: 300u16
         })
     );

@@ -3,7 +3,7 @@
 //! hands out.
 
 use std::collections::HashSet;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
 use super::{
@@ -320,11 +320,13 @@ impl Membership {
     /// Migration target: this member's own signed record for the LAN host `address` (what
     /// the holder transfers its lease to), or `None` if it cannot host it (left, not a
     /// usable address).
-    pub fn hosted_record(&mut self, address: Ipv4Addr, now: Instant) -> Option<Envelope> {
-        if self.left || !self.usable(address) {
-            return None;
+    pub fn hosted_record(&mut self, address: impl Into<IpAddr>, now: Instant) -> Option<Envelope> {
+        match address.into() {
+            _ if self.left => None,
+            IpAddr::V4(a) if self.usable(a) => self.seal_address(a, now),
+            IpAddr::V4(_) => None,
+            IpAddr::V6(a) => self.hosted6_record(a, now),
         }
-        self.seal_address(address, now)
     }
 
     /// Migration source: the LAN host at `address` moved to the member whose own record
@@ -332,7 +334,11 @@ impl Membership {
     /// old holder cannot renew it back). The result is [`Event::HandOff`]; meanwhile the
     /// lease is not renewed. Returns whether the transfer started (this member must hold
     /// the address for a LAN host, with no transfer already out).
-    pub fn hand_off_hosted(&mut self, address: Ipv4Addr, envelope: Envelope) -> bool {
+    pub fn hand_off_hosted(&mut self, address: impl Into<IpAddr>, envelope: Envelope) -> bool {
+        let address = match address.into() {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(a) => return self.hand_off_hosted6(a, envelope),
+        };
         if !self
             .hosted
             .get(&address)
@@ -343,7 +349,7 @@ impl Membership {
         let key = self.keys.address_key(address);
         let token = self.start_op(
             Request::Transfer { key, envelope },
-            Purpose::HandOff(address),
+            Purpose::HandOff(address.into()),
         );
         if let Some(h) = self.hosted.get_mut(&address) {
             // Holds renewals back (run_hosted skips a host with an operation out).
@@ -379,13 +385,20 @@ impl Membership {
             h.claiming = None;
             h.next = Some(now);
         }
-        self.events.push_back(Event::HandOff { address, done });
+        self.events.push_back(Event::HandOff {
+            address: address.into(),
+            done,
+        });
     }
 
     /// Migration target: the holder transferred the lease on the LAN host `address` to this
     /// member (the replicas keep this member's record from [`Membership::hosted_record`]);
     /// host it from now on and renew it as usual.
-    pub fn adopt_hosted(&mut self, address: Ipv4Addr, now: Instant) {
+    pub fn adopt_hosted(&mut self, address: impl Into<IpAddr>, now: Instant) {
+        let address = match address.into() {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(a) => return self.adopt_hosted6(a, now),
+        };
         if self.left || !self.usable(address) {
             return;
         }
@@ -486,8 +499,10 @@ impl Membership {
                 }
                 ClaimResult::Lost(None) => HostedClaim::Unanswered,
             };
-            self.events
-                .push_back(Event::HostedClaimed { address, outcome });
+            self.events.push_back(Event::HostedClaimed {
+                address: address.into(),
+                outcome,
+            });
         }
         if was && !owned {
             // Its names stood for an address that is someone else's now.

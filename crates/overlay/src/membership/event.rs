@@ -103,14 +103,14 @@ pub enum Event {
     /// the replicas and this member no longer hosts the address; else it still does.
     HandOff {
         /// The address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// Whether the lease moved.
         done: bool,
     },
     /// Router mode: a claim for a LAN host's address (not a renewal) was decided.
     HostedClaimed {
         /// The address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The outcome.
         outcome: HostedClaim,
     },
@@ -118,7 +118,7 @@ pub enum Event {
     /// left on its lease (`None`: nobody holds it, or no replica answered).
     Holder {
         /// The address.
-        address: Ipv4Addr,
+        address: IpAddr,
         /// The holder and its lease's time left.
         holder: Option<(PeerId, Duration)>,
     },

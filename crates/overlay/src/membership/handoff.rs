@@ -1,9 +1,10 @@
 //! What the migration handoff (`hyphae_migrate`, driven by the agent) asks of a router's
 //! membership: who holds a LAN host's address and for how long, a claim for it now, and
 //! the host's DHCP client kept with the address it moved with. The lease transfer itself
-//! is [`Membership::hand_off_hosted`] and [`Membership::adopt_hosted`].
+//! is [`Membership::hand_off_hosted`] and [`Membership::adopt_hosted`]. Each takes an IPv4
+//! or an IPv6 address: a LAN host's IPv6 addresses move by the same handoff, one by one.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use super::{Event, Membership, Purpose, Request};
@@ -23,13 +24,21 @@ pub enum HostedClaim {
 
 impl Membership {
     /// Reads who holds `address` and for how long yet: answered as [`Event::Holder`].
-    pub fn look_up_holder(&mut self, address: Ipv4Addr) {
-        let key = self.keys.address_key(address);
+    pub fn look_up_holder(&mut self, address: IpAddr) {
+        let key = self.ip_key(address);
         self.start_op(Request::Get { key }, Purpose::Holder(address));
     }
 
-    pub(super) fn holder_found(&mut self, now: Instant, address: Ipv4Addr, envelopes: &[Envelope]) {
-        let key = self.keys.address_key(address);
+    /// The DHT key of `address`'s lease.
+    fn ip_key(&self, address: IpAddr) -> crate::records::RecordKey {
+        match address {
+            IpAddr::V4(a) => self.keys.address_key(a),
+            IpAddr::V6(a) => self.keys.address6_key(a),
+        }
+    }
+
+    pub(super) fn holder_found(&mut self, now: Instant, address: IpAddr, envelopes: &[Envelope]) {
+        let key = self.ip_key(address);
         let unix = self.clock.unix(now);
         // The replica with the longest lease left speaks: a transfer renews the record,
         // so the newest holder's lease runs longest.
@@ -46,11 +55,14 @@ impl Membership {
 
     /// Claims the LAN host `address` now, whatever its retry timer says (a handoff found it
     /// free, or the silent holder's lease lapsed). The outcome is [`Event::HostedClaimed`].
-    pub fn claim_hosted_now(&mut self, address: Ipv4Addr, now: Instant) {
-        match self.hosted.get_mut(&address) {
-            Some(h) if h.claiming.is_none() => h.next = Some(now),
-            Some(_) => {}
-            None => self.add_hosted(address, now),
+    pub fn claim_hosted_now(&mut self, address: IpAddr, now: Instant) {
+        match address {
+            IpAddr::V4(a) => match self.hosted.get_mut(&a) {
+                Some(h) if h.claiming.is_none() => h.next = Some(now),
+                Some(_) => {}
+                None => self.add_hosted(a, now),
+            },
+            IpAddr::V6(a) => self.claim_hosted6_now(a, now),
         }
     }
 

@@ -1,15 +1,21 @@
 //! Router mode in a dual-stack namespace: the IPv6 addresses the LAN's hosts use (found by
 //! the switch, formed by the hosts themselves from the advertised prefix, or set by hand),
 //! each a lease on its key won, renewed and released by the same majority rule as a LAN
-//! host's IPv4 address. A lost claim leaves the address to its holder: the host's packets
-//! from it are not announced, so no member takes them.
+//! host's IPv4 address. A lost first claim is reported ([`super::Event::HostedClaimed`]):
+//! the host may have moved here from another router's LAN, and the agent's handoff asks
+//! the holder for it ([`Membership::hand_off_hosted`] and [`Membership::adopt_hosted`]
+//! move it). Until then the host's packets from it are not announced, so no member takes
+//! them.
 
 use std::net::Ipv6Addr;
 use std::time::Instant;
 
-use super::{holder_name, Membership, Purpose, Request, Token, CLAIM_RETRY, CONFLICT_RETRY};
-use crate::records::{MemberInfo, Subject};
+use super::{
+    holder_name, HostedClaim, Membership, Purpose, Request, Token, CLAIM_RETRY, CONFLICT_RETRY,
+};
+use crate::records::{Envelope, MemberInfo, Subject};
 use crate::swarm::ClaimResult;
+use crate::PeerId;
 
 /// A LAN host's IPv6 address.
 #[derive(Debug, Default)]
@@ -40,6 +46,11 @@ impl Membership {
                     .map(|(a, _)| *a),
             )
             .collect()
+    }
+
+    /// Whether this member holds the lease on the LAN host's IPv6 `address`.
+    pub(super) fn hosts6(&self, address: Ipv6Addr) -> bool {
+        self.hosted6.get(&address).is_some_and(|h| h.owned)
     }
 
     /// Router mode: the IPv6 `address` appeared on the LAN; claim it for this member.
@@ -119,6 +130,116 @@ impl Membership {
         }
     }
 
+    /// Claims the LAN host's IPv6 `address` now (a handoff found it free, or the silent
+    /// holder's lease lapsed).
+    pub(super) fn claim_hosted6_now(&mut self, address: Ipv6Addr, now: Instant) {
+        match self.hosted6.get_mut(&address) {
+            Some(h) if h.claiming.is_none() => h.next = Some(now),
+            Some(_) => {}
+            None => self.add_hosted6(address, now),
+        }
+    }
+
+    fn usable_hosted6(&self, address: Ipv6Addr) -> bool {
+        !self.left
+            && self.own6.owned != Some(address)
+            && self.prefix6.is_some_and(|p| super::usable6(p, address))
+    }
+
+    /// This member's own signed record for the LAN host's IPv6 `address`.
+    fn seal_hosted6(&mut self, address: Ipv6Addr, now: Instant) -> Option<Envelope> {
+        let key = self.keys.address6_key(address);
+        let info = MemberInfo {
+            endpoints: self.endpoints.clone(),
+            name: None,
+            subject: Some(Subject::Address6(address)),
+        };
+        self.seal_record(&key, now, &crate::records::encode(&info))
+    }
+
+    /// Migration target: this member's record for the IPv6 `address` (see
+    /// [`Membership::hosted_record`]).
+    pub(super) fn hosted6_record(&mut self, address: Ipv6Addr, now: Instant) -> Option<Envelope> {
+        if !self.usable_hosted6(address) {
+            return None;
+        }
+        self.seal_hosted6(address, now)
+    }
+
+    /// Migration source: moves the lease on the LAN host's IPv6 `address` to the member
+    /// whose record `envelope` is (see [`Membership::hand_off_hosted`]).
+    pub(super) fn hand_off_hosted6(&mut self, address: Ipv6Addr, envelope: Envelope) -> bool {
+        if !self
+            .hosted6
+            .get(&address)
+            .is_some_and(|h| h.owned && h.claiming.is_none())
+        {
+            return false;
+        }
+        let key = self.keys.address6_key(address);
+        let token = self.start_op(
+            Request::Transfer { key, envelope },
+            Purpose::HandOff(address.into()),
+        );
+        if let Some(h) = self.hosted6.get_mut(&address) {
+            // Holds renewals back (run_hosted6 skips an address with an operation out).
+            h.claiming = Some(token);
+            h.next = None;
+        }
+        true
+    }
+
+    pub(super) fn handed_off6(
+        &mut self,
+        now: Instant,
+        token: Token,
+        address: Ipv6Addr,
+        result: &ClaimResult,
+    ) {
+        if self
+            .hosted6
+            .get(&address)
+            .is_none_or(|h| h.claiming != Some(token))
+        {
+            return;
+        }
+        let done = *result == ClaimResult::Won;
+        if done {
+            tracing::info!(namespace = %self.name, %address, "LAN host moved; its IPv6 address handed off");
+            self.hosted6.remove(&address);
+            self.events.push_back(super::Event::AddressesChanged);
+        } else if let Some(h) = self.hosted6.get_mut(&address) {
+            tracing::info!(namespace = %self.name, %address, "IPv6 address hand-off refused; still hosted here");
+            h.claiming = None;
+            h.next = Some(now);
+        }
+        self.events.push_back(super::Event::HandOff {
+            address: address.into(),
+            done,
+        });
+    }
+
+    /// Migration target: the holder transferred the lease on the LAN host's IPv6
+    /// `address` to this member (see [`Membership::adopt_hosted`]).
+    pub(super) fn adopt_hosted6(&mut self, address: Ipv6Addr, now: Instant) {
+        if !self.usable_hosted6(address) {
+            return;
+        }
+        let renew_at = now + self.lease / 3;
+        let h = self.hosted6.entry(address).or_default();
+        let was = h.owned;
+        h.owned = true;
+        h.refused = false;
+        h.learned = true;
+        if h.claiming.is_none() {
+            h.next = Some(renew_at);
+        }
+        if !was {
+            tracing::info!(namespace = %self.name, %address, "LAN host's IPv6 address taken over");
+            self.events.push_back(super::Event::AddressesChanged);
+        }
+    }
+
     fn give_back6(&mut self, address: Ipv6Addr) -> bool {
         let Some(h) = self.hosted6.remove(&address) else {
             return false;
@@ -157,22 +278,15 @@ impl Membership {
             .map(|(a, h)| (*a, h.owned))
             .collect();
         for (address, renewal) in due {
-            let key = self.keys.address6_key(address);
-            let info = MemberInfo {
-                endpoints: self.endpoints.clone(),
-                name: None,
-                subject: Some(Subject::Address6(address)),
-            };
-            let token = self
-                .seal_record(&key, now, &crate::records::encode(&info))
-                .map(|envelope| {
-                    let request = Request::Claim {
-                        key,
-                        envelope,
-                        renewal,
-                    };
-                    self.start_op(request, Purpose::Hosted6(address))
-                });
+            let token = self.seal_hosted6(address, now).map(|envelope| {
+                let key = self.keys.address6_key(address);
+                let request = Request::Claim {
+                    key,
+                    envelope,
+                    renewal,
+                };
+                self.start_op(request, Purpose::Hosted6(address))
+            });
             if let Some(h) = self.hosted6.get_mut(&address) {
                 h.next = None;
                 match token {
@@ -233,8 +347,9 @@ impl Membership {
             ClaimResult::Lost(Some(holder)) => {
                 tracing::info!(namespace = %self.name, %address, holder = %holder_name(holder),
                     "a LAN host uses an IPv6 address another member holds; not carried");
-                // Counted once: when it was held here and is lost, or first refused.
-                if was || !h.refused {
+                // A first claim: the agent's handoff asks the holder, and counts it if the
+                // host stays the other member's. A renewal: held here, and lost.
+                if was {
                     self.hosted_conflicts += 1;
                 }
                 h.refused = true;
@@ -243,7 +358,23 @@ impl Membership {
             }
             ClaimResult::Lost(None) => h.next = Some(now + CLAIM_RETRY),
         }
-        if was != h.owned {
+        let owned = h.owned;
+        // A host of the LAN uses it (not a DHCPv6 candidate only): the handoff learns how
+        // its first claim ended.
+        if !was && h.learned {
+            let outcome = match result {
+                ClaimResult::Won | ClaimResult::Kept(_) => HostedClaim::Won,
+                ClaimResult::Lost(Some(holder)) => {
+                    PeerId::from_bytes(*holder).map_or(HostedClaim::Unanswered, HostedClaim::Held)
+                }
+                ClaimResult::Lost(None) => HostedClaim::Unanswered,
+            };
+            self.events.push_back(super::Event::HostedClaimed {
+                address: address.into(),
+                outcome,
+            });
+        }
+        if was != owned {
             self.events.push_back(super::Event::AddressesChanged);
         }
     }

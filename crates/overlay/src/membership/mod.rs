@@ -198,7 +198,7 @@ enum Purpose {
     },
     Hosted(Ipv4Addr),
     Hosted6(Ipv6Addr),
-    HandOff(Ipv4Addr),
+    HandOff(IpAddr),
     Dhcp(DhcpClaim),
     Name {
         name: String,
@@ -210,7 +210,7 @@ enum Purpose {
     ReadName(String),
     ReadHolder(Ipv4Addr),
     ReadHolder6(Ipv6Addr),
-    Holder(Ipv4Addr),
+    Holder(IpAddr),
     GroupRead,
     /// Layer 2: the lease on a MAC on this side.
     Mac([u8; 6]),
@@ -475,6 +475,23 @@ impl Membership {
         self.own.owned == Some(address) || self.hosted.get(&address).is_some_and(|h| h.owned)
     }
 
+    /// Whether this member holds the lease on `address`, IPv4 or IPv6 (its own or a
+    /// host's).
+    pub fn holds_ip(&self, address: IpAddr) -> bool {
+        match address {
+            IpAddr::V4(a) => self.holds(a),
+            IpAddr::V6(a) => self.own6.owned == Some(a) || self.hosts6(a),
+        }
+    }
+
+    /// Whether `address` is this member's own (not a LAN host's), IPv4 or IPv6.
+    pub fn is_own(&self, address: IpAddr) -> bool {
+        match address {
+            IpAddr::V4(a) => self.own.owned == Some(a),
+            IpAddr::V6(a) => self.own6.owned == Some(a),
+        }
+    }
+
     /// The next DHT operation to start.
     pub fn poll_request(&mut self) -> Option<(Token, Request)> {
         self.requests.pop_front()
@@ -609,7 +626,10 @@ impl Membership {
             Purpose::Own6 { address, name } => self.own6_claimed(now, address, name, result),
             Purpose::Hosted(address) => self.hosted_claimed(now, token, address, result),
             Purpose::Hosted6(address) => self.hosted6_claimed(now, token, address, result),
-            Purpose::HandOff(address) => self.handed_off(now, token, address, result),
+            Purpose::HandOff(IpAddr::V4(address)) => self.handed_off(now, token, address, result),
+            Purpose::HandOff(IpAddr::V6(address)) => {
+                self.handed_off6(now, token, address, result);
+            }
             Purpose::Dhcp(claim) => self.dhcp_claimed(now, claim, result),
             Purpose::Name {
                 name,

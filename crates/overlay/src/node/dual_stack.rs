@@ -128,7 +128,11 @@ impl Node {
             // A layer-2 member sends frames in IPv4 envelopes, nothing else.
             return Received::PeerDropped(handle, PeerDropReason::BadPayload);
         }
-        match peer.accept_packet6(src, packet.len()) {
+        let dst = packet
+            .get(24..40)
+            .and_then(|d| <[u8; 16]>::try_from(d).ok())
+            .map(Ipv6Addr::from);
+        match peer.accept_packet6(now, (src, dst), packet.len()) {
             Ok(()) => Received::Deliver {
                 ns: peer.ns,
                 peer: handle,

@@ -61,7 +61,7 @@ mod testing;
 mod tunnel;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -370,7 +370,7 @@ impl Node {
         &mut self,
         ns: NamespaceId,
         id: PeerId,
-        address: Ipv4Addr,
+        address: IpAddr,
         until: Instant,
     ) {
         let Some(handle) = self.member_handle(ns, id) else {

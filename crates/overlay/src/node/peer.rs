@@ -158,7 +158,7 @@ pub(super) struct Peer {
     /// Addresses this member may forward packets to from any source, until when: it held
     /// them until a LAN host moved here, and sends on what still reaches it for a grace
     /// period ([`crate::Node::accept_forwarded`]).
-    pub(super) forwards: Vec<(Ipv4Addr, Instant)>,
+    pub(super) forwards: Vec<(IpAddr, Instant)>,
     pub(super) have_their_announce: bool,
     /// Its announcement carried its IPv6 list (it reads ours too: `speaks_addresses6`).
     pub(super) got_list6: bool,
@@ -341,26 +341,37 @@ impl Peer {
         via_link: bool,
     ) -> Result<(), PeerDropReason> {
         if !via_link && self.sorted.binary_search(&src).is_err() {
-            self.forwards.retain(|(_, until)| now < *until);
-            if !dst.is_some_and(|d| self.forwards.iter().any(|(a, _)| *a == d)) {
-                return Err(PeerDropReason::SpoofedSource);
-            }
-            self.stats.rx_forwarded += 1;
+            self.take_forwarded(now, dst.map(IpAddr::V4))?;
         }
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += len as u64;
         Ok(())
     }
 
-    /// A decrypted IPv6 host packet from `src`: counted and delivered if the member holds
-    /// `src`.
+    /// A packet to `dst` from an address the member does not hold: taken while it
+    /// forwards to `dst` (a LAN host that moved here from its LAN), else spoofed.
+    fn take_forwarded(&mut self, now: Instant, dst: Option<IpAddr>) -> Result<(), PeerDropReason> {
+        if self.forwards.is_empty() {
+            return Err(PeerDropReason::SpoofedSource);
+        }
+        self.forwards.retain(|(_, until)| now < *until);
+        if !dst.is_some_and(|d| self.forwards.iter().any(|(a, _)| *a == d)) {
+            return Err(PeerDropReason::SpoofedSource);
+        }
+        self.stats.rx_forwarded += 1;
+        Ok(())
+    }
+
+    /// A decrypted IPv6 host packet from `src` to `dst`: counted and delivered if the
+    /// member holds `src` (or forwards to `dst`, as [`Peer::accept_packet`]).
     pub(super) fn accept_packet6(
         &mut self,
-        src: Ipv6Addr,
+        now: Instant,
+        (src, dst): (Ipv6Addr, Option<Ipv6Addr>),
         len: usize,
     ) -> Result<(), PeerDropReason> {
         if self.addresses6.binary_search(&src).is_err() {
-            return Err(PeerDropReason::SpoofedSource);
+            self.take_forwarded(now, dst.map(IpAddr::V6))?;
         }
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += len as u64;
@@ -938,7 +949,7 @@ mod tests {
         assert_eq!((p.stats.rx_packets, p.stats.rx_bytes), (1, 84));
         // A LAN host moved away from this member: what it forwards to the host is taken,
         // from any source, until the grace period ends; nothing to another address.
-        p.forwards.push((moved, t0 + Duration::from_secs(5)));
+        p.forwards.push((moved.into(), t0 + Duration::from_secs(5)));
         assert_eq!(p.accept_packet(t0, other, Some(moved), 84, false), Ok(()));
         assert_eq!(
             p.accept_packet(t0, other, Some(mine), 84, false),
@@ -949,5 +960,45 @@ mod tests {
             Err(PeerDropReason::SpoofedSource)
         );
         assert_eq!(p.stats.rx_forwarded, 1);
+    }
+
+    #[test]
+    fn ipv6_packets_to_a_host_that_moved_here_are_taken_in_its_grace_period() {
+        let t0 = test_epoch();
+        let mut p = peer(t0, true);
+        let v6 = |s: &str| s.parse::<Ipv6Addr>().expect("an address");
+        let (mine, other, moved) = (v6("fd00::2"), v6("fd00::99"), v6("fd00::50"));
+        p.addresses6 = vec![mine];
+        assert_eq!(p.accept_packet6(t0, (mine, Some(other)), 80), Ok(()));
+        assert_eq!(
+            p.accept_packet6(t0, (other, Some(moved)), 80),
+            Err(PeerDropReason::SpoofedSource)
+        );
+        p.forwards.push((moved.into(), t0 + Duration::from_secs(5)));
+        assert_eq!(p.accept_packet6(t0, (other, Some(moved)), 80), Ok(()));
+        assert_eq!(
+            p.accept_packet6(t0, (other, Some(mine)), 80),
+            Err(PeerDropReason::SpoofedSource),
+            "only what goes to the moved host"
+        );
+        assert_eq!(
+            p.accept_packet6(t0, (other, None), 80),
+            Err(PeerDropReason::SpoofedSource)
+        );
+        assert_eq!(
+            p.accept_packet6(t0 + Duration::from_secs(5), (other, Some(moved)), 80),
+            Err(PeerDropReason::SpoofedSource),
+            "not after the grace period"
+        );
+        // An IPv4 forward is not an IPv6 one of the same bits.
+        p.forwards = vec![(
+            Ipv4Addr::new(0, 0, 0, 0).into(),
+            t0 + Duration::from_secs(5),
+        )];
+        assert_eq!(
+            p.accept_packet6(t0, (other, Some(Ipv6Addr::UNSPECIFIED)), 80),
+            Err(PeerDropReason::SpoofedSource)
+        );
+        assert_eq!((p.stats.rx_packets, p.stats.rx_forwarded), (2, 1));
     }
 }

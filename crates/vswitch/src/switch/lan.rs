@@ -2,7 +2,7 @@
 //! router-mode announcements (RARP, gratuitous ARP), and the probes and look-ups the agent
 //! asks for when a host moves between sites.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
 use super::{Emit, LanHost, Switch};
@@ -33,9 +33,11 @@ impl<P: Copy + Eq> Switch<P> {
         }
         self.probes.remove(&ip);
         self.confirmed.remove(&ip);
-        if self.watched.remove(&ip) {
-            self.events
-                .push_back(Event::LanHostHeard { address: ip, mac });
+        if self.watched.remove(&IpAddr::V4(ip)) {
+            self.events.push_back(Event::LanHostHeard {
+                address: ip.into(),
+                mac,
+            });
         }
         if let Some(host) = self.lan.get_mut(&ip) {
             host.mac = mac;
@@ -81,37 +83,53 @@ impl<P: Copy + Eq> Switch<P> {
         });
     }
 
-    /// Router mode: forgets a LAN host at once, without [`Event::LanHostDown`] (it was
-    /// handed to another site); its next frame here makes it [`Event::LanHostUp`] again.
-    pub fn forget_lan_host(&mut self, address: Ipv4Addr) {
-        self.lan.remove(&address);
+    /// Router mode: forgets a LAN host (IPv4 or IPv6 address) at once, without
+    /// [`Event::LanHostDown`] (it was handed to another site); its next frame here makes
+    /// it [`Event::LanHostUp`] again.
+    pub fn forget_lan_host(&mut self, address: impl Into<IpAddr>) {
+        let address = address.into();
+        match address {
+            IpAddr::V4(a) => self.lan.remove(&a).map(drop),
+            IpAddr::V6(a) => self.lan6.remove(&a).map(drop),
+        };
         self.watched.remove(&address);
     }
 
-    /// Router mode: asks the LAN who has `address` (an ARP probe) and reports the host's
-    /// next frame, the answer or any other, as [`Event::LanHostHeard`] (a migration source
-    /// checks that the host left). At most [`MAX_LAN_HOSTS`] addresses are watched.
-    pub fn probe_lan_host(&mut self, address: Ipv4Addr) {
+    /// Router mode: asks the LAN who has `address` (an ARP probe; for an IPv6 address a
+    /// neighbour solicitation) and reports the host's next frame, the answer or any
+    /// other, as [`Event::LanHostHeard`] (a migration source checks that the host left).
+    /// At most [`MAX_LAN_HOSTS`] addresses are watched.
+    pub fn probe_lan_host(&mut self, address: impl Into<IpAddr>) {
+        let address = address.into();
         if self.watched.len() < MAX_LAN_HOSTS || self.watched.contains(&address) {
             self.watched.insert(address);
-            self.emits.push_back(Emit::Probe(address));
+            self.emits.push_back(match address {
+                IpAddr::V4(a) => Emit::Probe(a),
+                IpAddr::V6(a) => Emit::Probe6(a),
+            });
         }
     }
 
     /// Router mode: the LAN host at `address` has `mac` (it moved here and its old
     /// router said so): delivered to at once, as if it had spoken.
-    pub fn learn_lan_host(&mut self, address: Ipv4Addr, mac: Mac, now: Instant) {
-        self.learn(address, mac, now);
+    pub fn learn_lan_host(&mut self, address: impl Into<IpAddr>, mac: Mac, now: Instant) {
+        match address.into() {
+            IpAddr::V4(a) => self.learn(a, mac, now),
+            IpAddr::V6(a) => self.learn6(a, mac, now),
+        }
     }
 
     /// Stops reporting `address`'s next frame.
-    pub fn unwatch_lan_host(&mut self, address: Ipv4Addr) {
-        self.watched.remove(&address);
+    pub fn unwatch_lan_host(&mut self, address: impl Into<IpAddr>) {
+        self.watched.remove(&address.into());
     }
 
-    /// The MAC of the LAN host at `address`, if it is known here.
-    pub fn lan_host_mac(&self, address: Ipv4Addr) -> Option<Mac> {
-        self.lan.get(&address).map(|h| h.mac)
+    /// The MAC of the LAN host at `address` (IPv4 or IPv6), if it is known here.
+    pub fn lan_host_mac(&self, address: impl Into<IpAddr>) -> Option<Mac> {
+        match address.into() {
+            IpAddr::V4(a) => self.lan.get(&a).map(|h| h.mac),
+            IpAddr::V6(a) => self.lan6.get(&a).map(|h| h.mac),
+        }
     }
 
     /// The address of the LAN host with `mac`, if it is known here.

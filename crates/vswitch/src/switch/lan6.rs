@@ -2,12 +2,15 @@
 //! discovery. The switch learns a host's addresses in the prefix from its packets, its
 //! neighbour advertisements and its duplicate address probes (the agent claims each, as an
 //! IPv4 LAN host's); answers solicitations for addresses other members hold with the
-//! remote MAC, never for a LAN host's; defends against a duplicate address probe for an
-//! address another member holds (the host's kernel then never uses it); advertises the
+//! remote MAC, never for a LAN host's; reports a duplicate address probe for an address
+//! another member holds and an unsolicited advertisement as the host's presence (it may
+//! have moved here: the agent's handoff asks the holder), and defends the address when
+//! the holder's host still answers at its site (the prober's kernel then never uses it);
+//! advertises the
 //! prefix (on link, for stateless autoconfiguration) at start, now and then, and to a
 //! soliciting host; and finds a host a member sends to with a solicitation of its own.
 
-use std::net::Ipv6Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use super::{Emit, LanHost, Switch};
@@ -32,6 +35,10 @@ const SOLICITED_RATE: u32 = 10;
 /// A solicitation from `::` is answered to all nodes, at most this often (RFC 4861 6.2.6's
 /// MIN_DELAY_BETWEEN_RAS).
 const MULTICAST_ANSWER_EVERY: Duration = Duration::from_secs(3);
+
+/// How long a duplicate address probe may still be answered: RFC 4861's RetransTimer
+/// (1 s), after which the prober takes the address (one probe, RFC 4862's default).
+const DAD_WINDOW: Duration = Duration::from_secs(1);
 
 /// All DHCPv6 relay agents and servers on a link (RFC 8415 7.1).
 const ALL_DHCP_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
@@ -67,10 +74,11 @@ impl<P: Copy + Eq> Switch<P> {
     }
 
     /// An address of the prefix a LAN host uses (from `mac`): learned, and claimed by the
-    /// agent ([`Event::LanHost6Up`], router mode) when new. A router never learns one
-    /// another member holds: a LAN host that claims a member's address by sending from it
-    /// (or answering for it) would silence the proxy and the defence of that address
-    /// there. A hybrid switch does: another member on its LAN answers there itself.
+    /// agent ([`Event::LanHost6Up`], router mode) when new. One another member holds is
+    /// learned too, as an IPv4 LAN host's is: the host may have moved here, and the
+    /// claim's refusal starts the handoff. Its route stays first meanwhile: solicitations
+    /// for it are still answered with the remote MAC, its probes still defended, and
+    /// packets to it still go to the holder, until the handoff moves it here.
     pub(super) fn learn6(&mut self, ip: Ipv6Addr, mac: Mac, now: Instant) {
         let usable = self
             .config
@@ -78,8 +86,14 @@ impl<P: Copy + Eq> Switch<P> {
             .is_some_and(|p| super::v6::member_address(p, ip));
         let router = self.config.mode == Mode::Router;
         let own = Some(ip) == self.config.address6;
-        if !usable || own || !host_mac(mac) || (router && self.route6(ip).is_some()) {
+        if !usable || own || !host_mac(mac) {
             return;
+        }
+        if self.watched.remove(&IpAddr::V6(ip)) {
+            self.events.push_back(Event::LanHostHeard {
+                address: ip.into(),
+                mac,
+            });
         }
         self.asked6.remove(&ip);
         self.probes6.remove(&ip);
@@ -164,8 +178,23 @@ impl<P: Copy + Eq> Switch<P> {
                     }
                     self.answer_solicitation(target, (nd.source, mac), reply)
                 }
-                Message::Advertisement { target, link, .. } => {
-                    self.learn6(target, link.unwrap_or(eth.src()), now);
+                Message::Advertisement {
+                    target,
+                    link,
+                    solicited,
+                    ..
+                } => {
+                    let mac = link.unwrap_or(eth.src());
+                    self.learn6(target, mac, now);
+                    if !solicited && self.lan6.get(&target).is_some_and(|h| h.mac == mac) {
+                        // A host telling the link where it is (after a live migration).
+                        self.counters.announcements += 1;
+                        self.events.push_back(Event::Announced6 {
+                            address: target,
+                            mac,
+                            dad: false,
+                        });
+                    }
                     Action::Drop(DropReason::LanLocal)
                 }
             };
@@ -244,11 +273,13 @@ impl<P: Copy + Eq> Switch<P> {
         emit_udp6(buf, (to_mac, mac), (from, to), (547, 546), payload)
     }
 
-    /// A duplicate address probe from the LAN for `target`: defended if another member
-    /// holds it, or it is the service address (RFC 4862 5.4.3: the prober gives the
-    /// address up); else the host at `mac` is about to use it, and it is claimed for it
-    /// now. A known LAN host's address is left to that host (it defends it itself): the
-    /// prober's MAC does not replace its own.
+    /// A duplicate address probe from the LAN for `target`: the service address is
+    /// defended at once (RFC 4862 5.4.3: the prober gives the address up). One another
+    /// member holds may be a host that moved here from that member's LAN: reported
+    /// ([`Event::Announced6`]), and defended only if the holder says its host is still
+    /// there ([`Switch::defend6`], within the prober's wait). Else the host at `mac` is
+    /// about to use it, and it is claimed for it now. A known LAN host's address is left
+    /// to that host (it defends it itself): the prober's MAC does not replace its own.
     fn duplicate_probe(
         &mut self,
         target: Ipv6Addr,
@@ -263,7 +294,7 @@ impl<P: Copy + Eq> Switch<P> {
         if !host_mac(mac) || !(service || super::v6::member_address(prefix, target)) {
             return Action::Drop(DropReason::NdIgnored);
         }
-        if service || self.route6(target).is_some() {
+        if service {
             return match ndp::emit_defence(reply, (target, self.config.remote_mac)) {
                 Some(len) => {
                     self.counters.dad_defended += 1;
@@ -272,10 +303,39 @@ impl<P: Copy + Eq> Switch<P> {
                 None => Action::Drop(DropReason::Malformed),
             };
         }
-        if !self.lan6.contains_key(&target) {
+        let known = self.lan6.contains_key(&target);
+        if !known {
             self.learn6(target, mac, now);
         }
+        let taken = self.route6(target).is_some();
+        if taken && !known && self.dad_pending.len() < MAX_LAN_HOSTS {
+            self.dad_pending.insert(target, (now + DAD_WINDOW, mac));
+            self.counters.announcements += 1;
+            self.events.push_back(Event::Announced6 {
+                address: target,
+                mac,
+                dad: true,
+            });
+        }
         Action::Drop(DropReason::NdIgnored)
+    }
+
+    /// Router mode: the holder of the IPv6 `address` says its host is still at its site
+    /// (or the handoff gave up): a duplicate address probe for it still waiting is
+    /// answered, so the prober gives the address up, and the address is no longer the
+    /// prober's here (its next frame from it makes it [`Event::LanHost6Up`] again).
+    /// Returns whether a defence was sent.
+    pub fn defend6(&mut self, address: Ipv6Addr, now: Instant) -> bool {
+        match self.dad_pending.remove(&address) {
+            Some((until, mac)) if now < until => {
+                self.emits.push_back(Emit::Defend6(address));
+                if self.lan6.get(&address).is_some_and(|h| h.mac == mac) {
+                    self.lan6.remove(&address);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A solicitation for the switch's own link-local address (a host checking that the
@@ -380,6 +440,11 @@ impl<P: Copy + Eq> Switch<P> {
                 self.counters.nd_replies += 1;
                 Some(len)
             }
+            Emit::Defend6(target) => {
+                let len = ndp::emit_defence(buf, (target, mac))?;
+                self.counters.dad_defended += 1;
+                Some(len)
+            }
             Emit::Probe(_) | Emit::Reply { .. } => None,
         }
     }
@@ -407,6 +472,7 @@ impl<P: Copy + Eq> Switch<P> {
     pub(super) fn handle_timeout6(&mut self, now: Instant) {
         self.asked6
             .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
+        self.dad_pending.retain(|_, (until, _)| now < *until);
         self.expire_probes6(now);
         if self.config.mode != Mode::Router {
             // Hybrid: an address silent for `lan_timeout` is no longer the LAN's (a host

@@ -19,7 +19,7 @@ mod vepa;
 mod tests;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,9 @@ enum Emit {
         target: Ipv6Addr,
         to: (Ipv6Addr, Mac),
     },
+    /// The IPv6 `target` is taken: a defence of it to all nodes, for a duplicate address
+    /// probe (router mode, once the holder's host still answered at its site).
+    Defend6(Ipv6Addr),
 }
 
 /// The switch of one namespace. `P` names a member (the overlay's peer handle).
@@ -139,7 +142,12 @@ pub struct Switch<P> {
     /// Router mode: LAN addresses asked for recently (a member sent to an unknown host).
     asked: HashMap<Ipv4Addr, Instant>,
     /// Router mode: LAN addresses whose next frame is reported ([`Event::LanHostHeard`]).
-    watched: HashSet<Ipv4Addr>,
+    watched: HashSet<IpAddr>,
+    /// Router mode: duplicate address probes for addresses other members hold, by when
+    /// the prober decides: the host may have moved here ([`Event::Announced6`]); the
+    /// agent's handoff says whether to defend the address ([`Switch::defend6`]).
+    /// With the prober's MAC.
+    dad_pending: HashMap<Ipv6Addr, (Instant, Mac)>,
     /// Other namespaces' addresses this one reaches through a gateway member (its address
     /// here): the policy's links (`crate::policy::links`).
     links: Vec<(Ipv4Net, Ipv4Addr)>,
@@ -179,6 +187,7 @@ impl<P: Copy + Eq> Switch<P> {
             confirmed: HashMap::new(),
             asked: HashMap::new(),
             watched: HashSet::new(),
+            dad_pending: HashMap::new(),
             links: Vec::new(),
             emits: VecDeque::new(),
             events: VecDeque::new(),
@@ -333,7 +342,7 @@ impl<P: Copy + Eq> Switch<P> {
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<usize> {
         // (Taken only once it fits: a short buffer loses nothing.)
         let emit = *self.emits.front()?;
-        if let Emit::Probe6(_) | Emit::Advertise | Emit::Reply6 { .. } = emit {
+        if let Emit::Probe6(_) | Emit::Advertise | Emit::Reply6 { .. } | Emit::Defend6(_) = emit {
             if buf.len() < crate::ra::ADVERTISEMENT_MAX_LEN {
                 return None;
             }
@@ -353,7 +362,9 @@ impl<P: Copy + Eq> Switch<P> {
                 self.counters.arp_replies += 1;
                 emit_arp_reply(buf, self.config.remote_mac, target, to.0, to.1)
             }
-            Emit::Probe6(_) | Emit::Advertise | Emit::Reply6 { .. } => return None,
+            Emit::Probe6(_) | Emit::Advertise | Emit::Reply6 { .. } | Emit::Defend6(_) => {
+                return None
+            }
         })
     }
 

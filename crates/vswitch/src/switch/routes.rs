@@ -1,7 +1,7 @@
 //! Routes to members: the addresses each member announced, what the DHT resolved, and the
 //! host's own address and subnet they are checked against.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
@@ -88,11 +88,20 @@ impl<P: Copy + Eq> Switch<P> {
 
     /// `addr` moved to `peer` (its old owner said so): routed there at once, whatever was
     /// announced or resolved; `None` forgets every route to it (the next packet resolves it).
-    pub fn move_route(&mut self, addr: Ipv4Addr, peer: Option<P>) {
-        self.routes.remove(&addr);
-        self.resolved.remove(&addr);
+    pub fn move_route(&mut self, addr: impl Into<IpAddr>, peer: Option<P>) {
+        let addr = addr.into();
+        match addr {
+            IpAddr::V4(a) => {
+                self.routes.remove(&a);
+                self.resolved.remove(&a);
+            }
+            IpAddr::V6(a) => {
+                self.routes6.remove(&a);
+                self.resolved6.remove(&a);
+            }
+        }
         if let Some(peer) = peer {
-            self.add_route(addr, peer);
+            self.add_route_ip(addr, peer);
         }
     }
 }

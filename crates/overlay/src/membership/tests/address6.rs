@@ -209,13 +209,19 @@ fn a_routers_lan_hosts_ipv6_addresses_are_claimed_renewed_and_given_back() {
     net.run_for(Duration::from_secs(1));
     assert_eq!(net.members[r].addresses6(), vec![host]);
     assert_eq!(net.members[r].owned6(), None);
-    assert!(net
-        .take_events(r)
-        .iter()
-        .any(|e| matches!(e, Event::AddressesChanged)));
-    // The refused one counted once, however often it is retried.
+    let events = net.take_events(r);
+    assert!(events.iter().any(|e| matches!(e, Event::AddressesChanged)));
+    // The refused one is reported with its holder (the agent's handoff asks it, and
+    // counts the conflict if the host stays the holder's), each time it is retried.
+    let refusal = Event::HostedClaimed {
+        address: held.into(),
+        outcome: HostedClaim::Held(net.id(a)),
+    };
+    let refused = |events: &[Event]| events.iter().filter(|e| **e == refusal).count();
+    assert_eq!(refused(&events), 1);
     net.run_for(CONFLICT_RETRY * 3);
-    assert_eq!(net.members[r].hosted_conflicts(), 1);
+    assert_eq!(refused(&net.take_events(r)), 3);
+    assert_eq!(net.members[r].hosted_conflicts(), 0);
     assert_eq!(net.members[a].owned6(), Some(held), "A keeps its own");
     // Renewed while the host is there.
     let key = keys().address6_key(host);
@@ -287,11 +293,74 @@ fn a_dhcpv6_lease_outlives_a_quiet_host_and_a_refused_candidate_spares_a_seen_ho
         0,
         "a candidate is no conflict"
     );
-    // One the switch saw a host use stays claimed (and counted) for that host.
+    // One the switch saw a host use stays claimed for that host (its refusal goes to the
+    // handoff).
     net.members[r].add_hosted6(held, net.now);
     net.run_for(Duration::from_secs(1));
     net.members[r].claim_for_dhcp6(held, net.now);
     net.run_for(CONFLICT_RETRY * 2);
-    assert_eq!(dhcp6(&net.take_events(r)), vec![(held, false)]);
-    assert_eq!(net.members[r].hosted_conflicts(), 1);
+    let events = net.take_events(r);
+    assert_eq!(dhcp6(&events), vec![(held, false)]);
+    assert!(events.contains(&Event::HostedClaimed {
+        address: held.into(),
+        outcome: HostedClaim::Held(net.id(a)),
+    }));
+}
+
+#[test]
+fn a_moved_lan_hosts_ipv6_address_is_handed_off_and_the_old_router_cannot_renew_it() {
+    let mut net = Net::new();
+    let r1 = net.add(router6(), 1);
+    let r2 = net.add(router6(), 2);
+    net.run_for(Duration::from_secs(1));
+    let host = Ipv6Addr::from(u128::from(prefix().network()) | 0x50);
+    let key = keys().address6_key(host);
+    net.members[r1].add_hosted6(host, net.now);
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(net.holder(&key), Some(net.id(r1).as_bytes().to_vec()));
+    assert!(net.members[r1].holds_ip(host.into()));
+    assert!(!net.members[r1].is_own(host.into()));
+    // The host shows up at r2: its claim is refused, naming r1 (the handoff starts).
+    net.members[r2].add_hosted6(host, net.now);
+    net.run_for(Duration::from_secs(1));
+    assert!(net.take_events(r2).contains(&Event::HostedClaimed {
+        address: host.into(),
+        outcome: HostedClaim::Held(net.id(r1)),
+    }));
+    assert!(!net.members[r2].holds_ip(host.into()));
+    // The handoff's lookup names r1 with most of a lease left.
+    net.members[r2].look_up_holder(host.into());
+    net.run_for(Duration::from_millis(100));
+    let holder = net.take_events(r2).into_iter().find_map(|e| match e {
+        Event::Holder { address, holder } if address == IpAddr::V6(host) => holder,
+        _ => None,
+    });
+    assert!(
+        holder.is_some_and(|(id, left)| id == net.id(r1) && left > LEASE / 2),
+        "{holder:?}"
+    );
+    // Only the router hosting it can hand it off, one transfer at a time.
+    let record = net.members[r2].hosted_record(host, net.now).unwrap();
+    assert!(!net.members[r2].hand_off_hosted(host, record.clone()));
+    assert!(net.members[r1].hand_off_hosted(host, record.clone()));
+    assert!(!net.members[r1].hand_off_hosted(host, record));
+    net.run_for(Duration::from_secs(1));
+    let events = net.take_events(r1);
+    assert!(events.contains(&Event::HandOff {
+        address: host.into(),
+        done: true
+    }));
+    assert!(events.contains(&Event::AddressesChanged));
+    assert!(net.members[r1].addresses6().is_empty());
+    assert_eq!(net.holder(&key), Some(net.id(r2).as_bytes().to_vec()));
+    net.members[r2].adopt_hosted(host, net.now);
+    net.settle();
+    assert!(net.take_events(r2).contains(&Event::AddressesChanged));
+    assert_eq!(net.members[r2].addresses6(), vec![host]);
+    // The new router renews it; the old one neither renews nor releases it.
+    net.run_for(LEASE * 3);
+    assert_eq!(net.holder(&key), Some(net.id(r2).as_bytes().to_vec()));
+    assert!(!net.members[r1].remove_hosted6(host));
+    assert_eq!(net.holder(&key), Some(net.id(r2).as_bytes().to_vec()));
+    assert_eq!(net.members[r2].hosted_conflicts(), 0);
 }

@@ -205,7 +205,7 @@ fn a_moved_lan_hosts_address_is_handed_off_and_the_old_router_cannot_renew_it() 
     net.run_for(Duration::from_secs(1));
     let events = net.take_events(r1);
     assert!(events.contains(&Event::HandOff {
-        address: ip(20),
+        address: ip(20).into(),
         done: true
     }));
     assert!(events.contains(&Event::AddressesChanged));
@@ -242,7 +242,7 @@ fn a_hand_off_the_replicas_refuse_is_reported_and_the_old_router_keeps_trying() 
     assert!(net.members[r1].hand_off_hosted(ip(20), record));
     net.run_for(Duration::from_millis(100));
     assert!(net.take_events(r1).contains(&Event::HandOff {
-        address: ip(20),
+        address: ip(20).into(),
         done: false
     }));
     assert_eq!(net.holder(&key), Some(net.id(r3).as_bytes().to_vec()));
@@ -266,7 +266,7 @@ fn a_lan_host_whose_address_another_member_owns_is_reported_and_retried() {
     // does not bring the host here.
     let holder = net.id(a);
     assert!(net.take_events(r).contains(&Event::HostedClaimed {
-        address: ip(20),
+        address: ip(20).into(),
         outcome: HostedClaim::Held(holder)
     }));
     assert_eq!(net.members[r].hosted_conflicts(), 0);

@@ -113,7 +113,7 @@ fn a_watched_host_is_reported_on_its_next_frame_only() {
     assert_eq!(
         sw.poll_event(),
         Some(Event::LanHostHeard {
-            address: host,
+            address: host.into(),
             mac: LAN_A
         })
     );

@@ -92,12 +92,32 @@ fn lan_hosts_are_learned_from_their_packets_and_duplicate_probes_and_claimed() {
 }
 
 #[test]
-fn a_duplicate_probe_for_a_members_address_is_defended() {
+fn a_duplicate_probe_for_a_members_address_is_reported_and_defended_if_the_holder_keeps_it() {
     let mut sw = router();
-    let (action, reply) = tap(&mut sw, &dad(LAN_A, a6(PEER)));
-    let Action::ToTap { len } = action else {
-        panic!("{action:?}");
-    };
+    // The host may have moved here: reported, learned (its claim is refused, and that
+    // starts the handoff), and not answered yet.
+    assert_eq!(
+        tap(&mut sw, &dad(LAN_A, a6(PEER))).0,
+        Action::Drop(DropReason::NdIgnored)
+    );
+    assert_eq!(
+        events(&mut sw),
+        vec![
+            Event::LanHost6Up(a6(PEER)),
+            Event::Announced6 {
+                address: a6(PEER),
+                mac: LAN_A,
+                dad: true
+            }
+        ]
+    );
+    let mut reply = [0u8; MIN_REPLY_BUF];
+    assert_eq!(sw.poll_transmit(&mut reply), None, "nothing answered yet");
+    // The holder's host still answers at its site: defended within the prober's wait.
+    assert!(sw.defend6(a6(PEER), t0() + Duration::from_millis(900)));
+    let len = sw.poll_transmit(&mut reply).expect("the defence");
+    assert!(!sw.defend6(a6(PEER), t0()), "once");
+    assert!(sw.lan_hosts6().is_empty(), "the prober gives it up");
     let nd = ndp::parse(&reply[..len]).expect("a valid advertisement");
     assert_eq!(nd.destination, "ff02::1".parse::<Ipv6Addr>().unwrap());
     assert_eq!(
@@ -114,8 +134,14 @@ fn a_duplicate_probe_for_a_members_address_is_defended() {
     );
     assert_eq!(&reply[..6], &[0x33, 0x33, 0, 0, 0, 1]);
     assert_eq!(sw.counters().dad_defended, 1);
-    assert_eq!(events(&mut sw), vec![], "the address is not claimed");
-    // The service address (the DNS server's) is defended too.
+    // Too late for the prober (it took the address after its wait): not sent.
+    let mut sw = router();
+    let _ = tap(&mut sw, &dad(LAN_A, a6(PEER)));
+    assert!(!sw.defend6(a6(PEER), t0() + Duration::from_secs(1)));
+    assert_eq!(sw.poll_transmit(&mut reply), None);
+    // An address nobody probed is not defended.
+    assert!(!sw.defend6(a6(0x77), t0()));
+    // The service address (the DNS server's) is defended at once.
     assert!(matches!(
         tap(&mut sw, &dad(LAN_A, a6(1))).0,
         Action::ToTap { .. }
@@ -141,10 +167,12 @@ fn a_lan_host_sending_from_a_members_address_silences_nothing() {
     let to = (link_local_of(REMOTE_MAC), REMOTE_MAC);
     ndp::emit_advertisement(&mut na, (a6(PEER), LAN_B), to, NaFlags::default()).unwrap();
     let _ = tap(&mut sw, &na);
-    assert_eq!(events(&mut sw), vec![], "not learned");
-    assert!(sw.lan_hosts6().is_empty());
-    // The proxy still answers for the member (without overriding: a proxy's answer), its
-    // address is still defended, and A's packets to it still go to it.
+    // Learned, as an IPv4 LAN host's is: the claim's refusal starts a handoff (B may have
+    // moved here), which the holder refuses while its own host answers.
+    assert_eq!(events(&mut sw), vec![Event::LanHost6Up(a6(PEER))]);
+    assert_eq!(sw.lan_hosts6(), vec![a6(PEER)]);
+    // The proxy still answers for the member (without overriding: a proxy's answer), and
+    // A's packets to it still go to it; A's probe for it is left to B, which answers it.
     let (action, reply) = tap(&mut sw, &solicitation(LAN_A, a6(0x50), a6(PEER)));
     let Action::ToTap { len } = action else {
         panic!("{action:?}");
@@ -154,14 +182,88 @@ fn a_lan_host_sending_from_a_members_address_silences_nothing() {
         panic!("not an advertisement");
     };
     assert!(!flags.override_cache && !flags.router);
-    assert!(matches!(
+    assert_eq!(
         tap(&mut sw, &dad(LAN_A, a6(PEER))).0,
-        Action::ToTap { .. }
-    ));
+        Action::Drop(DropReason::NdIgnored)
+    );
     assert!(matches!(
         tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(PEER)))).0,
         Action::ToPeer { peer: 7, .. }
     ));
+}
+
+#[test]
+fn an_unsolicited_advertisement_is_presence_and_a_probed_host_is_heard_once() {
+    let mut sw = router();
+    let mut na = vec![0u8; ndp::ADVERTISEMENT_FRAME_LEN];
+    let len = ndp::emit_defence(&mut na, (a6(0x50), LAN_A)).unwrap();
+    na.truncate(len);
+    let _ = tap(&mut sw, &na);
+    let announced = Event::Announced6 {
+        address: a6(0x50),
+        mac: LAN_A,
+        dad: false,
+    };
+    assert_eq!(
+        events(&mut sw),
+        vec![Event::LanHost6Up(a6(0x50)), announced]
+    );
+    // Another MAC announcing it: the address is at that MAC now, as a host's packets
+    // move it; a remote agent's MAC announces nothing.
+    let len = ndp::emit_defence(&mut na, (a6(0x50), LAN_B)).unwrap();
+    let _ = tap(&mut sw, &na[..len]);
+    let by_b = Event::Announced6 {
+        address: a6(0x50),
+        mac: LAN_B,
+        dad: false,
+    };
+    assert_eq!(events(&mut sw), vec![by_b]);
+    let len = ndp::emit_defence(&mut na, (a6(0x50), [0xfe, 0xfd, 0, 0, 0, 9])).unwrap();
+    let _ = tap(&mut sw, &na[..len]);
+    assert_eq!(events(&mut sw), vec![]);
+    let len = ndp::emit_defence(&mut na, (a6(0x50), LAN_A)).unwrap();
+    let _ = tap(&mut sw, &na[..len]);
+    assert_eq!(events(&mut sw), vec![announced]);
+    // A migration source asks the LAN: a solicitation goes out, and the answer (or any
+    // frame) is reported once.
+    sw.probe_lan_host(a6(0x50));
+    let mut out = [0u8; MIN_REPLY_BUF];
+    let len = sw.poll_transmit(&mut out).expect("a solicitation");
+    assert!(matches!(
+        ndp::parse(&out[..len]).map(|n| n.message),
+        Some(Message::Solicitation { target, .. }) if target == a6(0x50)
+    ));
+    assert_eq!(events(&mut sw), vec![]);
+    let mut answer = vec![0u8; ndp::ADVERTISEMENT_FRAME_LEN];
+    let to = (link_local_of(REMOTE_MAC), REMOTE_MAC);
+    let len =
+        ndp::emit_advertisement(&mut answer, (a6(0x50), LAN_A), to, NaFlags::default()).unwrap();
+    answer.truncate(len);
+    let _ = tap(&mut sw, &answer);
+    let heard = Event::LanHostHeard {
+        address: a6(0x50).into(),
+        mac: LAN_A,
+    };
+    assert_eq!(events(&mut sw), vec![heard]);
+    let _ = tap(&mut sw, &answer);
+    assert_eq!(events(&mut sw), vec![], "once per probe");
+    // Handed off: forgotten here, routed to its new holder; taken back: routed nowhere.
+    sw.probe_lan_host(a6(0x50));
+    sw.forget_lan_host(a6(0x50));
+    sw.move_route(a6(0x50), Some(7));
+    assert_eq!(
+        (sw.lan_host_mac(a6(0x50)), sw.route6(a6(0x50))),
+        (None, Some(7))
+    );
+    sw.move_route(a6(0x50), None);
+    assert_eq!(sw.route6(a6(0x50)), None);
+    sw.learn_lan_host(a6(0x50), LAN_A, t0());
+    assert_eq!(sw.lan_host_mac(a6(0x50)), Some(LAN_A));
+    assert_eq!(
+        events(&mut sw),
+        vec![Event::LanHost6Up(a6(0x50))],
+        "no longer watched once forgotten"
+    );
 }
 
 #[test]
