@@ -101,8 +101,8 @@ fn cases() -> Vec<(String, Box<dyn FnMut()>)> {
         cases.push((format!("policy/{n}_rules_new_flow"), Box::new(step)));
         // The rule walk alone, without the table: what `decide` costs a first packet.
         let packet = hyphae_vswitch::policy::Packet {
-            src: Ipv4Addr::new(10, 201, 0, 1),
-            dst: Ipv4Addr::new(10, 201, 0, 2),
+            src: Ipv4Addr::new(10, 201, 0, 1).into(),
+            dst: Ipv4Addr::new(10, 201, 0, 2).into(),
             proto: 6,
             dport: 5432,
         };

@@ -1,12 +1,14 @@
 //! Any text as a policy file (decoded, compiled with and without an authority, asked about
-//! a packet), and any bytes as a packet through a firewall with rules (both ways, twice,
-//! then under a replaced policy): a clear error or a verdict, never a panic.
+//! an IPv4 and an IPv6 packet), and any bytes as an IPv4 or IPv6 packet through a firewall
+//! with rules (both ways, twice, then under a replaced policy) and as a denied packet to
+//! answer: a clear error, a verdict or an answer, never a panic.
 #![no_main]
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use hyphae_vswitch::policy::flows::Firewall;
+use hyphae_vswitch::policy::reject;
 use hyphae_vswitch::policy::{Packet, Policy, PolicyFile};
 use libfuzzer_sys::fuzz_target;
 
@@ -23,9 +25,13 @@ from = ["any"]
 to = ["name:db1"]
 proto = "icmp"
 [[rule]]
-from = ["10.1.2.3"]
+from = ["10.1.2.3", "fd00::/64"]
 to = ["any"]
 proto = "udp"
+[[rule]]
+from = ["fd00::1"]
+to = ["fd00::2"]
+proto = "icmp"
 "#;
 
 fuzz_target!(|data: &[u8]| {
@@ -34,13 +40,17 @@ fuzz_target!(|data: &[u8]| {
             for certified in [false, true] {
                 if let Ok(p) = Policy::compile(&file, certified) {
                     let tags = p.tags(["web", "db"], Some("db1"));
-                    let packet = Packet {
-                        src: Ipv4Addr::new(10, 0, 0, 1),
-                        dst: Ipv4Addr::new(10, 0, 0, 2),
-                        proto: 6,
-                        dport: 5432,
-                    };
-                    let _ = p.decide(tags, tags, &packet);
+                    let v4 = |d| IpAddr::V4(Ipv4Addr::new(10, 0, 0, d));
+                    let v6 = |d| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, d));
+                    for (src, dst, proto) in [(v4(1), v4(2), 6), (v6(1), v6(2), 58)] {
+                        let packet = Packet {
+                            src,
+                            dst,
+                            proto,
+                            dport: 5432,
+                        };
+                        let _ = p.decide(tags, tags, &packet);
+                    }
                 }
             }
         }
@@ -57,4 +67,6 @@ fuzz_target!(|data: &[u8]| {
     fw.replace(policy, |_| web);
     let _ = fw.check(now, data, web, db);
     fw.expire(now + Duration::from_secs(3600));
+    let mut answer = [0u8; reject::MAX_ANSWER_LEN];
+    let _ = reject::answer(data, &mut answer);
 });

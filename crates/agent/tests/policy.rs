@@ -320,6 +320,117 @@ fn a_rejecting_policy_refuses_connections_at_once() {
     );
 }
 
+/// Rules for IPv6 addresses: the same shape as [`POLICY`], in the namespace's IPv6
+/// prefix, rejecting what they do not allow.
+const POLICY6: &str = r#"
+version = 1
+default = "deny"
+reject = true
+
+# alpha may open TCP to beta's iperf3
+[[rule]]
+from = ["fd42:204::11"]
+to = ["fd42:204::12"]
+proto = "tcp"
+ports = ["5201"]
+
+# the prefix's first 256 addresses may ping alpha (ICMPv6 for IPv6)
+[[rule]]
+from = ["fd42:204::/120"]
+to = ["fd42:204::11"]
+proto = "icmp"
+"#;
+
+/// A namespace with a policy carries IPv6 by its rules: three members with static IPv6
+/// addresses of one prefix, the rules naming them. iperf3 -6 from alpha to beta runs (its
+/// replies pass back); from gamma to beta it is refused at once (an IPv6 TCP reset); pings
+/// from beta and gamma reach alpha (ICMPv6 echo and its replies); alpha's ping to beta, a
+/// flow no rule allows, is denied at alpha, and IPv4 (no rule names it) is denied too.
+#[test]
+fn an_ipv6_policy_allows_its_flows_and_refuses_the_rest() {
+    require_root();
+    let mut bed = Testbed::new("pol6", Path::new(BIN)).expect("testbed");
+    hyphae_testbed::write_secret(&bed.dir().join("lab.secret"), SECRET).unwrap();
+    let policy = bed.dir().join("lab.policy.toml");
+    std::fs::write(&policy, POLICY6).unwrap();
+    let mut members = Vec::new();
+    for (i, name) in [(1u8, "alpha"), (2, "beta"), (3, "gamma")] {
+        let host = bed.add_host(name, Ipv4Addr::new(10, 200, 0, i)).unwrap();
+        let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
+        let lines = format!(
+            "address = \"10.204.0.{}\"\nresolvers = []\nsubnet6 = \"fd42:204::/64\"\naddress6 = \"fd42:204::1{i}\"\npolicy = \"{}\"\n",
+            10 + i,
+            policy.display()
+        );
+        let secret = bed.dir().join("lab.secret");
+        let cfg =
+            agent_section(&host) + &hyphae_testbed::lab_namespace(&secret, SUBNET, boot, &lines);
+        let agent = bed.start_agent(&host, &cfg).expect("agent");
+        members.push((host, agent));
+    }
+    let [(alpha, a), (beta, b), (gamma, _)] = &members[..] else {
+        unreachable!()
+    };
+    bed.spawn(&beta.ns, "iperf3", &["-s"], &beta.dir.join("iperf3-s.log"))
+        .unwrap();
+    let ping6 = |from: &Host, to: &str| {
+        let out = bed
+            .ns_output(&from.ns, "ping", &["-6", "-c", "1", "-W", "1", to])
+            .unwrap();
+        out.status.success()
+    };
+    // Pings to alpha are allowed: beta and gamma reach it once their addresses are held.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(ping6(beta, "fd42:204::11") && ping6(gamma, "fd42:204::11")) {
+        assert!(Instant::now() < deadline, "no ping -6 reached alpha");
+    }
+    let iperf6 = |from: &Host| {
+        let out = bed
+            .ns_output(
+                &from.ns,
+                "iperf3",
+                &[
+                    "-6",
+                    "-c",
+                    "fd42:204::12",
+                    "-t",
+                    "2",
+                    "--connect-timeout",
+                    "3000",
+                ],
+            )
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, text) = iperf6(alpha);
+    assert!(ok, "alpha -> beta over IPv6: {text}");
+    let (ok, text) = iperf6(gamma);
+    assert!(!ok, "gamma reached beta: {text}");
+    assert!(
+        text.contains("Connection refused"),
+        "gamma is not refused at once: {text}"
+    );
+    let before = bed.namespace_status(alpha, a).unwrap().policy;
+    assert!(!ping6(alpha, "fd42:204::12"), "alpha's ping to beta passed");
+    let after = bed.namespace_status(alpha, a).unwrap().policy;
+    assert!(after.denied_out > before.denied_out, "{after:?}");
+    // No rule names IPv4.
+    let out = bed
+        .ns_output(&alpha.ns, "ping", &["-c", "1", "-W", "1", "10.204.0.12"])
+        .unwrap();
+    assert!(!out.status.success(), "IPv4 passed rules naming IPv6 only");
+    let at_beta = bed.namespace_status(beta, b).unwrap().policy;
+    assert!(
+        at_beta.rule_hits.first().is_some_and(|&h| h >= 1),
+        "{at_beta:?}"
+    );
+}
+
 /// Namespace `name` in `subnet` at `address`, its device `device`, with `policy`.
 fn section(dir: &Path, name: &str, subnet: &str, address: &str, boot: Option<Ipv4Addr>) -> String {
     let mut s = format!(

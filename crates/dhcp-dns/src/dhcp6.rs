@@ -194,6 +194,15 @@ impl Server {
         self.bindings.get(client).map(|b| b.address)
     }
 
+    /// Migration source: the host leased `address` moved to another router, which holds
+    /// the address now: its binding is dropped without a release (the address is not this
+    /// router's to give back). Returns whether there was one.
+    pub fn hand_over(&mut self, address: Ipv6Addr) -> bool {
+        let before = self.bindings.len();
+        self.bindings.retain(|_, b| b.address != address);
+        self.bindings.len() != before
+    }
+
     /// The next thing to do.
     pub fn poll_output(&mut self) -> Option<Output> {
         self.out.pop_front()

@@ -591,10 +591,12 @@ impl DataPlane {
             let here = match event {
                 hyphae_vswitch::Event::LanHostUp(a)
                 | hyphae_vswitch::Event::GratuitousArp { address: a, .. } => Some(a.into()),
-                hyphae_vswitch::Event::LanHost6Up(a)
-                | hyphae_vswitch::Event::Announced6 { address: a, .. } => Some(a.into()),
                 hyphae_vswitch::Event::LanHostHeard { address, .. } => Some(address),
-                hyphae_vswitch::Event::LanHostDown(_)
+                // An IPv6 host back here stops the forwarding when the handoff takes its
+                // address back (`TookOver`): one frame from an address is no proof.
+                hyphae_vswitch::Event::LanHost6Up(_)
+                | hyphae_vswitch::Event::Announced6 { .. }
+                | hyphae_vswitch::Event::LanHostDown(_)
                 | hyphae_vswitch::Event::LanHost6Down(_)
                 | hyphae_vswitch::Event::Rarp(_) => None,
             };
@@ -721,7 +723,12 @@ fn reject_to_tap(i: usize, frame: &[u8], packet: Range<usize>, out: &mut Batch) 
     // The answer goes from where the packet went to where it came from.
     buf[..6].copy_from_slice(&macs[6..12]);
     buf[6..12].copy_from_slice(&macs[..6]);
-    buf[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ethertype: u16 = if ip.first().is_some_and(|b| b >> 4 == 6) {
+        0x86dd
+    } else {
+        0x0800
+    };
+    buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
     if let Some(len) = reject::answer(ip, &mut buf[eth..]) {
         out.write_reply(i, eth + len);
     }

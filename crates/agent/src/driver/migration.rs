@@ -166,7 +166,14 @@ impl Control {
         let outcome = if done {
             let v4 = match address {
                 IpAddr::V4(a) => Some(a),
-                IpAddr::V6(_) => None,
+                IpAddr::V6(a) => {
+                    // Its DHCPv6 binding does not move (docs/MODES.md): dropped here, with
+                    // no release of an address that is the new router's now.
+                    if let Some(d) = n.dhcp6.as_mut() {
+                        d.hand_over(a);
+                    }
+                    None
+                }
             };
             state.dhcp = n
                 .dhcp
@@ -226,11 +233,12 @@ impl Control {
             }
             Message::Request { address, .. } => {
                 let held = n.membership.holds_ip(address);
-                let own = n.membership.is_own(address);
+                let stays = n.membership.stays(address);
                 n.handoffs.core.handle_message(now, from, message, held);
-                if own {
-                    // This member's own address, never a LAN host's to hand over: its
-                    // host is here (the asker's LAN host is a duplicate).
+                if stays {
+                    // This member's own address, never a LAN host's to hand over, or a
+                    // DHCPv6 lease of a quiet host (it may be suspended): its host is
+                    // here (the asker's LAN host is a duplicate).
                     let presence = Presence {
                         address: Some(address),
                         mac: [0; 6],
@@ -314,8 +322,8 @@ impl Control {
                 }
                 Output::Push(message) => self.push(i, message),
                 Output::Dht(op) => self.handoff_dht(i, now, op),
-                // This member's own address: answered at once (`member_message`).
-                Output::Probe(address) if self.namespaces[i].membership.is_own(address) => {}
+                // Answered at once (`member_message`).
+                Output::Probe(address) if self.namespaces[i].membership.stays(address) => {}
                 Output::Probe(address) => {
                     let mut dp = lock(&self.dp);
                     dp.lanes[i].switch.probe_lan_host(address);
@@ -419,6 +427,10 @@ impl Control {
                 // and nothing forwarded away from here any more.
                 lane.switch.move_route(address, None);
                 lane.grace.retain(|g| g.address != address);
+                if let IpAddr::V6(a) = address {
+                    // Its duplicate address probe, if it sent one, is not answered.
+                    lane.switch.settle6(a);
+                }
                 if let Some(mac) = state.mac {
                     // Routed to the LAN at once, before the host speaks (a RARP names no
                     // address).

@@ -10,7 +10,7 @@
 //! bits, prefixes and ports.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use hyphae_overlay::cert::{armor, unarmor, Certificate, Refusal, SignedPolicy, Trust};
@@ -48,6 +48,24 @@ pub(crate) struct LanePolicy {
 }
 
 /// The tags `cert`'s holder has under `policy` (none without a certificate).
+/// The source and destination of IP packet `ip` (IPv4 or IPv6), if its header is there.
+fn ends(ip: &[u8]) -> Option<(IpAddr, IpAddr)> {
+    match ip.first()? >> 4 {
+        4 => {
+            let a = <[u8; 8]>::try_from(ip.get(12..20)?).ok()?;
+            let src = Ipv4Addr::new(a[0], a[1], a[2], a[3]);
+            let dst = Ipv4Addr::new(a[4], a[5], a[6], a[7]);
+            Some((src.into(), dst.into()))
+        }
+        6 => {
+            let src = Ipv6Addr::from(<[u8; 16]>::try_from(ip.get(8..24)?).ok()?);
+            let dst = Ipv6Addr::from(<[u8; 16]>::try_from(ip.get(24..40)?).ok()?);
+            Some((src.into(), dst.into()))
+        }
+        _ => None,
+    }
+}
+
 fn tags_of(policy: &Policy, cert: Option<&Certificate>) -> Tags {
     match cert {
         Some(c) => policy.tags(c.groups().iter().map(String::as_str), Some(c.name())),
@@ -186,30 +204,17 @@ impl LanePolicy {
         if self.firewall.is_open() {
             return Verdict::Pass;
         }
-        if ip.first().is_some_and(|b| b >> 4 == 6) {
-            // Rules name IPv4 addresses and flows: under a policy, IPv6 is not carried
-            // (docs/POLICY.md), rather than carried past it.
-            if inbound {
-                self.denied_in += 1;
-            } else {
-                self.denied_out += 1;
-            }
-            return Verdict::Deny;
-        }
         let mut theirs = self.peer_tags(node, peer);
         let mut own = self.own;
-        if let Some((src, dst)) = ip
-            .get(12..20)
-            .and_then(|a| <[u8; 8]>::try_from(a).ok())
-            .map(|a| {
-                (
-                    Ipv4Addr::new(a[0], a[1], a[2], a[3]),
-                    Ipv4Addr::new(a[4], a[5], a[6], a[7]),
-                )
-            })
-        {
-            let foreign =
-                |a: Ipv4Addr| !namespace.in_namespace(a) && !a.is_broadcast() && !a.is_multicast();
+        if let Some((src, dst)) = ends(ip) {
+            // An address of another namespace (a linked one, through a gateway); IPv6
+            // crosses no link, and multicast is the namespace's.
+            let foreign = |a: IpAddr| match a {
+                IpAddr::V4(a) => {
+                    !namespace.in_namespace(a) && !a.is_broadcast() && !a.is_multicast()
+                }
+                IpAddr::V6(_) => false,
+            };
             let (their_end, own_end) = if inbound { (src, dst) } else { (dst, src) };
             if foreign(their_end) {
                 theirs = Tags::default();
@@ -289,14 +294,14 @@ impl LanePolicy {
         &mut self,
         policy: Policy,
         own: Option<&Certificate>,
-        own_addresses: &[Ipv4Addr],
+        own_addresses: &[IpAddr],
         node: &Node,
-        members: impl Fn(Ipv4Addr) -> Option<PeerHandle>,
+        members: impl Fn(IpAddr) -> Option<PeerHandle>,
     ) {
         self.own = tags_of(&policy, own);
         self.peers.clear();
         let own_tags = self.own;
-        let tags = |a: Ipv4Addr| {
+        let tags = |a: IpAddr| {
             if own_addresses.contains(&a) {
                 return own_tags;
             }
@@ -315,7 +320,13 @@ impl super::Control {
         let n = &self.namespaces[i];
         let name = n.name.clone();
         let own = n.certificate.clone();
-        let own_addresses = n.membership.addresses();
+        let own_addresses: Vec<IpAddr> = n
+            .membership
+            .addresses()
+            .into_iter()
+            .map(IpAddr::V4)
+            .chain(n.membership.addresses6().into_iter().map(IpAddr::V6))
+            .collect();
         let version = policy.version();
         let ended = {
             let mut dp = super::workers::lock(&self.dp);
@@ -331,7 +342,7 @@ impl super::Control {
             let before = lane.policy.firewall.stats().flows_revoked;
             lane.policy
                 .replace(policy, own.as_ref(), &own_addresses, &dp.node, |a| {
-                    switch.route(a)
+                    switch.route_ip(a)
                 });
             lane.policy.source = Some(source);
             lane.policy.firewall.stats().flows_revoked - before
@@ -552,7 +563,13 @@ impl super::Control {
             .position(|n| n.name == namespace && n.active())
             .ok_or_else(|| format!("no namespace '{namespace}' here"))?;
         let n = &self.namespaces[i];
-        let own_addresses = n.membership.addresses();
+        let own_addresses: Vec<IpAddr> = n
+            .membership
+            .addresses()
+            .into_iter()
+            .map(IpAddr::V4)
+            .chain(n.membership.addresses6().into_iter().map(IpAddr::V6))
+            .collect();
         let own_name = n
             .certificate
             .as_ref()
@@ -562,8 +579,8 @@ impl super::Control {
         let lane = dp.lanes.get(i).ok_or("no such lane")?;
         let policy = lane.policy.firewall.policy();
         // An endpoint: its address, its tags, and how it was known.
-        let endpoint = |word: &str| -> Result<(Ipv4Addr, Tags, String), String> {
-            let address = match word.parse::<Ipv4Addr>() {
+        let endpoint = |word: &str| -> Result<(IpAddr, Tags, String), String> {
+            let address = match word.parse::<IpAddr>() {
                 Ok(a) => a,
                 Err(_) if own_name.as_deref() == Some(word) => {
                     own_addresses.first().copied().ok_or_else(|| {
@@ -579,7 +596,7 @@ impl super::Control {
                             .peer_certificate(p.handle)
                             .is_some_and(|c| c.name() == word)
                     })
-                    .and_then(|p| p.addresses.first().copied())
+                    .and_then(|p| p.addresses.first().copied().map(IpAddr::V4))
                     .ok_or_else(|| {
                         format!(
                             "no member named '{word}' has a tunnel with this one (name an address)"
@@ -594,7 +611,7 @@ impl super::Control {
                     format!("{address} ({who}, this member)"),
                 ));
             }
-            match lane.switch.route(address) {
+            match lane.switch.route_ip(address) {
                 Some(h) => {
                     let cert = dp.node.peer_certificate(h);
                     let who = cert.map_or_else(

@@ -421,3 +421,25 @@ fn a_request_that_waits_too_long_is_dropped_and_its_late_claim_given_back() {
         }]
     );
 }
+
+#[test]
+fn a_binding_handed_over_with_its_host_goes_without_a_release() {
+    let mut s = server();
+    s.handle_request(t0(), &message(MessageType::Solicit, None, None), host());
+    let address = claim(&mut s);
+    s.allocated(address, t0());
+    let _ = reply(&mut s);
+    let client = Client {
+        duid: CLIENT_DUID.to_vec(),
+        iaid: 7,
+    };
+    assert_eq!(s.lease_of(&client), Some(address));
+    let other: Ipv6Addr = "fd12:3456:789a::99".parse().unwrap();
+    assert!(!s.hand_over(other), "not bound here");
+    assert!(s.hand_over(address));
+    assert_eq!(s.lease_of(&client), None);
+    // Its end later releases nothing: the address is the new router's.
+    s.handle_timeout(t0() + Duration::from_secs(601));
+    assert_eq!(outputs(&mut s), vec![]);
+    assert_eq!(s.poll_timeout(), None);
+}

@@ -366,14 +366,20 @@ impl Membership {
         address: Ipv4Addr,
         result: &ClaimResult,
     ) {
-        if self
-            .hosted
-            .get(&address)
-            .is_none_or(|h| h.claiming != Some(token))
-        {
-            return;
-        }
         let done = *result == ClaimResult::Won;
+        match self.hosted.get(&address) {
+            Some(h) if h.claiming == Some(token) => {}
+            Some(_) => return,
+            None => {
+                // The host went from the LAN while the lease moved: the transfer's outcome
+                // still ends the handoff.
+                self.events.push_back(Event::HandOff {
+                    address: address.into(),
+                    done,
+                });
+                return;
+            }
+        }
         if done {
             tracing::info!(namespace = %self.name, %address, "LAN host moved; its address handed off");
             self.hosted.remove(&address);

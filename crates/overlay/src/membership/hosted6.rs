@@ -53,6 +53,14 @@ impl Membership {
         self.hosted6.get(&address).is_some_and(|h| h.owned)
     }
 
+    /// Whether the LAN host's IPv6 `address` is held for a DHCPv6 lease while its host is
+    /// quiet on the LAN (it may be suspended): it stays here whatever another LAN shows.
+    pub(super) fn leased_quiet6(&self, address: Ipv6Addr) -> bool {
+        self.hosted6
+            .get(&address)
+            .is_some_and(|h| h.owned && h.leased && !h.learned)
+    }
+
     /// Router mode: the IPv6 `address` appeared on the LAN; claim it for this member.
     pub fn add_hosted6(&mut self, address: Ipv6Addr, now: Instant) {
         if self.left {
@@ -120,6 +128,8 @@ impl Membership {
     /// Returns whether this member's addresses changed.
     pub fn release_dhcp6(&mut self, address: Ipv6Addr, in_use: bool) -> bool {
         match self.hosted6.get_mut(&address) {
+            // Not leased here (a lease of a host that moved away and came back).
+            Some(h) if !h.leased => false,
             Some(h) if in_use => {
                 h.leased = false;
                 h.learned = true;
@@ -196,14 +206,20 @@ impl Membership {
         address: Ipv6Addr,
         result: &ClaimResult,
     ) {
-        if self
-            .hosted6
-            .get(&address)
-            .is_none_or(|h| h.claiming != Some(token))
-        {
-            return;
-        }
         let done = *result == ClaimResult::Won;
+        match self.hosted6.get(&address) {
+            Some(h) if h.claiming == Some(token) => {}
+            Some(_) => return,
+            None => {
+                // The host went from the LAN while the lease moved: the transfer's outcome
+                // still ends the handoff.
+                self.events.push_back(super::Event::HandOff {
+                    address: address.into(),
+                    done,
+                });
+                return;
+            }
+        }
         if done {
             tracing::info!(namespace = %self.name, %address, "LAN host moved; its IPv6 address handed off");
             self.hosted6.remove(&address);

@@ -492,6 +492,13 @@ impl Membership {
         }
     }
 
+    /// Whether `address` stays with this member whatever another router's LAN shows: its
+    /// own, or a LAN host's IPv6 address held for a DHCPv6 lease while the host is quiet
+    /// (a migration handoff is answered "present" at once).
+    pub fn stays(&self, address: IpAddr) -> bool {
+        self.is_own(address) || matches!(address, IpAddr::V6(a) if self.leased_quiet6(a))
+    }
+
     /// The next DHT operation to start.
     pub fn poll_request(&mut self) -> Option<(Token, Request)> {
         self.requests.pop_front()

@@ -1,5 +1,5 @@
 //! The flows a policy allowed, so their replies pass: a bounded connection table
-//! ([`FlowTable`]) and the check each end of a tunnel runs on every IPv4 packet
+//! ([`FlowTable`]) and the check each end of a tunnel runs on every IPv4 and IPv6 packet
 //! ([`Firewall::check`]).
 //!
 //! A flow is keyed by protocol and both ends' addresses and ports (ICMP echo: its
@@ -13,8 +13,13 @@
 //!
 //! Non-first fragments carry no ports: they pass (the kernel reassembles them only with
 //! their first fragment, which was checked).
+//!
+//! IPv6: the transport header is found past the extension headers (hop-by-hop, routing,
+//! destination options, fragment; at most [`MAX_EXTENSIONS`]); ICMPv6 echo is keyed by
+//! its identifier and ICMPv6 errors (destination unreachable, packet too big, time
+//! exceeded, parameter problem) pass only for the flow they quote, as ICMP's do.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use hashlink::LruCache;
@@ -42,15 +47,29 @@ const ICMP_ECHO: u8 = 8;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROBLEM: u8 = 12;
 
+/// ICMPv6 errors are types 1 to 4 (RFC 4443 2.1: below 128); echo is 128 and 129.
+const ICMPV6_LAST_ERROR: u8 = 4;
+const ICMPV6_ECHO: u8 = 128;
+const ICMPV6_ECHO_REPLY: u8 = 129;
+
+/// IPv6 extension headers walked before the transport header gives up (a chain longer
+/// than this is malformed here, and passed unchecked as malformed IPv4 is: the switch and
+/// the receiver's kernel decide).
+pub const MAX_EXTENSIONS: usize = 8;
+const HOP_BY_HOP: u8 = 0;
+const ROUTING: u8 = 43;
+const FRAGMENT: u8 = 44;
+const DESTINATION_OPTIONS: u8 = 60;
+
 /// One direction of a flow: protocol, addresses and ports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FlowKey {
     /// IP protocol.
     pub proto: u8,
     /// Sender.
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// Receiver.
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     /// Sender's port (ICMP echo: its identifier).
     pub sport: u16,
     /// Receiver's port (ICMP echo: its identifier).
@@ -70,7 +89,7 @@ impl FlowKey {
     }
 }
 
-/// What an IPv4 packet is to the connection table.
+/// What an IP packet is to the connection table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parsed {
     /// A packet of a flow (`flags`: TCP flags, else 0).
@@ -87,12 +106,15 @@ pub enum Parsed {
     },
     /// A fragment after the first.
     Fragment,
-    /// Too short or not IPv4.
+    /// Too short, or neither IPv4 nor IPv6.
     Malformed,
 }
 
-/// Reads the flow of IPv4 packet `ip`.
+/// Reads the flow of IP packet `ip` (IPv4 or IPv6).
 pub fn parse(ip: &[u8]) -> Parsed {
+    if ip.first().is_some_and(|b| b >> 4 == 6) {
+        return parse6(ip);
+    }
     let Some((key, flags, rest)) = parse_header(ip, true) else {
         return if is_later_fragment(ip) {
             Parsed::Fragment
@@ -138,12 +160,30 @@ fn parse_header(ip: &[u8], whole: bool) -> Option<(FlowKey, u8, &[u8])> {
     let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
     let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
     let rest = &ip[ihl..];
+    let (sport, dport, flags) = transport(proto, rest, whole)?;
+    let key = FlowKey {
+        proto,
+        src: src.into(),
+        dst: dst.into(),
+        sport,
+        dport,
+    };
+    Some((key, flags, rest))
+}
+
+/// Ports (or an echo's identifier as both) and TCP flags of the transport header `rest`
+/// of protocol `proto`. `whole`: flags are read (a quote may be cut after the ports).
+fn transport(proto: u8, rest: &[u8], whole: bool) -> Option<(u16, u16, u8)> {
     let port = |i: usize| rest.get(i..i + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
-    let (sport, dport, flags) = match proto {
+    Some(match proto {
         proto::TCP => (port(0)?, port(2)?, if whole { *rest.get(13)? } else { 0 }),
         proto::UDP => (port(0)?, port(2)?, 0),
-        proto::ICMP => match rest.first() {
-            Some(&(ICMP_ECHO | ICMP_ECHO_REPLY)) => {
+        proto::ICMP | proto::ICMPV6 => match rest.first() {
+            Some(&(ICMP_ECHO | ICMP_ECHO_REPLY)) if proto == proto::ICMP => {
+                let id = port(4)?;
+                (id, id, 0)
+            }
+            Some(&(ICMPV6_ECHO | ICMPV6_ECHO_REPLY)) if proto == proto::ICMPV6 => {
                 let id = port(4)?;
                 (id, id, 0)
             }
@@ -151,15 +191,90 @@ fn parse_header(ip: &[u8], whole: bool) -> Option<(FlowKey, u8, &[u8])> {
             None => return None,
         },
         _ => (0, 0, 0),
+    })
+}
+
+/// Reads the flow of IPv6 packet `ip`.
+fn parse6(ip: &[u8]) -> Parsed {
+    match parse_header6(ip, true) {
+        Header6::Parsed(key, _, rest)
+            if key.proto == proto::ICMPV6
+                && rest
+                    .first()
+                    .is_some_and(|&t| (1..=ICMPV6_LAST_ERROR).contains(&t)) =>
+        {
+            // The quoted packet starts after the 8-byte ICMPv6 header.
+            match rest.get(8..).map(|q| parse_header6(q, false)) {
+                Some(Header6::Parsed(quoted, _, _)) => Parsed::IcmpError { quoted },
+                _ => Parsed::Malformed,
+            }
+        }
+        Header6::Parsed(key, flags, _) => Parsed::Flow { key, flags },
+        Header6::LaterFragment => Parsed::Fragment,
+        Header6::Malformed => Parsed::Malformed,
+    }
+}
+
+enum Header6<'a> {
+    Parsed(FlowKey, u8, &'a [u8]),
+    LaterFragment,
+    Malformed,
+}
+
+/// [`parse_header`] for IPv6: past the extension headers to the transport header. A
+/// quote (`whole` false) may end after the transport header's first 8 bytes.
+fn parse_header6(ip: &[u8], whole: bool) -> Header6<'_> {
+    if ip.len() < 40 || ip[0] >> 4 != 6 {
+        return Header6::Malformed;
+    }
+    let address = |at: usize| {
+        <[u8; 16]>::try_from(&ip[at..at + 16])
+            .map(Ipv6Addr::from)
+            .map(IpAddr::V6)
     };
-    let key = FlowKey {
-        proto,
-        src,
-        dst,
-        sport,
-        dport,
+    let (Ok(src), Ok(dst)) = (address(8), address(24)) else {
+        return Header6::Malformed;
     };
-    Some((key, flags, rest))
+    let mut next = ip[6];
+    let mut at = 40;
+    for _ in 0..MAX_EXTENSIONS {
+        match next {
+            HOP_BY_HOP | ROUTING | DESTINATION_OPTIONS => {
+                let Some(h) = ip.get(at..at + 2) else {
+                    return Header6::Malformed;
+                };
+                next = h[0];
+                at += (usize::from(h[1]) + 1) * 8;
+            }
+            FRAGMENT => {
+                let Some(h) = ip.get(at..at + 8) else {
+                    return Header6::Malformed;
+                };
+                if u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
+                    return Header6::LaterFragment;
+                }
+                next = h[0];
+                at += 8;
+            }
+            proto => {
+                let Some(rest) = ip.get(at..) else {
+                    return Header6::Malformed;
+                };
+                let Some((sport, dport, flags)) = transport(proto, rest, whole) else {
+                    return Header6::Malformed;
+                };
+                let key = FlowKey {
+                    proto,
+                    src,
+                    dst,
+                    sport,
+                    dport,
+                };
+                return Header6::Parsed(key, flags, rest);
+            }
+        }
+    }
+    Header6::Malformed
 }
 
 /// A flow kept: when it was last seen, what it may still do, which rule allowed it.
@@ -324,7 +439,10 @@ pub struct FirewallStats {
     pub rejected: u64,
     /// ICMP errors dropped for no flow in the table.
     pub stray_icmp_errors: u64,
-    /// Malformed packets passed on unchecked (the switch drops them).
+    /// Packets denied because their headers could not be read (too short for them, an
+    /// IPv6 header chain too long): a first fragment too short for its TCP header would
+    /// otherwise hide its flags and ports from the rules (RFC 1858's tiny fragments).
+    /// Counted in `denied` too.
     pub unparsed: u64,
     /// Flows dropped because a new policy no longer allows them.
     pub flows_revoked: u64,
@@ -371,7 +489,7 @@ impl Firewall {
         self.policy.is_allow_all()
     }
 
-    /// Decides IPv4 packet `ip`, sent by a member tagged `from` to one tagged `to`, at
+    /// Decides IP packet `ip` (IPv4 or IPv6), sent by a member tagged `from` to one tagged `to`, at
     /// `now`: a packet of a live flow passes; a new flow passes if the policy allows it
     /// and is remembered.
     pub fn check(&mut self, now: Instant, ip: &[u8], from: Tags, to: Tags) -> Verdict {
@@ -391,7 +509,8 @@ impl Firewall {
             Parsed::Fragment => return Verdict::Pass,
             Parsed::Malformed => {
                 self.stats.unparsed += 1;
-                return Verdict::Pass;
+                self.stats.denied += 1;
+                return Verdict::Deny;
             }
         };
         if self.flows.touch(now, key, flags).is_some() {
@@ -460,7 +579,7 @@ impl Firewall {
     /// Puts `policy` in place. Flows in the table are decided again by it, with
     /// `tags_of` giving each end's tags under the new policy: those it still allows go
     /// on, the others are dropped (their next packet is decided afresh, and denied).
-    pub fn replace(&mut self, policy: Policy, mut tags_of: impl FnMut(Ipv4Addr) -> Tags) {
+    pub fn replace(&mut self, policy: Policy, mut tags_of: impl FnMut(IpAddr) -> Tags) {
         self.policy = policy;
         self.stats.rule_hits = vec![0; self.policy.rule_count()];
         let policy = &self.policy;

@@ -22,8 +22,10 @@
 //! ```
 //!
 //! A set names `any`, `group:NAME` (a group the member's certificate carries), `name:NAME`
-//! (the certificate's name) and addresses or CIDRs (the packet's own address: a router's
-//! LAN host is told apart from its router by its address). Groups and names need a
+//! (the certificate's name) and addresses or CIDRs, IPv4 or IPv6 (the packet's own
+//! address: a router's LAN host is told apart from its router by its address; a CIDR of
+//! one family never matches the other's packets). `proto = "icmp"` is ICMP for IPv4 and
+//! ICMPv6 for IPv6. Groups and names need a
 //! namespace with an authority: without one a member says what it is and nobody checks,
 //! so such a policy may name addresses only ([`Policy::compile`] refuses the rest).
 //!
@@ -41,9 +43,9 @@ pub mod links;
 pub mod reject;
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// Most distinct groups one policy names (each is a bit of [`Tags`]).
@@ -63,6 +65,8 @@ pub mod proto {
     pub const TCP: u8 = 6;
     /// UDP.
     pub const UDP: u8 = 17;
+    /// ICMPv6 (what `proto = "icmp"` means for IPv6).
+    pub const ICMPV6: u8 = 58;
 }
 
 /// What the namespace does with traffic no rule allows.
@@ -161,11 +165,13 @@ struct Set {
     any: bool,
     groups: u64,
     names: u64,
-    nets: Vec<Ipv4Net>,
+    nets: Vec<IpNet>,
 }
 
 impl Set {
-    fn contains(&self, tags: Tags, address: Ipv4Addr) -> bool {
+    /// `address` of a member tagged `tags` (a CIDR matches only its own family: IpNet's
+    /// `contains` compares across families as never).
+    fn contains(&self, tags: Tags, address: IpAddr) -> bool {
         self.any
             || tags.groups & self.groups != 0
             || tags.names & self.names != 0
@@ -220,10 +226,10 @@ impl Decision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Packet {
     /// Source address.
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// Destination address.
-    pub dst: Ipv4Addr,
-    /// IP protocol number.
+    pub dst: IpAddr,
+    /// IP protocol number (next header for IPv6).
     pub proto: u8,
     /// Destination port.
     pub dport: u16,
@@ -388,10 +394,10 @@ impl Policy {
                     }
                 };
                 set.names |= 1 << bit;
-            } else if let Ok(net) = word.parse::<Ipv4Net>() {
+            } else if let Ok(net) = word.parse::<IpNet>() {
                 set.nets.push(net.trunc());
-            } else if let Ok(address) = word.parse::<Ipv4Addr>() {
-                set.nets.push(Ipv4Net::from(address));
+            } else if let Ok(address) = word.parse::<IpAddr>() {
+                set.nets.push(IpNet::from(address));
             } else {
                 return Err(error(
                     Some(rule),
@@ -475,8 +481,13 @@ impl Policy {
     /// Whether `packet`, from a member tagged `from` to one tagged `to`, may open a flow:
     /// the first rule that matches, or the default.
     pub fn decide(&self, from: Tags, to: Tags, packet: &Packet) -> Decision {
+        // ICMPv6 is what "icmp" means for IPv6.
+        let proto = match (packet.proto, packet.src) {
+            (proto::ICMPV6, IpAddr::V6(_)) => proto::ICMP,
+            (p, _) => p,
+        };
         for (i, rule) in self.rules.iter().enumerate() {
-            if rule.proto.is_some_and(|p| p != packet.proto) || !rule.ethertypes.is_empty() {
+            if rule.proto.is_some_and(|p| p != proto) || !rule.ethertypes.is_empty() {
                 continue;
             }
             if !rule.ports.is_empty()
@@ -504,7 +515,7 @@ impl Policy {
     /// members and EtherType; a rule naming IP flows matches no frame), or the default.
     /// Frames are decided one by one: there are no flows to remember.
     pub fn decide_frame(&self, from: Tags, to: Tags, ethertype: u16) -> Decision {
-        let none = Ipv4Addr::UNSPECIFIED;
+        let none = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
         for (i, rule) in self.rules.iter().enumerate() {
             if rule.names_ip()
                 || !(rule.ethertypes.is_empty() || rule.ethertypes.contains(&ethertype))

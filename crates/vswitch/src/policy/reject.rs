@@ -1,14 +1,23 @@
 //! What a policy with `reject = true` answers a denied packet with, so the client fails at
 //! once instead of waiting out its timeouts: a TCP reset (RFC 9293, 3.10.7.1) or, for UDP,
 //! ICMP port unreachable (RFC 792) quoting the packet's header and 8 bytes. Written as an
-//! IPv4 packet from the denied packet's destination back to its source; the caller frames
-//! it for the TAP or seals it to the member that sent it.
+//! IP packet of the denied packet's family from its destination back to its source; the
+//! caller frames it for the TAP or seals it to the member that sent it.
+//!
+//! IPv6: the same reset, or ICMPv6 destination unreachable, port unreachable (RFC 4443
+//! 3.1) quoting the packet's first [`QUOTE6`] bytes, for a packet whose transport header
+//! follows the fixed header (one with extension headers is dropped unanswered).
 
 use crate::udp::checksum;
 use crate::wire::ipv4_header_checksum;
 
-/// The longest answer: IPv4, ICMP, and the quoted header (options included) plus 8 bytes.
-pub const MAX_ANSWER_LEN: usize = 20 + 8 + 60 + 8;
+/// How much of a denied IPv6 datagram its port unreachable quotes (RFC 4443 asks for as
+/// much as fits in the minimum MTU; the ports are in its first 48 bytes).
+pub const QUOTE6: usize = 96;
+
+/// The longest answer: an IPv6 ICMP error with its quote (an IPv4 one, with the quoted
+/// header's options and 8 bytes, is at most 96).
+pub const MAX_ANSWER_LEN: usize = 40 + 8 + QUOTE6;
 
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
@@ -27,6 +36,9 @@ fn be32(b: &[u8], at: usize) -> u32 {
 /// is nothing to answer: not TCP or UDP, a reset, a fragment after the first, malformed,
 /// from an address that cannot take an answer, or `out` shorter than [`MAX_ANSWER_LEN`].
 pub fn answer(ip: &[u8], out: &mut [u8]) -> Option<usize> {
+    if ip.first().is_some_and(|b| b >> 4 == 6) {
+        return answer6(ip, out);
+    }
     if ip.len() < 20 || ip[0] >> 4 != 4 || be16(ip, 6) & 0x1fff != 0 {
         return None;
     }
@@ -41,7 +53,10 @@ pub fn answer(ip: &[u8], out: &mut [u8]) -> Option<usize> {
     }
     let out = out.get_mut(..MAX_ANSWER_LEN)?;
     let len = match ip[9] {
-        6 => tcp_reset(&ip[ihl..total], out)?,
+        6 => {
+            tcp_reset(&ip[ihl..total], &mut out[20..40])?;
+            40
+        }
         17 => port_unreachable(&ip[..total], ihl, out),
         _ => return None,
     };
@@ -68,8 +83,49 @@ pub fn answer(ip: &[u8], out: &mut [u8]) -> Option<usize> {
     Some(len)
 }
 
-/// The reset for TCP segment `tcp` (header and payload), at `out[20..]`; the IPv4 length.
-fn tcp_reset(tcp: &[u8], out: &mut [u8]) -> Option<usize> {
+/// Writes the answer to denied IPv6 packet `ip` into `out` (see [`answer`]).
+fn answer6(ip: &[u8], out: &mut [u8]) -> Option<usize> {
+    if ip.len() < 40 {
+        return None;
+    }
+    let total = (40 + usize::from(be16(ip, 4))).min(ip.len());
+    let (src, dst) = (&ip[8..24], &ip[24..40]);
+    // Nothing goes to the unspecified address or to a group.
+    if src.iter().all(|&b| b == 0) || src[0] == 0xff {
+        return None;
+    }
+    let out = out.get_mut(..MAX_ANSWER_LEN)?;
+    let (next, len, sum_at) = match ip[6] {
+        6 => {
+            tcp_reset(&ip[40..total], &mut out[40..60])?;
+            (6, 60, 40 + 16)
+        }
+        17 if total >= 48 => {
+            let quote = &ip[..total.min(QUOTE6)];
+            let len = 48 + quote.len();
+            out[40..48].copy_from_slice(&[1, 4, 0, 0, 0, 0, 0, 0]);
+            out[48..len].copy_from_slice(quote);
+            (58, len, 40 + 2)
+        }
+        _ => return None,
+    };
+    out[..8].copy_from_slice(&[0x60, 0, 0, 0, 0, 0, next, 64]);
+    out[4..6].copy_from_slice(&((len - 40) as u16).to_be_bytes());
+    out[8..24].copy_from_slice(dst);
+    out[24..40].copy_from_slice(src);
+    // TCP's and ICMPv6's checksums cover a pseudo-header of the addresses, the length
+    // and the next header (RFC 8200 8.1).
+    let mut pseudo = [0u8; 40];
+    pseudo[..32].copy_from_slice(&out[8..40]);
+    pseudo[32..36].copy_from_slice(&((len - 40) as u32).to_be_bytes());
+    pseudo[39] = next;
+    let sum = !checksum(checksum(0, &pseudo), &out[40..len]);
+    out[sum_at..sum_at + 2].copy_from_slice(&sum.to_be_bytes());
+    Some(len)
+}
+
+/// The reset for TCP segment `tcp` (header and payload), written into the 20 bytes `t`.
+fn tcp_reset(tcp: &[u8], t: &mut [u8]) -> Option<()> {
     if tcp.len() < 20 {
         return None;
     }
@@ -78,7 +134,6 @@ fn tcp_reset(tcp: &[u8], out: &mut [u8]) -> Option<usize> {
         return None;
     }
     let data_offset = usize::from(tcp[12] >> 4) * 4;
-    let t = &mut out[20..40];
     t.fill(0);
     t[0..2].copy_from_slice(&tcp[2..4]);
     t[2..4].copy_from_slice(&tcp[0..2]);
@@ -94,7 +149,7 @@ fn tcp_reset(tcp: &[u8], out: &mut [u8]) -> Option<usize> {
         t[8..12].copy_from_slice(&be32(tcp, 4).wrapping_add(len).to_be_bytes());
         t[13] = TCP_RST | TCP_ACK;
     }
-    Some(40)
+    Some(())
 }
 
 /// ICMP port unreachable quoting `ip`'s header and 8 bytes, at `out[20..]`; the IPv4

@@ -39,6 +39,11 @@ const MULTICAST_ANSWER_EVERY: Duration = Duration::from_secs(3);
 /// How long a duplicate address probe may still be answered: RFC 4861's RetransTimer
 /// (1 s), after which the prober takes the address (one probe, RFC 4862's default).
 const DAD_WINDOW: Duration = Duration::from_secs(1);
+/// A duplicate address probe the handoff has not decided by this time is defended: a
+/// duplicate stays refused at DAD time when the holder is slow to answer or cannot (an
+/// older agent, a slow DHT). A host that moved here while its old router is dead then
+/// loses the address it configured again (one it did not probe for it keeps).
+const DAD_DECIDE: Duration = Duration::from_millis(800);
 
 /// All DHCPv6 relay agents and servers on a link (RFC 8415 7.1).
 const ALL_DHCP_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
@@ -309,7 +314,7 @@ impl<P: Copy + Eq> Switch<P> {
         }
         let taken = self.route6(target).is_some();
         if taken && !known && self.dad_pending.len() < MAX_LAN_HOSTS {
-            self.dad_pending.insert(target, (now + DAD_WINDOW, mac));
+            self.dad_pending.insert(target, (now, mac));
             self.counters.announcements += 1;
             self.events.push_back(Event::Announced6 {
                 address: target,
@@ -327,14 +332,24 @@ impl<P: Copy + Eq> Switch<P> {
     /// Returns whether a defence was sent.
     pub fn defend6(&mut self, address: Ipv6Addr, now: Instant) -> bool {
         match self.dad_pending.remove(&address) {
-            Some((until, mac)) if now < until => {
-                self.emits.push_back(Emit::Defend6(address));
-                if self.lan6.get(&address).is_some_and(|h| h.mac == mac) {
-                    self.lan6.remove(&address);
-                }
+            Some((probed, mac)) if now < probed + DAD_WINDOW => {
+                self.emit_defence6(address, mac);
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Router mode: the IPv6 `address` moved here (the handoff took it over): a duplicate
+    /// address probe for it is not answered.
+    pub fn settle6(&mut self, address: Ipv6Addr) {
+        self.dad_pending.remove(&address);
+    }
+
+    fn emit_defence6(&mut self, address: Ipv6Addr, prober: Mac) {
+        self.emits.push_back(Emit::Defend6(address));
+        if self.lan6.get(&address).is_some_and(|h| h.mac == prober) {
+            self.lan6.remove(&address);
         }
     }
 
@@ -401,6 +416,10 @@ impl<P: Copy + Eq> Switch<P> {
     /// Router mode: the MAC of the LAN host at the IPv6 `dst` a member sent to; unknown,
     /// it is solicited on the LAN (once a second) and `None` returned.
     pub(super) fn lan_host6_mac(&mut self, dst: Ipv6Addr, now: Instant) -> Option<Mac> {
+        if self.route6(dst).is_some() {
+            // Another member's: a host here sending from it is not its holder.
+            return None;
+        }
         if let Some(host) = self.lan6.get(&dst) {
             return Some(host.mac);
         }
@@ -416,8 +435,11 @@ impl<P: Copy + Eq> Switch<P> {
     }
 
     /// Whether `src` is one of this LAN's hosts (its multicast came back from a member).
+    /// A router's LAN host never stands for an address another member holds (its
+    /// multicast is that member's); a hybrid's LAN may hold another member itself.
     pub(super) fn is_lan_host6(&self, src: Ipv6Addr) -> bool {
         self.lan6.contains_key(&src)
+            && (self.config.mode != Mode::Router || self.route6(src).is_none())
     }
 
     /// Writes the IPv6 frame `emit` stands for into `buf`.
@@ -464,7 +486,15 @@ impl<P: Copy + Eq> Switch<P> {
                 None => h.seen + self.config.lan_timeout,
             })
             .min();
-        [hosts, self.advertise_at].into_iter().flatten().min()
+        let undecided = self
+            .dad_pending
+            .values()
+            .map(|(t, _)| *t + DAD_DECIDE)
+            .min();
+        [hosts, self.advertise_at, undecided]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Runs the IPv6 LAN timers: the prefix advertised when due; hosts that fell silent
@@ -472,7 +502,6 @@ impl<P: Copy + Eq> Switch<P> {
     pub(super) fn handle_timeout6(&mut self, now: Instant) {
         self.asked6
             .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
-        self.dad_pending.retain(|_, (until, _)| now < *until);
         self.expire_probes6(now);
         if self.config.mode != Mode::Router {
             // Hybrid: an address silent for `lan_timeout` is no longer the LAN's (a host
@@ -482,6 +511,21 @@ impl<P: Copy + Eq> Switch<P> {
             self.lan6
                 .retain(|_, h| now.saturating_duration_since(h.seen) < timeout);
             return;
+        }
+        let undecided: Vec<(Ipv6Addr, Mac)> = self
+            .dad_pending
+            .iter()
+            .filter(|(_, (t, _))| now >= *t + DAD_DECIDE)
+            .map(|(a, (_, mac))| (*a, *mac))
+            .collect();
+        for (address, prober) in undecided {
+            self.dad_pending.remove(&address);
+            let learned = self.lan6.get(&address).is_some_and(|h| h.mac == prober);
+            self.emit_defence6(address, prober);
+            if learned {
+                // The prober gives it up: not the LAN's (the agent stops claiming it).
+                self.events.push_back(Event::LanHost6Down(address));
+            }
         }
         if self.advertise_at.is_some_and(|t| t <= now) {
             self.emits.push_back(Emit::Advertise);

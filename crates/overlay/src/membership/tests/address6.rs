@@ -364,3 +364,27 @@ fn a_moved_lan_hosts_ipv6_address_is_handed_off_and_the_old_router_cannot_renew_
     assert_eq!(net.holder(&key), Some(net.id(r2).as_bytes().to_vec()));
     assert_eq!(net.members[r2].hosted_conflicts(), 0);
 }
+
+#[test]
+fn a_quiet_hosts_dhcpv6_address_stays_and_a_release_of_no_lease_here_gives_nothing_back() {
+    let mut net = Net::new();
+    let r = net.add(router6(), 1);
+    net.run_for(Duration::from_secs(1));
+    let leased = Ipv6Addr::from(u128::from(prefix().network()) | 0x77);
+    net.members[r].claim_for_dhcp6(leased, net.now);
+    net.run_for(Duration::from_secs(1));
+    // Leased and not seen on the LAN (yet, or any more: it may be suspended): it stays
+    // here, whatever another router's LAN shows.
+    assert!(net.members[r].stays(leased.into()));
+    net.members[r].add_hosted6(leased, net.now);
+    assert!(!net.members[r].stays(leased.into()), "seen: it may move");
+    assert!(!net.members[r].remove_hosted6(leased));
+    assert!(net.members[r].stays(leased.into()));
+    assert!(!net.members[r].stays(Ipv6Addr::from(u128::from(prefix().network()) | 0x78).into()));
+    // A host that moved here holds its address with no lease here: the end of a lease it
+    // had here before gives nothing back.
+    let moved = Ipv6Addr::from(u128::from(prefix().network()) | 0x50);
+    net.members[r].adopt_hosted(moved, net.now);
+    assert!(!net.members[r].release_dhcp6(moved, false));
+    assert_eq!(net.members[r].addresses6(), vec![moved, leased]);
+}

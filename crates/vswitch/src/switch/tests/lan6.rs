@@ -141,6 +141,36 @@ fn a_duplicate_probe_for_a_members_address_is_reported_and_defended_if_the_holde
     assert_eq!(sw.poll_transmit(&mut reply), None);
     // An address nobody probed is not defended.
     assert!(!sw.defend6(a6(0x77), t0()));
+    // Undecided by the handoff (a slow or older holder): defended anyway before the
+    // prober's wait ends, and no longer the LAN's.
+    let mut sw = router();
+    let _ = tap(&mut sw, &dad(LAN_A, a6(PEER)));
+    let _ = events(&mut sw);
+    let due = sw.poll_timeout().expect("a decision is due");
+    assert!(due < t0() + Duration::from_secs(1), "{due:?}");
+    sw.handle_timeout(due);
+    let mut out = [0u8; MIN_REPLY_BUF];
+    let mut defended = false;
+    while let Some(len) = sw.poll_transmit(&mut out) {
+        defended |= matches!(
+            ndp::parse(&out[..len]).map(|n| n.message),
+            Some(Message::Advertisement { target, solicited: false, .. }) if target == a6(PEER)
+        );
+    }
+    assert!(defended);
+    assert_eq!(events(&mut sw), vec![Event::LanHost6Down(a6(PEER))]);
+    assert!(sw.lan_hosts6().is_empty());
+    // Taken over in time: never answered.
+    let mut sw = router();
+    let _ = tap(&mut sw, &dad(LAN_A, a6(PEER)));
+    sw.settle6(a6(PEER));
+    sw.handle_timeout(t0() + Duration::from_secs(1));
+    while let Some(len) = sw.poll_transmit(&mut out) {
+        assert!(!matches!(
+            ndp::parse(&out[..len]).map(|n| n.message),
+            Some(Message::Advertisement { target, .. }) if target == a6(PEER)
+        ));
+    }
     // The service address (the DNS server's) is defended at once.
     assert!(matches!(
         tap(&mut sw, &dad(LAN_A, a6(1))).0,
@@ -189,6 +219,19 @@ fn a_lan_host_sending_from_a_members_address_silences_nothing() {
     assert!(matches!(
         tap(&mut sw, &from(LAN_A, echo(a6(0x50), a6(PEER)))).0,
         Action::ToPeer { peer: 7, .. }
+    ));
+    // What reaches this router for the member's address is not B's, and the member's
+    // multicast is not taken for B's own coming back.
+    let f = echo(a6(0x30), a6(PEER));
+    assert_eq!(
+        from_peer(&mut sw, &f[ETH_HEADER_LEN..]).0,
+        Action::Drop(DropReason::NotForUs)
+    );
+    let group: Ipv6Addr = "ff05::1:3".parse().unwrap();
+    let f = echo(a6(PEER), group);
+    assert!(matches!(
+        from_peer(&mut sw, &f[ETH_HEADER_LEN..]).0,
+        Action::ToTap { .. }
     ));
 }
 
