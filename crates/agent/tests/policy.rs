@@ -68,13 +68,15 @@ fn start_with(
 /// iperf3 for two seconds from `from` to 10.204.0.12:5201 (a server waits there); its
 /// output, and whether it succeeded.
 fn iperf(bed: &Testbed, from: &Host) -> (bool, String) {
-    let out = bed
-        .ns_output(
-            &from.ns,
-            "iperf3",
-            &["-c", "10.204.0.12", "-t", "2", "--connect-timeout", "3000"],
-        )
-        .unwrap();
+    iperf_to(bed, from, &["-c", "10.204.0.12"])
+}
+
+/// iperf3 for two seconds from `from` with `target` (`-c ADDRESS` and any more options);
+/// its output, and whether it succeeded.
+fn iperf_to(bed: &Testbed, from: &Host, target: &[&str]) -> (bool, String) {
+    let mut args = target.to_vec();
+    args.extend(["-t", "2", "--connect-timeout", "3000"]);
+    let out = bed.ns_output(&from.ns, "iperf3", &args).unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -384,29 +386,7 @@ fn an_ipv6_policy_allows_its_flows_and_refuses_the_rest() {
     while !(ping6(beta, "fd42:204::11") && ping6(gamma, "fd42:204::11")) {
         assert!(Instant::now() < deadline, "no ping -6 reached alpha");
     }
-    let iperf6 = |from: &Host| {
-        let out = bed
-            .ns_output(
-                &from.ns,
-                "iperf3",
-                &[
-                    "-6",
-                    "-c",
-                    "fd42:204::12",
-                    "-t",
-                    "2",
-                    "--connect-timeout",
-                    "3000",
-                ],
-            )
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
-    };
+    let iperf6 = |from: &Host| iperf_to(&bed, from, &["-6", "-c", "fd42:204::12"]);
     let (ok, text) = iperf6(alpha);
     assert!(ok, "alpha -> beta over IPv6: {text}");
     let (ok, text) = iperf6(gamma);
@@ -575,28 +555,7 @@ fn linked_namespaces_reach_one_service_through_a_gateway_and_nothing_else() {
         .unwrap();
     }
     std::thread::sleep(Duration::from_millis(300));
-    let iperf = |port: &str| {
-        let out = bed
-            .ns_output(
-                &x.ns,
-                "iperf3",
-                &[
-                    "-c",
-                    "10.205.2.12",
-                    "-p",
-                    port,
-                    "-t",
-                    "2",
-                    "--connect-timeout",
-                    "3000",
-                ],
-            )
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let iperf = |port: &str| iperf_to(&bed, &x, &["-c", "10.205.2.12", "-p", port]);
     let (ok, text) = iperf("5201");
     assert!(ok, "x to db:5201 through gw: {text}");
     let (ok, _) = iperf("5202");

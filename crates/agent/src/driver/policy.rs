@@ -48,6 +48,13 @@ pub(crate) struct LanePolicy {
 }
 
 /// The tags `cert`'s holder has under `policy` (none without a certificate).
+/// Every address `membership` holds, IPv4 then IPv6 (its own and its LAN hosts').
+fn own_addresses(membership: &hyphae_overlay::membership::Membership) -> Vec<IpAddr> {
+    let v4 = membership.addresses().into_iter().map(IpAddr::V4);
+    v4.chain(membership.addresses6().into_iter().map(IpAddr::V6))
+        .collect()
+}
+
 /// The source and destination of IP packet `ip` (IPv4 or IPv6), if its header is there.
 fn ends(ip: &[u8]) -> Option<(IpAddr, IpAddr)> {
     match ip.first()? >> 4 {
@@ -320,13 +327,7 @@ impl super::Control {
         let n = &self.namespaces[i];
         let name = n.name.clone();
         let own = n.certificate.clone();
-        let own_addresses: Vec<IpAddr> = n
-            .membership
-            .addresses()
-            .into_iter()
-            .map(IpAddr::V4)
-            .chain(n.membership.addresses6().into_iter().map(IpAddr::V6))
-            .collect();
+        let own_addresses = own_addresses(&n.membership);
         let version = policy.version();
         let ended = {
             let mut dp = super::workers::lock(&self.dp);
@@ -563,13 +564,7 @@ impl super::Control {
             .position(|n| n.name == namespace && n.active())
             .ok_or_else(|| format!("no namespace '{namespace}' here"))?;
         let n = &self.namespaces[i];
-        let own_addresses: Vec<IpAddr> = n
-            .membership
-            .addresses()
-            .into_iter()
-            .map(IpAddr::V4)
-            .chain(n.membership.addresses6().into_iter().map(IpAddr::V6))
-            .collect();
+        let own_addresses = own_addresses(&n.membership);
         let own_name = n
             .certificate
             .as_ref()

@@ -559,3 +559,5 @@ fn parse_ports(text: &str) -> Option<(u16, u16)> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests6;
