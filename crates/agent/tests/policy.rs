@@ -360,7 +360,7 @@ fn an_ipv6_policy_allows_its_flows_and_refuses_the_rest() {
         let host = bed.add_host(name, Ipv4Addr::new(10, 200, 0, i)).unwrap();
         let boot = (i > 1).then(|| Ipv4Addr::new(10, 200, 0, 1));
         let lines = format!(
-            "address = \"10.204.0.{}\"\nresolvers = []\nsubnet6 = \"fd42:204::/64\"\naddress6 = \"fd42:204::1{i}\"\npolicy = \"{}\"\n",
+            "address = \"10.204.0.{}\"\nresolvers = []\nhostname = \"{name}\"\nsubnet6 = \"fd42:204::/64\"\naddress6 = \"fd42:204::1{i}\"\npolicy = \"{}\"\n",
             10 + i,
             policy.display()
         );
@@ -408,6 +408,31 @@ fn an_ipv6_policy_allows_its_flows_and_refuses_the_rest() {
     assert!(
         at_beta.rule_hits.first().is_some_and(|&h| h >= 1),
         "{at_beta:?}"
+    );
+    // `hyphae policy check` at alpha: its own name stands for its IPv6 address beside an
+    // IPv6 one; two families in one question are an error.
+    let check = |from: &str, to: &str| {
+        std::process::Command::new(BIN)
+            .args([
+                "policy", "check", "lab", "--from", from, "--to", to, "tcp/5201",
+            ])
+            .args(["-c", &a.config.display().to_string()])
+            .output()
+            .unwrap()
+    };
+    let out = check("alpha", "fd42:204::12");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("allowed") && text.contains("fd42:204::11") && text.contains("by rule 1"),
+        "{text}"
+    );
+    let out = check("10.204.0.11", "fd42:204::12");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("two families"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

@@ -573,15 +573,22 @@ impl super::Control {
         let dp = super::workers::lock(&self.dp);
         let lane = dp.lanes.get(i).ok_or("no such lane")?;
         let policy = lane.policy.firewall.policy();
+        // A name stands for its IPv6 address when the other end is an IPv6 address.
+        let v6 = [from, to]
+            .iter()
+            .any(|w| w.parse::<IpAddr>().is_ok_and(|a| a.is_ipv6()));
+        let family = if v6 { "IPv6" } else { "IPv4" };
         // An endpoint: its address, its tags, and how it was known.
         let endpoint = |word: &str| -> Result<(IpAddr, Tags, String), String> {
             let address = match word.parse::<IpAddr>() {
                 Ok(a) => a,
-                Err(_) if own_name.as_deref() == Some(word) => {
-                    own_addresses.first().copied().ok_or_else(|| {
-                        format!("'{word}' is this member, which holds no address yet")
-                    })?
-                }
+                Err(_) if own_name.as_deref() == Some(word) => own_addresses
+                    .iter()
+                    .find(|a| a.is_ipv6() == v6)
+                    .copied()
+                    .ok_or_else(|| {
+                        format!("'{word}' is this member, which holds no {family} address yet")
+                    })?,
                 Err(_) => dp
                     .node
                     .peers()
@@ -591,10 +598,13 @@ impl super::Control {
                             .peer_certificate(p.handle)
                             .is_some_and(|c| c.name() == word)
                     })
-                    .and_then(|p| p.addresses.first().copied().map(IpAddr::V4))
+                    .and_then(|p| match v6 {
+                        true => p.addresses6.first().copied().map(IpAddr::V6),
+                        false => p.addresses.first().copied().map(IpAddr::V4),
+                    })
                     .ok_or_else(|| {
                         format!(
-                            "no member named '{word}' has a tunnel with this one (name an address)"
+                            "no member named '{word}' with an {family} address has a tunnel with this one (name an address)"
                         )
                     })?,
             };
@@ -624,6 +634,11 @@ impl super::Control {
         };
         let (src, from_tags, from_text) = endpoint(from)?;
         let (dst, to_tags, to_text) = endpoint(to)?;
+        if src.is_ipv6() != dst.is_ipv6() {
+            return Err(format!(
+                "{src} and {dst} are of two families: a packet has one"
+            ));
+        }
         let packet = Packet {
             src,
             dst,

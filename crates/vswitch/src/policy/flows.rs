@@ -19,6 +19,7 @@
 //! its identifier and ICMPv6 errors (destination unreachable, packet too big, time
 //! exceeded, parameter problem) pass only for the flow they quote, as ICMP's do.
 
+use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
@@ -53,8 +54,7 @@ const ICMPV6_ECHO: u8 = 128;
 const ICMPV6_ECHO_REPLY: u8 = 129;
 
 /// IPv6 extension headers walked before the transport header gives up (a chain longer
-/// than this is malformed here, and passed unchecked as malformed IPv4 is: the switch and
-/// the receiver's kernel decide).
+/// than this is malformed here, and denied).
 pub const MAX_EXTENSIONS: usize = 8;
 const HOP_BY_HOP: u8 = 0;
 const ROUTING: u8 = 43;
@@ -62,7 +62,7 @@ const FRAGMENT: u8 = 44;
 const DESTINATION_OPTIONS: u8 = 60;
 
 /// One direction of a flow: protocol, addresses and ports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowKey {
     /// IP protocol.
     pub proto: u8,
@@ -74,6 +74,22 @@ pub struct FlowKey {
     pub sport: u16,
     /// Receiver's port (ICMP echo: its identifier).
     pub dport: u16,
+}
+
+impl Hash for FlowKey {
+    /// One word for the protocol and ports, then each address as one integer: three
+    /// hasher calls a lookup whatever the family (a derived hash adds each address's
+    /// variant and length; the table looks up every packet of every flow).
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let ports = u64::from(self.proto) << 32 | u64::from(self.sport) << 16;
+        state.write_u64(ports | u64::from(self.dport));
+        for address in [self.src, self.dst] {
+            match address {
+                IpAddr::V4(a) => state.write_u32(a.to_bits()),
+                IpAddr::V6(a) => state.write_u128(a.to_bits()),
+            }
+        }
+    }
 }
 
 impl FlowKey {
@@ -103,6 +119,10 @@ pub enum Parsed {
     IcmpError {
         /// The quoted packet's direction.
         quoted: FlowKey,
+        /// The error's own sender and receiver.
+        from: IpAddr,
+        /// See `from`.
+        to: IpAddr,
     },
     /// A fragment after the first.
     Fragment,
@@ -131,7 +151,11 @@ pub fn parse(ip: &[u8]) -> Parsed {
             // The quoted header starts after the 8-byte ICMP header; ports need only its
             // first 8 bytes, which every error carries.
             return match rest.get(8..).and_then(|q| parse_header(q, false)) {
-                Some((quoted, _, _)) => Parsed::IcmpError { quoted },
+                Some((quoted, _, _)) => Parsed::IcmpError {
+                    quoted,
+                    from: key.src,
+                    to: key.dst,
+                },
                 None => Parsed::Malformed,
             };
         }
@@ -156,6 +180,13 @@ fn parse_header(ip: &[u8], whole: bool) -> Option<(FlowKey, u8, &[u8])> {
     if whole && (u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff) != 0 {
         return None;
     }
+    // A whole packet is what its total length says (bytes after it are no part of it).
+    let ip = if whole {
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        ip.get(..total).filter(|_| total >= ihl)?
+    } else {
+        ip
+    };
     let proto = ip[9];
     let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
     let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
@@ -205,7 +236,11 @@ fn parse6(ip: &[u8]) -> Parsed {
         {
             // The quoted packet starts after the 8-byte ICMPv6 header.
             match rest.get(8..).map(|q| parse_header6(q, false)) {
-                Some(Header6::Parsed(quoted, _, _)) => Parsed::IcmpError { quoted },
+                Some(Header6::Parsed(quoted, _, _)) => Parsed::IcmpError {
+                    quoted,
+                    from: key.src,
+                    to: key.dst,
+                },
                 _ => Parsed::Malformed,
             }
         }
@@ -227,6 +262,14 @@ fn parse_header6(ip: &[u8], whole: bool) -> Header6<'_> {
     if ip.len() < 40 || ip[0] >> 4 != 6 {
         return Header6::Malformed;
     }
+    // The packet is what its payload length says (bytes after it are no part of it); a
+    // whole one shorter than that is malformed. A quote may be cut anywhere.
+    let end = 40 + usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let ip = match ip.get(..end) {
+        Some(ip) => ip,
+        None if whole => return Header6::Malformed,
+        None => ip,
+    };
     let address = |at: usize| {
         <[u8; 16]>::try_from(&ip[at..at + 16])
             .map(Ipv6Addr::from)
@@ -498,8 +541,13 @@ impl Firewall {
         }
         let (key, flags) = match parse(ip) {
             Parsed::Flow { key, flags } => (key, flags),
-            Parsed::IcmpError { quoted } => {
-                return if self.flows.contains(now, quoted) {
+            Parsed::IcmpError { quoted, from, to } => {
+                // About a flow in the table, from its other end to the end that sent the
+                // quoted packet: a member cannot break (or shrink the MTU of) a flow
+                // between two others with a forged error (RFC 5927). Errors from routers
+                // on the way (behind a router member) do not pass.
+                let ends = from == quoted.dst && to == quoted.src;
+                return if ends && self.flows.contains(now, quoted) {
                     Verdict::Pass
                 } else {
                     self.stats.stray_icmp_errors += 1;
@@ -532,8 +580,13 @@ impl Firewall {
             Decision::DefaultAllow => self.stats.default_hits += 1,
             Decision::DefaultDeny => {
                 self.stats.denied += 1;
+                let unicast = match key.dst {
+                    IpAddr::V4(a) => !a.is_multicast() && !a.is_broadcast(),
+                    IpAddr::V6(a) => !a.is_multicast(),
+                };
                 let answerable = matches!(key.proto, proto::TCP | proto::UDP)
-                    && !(key.proto == proto::TCP && flags & TCP_RST != 0);
+                    && !(key.proto == proto::TCP && flags & TCP_RST != 0)
+                    && unicast;
                 if self.policy.rejects() && answerable {
                     self.stats.rejected += 1;
                     return Verdict::Reject;

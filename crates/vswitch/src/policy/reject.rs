@@ -48,7 +48,10 @@ pub fn answer(ip: &[u8], out: &mut [u8]) -> Option<usize> {
         return None;
     }
     let (src, dst) = (&ip[12..16], &ip[16..20]);
-    if src == [0, 0, 0, 0] || src == [255, 255, 255, 255] || src[0] >= 224 {
+    // Nothing answers for a group or a broadcast (its members would all answer), nor
+    // goes to one.
+    let group = |a: &[u8]| a == [0, 0, 0, 0] || a == [255, 255, 255, 255] || a[0] >= 224;
+    if group(src) || group(dst) {
         return None;
     }
     let out = out.get_mut(..MAX_ANSWER_LEN)?;
@@ -90,8 +93,9 @@ fn answer6(ip: &[u8], out: &mut [u8]) -> Option<usize> {
     }
     let total = (40 + usize::from(be16(ip, 4))).min(ip.len());
     let (src, dst) = (&ip[8..24], &ip[24..40]);
-    // Nothing goes to the unspecified address or to a group.
-    if src.iter().all(|&b| b == 0) || src[0] == 0xff {
+    // Nothing goes to the unspecified address or to a group, nor answers for a group
+    // (RFC 4443 2.4 (e)).
+    if src.iter().all(|&b| b == 0) || src[0] == 0xff || dst[0] == 0xff {
         return None;
     }
     let out = out.get_mut(..MAX_ANSWER_LEN)?;

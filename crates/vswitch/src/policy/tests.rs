@@ -262,6 +262,11 @@ fn a_flow_allowed_one_way_lets_its_replies_through_and_nothing_else() {
         fw.check(t, &icmp_error(ip(2), &other), db, web),
         Verdict::StrayIcmpError
     );
+    // Nor about the allowed flow from a third member (RFC 5927's blind attacks).
+    assert_eq!(
+        fw.check(t, &icmp_error(ip(3), &quoted), db, web),
+        Verdict::StrayIcmpError
+    );
     // Later fragments pass; a packet whose headers cannot be read is denied: a first
     // fragment cut inside its TCP header (RFC 1858) would hide its flags.
     let mut fragment = udp(w, d);
@@ -269,14 +274,22 @@ fn a_flow_allowed_one_way_lets_its_replies_through_and_nothing_else() {
     assert_eq!(flows::parse(&fragment), Parsed::Fragment);
     assert_eq!(fw.check(t, &fragment, db, web), Verdict::Pass);
     assert_eq!(flows::parse(&[0x45, 0, 0]), Parsed::Malformed);
-    let mut tiny = tcp((ip(9), 40000), (ip(2), 22), SYN);
+    let mut tiny = tcp((ip(1), 40002), (ip(2), 5432), SYN);
     tiny.truncate(20 + 8);
     tiny[2..4].copy_from_slice(&28u16.to_be_bytes());
     tiny[6] = 0x20; // more fragments, offset 0
     assert_eq!(flows::parse(&tiny), Parsed::Malformed);
     let unparsed = fw.stats().unparsed;
-    assert_eq!(fw.check(t, &tiny, web, db), Verdict::Deny);
+    assert_eq!(
+        fw.check(t, &tiny, web, db),
+        Verdict::Deny,
+        "a port web may open"
+    );
     assert_eq!(fw.stats().unparsed, unparsed + 1);
+    // Bytes past the total length are no part of the packet.
+    let mut padded = tiny.clone();
+    padded.extend_from_slice(&tcp((ip(1), 40002), (ip(2), 5432), SYN)[20..]);
+    assert_eq!(flows::parse(&padded), Parsed::Malformed);
 }
 
 #[test]
@@ -485,7 +498,9 @@ fn reject_answers_a_syn_with_a_reset_and_udp_with_port_unreachable() {
             quoted: match flows::parse(&datagram) {
                 Parsed::Flow { key, .. } => key,
                 other => panic!("{other:?}"),
-            }
+            },
+            from: ip(2).into(),
+            to: ip(1).into(),
         }
     );
     // Nothing answers a reset, ICMP, a later fragment, a broadcast source or junk.

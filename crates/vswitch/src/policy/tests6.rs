@@ -92,9 +92,19 @@ fn ipv6_flows_are_decided_by_ipv6_rules_and_remembered() {
         p.decide(none, none, &packet(v6(300), v6(2), proto::ICMPV6, 0)),
         Decision::Rule(2)
     );
+    let icmp4 = compile(
+        "default = \"deny\"\n[[rule]]\nfrom = [\"10.0.0.0/8\"]\nto = [\"any\"]\nproto = \"icmp\"",
+        false,
+    )
+    .unwrap();
     assert_eq!(
-        p.decide(none, none, &packet(ip(1), ip(2), proto::ICMPV6, 0)),
-        Decision::Rule(1)
+        icmp4.decide(none, none, &packet(ip(1), ip(2), proto::ICMP, 0)),
+        Decision::Rule(0)
+    );
+    assert_eq!(
+        icmp4.decide(none, none, &packet(ip(1), ip(2), proto::ICMPV6, 0)),
+        Decision::DefaultDeny,
+        "58 over IPv4 is no ICMP"
     );
 
     let mut fw = Firewall::new(p, 16);
@@ -142,13 +152,25 @@ fn ipv6_flows_are_decided_by_ipv6_rules_and_remembered() {
     // of extension headers too long to follow are denied.
     let later = tcp6(c, (v6(2), 80), SYN, &[fragment6(3, false)]);
     assert_eq!(flows::parse(&later), Parsed::Fragment);
-    let mut tiny = tcp6(c, (v6(2), 80), SYN, &[fragment6(0, true)]);
+    // (To port 22 from the /120: what a rule allows, were the header whole.)
+    let mut tiny = tcp6((v6(11), 40002), b, SYN, &[fragment6(0, true)]);
     tiny.truncate(40 + 8 + 8);
+    tiny[4..6].copy_from_slice(&16u16.to_be_bytes());
+    let unparsed = fw.stats().unparsed;
     assert_eq!(fw.check(t, &tiny, none, none), Verdict::Deny);
-    let long: Vec<(u8, Vec<u8>)> = (0..flows::MAX_EXTENSIONS)
-        .map(|_| (60, vec![0u8; 8]))
-        .collect();
-    assert_eq!(flows::parse(&tcp6(c, b, SYN, &long)), Parsed::Malformed);
+    assert_eq!(fw.stats().unparsed, unparsed + 1);
+    // Bytes past the payload length are no part of the packet; a packet shorter than it
+    // is malformed.
+    let mut padded = tiny.clone();
+    padded.extend_from_slice(&tcp6((v6(11), 40002), b, SYN, &[])[40..]);
+    assert_eq!(flows::parse(&padded), Parsed::Malformed);
+    let whole = tcp6((v6(11), 40002), b, SYN, &[]);
+    assert_eq!(flows::parse(&whole[..50]), Parsed::Malformed);
+    let chain = |n: usize| -> Vec<(u8, Vec<u8>)> { (0..n).map(|_| (60, vec![0u8; 8])).collect() };
+    let seven = tcp6(c, b, SYN, &chain(flows::MAX_EXTENSIONS - 1));
+    assert!(matches!(flows::parse(&seven), Parsed::Flow { key, .. } if key.dport == 22));
+    let long = tcp6(c, b, SYN, &chain(flows::MAX_EXTENSIONS));
+    assert_eq!(flows::parse(&long), Parsed::Malformed);
     // Pings: allowed to the prefix by "icmp", the reply by the flow; an ICMPv6 error
     // passes only for a flow it quotes.
     assert_eq!(
@@ -159,14 +181,20 @@ fn ipv6_flows_are_decided_by_ipv6_rules_and_remembered() {
         fw.check(t, &echo6(v6(2), v6(7), true, 5), none, none),
         Verdict::Pass
     );
-    let error = |quoted: &[u8]| {
+    let error_from = |from: Ipv6Addr, quoted: &[u8]| {
         let mut i = vec![1, 4, 0, 0, 0, 0, 0, 0];
         i.extend_from_slice(&quoted[..48]);
-        ipv6(v6(2), v6(9), proto::ICMPV6, &[], &i)
+        ipv6(from, v6(9), proto::ICMPV6, &[], &i)
     };
+    let error = |quoted: &[u8]| error_from(v6(2), quoted);
     assert_eq!(
         fw.check(t, &error(&tcp6(a, b, SYN, &[])), none, none),
         Verdict::Pass
+    );
+    // From a third member about that flow: forged (RFC 5927).
+    assert_eq!(
+        fw.check(t, &error_from(v6(3), &tcp6(a, b, SYN, &[])), none, none),
+        Verdict::StrayIcmpError
     );
     assert_eq!(
         fw.check(
@@ -215,7 +243,11 @@ fn reject_answers_ipv6_with_a_reset_or_icmpv6_port_unreachable() {
     assert_eq!((len, r[6], r[40], r[41]), (48 + QUOTE6, 58, 1, 4));
     assert_eq!(&r[48..], &datagram[..QUOTE6]);
     assert!(sums_right(&[&pseudo(r, 58), &r[40..]]));
-    assert!(matches!(flows::parse(r), Parsed::IcmpError { quoted } if quoted.dport == 53));
+    assert!(matches!(flows::parse(r), Parsed::IcmpError { quoted, .. } if quoted.dport == 53));
+    // Nothing answers for a group.
+    let group: Ipv6Addr = "ff05::1:3".parse().unwrap();
+    let to_group = ipv6(v6(1), group, proto::UDP, &[], &u);
+    assert_eq!(answer(&to_group, &mut out), None);
     // Nothing answers a reset, ICMPv6, a packet with extension headers, a multicast or
     // unspecified source, or a short packet.
     let rst = tcp6((v6(1), 1), (v6(2), 2), RST, &[]);
