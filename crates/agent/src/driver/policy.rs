@@ -47,7 +47,6 @@ pub(crate) struct LanePolicy {
     pub(crate) crossing_dropped: u64,
 }
 
-/// The tags `cert`'s holder has under `policy` (none without a certificate).
 /// Every address `membership` holds, IPv4 then IPv6 (its own and its LAN hosts').
 fn own_addresses(membership: &hyphae_overlay::membership::Membership) -> Vec<IpAddr> {
     let v4 = membership.addresses().into_iter().map(IpAddr::V4);
@@ -73,6 +72,7 @@ fn ends(ip: &[u8]) -> Option<(IpAddr, IpAddr)> {
     }
 }
 
+/// The tags `cert`'s holder has under `policy` (none without a certificate).
 fn tags_of(policy: &Policy, cert: Option<&Certificate>) -> Tags {
     match cert {
         Some(c) => policy.tags(c.groups().iter().map(String::as_str), Some(c.name())),
@@ -155,7 +155,7 @@ impl LanePolicy {
         tags
     }
 
-    /// What becomes of IPv4 packet `ip` from the member of tunnel `peer`, on its way to
+    /// What becomes of IP packet `ip` (IPv4 or IPv6) from the member of tunnel `peer`, on its way to
     /// this member (the namespace's subnets are `namespace`'s).
     pub(crate) fn inbound(
         &mut self,
@@ -168,7 +168,7 @@ impl LanePolicy {
         self.check(now, node, peer, ip, namespace, true)
     }
 
-    /// What becomes of IPv4 packet `ip` from this member (or its LAN), on its way to the
+    /// What becomes of IP packet `ip` (IPv4 or IPv6) from this member (or its LAN), on its way to the
     /// member of tunnel `peer` (the namespace's subnets are `namespace`'s).
     pub(crate) fn outbound(
         &mut self,
