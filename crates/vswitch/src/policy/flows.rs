@@ -181,16 +181,14 @@ fn parse_header(ip: &[u8], whole: bool) -> Option<(FlowKey, u8, &[u8])> {
         return None;
     }
     // A whole packet is what its total length says (bytes after it are no part of it).
-    let ip = if whole {
-        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        ip.get(..total).filter(|_| total >= ihl)?
-    } else {
-        ip
+    let end = match whole {
+        true => usize::from(u16::from_be_bytes([ip[2], ip[3]])),
+        false => ip.len(),
     };
+    let rest = ip.get(ihl..end)?;
     let proto = ip[9];
     let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
     let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-    let rest = &ip[ihl..];
     let (sport, dport, flags) = transport(proto, rest, whole)?;
     let key = FlowKey {
         proto,
