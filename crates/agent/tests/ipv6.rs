@@ -374,28 +374,11 @@ fn router_at(bed: &mut Testbed, secret: &Path, tag: &str, u: u8) -> (String, Mem
 /// The global address in `prefix` on `host`'s `eth0` once its kernel formed one from a
 /// router advertisement and it passed duplicate address detection (20 s at most).
 fn slaac_address(bed: &Testbed, host: &Host, prefix: ipnet::Ipv6Net) -> Ipv6Addr {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = bed
-            .ns_output(&host.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let formed = text.lines().find_map(|line| {
-            let mut words = line.split_whitespace().skip_while(|w| *w != "inet6");
-            let address: Ipv6Addr = words.nth(1)?.split('/').next()?.parse().ok()?;
-            let done = !line.contains("tentative") && line.contains("dynamic");
-            (prefix.contains(&address) && done).then_some(address)
-        });
-        if let Some(a) = formed {
-            return a;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} formed no address in {prefix}: {text}",
-            host.name
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let address = bed
+        .slaac_address(host, Duration::from_secs(20))
+        .expect("a SLAAC address");
+    assert!(prefix.contains(&address), "{address} is not in {prefix}");
+    address
 }
 
 /// Router mode: a plain LAN host behind a router member configures its IPv6 address by

@@ -137,29 +137,6 @@ fn member6(site: &Site, member: &(Host, AgentHandle)) -> Ipv6Addr {
     held.expect("an IPv6 address")
 }
 
-/// The address of `prefix` `host`'s kernel formed on `eth0` from the router's
-/// advertisement, once it passed duplicate address detection (20 s at most).
-fn slaac6(bed: &Testbed, host: &Host, prefix: ipnet::Ipv6Net) -> Ipv6Addr {
-    let mut formed = None;
-    wait_until("a SLAAC address", Duration::from_secs(20), || {
-        let out = bed
-            .ns_output(&host.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
-            .unwrap();
-        formed = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|line| {
-                let word = line
-                    .split_whitespace()
-                    .skip_while(|w| *w != "inet6")
-                    .nth(1)?;
-                let a: Ipv6Addr = word.split('/').next()?.parse().ok()?;
-                (prefix.contains(&a) && !line.contains("tentative")).then_some(a)
-            });
-        formed.is_some()
-    });
-    formed.expect("a SLAAC address")
-}
-
 /// `ping -6` from `from` to `to` until one answers (20 s at most), then three that must.
 fn ping6(bed: &Testbed, from: &Host, to: Ipv6Addr) -> bool {
     let to = to.to_string();
@@ -386,7 +363,9 @@ fn router_hybrid_and_interface_hosts_share_one_namespace() {
         hosts6.push((h.0.clone(), member6(&site, h)));
     }
     for l in &site.lan_hosts {
-        hosts6.push((l.clone(), slaac6(&site.bed, l, prefix)));
+        let formed = site.bed.slaac_address(l, Duration::from_secs(20)).unwrap();
+        assert!(prefix.contains(&formed), "{formed} is not in {prefix}");
+        hosts6.push((l.clone(), formed));
     }
     for (from, _) in &hosts6 {
         for (to_host, to) in &hosts6 {

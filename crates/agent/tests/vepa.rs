@@ -9,7 +9,7 @@
 //! comes back to its sender, and the namespace policy applies between two LAN hosts (to
 //! a TCP connection and to a broadcast's copies).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -339,4 +339,227 @@ fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
     assert_eq!(ns["lan_port_mode"], "vepa");
     assert!(ns["hairpinned"].as_u64().unwrap_or(0) >= 10, "{ns}");
     let _ = ia;
+}
+
+/// `ping -6` from `from` to `to`: whether all `count` answered.
+fn pings6(bed: &Testbed, from: &Host, to: Ipv6Addr, count: u32) -> bool {
+    let out = bed
+        .ns_output(
+            &from.ns,
+            "ping",
+            &[
+                "-6",
+                "-c",
+                &count.to_string(),
+                "-i",
+                "0.3",
+                "-W",
+                "1",
+                &to.to_string(),
+            ],
+        )
+        .expect("ping");
+    String::from_utf8_lossy(&out.stdout).contains(&format!("{count} received"))
+}
+
+/// IPv6 on VEPA ports: the LAN hosts configure themselves from the router's advertisement
+/// (the kernel's SLAAC), reach each other only through the agent (the router MAC is their
+/// neighbour, every echo counted as hairpinned), reach a member; a host that configures
+/// another's address has its duplicate address probe refused by the agent (the other host
+/// never hears it), one that sends from it anyway is dropped and counted on its port; TCP
+/// over IPv6 between two LAN hosts is refused by the policy as over IPv4.
+#[test]
+fn ipv6_lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
+    require_root();
+    let mut bed = Testbed::new("vepa6", Path::new(BIN)).expect("testbed");
+    let secret = bed.dir().join("lab.secret");
+    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
+    let policy = bed.dir().join("lab.policy.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n",
+    )
+    .unwrap();
+    let namespace = |lines: &str| {
+        format!(
+            "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\nsubnet = \"{SUBNET}\"\npolicy = \"{}\"\n{lines}",
+            secret.display(),
+            policy.display()
+        )
+    };
+    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&i),
+        namespace(&format!(
+            "device = \"hyphae0\"\naddress = \"{}\"\n",
+            lan(31)
+        ))
+    );
+    let ia = bed.start_agent(&i, &cfg).unwrap();
+    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
+    bed.ns(&r.ns, "ip", &["link", "add", "brlan", "type", "bridge"])
+        .unwrap();
+    bed.ns(&r.ns, "ip", &["link", "set", "brlan", "up"])
+        .unwrap();
+    let hosts: Vec<Host> = (1..=3u8)
+        .map(|n| {
+            let address = format!("{}/24", lan(10 + n));
+            bed.add_lan_host_on(&r.ns, "brlan", &format!("l{n}"), &address, MTU)
+                .unwrap()
+        })
+        .collect();
+    let cfg = format!(
+        "{}{}",
+        agent_section(&r),
+        namespace(&format!(
+            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nlan_ports = \"vepa\"\nbootstrap = [\"{}:7400\"]\n",
+            i.underlay
+        ))
+    );
+    let ra = bed.start_agent(&r, &cfg).unwrap();
+    let (l1, l2, l3) = (&hosts[0], &hosts[1], &hosts[2]);
+
+    let member = ns_status(&bed, &i, &ia);
+    let prefix: ipnet::Ipv6Net = member.subnet6.parse().expect("a dual-stack namespace");
+    let mut formed = Vec::new();
+    for l in &hosts {
+        let a = bed
+            .slaac_address(l, Duration::from_secs(30))
+            .expect("SLAAC");
+        assert!(prefix.contains(&a), "{a} is not in {prefix}");
+        formed.push(a);
+    }
+    let (a1, a2) = (formed[0], formed[1]);
+    let mut member6 = String::new();
+    wait_until(
+        "the member holds an IPv6 address",
+        Duration::from_secs(20),
+        || {
+            member6 = ns_status(&bed, &i, &ia).address6;
+            !member6.is_empty()
+        },
+    );
+    let member6: Ipv6Addr = member6.parse().unwrap();
+
+    // Between two LAN hosts: through the agent, both ways, every echo.
+    wait_until("l1 reaches l2 over IPv6", Duration::from_secs(20), || {
+        pings6(&bed, l1, a2, 1)
+    });
+    let before = ns_status(&bed, &r, &ra).hairpinned;
+    assert!(pings6(&bed, l2, a1, 5));
+    let after = ns_status(&bed, &r, &ra).hairpinned;
+    assert!(after >= before + 10, "{before} -> {after}");
+    let l1_mac = text(&bed, &l1.ns, "cat", &["/sys/class/net/eth0/address"]);
+    let neighbour = text(
+        &bed,
+        &l2.ns,
+        "ip",
+        &["-6", "neigh", "show", &a1.to_string()],
+    );
+    assert!(
+        neighbour.contains("lladdr fe:fd:") && !neighbour.contains(&l1_mac),
+        "{neighbour} (l1 is {l1_mac})"
+    );
+    // A LAN host and the member, both ways.
+    wait_until(
+        "l1 reaches the member over IPv6",
+        Duration::from_secs(20),
+        || pings6(&bed, l1, member6, 1),
+    );
+    assert!(pings6(&bed, &i, a1, 3));
+
+    // l3 configures l1's address: its duplicate address probe reaches only the agent,
+    // which refuses it for l1; l3's kernel never uses it.
+    let defended = ns_status(&bed, &r, &ra).dad_defended;
+    let a1_cidr = format!("{a1}/64");
+    bed.ns(
+        &l3.ns,
+        "ip",
+        &["-6", "addr", "add", &a1_cidr, "dev", "eth0"],
+    )
+    .unwrap();
+    wait_until(
+        "l3's copy of l1's address failed",
+        Duration::from_secs(10),
+        || text(&bed, &l3.ns, "ip", &["-6", "addr", "show", "dev", "eth0"]).contains("dadfailed"),
+    );
+    assert!(ns_status(&bed, &r, &ra).dad_defended > defended);
+    bed.ns(
+        &l3.ns,
+        "ip",
+        &["-6", "addr", "del", &a1_cidr, "dev", "eth0"],
+    )
+    .unwrap();
+    // Sent from anyway (no probe): dropped at the agent, counted on l3's port.
+    let spoofed_before = spoofed(&ns_status(&bed, &r, &ra));
+    bed.ns(
+        &l3.ns,
+        "ip",
+        &["-6", "addr", "add", &a1_cidr, "dev", "eth0", "nodad"],
+    )
+    .unwrap();
+    let out = bed
+        .ns_output(
+            &l3.ns,
+            "ping",
+            &[
+                "-6",
+                "-c",
+                "3",
+                "-i",
+                "0.3",
+                "-W",
+                "1",
+                "-I",
+                &a1.to_string(),
+                &a2.to_string(),
+            ],
+        )
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.contains(" 0 received"), "{out}");
+    let s = ns_status(&bed, &r, &ra);
+    assert!(spoofed(&s) > spoofed_before, "{:?}", s.drops);
+    let l3_mac = text(&bed, &l3.ns, "cat", &["/sys/class/net/eth0/address"]);
+    let row = s.lan_ports.iter().find(|p| p.macs.contains(&l3_mac));
+    assert!(row.is_some_and(|r| r.spoofed > 0), "{:?}", s.lan_ports);
+    bed.ns(
+        &l3.ns,
+        "ip",
+        &["-6", "addr", "del", &a1_cidr, "dev", "eth0"],
+    )
+    .unwrap();
+    assert!(pings6(&bed, l2, a1, 2), "l1's address stayed l1's");
+
+    // TCP is no rule's: l1 cannot reach l2's listener over IPv6 either.
+    bed.spawn(
+        &l2.ns,
+        "iperf3",
+        &["-s", "-p", "5201"],
+        &l2.dir.join("iperf3.log"),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let denied = ns_status(&bed, &r, &ra).policy.denied_out;
+    let connect = bed
+        .ns_output(
+            &l1.ns,
+            "timeout",
+            &["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{a2}/5201")],
+        )
+        .unwrap();
+    assert!(
+        !connect.status.success(),
+        "l1 opened TCP to l2 against the policy"
+    );
+    assert!(ns_status(&bed, &r, &ra).policy.denied_out > denied);
+    let s = ns_status(&bed, &r, &ra);
+    eprintln!(
+        "router: {} hairpinned, {} spoofed, {} probes defended, {} denied by the policy",
+        s.hairpinned,
+        spoofed(&s),
+        s.dad_defended,
+        s.policy.denied_out
+    );
 }

@@ -3,9 +3,10 @@
 //! as a live migration moves a VM.
 
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::{run, Host, Testbed};
 
@@ -102,6 +103,31 @@ impl Testbed {
             },
             dir,
         })
+    }
+
+    /// The global IPv6 address `host`'s kernel formed on `eth0` from a router
+    /// advertisement (SLAAC: "dynamic"), once it passed duplicate address detection; an
+    /// error after `within`.
+    pub fn slaac_address(&self, host: &Host, within: Duration) -> Result<Ipv6Addr> {
+        let deadline = Instant::now() + within;
+        loop {
+            let out =
+                self.ns_output(&host.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])?;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let formed = text.lines().find_map(|line| {
+                let mut words = line.split_whitespace().skip_while(|w| *w != "inet6");
+                let address: Ipv6Addr = words.nth(1)?.split('/').next()?.parse().ok()?;
+                let done = !line.contains("tentative") && line.contains("dynamic");
+                (done && line.contains("scope global")).then_some(address)
+            });
+            if let Some(a) = formed {
+                return Ok(a);
+            }
+            if Instant::now() > deadline {
+                bail!("{} formed no address within {within:?}: {text}", host.name);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// The bridge end (in `lan`) of `host`'s `eth0` veth.

@@ -321,10 +321,10 @@ impl DataPlane {
                     }
                     Verdict::Reject => {
                         // Back to the sender, which the switch knows by its address.
-                        let src = frame.get(packet.start + 12..packet.start + 16);
-                        let sender = src
-                            .and_then(|a| <[u8; 4]>::try_from(a).ok())
-                            .and_then(|a| lane.switch.lan_host_mac(std::net::Ipv4Addr::from(a)));
+                        let sender = frame
+                            .get(packet.clone())
+                            .and_then(super::policy::ends)
+                            .and_then(|(src, _)| lane.switch.lan_host_mac(src));
                         if let Some(sender) = sender {
                             // As it came: from the sender, to the router MAC.
                             frame.copy_within(6..12, 0);

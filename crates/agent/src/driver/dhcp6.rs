@@ -70,6 +70,8 @@ impl Control {
                             server.refused(address);
                         }
                     } else {
+                        // VEPA: the client's from now (its claim refused, no one's).
+                        lock(&self.dp).lanes[i].switch.bind_lease(address, mac);
                         n.membership.claim_for_dhcp6(address, now);
                     }
                 }
@@ -80,6 +82,7 @@ impl Control {
                     if !in_use {
                         switch.forget_lan_host6(address);
                     }
+                    switch.unbind_lease(address);
                     drop(dp);
                     released |= n.membership.release_dhcp6(address, in_use);
                 }
@@ -108,6 +111,7 @@ impl Control {
             server.allocated(address, now);
         } else {
             server.refused(address);
+            lock(&self.dp).lanes[i].switch.unbind_lease(address);
         }
         self.drain_dhcp6(i, now);
     }

@@ -164,6 +164,8 @@ impl Control {
             names,
         };
         let outcome = if done {
+            // VEPA: the address is another router's host's now, whatever MAC it leased.
+            lock(&self.dp).lanes[i].switch.unbind_lease(address);
             let v4 = match address {
                 IpAddr::V4(a) => Some(a),
                 IpAddr::V6(a) => {

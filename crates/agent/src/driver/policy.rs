@@ -55,7 +55,7 @@ fn own_addresses(membership: &hyphae_overlay::membership::Membership) -> Vec<IpA
 }
 
 /// The source and destination of IP packet `ip` (IPv4 or IPv6), if its header is there.
-fn ends(ip: &[u8]) -> Option<(IpAddr, IpAddr)> {
+pub(crate) fn ends(ip: &[u8]) -> Option<(IpAddr, IpAddr)> {
     match ip.first()? >> 4 {
         4 => {
             let a = <[u8; 8]>::try_from(ip.get(12..20)?).ok()?;

@@ -72,10 +72,9 @@ impl<P: Copy + Eq> Switch<P> {
         }
     }
 
-    /// Whether this switch carries IPv6: a dual-stack namespace, unless a router's LAN
-    /// ports are VEPA ones (their hosts' IPv6 is not carried, nor advertised).
+    /// Whether this switch carries IPv6: a dual-stack namespace.
     pub(super) fn carries_ipv6(&self) -> bool {
-        self.config.prefix6.is_some() && !self.vepa()
+        self.config.prefix6.is_some()
     }
 
     /// An address of the prefix a LAN host uses (from `mac`): learned, and claimed by the
@@ -165,12 +164,16 @@ impl<P: Copy + Eq> Switch<P> {
             return dhcp;
         }
         if let Some(nd) = ndp::parse(frame) {
+            let vepa = self.vepa();
             return match nd.message {
                 Message::Solicitation { target, .. } if nd.source.is_unspecified() => {
                     self.duplicate_probe(target, eth.src(), now, reply)
                 }
                 Message::Solicitation { target, link } => {
                     let mac = link.unwrap_or(eth.src());
+                    if vepa && (mac != eth.src() || self.spoofed6(nd.source, mac)) {
+                        return self.spoof_drop(eth.src());
+                    }
                     self.learn6(nd.source, mac, now);
                     let own = ndp::link_local_of(self.config.remote_mac);
                     if target == own {
@@ -178,8 +181,17 @@ impl<P: Copy + Eq> Switch<P> {
                         return self.answer_for_link_local((nd.source, mac), reply);
                     }
                     if self.route6(target).is_none() && self.lan6.contains_key(&target) {
+                        if vepa {
+                            // The other host never hears it: reached through the switch.
+                            return self.answer_for_lan_host(target, (nd.source, mac), reply);
+                        }
                         // A LAN host's own: it answers for itself.
                         return Action::Drop(DropReason::LanLocal);
+                    }
+                    if vepa && self.route6(target).is_none() {
+                        // Maybe a LAN host not heard yet: it answers the switch's own
+                        // solicitation (once a second), and the host's next is answered.
+                        self.ask_lan6(target, now);
                     }
                     self.answer_solicitation(target, (nd.source, mac), reply)
                 }
@@ -190,6 +202,9 @@ impl<P: Copy + Eq> Switch<P> {
                     ..
                 } => {
                     let mac = link.unwrap_or(eth.src());
+                    if vepa && (mac != eth.src() || self.spoofed6(target, mac)) {
+                        return self.spoof_drop(eth.src());
+                    }
                     self.learn6(target, mac, now);
                     if !solicited && self.lan6.get(&target).is_some_and(|h| h.mac == mac) {
                         // A host telling the link where it is (after a live migration).
@@ -211,10 +226,22 @@ impl<P: Copy + Eq> Switch<P> {
         if !prefix.contains(&src) {
             return Action::Drop(DropReason::OutsideSubnet);
         }
+        if self.spoofed6(src, eth.src()) {
+            return self.spoof_drop(eth.src());
+        }
         self.learn6(src, eth.src(), now);
         let packet = ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len();
         if dst == service_address6(prefix) {
             return self.to_service6(eth, ip, packet);
+        }
+        let to_router = eth.dst() == self.config.remote_mac;
+        if self.vepa() && to_router && self.route6(dst).is_none() && self.lan6.contains_key(&dst) {
+            // Between two LAN hosts (the LAN's MTU, not the tunnel's): only from the one
+            // the switch knows by this MAC.
+            return match self.lan6.get(&src) {
+                Some(h) if h.mac == eth.src() => Action::Hairpin { packet },
+                _ => self.spoof_drop(eth.src()),
+            };
         }
         if packet.len() > usize::from(self.config.tunnel_mtu) {
             return self.packet_too_big(eth.src(), &frame[packet], reply);
@@ -226,7 +253,7 @@ impl<P: Copy + Eq> Switch<P> {
             return Action::Broadcast { packet };
         }
         // LAN unicast the bridge flooded before it learned where to send it.
-        if eth.dst() != self.config.remote_mac {
+        if !to_router {
             return Action::Drop(DropReason::LanLocal);
         }
         if !prefix.contains(&dst) {
@@ -309,6 +336,16 @@ impl<P: Copy + Eq> Switch<P> {
             };
         }
         let known = self.lan6.contains_key(&target);
+        if self.vepa() && self.lan_mac6(target).is_some_and(|m| m != mac) {
+            // Another LAN host's, which never hears the probe: refused for it.
+            return match ndp::emit_defence(reply, (target, self.config.remote_mac)) {
+                Some(len) => {
+                    self.counters.dad_defended += 1;
+                    Action::ToTap { len }
+                }
+                None => Action::Drop(DropReason::Malformed),
+            };
+        }
         if !known {
             self.learn6(target, mac, now);
         }
@@ -350,6 +387,40 @@ impl<P: Copy + Eq> Switch<P> {
         self.emits.push_back(Emit::Defend6(address));
         if self.lan6.get(&address).is_some_and(|h| h.mac == prober) {
             self.lan6.remove(&address);
+        }
+    }
+
+    /// VEPA: a solicitation for another LAN host's `target` answered with the router MAC
+    /// (the host sends to the switch, which reflects it). It overrides what the asker
+    /// cached: no other node on its port can answer.
+    fn answer_for_lan_host(
+        &mut self,
+        target: Ipv6Addr,
+        asker: (Ipv6Addr, Mac),
+        reply: &mut [u8],
+    ) -> Action<P> {
+        let flags = ndp::NaFlags {
+            router: false,
+            override_cache: true,
+        };
+        match ndp::emit_advertisement(reply, (target, self.config.remote_mac), asker, flags) {
+            Some(len) => {
+                self.counters.nd_replies += 1;
+                Action::ToTap { len }
+            }
+            None => Action::Drop(DropReason::Malformed),
+        }
+    }
+
+    /// Solicits the IPv6 `target` on the LAN, at most once a second.
+    fn ask_lan6(&mut self, target: Ipv6Addr, now: Instant) {
+        let usable = self
+            .config
+            .prefix6
+            .is_some_and(|p| super::v6::member_address(p, target));
+        if usable && !self.asked6.contains_key(&target) && self.asked6.len() < MAX_LAN_HOSTS {
+            self.asked6.insert(target, now);
+            self.emits.push_back(Emit::Probe6(target));
         }
     }
 
@@ -423,14 +494,7 @@ impl<P: Copy + Eq> Switch<P> {
         if let Some(host) = self.lan6.get(&dst) {
             return Some(host.mac);
         }
-        let usable = self
-            .config
-            .prefix6
-            .is_some_and(|p| super::v6::member_address(p, dst));
-        if usable && !self.asked6.contains_key(&dst) && self.asked6.len() < MAX_LAN_HOSTS {
-            self.asked6.insert(dst, now);
-            self.emits.push_back(Emit::Probe6(dst));
-        }
+        self.ask_lan6(dst, now);
         None
     }
 

@@ -162,8 +162,8 @@ pub struct Switch<P> {
     counters: Counters,
     /// VEPA: counts by LAN host MAC.
     ports: HashMap<Mac, PortCounts>,
-    /// Addresses the agent's DHCP server leased, and to which MAC.
-    leases: HashMap<Ipv4Addr, Mac>,
+    /// Addresses the agent's DHCP and DHCPv6 servers leased, and to which MAC.
+    leases: HashMap<IpAddr, Mac>,
 }
 
 impl<P: Copy + Eq> Switch<P> {

@@ -7,12 +7,19 @@
 //! The switch writes every reflected frame from the router MAC, never from the sender's:
 //! the bridge learns the router MAC on the TAP's port, and each host's MAC stays on its
 //! own port.
+//!
+//! IPv6 follows the same rules with neighbour discovery for ARP: the switch answers a
+//! solicitation for another LAN host with the router MAC, defends a duplicate address
+//! probe for an address another LAN host holds (the holder never hears it), and reflects
+//! unicast between LAN hosts' prefix addresses. Link-local traffic between LAN hosts does
+//! not pass: it has no address table to be checked against.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::Switch;
-use crate::wire::{EthernetFrame, Ipv4Packet, ETHERTYPE_IPV4};
-use crate::{Action, DropReason, LanPorts, Mac, Mode, PortCounts, MAX_LAN_HOSTS};
+use crate::ndp::ETHERTYPE_IPV6;
+use crate::wire::{EthernetFrame, Ipv4Packet, Ipv6Packet, ETHERTYPE_IPV4};
+use crate::{service_address6, Action, DropReason, LanPorts, Mac, Mode, PortCounts, MAX_LAN_HOSTS};
 
 impl<P: Copy + Eq> Switch<P> {
     /// Whether the LAN's ports are VEPA ports.
@@ -37,9 +44,38 @@ impl<P: Copy + Eq> Switch<P> {
         } else {
             let holder = self.lan.get(&ip).map(|h| h.mac);
             holder
-                .or_else(|| self.leases.get(&ip).copied())
+                .or_else(|| self.leases.get(&IpAddr::V4(ip)).copied())
                 .is_some_and(|m| m != mac)
         }
+    }
+
+    /// VEPA: whether a LAN frame from `mac` with the IPv6 source `ip` is spoofed, by the
+    /// IPv4 rules ([`Switch::spoofed`]) for addresses of the prefix: its `::` and the
+    /// service address `::1` are no host's; an address learned (or leased) with another
+    /// MAC is not this host's. The static table (`lan_table`) names IPv4 addresses: with
+    /// one, only the MACs it lists may send IPv6 at all. Link-local and unspecified
+    /// sources are not checked (they never leave the switch).
+    pub(super) fn spoofed6(&self, ip: Ipv6Addr, mac: Mac) -> bool {
+        let Some(prefix) = self.config.prefix6.filter(|p| p.contains(&ip)) else {
+            return false;
+        };
+        if !self.vepa() {
+            return false;
+        }
+        if ip == prefix.network() || ip == service_address6(prefix) {
+            return true;
+        }
+        if !self.config.lan_table.is_empty() && !self.config.lan_table.iter().any(|e| e.1 == mac) {
+            return true;
+        }
+        self.lan_mac6(ip).is_some_and(|m| m != mac)
+    }
+
+    /// VEPA: the MAC that holds the IPv6 `ip` on the LAN: the first heard from it, or the
+    /// one it was leased to.
+    pub(super) fn lan_mac6(&self, ip: Ipv6Addr) -> Option<Mac> {
+        let heard = self.lan6.get(&ip).map(|h| h.mac);
+        heard.or_else(|| self.leases.get(&IpAddr::V6(ip)).copied())
     }
 
     /// VEPA: drops a frame of `mac` as spoofed (counted for its MAC).
@@ -50,17 +86,26 @@ impl<P: Copy + Eq> Switch<P> {
         Action::Drop(DropReason::Spoofed)
     }
 
-    /// VEPA: `frame`, an IPv4 frame from a LAN host for `dst` (another LAN host), leaves
-    /// the switch for `dst`: its MACs are rewritten in place. Returns whether it may.
+    /// VEPA: `frame`, an IPv4 or IPv6 frame from a LAN host for `dst` (another LAN
+    /// host), leaves the switch for `dst`: its MACs are rewritten in place. Returns
+    /// whether it may.
     pub(super) fn reflect(&mut self, frame: &mut [u8]) -> bool {
-        let (src_mac, dst) = match EthernetFrame::new_checked(&frame[..]) {
-            Ok(eth) => match Ipv4Packet::new_checked(eth.payload()) {
-                Ok(ip) => (eth.src(), ip.dst()),
-                Err(_) => return false,
-            },
-            Err(_) => return false,
+        let Ok(eth) = EthernetFrame::new_checked(&frame[..]) else {
+            return false;
         };
-        let Some(to) = self.lan.get(&dst).map(|h| h.mac) else {
+        let src_mac = eth.src();
+        let to = match eth.ethertype() {
+            ETHERTYPE_IPV4 => Ipv4Packet::new_checked(eth.payload())
+                .ok()
+                .and_then(|ip| self.lan.get(&ip.dst()))
+                .map(|h| h.mac),
+            ETHERTYPE_IPV6 => Ipv6Packet::new_checked(eth.payload())
+                .ok()
+                .and_then(|ip| self.lan6.get(&ip.dst()))
+                .map(|h| h.mac),
+            _ => None,
+        };
+        let Some(to) = to else {
             return false;
         };
         self.address_copy(frame, to);
@@ -87,20 +132,25 @@ impl<P: Copy + Eq> Switch<P> {
         let Ok(eth) = EthernetFrame::new_checked(frame) else {
             return;
         };
-        if eth.ethertype() != ETHERTYPE_IPV4 {
+        let group = match eth.ethertype() {
+            ETHERTYPE_IPV4 => {
+                Ipv4Packet::new_checked(eth.payload()).is_ok_and(|ip| self.is_broadcast(ip.dst()))
+            }
+            // Link-scoped multicast never got this far (it stays at the switch).
+            ETHERTYPE_IPV6 => {
+                Ipv6Packet::new_checked(eth.payload()).is_ok_and(|ip| ip.dst().is_multicast())
+            }
+            _ => false,
+        };
+        if !group {
             return;
         }
-        match Ipv4Packet::new_checked(eth.payload()) {
-            Ok(ip) if self.is_broadcast(ip.dst()) => {}
-            _ => return,
-        }
         let sender = eth.src();
-        for host in self.lan.values() {
-            if host.mac != sender && !macs.contains(&host.mac) {
-                macs.push(host.mac);
-            }
-        }
+        // A host is in both tables (dual stack), some under several addresses.
+        let hosts = self.lan.values().chain(self.lan6.values());
+        macs.extend(hosts.map(|h| h.mac).filter(|m| *m != sender));
         macs.sort_unstable();
+        macs.dedup();
         self.counters.lan_copies += macs.len() as u64;
     }
 
@@ -113,18 +163,19 @@ impl<P: Copy + Eq> Switch<P> {
         }
     }
 
-    /// The agent's DHCP server acknowledged `address` to the host at `mac` on the LAN:
-    /// under VEPA, no other MAC may send from it until it is released (at most
+    /// The agent's DHCP (or DHCPv6) server acknowledged `address` to the host at `mac` on
+    /// the LAN: under VEPA, no other MAC may send from it until it is released (at most
     /// [`MAX_LAN_HOSTS`] kept).
-    pub fn bind_lease(&mut self, address: Ipv4Addr, mac: Mac) {
+    pub fn bind_lease(&mut self, address: impl Into<IpAddr>, mac: Mac) {
+        let address = address.into();
         if self.leases.len() < MAX_LAN_HOSTS || self.leases.contains_key(&address) {
             self.leases.insert(address, mac);
         }
     }
 
     /// The DHCP lease on `address` ended (released, declined or expired).
-    pub fn unbind_lease(&mut self, address: Ipv4Addr) {
-        self.leases.remove(&address);
+    pub fn unbind_lease(&mut self, address: impl Into<IpAddr>) {
+        self.leases.remove(&address.into());
     }
 
     /// VEPA: what the switch did with each LAN host's frames, by MAC, sorted (at most
