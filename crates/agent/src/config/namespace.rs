@@ -302,6 +302,12 @@ pub(super) fn validate_namespace(s: NamespaceSection, mdns: bool) -> Result<Name
     let weight = qos::weight(s.weight)?;
     let caps = hyphae_vswitch::qos::Caps::compile(&s.caps, credential.is_some())
         .map_err(|e| anyhow::anyhow!(e))?;
+    if subnet6 == Subnet6::Off && !layer2 {
+        for (i, picks) in caps.naming_ipv6() {
+            tracing::warn!(namespace = %s.name, cap = i, %picks,
+                "this cap names IPv6 addresses, but the namespace carries no IPv6 (subnet6 = \"off\", or mtu below 1280): they pick nothing");
+        }
+    }
     if s.flows == 0 {
         bail!("flows must be at least 1 (the policy's connection table)");
     }

@@ -5,13 +5,14 @@
 //! caps hold frames before the TAP.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use hyphae_overlay::{Node, PeerHandle};
 use hyphae_vswitch::qos::caps::{Per, MAX_KEYS};
 use hyphae_vswitch::qos::{Caps, Keyed, Pacer, MAX_DELAY};
 
+use super::policy::ends;
 use crate::control::{BucketStatus, CapDirection, CapStatus};
 
 /// How often idle buckets are forgotten.
@@ -245,28 +246,10 @@ pub(crate) fn pacer<T>(rate: u64, burst: u64) -> Pacer<T> {
     Pacer::new(rate, burst, MAX_DELAY)
 }
 
-/// The source and destination of IP packet `ip` (IPv4 or IPv6), if it has a whole header's
-/// worth of them.
-fn ends(ip: &[u8]) -> Option<(IpAddr, IpAddr)> {
-    match ip.first()? >> 4 {
-        4 => {
-            let a: [u8; 8] = ip.get(12..20)?.try_into().ok()?;
-            Some((
-                Ipv4Addr::new(a[0], a[1], a[2], a[3]).into(),
-                Ipv4Addr::new(a[4], a[5], a[6], a[7]).into(),
-            ))
-        }
-        6 => {
-            let src: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
-            let dst: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
-            Some((Ipv6Addr::from(src).into(), Ipv6Addr::from(dst).into()))
-        }
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv6Addr;
+
     use super::*;
 
     #[test]

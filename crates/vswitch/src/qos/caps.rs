@@ -102,6 +102,17 @@ impl Cap {
         self.burst.unwrap_or(bits / 8 / 100).max(super::MIN_BURST)
     }
 
+    /// Whether it names an IPv6 address or prefix (among members or hosts).
+    fn names_ipv6(&self) -> bool {
+        let member_nets = self.members.iter().filter_map(|w| match w {
+            Who::Net(n) => Some(n),
+            _ => None,
+        });
+        member_nets
+            .chain(&self.hosts)
+            .any(|n| matches!(n, IpNet::V6(_)))
+    }
+
     /// Whether the member set names members by certificate (`any`, groups, names), so a
     /// member's mask depends on it.
     fn by_certificate(&self, groups: &[&str], name: Option<&str>) -> bool {
@@ -142,6 +153,13 @@ impl Caps {
 
     pub fn caps(&self) -> &[Cap] {
         &self.caps
+    }
+
+    /// The caps (numbered from 1, with what they pick) that name an IPv6 address or prefix:
+    /// a namespace that carries no IPv6 warns of them.
+    pub fn naming_ipv6(&self) -> Vec<(usize, &str)> {
+        let named = self.caps.iter().enumerate().filter(|(_, c)| c.names_ipv6());
+        named.map(|(i, c)| (i + 1, c.picks.as_str())).collect()
     }
 
     /// Whether any cap names members by group or name (their masks then wait for their

@@ -159,6 +159,11 @@ fn ipv6_packets_are_picked_by_ipv6_addresses_and_never_by_ipv4_ones() {
     );
     assert_eq!(caps.find(m, ip("10.1.0.9"), ip("10.1.0.2"), false), Some(2));
     assert_eq!(caps.caps()[1].picks, "hosts fd00:1::7");
+    // Those naming IPv6 are told apart (a namespace without IPv6 warns of them).
+    assert_eq!(
+        caps.naming_ipv6(),
+        vec![(1, "members fd00:5::/64"), (2, "hosts fd00:1::7")]
+    );
     assert!(Caps::compile(&[cap(&["fd00::/129"], &[], Some("1M"), None)], false).is_err());
 }
 
