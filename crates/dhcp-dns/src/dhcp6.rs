@@ -12,8 +12,10 @@
 //!
 //! Served: SOLICIT (with Rapid Commit too), REQUEST, RENEW, REBIND, RELEASE, DECLINE,
 //! CONFIRM and INFORMATION-REQUEST, for the first IA_NA of a message; DNS servers and the
-//! domain search list. Not served: temporary addresses (IA_TA), prefix delegation, relay
-//! agents, reconfiguration.
+//! domain search list; through relay agents (RELAY-FORW, answered with RELAY-REPL to the
+//! nearest relay's port 547, the Interface-ID echoed; the client's link is the /64 of the
+//! first relay's link-address when the prefix is wider, else the prefix). Not served:
+//! temporary addresses (IA_TA), prefix delegation, reconfiguration.
 //!
 //! Call order: feed each request to [`Server::handle_request`] and the passage of time to
 //! [`Server::handle_timeout`]; drain [`Server::poll_output`] after each.
@@ -51,6 +53,16 @@ const MAX_TRIES: u32 = 8;
 pub const CLAIM_WAIT: Duration = Duration::from_secs(30);
 /// The longest DUID (RFC 8415 11.1).
 const MAX_DUID: usize = 130;
+/// Relay agents a message may have passed (RFC 8415 7.6's HOP_COUNT_LIMIT).
+pub const MAX_RELAYS: usize = 8;
+/// RELAY-FORW and RELAY-REPL (RFC 8415 7.3).
+const RELAY_FORW: u8 = 12;
+const RELAY_REPL: u8 = 13;
+/// A relay message's fixed part: type, hop count, link-address, peer-address.
+const RELAY_HEADER: usize = 34;
+/// The Relay Message and Interface-ID options (RFC 8415 21.10, 21.18).
+const OPTION_RELAY_MSG: u16 = 9;
+const OPTION_INTERFACE_ID: u16 = 18;
 
 /// What a namespace's DHCPv6 replies say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,14 +97,34 @@ pub struct Client {
     pub iaid: u32,
 }
 
-/// A reply to put on the wire: UDP from port 547 of the agent's link-local address to the
-/// client's port 546 at `to`.
+/// A reply to put on the wire: UDP from port 547 to `port` at `to`: the client's port 546
+/// at its link-local address, or a relay agent's port 547 at the address it sent from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
-    /// The encoded DHCPv6 message.
+    /// The encoded DHCPv6 message (a RELAY-REPL through a relay).
     pub bytes: Vec<u8>,
-    /// The client's address (the source of its request: link-local) and MAC.
+    /// The sender of the request (the client, or the nearest relay agent): its address and
+    /// MAC.
     pub to: (Ipv6Addr, [u8; 6]),
+    /// [`CLIENT_PORT`], or [`SERVER_PORT`] for a relay agent.
+    pub port: u16,
+}
+
+/// One relay agent a request passed (RFC 8415 9): what its RELAY-REPL repeats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Hop {
+    hop_count: u8,
+    link: Ipv6Addr,
+    peer: Ipv6Addr,
+    interface_id: Option<Vec<u8>>,
+}
+
+/// Where a request came from and its answer goes: the sender on the LAN (the client, or
+/// the nearest relay agent), and the relays it passed, nearest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Path {
+    sender: (Ipv6Addr, [u8; 6]),
+    relays: Vec<Hop>,
 }
 
 /// What the server wants done.
@@ -133,6 +165,11 @@ pub struct Stats {
     pub full: u64,
     /// DECLINEs received.
     pub declines: u64,
+    /// Requests that came through relay agents (RELAY-FORW).
+    pub relayed: u64,
+    /// Relayed requests dropped because the client's link (the first relay's
+    /// link-address) is not in the prefix.
+    pub relay_outside_prefix: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -149,7 +186,7 @@ struct Binding {
 struct Pending {
     client: Client,
     message: Message,
-    from: (Ipv6Addr, [u8; 6]),
+    from: Path,
     /// An ADVERTISE (a SOLICIT without Rapid Commit) or a REPLY.
     answer: MessageType,
     /// Only the address the client named will do (it renews or rebinds one it has).
@@ -232,12 +269,29 @@ impl Server {
         self.pending.retain(|_, p| p.until > now);
     }
 
-    /// A DHCPv6 message from the LAN host at `from` (its link-local address and MAC).
+    /// A DHCPv6 message from the LAN host at `from` (its address and MAC): a client's, or
+    /// a relay agent's RELAY-FORW carrying one.
     pub fn handle_request(&mut self, now: Instant, payload: &[u8], from: (Ipv6Addr, [u8; 6])) {
-        // Relay messages (types 12 and 13) are not served; anything else is checked before
-        // dhcproto reads it (see `options_sound`).
-        let sound =
-            payload.len() >= 4 && !matches!(payload[0], 12 | 13) && options_sound(&payload[4..], 0);
+        let Some((payload, relays)) = unwrap_relays(payload) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        if let Some(first) = relays.last() {
+            self.stats.relayed += 1;
+            // The server hands out one prefix: the client's link must lie in it.
+            if !self.settings.prefix.contains(&first.link) {
+                self.stats.relay_outside_prefix += 1;
+                return;
+            }
+        }
+        let from = Path {
+            sender: from,
+            relays,
+        };
+        // A client's message is checked before dhcproto reads it (see `options_sound`).
+        let sound = payload.len() >= 4
+            && !matches!(payload[0], RELAY_FORW | RELAY_REPL)
+            && options_sound(&payload[4..], 0);
         if !sound {
             self.stats.malformed += 1;
             return;
@@ -278,7 +332,7 @@ impl Server {
             _ => None,
         };
         if kind == MessageType::InformationRequest {
-            self.answer_information(&message, duid, from);
+            self.answer_information(&message, duid, &from);
             return;
         }
         let (Some(duid), Some(ia)) = (duid, first_ia_na(&message)) else {
@@ -306,18 +360,27 @@ impl Server {
                 let has = self.lease_of(&client);
                 match (has, named) {
                     (Some(a), Some(n)) if a != n => {
-                        self.reply_status(&message, &client, from, Status::NoBinding);
+                        self.reply_status(&message, &client, &from, Status::NoBinding);
                     }
                     (Some(_), _) => {
                         self.assign(now, client, message, from, (MessageType::Reply, named));
                     }
                     (None, Some(n)) => self.assign_exact(now, client, message, from, n),
                     (None, None) => {
-                        self.reply_status(&message, &client, from, Status::NoBinding);
+                        self.reply_status(&message, &client, &from, Status::NoBinding);
                     }
                 }
             }
             MessageType::Release | MessageType::Decline => {
+                if self
+                    .bindings
+                    .get(&client)
+                    .is_some_and(|b| b.mac != from.sender.1)
+                {
+                    // Another host naming this client's DUID: not its to give back.
+                    self.stats.ignored += 1;
+                    return;
+                }
                 if kind == MessageType::Decline {
                     self.stats.declines += 1;
                 }
@@ -333,7 +396,7 @@ impl Server {
                         mac: Some(b.mac),
                     });
                 }
-                self.send(&message, Some(&client.duid), from, |opts| {
+                self.send(&message, Some(&client.duid), &from, |opts| {
                     opts.insert(status(Status::Success, "done"));
                 });
             }
@@ -349,7 +412,7 @@ impl Server {
                 } else {
                     (Status::NotOnLink, "not on link")
                 };
-                self.send(&message, Some(&client.duid), from, |opts| {
+                self.send(&message, Some(&client.duid), &from, |opts| {
                     opts.insert(status(code, text));
                 });
             }
@@ -375,13 +438,13 @@ impl Server {
         };
         if let Some(old) = self.bindings.get(&p.client).map(|b| b.address) {
             if old != address {
-                let mac = Some(p.from.1);
+                let mac = Some(p.from.sender.1);
                 self.out.push_back(Output::Release { address: old, mac });
             }
         }
         let binding = Binding {
             address,
-            mac: p.from.1,
+            mac: p.from.sender.1,
             expires: now + lifetime,
             offered,
         };
@@ -402,16 +465,16 @@ impl Server {
             } else {
                 Status::NoAddrsAvail
             };
-            self.reply_status(&p.message, &p.client, p.from, code);
+            self.reply_status(&p.message, &p.client, &p.from, code);
             return;
         }
-        match self.candidate(&p.client, p.tries) {
+        match self.candidate(&p.client, p.tries, &p.from) {
             Some(next) => {
-                let mac = p.from.1;
+                let mac = p.from.sender.1;
                 self.pending.insert(next, p);
                 self.out.push_back(Output::Claim { address: next, mac });
             }
-            None => self.reply_status(&p.message, &p.client, p.from, Status::NoAddrsAvail),
+            None => self.reply_status(&p.message, &p.client, &p.from, Status::NoAddrsAvail),
         }
     }
 
@@ -422,7 +485,7 @@ impl Server {
         now: Instant,
         client: Client,
         message: Message,
-        from: (Ipv6Addr, [u8; 6]),
+        from: Path,
         (answer, named): (MessageType, Option<Ipv6Addr>),
     ) {
         let has = self.bindings.get(&client).map(|b| b.address);
@@ -449,8 +512,8 @@ impl Server {
         // A REQUEST for an address this server did not advertise (or no longer has): the
         // one it names, if usable, else a fresh one.
         let exact = named.filter(|a| self.usable(*a));
-        let Some(address) = exact.or_else(|| self.candidate(&client, 0)) else {
-            self.reply_status(&message, &client, from, Status::NoAddrsAvail);
+        let Some(address) = exact.or_else(|| self.candidate(&client, 0, &from)) else {
+            self.reply_status(&message, &client, &from, Status::NoAddrsAvail);
             return;
         };
         self.claim(now, client, message, from, (answer, address, false));
@@ -462,7 +525,7 @@ impl Server {
         now: Instant,
         client: Client,
         message: Message,
-        from: (Ipv6Addr, [u8; 6]),
+        from: Path,
         named: Ipv6Addr,
     ) {
         if self.usable(named) {
@@ -489,7 +552,7 @@ impl Server {
         now: Instant,
         client: Client,
         message: Message,
-        from: (Ipv6Addr, [u8; 6]),
+        from: Path,
         (answer, address, exact): (MessageType, Ipv6Addr, bool),
     ) {
         let known = self.bindings.contains_key(&client);
@@ -513,7 +576,7 @@ impl Server {
             tries: 0,
             until: now + CLAIM_WAIT,
         };
-        let mac = from.1;
+        let mac = p.from.sender.1;
         self.pending.insert(address, p);
         self.out.push_back(Output::Claim { address, mac });
     }
@@ -530,9 +593,10 @@ impl Server {
     }
 
     /// The address to try for `client` on its `try`: the first is the same every time (a
-    /// hash of the client in the prefix), the others differ.
-    fn candidate(&self, client: &Client, attempt: u32) -> Option<Ipv6Addr> {
-        let prefix = self.settings.prefix;
+    /// hash of the client in its link's part of the prefix, see [`Path::link`]), the
+    /// others differ.
+    fn candidate(&self, client: &Client, attempt: u32, from: &Path) -> Option<Ipv6Addr> {
+        let prefix = from.link(self.settings.prefix);
         let hosts = !u128::from(prefix.netmask());
         (0..64u32).find_map(|salt| {
             let mut h = DefaultHasher::new();
@@ -574,17 +638,11 @@ impl Server {
         if rapid {
             opts.insert(DhcpOption::RapidCommit);
         }
-        self.finish(reply, Some(&p.client.duid), p.from);
+        self.finish(reply, Some(&p.client.duid), &p.from);
     }
 
     /// A REPLY whose IA_NA carries only `code` (no address).
-    fn reply_status(
-        &mut self,
-        message: &Message,
-        client: &Client,
-        from: (Ipv6Addr, [u8; 6]),
-        code: Status,
-    ) {
+    fn reply_status(&mut self, message: &Message, client: &Client, from: &Path, code: Status) {
         let ia = IANA {
             id: client.iaid,
             t1: 0,
@@ -607,12 +665,7 @@ impl Server {
         self.finish(reply, Some(&client.duid), from);
     }
 
-    fn answer_information(
-        &mut self,
-        message: &Message,
-        duid: Option<Vec<u8>>,
-        from: (Ipv6Addr, [u8; 6]),
-    ) {
+    fn answer_information(&mut self, message: &Message, duid: Option<Vec<u8>>, from: &Path) {
         let reply = reply_to(message, MessageType::Reply);
         self.finish(reply, duid.as_deref(), from);
     }
@@ -622,7 +675,7 @@ impl Server {
         &mut self,
         message: &Message,
         duid: Option<&[u8]>,
-        from: (Ipv6Addr, [u8; 6]),
+        from: &Path,
         fill: impl FnOnce(&mut DhcpOptions),
     ) {
         let mut reply = reply_to(message, MessageType::Reply);
@@ -630,8 +683,9 @@ impl Server {
         self.finish(reply, duid, from);
     }
 
-    /// Adds the identifiers, DNS servers and search list, encodes and sends.
-    fn finish(&mut self, mut reply: Message, duid: Option<&[u8]>, to: (Ipv6Addr, [u8; 6])) {
+    /// Adds the identifiers, DNS servers and search list, encodes and sends (wrapped in a
+    /// RELAY-REPL for each relay agent the request passed).
+    fn finish(&mut self, mut reply: Message, duid: Option<&[u8]>, to: &Path) {
         let opts = reply.opts_mut();
         opts.insert(DhcpOption::ServerId(self.settings.server_id.clone()));
         if let Some(duid) = duid {
@@ -648,8 +702,24 @@ impl Server {
             self.stats.malformed += 1;
             return;
         }
+        for hop in to.relays.iter().rev() {
+            let Some(wrapped) = relay_reply(hop, &bytes) else {
+                self.stats.malformed += 1;
+                return;
+            };
+            bytes = wrapped;
+        }
+        let port = if to.relays.is_empty() {
+            CLIENT_PORT
+        } else {
+            SERVER_PORT
+        };
         self.stats.replies += 1;
-        self.out.push_back(Output::Reply(Reply { bytes, to }));
+        self.out.push_back(Output::Reply(Reply {
+            bytes,
+            to: to.sender,
+            port,
+        }));
     }
 }
 
@@ -709,6 +779,82 @@ fn options_sound(mut options: &[u8], depth: u8) -> bool {
         options = &options[4 + len..];
     }
     true
+}
+
+impl Path {
+    /// The part of `prefix` the client's link has: through a relay, the /64 of the first
+    /// relay's link-address when the prefix is wider (a relayed link numbered as links
+    /// are), else the whole prefix.
+    fn link(&self, prefix: Ipv6Net) -> Ipv6Net {
+        match self.relays.last() {
+            Some(first) if prefix.prefix_len() < 64 => {
+                Ipv6Net::new(first.link, 64).map_or(prefix, |n| n.trunc())
+            }
+            _ => prefix,
+        }
+    }
+}
+
+/// Takes the relay agents' RELAY-FORW wrappers off `payload` (RFC 8415 9): the client's
+/// message inside, and the relays it passed, nearest the server first. `None` for a
+/// wrapper that is cut short, lacks its Relay Message option, or is nested deeper than
+/// [`MAX_RELAYS`]. The wrappers are read here, not by `dhcproto` 0.15, which decodes a
+/// Relay Message option's content as another relay message, never as a client's.
+fn unwrap_relays(mut payload: &[u8]) -> Option<(&[u8], Vec<Hop>)> {
+    let mut relays = Vec::new();
+    while payload.first() == Some(&RELAY_FORW) {
+        if relays.len() == MAX_RELAYS {
+            return None;
+        }
+        let header = payload.get(..RELAY_HEADER)?;
+        let address = |at: usize| {
+            <[u8; 16]>::try_from(&header[at..at + 16])
+                .ok()
+                .map(Ipv6Addr::from)
+        };
+        let (mut inner, mut interface_id) = (None, None);
+        let mut options = &payload[RELAY_HEADER..];
+        while !options.is_empty() {
+            let head = options.get(..4)?;
+            let code = u16::from_be_bytes([head[0], head[1]]);
+            let len = usize::from(u16::from_be_bytes([head[2], head[3]]));
+            let body = options.get(4..4 + len)?;
+            match code {
+                OPTION_RELAY_MSG => inner = Some(body),
+                OPTION_INTERFACE_ID => interface_id = Some(body.to_vec()),
+                _ => {}
+            }
+            options = &options[4 + len..];
+        }
+        relays.push(Hop {
+            hop_count: header[1],
+            link: address(2)?,
+            peer: address(18)?,
+            interface_id,
+        });
+        payload = inner?;
+    }
+    Some((payload, relays))
+}
+
+/// The RELAY-REPL that carries `message` back through `hop` (RFC 8415 19.3): its hop
+/// count, link- and peer-address, and Interface-ID repeated. `None` if it would not fit
+/// an option.
+fn relay_reply(hop: &Hop, message: &[u8]) -> Option<Vec<u8>> {
+    let mut out = vec![RELAY_REPL, hop.hop_count];
+    out.extend_from_slice(&hop.link.octets());
+    out.extend_from_slice(&hop.peer.octets());
+    let mut option = |code: u16, body: &[u8]| -> Option<()> {
+        out.extend_from_slice(&code.to_be_bytes());
+        out.extend_from_slice(&u16::try_from(body.len()).ok()?.to_be_bytes());
+        out.extend_from_slice(body);
+        Some(())
+    };
+    if let Some(id) = &hop.interface_id {
+        option(OPTION_INTERFACE_ID, id)?;
+    }
+    option(OPTION_RELAY_MSG, message)?;
+    Some(out)
 }
 
 /// An answer of `kind` with the request's transaction id.

@@ -262,6 +262,70 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 /// Length of the fixed IPv6 header.
 pub const IPV6_HEADER_LEN: usize = 40;
 
+/// IPv6 extension headers walked before the upper-layer header gives up (a longer chain
+/// is malformed here).
+pub const MAX_EXTENSIONS: usize = 8;
+const HOP_BY_HOP: u8 = 0;
+const ROUTING: u8 = 43;
+const FRAGMENT: u8 = 44;
+const DESTINATION_OPTIONS: u8 = 60;
+
+/// Where an IPv6 packet's upper-layer header is, past its extension headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upper6 {
+    /// Protocol `proto` at byte `at` of the packet (which may end there).
+    At { proto: u8, at: usize },
+    /// A fragment after the first: no upper-layer header.
+    LaterFragment,
+    /// Cut short, or more than [`MAX_EXTENSIONS`] extension headers.
+    Malformed,
+}
+
+/// Walks the extension headers (hop-by-hop, routing, fragment, destination options) of the
+/// IPv6 packet `ip` to its upper-layer header.
+pub fn upper_layer6(ip: &[u8]) -> Upper6 {
+    let Some(&first) = ip.get(6).filter(|_| ip.len() >= IPV6_HEADER_LEN) else {
+        return Upper6::Malformed;
+    };
+    let (mut next, mut at) = (first, IPV6_HEADER_LEN);
+    for _ in 0..MAX_EXTENSIONS {
+        match next {
+            HOP_BY_HOP | ROUTING | DESTINATION_OPTIONS => {
+                let Some(h) = ip.get(at..at + 2) else {
+                    return Upper6::Malformed;
+                };
+                next = h[0];
+                at += (usize::from(h[1]) + 1) * 8;
+            }
+            FRAGMENT => {
+                let Some(h) = ip.get(at..at + 8) else {
+                    return Upper6::Malformed;
+                };
+                if u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
+                    return Upper6::LaterFragment;
+                }
+                next = h[0];
+                at += 8;
+            }
+            proto if at <= ip.len() => return Upper6::At { proto, at },
+            _ => return Upper6::Malformed,
+        }
+    }
+    Upper6::Malformed
+}
+
+/// Whether the IPv6 packet `ip` may be a router or neighbour discovery message (ICMPv6
+/// types 133 to 137, RFC 4861), behind extension headers or not: one the switch did not
+/// handle itself never reaches a host from elsewhere. A packet whose headers cannot be
+/// walked may be one; a later fragment is not (hosts ignore fragmented ones, RFC 6980).
+pub fn may_be_nd(ip: &[u8]) -> bool {
+    match upper_layer6(ip) {
+        Upper6::At { proto: 58, at } => ip.get(at).is_none_or(|t| (133..=137).contains(t)),
+        Upper6::At { .. } | Upper6::LaterFragment => false,
+        Upper6::Malformed => true,
+    }
+}
+
 /// A view of an IPv6 packet whose fixed header and declared payload fit the buffer.
 #[derive(Clone, Copy)]
 pub struct Ipv6Packet<T: AsRef<[u8]>>(T);

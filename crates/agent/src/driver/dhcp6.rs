@@ -55,6 +55,7 @@ impl Control {
                     let emitted = lock(&self.dp).lanes[i].switch.emit_dhcp6_reply(
                         &mut self.batch.reply,
                         r.to,
+                        r.port,
                         &r.bytes,
                     );
                     if let Some(len) = emitted {

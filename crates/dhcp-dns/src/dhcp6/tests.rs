@@ -266,6 +266,17 @@ fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_agai
     assert_ne!(second, first);
     s.allocated(second, t0());
     let _ = reply(&mut s);
+    // Another host naming the client's DUID gives nothing back.
+    let other = ("fe80::b".parse().unwrap(), [0x02, 0, 0, 0, 0, 0x0b]);
+    let ignored = s.stats().ignored;
+    s.handle_request(
+        t0(),
+        &message(MessageType::Release, Some(second), id.clone()),
+        other,
+    );
+    assert_eq!(outputs(&mut s), vec![]);
+    assert_eq!(s.stats().ignored, ignored + 1);
+    assert!(!s.usable(second), "still the client's");
     s.handle_request(
         t0(),
         &message(MessageType::Release, Some(second), id),
@@ -442,4 +453,150 @@ fn a_binding_handed_over_with_its_host_goes_without_a_release() {
     s.handle_timeout(t0() + Duration::from_secs(601));
     assert_eq!(outputs(&mut s), vec![]);
     assert_eq!(s.poll_timeout(), None);
+}
+
+const RELAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0e];
+
+/// `inner` as a relay agent forwards it (RELAY-FORW) from a client at `peer` on the link of
+/// `link`, with Interface-ID `id` (if any) after the Relay Message (options in any order).
+fn relayed(inner: &[u8], link: Ipv6Addr, peer: Ipv6Addr, id: Option<&[u8]>) -> Vec<u8> {
+    let mut m = vec![RELAY_FORW, 0];
+    m.extend_from_slice(&link.octets());
+    m.extend_from_slice(&peer.octets());
+    m.extend_from_slice(&[0, 9]);
+    m.extend_from_slice(&(inner.len() as u16).to_be_bytes());
+    m.extend_from_slice(inner);
+    if let Some(id) = id {
+        m.extend_from_slice(&[0, 18]);
+        m.extend_from_slice(&(id.len() as u16).to_be_bytes());
+        m.extend_from_slice(id);
+    }
+    m
+}
+
+/// A RELAY-REPL's hop count, link- and peer-address, Interface-ID and message.
+fn unwrap_reply(bytes: &[u8]) -> (u8, Ipv6Addr, Ipv6Addr, Option<Vec<u8>>, Vec<u8>) {
+    assert_eq!(bytes[0], RELAY_REPL);
+    let mut forw = bytes.to_vec();
+    forw[0] = RELAY_FORW;
+    let (inner, hops) = unwrap_relays(&forw).expect("a relay reply");
+    let hop = hops[0].clone();
+    (
+        hop.hop_count,
+        hop.link,
+        hop.peer,
+        hop.interface_id,
+        inner.to_vec(),
+    )
+}
+
+#[test]
+fn a_client_behind_a_relay_is_answered_through_it_on_its_links_part_of_the_prefix() {
+    // A /48 namespace: the relayed client's link is the /64 of the relay's link-address.
+    let mut s = Server::new(Settings {
+        prefix: "fd12:3456:789a::/48".parse().unwrap(),
+        ..server().settings.clone()
+    });
+    let link: Ipv6Addr = "fd12:3456:789a:5::1".parse().unwrap();
+    let peer: Ipv6Addr = "fe80::c".parse().unwrap();
+    let relay: (Ipv6Addr, [u8; 6]) = ("fd12:3456:789a::e".parse().unwrap(), RELAY_MAC);
+    let solicit = message(MessageType::Solicit, None, None);
+    s.handle_request(t0(), &relayed(&solicit, link, peer, Some(b"eth1")), relay);
+    let address = match outputs(&mut s).as_slice() {
+        [Output::Claim { address, mac }] => {
+            assert_eq!(*mac, RELAY_MAC, "the client is behind the relay's MAC");
+            *address
+        }
+        other => panic!("not one claim: {other:?}"),
+    };
+    let link_net: Ipv6Net = "fd12:3456:789a:5::/64".parse().unwrap();
+    assert!(
+        link_net.contains(&address),
+        "{address} not on the client's link"
+    );
+    s.allocated(address, t0());
+    let r = match outputs(&mut s).as_slice() {
+        [Output::Reply(r)] => r.clone(),
+        other => panic!("not one reply: {other:?}"),
+    };
+    assert_eq!((r.to, r.port), (relay, SERVER_PORT));
+    let (hops, l, p, id, inner) = unwrap_reply(&r.bytes);
+    assert_eq!(
+        (hops, l, p, id.as_deref()),
+        (0, link, peer, Some(&b"eth1"[..]))
+    );
+    let m = Message::decode(&mut Decoder::new(&inner)).unwrap();
+    assert_eq!(m.msg_type(), MessageType::Advertise);
+    assert_eq!(named_address(ia(&m)), Some(address));
+    assert_eq!((s.stats().relayed, s.stats().relay_outside_prefix), (1, 0));
+
+    // Two relays: the reply is wrapped twice, outermost for the relay that sent it.
+    let second: Ipv6Addr = "fd12:3456:789a::f".parse().unwrap();
+    let twice = relayed(&relayed(&solicit, link, peer, None), second, link, None);
+    s.handle_request(t0(), &twice, relay);
+    let r = match outputs(&mut s).as_slice() {
+        [Output::Reply(r)] => r.clone(),
+        other => panic!("not one reply: {other:?}"),
+    };
+    let (_, l, p, id, inner) = unwrap_reply(&r.bytes);
+    assert_eq!((l, p, id), (second, link, None));
+    let (_, l, p, _, inner) = unwrap_reply(&inner);
+    assert_eq!((l, p), (link, peer));
+    let m = Message::decode(&mut Decoder::new(&inner)).unwrap();
+    assert_eq!(
+        named_address(ia(&m)),
+        Some(address),
+        "the same client, the same address"
+    );
+
+    // A /64 namespace: the whole prefix (a relayed link cannot be a /64 of it).
+    let mut s = server();
+    let link64: Ipv6Addr = "fd12:3456:789a::5:1".parse().unwrap();
+    s.handle_request(t0(), &relayed(&solicit, link64, peer, None), relay);
+    let address = match outputs(&mut s).as_slice() {
+        [Output::Claim { address, .. }] => *address,
+        other => panic!("not one claim: {other:?}"),
+    };
+    assert!(prefix().contains(&address));
+}
+
+#[test]
+fn relayed_requests_from_outside_the_prefix_or_badly_wrapped_are_dropped_and_counted() {
+    let mut s = server();
+    let solicit = message(MessageType::Solicit, None, None);
+    let peer: Ipv6Addr = "fe80::c".parse().unwrap();
+    let relay: (Ipv6Addr, [u8; 6]) = ("fd12:3456:789a::e".parse().unwrap(), RELAY_MAC);
+    // The client's link is another network's, or not said (`::`).
+    for link in ["fd99::1", "::"] {
+        let m = relayed(&solicit, link.parse().unwrap(), peer, None);
+        s.handle_request(t0(), &m, relay);
+    }
+    assert_eq!(outputs(&mut s), vec![]);
+    assert_eq!((s.stats().relayed, s.stats().relay_outside_prefix), (2, 2));
+    // Cut short, no Relay Message, a RELAY-REPL inside, an option past the end, nine relays.
+    let link: Ipv6Addr = "fd12:3456:789a::5:1".parse().unwrap();
+    let good = relayed(&solicit, link, peer, None);
+    let mut no_message = good[..RELAY_HEADER].to_vec();
+    no_message.extend_from_slice(&[0, 18, 0, 1, 7]);
+    let mut repl_inside = relayed(&good, link, peer, None);
+    repl_inside[RELAY_HEADER + 4] = RELAY_REPL;
+    let mut overlong = good.clone();
+    overlong[RELAY_HEADER + 3] += 1;
+    let mut nine = solicit.clone();
+    for _ in 0..9 {
+        nine = relayed(&nine, link, peer, None);
+    }
+    let malformed = s.stats().malformed;
+    for bad in [&good[..20], &no_message[..], &repl_inside, &overlong, &nine] {
+        s.handle_request(t0(), bad, relay);
+    }
+    assert_eq!(outputs(&mut s), vec![]);
+    assert_eq!(s.stats().malformed, malformed + 5);
+    // Eight relays are allowed.
+    let mut eight = solicit.clone();
+    for _ in 0..8 {
+        eight = relayed(&eight, link, peer, None);
+    }
+    s.handle_request(t0(), &eight, relay);
+    assert!(matches!(outputs(&mut s).as_slice(), [Output::Claim { .. }]));
 }

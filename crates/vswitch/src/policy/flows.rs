@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use hashlink::LruCache;
 
 use super::{proto, Decision, Packet, Policy, Tags};
+use crate::wire::{upper_layer6, Upper6};
 
 /// Flows a table keeps by default.
 pub const DEFAULT_FLOWS: usize = 65536;
@@ -55,11 +56,7 @@ const ICMPV6_ECHO_REPLY: u8 = 129;
 
 /// IPv6 extension headers walked before the transport header gives up (a chain longer
 /// than this is malformed here, and denied).
-pub const MAX_EXTENSIONS: usize = 8;
-const HOP_BY_HOP: u8 = 0;
-const ROUTING: u8 = 43;
-const FRAGMENT: u8 = 44;
-const DESTINATION_OPTIONS: u8 = 60;
+pub use crate::wire::MAX_EXTENSIONS;
 
 /// One direction of a flow: protocol, addresses and ports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,46 +273,23 @@ fn parse_header6(ip: &[u8], whole: bool) -> Header6<'_> {
     let (Ok(src), Ok(dst)) = (address(8), address(24)) else {
         return Header6::Malformed;
     };
-    let mut next = ip[6];
-    let mut at = 40;
-    for _ in 0..MAX_EXTENSIONS {
-        match next {
-            HOP_BY_HOP | ROUTING | DESTINATION_OPTIONS => {
-                let Some(h) = ip.get(at..at + 2) else {
-                    return Header6::Malformed;
-                };
-                next = h[0];
-                at += (usize::from(h[1]) + 1) * 8;
-            }
-            FRAGMENT => {
-                let Some(h) = ip.get(at..at + 8) else {
-                    return Header6::Malformed;
-                };
-                if u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
-                    return Header6::LaterFragment;
-                }
-                next = h[0];
-                at += 8;
-            }
-            proto => {
-                let Some(rest) = ip.get(at..) else {
-                    return Header6::Malformed;
-                };
-                let Some((sport, dport, flags)) = transport(proto, rest, whole) else {
-                    return Header6::Malformed;
-                };
-                let key = FlowKey {
-                    proto,
-                    src,
-                    dst,
-                    sport,
-                    dport,
-                };
-                return Header6::Parsed(key, flags, rest);
-            }
-        }
-    }
-    Header6::Malformed
+    let (proto, at) = match upper_layer6(ip) {
+        Upper6::At { proto, at } => (proto, at),
+        Upper6::LaterFragment => return Header6::LaterFragment,
+        Upper6::Malformed => return Header6::Malformed,
+    };
+    let rest = &ip[at..];
+    let Some((sport, dport, flags)) = transport(proto, rest, whole) else {
+        return Header6::Malformed;
+    };
+    let key = FlowKey {
+        proto,
+        src,
+        dst,
+        sport,
+        dport,
+    };
+    Header6::Parsed(key, flags, rest)
 }
 
 /// A flow kept: when it was last seen, what it may still do, which rule allowed it.

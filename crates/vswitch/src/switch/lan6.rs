@@ -17,7 +17,8 @@ use super::{Emit, LanHost, Switch};
 use crate::ndp::{self, Message};
 use crate::ra::{self, Advertised};
 use crate::wire::{
-    emit_udp6, udp_parts, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN, IPPROTO_UDP, IPV6_HEADER_LEN,
+    emit_udp6, may_be_nd, udp_parts, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN, IPPROTO_UDP,
+    IPV6_HEADER_LEN,
 };
 use crate::REMOTE_MAC_PREFIX;
 use crate::{service_address6, Action, Client, DropReason, Event, Mac, Mode, MAX_LAN_HOSTS};
@@ -237,10 +238,12 @@ impl<P: Copy + Eq> Switch<P> {
         let to_router = eth.dst() == self.config.remote_mac;
         if self.vepa() && to_router && self.route6(dst).is_none() && self.lan6.contains_key(&dst) {
             // Between two LAN hosts (the LAN's MTU, not the tunnel's): only from the one
-            // the switch knows by this MAC.
-            return match self.lan6.get(&src) {
-                Some(h) if h.mac == eth.src() => Action::Hairpin { packet },
-                _ => self.spoof_drop(eth.src()),
+            // the switch knows by this MAC, from no member's address, and never neighbour
+            // discovery (behind extension headers) that the checks above did not see.
+            let known = self.lan6.get(&src).is_some_and(|h| h.mac == eth.src());
+            return match known && self.route6(src).is_none() && !may_be_nd(&frame[packet.clone()]) {
+                true => Action::Hairpin { packet },
+                false => self.spoof_drop(eth.src()),
             };
         }
         if packet.len() > usize::from(self.config.tunnel_mtu) {
@@ -291,18 +294,23 @@ impl<P: Copy + Eq> Switch<P> {
         })
     }
 
-    /// Frames a reply of the virtual DHCPv6 server (UDP from port 547 of the switch's
-    /// link-local address to port 546 of the client at `to`) into `buf`; returns its
-    /// length, or `None` if it does not fit.
+    /// Frames a reply of the virtual DHCPv6 server (UDP from port 547 to `port` at `to`:
+    /// 546 of a client, 547 of a relay agent) into `buf`; returns its length, or `None` if
+    /// it does not fit. From the switch's link-local address to a link-local one, else
+    /// from the prefix's service address (where a relay agent sends unicast).
     pub fn emit_dhcp6_reply(
         &self,
         buf: &mut [u8],
         (to, to_mac): (Ipv6Addr, Mac),
+        port: u16,
         payload: &[u8],
     ) -> Option<usize> {
         let mac = self.config.remote_mac;
-        let from = ndp::link_local_of(mac);
-        emit_udp6(buf, (to_mac, mac), (from, to), (547, 546), payload)
+        let from = match self.config.prefix6 {
+            Some(prefix) if !super::v6::stays_on_link(to) => service_address6(prefix),
+            _ => ndp::link_local_of(mac),
+        };
+        emit_udp6(buf, (to_mac, mac), (from, to), (547, port), payload)
     }
 
     /// A duplicate address probe from the LAN for `target`: the service address is
@@ -336,15 +344,24 @@ impl<P: Copy + Eq> Switch<P> {
             };
         }
         let known = self.lan6.contains_key(&target);
-        if self.vepa() && self.lan_mac6(target).is_some_and(|m| m != mac) {
-            // Another LAN host's, which never hears the probe: refused for it.
-            return match ndp::emit_defence(reply, (target, self.config.remote_mac)) {
-                Some(len) => {
-                    self.counters.dad_defended += 1;
-                    Action::ToTap { len }
-                }
-                None => Action::Drop(DropReason::Malformed),
-            };
+        if self.vepa() {
+            let table = &self.config.lan_table;
+            if !table.is_empty() && !table.iter().any(|e| e.1 == mac) {
+                return self.spoof_drop(mac);
+            }
+            if self.lan_mac6(target).is_some_and(|m| m != mac) {
+                // Another LAN host's, which never hears the probe: refused for it, to the
+                // prober only (the holder, probing again after its link flapped, would
+                // take an answer for its own tentative address as a duplicate).
+                return match ndp::emit_defence(reply, (target, self.config.remote_mac)) {
+                    Some(len) => {
+                        reply[..6].copy_from_slice(&mac);
+                        self.counters.dad_defended += 1;
+                        Action::ToTap { len }
+                    }
+                    None => Action::Drop(DropReason::Malformed),
+                };
+            }
         }
         if !known {
             self.learn6(target, mac, now);
@@ -399,6 +416,9 @@ impl<P: Copy + Eq> Switch<P> {
         asker: (Ipv6Addr, Mac),
         reply: &mut [u8],
     ) -> Action<P> {
+        if target == asker.0 {
+            return Action::Drop(DropReason::NdIgnored);
+        }
         let flags = ndp::NaFlags {
             router: false,
             override_cache: true,

@@ -510,10 +510,16 @@ impl<P: Copy + Eq> Switch<P> {
                         None => Action::Drop(DropReason::OutsideSubnet),
                     };
                 }
-                if self.vepa() && self.lan.contains_key(&dst) {
-                    // Between two LAN hosts: only from one the switch knows by this MAC.
-                    return match self.lan.get(&ip.src()) {
-                        Some(h) if h.mac == eth.src() => Action::Hairpin { packet },
+                if self.vepa() && self.route(dst).is_none() && self.lan.contains_key(&dst) {
+                    // Between two LAN hosts (a member's address is the member's, whoever
+                    // sent from it here): only from one the switch knows by this MAC,
+                    // and not from a member's address (a host that moved here sends to
+                    // its neighbours once the handoff made the address this router's).
+                    let src = ip.src();
+                    return match self.lan.get(&src) {
+                        Some(h) if h.mac == eth.src() && self.route(src).is_none() => {
+                            Action::Hairpin { packet }
+                        }
                         _ => self.spoof_drop(eth.src()),
                     };
                 }

@@ -87,16 +87,27 @@ impl<P: Copy + Eq> Switch<P> {
             return Action::Drop(DropReason::LanLocal);
         }
         if ip.next_header() == IPPROTO_UDP {
-            if let Some((port, 53, udp)) = udp_parts(ip.payload()) {
-                let at = packet.end - ip.payload().len();
-                return Action::Dns {
-                    payload: at + udp.start..at + udp.end,
-                    client: Client {
-                        mac: eth.src(),
-                        ip: ip.src().into(),
-                        port,
-                    },
-                };
+            let at = packet.end - ip.payload().len();
+            let client = |port| Client {
+                mac: eth.src(),
+                ip: ip.src().into(),
+                port,
+            };
+            match udp_parts(ip.payload()) {
+                Some((port, 53, udp)) => {
+                    return Action::Dns {
+                        payload: at + udp.start..at + udp.end,
+                        client: client(port),
+                    };
+                }
+                // A relay agent's RELAY-FORW, sent to the server's address (router mode).
+                Some((port, 547, udp)) if self.config.dhcp && self.config.mode == Mode::Router => {
+                    return Action::Dhcp6 {
+                        payload: at + udp.start..at + udp.end,
+                        client: client(port),
+                    };
+                }
+                _ => {}
             }
         }
         Action::Drop(DropReason::NoRoute)

@@ -19,10 +19,10 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
 use super::Switch;
-use crate::icmp6::{emit_packet_too_big, NEXT_HEADER_ICMPV6, TCP_IPV6_HEADERS};
+use crate::icmp6::{emit_packet_too_big, TCP_IPV6_HEADERS};
 use crate::ndp::{self, Message, NaFlags, ADVERTISEMENT_FRAME_LEN, ETHERTYPE_IPV6};
 use crate::wire::{
-    emit_ethernet_header, multicast_mac6, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN,
+    emit_ethernet_header, may_be_nd, multicast_mac6, EthernetFrame, Ipv6Packet, ETH_HEADER_LEN,
 };
 use crate::{mtu, service_address6, Action, DropReason, Mode, HEADROOM};
 
@@ -263,13 +263,9 @@ impl<P: Copy + Eq> Switch<P> {
             // as from the prefix's service or anycast address.
             return Action::Drop(DropReason::OutsideSubnet);
         }
-        if ip.next_header() == NEXT_HEADER_ICMPV6
-            && ip
-                .payload()
-                .first()
-                .is_some_and(|t| (133..=137).contains(t))
-        {
-            // Router and neighbour discovery are the host's link's, never a member's.
+        if may_be_nd(&packet[..ip.total_len()]) {
+            // Router and neighbour discovery are the host's link's, never a member's (nor
+            // behind extension headers).
             return Action::Drop(DropReason::LinkLocal);
         }
         let router = self.config.mode == Mode::Router;

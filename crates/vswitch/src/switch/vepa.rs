@@ -168,7 +168,10 @@ impl<P: Copy + Eq> Switch<P> {
     /// [`MAX_LAN_HOSTS`] kept).
     pub fn bind_lease(&mut self, address: impl Into<IpAddr>, mac: Mac) {
         let address = address.into();
-        if self.leases.len() < MAX_LAN_HOSTS || self.leases.contains_key(&address) {
+        // Each family has its own room: DHCPv6 offers cannot crowd out DHCPv4 leases.
+        let same = |a: &&IpAddr| a.is_ipv4() == address.is_ipv4();
+        let kept = self.leases.keys().filter(same).count();
+        if kept < MAX_LAN_HOSTS || self.leases.contains_key(&address) {
             self.leases.insert(address, mac);
         }
     }

@@ -470,11 +470,12 @@ fn a_vepa_lan_host_may_not_send_from_or_probe_for_another_hosts_ipv6_address() {
         "a spoofed advertisement is no presence"
     );
     // B's duplicate address probe for A's address: A never hears it, the switch defends
-    // it at once (B's kernel then never uses it). A probing again is not defended.
+    // it at once, to B alone (B's kernel then never uses it; A, probing again after a
+    // flap, must not hear a defence of its own address). A probing again is not defended.
     let (action, reply) = tap(&mut sw, &dad(LAN_B, a6(0x50)));
     assert_eq!(
         advertised(&reply, &action),
-        (a6(0x50), Some(REMOTE_MAC), true, [0x33, 0x33, 0, 0, 0, 1])
+        (a6(0x50), Some(REMOTE_MAC), true, LAN_B)
     );
     assert_eq!(sw.counters().dad_defended, 1);
     assert_eq!(
@@ -496,7 +497,7 @@ fn a_vepa_lan_host_may_not_send_from_or_probe_for_another_hosts_ipv6_address() {
         tap(&mut sw, &from(LAN_B, echo(a6(0x60), a6(PEER)))).0,
         Action::ToPeer { peer: 7, .. }
     ));
-    // With a static table, only the MACs it lists send IPv6 at all.
+    // With a static table, only the MACs it lists send IPv6 at all, nor probe for it.
     let mut config = sw.config().clone();
     config.lan_table = vec![("10.201.0.10".parse().unwrap(), LAN_A)];
     let mut table = Switch::new(config);
@@ -505,9 +506,66 @@ fn a_vepa_lan_host_may_not_send_from_or_probe_for_another_hosts_ipv6_address() {
         tap(&mut table, &from(LAN_B, echo(a6(0x51), a6(PEER)))).0,
         spoofed
     );
+    assert_eq!(tap(&mut table, &dad(LAN_B, a6(0x51))).0, spoofed);
+    assert_eq!(table.lan_host6(a6(0x51)), None, "not learned, not claimed");
     assert!(matches!(
         tap(&mut table, &from(LAN_A, echo(a6(0x50), a6(PEER)))).0,
         Action::ToPeer { peer: 7, .. }
+    ));
+}
+
+/// `message` (ICMPv6) from `src` to `dst` behind a destination options header, hop limit
+/// 255, as the LAN host with `mac` sends it to the router MAC.
+fn behind_options(mac: Mac, (src, dst): (Ipv6Addr, Ipv6Addr), message: &[u8]) -> Vec<u8> {
+    let mut payload = vec![58, 0, 1, 4, 0, 0, 0, 0];
+    payload.extend_from_slice(message);
+    let mut f = from(mac, frame6(src, dst, 60, 255, &payload));
+    let at = ETH_HEADER_LEN + IPV6_HEADER_LEN + 8;
+    let sum = !ndp::upper_layer_sum(&f[ETH_HEADER_LEN + 8..ETH_HEADER_LEN + 40], 58, &f[at..]);
+    f[at + 2..at + 4].copy_from_slice(&sum.to_be_bytes());
+    f
+}
+
+#[test]
+fn neighbour_discovery_behind_extension_headers_reaches_no_host() {
+    let mut sw = vepa_with_a();
+    let _ = tap(&mut sw, &dad(LAN_B, a6(0x51)));
+    // B tells A, in an advertisement behind a destination options header, that C's
+    // address is at B: never reflected (the checks of advertisements never saw it).
+    let mut na = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
+    na.extend_from_slice(&a6(0x52).octets());
+    na.extend_from_slice(&[2, 1]);
+    na.extend_from_slice(&LAN_B);
+    let f = behind_options(LAN_B, (a6(0x51), a6(0x50)), &na);
+    assert_eq!(tap(&mut sw, &f).0, Action::Drop(DropReason::Spoofed));
+    // An echo behind the same header is reflected.
+    let f = behind_options(LAN_B, (a6(0x51), a6(0x50)), &[128, 0, 0, 0, 0, 1, 0, 1]);
+    assert!(matches!(tap(&mut sw, &f).0, Action::Hairpin { .. }));
+    // B sending to A from a member's address: not reflected.
+    let f = from(LAN_B, echo(a6(PEER), a6(0x50)));
+    assert_eq!(tap(&mut sw, &f).0, Action::Drop(DropReason::Spoofed));
+    assert_eq!(sw.counters().hairpinned, 1);
+    // From a member, such an advertisement (or a router advertisement) reaches no LAN host
+    // in any mode.
+    let f = behind_options(REMOTE_MAC, (a6(PEER), a6(0x50)), &na);
+    assert_eq!(
+        from_peer(&mut sw, &f[ETH_HEADER_LEN..]).0,
+        Action::Drop(DropReason::LinkLocal)
+    );
+    let mut veb = router();
+    let _ = tap(&mut veb, &dad(LAN_A, a6(0x50)));
+    assert_eq!(
+        from_peer(&mut veb, &f[ETH_HEADER_LEN..]).0,
+        Action::Drop(DropReason::LinkLocal)
+    );
+    let f = behind_options(
+        REMOTE_MAC,
+        (a6(PEER), a6(0x50)),
+        &[128, 0, 0, 0, 0, 1, 0, 1],
+    );
+    assert!(matches!(
+        from_peer(&mut veb, &f[ETH_HEADER_LEN..]).0,
+        Action::ToTap { .. }
     ));
 }
 
@@ -710,7 +768,7 @@ fn dhcpv6_from_a_lan_host_goes_to_the_server_and_its_reply_comes_from_the_link_l
     assert_eq!(sw.counters().dhcp_requests, 1);
     let mut buf = vec![0u8; 256];
     let n = sw
-        .emit_dhcp6_reply(&mut buf, (host, LAN_A), b"reply")
+        .emit_dhcp6_reply(&mut buf, (host, LAN_A), 546, b"reply")
         .unwrap();
     let eth = EthernetFrame::new_checked(&buf[..n]).unwrap();
     assert_eq!((eth.dst(), eth.src()), (LAN_A, REMOTE_MAC));
@@ -729,6 +787,26 @@ fn dhcpv6_from_a_lan_host_goes_to_the_server_and_its_reply_comes_from_the_link_l
     config.dhcp = false;
     let mut plain = Switch::new(config);
     assert_eq!(tap(&mut plain, &f).0, Action::Drop(DropReason::LinkLocal));
+    // A relay agent's RELAY-FORW, unicast to the service address from its own: taken, and
+    // answered from the service address to its port 547.
+    let (relay, service) = (a6(0x0e), a6(1));
+    let mut udp = vec![0x02, 0x23, 0x02, 0x23, 0, 12, 0, 0];
+    udp.extend_from_slice(&[12, 0, 0, 0]);
+    let f = from(LAN_A, frame6(relay, service, 17, 64, &udp));
+    let Action::Dhcp6 { payload, client } = tap(&mut sw, &f).0 else {
+        panic!("a relay's message not intercepted");
+    };
+    assert_eq!(&f[payload], &[12, 0, 0, 0]);
+    assert_eq!((client.ip, client.port), (relay.into(), 547));
+    let n = sw
+        .emit_dhcp6_reply(&mut buf, (relay, LAN_A), 547, b"reply")
+        .unwrap();
+    let eth = EthernetFrame::new_checked(&buf[..n]).unwrap();
+    let ip = crate::wire::Ipv6Packet::new_checked(eth.payload()).unwrap();
+    assert_eq!((ip.src(), ip.dst()), (service, relay));
+    assert_eq!(&ip.payload()[..4], &[2, 0x23, 2, 0x23]);
+    // Without DHCP, a datagram to port 547 of the service address is no one's.
+    assert_eq!(tap(&mut plain, &f).0, Action::Drop(DropReason::NoRoute));
 }
 
 #[test]

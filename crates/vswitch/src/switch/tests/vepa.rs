@@ -64,6 +64,13 @@ fn vepa_answers_arp_for_lan_hosts_and_reflects_their_frames() {
         sw.handle_tap_frame(t0(), &mut direct, &mut reply),
         Action::Drop(DropReason::LanLocal)
     );
+    // B sending to A from a member's address: not reflected.
+    let mut from_member = ipv4_from(LAN_B, REMOTE_MAC, [10, 201, 0, 2], [10, 201, 0, 10]);
+    assert_eq!(
+        sw.handle_tap_frame(t0(), &mut from_member, &mut reply),
+        Action::Drop(DropReason::Spoofed)
+    );
+    assert_eq!(sw.counters().hairpinned, 1);
     // Members' traffic is as in VEB mode.
     let mut out = ipv4_from(LAN_A, REMOTE_MAC, [10, 201, 0, 10], [10, 201, 0, 2]);
     assert!(matches!(
