@@ -54,7 +54,9 @@ fuzz_target!(|data: &[u8]| {
         }
         let _ = sw.emit_unreachable(now, &mut reply, data);
         let to = ("fe80::1".parse().expect("address"), [2, 0, 0, 0, 0, 9]);
-        let _ = sw.emit_dhcp6_reply(&mut reply, to, data);
+        let _ = sw.emit_dhcp6_reply(&mut reply, to, 546, data);
+        let relay = ("fd00::e".parse().expect("address"), [2, 0, 0, 0, 0, 9]);
+        let _ = sw.emit_dhcp6_reply(&mut reply, relay, 547, data);
         let mut buf = vec![0u8; HEADROOM + data.len()];
         buf[HEADROOM..].copy_from_slice(data);
         let _ = sw.handle_peer_packet(now, &mut buf, data.len());

@@ -470,6 +470,18 @@ pub struct NamespaceStatus {
     /// DHCP offers not taken up in time: their addresses were released.
     #[serde(default)]
     pub dhcp_offers_lapsed: u64,
+    /// DHCPv6 (router mode): replies sent (ADVERTISE, REPLY; through relays RELAY-REPL),
+    /// messages that did not parse, messages that came through relay agents, and relayed
+    /// ones dropped because the client's link (the first relay's link-address) is outside
+    /// the prefix.
+    #[serde(default)]
+    pub dhcp6_replies: u64,
+    #[serde(default)]
+    pub dhcp6_malformed: u64,
+    #[serde(default)]
+    pub dhcp6_relayed: u64,
+    #[serde(default)]
+    pub dhcp6_relay_outside_prefix: u64,
     /// This member's own name (`hostname`), held or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,

@@ -381,6 +381,177 @@ fn slaac_address(bed: &Testbed, host: &Host, prefix: ipnet::Ipv6Net) -> Ipv6Addr
     address
 }
 
+/// Runs ISC `dhclient -6` on `host`'s `eth0` once its link-local address is ready; the
+/// address it was leased, once its lease file names one (30 s at most).
+fn dhclient6(bed: &mut Testbed, host: &Host) -> Ipv6Addr {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = bed
+            .ns_output(
+                &host.ns,
+                "ip",
+                &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"],
+            )
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("fe80") && !text.contains("tentative") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no link-local address on {}: {text}",
+            host.name
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let leases = host.dir.join("dhclient6.leases");
+    let pid = host.dir.join("dhclient6.pid").display().to_string();
+    let leases_arg = leases.display().to_string();
+    let log = host.dir.join("dhclient6.log");
+    bed.spawn(
+        &host.ns,
+        "dhclient",
+        &["-6", "-d", "-v", "-pf", &pid, "-lf", &leases_arg, "eth0"],
+        &log,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&leases).unwrap_or_default();
+        let found = text.lines().find_map(|l| {
+            let rest = l.trim().strip_prefix("iaaddr ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        });
+        if let Some(a) = found {
+            return a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dhclient -6 on {} got no lease: {}",
+            host.name,
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// DHCPv6 through a real relay agent: ISC `dhcrelay -6` routes between a client LAN and a
+/// router member's LAN in a /48 namespace, forwarding to all DHCPv6 servers of the site;
+/// the router's agent answers it with RELAY-REPL, ISC `dhclient -6` behind the relay is
+/// leased an address on the relay's link (the /64 of its link-address), the router holds
+/// it, and the client and an interface member ping each other through the relay.
+#[test]
+fn a_dhcpv6_client_behind_a_relay_agent_is_leased_an_address_on_its_link() {
+    require_root();
+    let mut bed = Testbed::new("v6relay", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let prefix = "fd42:7:7::/48";
+    let h1 = start_member(&mut bed, &secret, 1, &format!("subnet6 = \"{prefix}\"\n"));
+    let a1 = address6(&bed, &h1);
+    let lan = bed.add_lan("lan").unwrap();
+    let rh = bed.add_host("r", underlay(2)).unwrap();
+    bed.plug(&lan, &rh.ns, "eth1", 1500).unwrap();
+    let lines = format!(
+        "lease_secs = {LEASE_SECS}\nmode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nuplink = \"eth1\"\nsubnet6 = \"{prefix}\"\n"
+    );
+    let cfg = agent_section(&rh) + &lab_namespace(&secret, SUBNET, Some(underlay(1)), &lines);
+    let agent = bed.start_agent(&rh, &cfg).unwrap();
+    let router = Member { host: rh, agent };
+
+    // The relay: a router between the member's LAN (fd42:7:7::e) and the client's
+    // (fd42:7:7:5::1/64), reaching the rest of the namespace on its LAN side.
+    let relay = bed
+        .add_lan_host(&lan, "relay", "10.203.0.2/24", 1500)
+        .unwrap();
+    let clients = bed.add_lan("clan").unwrap();
+    bed.plug(&clients, &relay.ns, "eth1", 1500).unwrap();
+    for args in [
+        &[
+            "-6",
+            "addr",
+            "add",
+            "fd42:7:7::e/64",
+            "dev",
+            "eth0",
+            "nodad",
+        ][..],
+        &[
+            "-6",
+            "addr",
+            "add",
+            "fd42:7:7:5::1/64",
+            "dev",
+            "eth1",
+            "nodad",
+        ],
+        &["-6", "route", "add", "fd42:7:7::/48", "dev", "eth0"],
+    ] {
+        bed.ns(&relay.ns, "ip", args).unwrap();
+    }
+    bed.ns(
+        &relay.ns,
+        "sysctl",
+        &["-qw", "net.ipv6.conf.all.forwarding=1"],
+    )
+    .unwrap();
+    let relay_log = relay.dir.join("dhcrelay.log");
+    let pid_file = relay.dir.join("dhcrelay.pid").display().to_string();
+    let relay_pid = bed
+        .spawn(
+            &relay.ns,
+            "dhcrelay",
+            &["-6", "-d", "-pf", &pid_file, "-l", "eth1", "-u", "eth0"],
+            &relay_log,
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        bed.is_running(relay_pid),
+        "dhcrelay exited: {}",
+        std::fs::read_to_string(&relay_log).unwrap_or_default()
+    );
+
+    let c = bed.add_lan_host(&clients, "c", "", 1500).unwrap();
+    let leased = dhclient6(&mut bed, &c);
+    let link: ipnet::Ipv6Net = "fd42:7:7:5::/64".parse().unwrap();
+    assert!(
+        link.contains(&leased),
+        "{leased} is not on the client's link {link}"
+    );
+    let r = namespace(&bed, &router);
+    assert!(
+        r.dhcp6_relayed >= 2 && r.dhcp6_relay_outside_prefix == 0,
+        "SOLICIT and REQUEST came through the relay: {r:?}"
+    );
+    assert!(r.addresses6.contains(&leased.to_string()), "{r:?}");
+    // Through the relay to the member and back: the client routes the namespace by it.
+    bed.ns(
+        &c.ns,
+        "ip",
+        &["-6", "route", "add", "fd42:7:7:5::1", "dev", "eth0"],
+    )
+    .unwrap();
+    bed.ns(
+        &c.ns,
+        "ip",
+        &[
+            "-6",
+            "route",
+            "add",
+            "fd42:7:7::/48",
+            "via",
+            "fd42:7:7:5::1",
+        ],
+    )
+    .unwrap();
+    ping6(&bed, &c, a1);
+    ping6(&bed, &h1.host, leased);
+    eprintln!(
+        "leased {leased} through the relay; router: {} DHCPv6 replies",
+        r.dhcp6_replies
+    );
+}
+
 /// Router mode: a plain LAN host behind a router member configures its IPv6 address by
 /// itself, from the router advertisement of the agent (the kernel's SLAAC, nothing else
 /// running on it); the router learns the address from the host's duplicate address probe
@@ -461,52 +632,7 @@ fn a_lan_host_configures_itself_from_the_routers_advertisement_and_reaches_membe
     // A LAN host asking DHCPv6 (ISC dhclient -6) is leased an address of the prefix, which
     // the router claims for it and the interface member reaches.
     let l3 = bed.add_lan_host(&lan, "l3", "", 1500).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = bed
-            .ns_output(
-                &l3.ns,
-                "ip",
-                &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"],
-            )
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if text.contains("fe80") && !text.contains("tentative") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no link-local address on l3: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let leases = l3.dir.join("dhclient6.leases");
-    let pid = l3.dir.join("dhclient6.pid").display().to_string();
-    let leases_arg = leases.display().to_string();
-    bed.spawn(
-        &l3.ns,
-        "dhclient",
-        &["-6", "-d", "-v", "-pf", &pid, "-lf", &leases_arg, "eth0"],
-        &l3.dir.join("dhclient6.log"),
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let leased: Ipv6Addr = loop {
-        let text = std::fs::read_to_string(&leases).unwrap_or_default();
-        let found = text.lines().find_map(|l| {
-            let rest = l.trim().strip_prefix("iaaddr ")?;
-            rest.split_whitespace().next()?.parse().ok()
-        });
-        if let Some(a) = found {
-            break a;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "dhclient -6 got no lease: {}",
-            std::fs::read_to_string(l3.dir.join("dhclient6.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let leased = dhclient6(&mut bed, &l3);
     assert!(prefix.contains(&leased), "{leased} outside {prefix}");
     let shown = bed
         .ns_output(&l3.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])

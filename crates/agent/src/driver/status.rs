@@ -180,6 +180,7 @@ impl Control {
             .map(|(i, (p, lane))| {
                 let m = &p.membership;
                 let c = &lane.counters;
+                let dhcp6 = p.dhcp6.as_ref().map(|d| d.stats()).unwrap_or_default();
                 NamespaceStatus {
                     name: p.name.clone(),
                     certificate: p.certificate.as_ref().map(|c| OwnCertificate {
@@ -241,6 +242,10 @@ impl Control {
                         .as_ref()
                         .map_or(0, |d| d.stats().relay_outside_subnet),
                     dhcp_offers_lapsed: p.dhcp.as_ref().map_or(0, |d| d.stats().offers_lapsed),
+                    dhcp6_replies: dhcp6.replies,
+                    dhcp6_malformed: dhcp6.malformed,
+                    dhcp6_relayed: dhcp6.relayed,
+                    dhcp6_relay_outside_prefix: dhcp6.relay_outside_prefix,
                     hostname: m.hostname().map(str::to_string),
                     name_error: m.name_error().map(str::to_string),
                     names: m

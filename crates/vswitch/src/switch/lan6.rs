@@ -46,8 +46,10 @@ const DAD_WINDOW: Duration = Duration::from_secs(1);
 /// loses the address it configured again (one it did not probe for it keeps).
 const DAD_DECIDE: Duration = Duration::from_millis(800);
 
-/// All DHCPv6 relay agents and servers on a link (RFC 8415 7.1).
+/// All DHCPv6 relay agents and servers on a link (RFC 8415 7.1): where clients send.
 const ALL_DHCP_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
+/// All DHCPv6 servers of the site (RFC 8415 7.1): where a relay agent sends by default.
+const ALL_DHCP_SERVERS_SITE: Ipv6Addr = Ipv6Addr::new(0xff05, 0, 0, 0, 0, 0, 1, 3);
 
 /// Whether `mac` may be a LAN host's: not an agent's remote MAC (FE:FD), not a group
 /// address, not zero.
@@ -271,13 +273,15 @@ impl<P: Copy + Eq> Switch<P> {
     }
 
     /// A DHCPv6 message from a LAN host (UDP from its port to all DHCPv6 servers' port
-    /// 547), when the agent serves DHCP.
+    /// 547: a client's, or a relay agent's to the site's servers), when the agent serves
+    /// DHCP.
     fn dhcp6_request(
         &self,
         eth: &EthernetFrame<&[u8]>,
         ip: &Ipv6Packet<&[u8]>,
     ) -> Option<Action<P>> {
-        if !self.config.dhcp || ip.next_header() != IPPROTO_UDP || ip.dst() != ALL_DHCP_SERVERS {
+        let to_servers = matches!(ip.dst(), ALL_DHCP_SERVERS | ALL_DHCP_SERVERS_SITE);
+        if !self.config.dhcp || ip.next_header() != IPPROTO_UDP || !to_servers {
             return None;
         }
         let (port, 547, udp) = udp_parts(ip.payload())? else {

@@ -805,6 +805,11 @@ fn dhcpv6_from_a_lan_host_goes_to_the_server_and_its_reply_comes_from_the_link_l
     let ip = crate::wire::Ipv6Packet::new_checked(eth.payload()).unwrap();
     assert_eq!((ip.src(), ip.dst()), (service, relay));
     assert_eq!(&ip.payload()[..4], &[2, 0x23, 2, 0x23]);
+    // Or to all DHCPv6 servers of the site (a relay's default).
+    let site: Ipv6Addr = "ff05::1:3".parse().unwrap();
+    let mut to_site = from(LAN_A, frame6(relay, site, 17, 64, &udp));
+    to_site[..6].copy_from_slice(&[0x33, 0x33, 0, 1, 0, 3]);
+    assert!(matches!(tap(&mut sw, &to_site).0, Action::Dhcp6 { .. }));
     // Without DHCP, a datagram to port 547 of the service address is no one's.
     assert_eq!(tap(&mut plain, &f).0, Action::Drop(DropReason::NoRoute));
 }
