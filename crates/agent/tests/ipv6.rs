@@ -795,6 +795,67 @@ fn a_moved_ipv6_lan_host_is_handed_off_between_routers() {
     }
 }
 
+/// A DHCPv6 host moved to another router's LAN (its veth's bridge end moved, as a live
+/// migration moves a VM) keeps its leased address without sending from it: its renewal
+/// reaches the new router, which has no binding for it and asks the old router to hand
+/// the address over before it claims it; the renewal is answered with the same address,
+/// the old router gives it up without a conflict, and the member reaches the host there.
+#[test]
+fn a_moved_dhcpv6_host_keeps_its_lease_at_the_new_router() {
+    require_root();
+    let mut bed = Testbed::new("v6dmv", Path::new(BIN)).expect("testbed");
+    let secret = secret(bed.dir());
+    let h1 = start_member(&mut bed, &secret, 1, "");
+    let prefix: ipnet::Ipv6Net = namespace(&bed, &h1).subnet6.parse().expect("a prefix");
+    let (lan1, r1) = router_at(&mut bed, &secret, "1", 2);
+    let (lan2, r2) = router_at(&mut bed, &secret, "2", 3);
+    let vm = bed.add_lan_host(&lan1, "vm", "", 1500).unwrap();
+    let leased = dhclient6(&mut bed, &vm);
+    assert!(prefix.contains(&leased), "{leased}");
+    let l = leased.to_string();
+    wait_for("r1 holds the lease", Duration::from_secs(20), || {
+        namespace(&bed, &r1).addresses6.contains(&l)
+    });
+    ping6(&bed, &h1.host, leased);
+
+    let port = bed.bridge_port(&vm, &lan1).unwrap();
+    let (replies, handoffs) = {
+        let r = namespace(&bed, &r2);
+        (r.dhcp6_replies, r.handoffs_in)
+    };
+    bed.move_port(&port, &lan1, &lan2).unwrap();
+    // Nothing is sent from the address: the renewal (at half the 20 s lease) says it.
+    let took = wait_for(
+        "r2 answers the renewal and holds the address",
+        Duration::from_secs(40),
+        || {
+            let (a, b) = (namespace(&bed, &r1), namespace(&bed, &r2));
+            b.dhcp6_replies > replies && b.addresses6.contains(&l) && !a.addresses6.contains(&l)
+        },
+    );
+    eprintln!("renewed at the new router {took:?} after the move");
+    let b = namespace(&bed, &r2);
+    assert!(b.handoffs_in > handoffs, "{b:?}");
+    assert_eq!(b.hosted_conflicts, 0, "{b:?}");
+    let shown = bed
+        .ns_output(&vm.ns, "ip", &["-6", "-o", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains(&l),
+        "the host lost {l}"
+    );
+    ping6(&bed, &h1.host, leased);
+    // A lease's time later the address is still the new router's (the old one gave back
+    // nothing when its binding would have ended).
+    std::thread::sleep(Duration::from_secs(LEASE_SECS));
+    let (a, b) = (namespace(&bed, &r1), namespace(&bed, &r2));
+    assert!(
+        b.addresses6.contains(&l) && !a.addresses6.contains(&l),
+        "{a:?} {b:?}"
+    );
+    ping6(&bed, &h1.host, leased);
+}
+
 /// Waits until `f` holds (`within` at most), then says how long it took.
 fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();

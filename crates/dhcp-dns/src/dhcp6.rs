@@ -140,6 +140,9 @@ pub enum Output {
         address: Ipv6Addr,
         /// The client's MAC.
         mac: [u8; 6],
+        /// The client renews or rebinds this address with no binding here: it had it from
+        /// another server (or this one before a restart), and may have moved here with it.
+        renewing: bool,
     },
     /// The address is free again (released, declined, expired, or won for a client that
     /// stopped waiting): release its DHT lease, unless a host other than the one at `mac`
@@ -276,18 +279,21 @@ impl Server {
             self.stats.malformed += 1;
             return;
         };
-        if let Some(first) = relays.last() {
+        if !relays.is_empty() {
             self.stats.relayed += 1;
-            // The server hands out one prefix: the client's link must lie in it.
-            if !self.settings.prefix.contains(&first.link) {
-                self.stats.relay_outside_prefix += 1;
-                return;
-            }
         }
         let from = Path {
             sender: from,
             relays,
         };
+        // The server hands out one prefix: the client's link must lie in it.
+        if from
+            .link_address()
+            .is_some_and(|a| !self.settings.prefix.contains(&a))
+        {
+            self.stats.relay_outside_prefix += 1;
+            return;
+        }
         // A client's message is checked before dhcproto reads it (see `options_sound`).
         let sound = payload.len() >= 4
             && !matches!(payload[0], RELAY_FORW | RELAY_REPL)
@@ -358,7 +364,14 @@ impl Server {
                 // The address the client has; without a binding here (the agent restarted)
                 // it is claimed again, that address or none.
                 let has = self.lease_of(&client);
+                let link = from.link(self.settings.prefix);
                 match (has, named) {
+                    // Its address is not of the link it asks from (it moved): returned
+                    // with lifetimes 0, and a new one found when it asks again.
+                    (Some(a), _) if !link.contains(&a) => {
+                        self.drop_binding(&client);
+                        self.assign_exact(now, client, message, from, a);
+                    }
                     (Some(a), Some(n)) if a != n => {
                         self.reply_status(&message, &client, &from, Status::NoBinding);
                     }
@@ -379,6 +392,7 @@ impl Server {
                 {
                     // Another host naming this client's DUID: not its to give back.
                     self.stats.ignored += 1;
+                    self.reply_status(&message, &client, &from, Status::NoBinding);
                     return;
                 }
                 if kind == MessageType::Decline {
@@ -406,7 +420,7 @@ impl Server {
                     self.stats.ignored += 1;
                     return;
                 };
-                let on_link = self.settings.prefix.contains(&named);
+                let on_link = from.link(self.settings.prefix).contains(&named);
                 let (code, text) = if on_link {
                     (Status::Success, "on link")
                 } else {
@@ -472,7 +486,12 @@ impl Server {
             Some(next) => {
                 let mac = p.from.sender.1;
                 self.pending.insert(next, p);
-                self.out.push_back(Output::Claim { address: next, mac });
+                let claim = Output::Claim {
+                    address: next,
+                    mac,
+                    renewing: false,
+                };
+                self.out.push_back(claim);
             }
             None => self.reply_status(&p.message, &p.client, &p.from, Status::NoAddrsAvail),
         }
@@ -488,6 +507,11 @@ impl Server {
         from: Path,
         (answer, named): (MessageType, Option<Ipv6Addr>),
     ) {
+        let link = from.link(self.settings.prefix);
+        if self.lease_of(&client).is_some_and(|a| !link.contains(&a)) {
+            // Bound on another link (the client moved): a new address here.
+            self.drop_binding(&client);
+        }
         let has = self.bindings.get(&client).map(|b| b.address);
         if let Some(address) = has.filter(|a| named.is_none_or(|n| n == *a)) {
             let offered = answer == MessageType::Advertise;
@@ -511,7 +535,7 @@ impl Server {
         }
         // A REQUEST for an address this server did not advertise (or no longer has): the
         // one it names, if usable, else a fresh one.
-        let exact = named.filter(|a| self.usable(*a));
+        let exact = named.filter(|a| self.usable(*a) && link.contains(a));
         let Some(address) = exact.or_else(|| self.candidate(&client, 0, &from)) else {
             self.reply_status(&message, &client, &from, Status::NoAddrsAvail);
             return;
@@ -528,7 +552,7 @@ impl Server {
         from: Path,
         named: Ipv6Addr,
     ) {
-        if self.usable(named) {
+        if self.usable(named) && from.link(self.settings.prefix).contains(&named) {
             let answer = (MessageType::Reply, named, true);
             self.claim(now, client, message, from, answer);
             return;
@@ -578,7 +602,22 @@ impl Server {
         };
         let mac = p.from.sender.1;
         self.pending.insert(address, p);
-        self.out.push_back(Output::Claim { address, mac });
+        self.out.push_back(Output::Claim {
+            address,
+            mac,
+            renewing: exact,
+        });
+    }
+
+    /// Drops `client`'s binding (on another link than it asks from now): its address is
+    /// released.
+    fn drop_binding(&mut self, client: &Client) {
+        if let Some(b) = self.bindings.remove(client) {
+            self.out.push_back(Output::Release {
+                address: b.address,
+                mac: Some(b.mac),
+            });
+        }
     }
 
     /// Whether `address` may be handed out: in the prefix, neither its `::` nor its `::1`
@@ -782,16 +821,23 @@ fn options_sound(mut options: &[u8], depth: u8) -> bool {
 }
 
 impl Path {
-    /// The part of `prefix` the client's link has: through a relay, the /64 of the first
-    /// relay's link-address when the prefix is wider (a relayed link numbered as links
-    /// are), else the whole prefix.
+    /// The address that names the client's link: the link-address of the relay nearest
+    /// the client that set one (RFC 8415 13.1: a zero one, as lightweight relays in
+    /// switches send, is ignored); none for the agent's own LAN.
+    fn link_address(&self) -> Option<Ipv6Addr> {
+        let mut links = self.relays.iter().rev().map(|h| h.link);
+        links.find(|a| !a.is_unspecified())
+    }
+
+    /// The part of `prefix` the client's link has. In a prefix wider than a /64 (a site of
+    /// /64 links), the /64 of its link-address; the agent's own LAN is the prefix's first.
+    /// In a /64 or narrower, the whole prefix.
     fn link(&self, prefix: Ipv6Net) -> Ipv6Net {
-        match self.relays.last() {
-            Some(first) if prefix.prefix_len() < 64 => {
-                Ipv6Net::new(first.link, 64).map_or(prefix, |n| n.trunc())
-            }
-            _ => prefix,
+        if prefix.prefix_len() >= 64 {
+            return prefix;
         }
+        let at = self.link_address().unwrap_or(prefix.network());
+        Ipv6Net::new(at, 64).map_or(prefix, |n| n.trunc())
     }
 }
 

@@ -2,9 +2,11 @@
 //! runs it: its addresses are the membership's claims for LAN hosts (`claim_for_dhcp6`),
 //! its replies leave through the switch from the router's link-local address.
 
+use std::net::Ipv6Addr;
 use std::time::Instant;
 
 use hyphae_dhcp_dns::dhcp6;
+use hyphae_migrate::{Announce, Presence};
 use hyphae_overlay::NamespaceId;
 
 use super::workers::lock;
@@ -49,6 +51,7 @@ impl Control {
     pub(crate) fn drain_dhcp6(&mut self, i: usize, now: Instant) {
         let n = &mut self.namespaces[i];
         let mut released = false;
+        let mut renewed = Vec::new();
         while let Some(output) = n.dhcp6.as_mut().and_then(dhcp6::Server::poll_output) {
             match output {
                 dhcp6::Output::Reply(r) => {
@@ -62,7 +65,11 @@ impl Control {
                         self.batch.write_reply(i, len);
                     }
                 }
-                dhcp6::Output::Claim { address, mac } => {
+                dhcp6::Output::Claim {
+                    address,
+                    mac,
+                    renewing,
+                } => {
                     // Another host of the LAN uses it (a SLAAC or static address): not
                     // this client's, whoever holds the lease.
                     let seen = lock(&self.dp).lanes[i].switch.lan_host6(address);
@@ -73,7 +80,11 @@ impl Control {
                     } else {
                         // VEPA: the client's from now (its claim refused, no one's).
                         lock(&self.dp).lanes[i].switch.bind_lease(address, mac);
-                        n.membership.claim_for_dhcp6(address, now);
+                        if renewing && !n.membership.holds_ip(address.into()) {
+                            renewed.push((address, mac));
+                        } else {
+                            n.membership.claim_for_dhcp6(address, now);
+                        }
                     }
                 }
                 dhcp6::Output::Release { address, mac } => {
@@ -89,11 +100,49 @@ impl Control {
                 }
             }
         }
+        for (address, mac) in renewed {
+            self.renewed_elsewhere(i, now, address, mac);
+        }
         if released {
             let addresses6 = self.namespaces[i].membership.addresses6();
             lock(&self.dp)
                 .node
                 .set_addresses6(now, NamespaceId(i), addresses6);
+        }
+    }
+
+    /// A DHCPv6 client renews `address`, which this router does not hold: it may have
+    /// moved here from another router's LAN with its lease (a live migration), so that
+    /// router is asked to hand the address over first, as for a host heard here from an
+    /// address another member holds; the claim follows when the handoff ends
+    /// ([`Control::dhcp6_after_handoff`]). Without a handoff to wait for, it is claimed now.
+    fn renewed_elsewhere(&mut self, i: usize, now: Instant, address: Ipv6Addr, mac: [u8; 6]) {
+        let presence = Presence {
+            address: Some(address.into()),
+            mac,
+            announce: Announce::Packet,
+        };
+        self.lan_presence(i, now, presence);
+        let n = &mut self.namespaces[i];
+        if n.handoffs.core.in_progress(address.into()) {
+            let waiting = &mut n.dhcp6_after_handoff;
+            waiting.retain(|_, until| *until > now);
+            waiting.insert(address, now + dhcp6::CLAIM_WAIT);
+        } else {
+            n.membership.claim_for_dhcp6(address, now);
+        }
+    }
+
+    /// The handoff of `address` ended (taken over, refused, given up, or its holder
+    /// silent): a DHCPv6 renewal waiting on it is claimed now, while its request still
+    /// waits (this router holds the address if it took it over: the claim is won at once).
+    pub(crate) fn dhcp6_after_handoff(&mut self, i: usize, now: Instant, address: Ipv6Addr) {
+        let n = &mut self.namespaces[i];
+        if n.dhcp6_after_handoff
+            .remove(&address)
+            .is_some_and(|until| now < until)
+        {
+            n.membership.claim_for_dhcp6(address, now);
         }
     }
 

@@ -411,6 +411,21 @@ impl Control {
     }
 
     fn handoff_event(&mut self, i: usize, now: Instant, event: Event<NetworkId>) {
+        // A DHCPv6 renewal may wait for this handoff's end.
+        let ended = match &event {
+            Event::TookOver { address, .. }
+            | Event::Refused { address, .. }
+            | Event::SourceSilent { address, .. } => Some(*address),
+            Event::GaveUp { address, .. } => *address,
+            Event::HandedOff { .. } | Event::Kept { .. } => None,
+        };
+        self.handoff_event_inner(i, now, event);
+        if let Some(IpAddr::V6(a)) = ended {
+            self.dhcp6_after_handoff(i, now, a);
+        }
+    }
+
+    fn handoff_event_inner(&mut self, i: usize, now: Instant, event: Event<NetworkId>) {
         let n = &mut self.namespaces[i];
         match event {
             Event::TookOver {

@@ -114,6 +114,9 @@ pub(crate) struct Joined {
     pub(crate) dhcp: Option<dhcp::Server>,
     /// Router mode, dual stack: the virtual DHCPv6 server, once a LAN host asks.
     pub(crate) dhcp6: Option<hyphae_dhcp_dns::dhcp6::Server>,
+    /// Addresses DHCPv6 clients renew that another member holds, claimed once the handoff
+    /// that asks that member for them ends (the host may have moved here), until when.
+    pub(crate) dhcp6_after_handoff: HashMap<std::net::Ipv6Addr, Instant>,
     /// The default gateway DHCP hands out, if configured.
     pub(crate) gateway: Option<Ipv4Addr>,
     /// The virtual DNS service.
@@ -581,6 +584,7 @@ impl Control {
             mac_checks: Default::default(),
             dhcp: None,
             dhcp6: None,
+            dhcp6_after_handoff: HashMap::new(),
             gateway: cfg.gateway,
             dns,
             live: false,

@@ -77,7 +77,7 @@ fn reply(s: &mut Server) -> Message {
 /// The only output: a claim.
 fn claim(s: &mut Server) -> Ipv6Addr {
     match outputs(s).as_slice() {
-        [Output::Claim { address, mac }] => {
+        [Output::Claim { address, mac, .. }] => {
             assert_eq!(*mac, HOST_MAC);
             *address
         }
@@ -204,7 +204,15 @@ fn a_renewal_after_a_restart_claims_that_address_only() {
         &message(MessageType::Renew, Some(mine), id.clone()),
         host(),
     );
-    assert_eq!(claim(&mut s), mine);
+    // Said to be a renewal (the host may have moved here with it).
+    assert_eq!(
+        outputs(&mut s),
+        vec![Output::Claim {
+            address: mine,
+            mac: HOST_MAC,
+            renewing: true
+        }]
+    );
     s.allocated(mine, t0());
     let ack = reply(&mut s);
     assert_eq!(ack.msg_type(), MessageType::Reply);
@@ -238,7 +246,14 @@ fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_agai
         &message(MessageType::Request, None, id.clone()),
         host(),
     );
-    let first = claim(&mut s);
+    let first = match outputs(&mut s).as_slice() {
+        [Output::Claim {
+            address,
+            renewing: false,
+            ..
+        }] => *address,
+        other => panic!("not one fresh claim: {other:?}"),
+    };
     s.allocated(first, t0());
     let _ = reply(&mut s);
     s.handle_request(
@@ -274,7 +289,7 @@ fn release_and_decline_free_the_address_and_a_declined_one_is_never_offered_agai
         &message(MessageType::Release, Some(second), id.clone()),
         other,
     );
-    assert_eq!(outputs(&mut s), vec![]);
+    assert_eq!(ia_status(&reply_to_other(&mut s)), Some(Status::NoBinding));
     assert_eq!(s.stats().ignored, ignored + 1);
     assert!(!s.usable(second), "still the client's");
     s.handle_request(
@@ -455,12 +470,32 @@ fn a_binding_handed_over_with_its_host_goes_without_a_release() {
     assert_eq!(s.poll_timeout(), None);
 }
 
+/// The only output: a reply to someone other than [`host`], decoded.
+fn reply_to_other(s: &mut Server) -> Message {
+    match outputs(s).as_slice() {
+        [Output::Reply(r)] => {
+            assert_ne!(r.to, host());
+            Message::decode(&mut Decoder::new(&r.bytes)).unwrap()
+        }
+        other => panic!("not one reply: {other:?}"),
+    }
+}
+
 const RELAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0e];
 
-/// `inner` as a relay agent forwards it (RELAY-FORW) from a client at `peer` on the link of
-/// `link`, with Interface-ID `id` (if any) after the Relay Message (options in any order).
-fn relayed(inner: &[u8], link: Ipv6Addr, peer: Ipv6Addr, id: Option<&[u8]>) -> Vec<u8> {
-    let mut m = vec![RELAY_FORW, 0];
+fn relay() -> (Ipv6Addr, [u8; 6]) {
+    ("fd12:3456:789a::e".parse().unwrap(), RELAY_MAC)
+}
+
+/// `inner` as a relay agent forwards it (RELAY-FORW, hop count `hops`) from `peer` on the
+/// link of `link`, with Interface-ID `id` (if any) after the Relay Message.
+fn relayed(
+    inner: &[u8],
+    (link, peer): (Ipv6Addr, Ipv6Addr),
+    hops: u8,
+    id: Option<&[u8]>,
+) -> Vec<u8> {
+    let mut m = vec![RELAY_FORW, hops];
     m.extend_from_slice(&link.octets());
     m.extend_from_slice(&peer.octets());
     m.extend_from_slice(&[0, 9]);
@@ -490,36 +525,51 @@ fn unwrap_reply(bytes: &[u8]) -> (u8, Ipv6Addr, Ipv6Addr, Option<Vec<u8>>, Vec<u
     )
 }
 
-#[test]
-fn a_client_behind_a_relay_is_answered_through_it_on_its_links_part_of_the_prefix() {
-    // A /48 namespace: the relayed client's link is the /64 of the relay's link-address.
-    let mut s = Server::new(Settings {
+/// A /48 namespace's server: a relayed client's link is a /64 of it.
+fn site_server() -> Server {
+    Server::new(Settings {
         prefix: "fd12:3456:789a::/48".parse().unwrap(),
         ..server().settings.clone()
-    });
+    })
+}
+
+/// The only output: a claim, its address.
+fn claimed(s: &mut Server) -> Ipv6Addr {
+    match outputs(s).as_slice() {
+        [Output::Claim { address, .. }] => *address,
+        other => panic!("not one claim: {other:?}"),
+    }
+}
+
+fn net(text: &str) -> Ipv6Net {
+    text.parse().unwrap()
+}
+
+#[test]
+fn a_client_behind_a_relay_is_answered_through_it_on_its_links_part_of_the_prefix() {
+    let mut s = site_server();
     let link: Ipv6Addr = "fd12:3456:789a:5::1".parse().unwrap();
     let peer: Ipv6Addr = "fe80::c".parse().unwrap();
-    let relay: (Ipv6Addr, [u8; 6]) = ("fd12:3456:789a::e".parse().unwrap(), RELAY_MAC);
     let solicit = message(MessageType::Solicit, None, None);
-    s.handle_request(t0(), &relayed(&solicit, link, peer, Some(b"eth1")), relay);
+    s.handle_request(
+        t0(),
+        &relayed(&solicit, (link, peer), 0, Some(b"eth1")),
+        relay(),
+    );
     let address = match outputs(&mut s).as_slice() {
-        [Output::Claim { address, mac }] => {
+        [Output::Claim { address, mac, .. }] => {
             assert_eq!(*mac, RELAY_MAC, "the client is behind the relay's MAC");
             *address
         }
         other => panic!("not one claim: {other:?}"),
     };
-    let link_net: Ipv6Net = "fd12:3456:789a:5::/64".parse().unwrap();
-    assert!(
-        link_net.contains(&address),
-        "{address} not on the client's link"
-    );
+    assert!(net("fd12:3456:789a:5::/64").contains(&address), "{address}");
     s.allocated(address, t0());
     let r = match outputs(&mut s).as_slice() {
         [Output::Reply(r)] => r.clone(),
         other => panic!("not one reply: {other:?}"),
     };
-    assert_eq!((r.to, r.port), (relay, SERVER_PORT));
+    assert_eq!((r.to, r.port), (relay(), SERVER_PORT));
     let (hops, l, p, id, inner) = unwrap_reply(&r.bytes);
     assert_eq!(
         (hops, l, p, id.as_deref()),
@@ -530,34 +580,107 @@ fn a_client_behind_a_relay_is_answered_through_it_on_its_links_part_of_the_prefi
     assert_eq!(named_address(ia(&m)), Some(address));
     assert_eq!((s.stats().relayed, s.stats().relay_outside_prefix), (1, 0));
 
-    // Two relays: the reply is wrapped twice, outermost for the relay that sent it.
-    let second: Ipv6Addr = "fd12:3456:789a::f".parse().unwrap();
-    let twice = relayed(&relayed(&solicit, link, peer, None), second, link, None);
-    s.handle_request(t0(), &twice, relay);
+    // The same client's REQUEST from another link (it moved): a new address there, the
+    // old one given back; its CONFIRM of the old one is "not on link", and a RENEW of it
+    // returns it with lifetimes 0.
+    let other_link: Ipv6Addr = "fd12:3456:789a:6::1".parse().unwrap();
+    let id = Some(duid_ll(AGENT_MAC));
+    let request = message(MessageType::Request, Some(address), id.clone());
+    s.handle_request(
+        t0(),
+        &relayed(&request, (other_link, peer), 0, None),
+        relay(),
+    );
+    let out = outputs(&mut s);
+    assert_eq!(
+        out[0],
+        Output::Release {
+            address,
+            mac: Some(RELAY_MAC)
+        }
+    );
+    let Output::Claim { address: moved, .. } = out[1] else {
+        panic!("{out:?}");
+    };
+    assert!(net("fd12:3456:789a:6::/64").contains(&moved), "{moved}");
+    let confirm = message(MessageType::Confirm, Some(address), None);
+    s.handle_request(
+        t0(),
+        &relayed(&confirm, (other_link, peer), 0, None),
+        relay(),
+    );
+    let r = match outputs(&mut s).as_slice() {
+        [Output::Reply(r)] => unwrap_reply(&r.bytes).4,
+        other => panic!("not one reply: {other:?}"),
+    };
+    let m = Message::decode(&mut Decoder::new(&r)).unwrap();
+    assert!(
+        matches!(m.opts().get(OptionCode::StatusCode), Some(DhcpOption::StatusCode(c)) if c.status == Status::NotOnLink),
+        "{m:?}"
+    );
+    let renew = message(MessageType::Renew, Some(address), id);
+    s.handle_request(t0(), &relayed(&renew, (other_link, peer), 0, None), relay());
+    let r = match outputs(&mut s).as_slice() {
+        [Output::Reply(r)] => unwrap_reply(&r.bytes).4,
+        other => panic!("not one reply: {other:?}"),
+    };
+    let m = Message::decode(&mut Decoder::new(&r)).unwrap();
+    let zero = ia(&m)
+        .opts
+        .iter()
+        .any(|o| matches!(o, DhcpOption::IAAddr(a) if a.addr == address && a.valid_life == 0));
+    assert!(zero, "returned with lifetimes 0: {m:?}");
+}
+
+#[test]
+fn through_two_relays_the_link_is_the_nearest_non_zero_one_and_the_reply_is_wrapped_twice() {
+    let solicit = message(MessageType::Solicit, None, None);
+    let peer: Ipv6Addr = "fe80::c".parse().unwrap();
+    let (near, far): (Ipv6Addr, Ipv6Addr) = (
+        "fd12:3456:789a:5::1".parse().unwrap(),
+        "fd12:3456:789a:7::1".parse().unwrap(),
+    );
+    let twice = |near| {
+        let inner = relayed(&solicit, (near, peer), 1, Some(b"port3"));
+        relayed(&inner, (far, near), 2, None)
+    };
+    // The client's link is the relay nearest it.
+    let mut s = site_server();
+    s.handle_request(t0(), &twice(near), relay());
+    let address = claimed(&mut s);
+    assert!(net("fd12:3456:789a:5::/64").contains(&address), "{address}");
+    s.allocated(address, t0());
     let r = match outputs(&mut s).as_slice() {
         [Output::Reply(r)] => r.clone(),
         other => panic!("not one reply: {other:?}"),
     };
-    let (_, l, p, id, inner) = unwrap_reply(&r.bytes);
-    assert_eq!((l, p, id), (second, link, None));
-    let (_, l, p, _, inner) = unwrap_reply(&inner);
-    assert_eq!((l, p), (link, peer));
-    let m = Message::decode(&mut Decoder::new(&inner)).unwrap();
+    let (hops, l, p, id, inner) = unwrap_reply(&r.bytes);
+    assert_eq!((hops, l, p, id), (2, far, near, None));
+    let (hops, l, p, id, inner) = unwrap_reply(&inner);
     assert_eq!(
-        named_address(ia(&m)),
-        Some(address),
-        "the same client, the same address"
+        (hops, l, p, id.as_deref()),
+        (1, near, peer, Some(&b"port3"[..]))
     );
-
+    let m = Message::decode(&mut Decoder::new(&inner)).unwrap();
+    assert_eq!(named_address(ia(&m)), Some(address));
+    // A lightweight relay (RFC 6221) says no link (`::`): the next one's is used.
+    let mut s = site_server();
+    s.handle_request(t0(), &twice(Ipv6Addr::UNSPECIFIED), relay());
+    let address = claimed(&mut s);
+    assert!(net("fd12:3456:789a:7::/64").contains(&address), "{address}");
+    // None says one: the agent's own LAN, the prefix's first /64 (as a client on it gets).
+    let mut s = site_server();
+    let lightweight = relayed(&solicit, (Ipv6Addr::UNSPECIFIED, peer), 0, Some(b"p1"));
+    s.handle_request(t0(), &lightweight, relay());
+    assert!(net("fd12:3456:789a::/64").contains(&claimed(&mut s)));
+    let mut s = site_server();
+    s.handle_request(t0(), &solicit, host());
+    assert!(net("fd12:3456:789a::/64").contains(&claimed(&mut s)));
     // A /64 namespace: the whole prefix (a relayed link cannot be a /64 of it).
     let mut s = server();
     let link64: Ipv6Addr = "fd12:3456:789a::5:1".parse().unwrap();
-    s.handle_request(t0(), &relayed(&solicit, link64, peer, None), relay);
-    let address = match outputs(&mut s).as_slice() {
-        [Output::Claim { address, .. }] => *address,
-        other => panic!("not one claim: {other:?}"),
-    };
-    assert!(prefix().contains(&address));
+    s.handle_request(t0(), &relayed(&solicit, (link64, peer), 0, None), relay());
+    assert!(prefix().contains(&claimed(&mut s)));
 }
 
 #[test]
@@ -565,38 +688,35 @@ fn relayed_requests_from_outside_the_prefix_or_badly_wrapped_are_dropped_and_cou
     let mut s = server();
     let solicit = message(MessageType::Solicit, None, None);
     let peer: Ipv6Addr = "fe80::c".parse().unwrap();
-    let relay: (Ipv6Addr, [u8; 6]) = ("fd12:3456:789a::e".parse().unwrap(), RELAY_MAC);
-    // The client's link is another network's, or not said (`::`).
-    for link in ["fd99::1", "::"] {
-        let m = relayed(&solicit, link.parse().unwrap(), peer, None);
-        s.handle_request(t0(), &m, relay);
-    }
+    // The client's link is another network's.
+    let m = relayed(&solicit, ("fd99::1".parse().unwrap(), peer), 0, None);
+    s.handle_request(t0(), &m, relay());
     assert_eq!(outputs(&mut s), vec![]);
-    assert_eq!((s.stats().relayed, s.stats().relay_outside_prefix), (2, 2));
+    assert_eq!((s.stats().relayed, s.stats().relay_outside_prefix), (1, 1));
     // Cut short, no Relay Message, a RELAY-REPL inside, an option past the end, nine relays.
     let link: Ipv6Addr = "fd12:3456:789a::5:1".parse().unwrap();
-    let good = relayed(&solicit, link, peer, None);
+    let good = relayed(&solicit, (link, peer), 0, None);
     let mut no_message = good[..RELAY_HEADER].to_vec();
     no_message.extend_from_slice(&[0, 18, 0, 1, 7]);
-    let mut repl_inside = relayed(&good, link, peer, None);
+    let mut repl_inside = relayed(&good, (link, peer), 1, None);
     repl_inside[RELAY_HEADER + 4] = RELAY_REPL;
     let mut overlong = good.clone();
     overlong[RELAY_HEADER + 3] += 1;
     let mut nine = solicit.clone();
-    for _ in 0..9 {
-        nine = relayed(&nine, link, peer, None);
+    for hop in 0..9 {
+        nine = relayed(&nine, (link, peer), hop, None);
     }
     let malformed = s.stats().malformed;
     for bad in [&good[..20], &no_message[..], &repl_inside, &overlong, &nine] {
-        s.handle_request(t0(), bad, relay);
+        s.handle_request(t0(), bad, relay());
     }
     assert_eq!(outputs(&mut s), vec![]);
     assert_eq!(s.stats().malformed, malformed + 5);
     // Eight relays are allowed.
     let mut eight = solicit.clone();
-    for _ in 0..8 {
-        eight = relayed(&eight, link, peer, None);
+    for hop in 0..8 {
+        eight = relayed(&eight, (link, peer), hop, None);
     }
-    s.handle_request(t0(), &eight, relay);
+    s.handle_request(t0(), &eight, relay());
     assert!(matches!(outputs(&mut s).as_slice(), [Output::Claim { .. }]));
 }
