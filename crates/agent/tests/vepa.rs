@@ -72,13 +72,16 @@ fn capture(bed: &mut Testbed, host: &Host, device: &str, filter: &str) -> std::p
     log
 }
 
-#[test]
-fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
-    require_root();
-    let mut bed = Testbed::new("vepa", Path::new(BIN)).expect("testbed");
+/// A namespace whose policy lets everyone ping and allows nothing else (between LAN hosts
+/// as anywhere): interface member `i` (10.63.0.31), and router `r` whose own bridge
+/// `brlan` holds LAN hosts l1..l3 (10.63.0.11-13) on VEPA ports; `agent_lines` go into the
+/// router's `[agent]` section.
+fn vepa_site(
+    bed: &mut Testbed,
+    agent_lines: &str,
+) -> (Host, AgentHandle, Host, AgentHandle, Vec<Host>) {
     let secret = bed.dir().join("lab.secret");
     hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
-    // Everyone may ping; nothing else is allowed, between LAN hosts as anywhere.
     let policy = bed.dir().join("lab.policy.toml");
     std::fs::write(
         &policy,
@@ -92,40 +95,39 @@ fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
             policy.display()
         )
     };
-
-    // A member in interface mode, and a router whose bridge the LAN hosts are plugged into.
     let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&i),
-        namespace(&format!(
-            "device = \"hyphae0\"\naddress = \"{}\"\n",
-            lan(31)
-        ))
-    );
+    let lines = format!("device = \"hyphae0\"\naddress = \"{}\"\n", lan(31));
+    let cfg = format!("{}{}", agent_section(&i), namespace(&lines));
     let ia = bed.start_agent(&i, &cfg).unwrap();
     let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
     bed.ns(&r.ns, "ip", &["link", "add", "brlan", "type", "bridge"])
         .unwrap();
     bed.ns(&r.ns, "ip", &["link", "set", "brlan", "up"])
         .unwrap();
-    let mut hosts = Vec::new();
-    for n in 1..=3u8 {
-        let address = format!("{}/24", lan(10 + n));
-        hosts.push(
+    let hosts = (1..=3u8)
+        .map(|n| {
+            let address = format!("{}/24", lan(10 + n));
             bed.add_lan_host_on(&r.ns, "brlan", &format!("l{n}"), &address, MTU)
-                .unwrap(),
-        );
-    }
+                .unwrap()
+        })
+        .collect();
     let cfg = format!(
         "{}{}",
-        agent_section(&r).replacen("[agent]\n", "[agent]\nmetrics = \"127.0.0.1:9464\"\n", 1),
+        agent_section(&r).replacen("[agent]\n", &format!("[agent]\n{agent_lines}"), 1),
         namespace(&format!(
             "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nlan_ports = \"vepa\"\nbootstrap = [\"{}:7400\"]\n",
             i.underlay
         ))
     );
     let ra = bed.start_agent(&r, &cfg).unwrap();
+    (i, ia, r, ra, hosts)
+}
+
+#[test]
+fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
+    require_root();
+    let mut bed = Testbed::new("vepa", Path::new(BIN)).expect("testbed");
+    let (i, ia, r, ra, hosts) = vepa_site(&mut bed, "metrics = \"127.0.0.1:9464\"\n");
     let (l1, l2, l3) = (&hosts[0], &hosts[1], &hosts[2]);
 
     // Every LAN port is isolated; the TAP's is not.
@@ -372,52 +374,7 @@ fn pings6(bed: &Testbed, from: &Host, to: Ipv6Addr, count: u32) -> bool {
 fn ipv6_lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
     require_root();
     let mut bed = Testbed::new("vepa6", Path::new(BIN)).expect("testbed");
-    let secret = bed.dir().join("lab.secret");
-    hyphae_testbed::write_secret(&secret, "a namespace secret for tests\n").unwrap();
-    let policy = bed.dir().join("lab.policy.toml");
-    std::fs::write(
-        &policy,
-        "version = 1\ndefault = \"deny\"\n[[rule]]\nfrom = [\"any\"]\nto = [\"any\"]\nproto = \"icmp\"\n",
-    )
-    .unwrap();
-    let namespace = |lines: &str| {
-        format!(
-            "\n[[namespace]]\nname = \"lab\"\nsecret_file = \"{}\"\nsubnet = \"{SUBNET}\"\npolicy = \"{}\"\n{lines}",
-            secret.display(),
-            policy.display()
-        )
-    };
-    let i = bed.add_host("i", Ipv4Addr::new(10, 200, 0, 1)).unwrap();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&i),
-        namespace(&format!(
-            "device = \"hyphae0\"\naddress = \"{}\"\n",
-            lan(31)
-        ))
-    );
-    let ia = bed.start_agent(&i, &cfg).unwrap();
-    let r = bed.add_host("r", Ipv4Addr::new(10, 200, 0, 2)).unwrap();
-    bed.ns(&r.ns, "ip", &["link", "add", "brlan", "type", "bridge"])
-        .unwrap();
-    bed.ns(&r.ns, "ip", &["link", "set", "brlan", "up"])
-        .unwrap();
-    let hosts: Vec<Host> = (1..=3u8)
-        .map(|n| {
-            let address = format!("{}/24", lan(10 + n));
-            bed.add_lan_host_on(&r.ns, "brlan", &format!("l{n}"), &address, MTU)
-                .unwrap()
-        })
-        .collect();
-    let cfg = format!(
-        "{}{}",
-        agent_section(&r),
-        namespace(&format!(
-            "mode = \"router\"\ndevice = \"hyr0\"\nbridge = \"brlan\"\nlan_ports = \"vepa\"\nbootstrap = [\"{}:7400\"]\n",
-            i.underlay
-        ))
-    );
-    let ra = bed.start_agent(&r, &cfg).unwrap();
+    let (i, ia, r, ra, hosts) = vepa_site(&mut bed, "");
     let (l1, l2, l3) = (&hosts[0], &hosts[1], &hosts[2]);
 
     let member = ns_status(&bed, &i, &ia);

@@ -32,6 +32,10 @@ use dhcproto::v6::{
 use dhcproto::{Decodable, Decoder, Encodable, Encoder, Name};
 use ipnet::Ipv6Net;
 
+pub use relay::MAX_RELAYS;
+use relay::{relay_reply, unwrap_relays, Path, RELAY_FORW, RELAY_REPL};
+use sound::options_sound;
+
 /// The UDP port of DHCPv6 clients.
 pub const CLIENT_PORT: u16 = 546;
 /// The UDP port of DHCPv6 servers and relay agents.
@@ -53,17 +57,6 @@ const MAX_TRIES: u32 = 8;
 pub const CLAIM_WAIT: Duration = Duration::from_secs(30);
 /// The longest DUID (RFC 8415 11.1).
 const MAX_DUID: usize = 130;
-/// Relay agents a message may have passed (RFC 8415 7.6's HOP_COUNT_LIMIT).
-pub const MAX_RELAYS: usize = 8;
-/// RELAY-FORW and RELAY-REPL (RFC 8415 7.3).
-const RELAY_FORW: u8 = 12;
-const RELAY_REPL: u8 = 13;
-/// A relay message's fixed part: type, hop count, link-address, peer-address.
-const RELAY_HEADER: usize = 34;
-/// The Relay Message and Interface-ID options (RFC 8415 21.10, 21.18).
-const OPTION_RELAY_MSG: u16 = 9;
-const OPTION_INTERFACE_ID: u16 = 18;
-
 /// What a namespace's DHCPv6 replies say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -108,23 +101,6 @@ pub struct Reply {
     pub to: (Ipv6Addr, [u8; 6]),
     /// [`CLIENT_PORT`], or [`SERVER_PORT`] for a relay agent.
     pub port: u16,
-}
-
-/// One relay agent a request passed (RFC 8415 9): what its RELAY-REPL repeats.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Hop {
-    hop_count: u8,
-    link: Ipv6Addr,
-    peer: Ipv6Addr,
-    interface_id: Option<Vec<u8>>,
-}
-
-/// Where a request came from and its answer goes: the sender on the LAN (the client, or
-/// the nearest relay agent), and the relays it passed, nearest first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Path {
-    sender: (Ipv6Addr, [u8; 6]),
-    relays: Vec<Hop>,
 }
 
 /// What the server wants done.
@@ -762,147 +738,6 @@ impl Server {
     }
 }
 
-/// Whether every option of `options` (and of the options nested in them) has a length that
-/// `dhcproto` 0.15 decodes without harm: its decoders of Status Code, Vendor Class and
-/// Vendor-specific Information subtract a fixed size from the option's length unchecked (a
-/// shorter one panics with overflow checks on, as the fuzzer found); those of fixed-size
-/// options read their size whatever the length says (so a wrong length shifts every option
-/// after it, past what this walk checked); and a relay message nests a whole message. Such
-/// options are refused here with the message.
-fn options_sound(mut options: &[u8], depth: u8) -> bool {
-    if depth > 4 {
-        return false;
-    }
-    while !options.is_empty() {
-        let Some(head) = options.get(..4) else {
-            return false;
-        };
-        let code = u16::from_be_bytes([head[0], head[1]]);
-        let len = usize::from(u16::from_be_bytes([head[2], head[3]]));
-        let Some(body) = options.get(4..4 + len) else {
-            return false;
-        };
-        let exact = match code {
-            // Preference, Elapsed Time, Server Unicast, Rapid Commit, Reconfigure Message,
-            // Reconfigure Accept.
-            7 | 19 => Some(1),
-            8 => Some(2),
-            12 => Some(16),
-            14 | 20 => Some(0),
-            _ => None,
-        };
-        if exact.is_some_and(|n| n != len) {
-            return false;
-        }
-        let (least, nested) = match code {
-            // IA_NA, IA_PD: IAID, T1, T2, then options.
-            3 | 25 => (0, body.get(12..)),
-            // IA_TA: IAID, then options.
-            4 => (0, body.get(4..)),
-            // IAADDR: address and two lifetimes; IAPREFIX: two lifetimes, length, prefix.
-            5 => (0, body.get(24..)),
-            26 => (0, body.get(25..)),
-            // Relay message: not served.
-            9 => return false,
-            // Authentication, Status Code, Vendor Class.
-            11 => (11, None),
-            13 => (2, None),
-            16 => (4, None),
-            // Vendor-specific Information: enterprise number, then options.
-            17 => (4, body.get(4..)),
-            _ => (0, None),
-        };
-        if len < least || nested.is_some_and(|n| !options_sound(n, depth + 1)) {
-            return false;
-        }
-        options = &options[4 + len..];
-    }
-    true
-}
-
-impl Path {
-    /// The address that names the client's link: the link-address of the relay nearest
-    /// the client that set one (RFC 8415 13.1: a zero one, as lightweight relays in
-    /// switches send, is ignored); none for the agent's own LAN.
-    fn link_address(&self) -> Option<Ipv6Addr> {
-        let mut links = self.relays.iter().rev().map(|h| h.link);
-        links.find(|a| !a.is_unspecified())
-    }
-
-    /// The part of `prefix` the client's link has. In a prefix wider than a /64 (a site of
-    /// /64 links), the /64 of its link-address; the agent's own LAN is the prefix's first.
-    /// In a /64 or narrower, the whole prefix.
-    fn link(&self, prefix: Ipv6Net) -> Ipv6Net {
-        if prefix.prefix_len() >= 64 {
-            return prefix;
-        }
-        let at = self.link_address().unwrap_or(prefix.network());
-        Ipv6Net::new(at, 64).map_or(prefix, |n| n.trunc())
-    }
-}
-
-/// Takes the relay agents' RELAY-FORW wrappers off `payload` (RFC 8415 9): the client's
-/// message inside, and the relays it passed, nearest the server first. `None` for a
-/// wrapper that is cut short, lacks its Relay Message option, or is nested deeper than
-/// [`MAX_RELAYS`]. The wrappers are read here, not by `dhcproto` 0.15, which decodes a
-/// Relay Message option's content as another relay message, never as a client's.
-fn unwrap_relays(mut payload: &[u8]) -> Option<(&[u8], Vec<Hop>)> {
-    let mut relays = Vec::new();
-    while payload.first() == Some(&RELAY_FORW) {
-        if relays.len() == MAX_RELAYS {
-            return None;
-        }
-        let header = payload.get(..RELAY_HEADER)?;
-        let address = |at: usize| {
-            <[u8; 16]>::try_from(&header[at..at + 16])
-                .ok()
-                .map(Ipv6Addr::from)
-        };
-        let (mut inner, mut interface_id) = (None, None);
-        let mut options = &payload[RELAY_HEADER..];
-        while !options.is_empty() {
-            let head = options.get(..4)?;
-            let code = u16::from_be_bytes([head[0], head[1]]);
-            let len = usize::from(u16::from_be_bytes([head[2], head[3]]));
-            let body = options.get(4..4 + len)?;
-            match code {
-                OPTION_RELAY_MSG => inner = Some(body),
-                OPTION_INTERFACE_ID => interface_id = Some(body.to_vec()),
-                _ => {}
-            }
-            options = &options[4 + len..];
-        }
-        relays.push(Hop {
-            hop_count: header[1],
-            link: address(2)?,
-            peer: address(18)?,
-            interface_id,
-        });
-        payload = inner?;
-    }
-    Some((payload, relays))
-}
-
-/// The RELAY-REPL that carries `message` back through `hop` (RFC 8415 19.3): its hop
-/// count, link- and peer-address, and Interface-ID repeated. `None` if it would not fit
-/// an option.
-fn relay_reply(hop: &Hop, message: &[u8]) -> Option<Vec<u8>> {
-    let mut out = vec![RELAY_REPL, hop.hop_count];
-    out.extend_from_slice(&hop.link.octets());
-    out.extend_from_slice(&hop.peer.octets());
-    let mut option = |code: u16, body: &[u8]| -> Option<()> {
-        out.extend_from_slice(&code.to_be_bytes());
-        out.extend_from_slice(&u16::try_from(body.len()).ok()?.to_be_bytes());
-        out.extend_from_slice(body);
-        Some(())
-    };
-    if let Some(id) = &hop.interface_id {
-        option(OPTION_INTERFACE_ID, id)?;
-    }
-    option(OPTION_RELAY_MSG, message)?;
-    Some(out)
-}
-
 /// An answer of `kind` with the request's transaction id.
 fn reply_to(message: &Message, kind: MessageType) -> Message {
     Message::new_with_id(kind, message.xid())
@@ -931,5 +766,7 @@ fn named_address(ia: &IANA) -> Option<Ipv6Addr> {
     })
 }
 
+mod relay;
+mod sound;
 #[cfg(test)]
 mod tests;

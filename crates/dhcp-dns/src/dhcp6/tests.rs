@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(clippy::disallowed_methods)] // tests start the clock
 
+use super::relay::RELAY_HEADER;
 use super::*;
 
 const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];

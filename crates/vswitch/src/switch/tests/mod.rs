@@ -11,6 +11,7 @@ mod routes;
 mod service;
 mod v6;
 mod vepa;
+mod vepa6;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
