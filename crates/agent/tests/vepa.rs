@@ -123,6 +123,44 @@ fn vepa_site(
     (i, ia, r, ra, hosts)
 }
 
+/// A TCP connection from `from` to a listener on `to` (at `address`) is refused, and the
+/// router counts the policy's denial.
+fn tcp_denied(
+    bed: &mut Testbed,
+    (r, ra): (&Host, &AgentHandle),
+    (from, to): (&Host, &Host),
+    address: &str,
+) {
+    bed.spawn(
+        &to.ns,
+        "iperf3",
+        &["-s", "-p", "5201"],
+        &to.dir.join("iperf3.log"),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let denied = ns_status(bed, r, ra).policy.denied_out;
+    let connect = bed
+        .ns_output(
+            &from.ns,
+            "timeout",
+            &[
+                "3",
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{address}/5201"),
+            ],
+        )
+        .unwrap();
+    assert!(
+        !connect.status.success(),
+        "{} opened TCP to {} against the policy",
+        from.name,
+        to.name
+    );
+    assert!(ns_status(bed, r, ra).policy.denied_out > denied);
+}
+
 #[test]
 fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
     require_root();
@@ -256,27 +294,7 @@ fn lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
 
     // The policy applies between LAN hosts: TCP is no rule's, so l1 cannot reach l2's
     // listener, and the router counts the denial.
-    bed.spawn(
-        &l2.ns,
-        "iperf3",
-        &["-s", "-p", "5201"],
-        &l2.dir.join("iperf3.log"),
-    )
-    .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let denied = ns_status(&bed, &r, &ra).policy.denied_out;
-    let connect = bed
-        .ns_output(
-            &l1.ns,
-            "timeout",
-            &["3", "bash", "-c", "exec 3<>/dev/tcp/10.63.0.12/5201"],
-        )
-        .unwrap();
-    assert!(
-        !connect.status.success(),
-        "l1 opened TCP to l2 against the policy"
-    );
-    assert!(ns_status(&bed, &r, &ra).policy.denied_out > denied);
+    tcp_denied(&mut bed, (&r, &ra), (l1, l2), "10.63.0.12");
     // A UDP broadcast is no rule's either: it is not copied to the other LAN hosts.
     let udp_log = capture(&mut bed, l2, "eth0", "udp");
     let denied = ns_status(&bed, &r, &ra).policy.denied_out;
@@ -490,27 +508,7 @@ fn ipv6_lan_hosts_on_vepa_ports_reach_each_other_only_through_the_agent() {
     assert!(pings6(&bed, l2, a1, 2), "l1's address stayed l1's");
 
     // TCP is no rule's: l1 cannot reach l2's listener over IPv6 either.
-    bed.spawn(
-        &l2.ns,
-        "iperf3",
-        &["-s", "-p", "5201"],
-        &l2.dir.join("iperf3.log"),
-    )
-    .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let denied = ns_status(&bed, &r, &ra).policy.denied_out;
-    let connect = bed
-        .ns_output(
-            &l1.ns,
-            "timeout",
-            &["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{a2}/5201")],
-        )
-        .unwrap();
-    assert!(
-        !connect.status.success(),
-        "l1 opened TCP to l2 against the policy"
-    );
-    assert!(ns_status(&bed, &r, &ra).policy.denied_out > denied);
+    tcp_denied(&mut bed, (&r, &ra), (l1, l2), &a2.to_string());
     let s = ns_status(&bed, &r, &ra);
     eprintln!(
         "router: {} hairpinned, {} spoofed, {} probes defended, {} denied by the policy",
